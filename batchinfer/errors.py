@@ -1,0 +1,72 @@
+"""The one exception tree of batchinfer.
+
+Every error a user can cause or meet is a :class:`BatchinferError`; the CLI catches
+that one class, prints its message (one sentence: what is wrong, what to do) and exits
+with its ``exit_code``. Exit codes are a contract with schedulers:
+
+    0  every item succeeded
+    1  the run finished but some items are error rows (or an evaluation regressed)
+    2  usage or configuration error: nothing ran
+    3  the run could not proceed (no core could start, output unwritable, ...)
+  130  interrupted (SIGINT/SIGTERM); the output is resumable
+"""
+
+from __future__ import annotations
+
+
+class BatchinferError(Exception):
+    """Base of every error batchinfer raises on purpose."""
+
+    exit_code = 3
+
+
+class UsageError(BatchinferError):
+    """A bad invocation or configuration: nothing ran."""
+
+    exit_code = 2
+
+
+class DatasetError(UsageError):
+    """The dataset is missing, empty or of an unknown kind."""
+
+
+class ModelError(UsageError):
+    """The model file is missing or cannot be loaded."""
+
+
+class RuntimeUnavailableError(UsageError):
+    """The requested runtime cannot be used on this machine."""
+
+
+class OutputExistsError(UsageError):
+    """The output folder exists and neither --resume nor --overwrite was given."""
+
+
+class RunFailedError(BatchinferError):
+    """The run started but could not proceed."""
+
+    exit_code = 3
+
+
+class NoCoreError(RunFailedError):
+    """No NPU core could be started."""
+
+
+class OutputWriteError(RunFailedError):
+    """Results could not be written (permissions, disk full)."""
+
+
+class SharedMemoryError(RunFailedError):
+    """Shared memory could not be allocated (/dev/shm too small)."""
+
+
+class InputError(BatchinferError):
+    """One dataset item could not be read or preprocessed.
+
+    Raised inside reader processes; the engine turns it into an error row for that item
+    and goes on. It never reaches the CLI.
+    """
+
+
+class InferenceError(BatchinferError):
+    """A runtime call failed (returned -1 or None); raised by the runtime adapter."""
