@@ -1,0 +1,181 @@
+"""OUT/manifest.json: what ran, on what, with which model, and how it ended.
+
+The manifest is written several times during a run (at start with status "running",
+at the end with the counts and final status), always atomically, so a reader sees a
+whole JSON document or the previous one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+from batchinfer.errors import ModelError, UsageError
+from batchinfer.sink._atomic import write_bytes_atomically
+
+MANIFEST_FILE = "manifest.json"
+
+
+def _to_json(value: Any) -> Any:
+    """JSON-able form of the values json cannot serialise itself (numpy, paths, ...)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=str)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"manifest value of type {type(value).__name__} is not JSON-serialisable")
+
+
+def write_manifest(out_dir: Path, manifest: dict) -> Path:
+    """Write OUT/manifest.json atomically (indent 2, sorted keys); returns its path."""
+    text = json.dumps(manifest, indent=2, sort_keys=True, default=_to_json) + "\n"
+    path = Path(out_dir) / MANIFEST_FILE
+    write_bytes_atomically(text.encode(), path)
+    return path
+
+
+def read_manifest(out_dir: Path) -> dict:
+    """The manifest of an output folder; UsageError when it is missing or not valid JSON."""
+    path = Path(out_dir) / MANIFEST_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(
+            f"{path} does not exist, so {out_dir} is not a batchinfer output folder; "
+            "choose another output folder or pass --overwrite."
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"{path} cannot be read ({exc}); pass --overwrite to start this output afresh."
+        ) from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} is not a JSON object; pass --overwrite to start afresh.")
+    return data
+
+
+def model_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
+    """The hex SHA-256 of the file at ``path``, read in chunks (ModelError if unreadable)."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(chunk_size):
+                digest.update(chunk)
+    except OSError as exc:
+        raise ModelError(
+            f"Model file {path} cannot be read ({exc.strerror or exc}); check the --model path."
+        ) from None
+    return digest.hexdigest()
+
+
+def _read(path: Path) -> str | None:
+    """The stripped text of a small sysfs/procfs file, or None when unreadable."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip().strip("\x00")
+    except (OSError, ValueError):
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read(path)
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _cpufreq(root: Path) -> dict[str, dict]:
+    policies = {}
+    base = root / "sys/devices/system/cpu/cpufreq"
+    for policy in sorted(base.glob("policy*")):
+        facts = {
+            "cpus": _read(policy / "affected_cpus"),
+            "governor": _read(policy / "scaling_governor"),
+            "cur_khz": _read_int(policy / "scaling_cur_freq"),
+            "min_khz": _read_int(policy / "scaling_min_freq"),
+            "max_khz": _read_int(policy / "scaling_max_freq"),
+            "hw_max_khz": _read_int(policy / "cpuinfo_max_freq"),
+        }
+        facts = {k: v for k, v in facts.items() if v is not None}
+        if facts:
+            policies[policy.name] = facts
+    return policies
+
+
+def _thermal(root: Path) -> dict[str, dict]:
+    zones = {}
+    for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*")):
+        millideg = _read_int(zone / "temp")
+        if millideg is None:
+            continue
+        zones[zone.name] = {"type": _read(zone / "type"), "temp_c": millideg / 1000}
+    return zones
+
+
+def _npu(root: Path) -> dict[str, Any]:
+    facts: dict[str, Any] = {}
+    # RK3588's NPU devfreq node is fdab0000.npu; match any *npu* to cover other chips.
+    for node in sorted((root / "sys/class/devfreq").glob("*npu*")):
+        freq = {
+            "governor": _read(node / "governor"),
+            "cur_hz": _read_int(node / "cur_freq"),
+            "max_hz": _read_int(node / "max_freq"),
+        }
+        freq = {k: v for k, v in freq.items() if v is not None}
+        if freq:
+            facts[node.name] = freq
+    driver = _read(root / "sys/kernel/debug/rknpu/version")  # debugfs: usually root only
+    if driver:
+        facts["driver"] = driver
+    return facts
+
+
+def host_facts(root: Path = Path("/")) -> dict[str, Any]:
+    """Facts about this machine for the manifest; what cannot be read is left out.
+
+    Platform, CPU count, Python, board model, memory, cpufreq policies (governor and
+    frequencies), thermal zone temperatures and NPU frequency/driver where readable.
+    ``root`` is for tests (a fake /sys tree). Never raises.
+    """
+    facts: dict[str, Any] = {}
+    probes = {
+        "platform": platform.platform,
+        "machine": platform.machine,
+        "node": platform.node,
+        "python": lambda: sys.version.split()[0],
+        "cpu_count": os.cpu_count,
+        "cpus_usable": lambda: len(os.sched_getaffinity(0)),
+        "board": lambda: _read(root / "proc/device-tree/model"),
+        "memory_total_bytes": _memory_total,
+        "cpufreq": lambda: _cpufreq(root),
+        "thermal": lambda: _thermal(root),
+        "npu": lambda: _npu(root),
+    }
+    for key, probe in probes.items():
+        try:
+            value = probe()
+        except Exception:  # a fact we cannot read is simply not recorded
+            continue
+        if value not in (None, {}, ""):
+            facts[key] = value
+    return facts
+
+
+def _memory_total() -> int:
+    return int(psutil.virtual_memory().total)

@@ -1,0 +1,305 @@
+"""Prediction rows, one per dataset item, written as Parquet parts under OUT/predictions/.
+
+Memory stays bounded whatever the dataset size: rows wait in column buffers until
+``rows_per_part`` rows (or ``max_buffer_bytes`` of saved outputs) are buffered, or
+``flush_interval_s`` has passed, and are then written as one part. Each part is written
+to ``.part-NNNNN.parquet.tmp``, fsync'd and renamed, so a part is whole or absent and a
+crash loses at most the rows not yet written (``--resume`` runs those again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+import pyarrow as pa
+
+from batchinfer.errors import OutputWriteError
+from batchinfer.sink._atomic import write_error, write_table_atomically
+
+PREDICTIONS_DIR = "predictions"
+PART_GLOB = "part-*.parquet"
+META_TOPK = b"batchinfer.topk"
+META_OUTPUT_SHAPES = b"batchinfer.output_shapes"
+
+# Reading the clock on every add would cost more than the add itself at NPU rates;
+# every few dozen adds is often enough for a 10 s flush interval (tqdm does the same).
+_CLOCK_EVERY = 32
+
+_BASE_FIELDS = [
+    pa.field("index", pa.int64(), nullable=False),
+    pa.field("id", pa.string()),
+    pa.field("label", pa.int64()),
+    pa.field("label_name", pa.string()),
+    pa.field("core", pa.int16()),
+    pa.field("instance", pa.int16()),
+    pa.field("attempt", pa.int16()),
+    pa.field("latency_ms", pa.float32()),
+    pa.field("read_ms", pa.float32()),
+    pa.field("wait_ms", pa.float32()),
+    pa.field("error", pa.string()),
+    pa.field("pred", pa.int64()),
+    pa.field("topk_index", pa.list_(pa.int32())),
+    pa.field("topk_score", pa.list_(pa.float32())),
+]
+# Scalar columns filled straight from add()'s keyword arguments, in schema order.
+_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS[:11]]
+
+
+def part_name(number: int) -> str:
+    """The file name of part ``number``: ``part-00042.parquet``."""
+    return f"part-{number:05d}.parquet"
+
+
+def part_number(path: Path) -> int:
+    """The number in a ``part-NNNNN.parquet`` file name."""
+    return int(path.name[len("part-") : -len(".parquet")])
+
+
+def output_column(name: str) -> str:
+    """The column that holds saved output ``name`` (flattened float32): ``out_<name>``."""
+    return f"out_{name}"
+
+
+def prediction_schema(
+    topk: int = 5, save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None
+) -> pa.Schema:
+    """The Arrow schema of a prediction part, with top-k and output shapes in its metadata."""
+    fields = list(_BASE_FIELDS)
+    metadata = {META_TOPK: str(topk).encode()}
+    if save_outputs:
+        fields += [pa.field(output_column(n), pa.list_(pa.float32())) for n, _ in save_outputs]
+        shapes = {name: [int(d) for d in shape] for name, shape in save_outputs}
+        metadata[META_OUTPUT_SHAPES] = json.dumps(shapes).encode()
+    return pa.schema(fields, metadata=metadata)
+
+
+def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best classes of ``scores`` (flattened) and their scores, best first.
+
+    Ties go to the lower class index; NaN scores rank last.
+    """
+    x = np.asarray(scores).reshape(-1)
+    n = x.size
+    k = min(k, n)
+    if k <= 0:
+        return np.empty(0, np.int32), np.empty(0, np.float32)
+    key = x.astype(np.float64, copy=False)
+    if np.isnan(key).any():
+        key = np.where(np.isnan(key), -np.inf, key)
+    # After argpartition at n-k, the last k positions hold the k largest (unordered).
+    candidates = np.argpartition(key, n - k)[n - k :] if k < n else np.arange(n)
+    order = candidates[np.lexsort((candidates, -key[candidates]))][:k]
+    return order.astype(np.int32), x[order].astype(np.float32)
+
+
+def _list_array(chunks: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
+    """One Arrow list column from per-row arrays (None -> null), without per-element Python."""
+    lengths = np.fromiter((0 if c is None else c.size for c in chunks), np.int64, len(chunks))
+    offsets = np.zeros(len(chunks) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    present = [c for c in chunks if c is not None]
+    values = np.concatenate(present) if present else np.empty(0, value_type.to_pandas_dtype())
+    mask = pa.array(np.fromiter((c is None for c in chunks), bool, len(chunks)))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=value_type), mask=mask)
+
+
+class PredictionWriter:
+    """Buffers prediction rows and writes them as atomic Parquet parts.
+
+    Use as a context manager, or call :meth:`close`. Not thread-safe: one coordinator
+    thread adds rows.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        *,
+        topk: int = 5,
+        save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
+        rows_per_part: int = 8192,
+        first_part: int = 0,
+        flush_interval_s: float = 10.0,
+        max_buffer_bytes: int = 64 << 20,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if topk < 0 or rows_per_part < 1 or first_part < 0:
+            raise ValueError("topk and first_part must be >= 0 and rows_per_part >= 1")
+        names = [name for name, _ in save_outputs or ()]
+        if len(set(names)) != len(names):
+            raise ValueError(f"save_outputs names must be unique, got {names}")
+        self.directory = Path(out_dir) / PREDICTIONS_DIR
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise write_error(self.directory, exc) from exc
+        self.topk = topk
+        self.schema = prediction_schema(topk, save_outputs)
+        self._outputs = [(n, tuple(s), math.prod(s)) for n, s in save_outputs or ()]
+        self.rows_per_part = rows_per_part
+        self.flush_interval_s = flush_interval_s
+        self.max_buffer_bytes = max_buffer_bytes
+        self._clock = clock
+        self._next_part = first_part
+        self._rows_written = 0
+        self._parts_written: list[Path] = []
+        self._closed = False
+        self._adds_since_clock = 0
+        self._last_write = clock()
+        self._reset_buffers()
+
+    # -- public -----------------------------------------------------------------------
+
+    @property
+    def rows_written(self) -> int:
+        """Rows that are in parts on disk (buffered rows not included)."""
+        return self._rows_written
+
+    @property
+    def rows_buffered(self) -> int:
+        """Rows added but not yet written."""
+        return len(self._cols["index"])
+
+    @property
+    def next_part(self) -> int:
+        """The number the next part will get."""
+        return self._next_part
+
+    @property
+    def parts_written(self) -> list[Path]:
+        """Paths of the parts this writer has written, in order."""
+        return list(self._parts_written)
+
+    def add(
+        self,
+        *,
+        index: int,
+        id: str,
+        label: int | None,
+        label_name: str | None,
+        core: int | None,
+        instance: int | None,
+        attempt: int,
+        latency_ms: float | None,
+        read_ms: float | None,
+        wait_ms: float | None,
+        error: str | None,
+        outputs: Sequence[np.ndarray] | None,
+    ) -> None:
+        """Buffer one row; writes a part when the buffer is full or the interval has passed.
+
+        On an error row (``error`` set) the outputs are ignored: pred, top-k and saved
+        outputs are null. If the triggered write fails, OutputWriteError is raised and
+        the row stays buffered.
+        """
+        if self._closed:
+            raise ValueError("PredictionWriter is closed")
+        values = (index, id, label, label_name, core, instance, attempt)
+        values += (latency_ms, read_ms, wait_ms, error)
+        for name, value in zip(_SCALAR_COLUMNS, values, strict=True):
+            self._cols[name].append(value)
+        self._add_outputs(outputs if error is None else None)
+
+        self._adds_since_clock += 1
+        if self.rows_buffered >= self.rows_per_part or self._bytes >= self.max_buffer_bytes:
+            self.flush()
+        elif self._adds_since_clock >= _CLOCK_EVERY:
+            self._adds_since_clock = 0
+            if self._clock() - self._last_write >= self.flush_interval_s:
+                self.flush()
+
+    def flush(self) -> Path | None:
+        """Write the buffered rows as the next part; returns its path (None if nothing to write).
+
+        On OSError raises OutputWriteError and keeps the rows, so calling flush() again
+        after space is freed writes them.
+        """
+        self._adds_since_clock = 0
+        if not self.rows_buffered:
+            self._last_write = self._clock()
+            return None
+        table = self._table()
+        path = self.directory / part_name(self._next_part)
+        write_table_atomically(table, path)
+        self._parts_written.append(path)
+        self._next_part += 1
+        self._rows_written += table.num_rows
+        self._reset_buffers()
+        self._last_write = self._clock()
+        return path
+
+    def close(self) -> None:
+        """Write what is buffered; further adds raise. Calling it twice is harmless."""
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def __enter__(self) -> PredictionWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Keep what we have even when the run is failing or interrupted: it is what
+        # --resume continues from. The original exception is the one to report.
+        with contextlib.suppress(OutputWriteError):
+            self.close()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _reset_buffers(self) -> None:
+        self._cols: dict[str, list] = {name: [] for name in _SCALAR_COLUMNS}
+        self._pred: list[int | None] = []
+        self._topk_index: list[np.ndarray | None] = []
+        self._topk_score: list[np.ndarray | None] = []
+        self._saved: list[list[np.ndarray | None]] = [[] for _ in self._outputs]
+        self._bytes = 0
+
+    def _add_outputs(self, outputs: Sequence[np.ndarray] | None) -> None:
+        pred = idx = score = None
+        if outputs is not None and len(outputs) > 0:
+            first = np.asarray(outputs[0])
+            if first.size > 1:
+                if self.topk:
+                    idx, score = top_k(first, self.topk)
+                    pred = int(idx[0])
+                else:
+                    pred = int(np.argmax(first))
+        self._pred.append(pred)
+        self._topk_index.append(idx)
+        self._topk_score.append(score)
+        for i, (name, shape, size) in enumerate(self._outputs):
+            flat = None
+            if outputs is not None:
+                if i >= len(outputs):
+                    raise ValueError(f"output {name!r} was asked to be saved but is missing")
+                # A copy: the runtime may reuse its output buffers (reuse_outputs=True).
+                flat = np.array(outputs[i], dtype=np.float32).reshape(-1)
+                if flat.size != size:
+                    raise ValueError(
+                        f"output {name!r} has {flat.size} values, expected shape {shape}"
+                    )
+                self._bytes += flat.nbytes
+            self._saved[i].append(flat)
+
+    def _table(self) -> pa.Table:
+        arrays = [
+            pa.array(self._cols[f.name], type=f.type) for f in self.schema if f.name in self._cols
+        ]
+        arrays.append(pa.array(self._pred, type=pa.int64()))
+        arrays.append(_list_array(self._topk_index, pa.int32()))
+        arrays.append(_list_array(self._topk_score, pa.float32()))
+        arrays += [_list_array(chunks, pa.float32()) for chunks in self._saved]
+        return pa.Table.from_arrays(arrays, schema=self.schema)

@@ -1,0 +1,303 @@
+"""Per-core statistics and the completion timeline, in memory that does not grow with items.
+
+Latency percentiles come from a log-bucket histogram, not from a list of latencies:
+
+    buckets: [LO·R^i, LO·R^(i+1)) with LO = 1 µs (0.001 ms), R = 1.01, up to 1 h,
+             plus one bucket below LO and one above 1 h: ~2 200 int64 counters per core.
+
+A percentile q is the nearest-rank value (numpy ``method="inverted_cdf"``: the k-th
+smallest latency, k = ceil(q·n)). The histogram finds the bucket holding it and reports
+the bucket's geometric midpoint, clamped to the exact min and max, so for latencies
+between 1 µs and 1 h the reported value is within ±0.5 % (sqrt(1.01) - 1) of the true
+one. Below 1 µs or above 1 h it is the exact min or max. ``max_ms`` is always exact.
+
+The timeline holds one counter pair per (core, second) that saw a completion, so it
+grows with the run's duration, not with its item count.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from batchinfer.sink._atomic import write_table_atomically
+
+HIST_LO_MS = 1e-3
+HIST_HI_MS = 3_600_000.0
+HIST_RATIO = 1.01
+#: Relative error bound of a reported percentile between HIST_LO_MS and HIST_HI_MS.
+PERCENTILE_REL_ERROR = math.sqrt(HIST_RATIO) - 1
+_LOG_RATIO = math.log(HIST_RATIO)
+_N_LOG = math.ceil(math.log(HIST_HI_MS / HIST_LO_MS) / _LOG_RATIO)
+# Bucket 0: below LO; 1.._N_LOG: log buckets; _N_LOG + 1: at or above HI.
+_N_BUCKETS = _N_LOG + 2
+PERCENTILES = (50, 90, 99)
+
+CORE_STATS_FILE = "core_stats.parquet"
+TIMELINE_FILE = "timeline.parquet"
+
+
+class LatencyHistogram:
+    """Streaming latency histogram (see the module docstring for the error bound)."""
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(_N_BUCKETS, np.int64)
+        self.n = 0
+        self.min = math.inf
+        self.max = -math.inf
+
+    def add(self, ms: float) -> None:
+        """Count one latency in milliseconds (NaN is ignored)."""
+        if not ms >= 0:  # NaN and negatives are measurement bugs, not latencies
+            return
+        if ms < HIST_LO_MS:
+            bucket = 0
+        elif ms >= HIST_HI_MS:
+            bucket = _N_BUCKETS - 1
+        else:
+            bucket = 1 + min(int(math.log(ms / HIST_LO_MS) / _LOG_RATIO), _N_LOG - 1)
+        self.counts[bucket] += 1
+        self.n += 1
+        self.min = min(self.min, ms)
+        self.max = max(self.max, ms)
+
+    def merge(self, other: LatencyHistogram) -> None:
+        """Add ``other``'s counts to this histogram."""
+        self.counts += other.counts
+        self.n += other.n
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+
+    def percentile(self, q: float) -> float | None:
+        """The nearest-rank ``q``-th percentile (0 < q <= 100) in ms, None when empty."""
+        if not self.n:
+            return None
+        rank = max(1, math.ceil(q / 100 * self.n))
+        bucket = int(np.searchsorted(np.cumsum(self.counts), rank))
+        if bucket == 0:
+            value = self.min
+        elif bucket == _N_BUCKETS - 1:
+            value = self.max
+        else:
+            value = HIST_LO_MS * HIST_RATIO ** (bucket - 1 + 0.5)
+        return min(max(value, self.min), self.max)
+
+
+@dataclass
+class _CoreCounters:
+    items: int = 0
+    errors: int = 0
+    restarts: int = 0
+    busy_current: float = 0.0  # the live worker incarnation's cumulative report
+    busy_carried: float = 0.0  # from incarnations that died
+    last_done: float | None = None
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    @property
+    def busy_s(self) -> float:
+        return self.busy_carried + self.busy_current
+
+
+class CoreStatsRecorder:
+    """Counts completions per core for core_stats.parquet and timeline.parquet.
+
+    Busy time: each worker reports its cumulative busy seconds with :meth:`set_busy`.
+    When a worker dies, call :meth:`add_busy` with the last value it reported (the
+    carry-over) and :meth:`add_restart`; the restart resets the live value to 0 so
+    the new incarnation's reports, which start from 0 again, are not added to a stale
+    one. The two calls may come in either order.
+    """
+
+    def __init__(self, cores: Sequence[int], instances_per_core: int) -> None:
+        self.instances_per_core = instances_per_core
+        self._cores: dict[int, _CoreCounters] = {int(c): _CoreCounters() for c in cores}
+        # Items that never reached a core (input errors): total row only.
+        self._no_core = _CoreCounters()
+        self._t0: float | None = None
+        self._t_last: float | None = None
+        self._timeline: dict[tuple[int | None, int], list[int]] = {}
+
+    def _core(self, core: int | None) -> _CoreCounters:
+        if core is None:
+            return self._no_core
+        # A core that was not announced still gets its row rather than being lost.
+        return self._cores.setdefault(int(core), _CoreCounters())
+
+    def mark_dispatch(self, t: float) -> None:
+        """Note the first dispatch time (time.monotonic scale); later calls are ignored."""
+        if self._t0 is None:
+            self._t0 = t
+
+    def record(self, core: int | None, t_done: float, latency_ms: float | None, ok: bool) -> None:
+        """Count one completed item (``core`` None when it never reached a core)."""
+        if self._t0 is None:  # no mark_dispatch: the first completion starts the clock
+            self._t0 = t_done
+        c = self._core(core)
+        c.items += 1
+        if not ok:
+            c.errors += 1
+        if latency_ms is not None:
+            c.latency.add(float(latency_ms))
+        c.last_done = t_done if c.last_done is None else max(c.last_done, t_done)
+        self._t_last = t_done if self._t_last is None else max(self._t_last, t_done)
+        second = max(0, int(t_done - self._t0))
+        slot = self._timeline.get((core, second))
+        if slot is None:
+            slot = self._timeline[(core, second)] = [0, 0]
+        slot[0] += 1
+        if not ok:
+            slot[1] += 1
+
+    def add_restart(self, core: int) -> None:
+        """Count a restart of ``core``'s worker; its live busy value starts again at 0."""
+        c = self._core(core)
+        c.restarts += 1
+        c.busy_current = 0.0
+
+    def set_busy(self, core: int, busy_s: float) -> None:
+        """Set the live worker's cumulative busy seconds on ``core`` (as it reports them)."""
+        self._core(core).busy_current = float(busy_s)
+
+    def add_busy(self, core: int, seconds: float) -> None:
+        """Add busy seconds carried over from a worker incarnation of ``core`` that died."""
+        self._core(core).busy_carried += float(seconds)
+
+    def table(self) -> pa.Table:
+        """One row per core, then a total row with core null (see core_stats.parquet)."""
+        rows = []
+        for core in sorted(self._cores):
+            c = self._cores[core]
+            wall = self._wall(c.last_done)
+            rows.append(self._row(core, self.instances_per_core, c, c.latency, c.busy_s, wall))
+
+        total = _CoreCounters()
+        latency = LatencyHistogram()
+        for c in [*self._cores.values(), self._no_core]:
+            total.items += c.items
+            total.errors += c.errors
+            total.restarts += c.restarts
+            latency.merge(c.latency)
+        busy = sum(c.busy_s for c in self._cores.values())
+        wall = self._wall(self._t_last)
+        row = self._row(
+            None, self.instances_per_core * len(self._cores), total, latency, busy, wall
+        )
+        # The total's utilisation is the mean over cores: busy core-seconds / core-seconds.
+        n = len(self._cores)
+        row["utilization"] = busy / (wall * n) if wall and n else None
+        rows.append(row)
+        return pa.Table.from_pylist(rows, schema=CORE_STATS_SCHEMA)
+
+    def timeline_table(self) -> pa.Table:
+        """Completions and errors per core per second since the first dispatch."""
+        keys = sorted(self._timeline, key=lambda k: (k[1], -1 if k[0] is None else k[0]))
+        return pa.table(
+            {
+                "core": pa.array([k[0] for k in keys], pa.int16()),
+                "second": pa.array([k[1] for k in keys], pa.int32()),
+                "completed": pa.array([self._timeline[k][0] for k in keys], pa.int64()),
+                "errors": pa.array([self._timeline[k][1] for k in keys], pa.int64()),
+            }
+        )
+
+    def _wall(self, last_done: float | None) -> float | None:
+        if self._t0 is None or last_done is None:
+            return None
+        return max(0.0, last_done - self._t0)
+
+    @staticmethod
+    def _row(
+        core: int | None,
+        instances: int,
+        c: _CoreCounters,
+        latency: LatencyHistogram,
+        busy: float,
+        wall: float | None,
+    ) -> dict:
+        row = {
+            "core": core,
+            "instances": instances,
+            "items": c.items,
+            "errors": c.errors,
+            "restarts": c.restarts,
+            "busy_s": busy,
+            "wall_s": wall,
+            "items_per_s": c.items / wall if wall else None,
+            "utilization": busy / wall if wall else None,
+            "max_ms": latency.max if latency.n else None,
+        }
+        for q in PERCENTILES:
+            row[f"p{q}_ms"] = latency.percentile(q)
+        return row
+
+
+CORE_STATS_SCHEMA = pa.schema(
+    [
+        pa.field("core", pa.int16()),
+        pa.field("instances", pa.int16()),
+        pa.field("items", pa.int64()),
+        pa.field("errors", pa.int64()),
+        pa.field("restarts", pa.int64()),
+        pa.field("busy_s", pa.float64()),
+        pa.field("wall_s", pa.float64()),
+        pa.field("items_per_s", pa.float64()),
+        pa.field("utilization", pa.float64()),
+        *[pa.field(f"p{q}_ms", pa.float64()) for q in PERCENTILES],
+        pa.field("max_ms", pa.float64()),
+    ],
+    metadata={b"batchinfer.percentile_rel_error": f"{PERCENTILE_REL_ERROR:.6f}".encode()},
+)
+
+
+def write_core_stats(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
+    """Write OUT/core_stats.parquet atomically; returns its path (OutputWriteError on failure)."""
+    path = Path(out_dir) / CORE_STATS_FILE
+    write_table_atomically(recorder.table(), path)
+    return path
+
+
+def write_timeline(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
+    """Write OUT/timeline.parquet atomically; returns its path (OutputWriteError on failure)."""
+    path = Path(out_dir) / TIMELINE_FILE
+    write_table_atomically(recorder.timeline_table(), path)
+    return path
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_summary(table: pa.Table) -> str:
+    """A fixed-width per-core summary for the terminal, the total row last (core "all")."""
+    header = ("core", "items", "errors", "restarts", "items/s", "util %", "p50 ms", "p99 ms")
+    lines = []
+    rows = table.to_pylist()
+    rows.sort(key=lambda r: (r["core"] is None, r["core"] or 0))
+    for r in rows:
+        util = None if r["utilization"] is None else 100 * r["utilization"]
+        lines.append(
+            (
+                "all" if r["core"] is None else str(r["core"]),
+                str(r["items"]),
+                str(r["errors"]),
+                str(r["restarts"]),
+                _fmt(r["items_per_s"], ".1f"),
+                _fmt(util, ".0f"),
+                _fmt(r["p50_ms"], ".2f"),
+                _fmt(r["p99_ms"], ".2f"),
+            )
+        )
+    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(header)]
+    out = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        )
+        for cells in [header, *lines]
+    ]
+    return "\n".join(out)
