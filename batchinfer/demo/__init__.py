@@ -123,7 +123,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     for label in range(10):
         (dataset / str(label)).mkdir(parents=True)
     for index, (image, label) in enumerate(zip(images, labels, strict=True)):
-        Image.fromarray(image, mode="L").save(dataset / str(label) / f"{index:04d}.png")
+        Image.fromarray(image).save(dataset / str(label) / f"{index:04d}.png")
 
     models_dir = target / "models"
     models_dir.mkdir()

@@ -1,0 +1,271 @@
+"""The bundled demo: data, the three models, write_demo, make_npy_dataset, the build tool."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from PIL import Image
+
+from batchinfer import demo
+from batchinfer.errors import OutputExistsError, UsageError
+
+onnx = pytest.importorskip("onnx")
+from onnx import numpy_helper  # noqa: E402  (after the importorskip)
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "build_demo_assets.py"
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _digits_probs(name: str, pixels: np.ndarray) -> np.ndarray:
+    session = _session(demo.model_path(name))
+    return np.concatenate(
+        [session.run(["probs"], {"image": p.reshape(1, 8, 8, 1)})[0] for p in pixels]
+    )
+
+
+@pytest.fixture(scope="module")
+def held_out() -> tuple[np.ndarray, np.ndarray]:
+    images, labels = demo.load_digits()
+    split = demo.test_split()
+    return images[split], labels[split]
+
+
+@pytest.fixture(scope="module")
+def held_out_probs(held_out) -> dict[str, np.ndarray]:
+    pixels, _ = held_out
+    return {name: _digits_probs(name, pixels) for name in ("digits", "digits-int8")}
+
+
+def _recorded_accuracy(model_file: str) -> float:
+    """The held-out top-1 (in %) that MODELS.md states for ``model_file``."""
+    text = (demo.ASSETS / "MODELS.md").read_text()
+    section = text.split(f"## {model_file}", 1)[1]
+    return float(re.search(r"Top-1: \*\*([\d.]+) % held-out", section).group(1))
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_digits_are_the_uci_set_with_a_held_out_split():
+    raw, labels = demo.load_digits(raw=True)
+    assert raw.shape == (1797, 8, 8) and raw.dtype == np.uint8
+    assert raw.max() == 16 and raw.min() == 0
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    split = demo.test_split()
+    assert len(split) == 360 and len(np.unique(split)) == 360
+    assert np.all(np.diff(split) > 0) and split[0] >= 0 and split[-1] < 1797
+    # Every class is represented in the held-out part, so per-class scores mean something.
+    assert set(labels[split]) == set(range(10))
+
+
+def test_to_pixels_scales_0_16_to_0_255_rounding_half_up():
+    assert demo.to_pixels(np.arange(17)).tolist() == [round(v * 255 / 16 + 1e-9) for v in range(17)]
+    assert demo.to_pixels(np.array([0, 8, 16])).tolist() == [0, 128, 255]
+    raw, _ = demo.load_digits(raw=True)
+    pixels, _ = demo.load_digits()
+    assert np.array_equal(pixels, demo.to_pixels(raw))
+
+
+def test_unknown_model_name_is_a_usage_error():
+    assert demo.model_path("digits-int8").name == "digits-int8.onnx"
+    with pytest.raises(UsageError, match=r"pool224\.onnx"):
+        demo.model_path("resnet50")
+
+
+# --------------------------------------------------------------------------- models
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes"),
+    [
+        ("digits.onnx", [1, 8, 8, 1], 10),
+        ("digits-int8.onnx", [1, 8, 8, 1], 10),
+        ("pool224.onnx", [1, 224, 224, 3], 1000),
+    ],
+)
+def test_models_have_the_promised_interface(name, shape, classes):
+    model = onnx.load(demo.ASSETS / name)
+    onnx.checker.check_model(model, full_check=True)
+    assert model.ir_version == 8
+    assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [17]
+    session = _session(demo.ASSETS / name)
+    (inp,), (out,) = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.shape, inp.type) == ("image", shape, "tensor(uint8)")
+    assert (out.name, out.shape, out.type) == ("probs", [1, classes], "tensor(float)")
+
+
+def test_int8_model_is_quantised_as_qdq():
+    model = onnx.load(demo.ASSETS / "digits-int8.onnx")
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("QuantizeLinear") == 3  # input, hidden layer, logits
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert weights["w1_q"].dtype == np.int8 and weights["w2_q"].dtype == np.int8
+    assert weights["b1_q"].dtype == np.int32
+    # Per-tensor symmetric: one scalar scale per tensor, zero point 0.
+    assert weights["w1_s"].shape == () and weights["zp8"] == 0
+
+
+def test_float_model_reaches_its_recorded_held_out_accuracy(held_out, held_out_probs):
+    _, labels = held_out
+    accuracy = float((held_out_probs["digits"].argmax(1) == labels).mean())
+    assert accuracy >= 0.95
+    assert round(100 * accuracy, 2) == _recorded_accuracy("digits.onnx")
+    assert np.allclose(held_out_probs["digits"].sum(1), 1.0, atol=1e-5)
+
+
+def test_int8_model_is_close_to_float_but_measurably_different(held_out, held_out_probs):
+    _, labels = held_out
+    f, q = held_out_probs["digits"], held_out_probs["digits-int8"]
+    float_acc = float((f.argmax(1) == labels).mean())
+    int8_acc = float((q.argmax(1) == labels).mean())
+    assert round(100 * int8_acc, 2) == _recorded_accuracy("digits-int8.onnx")
+    assert int8_acc >= float_acc - 0.02
+    assert np.abs(f - q).mean() > 1e-5  # quantisation is visible in the outputs
+    assert (f.argmax(1) == q.argmax(1)).mean() >= 0.97
+
+
+def test_pool224_output_depends_on_the_sampled_pixels():
+    session = _session(demo.model_path("pool224"))
+
+    def run(img: np.ndarray) -> np.ndarray:
+        return session.run(["probs"], {"image": img})[0]
+
+    black = np.zeros((1, 224, 224, 3), np.uint8)
+    out = run(black)
+    assert out.shape == (1, 1000) and out.dtype == np.float32
+    assert np.isclose(out.sum(), 1.0, atol=1e-5)
+    red = black.copy()
+    red[..., 0] = 255
+    assert np.abs(run(red) - out).max() > 1e-4
+    # Only every 16th row and column is read: that is what keeps it microseconds cheap.
+    off_grid = black.copy()
+    off_grid[:, 1::16, 1::16, :] = 255
+    assert np.array_equal(run(off_grid), out)
+
+
+# --------------------------------------------------------------------------- write_demo
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory) -> demo.DemoKit:
+    return demo.write_demo(tmp_path_factory.mktemp("kit") / "demo")
+
+
+def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
+    raw, labels = demo.load_digits(raw=True)
+    pngs = sorted(kit.dataset.glob("*/*.png"))
+    assert kit.count == len(pngs) == 1797
+    assert sorted(p.name for p in kit.dataset.iterdir()) == [str(d) for d in range(10)]
+    for png in pngs:
+        index = int(png.stem)
+        assert png.stem == f"{index:04d}"
+        assert int(png.parent.name) == labels[index]
+        with Image.open(png) as im:
+            assert im.mode == "L"
+            pixels = np.asarray(im)
+        assert np.array_equal(pixels, demo.to_pixels(raw[index]))
+
+
+def test_write_demo_copies_models_and_explains_them(kit):
+    assert set(kit.models) == {"digits", "digits-int8", "pool224"}
+    for name, path in kit.models.items():
+        assert path.parent == kit.root / "models"
+        assert path.read_bytes() == demo.model_path(name).read_bytes()
+    readme = kit.readme.read_text()
+    assert f"batchinfer run {kit.root}/dataset --model {kit.root}/models/digits.onnx" in readme
+    assert "--backend sim" in readme
+    assert f"batchinfer info {kit.root}/models/digits.onnx" in readme
+
+
+def test_write_demo_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError) as caught:
+        demo.write_demo(tmp_path)
+    assert str(tmp_path) in str(caught.value) and "--overwrite" in str(caught.value)
+    assert caught.value.exit_code == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    a_file = tmp_path / "notes.txt"
+    with pytest.raises(OutputExistsError, match="not a folder"):
+        demo.write_demo(a_file)
+
+
+def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    stale = tmp_path / "dataset" / "3" / "9999.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"old")
+    kit = demo.write_demo(tmp_path, overwrite=True)
+    assert not stale.exists()
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert kit.count == len(list(kit.dataset.glob("*/*.png")))
+
+
+# --------------------------------------------------------------------------- npy datasets
+
+
+def test_make_npy_dataset_writes_seeded_random_tensors(tmp_path):
+    paths = demo.make_npy_dataset(tmp_path / "a", 3)
+    assert [p.name for p in paths] == ["00000.npy", "00001.npy", "00002.npy"]
+    arrays = [np.load(p) for p in paths]
+    assert all(a.shape == (1, 224, 224, 3) and a.dtype == np.uint8 for a in arrays)
+    assert not np.array_equal(arrays[0], arrays[1])
+    assert arrays[0].max() > 250 and arrays[0].min() < 5  # the whole uint8 range
+    again = demo.make_npy_dataset(tmp_path / "b", 3)
+    assert all(np.array_equal(a, np.load(p)) for a, p in zip(arrays, again, strict=True))
+    floats = demo.make_npy_dataset(tmp_path / "c", 1, shape=(2, 5), dtype="float32", seed=1)
+    assert np.load(floats[0]).dtype == np.float32
+
+
+def test_make_npy_dataset_refuses_bad_requests(tmp_path):
+    demo.make_npy_dataset(tmp_path, 2, shape=(4,))
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        demo.make_npy_dataset(tmp_path, 1, shape=(4,))
+    assert len(demo.make_npy_dataset(tmp_path, 1, shape=(4,), overwrite=True)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["00000.npy"]
+    with pytest.raises(UsageError, match="dtype"):
+        demo.make_npy_dataset(tmp_path / "x", 1, dtype="complex64")
+    with pytest.raises(UsageError, match="at least 1"):
+        demo.make_npy_dataset(tmp_path / "x", 0)
+
+
+# --------------------------------------------------------------------------- rebuild
+
+
+def _load_tool(monkeypatch):
+    spec = importlib.util.spec_from_file_location("build_demo_assets", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    # dataclasses look their module up in sys.modules while the class is being made.
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tool_rebuilds_the_committed_models_and_split(monkeypatch):
+    tool = _load_tool(monkeypatch)
+    raw, labels = demo.load_digits(raw=True)
+    split = demo.test_split()
+    assert np.array_equal(tool.split_indices(len(labels)), split)
+    rebuilt = tool.build_models(raw, labels, split)
+    for name, model in rebuilt.items():
+        committed = onnx.load(demo.ASSETS / name)
+        assert [n.op_type for n in model.graph.node] == [n.op_type for n in committed.graph.node]
+        new = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        old = {t.name: numpy_helper.to_array(t) for t in committed.graph.initializer}
+        assert new.keys() == old.keys()
+        for key, value in old.items():
+            if value.dtype.kind == "f":
+                # Exact on the build machine; a little slack for another BLAS.
+                np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
+            else:  # int8/int32 quantised weights may round differently by one step
+                assert np.abs(new[key].astype(np.int64) - value).max() <= 1, key
