@@ -169,11 +169,11 @@ def _init(name: str, value: np.ndarray) -> TensorProto:
     return numpy_helper.from_array(np.asarray(value), name)
 
 
-def _image_io(shape: list[int]) -> tuple[onnx.ValueInfoProto, onnx.ValueInfoProto, int]:
-    classes = 1000 if shape[1] == 224 else 10
+def _image_io(shape: list[int], classes: int) -> tuple[onnx.ValueInfoProto, ...]:
+    """The graph's input ``image`` (uint8 NHWC) and output ``probs`` (float32 [1, classes])."""
     image = helper.make_tensor_value_info("image", TensorProto.UINT8, shape)
     probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [shape[0], classes])
-    return image, probs, classes
+    return image, probs
 
 
 def _normalisation(weights: MlpWeights) -> tuple[list, list]:
@@ -196,7 +196,7 @@ def _normalisation(weights: MlpWeights) -> tuple[list, list]:
 
 def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
     """Return digits.onnx: uint8 NHWC image in, softmax probabilities out."""
-    image, probs, _ = _image_io([1, 8, 8, 1])
+    image, probs = _image_io([1, 8, 8, 1], 10)
     nodes, inits = _normalisation(weights)
     nodes += [
         helper.make_node("MatMul", ["x_norm", "w1"], ["h_mm"]),
@@ -241,7 +241,7 @@ def build_int8_model(weights: MlpWeights, act_scales: dict[str, np.float32]) -> 
     (the normalised input, the hidden layer and the logits) pass QuantizeLinear ->
     DequantizeLinear with scales calibrated on train images.
     """
-    image, probs, _ = _image_io([1, 8, 8, 1])
+    image, probs = _image_io([1, 8, 8, 1], 10)
     nodes, inits = _normalisation(weights)
     zp8 = np.int8(0)
     w_scales = {k: _scale(np.abs(getattr(weights, k)).max()) for k in ("w1", "w2")}
@@ -302,7 +302,7 @@ def build_pool224(seed: int = POOL_SEED) -> onnx.ModelProto:
     # logits = ((m - 127.5) / 127.5) @ w + b, folded into one MatMul and Add.
     w_folded = (w / 127.5).astype(np.float32)
     b_folded = (b - w.sum(axis=0)).astype(np.float32)
-    image, probs, _ = _image_io([1, 224, 224, 3])
+    image, probs = _image_io([1, 224, 224, 3], 1000)
     nodes = [
         helper.make_node("Slice", ["image", "starts", "ends", "axes", "steps"], ["sampled"]),
         helper.make_node("Cast", ["sampled"], ["sampled_f"], to=TensorProto.FLOAT),
