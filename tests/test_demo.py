@@ -113,7 +113,7 @@ def test_int8_model_is_quantised_as_qdq():
     assert weights["w1_q"].dtype == np.int8 and weights["w2_q"].dtype == np.int8
     assert weights["b1_q"].dtype == np.int32
     # Per-tensor symmetric: one scalar scale per tensor, zero point 0.
-    assert weights["w1_s"].shape == () and weights["zp8"] == 0
+    assert weights["w1_s"].shape == () and weights["zp_int8"] == 0
 
 
 def test_float_model_reaches_its_recorded_held_out_accuracy(held_out, held_out_probs):

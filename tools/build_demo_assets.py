@@ -243,7 +243,6 @@ def build_int8_model(weights: MlpWeights, act_scales: dict[str, np.float32]) -> 
     """
     image, probs = _image_io([1, 8, 8, 1], 10)
     nodes, inits = _normalisation(weights)
-    zp8 = np.int8(0)
     w_scales = {k: _scale(np.abs(getattr(weights, k)).max()) for k in ("w1", "w2")}
     b_scales = {
         "b1": np.float32(act_scales["x_norm"] * w_scales["w1"]),
@@ -252,11 +251,11 @@ def build_int8_model(weights: MlpWeights, act_scales: dict[str, np.float32]) -> 
 
     def qdq(tensor: str) -> str:
         nodes.append(
-            helper.make_node("QuantizeLinear", [tensor, f"{tensor}_s", "zp8"], [f"{tensor}_q"])
+            helper.make_node("QuantizeLinear", [tensor, f"{tensor}_s", "zp_int8"], [f"{tensor}_q"])
         )
         nodes.append(
             helper.make_node(
-                "DequantizeLinear", [f"{tensor}_q", f"{tensor}_s", "zp8"], [f"{tensor}_dq"]
+                "DequantizeLinear", [f"{tensor}_q", f"{tensor}_s", "zp_int8"], [f"{tensor}_dq"]
             )
         )
         inits.append(_init(f"{tensor}_s", act_scales[tensor]))
@@ -271,7 +270,7 @@ def build_int8_model(weights: MlpWeights, act_scales: dict[str, np.float32]) -> 
         )
         return f"{name}_dq"
 
-    inits += [_init("zp8", zp8), _init("zp_int8", zp8), _init("zp_int32", np.int32(0))]
+    inits += [_init("zp_int8", np.int8(0)), _init("zp_int32", np.int32(0))]
     x = qdq("x_norm")
     nodes.append(helper.make_node("MatMul", [x, dq_const("w1", w_scales["w1"], np.int8)], ["h_mm"]))
     nodes.append(
