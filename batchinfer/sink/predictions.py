@@ -200,11 +200,19 @@ class PredictionWriter:
         """
         if self._closed:
             raise ValueError("PredictionWriter is closed")
+        # Everything that can raise runs before the first append, so a refused row
+        # leaves the column buffers the same length.
+        pred, idx, score, saved = self._derive(outputs if error is None else None)
         values = (index, id, label, label_name, core, instance, attempt)
         values += (latency_ms, read_ms, wait_ms, error)
         for name, value in zip(_SCALAR_COLUMNS, values, strict=True):
             self._cols[name].append(value)
-        self._add_outputs(outputs if error is None else None)
+        self._pred.append(pred)
+        self._topk_index.append(idx)
+        self._topk_score.append(score)
+        for column, flat in zip(self._saved, saved, strict=True):
+            column.append(flat)
+            self._bytes += 0 if flat is None else flat.nbytes
 
         self._adds_since_clock += 1
         if self.rows_buffered >= self.rows_per_part or self._bytes >= self.max_buffer_bytes:
@@ -267,7 +275,10 @@ class PredictionWriter:
         self._saved: list[list[np.ndarray | None]] = [[] for _ in self._outputs]
         self._bytes = 0
 
-    def _add_outputs(self, outputs: Sequence[np.ndarray] | None) -> None:
+    def _derive(
+        self, outputs: Sequence[np.ndarray] | None
+    ) -> tuple[int | None, np.ndarray | None, np.ndarray | None, list[np.ndarray | None]]:
+        """Top-1, top-k and the flattened outputs to save for one row (all None on errors)."""
         pred = idx = score = None
         if outputs is not None and len(outputs) > 0:
             first = np.asarray(outputs[0])
@@ -277,9 +288,7 @@ class PredictionWriter:
                     pred = int(idx[0])
                 else:
                     pred = int(np.argmax(first))
-        self._pred.append(pred)
-        self._topk_index.append(idx)
-        self._topk_score.append(score)
+        saved: list[np.ndarray | None] = []
         for i, (name, shape, size) in enumerate(self._outputs):
             flat = None
             if outputs is not None:
@@ -291,8 +300,8 @@ class PredictionWriter:
                     raise ValueError(
                         f"output {name!r} has {flat.size} values, expected shape {shape}"
                     )
-                self._bytes += flat.nbytes
-            self._saved[i].append(flat)
+            saved.append(flat)
+        return pred, idx, score, saved
 
     def _table(self) -> pa.Table:
         arrays = [
