@@ -1,0 +1,16 @@
+"""Dataset folders (streamed in a stable order) and preprocessing into input buffers."""
+
+from __future__ import annotations
+
+from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, open_dataset
+from batchinfer.data.preprocess import Preprocess, load_into, preprocess_for
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "Dataset",
+    "Item",
+    "Preprocess",
+    "load_into",
+    "open_dataset",
+    "preprocess_for",
+]

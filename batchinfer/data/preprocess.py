@@ -1,0 +1,500 @@
+"""Preprocessing: decode one dataset item straight into a model input buffer.
+
+Readers call :func:`load_into` with an ndarray view over a shared-memory slot; the
+tensor is written there, with as few full-size copies as the format allows:
+
+- uint8 NHWC rgb/gray images: Pillow's pixels are copied once into the slot;
+- other layouts, colours and integer dtypes: the same single copy, through a strided view;
+- float dtypes with mean/std: ``(x - mean) / std`` computed into the slot
+  (float16 goes through one float32 temporary to keep its precision);
+- ``.npy`` tensors: the header is parsed and the data read with ``readinto`` into the
+  slot's memory, with no temporary array (Fortran-ordered files need one).
+
+Every problem with an item raises :class:`~batchinfer.errors.InputError` naming the file;
+the engine turns it into an error row. A spec that cannot work at all raises UsageError
+before any item is read.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO, Literal
+
+import numpy as np
+from PIL import Image, ImageFile
+
+from batchinfer.errors import InputError, UsageError
+from batchinfer.runtime.constants import SUPPORTED_DTYPES
+
+Layout = Literal["nhwc", "nchw"]
+Color = Literal["rgb", "bgr", "gray"]
+
+LAYOUTS = ("nhwc", "nchw")
+COLORS = ("rgb", "bgr", "gray")
+RESIZE_MODES = ("stretch",)
+
+# Images are 0..255: these dtypes cannot hold them (int8) or make no sense (bool).
+_NOT_FOR_IMAGES = ("int8", "bool")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How a dataset item becomes one model input tensor of ``shape`` and ``dtype``.
+
+    ``shape`` is the buffer's full shape, batch axis included, in ``layout`` for 4-D
+    inputs: (1, H, W, C) for nhwc, (1, C, H, W) for nchw; 3-D inputs are (1, H, W) gray.
+    ``mean`` and ``std`` are per channel, in pixel units (0..255) like RKNN's
+    mean_values/std_values, and apply only to float dtypes. Other shapes only take
+    ``.npy`` tensors. Validated on construction (UsageError).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    layout: Layout = "nhwc"
+    color: Color = "rgb"
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    resize: Literal["stretch"] = "stretch"
+
+    def __post_init__(self) -> None:
+        shape = tuple(self.shape)
+        if not shape or not all(isinstance(d, int | np.integer) and d > 0 for d in shape):
+            raise UsageError(
+                f"The input shape {shape} has a dimension that is not a positive integer; "
+                "give every dimension a size (e.g. --size for height and width)."
+            )
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"Unknown layout {self.layout!r}; use one of {', '.join(LAYOUTS)}.")
+        if self.color not in COLORS:
+            raise UsageError(f"Unknown color {self.color!r}; use one of {', '.join(COLORS)}.")
+        if self.resize not in RESIZE_MODES:
+            raise UsageError(f"Unknown resize mode {self.resize!r}; use 'stretch'.")
+        if self.is_image:
+            self._check_image_spec()
+        elif self.mean is not None or self.std is not None:
+            raise UsageError(
+                f"mean/std apply to image inputs, and the input shape {self.shape} is not "
+                "one; drop --mean/--std and feed .npy tensors."
+            )
+
+    def _check_image_spec(self) -> None:
+        channels = self.channels
+        if channels not in (1, 3):
+            raise UsageError(
+                f"The input shape {self.shape} ({self.layout}) has {channels} channels; an "
+                "image input takes 1 (gray) or 3 (rgb/bgr), so check --layout or feed .npy."
+            )
+        if (self.color == "gray") != (channels == 1):
+            want = "gray" if channels == 1 else "rgb or bgr"
+            raise UsageError(
+                f"Color {self.color} does not fit an input with {channels} channel(s); "
+                f"use --color {want}."
+            )
+        for name in ("mean", "std"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            value = tuple(float(v) for v in value)
+            if len(value) == 1:
+                value *= channels
+            if len(value) != channels:
+                raise UsageError(
+                    f"--{name} has {len(value)} values but the input has {channels} "
+                    f"channel(s); give 1 or {channels} values."
+                )
+            if name == "std" and not all(v != 0 and math.isfinite(v) for v in value):
+                raise UsageError(f"--std {value} has a zero or non-finite value; fix it.")
+            object.__setattr__(self, name, value)
+        if (self.mean is not None or self.std is not None) and not self.is_float:
+            raise UsageError(
+                f"mean/std need a float input, but this one is {self.dtype} (such models "
+                "normalise inside); drop --mean/--std or pass --dtype float32."
+            )
+
+    @property
+    def is_image(self) -> bool:
+        """True when images can be decoded into this shape (3-D or 4-D)."""
+        return len(self.shape) in (3, 4)
+
+    @property
+    def is_float(self) -> bool:
+        """True for float16/float32 inputs."""
+        return np.dtype(self.dtype).kind == "f"
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Return (height, width) of the image the input takes."""
+        self._require_image()
+        if len(self.shape) == 3 or self.layout == "nhwc":
+            return self.shape[1], self.shape[2]
+        return self.shape[2], self.shape[3]
+
+    @property
+    def channels(self) -> int:
+        """Return the input's channel count (1 for a 3-D gray input)."""
+        self._require_image()
+        if len(self.shape) == 3:
+            return 1
+        return self.shape[3] if self.layout == "nhwc" else self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Return the size in bytes of one input tensor (one slot)."""
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
+
+    def validate_for(self, kind: str) -> None:
+        """Raise UsageError if a dataset of ``kind`` ('images' or 'npy') cannot use this spec."""
+        if kind == "npy":
+            if self.mean is not None or self.std is not None:
+                raise UsageError(
+                    ".npy tensors are fed as they are, so mean/std do not apply; drop "
+                    "--mean/--std or store the tensors already normalised."
+                )
+            return
+        if kind != "images":
+            raise ValueError(f"unknown dataset kind {kind!r}")
+        self._require_image()
+        if self.shape[0] != 1:
+            raise UsageError(
+                f"The input shape {self.shape} takes a batch of {self.shape[0]}, but each "
+                "image is one item; use a batch-1 model or feed .npy tensors."
+            )
+        if self.dtype in _NOT_FOR_IMAGES:
+            raise UsageError(
+                f"Images are 0..255 pixels and cannot be fed as {self.dtype}; pass --dtype "
+                "uint8 or float32."
+            )
+
+    def _require_image(self) -> None:
+        if not self.is_image:
+            raise UsageError(
+                f"The input shape {self.shape} is not an image shape (N,H,W,C), (N,C,H,W) "
+                "or (N,H,W); feed .npy tensors of that shape instead."
+            )
+
+
+def preprocess_for(
+    shape: Sequence[int | str | None],
+    dtype: str | np.dtype,
+    *,
+    size: tuple[int, int] | None = None,
+    color: str | None = None,
+    layout: str | None = None,
+    dtype_override: str | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+) -> Preprocess:
+    """Return the Preprocess for a model input of ``shape``/``dtype``, with overrides.
+
+    ``shape`` is the input shape as the model reports it; a dimension that is not a
+    positive int (None, -1, a symbolic name) is dynamic: a dynamic batch becomes 1,
+    a dynamic height/width needs ``size``. For 4-D shapes the channel axis is found from
+    the shape: last if it is 1 or 3 (NHWC, the default and what RKNN reports), else axis
+    1 if that is 1 or 3 (NCHW, as ONNX models usually are). ``layout`` picks the buffer
+    layout (default: the model's); ``size`` = (height, width) overrides the model's;
+    ``color`` defaults to gray for 1 channel, rgb for 3. Raises UsageError for
+    combinations that cannot work.
+    """
+    dims: list[int | None] = [_static(d) for d in shape]
+    if not dims:
+        raise UsageError("The model input is a scalar; batchinfer feeds tensors of rank 1 or more.")
+    if dims[0] is None:
+        dims[0] = 1
+    if layout is not None and layout not in LAYOUTS:
+        raise UsageError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+
+    rank = len(dims)
+    if rank == 4:
+        model_layout = _channel_layout(dims, layout)
+        if model_layout == "nhwc":
+            n, h, w, c = dims
+        else:
+            n, c, h, w = dims
+        h, w = _image_size(shape, h, w, size)
+        if c is None:
+            raise UsageError(f"The model input {tuple(shape)} has a dynamic channel count.")
+        out_layout = layout or model_layout
+        new_shape = (n, h, w, c) if out_layout == "nhwc" else (n, c, h, w)
+        default_color = "gray" if c == 1 else "rgb"
+    elif rank == 3:
+        if layout == "nchw":
+            raise UsageError(
+                f"The model input {tuple(shape)} is a 3-D gray image with no channel axis; "
+                "--layout applies to 4-D inputs only."
+            )
+        n, h, w = dims
+        h, w = _image_size(shape, h, w, size)
+        new_shape = (n, h, w)
+        out_layout = "nhwc"
+        default_color = "gray"
+    else:
+        if size is not None:
+            raise UsageError(
+                f"--size applies to image inputs, and the model input {tuple(shape)} is not "
+                "one; drop --size."
+            )
+        if any(d is None for d in dims):
+            raise UsageError(f"The model input {tuple(shape)} has a dynamic dimension.")
+        new_shape = tuple(dims)  # type: ignore[assignment]
+        out_layout = "nhwc"
+        default_color = "rgb"
+    return Preprocess(
+        shape=new_shape,  # type: ignore[arg-type]
+        dtype=dtype_override or dtype,  # type: ignore[arg-type]
+        layout=out_layout,  # type: ignore[arg-type]
+        color=color or default_color,  # type: ignore[arg-type]
+        mean=None if mean is None else tuple(mean),
+        std=None if std is None else tuple(std),
+    )
+
+
+def _static(dim: int | str | None) -> int | None:
+    if isinstance(dim, int | np.integer) and not isinstance(dim, bool) and dim > 0:
+        return int(dim)
+    return None
+
+
+def _channel_layout(dims: list[int | None], wanted: str | None) -> str:
+    last, second = dims[3] in (1, 3), dims[1] in (1, 3)
+    if last and second and wanted:
+        return wanted  # e.g. (1, 3, 8, 3): ambiguous, so believe the caller
+    if last:
+        return "nhwc"
+    if second:
+        return "nchw"
+    raise UsageError(
+        f"Cannot tell the channel axis of the input shape {tuple(dims)}: an image input has "
+        "1 or 3 channels, last (NHWC) or second (NCHW); feed .npy tensors instead."
+    )
+
+
+def _image_size(
+    shape: Sequence[object], h: int | None, w: int | None, size: tuple[int, int] | None
+) -> tuple[int, int]:
+    if size is not None:
+        if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
+            raise UsageError(f"--size {size} is not (height, width) in positive pixels.")
+        return size[0], size[1]
+    if h is None or w is None:
+        raise UsageError(
+            f"The model input {tuple(shape)} has a dynamic height or width; pass --size H,W."
+        )
+    return h, w
+
+
+def _dtype_name(dtype: object) -> str:
+    try:
+        name = np.dtype(dtype).name  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise UsageError(
+            f"Unknown dtype {dtype!r}; use one of {', '.join(SUPPORTED_DTYPES)}."
+        ) from exc
+    if name not in SUPPORTED_DTYPES:
+        raise UsageError(
+            f"dtype {name} is not one RKNNLite takes; use one of {', '.join(SUPPORTED_DTYPES)}."
+        )
+    return name
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_into(
+    path: str, spec: Preprocess, out: np.ndarray, kind: str, *, name: str | None = None
+) -> None:
+    """Decode the item at ``path`` and write its input tensor into ``out`` (returns nothing).
+
+    ``out`` must have ``spec.shape`` and ``spec.dtype`` and be C-contiguous (a view over a
+    shared-memory slot); ``kind`` is the dataset's ('images' or 'npy'). ``name`` is how
+    messages call the file (the item's id; default ``path``). Raises InputError for
+    anything wrong with the file.
+    """
+    if out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out is {out.shape} {out.dtype} (contiguous={out.flags.c_contiguous}), "
+            f"expected C-contiguous {spec.shape} {spec.dtype}"
+        )
+    spec.validate_for(kind)
+    label = name or path
+    if kind == "images":
+        _write_pixels(_decode_image(path, spec, label), spec, out)
+    elif kind == "npy":
+        _read_npy(path, spec, out, label)
+    else:
+        raise ValueError(f"unknown dataset kind {kind!r}")
+
+
+def _open(path: str, label: str) -> BinaryIO:
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
+    except OSError as exc:
+        raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
+    if os.fstat(f.fileno()).st_size == 0:
+        f.close()
+        raise InputError(f"Cannot read {label}: the file is empty.")
+    return f
+
+
+def _decode_image(path: str, spec: Preprocess, label: str) -> np.ndarray:
+    """Return the image's pixels at spec.size as uint8 (H, W, 3) or (H, W)."""
+    # A truncated file must fail, not come back padded with grey.
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; batchinfer needs it off")
+    height, width = spec.size
+    mode = "L" if spec.color == "gray" else "RGB"
+    with _open(path, label) as f:
+        try:
+            img = Image.open(f)
+        except Image.UnidentifiedImageError as exc:
+            raise InputError(f"Cannot read {label}: it is not an image Pillow can decode.") from exc
+        except Exception as exc:  # Pillow raises many types for a damaged header
+            raise InputError(f"Cannot read {label}: {_pil_reason(exc)}.") from exc
+        with img:
+            try:
+                if img.format == "JPEG" and img.size != (width, height):
+                    # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result is still
+                    # at least the target size: much less work for large photos.
+                    img.draft(mode, (width, height))
+                img.load()
+                pixels = _to_mode(img, mode)
+                if pixels.size != (width, height):
+                    pixels = pixels.resize((width, height), Image.Resampling.BILINEAR)
+                return np.asarray(pixels)
+            except Exception as exc:  # truncated data, bad chunks, decompression bombs
+                raise InputError(f"Cannot read {label}: {_pil_reason(exc)}.") from exc
+
+
+def _to_mode(img: Image.Image, mode: str) -> Image.Image:
+    if img.mode == mode:
+        return img
+    if img.mode == "P" and "transparency" in img.info:
+        # Pillow warns when a palette image with transparency goes straight to RGB/L.
+        img = img.convert("RGBA")
+    return img.convert(mode)
+
+
+def _pil_reason(exc: Exception) -> str:
+    text = str(exc).strip().rstrip(".") or type(exc).__name__
+    if "truncated" in text:
+        return f"the file is truncated (PIL: {text})"
+    return f"it is not a valid image (PIL: {text})"
+
+
+def _write_pixels(pixels: np.ndarray, spec: Preprocess, out: np.ndarray) -> None:
+    """Write uint8 pixels (H, W[, 3]) into out[0] in spec's layout, colour and dtype."""
+    src = pixels
+    if spec.color == "bgr":
+        src = src[..., ::-1]
+    if len(spec.shape) == 4:
+        if spec.color == "gray":
+            src = src[..., None] if spec.layout == "nhwc" else src[None]
+        elif spec.layout == "nchw":
+            src = src.transpose(2, 0, 1)
+    dst = out[0]
+    if spec.mean is None and spec.std is None:
+        np.copyto(dst, src, casting="safe")  # exact: validate_for refused int8 and bool
+        return
+    channel_axis = (-1 if spec.layout == "nhwc" else -3) if len(spec.shape) == 4 else None
+    mean = _per_channel(spec.mean, channel_axis)
+    std = _per_channel(spec.std, channel_axis)
+    if dst.dtype == np.float16:
+        # (x - mean) in float16 would lose up to 0.25 before the division: use float32.
+        tmp = src.astype(np.float32)
+        if mean is not None:
+            np.subtract(tmp, mean, out=tmp)
+        if std is not None:
+            np.divide(tmp, std, out=tmp)
+        np.copyto(dst, tmp, casting="same_kind")
+        return
+    if mean is not None:
+        np.subtract(src, mean, out=dst, dtype=dst.dtype)
+        if std is not None:
+            np.divide(dst, std, out=dst)
+    else:
+        np.divide(src, std, out=dst, dtype=dst.dtype)
+
+
+def _per_channel(values: tuple[float, ...] | None, axis: int | None) -> np.ndarray | None:
+    if values is None:
+        return None
+    array = np.asarray(values, dtype=np.float32)
+    if axis is None:
+        return array.reshape(())  # 3-D gray input: a single channel
+    return array.reshape((-1, 1, 1)) if axis == -3 else array
+
+
+def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
+    fmt = np.lib.format
+    with _open(path, label) as f:
+        try:
+            version = fmt.read_magic(f)
+        except ValueError as exc:
+            raise InputError(f"Cannot read {label}: it is not a .npy file.") from exc
+        try:
+            if version == (1, 0):
+                shape, fortran_order, dtype = fmt.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran_order, dtype = fmt.read_array_header_2_0(f)
+            else:
+                raise InputError(
+                    f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
+                    "not supported; save it with numpy.save of a plain numeric array."
+                )
+        except (ValueError, SyntaxError, KeyError, TypeError) as exc:
+            raise InputError(f"Cannot read {label}: its .npy header is damaged ({exc}).") from exc
+        if dtype.hasobject:
+            raise InputError(
+                f"Cannot read {label}: it holds Python objects, which batchinfer never "
+                "unpickles; save a numeric array instead."
+            )
+        target = np.dtype(spec.dtype)
+        swap = False
+        if dtype != target:
+            if dtype.byteorder not in "=|" and dtype.newbyteorder("=") == target:
+                swap = True  # same type in the other byte order: fix after reading
+            else:
+                raise InputError(
+                    f"{label} has dtype {_dtype_text(dtype)} but the model takes {target.name}; "
+                    "convert it or pass --dtype."
+                )
+        shape = tuple(shape)
+        if shape != spec.shape and not (spec.shape[0] == 1 and shape == spec.shape[1:]):
+            raise InputError(
+                f"{label} has shape {shape} but the model takes {spec.shape}; "
+                "save tensors of that shape."
+            )
+        if fortran_order and sum(d > 1 for d in shape) > 1:
+            # The bytes are the transpose: read them as such, then copy in C order.
+            tmp = np.empty(shape[::-1], dtype=target)
+            _read_exact(f, tmp, label)
+            if swap:
+                tmp.byteswap(inplace=True)
+            out.reshape(shape)[...] = tmp.T
+            return
+        _read_exact(f, out, label)
+        if swap:
+            out.byteswap(inplace=True)
+
+
+def _read_exact(f: BinaryIO, array: np.ndarray, label: str) -> None:
+    view = memoryview(array).cast("B")
+    total = 0
+    while total < len(view):
+        n = f.readinto(view[total:])
+        if not n:
+            raise InputError(
+                f"Cannot read {label}: the file is truncated ({total} of {len(view)} data "
+                "bytes); write it again."
+            )
+        total += n
+
+
+def _dtype_text(dtype: np.dtype) -> str:
+    if dtype.byteorder not in "=|" and dtype.newbyteorder("=").name in SUPPORTED_DTYPES:
+        return f"{dtype.name} ({'big' if dtype.byteorder == '>' else 'little'}-endian)"
+    return dtype.name if dtype.fields is None else str(dtype)
