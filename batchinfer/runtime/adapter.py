@@ -1,0 +1,97 @@
+"""RuntimeAdapter: the one place that turns RKNNLite's return conventions into exceptions.
+
+Runtimes keep RKNNLite's shape (0/-1, None, E log lines); the engine talks to them
+only through this class, which raises errors from :mod:`batchinfer.errors` whose
+messages say what failed and what to do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchinfer.errors import InferenceError, ModelError
+
+
+class RuntimeAdapter:
+    """An RKNNLite-shaped runtime whose failures raise ModelError / InferenceError."""
+
+    def __init__(self, rknn: Any, *, core: int | None, model: Path) -> None:
+        self.rknn = rknn
+        self.core = core
+        self.model = Path(model)
+
+    @property
+    def _where(self) -> str:
+        return "the NPU" if self.core is None else f"NPU core {self.core}"
+
+    def _hint(self) -> str:
+        module = type(self.rknn).__module__
+        if module.endswith(".sim"):
+            return "check the sim faults (--sim-fault, BATCHINFER_SIM_FAULTS) and the E lines above"
+        if module.endswith(".onnx"):
+            return "check the E lines above and that the .onnx model is valid"
+        return "check /usr/lib/librknnrt.so >= 2.5.0 and read/write access to the NPU device"
+
+    def load(self) -> None:
+        """Load the model file into the runtime; ModelError if it cannot be read."""
+        try:
+            ret = self.rknn.load_rknn(str(self.model))
+        except Exception as exc:
+            raise ModelError(
+                f"Model {self.model} could not be loaded ({exc}); check the path."
+            ) from exc
+        if ret != 0:
+            raise ModelError(
+                f"Model {self.model} could not be loaded (load_rknn returned {ret}); "
+                "check that the file exists and is readable."
+            )
+
+    def init(self, core_mask: int) -> None:
+        """Initialise the runtime on ``core_mask``; InferenceError naming the core if it fails."""
+        try:
+            ret = self.rknn.init_runtime(core_mask=core_mask)
+        except Exception as exc:
+            raise InferenceError(
+                f"{self._where} could not be initialised (init_runtime raised {exc!r}); "
+                f"{self._hint()}."
+            ) from exc
+        if ret != 0:
+            leave_out = "" if self.core is None else f"leave core {self.core} out of --cores, or "
+            raise InferenceError(
+                f"{self._where} could not be initialised (init_runtime returned {ret}); "
+                f"{leave_out}{self._hint()}."
+            )
+
+    def infer(
+        self, inputs: list, reuse_outputs: bool = True, data_format: str | None = None
+    ) -> list[np.ndarray]:
+        """The outputs for ``inputs`` (views reused by the next call when ``reuse_outputs``)."""
+        outputs = self.rknn.inference(
+            inputs=inputs, data_format=data_format, reuse_outputs=reuse_outputs
+        )
+        if outputs is None:
+            core = "the NPU" if self.core is None else f"core {self.core}"
+            raise InferenceError(
+                f"Inference returned None on {core}; {self._hint()} for the reason."
+            )
+        return outputs
+
+    def sdk_version(self) -> str | None:
+        """The runtime's multi-line version text, or None when it gives none."""
+        try:
+            return self.rknn.get_sdk_version()
+        except Exception:
+            return None
+
+    def set_current_item(self, index: int | None) -> None:
+        """Tell the runtime which item comes next, when it wants to know (the sim does)."""
+        setter = getattr(self.rknn, "set_current_item", None)
+        if callable(setter):
+            setter(index)
+
+    def release(self) -> None:
+        """Release the runtime (idempotent)."""
+        self.rknn.release()

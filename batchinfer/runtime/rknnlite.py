@@ -1,0 +1,77 @@
+"""The real runtime, ``rknnlite.api.RKNNLite``, imported lazily and only where it can work.
+
+Importing rknnlite rewrites the names of Python's logging levels (other libraries then
+fail with ``ValueError: Unknown level: 'INFO'``; rockchip-linux/rknn-toolkit2#270, #312),
+so :func:`load_rknnlite_class` restores them right after the import. Call it inside the
+worker process that uses the runtime, never in the coordinator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import logging
+import platform
+from pathlib import Path
+
+from batchinfer.errors import RuntimeUnavailableError
+
+LIBRKNNRT = Path("/usr/lib/librknnrt.so")
+_ARM64 = ("aarch64", "arm64")
+
+
+def unavailable_reason(
+    machine: str | None = None,
+    has_wheel: bool | None = None,
+    librknnrt: Path = LIBRKNNRT,
+) -> str | None:
+    """Why rknnlite cannot work here, as one sentence with the remedy; None if it can."""
+    machine = machine if machine is not None else platform.machine()
+    if machine.lower() not in _ARM64:
+        return (
+            f"The rknnlite backend (rknn-toolkit-lite2) exists only for aarch64 boards and this "
+            f"machine is {machine}; use --backend onnx or --backend sim on this machine."
+        )
+    if has_wheel is None:
+        has_wheel = importlib.util.find_spec("rknnlite") is not None
+    if not has_wheel:
+        return (
+            "The rknnlite backend needs rknn-toolkit-lite2, which is not installed; "
+            "run pip install 'batchinfer[rk]'."
+        )
+    if not librknnrt.exists():
+        return (
+            f"The rknnlite backend needs the NPU runtime {librknnrt}, which is missing; "
+            "install Rockchip's librknnrt >= 2.5.0 there (from airockchip/rknn-toolkit2)."
+        )
+    return None
+
+
+def load_rknnlite_class() -> type:
+    """``rknnlite.api.RKNNLite``; RuntimeUnavailableError saying why when it cannot work here."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeUnavailableError(reason)
+    level_to_name = dict(logging._levelToName)
+    name_to_level = dict(logging._nameToLevel)
+    try:
+        module = importlib.import_module("rknnlite.api")
+    except Exception as exc:
+        raise RuntimeUnavailableError(
+            f"rknn-toolkit-lite2 is installed but cannot be imported ({exc}); reinstall it "
+            "with pip install --force-reinstall 'batchinfer[rk]'."
+        ) from exc
+    finally:
+        _restore_level_names(level_to_name, name_to_level)
+    return module.RKNNLite
+
+
+def _restore_level_names(level_to_name: dict, name_to_level: dict) -> None:
+    # Mutate in place: logging keeps references to these exact dicts.
+    lock = getattr(logging, "_lock", None) or contextlib.nullcontext()
+    with lock:
+        logging._levelToName.clear()
+        logging._levelToName.update(level_to_name)
+        logging._nameToLevel.clear()
+        logging._nameToLevel.update(name_to_level)

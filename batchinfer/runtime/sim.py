@@ -1,0 +1,465 @@
+"""The ``sim`` backend: an NPU emulator that is a drop-in for ``rknnlite.api.RKNNLite``.
+
+A script written for the real runtime runs with only its import changed::
+
+    from batchinfer.runtime.sim import RKNNLite   # was: from rknnlite.api import RKNNLite
+
+It honours the RKNNLite contract (see _onnx_base and docs/rknnlite-contract.md),
+computes real outputs with ONNX Runtime, and adds what a board has and a CPU lacks:
+
+Core-mask rules per chip
+    ``chip`` rk3588 (3 cores, default), rk3576 (2), rk3566 and the other one-core chips.
+    See :func:`resolve_core_mask`.
+
+Time model
+    Each ``inference`` call first spends ``host_ms`` on its own (a sleep that releases
+    the GIL: it stands for host-side work on the board's CPU), then holds its NPU core
+    exclusively for ``npu_ms``. A core is shared by every instance pinned to it, across
+    processes: the "board" is a small mmap'd file per chip in ``state_dir`` holding, per
+    core, the time (CLOCK_MONOTONIC, system-wide on Linux) until which the core is
+    reserved. Under an exclusive ``flock`` a call takes ``start = max(now, busy_until)``
+    and sets ``busy_until = start + npu_ms``; it computes the ONNX outputs meanwhile and
+    sleeps until that absolute deadline, so sleep overshoot does not pile up on the core.
+    So k instances on one core reach at most ``min(k / (host_ms + npu_ms), 1 / npu_ms)``
+    calls per second.
+    Multi-core masks (NPU_CORE_0_1, NPU_CORE_0_1_2, NPU_CORE_ALL) model RKNN's
+    multi-core split ideally: the call holds every core of its mask from a common start
+    for ``npu_ms / ncores``. One instance on three cores therefore gains only on the NPU
+    part, never on ``host_ms``, which is why one instance per core wins on a real board.
+    NPU_CORE_AUTO takes whichever core of the chip frees first.
+
+Faults (for tests of the engine)
+    ``KIND:core=C:call=N`` fires once, at the N-th inference call on core C counted
+    across all processes sharing ``state_dir`` (the counters live in the board file, so
+    a restarted process does not fire it again); ``KIND:item=I`` fires every time
+    dataset item I is inferred. KIND is ``crash`` (SIGKILL to the own process), ``hang``
+    (never returns), ``none`` (inference returns None with an E line), or ``init``
+    (``init:core=C`` fails every init_runtime on core C, ``init:core=C:call=N`` the N-th).
+    The engine says which item is being inferred with :meth:`RKNNLite.set_current_item`,
+    an extra method the real RKNNLite does not have.
+
+Settings come from keyword arguments or the environment: ``BATCHINFER_SIM_CHIP``
+(rk3588), ``BATCHINFER_SIM_NPU_MS`` (2.0), ``BATCHINFER_SIM_HOST_MS`` (4.0, so one
+instance keeps its core a third busy, as on real boards), ``BATCHINFER_SIM_FAULTS``
+(specs separated by ';'), ``BATCHINFER_SIM_STATE`` (default
+``{tempdir}/batchinfer-sim-{uid}/``). Counters persist per state_dir: use a fresh one
+per run when faults must fire again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+import re
+import signal
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+
+from batchinfer.errors import UsageError
+from batchinfer.runtime import constants as C
+from batchinfer.runtime._onnx_base import OnnxRKNNBase
+
+FAULT_KINDS = ("crash", "hang", "none", "init")
+FAULT_FORMS = (
+    "KIND:core=C:call=N (once, at the N-th call on core C), KIND:item=I (every time item I "
+    "is inferred), or init:core=C (every init on core C); KIND is crash, hang, none or init"
+)
+_FAULT_RE = re.compile(
+    r"^(?P<kind>[a-z]+)"
+    r"(?::core=(?P<core>\d+))?"
+    r"(?::call=(?P<call>\d+))?"
+    r"(?::item=(?P<item>\d+))?$"
+)
+
+_DEFAULTS = {"chip": "rk3588", "npu_ms": 2.0, "host_ms": 4.0}
+_ENV = {
+    "chip": "BATCHINFER_SIM_CHIP",
+    "npu_ms": "BATCHINFER_SIM_NPU_MS",
+    "host_ms": "BATCHINFER_SIM_HOST_MS",
+    "faults": "BATCHINFER_SIM_FAULTS",
+    "state_dir": "BATCHINFER_SIM_STATE",
+}
+
+
+# ---------------------------------------------------------------- settings and faults
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: ``kind`` with either ``core`` (+ ``call``) or ``item``."""
+
+    kind: str
+    core: int | None = None
+    call: int | None = None
+    item: int | None = None
+
+    def __str__(self) -> str:
+        parts = [self.kind]
+        for name in ("core", "call", "item"):
+            value = getattr(self, name)
+            if value is not None:
+                parts.append(f"{name}={value}")
+        return ":".join(parts)
+
+
+def parse_fault(spec: str) -> Fault:
+    """The Fault a spec such as ``crash:core=1:call=5`` names; UsageError if it is malformed."""
+    match = _FAULT_RE.match(spec.strip())
+    bad = UsageError(f"Fault spec {spec!r} is not valid; use {FAULT_FORMS}.")
+    if match is None or match["kind"] not in FAULT_KINDS:
+        raise bad
+    kind = match["kind"]
+    core, call, item = (
+        None if match[k] is None else int(match[k]) for k in ("core", "call", "item")
+    )
+    if item is not None:
+        if core is not None or call is not None or kind == "init":
+            raise bad
+        return Fault(kind, item=item)
+    if core is None or (call is None and kind != "init") or call == 0:
+        raise bad
+    return Fault(kind, core=core, call=call)
+
+
+def _parse_faults(value: str | Iterable[str | Fault] | None) -> tuple[Fault, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [part for part in value.split(";") if part.strip()]
+    return tuple(v if isinstance(v, Fault) else parse_fault(v) for v in value)
+
+
+def default_state_dir() -> Path:
+    """Where boards live by default: a per-user folder in the temp dir (not /dev/shm)."""
+    return Path(tempfile.gettempdir()) / f"batchinfer-sim-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    """The emulated board: chip, per-call NPU and host time, faults, state folder."""
+
+    chip: str = _DEFAULTS["chip"]
+    npu_ms: float = _DEFAULTS["npu_ms"]
+    host_ms: float = _DEFAULTS["host_ms"]
+    faults: tuple[Fault, ...] = ()
+    state_dir: Path = field(default_factory=default_state_dir)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> SimSettings:
+        """Settings from BATCHINFER_SIM_* env vars, with non-None ``overrides`` winning."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(overrides) - names
+        if unknown:
+            raise UsageError(
+                f"Unknown sim setting(s) {sorted(unknown)}; use {', '.join(sorted(names))}."
+            )
+        raw: dict[str, object] = {}
+        for name in names:
+            value = overrides.get(name)
+            if value is None:
+                value = os.environ.get(_ENV[name]) or None
+            if value is not None:
+                raw[name] = value
+        chip = str(raw.get("chip", _DEFAULTS["chip"])).lower()
+        if chip not in C.CHIP_CORES:
+            raise UsageError(
+                f"Sim chip {chip!r} is unknown; use one of {', '.join(C.CHIP_CORES)} "
+                f"(--sim-chip or {_ENV['chip']})."
+            )
+        npu_ms = _milliseconds(raw.get("npu_ms", _DEFAULTS["npu_ms"]), "npu_ms")
+        host_ms = _milliseconds(raw.get("host_ms", _DEFAULTS["host_ms"]), "host_ms")
+        faults = _parse_faults(raw.get("faults"))  # type: ignore[arg-type]
+        for fault in faults:
+            if fault.core is not None and fault.core >= C.CHIP_CORES[chip]:
+                raise UsageError(
+                    f"Fault {fault} names core {fault.core}, but {chip} has "
+                    f"{C.CHIP_CORES[chip]} NPU core(s); use a core below {C.CHIP_CORES[chip]}."
+                )
+        state = raw.get("state_dir")
+        state_dir = Path(state) if state is not None else default_state_dir()  # type: ignore[arg-type]
+        return cls(chip, npu_ms, host_ms, faults, state_dir)
+
+
+def _milliseconds(value: object, name: str) -> float:
+    try:
+        ms = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        ms = -1.0
+    if not ms >= 0.0 or ms == float("inf"):
+        raise UsageError(
+            f"Sim {name}={value!r} is not a duration; give milliseconds >= 0, e.g. 2.0 "
+            f"({_ENV[name]})."
+        )
+    return ms
+
+
+# ---------------------------------------------------------------- core masks
+def resolve_core_mask(chip: str, mask: int) -> tuple[tuple[int, ...], list[str]]:
+    """The cores ``mask`` holds on ``chip`` (() = AUTO) and warnings; ValueError if refused."""
+    ncores = C.CHIP_CORES[chip]
+    if mask == C.NPU_CORE_AUTO:
+        return (), []
+    if chip not in C.MULTI_CORE_CHIPS:
+        names = [c.upper() for c in C.MULTI_CORE_CHIPS]
+        raise ValueError(f"The core_mask is only supported by {names}, not {chip.upper()}.")
+    if mask not in C.VALID_CORE_MASKS:
+        raise ValueError(f"The core mode {mask} is not supported currently.")
+    warnings = []
+    if mask == C.NPU_CORE_ALL:
+        mask = (1 << ncores) - 1
+    elif chip == "rk3576" and mask == C.NPU_CORE_2:
+        warnings.append("RK3576 has no NPU_CORE_2; NPU_CORE_0 is used instead.")
+        mask = C.NPU_CORE_0
+    elif chip == "rk3576" and mask == C.NPU_CORE_0_1_2:
+        warnings.append("RK3576 has no NPU_CORE_0_1_2; NPU_CORE_0_1 is used instead.")
+        mask = C.NPU_CORE_0_1
+    return tuple(c for c in range(ncores) if mask & (1 << c)), warnings
+
+
+# ---------------------------------------------------------------- the board file
+_MAGIC = b"BISIMv01"
+_HEADER = struct.Struct("8s40s")  # magic, boot id
+_CORE = struct.Struct("dqq8x")  # busy_until, inference calls, init calls
+_MAX_CORES = 16
+_BOARD_SIZE = 4096
+# A reservation further ahead than this is left over from another clock epoch: ignore it.
+_STALE_S = 60.0
+
+
+def _boot_id() -> bytes:
+    # CLOCK_MONOTONIC restarts at boot: a board file from an earlier boot is reset.
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_bytes().strip()[:40]
+    except OSError:
+        return b"unknown"
+
+
+class _Board:
+    """One chip's shared state: per-core reservations and call counters, under flock.
+
+    Each instance opens its own file description, so flock also serialises threads
+    of one process (flock locks belong to the open file description).
+    """
+
+    def __init__(self, state_dir: Path, chip: str) -> None:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path = state_dir / f"{chip}.board"
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            with self._flock():
+                if os.fstat(self._fd).st_size < _BOARD_SIZE:
+                    os.ftruncate(self._fd, _BOARD_SIZE)
+                self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
+                magic, boot = _HEADER.unpack_from(self._mm, 0)
+                if magic != _MAGIC or boot.rstrip(b"\0") != _boot_id():
+                    self._mm[:] = bytes(_BOARD_SIZE)
+                    _HEADER.pack_into(self._mm, 0, _MAGIC, _boot_id())
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    @contextlib.contextmanager
+    def _flock(self) -> Iterator[None]:
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    locked = _flock
+
+    def _offset(self, core: int) -> int:
+        return _HEADER.size + core * _CORE.size
+
+    def busy_until(self, core: int, now: float) -> float:
+        busy = _CORE.unpack_from(self._mm, self._offset(core))[0]
+        return now if busy > now + _STALE_S else busy
+
+    def set_busy_until(self, core: int, t: float) -> None:
+        _, calls, inits = _CORE.unpack_from(self._mm, self._offset(core))
+        _CORE.pack_into(self._mm, self._offset(core), t, calls, inits)
+
+    def count(self, core: int, *, init: bool) -> int:
+        """Add one inference (or init) call on ``core``; the new count, from 1."""
+        busy, calls, inits = _CORE.unpack_from(self._mm, self._offset(core))
+        if init:
+            inits += 1
+        else:
+            calls += 1
+        _CORE.pack_into(self._mm, self._offset(core), busy, calls, inits)
+        return inits if init else calls
+
+    def close(self) -> None:
+        self._mm.close()
+        os.close(self._fd)
+
+
+# ---------------------------------------------------------------- timing helpers
+_thread_state = threading.local()
+_PR_SET_TIMERSLACK = 29
+
+
+def _tight_timer_slack() -> None:
+    """Set this thread's timer slack to 1 ns (Linux), so 2 ms sleeps end near 2.0 ms."""
+    if getattr(_thread_state, "slack_set", False):
+        return
+    _thread_state.slack_set = True
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+# ---------------------------------------------------------------- the runtime
+class RKNNLite(OnnxRKNNBase):
+    """``rknnlite.api.RKNNLite`` emulating an NPU board (see the module docstring)."""
+
+    def __init__(
+        self,
+        verbose: bool = False,
+        verbose_file: str | None = None,
+        *,
+        chip: str | None = None,
+        npu_ms: float | None = None,
+        host_ms: float | None = None,
+        faults: str | Iterable[str | Fault] | None = None,
+        state_dir: str | Path | None = None,
+    ) -> None:
+        super().__init__(verbose, verbose_file)
+        self.settings = SimSettings.from_env(
+            chip=chip, npu_ms=npu_ms, host_ms=host_ms, faults=faults, state_dir=state_dir
+        )
+        #: Cores this runtime is pinned to after init_runtime; () = NPU_CORE_AUTO.
+        self.cores: tuple[int, ...] = ()
+        self._board: _Board | None = None
+        self._current_item: int | None = None
+
+    def set_current_item(self, index: int | None) -> None:
+        """Tell the emulator which dataset item the next inference is for (item faults).
+
+        Not part of RKNNLite: the engine calls it only when the runtime has it.
+        """
+        self._current_item = index
+
+    # ---------------------------------------------------------------- hooks
+    def _before_init(self, core_mask: int) -> bool:
+        _tight_timer_slack()
+        try:
+            self._board = _Board(self.settings.state_dir, self.settings.chip)
+        except OSError as exc:
+            self._log(
+                "E",
+                f"init_runtime: cannot open the sim board in {self.settings.state_dir} "
+                f"({exc}); set BATCHINFER_SIM_STATE to a writable folder.",
+            )
+            return False
+        try:
+            cores, _ = resolve_core_mask(self.settings.chip, core_mask)
+        except ValueError:
+            cores = ()  # the mask itself fails later, in _apply_core_mask
+        init_faults = [f for f in self.settings.faults if f.kind == "init"]
+        if not cores or not init_faults:
+            return True
+        with self._board.locked():
+            counts = {c: self._board.count(c, init=True) for c in cores}
+        for fault in init_faults:
+            if fault.core in counts and fault.call in (None, counts[fault.core]):
+                self._log(
+                    "E",
+                    f"init_runtime: RKNN_ERR_DEVICE_UNAVAILABLE: NPU core {fault.core} "
+                    f"failed to initialise (injected fault {fault}).",
+                )
+                return False
+        return True
+
+    def _apply_core_mask(self, core_mask: int) -> bool:
+        try:
+            cores, warnings = resolve_core_mask(self.settings.chip, core_mask)
+        except ValueError as exc:
+            self._log("E", f"init_runtime: {exc}")
+            self.core_mask, self.cores = C.NPU_CORE_AUTO, ()
+            return False
+        for warning in warnings:
+            self._log("W", f"init_runtime: {warning}")
+        self.core_mask, self.cores = core_mask, cores
+        return True
+
+    def _after_release(self) -> None:
+        if self._board is not None:
+            self._board.close()
+            self._board = None
+        self.cores = ()
+
+    def _sdk_text(self) -> str:
+        s = self.settings
+        return (
+            f"API: 2.5.0 (batchinfer sim, onnxruntime {onnxruntime.__version__})\n"
+            f"DRV: rknpu sim (emulated {s.chip}, {C.CHIP_CORES[s.chip]} core(s), "
+            f"npu_ms={s.npu_ms:g}, host_ms={s.host_ms:g})"
+        )
+
+    def _execute(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+        t0 = time.monotonic()
+        _tight_timer_slack()
+        for fault in self.settings.faults:
+            if fault.item is not None and fault.item == self._current_item:
+                return self._fire(fault)
+        _sleep_until(t0 + self.settings.host_ms / 1000.0)
+        fired, end = self._reserve()
+        if fired is not None:
+            return self._fire(fired)
+        outputs = self._run_session(feeds)
+        _sleep_until(end)
+        return outputs
+
+    def _reserve(self) -> tuple[Fault | None, float]:
+        """Reserve this call's core(s) on the board: (fault that fires, end of the hold)."""
+        board = self._board
+        assert board is not None  # init_runtime succeeded, so the board is open
+        ncores = C.CHIP_CORES[self.settings.chip]
+        with board.locked():
+            now = time.monotonic()
+            cores = self.cores
+            if not cores:  # AUTO: whichever core frees first
+                cores = (min(range(ncores), key=lambda c: board.busy_until(c, now)),)
+            fired = None
+            for core in cores:
+                n = board.count(core, init=False)
+                for fault in self.settings.faults:
+                    if fault.kind != "init" and fault.core == core and fault.call == n:
+                        fired = fault
+            if fired is not None:
+                return fired, now
+            start = max([now] + [board.busy_until(c, now) for c in cores])
+            end = start + self.settings.npu_ms / 1000.0 / len(cores)
+            for core in cores:
+                board.set_busy_until(core, end)
+        return None, end
+
+    def _fire(self, fault: Fault) -> None:
+        """Act out an inference fault; returns (None) only for ``none``."""
+        if fault.kind == "crash":
+            self._log("E", f"inference: injected fault {fault}: the process dies now.")
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if fault.kind == "hang":
+            self._log("W", f"inference: injected fault {fault}: this call never returns.")
+            sys.stderr.flush()
+            threading.Event().wait()
+        self._log("E", f"inference: failed to submit!, RKNN_ERR_FAIL (injected fault {fault}).")
+        return None
