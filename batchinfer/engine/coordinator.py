@@ -1,0 +1,727 @@
+"""The coordinator: owns the slots, feeds readers, dispatches to core workers, collects rows.
+
+It is the only process that decides anything: which item goes into which slot, which core
+infers it, whether a failure is retried, when a worker is restarted or a core retired. The
+slot life cycle and the shutdown order are in the NOTE at the top of slots.py; the messages
+are described in reader.py and worker.py.
+
+Failure policy (issue: reliability):
+- A worker that dies is noticed through its process sentinel; one that stays inside a single
+  inference() past ``timeout_s`` is killed and treated the same. Items that were inside
+  inference() at that moment are charged an attempt; items only queued in the worker go back
+  to the front of the ready queue uncharged. The worker is restarted on the same core with
+  exponential back-off; after ``_MAX_CONSECUTIVE_CRASHES`` crashes without a success in
+  between, the core is retired and the run goes on without it.
+- ``inference()`` returning None is retried, on another core when there is one.
+- An item that failed ``max_attempts`` times becomes an error row naming each failure.
+- Input errors (unreadable files) become error rows at once: retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import resource
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchinfer.data.dataset import Item
+from batchinfer.data.preprocess import Preprocess
+from batchinfer.engine.config import RunConfig
+from batchinfer.engine.plan import RunPlan, plan_run
+from batchinfer.engine.reader import ReaderSpec, reader_main
+from batchinfer.engine.slots import RingSpec, SlotRing, TensorLayout, ring_spec
+from batchinfer.engine.worker import WorkerSpec, worker_main
+from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
+from batchinfer.sink.manifest import host_facts, model_sha256, write_manifest
+from batchinfer.sink.predictions import PredictionWriter
+from batchinfer.sink.stats import (
+    CoreStatsRecorder,
+    format_summary,
+    write_core_stats,
+    write_timeline,
+)
+
+log = logging.getLogger("batchinfer")
+
+_MAX_CONSECUTIVE_CRASHES = 3
+_BACKOFF_S = (0.25, 1.0, 4.0)
+_JOIN_TIMEOUT_S = 5.0
+_TICK_S = 0.1
+
+EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
+
+
+@dataclass
+class RunResult:
+    """What a finished (or interrupted) run produced."""
+
+    out: Path
+    status: str  # complete | interrupted | failed
+    exit_code: int
+    total: int
+    skipped: int
+    succeeded: int
+    errors: int
+    summary: str
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Flight:
+    """One item between the dataset and its row; lives in a slot."""
+
+    item: Item
+    read_ms: float = 0.0
+    t_loaded: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    cores_tried: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Worker:
+    core: int
+    spec: WorkerSpec
+    proc: Any = None
+    tasks: Connection | None = None
+    results: Connection | None = None
+    state: str = "down"  # starting | ready | down | retired
+    inflight: set[int] = field(default_factory=set)
+    crashes_in_row: int = 0
+    restart_at: float | None = None
+    busy_carried: float = 0.0
+    busy_now: float = 0.0
+    killed_for: str | None = None
+
+
+@dataclass
+class _Reader:
+    spec: ReaderSpec
+    proc: Any
+    tasks: Connection
+    results: Connection
+    outstanding: int = 0
+
+
+class _Interrupted(Exception):
+    """A second SIGINT/SIGTERM: stop at once."""
+
+
+class Coordinator:
+    """Runs one :class:`RunPlan`; use :func:`run` rather than this class directly."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.cfg = plan.config
+        self.ctx = mp.get_context("spawn")
+        self.ring: SlotRing | None = None
+        self.workers: dict[int, _Worker] = {}
+        self.readers: list[_Reader] = []
+        self.flights: list[_Flight | None] = []
+        self.free: deque[int] = deque()
+        self.ready: deque[int] = deque()
+        self.items = iter(())  # type: ignore[var-annotated]
+        self.exhausted = False
+        self.stop_reason: str | None = None
+        self.stop_deadline = 0.0
+        self.warnings: list[str] = []
+        self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
+        self.first_canary: tuple[int, list[np.ndarray]] | None = None
+        self.sdk_versions: dict[int, str | None] = {}
+        self.collect_s = 0.0
+        self.sim_state: str | None = None
+        self.progress = None
+        self.writer: PredictionWriter | None = None  # made with the ring: it needs output shapes
+        self.stats = CoreStatsRecorder(plan.cores, self.cfg.instances_per_core)
+
+    # ---------------------------------------------------------------- warnings and progress
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        if self.progress is not None:
+            self.progress.write(f"warning: {message}", file=sys.stderr)
+        else:
+            log.warning(message)
+
+    # ---------------------------------------------------------------------- process start-up
+    def _worker_spec(self, pos: int, core: int) -> WorkerSpec:
+        pre: Preprocess = self.plan.preprocess
+        return WorkerSpec(
+            core=core,
+            board_row=pos * self.cfg.instances_per_core,
+            instances=self.cfg.instances_per_core,
+            backend=self.plan.backend,
+            model=str(self.plan.model),
+            input_shape=pre.shape,
+            input_dtype=pre.dtype,
+            input_layout=pre.layout,
+            sim=self._sim_kwargs(),
+            cpus=self.plan.cpus,
+        )
+
+    def _sim_kwargs(self) -> dict:
+        if self.plan.backend != "sim":
+            return {}
+        if self.sim_state is None:
+            # Each run emulates its own board: fault counters ("call=N") start from zero.
+            self.sim_state = tempfile.mkdtemp(prefix="batchinfer-sim-")
+        s = self.cfg.sim
+        kw: dict[str, Any] = {"state_dir": self.sim_state, "faults": tuple(s.faults)}
+        for key in ("npu_ms", "host_ms", "chip"):
+            if getattr(s, key) is not None:
+                kw[key] = getattr(s, key)
+        return kw
+
+    def _spawn_worker(self, w: _Worker) -> None:
+        task_r, task_w = self.ctx.Pipe(duplex=False)
+        res_r, res_w = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(
+            target=worker_main, args=(w.spec, task_r, res_w), name=f"batchinfer-core{w.core}"
+        )
+        proc.daemon = True
+        proc.start()
+        task_r.close()
+        res_w.close()
+        w.proc, w.tasks, w.results = proc, task_w, res_r
+        w.state, w.killed_for, w.restart_at = "starting", None, None
+
+    def _spawn_readers(self, ring: RingSpec) -> None:
+        for i in range(self.plan.readers):
+            spec = ReaderSpec(i, ring, self.plan.preprocess, self.plan.dataset.kind, self.plan.cpus)
+            task_r, task_w = self.ctx.Pipe(duplex=False)
+            res_r, res_w = self.ctx.Pipe(duplex=False)
+            proc = self.ctx.Process(
+                target=reader_main, args=(spec, task_r, res_w), name=f"batchinfer-reader{i}"
+            )
+            proc.daemon = True
+            proc.start()
+            task_r.close()
+            res_w.close()
+            self.readers.append(_Reader(spec, proc, task_w, res_r))
+
+    def _create_ring(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
+        pre = self.plan.preprocess
+        spec = ring_spec(
+            slots=self.plan.slots,
+            inputs=TensorLayout((pre.shape,), (pre.dtype,)),
+            outputs=TensorLayout(tuple(s for s, _ in outputs), tuple("float32" for _ in outputs)),
+            board_rows=len(self.plan.cores) * self.cfg.instances_per_core,
+        )
+        self.ring = SlotRing.create(spec)
+        self.flights = [None] * spec.slots
+        self.free = deque(range(spec.slots))
+        self.writer = PredictionWriter(
+            self.plan.out,
+            topk=self.cfg.topk,
+            save_outputs=[(f"output{i}", shape) for i, (shape, _) in enumerate(outputs)]
+            if self.cfg.save_outputs
+            else None,
+            first_part=self.plan.resume.next_part if self.plan.resume else 0,
+        )
+        self._spawn_readers(spec)
+
+    def start(self) -> None:
+        """Start every core worker, wait until at least one is ready, then the readers."""
+        for pos, core in enumerate(self.plan.cores):
+            w = _Worker(core, self._worker_spec(pos, core))
+            self.workers[core] = w
+            self._spawn_worker(w)
+        while self.ring is None:
+            if all(w.state == "retired" for w in self.workers.values()):
+                reasons = "; ".join(self.warnings) or "every worker exited during start-up"
+                raise NoCoreError(f"no NPU core could be started: {reasons}")
+            if self.stop_reason is not None:
+                return
+            self._wait_and_handle(_TICK_S)
+            self._restart_due(time.monotonic())
+        self.items = self._todo()
+
+    def _todo(self):
+        done = self.plan.resume
+        for item in self.plan.dataset:
+            if self.cfg.limit is not None and item.index >= self.cfg.limit:
+                return
+            if done is not None and done.is_done(item.index):
+                continue
+            yield item
+
+    # ---------------------------------------------------------------------------- main loop
+    def loop(self) -> None:
+        """Run until every item has its row, or a stop request has drained the workers."""
+        while True:
+            if self.stop_reason is None:
+                self._feed_readers()
+                self._dispatch()
+            if self._finished():
+                return
+            self._wait_and_handle(_TICK_S)
+            now = time.monotonic()
+            self._check_hangs(now)
+            self._restart_due(now)
+            if not any(w.state in ("ready", "starting", "down") for w in self.workers.values()):
+                raise RunFailedError(
+                    "every NPU core was retired after repeated failures, so the run cannot go "
+                    "on; see the warnings above, then run again with --resume."
+                )
+
+    def _finished(self) -> bool:
+        if self.stop_reason is not None:
+            busy = any(w.inflight for w in self.workers.values()) or any(
+                r.outstanding for r in self.readers
+            )
+            return not busy or time.monotonic() > self.stop_deadline
+        return self.exhausted and len(self.free) == len(self.flights)
+
+    def _feed_readers(self) -> None:
+        while self.free and not self.exhausted:
+            item = next(self.items, None)
+            if item is None:
+                self.exhausted = True
+                return
+            slot = self.free.popleft()
+            self.flights[slot] = _Flight(item)
+            reader = min(self.readers, key=lambda r: r.outstanding)
+            reader.outstanding += 1
+            reader.tasks.send(("read", slot, item.index, item.path))
+
+    def _pick_worker(self, flight: _Flight) -> _Worker | None:
+        cap = 2 * self.cfg.instances_per_core  # one in inference, one queued, per instance
+        best, best_key = None, None
+        for w in self.workers.values():
+            if w.state != "ready" or len(w.inflight) >= cap:
+                continue
+            key = (w.core in flight.cores_tried, len(w.inflight))
+            if best_key is None or key < best_key:
+                best, best_key = w, key
+        return best
+
+    def _dispatch(self) -> None:
+        while self.ready:
+            slot = self.ready[0]
+            w = self._pick_worker(self.flights[slot])
+            if w is None:
+                return
+            self.ready.popleft()
+            w.inflight.add(slot)
+            self.stats.mark_dispatch(time.monotonic())
+            w.tasks.send(("infer", slot, self.flights[slot].item.index))
+
+    # ------------------------------------------------------------------------------ events
+    def _wait_and_handle(self, timeout: float) -> None:
+        sources: dict[Any, tuple[str, Any]] = {}
+        for w in self.workers.values():
+            if w.state in ("starting", "ready"):
+                sources[w.results] = ("worker", w)
+                sources[w.proc.sentinel] = ("worker_exit", w)
+        for r in self.readers:
+            sources[r.results] = ("reader", r)
+            sources[r.proc.sentinel] = ("reader_exit", r)
+        for obj in wait(list(sources), timeout):
+            kind, who = sources[obj]
+            if kind == "worker":
+                self._drain_worker(who)
+            elif kind == "reader":
+                self._drain(who.results, lambda msg, r=who: self._on_reader_message(r, msg))
+        # Sentinels are looked at after every pipe is drained, so a worker's last results
+        # are always counted before its death is.
+        for w in list(self.workers.values()):
+            if w.state in ("starting", "ready") and not w.proc.is_alive():
+                self._drain_worker(w)
+                self._on_worker_exit(w)
+        for r in self.readers:
+            if not r.proc.is_alive():
+                raise RunFailedError(
+                    f"reader process {r.spec.reader_id} died (exit code {r.proc.exitcode}); "
+                    "this is a bug in batchinfer or the machine ran out of memory; "
+                    "run again with --resume."
+                )
+
+    @staticmethod
+    def _drain(conn: Connection, handle) -> None:
+        try:
+            while conn.poll():
+                handle(conn.recv())
+        except (EOFError, OSError):
+            pass
+
+    def _drain_worker(self, w: _Worker) -> None:
+        self._drain(w.results, lambda msg: self._on_worker_message(w, msg))
+
+    def _on_reader_message(self, reader: _Reader, msg: tuple) -> None:
+        _, slot, _index, read_ms, error = msg
+        reader.outstanding -= 1
+        flight = self.flights[slot]
+        flight.read_ms = read_ms
+        flight.t_loaded = time.monotonic()
+        if error is not None:
+            self.counts["input_errors"] += 1
+            self._write_error(slot, error, attempt=0)
+        elif self.stop_reason is not None:
+            self._release(slot)  # not dispatched: the item stays to do for --resume
+        else:
+            self.ready.append(slot)
+
+    def _on_worker_message(self, w: _Worker, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "done":
+            _, slot, index, instance, t0, t1, error, busy_s = msg
+            w.inflight.discard(slot)
+            w.busy_now = busy_s
+            self.stats.set_busy(w.core, w.busy_carried + busy_s)
+            flight = self.flights[slot]
+            flight.cores_tried.append(w.core)
+            if error is None:
+                w.crashes_in_row = 0
+                self._write_success(slot, w.core, instance, t0, t1)
+            else:
+                self._fail(slot, f"core {w.core}: {error}", core=w.core)
+        elif kind == "ready":
+            self._on_ready(w, msg[2])
+        elif kind == "init_failed":
+            w.state = "retired"
+            self.warn(f"core {w.core} retired: {msg[2]}")
+
+    def _on_ready(self, w: _Worker, info: dict) -> None:
+        self.sdk_versions[w.core] = info.get("sdk_version")
+        if self.ring is None:
+            self._create_ring(info["outputs"])
+        w.tasks.send(("attach", self.ring.spec))
+        w.state = "ready"
+        if self.first_canary is None:
+            self.first_canary = (w.core, info["canary"])
+        elif self.cfg.canary:
+            self._compare_canary(w.core, info["canary"])
+
+    def _compare_canary(self, core: int, outs: list[np.ndarray]) -> None:
+        ref_core, ref = self.first_canary
+        worst = max(
+            float(np.max(np.abs(a - b), initial=0.0)) for a, b in zip(ref, outs, strict=True)
+        )
+        scale = max(float(np.max(np.abs(a), initial=0.0)) for a in ref) or 1.0
+        if worst > 1e-3 * scale + 1e-5:
+            self.warn(
+                f"core {core} gives different outputs from core {ref_core} for the same canary "
+                f"input (max abs difference {worst:.4g}); some models do on real boards "
+                "(airockchip/rknn-toolkit2#228): compare this core's rows before trusting them, "
+                f"or leave it out with --cores."
+            )
+
+    def _on_worker_exit(self, w: _Worker) -> None:
+        code = w.proc.exitcode
+        w.proc.join(0)
+        if w.state == "retired":  # init_failed already said why
+            self._requeue_all(w)
+            return
+        w.state = "down"
+        w.busy_carried += w.busy_now
+        w.busy_now = 0.0
+        reason = w.killed_for or f"worker process crashed (exit code {code})"
+        rows = slice(w.spec.board_row, w.spec.board_row + w.spec.instances)
+        charged = set()
+        if self.ring is not None:
+            board = self.ring.board[rows]
+            charged = {int(idx) for idx, t in board if t > 0}
+            board[:] = 0.0
+        for slot in sorted(w.inflight):
+            flight = self.flights[slot]
+            if flight.item.index in charged:
+                flight.cores_tried.append(w.core)
+                self._fail(slot, f"core {w.core}: {reason}", core=w.core)
+            else:
+                self.ready.appendleft(slot)
+        w.inflight.clear()
+        self.stats.add_restart(w.core)
+        w.crashes_in_row += 1
+        if w.crashes_in_row >= _MAX_CONSECUTIVE_CRASHES:
+            w.state = "retired"
+            self.warn(
+                f"core {w.core} retired after {w.crashes_in_row} crashes in a row "
+                f"(last: {reason}); the run goes on with the other cores."
+            )
+        else:
+            delay = _BACKOFF_S[min(w.crashes_in_row, len(_BACKOFF_S)) - 1]
+            w.restart_at = time.monotonic() + delay
+            self.warn(f"core {w.core}: {reason}; restarting it in {delay:g} s.")
+
+    def _requeue_all(self, w: _Worker) -> None:
+        for slot in sorted(w.inflight):
+            self.ready.appendleft(slot)
+        w.inflight.clear()
+
+    def _restart_due(self, now: float) -> None:
+        if self.stop_reason is not None:
+            return
+        for w in self.workers.values():
+            if w.state == "down" and w.restart_at is not None and now >= w.restart_at:
+                self._close_pipes(w)
+                self._spawn_worker(w)
+
+    def _check_hangs(self, now: float) -> None:
+        if self.ring is None:
+            return
+        board = self.ring.board
+        # One snapshot: workers write the board concurrently, and reading a row twice could
+        # see it busy and then idle (0.0), which looks like a start at the epoch.
+        snap = board.copy()
+        started = snap[:, 1]
+        late = np.nonzero((started > 0) & (now - started > self.cfg.timeout_s))[0]
+        for row in late:
+            w = self.workers[self.plan.cores[row // self.cfg.instances_per_core]]
+            if w.state == "ready" and w.killed_for is None:
+                w.killed_for = (
+                    f"inference of item {int(snap[row, 0])} hung for more than "
+                    f"{self.cfg.timeout_s:g} s; worker killed"
+                )
+                w.proc.kill()
+
+    # ------------------------------------------------------------------------------- rows
+    def _fail(self, slot: int, failure: str, core: int | None) -> None:
+        flight = self.flights[slot]
+        flight.failures.append(failure)
+        if len(flight.failures) >= self.cfg.max_attempts or self.stop_reason is not None:
+            if self.stop_reason is not None and len(flight.failures) < self.cfg.max_attempts:
+                self._release(slot)  # left to do for --resume
+                return
+            self._write_error(
+                slot, "; ".join(flight.failures), attempt=len(flight.failures), core=core
+            )
+        else:
+            self.ready.appendleft(slot)
+
+    def _write_success(self, slot: int, core: int, instance: int, t0: float, t1: float) -> None:
+        t_c = time.perf_counter()
+        flight = self.flights[slot]
+        item = flight.item
+        latency_ms = (t1 - t0) * 1e3
+        self.writer.add(
+            index=item.index,
+            id=item.id,
+            label=item.label,
+            label_name=item.label_name,
+            core=core,
+            instance=instance,
+            attempt=len(flight.failures) + 1,
+            latency_ms=latency_ms,
+            read_ms=flight.read_ms,
+            wait_ms=max(0.0, (t0 - flight.t_loaded) * 1e3),
+            error=None,
+            outputs=self.ring.outputs(slot),
+        )
+        self.stats.record(core, t1, latency_ms, True)
+        self.counts["succeeded"] += 1
+        self._release(slot, written=True)
+        self.collect_s += time.perf_counter() - t_c
+
+    def _write_error(self, slot: int, error: str, attempt: int, core: int | None = None) -> None:
+        flight = self.flights[slot]
+        item = flight.item
+        self.writer.add(
+            index=item.index,
+            id=item.id,
+            label=item.label,
+            label_name=item.label_name,
+            core=core,
+            instance=None,
+            attempt=attempt,
+            latency_ms=None,
+            read_ms=flight.read_ms,
+            wait_ms=None,
+            error=error,
+            outputs=None,
+        )
+        self.stats.record(core, time.monotonic(), None, False)
+        self.counts["errors"] += 1
+        self._release(slot, written=True)
+
+    def _release(self, slot: int, written: bool = False) -> None:
+        self.flights[slot] = None
+        self.free.append(slot)
+        if written and self.progress is not None:
+            self.progress.update(1)
+
+    # ---------------------------------------------------------------------------- signals
+    def request_stop(self, reason: str) -> None:
+        """First SIGINT/SIGTERM: stop dispatching; in-flight items finish (bounded wait)."""
+        if self.stop_reason is not None:
+            raise _Interrupted
+        self.stop_reason = reason
+        self.stop_deadline = time.monotonic() + min(self.cfg.timeout_s, 10.0)
+        self.warn(
+            f"{reason}: finishing the items in flight (at most "
+            f"{min(self.cfg.timeout_s, 10.0):g} s); press Ctrl-C again to stop at once."
+        )
+
+    # ---------------------------------------------------------------------------- shutdown
+    def _close_pipes(self, w: _Worker) -> None:
+        for conn in (w.tasks, w.results):
+            if conn is not None:
+                conn.close()
+        w.tasks = w.results = None
+
+    def close(self) -> None:
+        """Stop every child, then unlink every segment (shutdown order: NOTE in slots.py)."""
+        procs = []
+        for w in self.workers.values():
+            if w.proc is not None and w.proc.is_alive() and w.tasks is not None:
+                with contextlib.suppress(OSError):
+                    w.tasks.send(("stop",))
+            procs.append(w.proc)
+        for r in self.readers:
+            with contextlib.suppress(OSError):
+                r.tasks.send(("stop",))
+            procs.append(r.proc)
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for p in procs:
+            if p is not None:
+                p.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p is not None and p.is_alive():
+                p.kill()
+                p.join(_JOIN_TIMEOUT_S)
+        for w in self.workers.values():
+            self._close_pipes(w)
+        for r in self.readers:
+            r.tasks.close()
+            r.results.close()
+        if self.ring is not None:
+            self.ring.close(unlink=True)
+            self.ring = None
+        if self.sim_state is not None:
+            shutil.rmtree(self.sim_state, ignore_errors=True)
+
+
+def _peak_rss_mb() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@contextlib.contextmanager
+def _signals_to(coord: Coordinator):
+    """Route SIGINT/SIGTERM to ``coord.request_stop`` while the run lasts (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        coord.request_stop("interrupted by " + signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run(config: RunConfig) -> RunResult:
+    """Run a model over a dataset on the requested NPU cores; the library's main entry point.
+
+    Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
+    before or while it runs; item failures are error rows, not exceptions.
+    """
+    plan = plan_run(config)
+    started = time.time()
+    run_id = uuid.uuid4().hex[:12]
+    manifest: dict[str, Any] = {
+        "run_id": run_id,
+        "command": config.command,
+        "config": config.to_json(),
+        "model": str(plan.model),
+        "model_sha256": model_sha256(plan.model),
+        "backend": plan.backend,
+        "dataset": {
+            "root": str(plan.dataset.root),
+            "kind": plan.dataset.kind,
+            "items": len(plan.dataset),
+        },
+        "preprocess": plan.preprocess_json(),
+        "cores": list(plan.cores),
+        "instances_per_core": config.instances_per_core,
+        "slots": plan.slots,
+        "readers": plan.readers,
+        "cpu_affinity": list(plan.cpus) if plan.cpus else None,
+        "host": host_facts(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "status": "running",
+        "pid": os.getpid(),
+    }
+    write_manifest(plan.out, manifest)
+    coord = Coordinator(plan)
+    status, error = "failed", None
+    try:
+        with _signals_to(coord):
+            if config.progress:
+                from tqdm import tqdm
+
+                coord.progress = tqdm(
+                    total=plan.todo, unit="item", dynamic_ncols=True, file=sys.stderr, smoothing=0.1
+                )
+            coord.start()
+            coord.loop()
+            status = "interrupted" if coord.stop_reason else "complete"
+    except _Interrupted:
+        status = "interrupted"
+    except BatchinferError as e:
+        error = e
+    finally:
+        coord.close()
+        if coord.progress is not None:
+            coord.progress.close()
+    if coord.writer is not None:
+        coord.writer.close()
+    table = coord.stats.table()
+    write_core_stats(plan.out, coord.stats)
+    write_timeline(plan.out, coord.stats)
+    c = coord.counts
+    if status == "interrupted":
+        exit_code = EXIT_INTERRUPTED
+    elif status == "complete":
+        exit_code = EXIT_ITEM_ERRORS if c["errors"] else EXIT_OK
+    else:
+        exit_code = error.exit_code if error else 3
+    manifest.update(
+        status=status,
+        exit_code=exit_code,
+        error=str(error) if error else None,
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        wall_s=round(time.time() - started, 3),
+        counts={
+            "dataset": len(plan.dataset),
+            "to_do": plan.todo,
+            "skipped_done": plan.skipped,
+            "written": c["succeeded"] + c["errors"],
+            **c,
+        },
+        sdk_versions={str(k): v for k, v in coord.sdk_versions.items()},
+        retired_cores=[w.core for w in coord.workers.values() if w.state == "retired"],
+        warnings=coord.warnings,
+        timings={"collect_s": round(coord.collect_s, 4)},
+        coordinator_peak_rss_mb=round(_peak_rss_mb(), 1),
+    )
+    write_manifest(plan.out, manifest)
+    if error is not None:
+        raise error
+    return RunResult(
+        out=plan.out,
+        status=status,
+        exit_code=exit_code,
+        total=len(plan.dataset),
+        skipped=plan.skipped,
+        succeeded=c["succeeded"],
+        errors=c["errors"],
+        summary=format_summary(table),
+        warnings=coord.warnings,
+    )

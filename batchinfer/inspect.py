@@ -1,0 +1,62 @@
+"""What ``batchinfer info`` shows: a model's tensors, its runtime, and that runtime's version."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+from batchinfer.errors import BatchinferError, ModelError
+from batchinfer.runtime import describe_model, resolve_backend, runtime_class
+from batchinfer.runtime.adapter import RuntimeAdapter
+from batchinfer.runtime.constants import NPU_CORE_AUTO
+
+
+def _runtime_facts(model: Path, backend: str) -> tuple[str | None, object]:
+    """The runtime's SDK/driver text and its supported platforms (None where it says none)."""
+    rknn = runtime_class(backend)()
+    adapter = RuntimeAdapter(rknn, core=None, model=model)
+    try:
+        adapter.load()
+        adapter.init(NPU_CORE_AUTO)
+        sdk = adapter.sdk_version()
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints what it returns
+            try:
+                platforms = rknn.list_support_target_platform(rknn_model=str(model))
+            except Exception:  # the real one may raise where the manual says None
+                platforms = None
+        return sdk, platforms
+    finally:
+        adapter.release()
+
+
+def model_report(model: Path, backend: str = "auto") -> str:
+    """A human-readable description of ``model`` as ``backend`` would run it."""
+    model = Path(model).expanduser()
+    if not model.is_file():
+        raise ModelError(
+            f"model file {model} does not exist; pass the path of a .rknn or .onnx file."
+        )
+    concrete = resolve_backend(backend, model)
+    lines = [f"model:   {model}", f"runtime: {concrete}" + (" (auto)" if backend == "auto" else "")]
+    try:
+        info = describe_model(model)
+    except ModelError as e:
+        lines.append(f"tensors: unknown ({e})")
+        info = None
+    if info is not None:
+        for title, tensors in (("inputs", info.inputs), ("outputs", info.outputs)):
+            lines.append(f"{title}:")
+            for t in tensors:
+                layout = f"  layout {t.layout}" if t.layout else ""
+                lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
+    try:
+        sdk, platforms = _runtime_facts(model, concrete)
+    except BatchinferError as e:
+        lines.append(f"version: unavailable ({e})")
+    else:
+        lines.append("version:")
+        lines.extend(f"  {line}" for line in (sdk or "unknown").splitlines())
+        if platforms:
+            lines.append(f"platforms: {platforms}")
+    return "\n".join(lines)
