@@ -106,7 +106,8 @@ def main() -> None:
     type=click.Choice(["auto", "rknnlite", "onnx", "sim"]),
     default="auto",
     show_default=True,
-    help="auto: .rknn -> rknnlite (the NPU), .onnx -> onnx (ONNX Runtime on the CPU); sim: emulated NPU.",
+    help="auto: .rknn -> rknnlite (the NPU), .onnx -> onnx (ONNX Runtime on the CPU); "
+    "sim: an emulated NPU.",
 )
 @click.option("--cores", help=_CORES_HELP)
 @click.option(
@@ -185,7 +186,8 @@ def main() -> None:
 @click.option(
     "--sim-fault",
     multiple=True,
-    help="sim: inject a fault, KIND:core=C:call=N or KIND:item=I with KIND crash|hang|none|init (repeatable).",
+    help="sim: inject a fault, KIND:core=C:call=N or KIND:item=I, "
+    "KIND one of crash, hang, none, init (repeatable).",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @_fail_cleanly

@@ -47,7 +47,8 @@ def resolve_affinity(value: str) -> tuple[int, ...] | None:
             cpus.update(range(int(lo), int(hi or lo) + 1))
     except ValueError:
         raise UsageError(
-            f"--cpu-affinity {value!r} is not a CPU list; give e.g. 4-7 or 4,5,6,7, or auto, or none."
+            f"--cpu-affinity {value!r} is not a CPU list; "
+            "give e.g. 4-7 or 4,5,6,7, or auto, or none."
         ) from None
     available = set(range(psutil.cpu_count() or 1))
     if not cpus or not cpus <= available:

@@ -377,7 +377,7 @@ class Coordinator:
     def _on_worker_message(self, w: _Worker, msg: tuple) -> None:
         kind = msg[0]
         if kind == "done":
-            _, slot, index, instance, t0, t1, error, busy_s = msg
+            _, slot, _index, instance, t0, t1, error, busy_s = msg
             w.inflight.discard(slot)
             w.busy_now = busy_s
             self.stats.set_busy(w.core, w.busy_carried + busy_s)
