@@ -380,7 +380,7 @@ def _to_mode(img: Image.Image, mode: str) -> Image.Image:
 
 def _pil_reason(exc: Exception) -> str:
     text = str(exc).strip().rstrip(".") or type(exc).__name__
-    if "truncated" in text:
+    if "truncated" in text.lower():
         return f"the file is truncated (PIL: {text})"
     return f"it is not a valid image (PIL: {text})"
 
