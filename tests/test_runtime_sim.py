@@ -1,0 +1,353 @@
+"""The sim runtime beyond the contract: settings, time model, shared cores, faults."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import models as M  # tests/ is on sys.path under pytest (no tests/__init__.py)
+import numpy as np
+import pytest
+
+from batchinfer.errors import UsageError
+from batchinfer.runtime import constants as C
+from batchinfer.runtime.sim import Fault, RKNNLite, SimSettings, parse_fault
+
+X = np.zeros((1, 8, 8, 1), dtype=np.uint8)
+_PR_GET_TIMERSLACK = 30
+
+CHILD = """
+import json, sys, time
+import numpy as np
+from batchinfer.runtime.sim import RKNNLite
+
+cfg = json.loads(sys.argv[1])
+r = RKNNLite(**cfg["sim"])
+r.load_rknn(cfg["model"])
+print("ready", r.init_runtime(core_mask=cfg["mask"]), flush=True)
+if cfg.get("wait_go"):
+    sys.stdin.readline()
+x = np.zeros((1, 8, 8, 1), dtype=np.uint8)
+t0 = time.monotonic()
+for i in range(cfg["calls"]):
+    r.set_current_item(i)
+    print("call", i, flush=True)
+    out = r.inference(inputs=[x])
+    print("done", i, out is not None, flush=True)
+print("span", t0, time.monotonic(), flush=True)
+r.release()
+"""
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return M.nhwc_uint8_model(tmp_path_factory.mktemp("simmodel"))
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Path:
+    return tmp_path / "state"
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, model: Path, state: Path) -> Iterator:
+    """Start a child process running CHILD; every child is killed and reaped at teardown."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    procs: list[subprocess.Popen] = []
+
+    def start(faults: str = "", calls: int = 3, mask: int = C.NPU_CORE_0, **sim: object):
+        sim = {"faults": faults, "state_dir": str(state), "npu_ms": 0, "host_ms": 0, **sim}
+        cfg = {"model": str(model), "mask": mask, "calls": calls, "sim": sim}
+        cfg["wait_go"] = bool(sim.pop("wait_go", False))
+        proc = subprocess.Popen(
+            [sys.executable, str(script), json.dumps(cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+def sim(state: Path, model: Path, mask: int = C.NPU_CORE_0, **kw: object) -> RKNNLite:
+    kw = {"npu_ms": 0, "host_ms": 0, "faults": "", "state_dir": state, **kw}
+    r = RKNNLite(**kw)
+    assert r.load_rknn(str(model)) == 0
+    assert r.init_runtime(core_mask=mask) == 0
+    return r
+
+
+def run_threads(runtimes: list[RKNNLite], calls: int) -> float:
+    """Seconds for every runtime to make ``calls`` inference calls, one thread each."""
+    barrier = threading.Barrier(len(runtimes) + 1)
+    failures: list[int] = []
+
+    def loop(r: RKNNLite) -> None:
+        barrier.wait()
+        for _ in range(calls):
+            if r.inference(inputs=[X], reuse_outputs=True) is None:
+                failures.append(1)
+
+    threads = [threading.Thread(target=loop, args=(r,)) for r in runtimes]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.monotonic()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    for r in runtimes:
+        r.release()
+    assert not failures
+    return elapsed
+
+
+# ---------------------------------------------------------------- settings and fault specs
+@pytest.mark.parametrize(
+    ("spec", "fault"),
+    [
+        ("crash:core=1:call=5", Fault("crash", core=1, call=5)),
+        ("hang:core=0:call=1", Fault("hang", core=0, call=1)),
+        ("none:item=7", Fault("none", item=7)),
+        ("crash:item=0", Fault("crash", item=0)),
+        ("init:core=2", Fault("init", core=2)),
+        ("init:core=2:call=3", Fault("init", core=2, call=3)),
+    ],
+)
+def test_parse_fault_accepts_the_documented_forms(spec: str, fault: Fault) -> None:
+    assert parse_fault(spec) == fault
+    assert str(fault) == spec
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "boom:core=0:call=1",
+        "crash",
+        "crash:core=0",
+        "crash:call=3",
+        "crash:core=0:call=0",
+        "init:item=3",
+        "none:core=0:call=1:item=2",
+        "crash:core=x:call=1",
+        "crash:call=1:core=0",
+        "CRASH:item=1",
+    ],
+)
+def test_parse_fault_rejects_everything_else(spec: str) -> None:
+    with pytest.raises(UsageError, match=r"KIND:core=C:call=N"):
+        parse_fault(spec)
+
+
+def test_settings_come_from_env_and_overrides_win(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("BATCHINFER_SIM_CHIP", "rk3576")
+    monkeypatch.setenv("BATCHINFER_SIM_NPU_MS", "3.5")
+    monkeypatch.setenv("BATCHINFER_SIM_HOST_MS", "1")
+    monkeypatch.setenv("BATCHINFER_SIM_FAULTS", "none:item=2; init:core=1")
+    monkeypatch.setenv("BATCHINFER_SIM_STATE", str(tmp_path))
+    s = SimSettings.from_env()
+    assert (s.chip, s.npu_ms, s.host_ms, s.state_dir) == ("rk3576", 3.5, 1.0, tmp_path)
+    assert s.faults == (Fault("none", item=2), Fault("init", core=1))
+    s = SimSettings.from_env(chip="rk3588", npu_ms=0, faults="", state_dir=None)
+    assert (s.chip, s.npu_ms, s.faults, s.state_dir) == ("rk3588", 0.0, (), tmp_path)
+
+
+def test_settings_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("CHIP", "NPU_MS", "HOST_MS", "FAULTS", "STATE"):
+        monkeypatch.delenv(f"BATCHINFER_SIM_{name}", raising=False)
+    s = SimSettings.from_env()
+    assert (s.chip, s.npu_ms, s.host_ms, s.faults) == ("rk3588", 2.0, 4.0, ())
+    assert s.state_dir == Path(tempfile.gettempdir()) / f"batchinfer-sim-{os.getuid()}"
+    assert not str(s.state_dir).startswith("/dev/shm")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"chip": "rk9999"}, "rk3588"),
+        ({"npu_ms": "fast"}, "milliseconds"),
+        ({"host_ms": -1}, "milliseconds"),
+        ({"chip": "rk3576", "faults": "crash:core=2:call=1"}, "core below 2"),
+        ({"faults": "crash:core=0"}, "KIND:core=C:call=N"),
+    ],
+)
+def test_bad_settings_raise_usage_errors(overrides: dict, words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        SimSettings.from_env(**overrides)
+
+
+def test_board_file_is_per_chip_in_state_dir(state: Path, model: Path) -> None:
+    r = sim(state, model, chip="rk3576")
+    assert (state / "rk3576.board").is_file()
+    r.release()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux-only")
+def test_timer_slack_is_tightened(state: Path, model: Path) -> None:
+    prctl = ctypes.CDLL(None).prctl
+    result: list[tuple[int, int]] = []
+
+    def init_in_fresh_thread() -> None:
+        before = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+        r = sim(state, model)
+        result.append((before, prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)))
+        r.release()
+
+    t = threading.Thread(target=init_in_fresh_thread)
+    t.start()
+    t.join()
+    assert result[0][0] > 1  # the default (50 us) ...
+    assert result[0][1] == 1  # ... is 1 ns after init_runtime
+
+
+# ---------------------------------------------------------------- time model
+@pytest.mark.parametrize(("k", "host_ms", "npu_ms", "calls"), [(1, 10, 5, 20), (2, 10, 5, 20)])
+def test_throughput_follows_the_time_model(
+    state: Path, model: Path, k: int, host_ms: float, npu_ms: float, calls: int
+) -> None:
+    runtimes = [sim(state, model, host_ms=host_ms, npu_ms=npu_ms) for _ in range(k)]
+    rate = k * calls / run_threads(runtimes, calls)
+    bound = min(k / (host_ms + npu_ms), 1 / npu_ms) * 1000
+    assert 0.6 * bound < rate <= 1.02 * bound
+
+
+def test_a_core_is_held_exclusively(state: Path, model: Path) -> None:
+    # Host time alone would allow 300 calls/s; the core caps it at 1/npu_ms = 200.
+    runtimes = [sim(state, model, host_ms=5, npu_ms=5) for _ in range(3)]
+    rate = 3 * 15 / run_threads(runtimes, 15)
+    assert 0.6 * 200 < rate <= 1.02 * 200
+
+
+def test_different_cores_run_in_parallel(state: Path, model: Path) -> None:
+    runtimes = [
+        sim(state, model, mask=C.NPU_CORE_0, npu_ms=10),
+        sim(state, model, mask=C.NPU_CORE_1, npu_ms=10),
+    ]
+    assert run_threads(runtimes, 10) < 0.17  # serialised would take 0.2 s
+
+
+def test_auto_takes_the_core_that_frees_first(state: Path, model: Path) -> None:
+    runtimes = [sim(state, model, mask=C.NPU_CORE_AUTO, npu_ms=10) for _ in range(3)]
+    assert run_threads(runtimes, 10) < 0.2  # on one core it would take 0.3 s
+
+
+def test_a_multi_core_mask_splits_the_npu_time(state: Path, model: Path) -> None:
+    elapsed = run_threads([sim(state, model, mask=C.NPU_CORE_0_1_2, npu_ms=15)], 10)
+    assert 0.045 <= elapsed < 0.1  # 10 x 15 ms / 3 cores; on one core 0.15 s
+
+
+def test_two_processes_sharing_a_core_serialise(spawn) -> None:
+    procs = [spawn(calls=15, mask=C.NPU_CORE_1, npu_ms=10, wait_go=True) for _ in range(2)]
+    for p in procs:
+        assert p.stdout.readline().split() == ["ready", "0"]
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    spans = []
+    for p in procs:
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        spans.append([float(v) for v in out.splitlines()[-1].split()[1:]])
+    start, end = min(s for s, _ in spans), max(e for _, e in spans)
+    assert max(s for s, _ in spans) < min(e for _, e in spans)  # they ran at the same time
+    assert end - start >= 0.95 * 30 * 0.010  # 30 calls of 10 ms, one at a time
+
+
+# ---------------------------------------------------------------- faults
+def test_none_fault_fires_once_at_the_nth_call(
+    state: Path, model: Path, capfd: pytest.CaptureFixture
+) -> None:
+    r = sim(state, model, faults="none:core=0:call=2")
+    results = [r.inference(inputs=[X]) is not None for _ in range(4)]
+    assert results == [True, False, True, True]
+    assert "E RKNN:" in capfd.readouterr().err
+    r.release()
+
+
+def test_call_counts_are_per_core(state: Path, model: Path) -> None:
+    on_0 = sim(state, model, mask=C.NPU_CORE_0, faults="none:core=1:call=2")
+    on_1 = sim(state, model, mask=C.NPU_CORE_1, faults="none:core=1:call=2")
+    assert [on_0.inference(inputs=[X]) is not None for _ in range(3)] == [True] * 3
+    assert [on_1.inference(inputs=[X]) is not None for _ in range(3)] == [True, False, True]
+
+
+def test_item_fault_fires_every_time_for_that_item(state: Path, model: Path) -> None:
+    r = sim(state, model, faults="none:item=3")
+    r.set_current_item(3)
+    assert r.inference(inputs=[X]) is None
+    assert r.inference(inputs=[X]) is None
+    r.set_current_item(2)
+    assert r.inference(inputs=[X]) is not None
+    r.set_current_item(None)
+    assert r.inference(inputs=[X]) is not None
+
+
+def test_init_fault_on_a_core_fails_every_init_there(state: Path, model: Path) -> None:
+    r = RKNNLite(faults="init:core=1", state_dir=state, npu_ms=0, host_ms=0)
+    r.load_rknn(str(model))
+    assert r.init_runtime(core_mask=C.NPU_CORE_1) == -1
+    assert r.init_runtime(core_mask=C.NPU_CORE_1) == -1
+    assert r.init_runtime(core_mask=C.NPU_CORE_0_1) == -1
+    assert r.init_runtime(core_mask=C.NPU_CORE_0) == 0
+    assert r.init_runtime(core_mask=C.NPU_CORE_AUTO) == 0
+    r.release()
+
+
+def test_init_fault_with_call_fails_only_the_nth_init(state: Path, model: Path) -> None:
+    r = RKNNLite(faults="init:core=0:call=2", state_dir=state, npu_ms=0, host_ms=0)
+    r.load_rknn(str(model))
+    assert [r.init_runtime(core_mask=C.NPU_CORE_0) for _ in range(3)] == [0, -1, 0]
+    r.release()
+
+
+def test_crash_fault_kills_the_process(spawn) -> None:
+    proc = spawn(faults="crash:core=0:call=2", calls=3)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -9
+    assert "done 0 True" in out and "call 1" in out and "done 1" not in out
+
+
+def test_hang_fault_never_returns(spawn) -> None:
+    proc = spawn(faults="hang:core=0:call=1", calls=1)
+    assert proc.stdout.readline().startswith("ready")
+    assert proc.stdout.readline().strip() == "call 0"
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)
+    proc.kill()
+
+
+def test_call_fault_fires_once_per_state_dir_across_processes(spawn) -> None:
+    first = spawn(faults="crash:core=0:call=2", calls=3)
+    first.communicate(timeout=30)
+    assert first.returncode == -9
+    again = spawn(faults="crash:core=0:call=2", calls=3)  # a restarted worker
+    out, err = again.communicate(timeout=30)
+    assert again.returncode == 0, err
+    assert out.count("True") == 3
+
+
+def test_item_crash_fires_in_every_process(spawn) -> None:
+    for _ in range(2):
+        proc = spawn(faults="crash:item=1", calls=3)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == -9
+        assert "done 0 True" in out and "done 1" not in out
