@@ -24,9 +24,10 @@ _ARM64 = ("aarch64", "arm64")
 def unavailable_reason(
     machine: str | None = None,
     has_wheel: bool | None = None,
-    librknnrt: Path = LIBRKNNRT,
+    librknnrt: Path | None = None,
 ) -> str | None:
     """Why rknnlite cannot work here, as one sentence with the remedy; None if it can."""
+    librknnrt = librknnrt if librknnrt is not None else LIBRKNNRT
     machine = machine if machine is not None else platform.machine()
     if machine.lower() not in _ARM64:
         return (
