@@ -145,14 +145,17 @@ class OnnxRKNNBase:
             )
             return -1
         if not self._before_init(core_mask):
+            self.release()
             return -1
-        onnx_bytes = self._onnx_bytes()
-        if onnx_bytes is None:
+        source = self._onnx_source()
+        if source is None:
+            self.release()
             return -1
         try:
-            session = open_session(self._model_path, onnx_bytes)
+            session = open_session(*source)
         except ModelError as exc:
             self._log("E", f"init_runtime: RKNN_ERR_MODEL_INVALID: {exc}")
+            self.release()
             return -1
         inputs = []
         for arg in session.get_inputs():
@@ -160,6 +163,7 @@ class OnnxRKNNBase:
             dtype_name = ORT_DTYPES.get(arg.type)
             if dtype_name is None:
                 self._log("E", f"init_runtime: input '{arg.name}' has unsupported type {arg.type}")
+                self.release()
                 return -1
             inputs.append(_InputSpec(arg.name, dims, np.dtype(dtype_name), onnx_layout(dims)))
         self._session = session
@@ -388,22 +392,24 @@ class OnnxRKNNBase:
     def _sdk_text(self) -> str:
         raise NotImplementedError
 
-    def _onnx_bytes(self) -> bytes | None:
+    def _onnx_source(self) -> tuple[Path, bytes] | None:
         """The ONNX model to run: the loaded file, or the .onnx beside a loaded .rknn."""
-        assert self._model_path is not None
-        if self._model_path.suffix.lower() == ".onnx":
-            return self._model_bytes
-        onnx_path = onnx_beside(self._model_path)
+        model_path = self._model_path
+        if model_path is None or self._model_bytes is None:
+            return None
+        if model_path.suffix.lower() == ".onnx":
+            return model_path, self._model_bytes
+        onnx_path = onnx_beside(model_path)
         if onnx_path is None:
             self._log(
                 "E",
                 f"init_runtime: {type(self).__module__} runs ONNX models: put "
-                f"{self._model_path.with_suffix('.onnx').name} (the model "
-                f"{self._model_path.name} was converted from) in {self._model_path.parent}.",
+                f"{model_path.with_suffix('.onnx').name} (the model {model_path.name} was "
+                f"converted from) in {model_path.parent}.",
             )
             return None
         try:
-            return onnx_path.read_bytes()
+            return onnx_path, onnx_path.read_bytes()
         except OSError as exc:
             self._log("E", f"init_runtime: Cannot read {onnx_path}: {exc}")
             return None

@@ -320,11 +320,9 @@ def _tight_timer_slack() -> None:
 
 
 def _sleep_until(deadline: float) -> None:
-    remaining = deadline - time.monotonic() - 0.00015
+    remaining = deadline - time.monotonic()
     if remaining > 0:
         time.sleep(remaining)
-    while time.monotonic() < deadline:
-        time.sleep(0)
 
 
 # ---------------------------------------------------------------- the runtime
