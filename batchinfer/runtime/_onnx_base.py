@@ -17,6 +17,7 @@ import json
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ class OnnxRKNNBase:
         self._output_names: tuple[str, ...] = ()
         self._staging: list[np.ndarray] | None = None
         self._frame_id = 0
+        self._call_started = 0.0
 
     # ---------------------------------------------------------------- logging
     def _log(self, level: str, message: str) -> None:
@@ -234,6 +236,7 @@ class OnnxRKNNBase:
         reuse_outputs: bool = False,
     ) -> list | None:
         """The outputs as float32 arrays in model order (+ frame id), or None; never raises."""
+        self._call_started = time.monotonic()  # input conversion is host-side work too
         try:
             if self._session is None:
                 self._log(
