@@ -256,7 +256,7 @@ class _Board:
         self.path = state_dir / f"{chip}.board"
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            with self._flock():
+            with self.locked():
                 if os.fstat(self._fd).st_size < _BOARD_SIZE:
                     os.ftruncate(self._fd, _BOARD_SIZE)
                 self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
@@ -269,14 +269,12 @@ class _Board:
             raise
 
     @contextlib.contextmanager
-    def _flock(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    locked = _flock
 
     def _offset(self, core: int) -> int:
         return _HEADER.size + core * _CORE.size
