@@ -35,13 +35,19 @@ def _fail_cleanly(fn):
     return wrapper
 
 
+class _Formatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        return text if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {text}"
+
+
 def _setup_logging() -> None:
     log = logging.getLogger("batchinfer")
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("warning: %(message)s"))
+        handler.setFormatter(_Formatter())
         log.addHandler(handler)
-        log.setLevel(logging.WARNING)
+        log.setLevel(logging.INFO)
         log.propagate = False
 
 
@@ -148,6 +154,13 @@ def main() -> None:
     "--save-outputs", is_flag=True, help="Also store the raw outputs in the prediction rows."
 )
 @click.option(
+    "--part-rows",
+    type=int,
+    default=8192,
+    show_default=True,
+    help="Rows per Parquet part; a crash loses at most the part being filled (see --resume).",
+)
+@click.option(
     "--slots", type=int, help="Shared-memory slots (default: 2 per instance + 2 per reader)."
 )
 @click.option(
@@ -226,6 +239,7 @@ def run(dataset: Path, model: Path, **opts) -> None:
         std=_float_list(opts["std"], "--std"),
         topk=opts["topk"],
         save_outputs=opts["save_outputs"],
+        part_rows=opts["part_rows"],
         slots=opts["slots"],
         readers=opts["readers"],
         cpu_affinity=opts["cpu_affinity"],

@@ -39,6 +39,7 @@ class RunConfig:
     std: tuple[float, ...] | None = None
     topk: int = 5
     save_outputs: bool = False
+    part_rows: int = 8192  # rows per Parquet part: a crash loses at most the part being filled
     slots: int | None = None  # None: enough to keep every instance and reader busy
     readers: int | None = None  # None: from the CPU count
     cpu_affinity: str = "auto"

@@ -226,6 +226,7 @@ class Coordinator:
         self.writer = PredictionWriter(
             self.plan.out,
             topk=self.cfg.topk,
+            rows_per_part=self.cfg.part_rows,
             save_outputs=[(f"output{i}", shape) for i, (shape, _) in enumerate(outputs)]
             if self.cfg.save_outputs
             else None,
@@ -670,6 +671,14 @@ def run(config: RunConfig) -> RunResult:
                     total=plan.todo, unit="item", dynamic_ncols=True, file=sys.stderr, smoothing=0.1
                 )
             coord.start()
+            log.info(
+                "started: %d items on cores %s (%s, %d instance(s) per core); results in %s",
+                plan.todo,
+                ",".join(str(c) for c in plan.cores),
+                plan.backend,
+                config.instances_per_core,
+                plan.out,
+            )
             coord.loop()
             status = "interrupted" if coord.stop_reason else "complete"
     except _Interrupted:

@@ -177,6 +177,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         ("--instances-per-core", config.instances_per_core, 1),
         ("--topk", config.topk, 1),
         ("--max-attempts", config.max_attempts, 1),
+        ("--part-rows", config.part_rows, 1),
     ):
         if value < low:
             raise UsageError(f"{name} must be at least {low}, not {value}.")

@@ -1,0 +1,162 @@
+"""End-to-end runs of the engine on the demo kit: rows, cores, backends, stats, manifest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pyarrow.parquet as pq
+import pytest
+
+from batchinfer import RunConfig, SimOptions, run
+from batchinfer.demo import load_digits
+from batchinfer.sink.resume import read_predictions
+
+FAST_SIM = SimOptions(npu_ms=0.2, host_ms=0.0)
+
+
+def _expected_preds() -> np.ndarray:
+    """Top-1 of digits.onnx for every digit, computed here without the engine."""
+    from batchinfer.demo import model_path
+
+    images, _ = load_digits()
+    sess = ort.InferenceSession(str(model_path("digits")), providers=["CPUExecutionProvider"])
+    return np.array(
+        [int(np.argmax(sess.run(None, {"image": img[None, :, :, None]})[0])) for img in images]
+    )
+
+
+def _original_index(ids) -> np.ndarray:
+    # write_demo names each PNG after its position in the original data: <label>/<n>.png
+    return np.array([int(Path(i).stem) for i in ids])
+
+
+def test_onnx_run_writes_every_digit_once_with_the_models_accuracy(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            cores=(0, 1, 2),
+            out=tmp_path / "out",
+        )
+    )
+    assert (result.status, result.exit_code, result.errors) == ("complete", 0, 0)
+    table = read_predictions(result.out)
+    assert table.num_rows == 1797
+    assert sorted(table["index"].to_pylist()) == list(range(1797))
+    assert table["error"].null_count == 1797
+    pred = table["pred"].to_numpy()
+    label = table["label"].to_numpy()
+    expected = _expected_preds()[_original_index(table["id"].to_pylist())]
+    assert np.array_equal(pred, expected)
+    _, digit_labels = load_digits()
+    assert np.array_equal(label, digit_labels[_original_index(table["id"].to_pylist())])
+
+    stats = pq.read_table(result.out / "core_stats.parquet").to_pylist()
+    per_core = {row["core"]: row for row in stats}
+    assert set(per_core) == {0, 1, 2, None}
+    assert all(per_core[c]["items"] > 0 for c in (0, 1, 2))
+    assert sum(per_core[c]["items"] for c in (0, 1, 2)) == per_core[None]["items"] == 1797
+    assert per_core[None]["items_per_s"] > 0
+
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["counts"]["succeeded"] == 1797
+    assert len(manifest["model_sha256"]) == 64
+    assert manifest["backend"] == "onnx"
+    assert pq.read_table(result.out / "timeline.parquet").num_rows > 0
+
+
+def test_backends_and_core_sets_agree_on_every_item(demo_kit, tmp_path):
+    preds = {}
+    for name, backend, cores in (
+        ("onnx-012", "onnx", (0, 1, 2)),
+        ("sim-012", "sim", (0, 1, 2)),
+        ("sim-0", "sim", (0,)),
+    ):
+        result = run(
+            RunConfig(
+                dataset=demo_kit.dataset,
+                model=demo_kit.models["digits"],
+                backend=backend,
+                cores=cores,
+                out=tmp_path / name,
+                limit=400,
+                sim=FAST_SIM,
+                instances_per_core=2,
+            )
+        )
+        table = read_predictions(result.out)
+        assert table["index"].to_pylist() == list(range(400))
+        preds[name] = table["pred"].to_numpy()
+        used = set(table["core"].to_pylist())
+        assert used == set(cores)
+        assert set(table["instance"].to_pylist()) == {0, 1}
+    assert np.array_equal(preds["onnx-012"], preds["sim-012"])
+    assert np.array_equal(preds["sim-0"], preds["sim-012"])
+
+
+def test_save_outputs_and_topk(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            out=tmp_path / "o",
+            limit=50,
+            topk=3,
+            save_outputs=True,
+            cores=(1,),
+        )
+    )
+    table = read_predictions(result.out)
+    outputs = np.array(table["out_output0"].to_pylist(), dtype=np.float32)
+    assert outputs.shape == (50, 10)
+    np.testing.assert_allclose(outputs.sum(axis=1), 1.0, rtol=1e-5)
+    assert np.array_equal(table["pred"].to_numpy(), outputs.argmax(axis=1))
+    topk = np.array(table["topk_index"].to_pylist())
+    assert topk.shape == (50, 3)
+    assert np.array_equal(topk, np.argsort(-outputs, axis=1, kind="stable")[:, :3])
+
+
+def test_npy_dataset_through_pool224(demo_kit, tmp_path):
+    from batchinfer.demo import make_npy_dataset
+
+    make_npy_dataset(tmp_path / "npy", 30)
+    result = run(
+        RunConfig(
+            dataset=tmp_path / "npy",
+            model=demo_kit.models["pool224"],
+            backend="sim",
+            sim=FAST_SIM,
+            out=tmp_path / "o",
+        )
+    )
+    table = read_predictions(result.out)
+    assert table.num_rows == 30
+    assert table["label"].null_count == 30
+    sess = ort.InferenceSession(str(demo_kit.models["pool224"]), providers=["CPUExecutionProvider"])
+    for row in table.to_pylist()[:5]:
+        x = np.load(tmp_path / "npy" / row["id"])
+        assert row["pred"] == int(np.argmax(sess.run(None, {"image": x})[0]))
+
+
+@pytest.mark.parametrize("readers", [1, 2])
+def test_more_readers_and_few_slots_still_write_every_item(demo_kit, tmp_path, readers):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=FAST_SIM,
+            out=tmp_path / "o",
+            limit=200,
+            slots=2,
+            readers=readers,
+            part_rows=64,
+        )
+    )
+    table = read_predictions(result.out)
+    assert sorted(table["index"].to_pylist()) == list(range(200))
+    assert len(list((result.out / "predictions").glob("part-*.parquet"))) == 4
