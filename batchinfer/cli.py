@@ -161,7 +161,7 @@ def main() -> None:
     help="Rows per Parquet part; a crash loses at most the part being filled (see --resume).",
 )
 @click.option(
-    "--slots", type=int, help="Shared-memory slots (default: 2 per instance + 2 per reader)."
+    "--slots", type=int, help="Shared-memory slots (default: 4 per instance + 2 per reader)."
 )
 @click.option(
     "--readers", type=int, help="Reader processes that decode inputs (default: CPUs/2, 1-4)."

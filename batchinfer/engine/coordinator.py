@@ -46,7 +46,7 @@ from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.reader import ReaderSpec, reader_main
 from batchinfer.engine.slots import RingSpec, SlotRing, TensorLayout, ring_spec
 from batchinfer.engine.worker import WorkerSpec, worker_main
-from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
+from batchinfer.errors import BatchinferError, NoCoreError, OutputWriteError, RunFailedError
 from batchinfer.sink.manifest import host_facts, model_sha256, write_manifest
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.stats import (
@@ -62,6 +62,10 @@ _MAX_CONSECUTIVE_CRASHES = 3
 _BACKOFF_S = (0.25, 1.0, 4.0)
 _JOIN_TIMEOUT_S = 5.0
 _TICK_S = 0.1
+# Items a worker holds per instance: one in inference and two queued behind it, so an
+# instance never waits for the coordinator between two inferences (4 ms of slack at 2 ms).
+_QUEUED_PER_INSTANCE = 3
+_STARTUP_TIMEOUT_S = 120.0  # loading a big model on a board can take tens of seconds
 
 EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -235,12 +239,20 @@ class Coordinator:
         self._spawn_readers(spec)
 
     def start(self) -> None:
-        """Start every core worker, wait until at least one is ready, then the readers."""
+        """Start every core worker and wait until each is ready or has failed.
+
+        The run (and its clock) starts only then, so every core's canary has been compared
+        and no core's start-up time counts against the throughput of the others.
+        """
         for pos, core in enumerate(self.plan.cores):
             w = _Worker(core, self._worker_spec(pos, core))
             self.workers[core] = w
             self._spawn_worker(w)
-        while self.ring is None:
+        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+        while self.ring is None or (
+            any(w.state == "starting" for w in self.workers.values())
+            and time.monotonic() < deadline
+        ):
             if all(w.state == "retired" for w in self.workers.values()):
                 reasons = "; ".join(self.warnings) or "every worker exited during start-up"
                 raise NoCoreError(f"no NPU core could be started: {reasons}")
@@ -299,7 +311,7 @@ class Coordinator:
             reader.tasks.send(("read", slot, item.index, item.path))
 
     def _pick_worker(self, flight: _Flight) -> _Worker | None:
-        cap = 2 * self.cfg.instances_per_core  # one in inference, one queued, per instance
+        cap = _QUEUED_PER_INSTANCE * self.cfg.instances_per_core
         best, best_key = None, None
         for w in self.workers.values():
             if w.state != "ready" or len(w.inflight) >= cap:
@@ -689,11 +701,17 @@ def run(config: RunConfig) -> RunResult:
         coord.close()
         if coord.progress is not None:
             coord.progress.close()
-    if coord.writer is not None:
-        coord.writer.close()
+    # Whatever happened, write what we have: it is what --resume continues from. A write
+    # failure here (disk full) is reported, unless the run already failed for another reason.
+    try:
+        if coord.writer is not None:
+            coord.writer.close()
+        write_core_stats(plan.out, coord.stats)
+        write_timeline(plan.out, coord.stats)
+    except OutputWriteError as e:
+        error = error or e
+        status = "failed"
     table = coord.stats.table()
-    write_core_stats(plan.out, coord.stats)
-    write_timeline(plan.out, coord.stats)
     c = coord.counts
     if status == "interrupted":
         exit_code = EXIT_INTERRUPTED
@@ -720,7 +738,10 @@ def run(config: RunConfig) -> RunResult:
         timings={"collect_s": round(coord.collect_s, 4)},
         coordinator_peak_rss_mb=round(_peak_rss_mb(), 1),
     )
-    write_manifest(plan.out, manifest)
+    try:
+        write_manifest(plan.out, manifest)
+    except OutputWriteError as e:
+        error = error or e
     if error is not None:
         raise error
     return RunResult(

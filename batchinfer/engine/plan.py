@@ -199,8 +199,10 @@ def plan_run(config: RunConfig) -> RunPlan:
     readers = config.readers or max(1, min(4, (os.cpu_count() or 2) // 2))
     if readers < 1:
         raise UsageError(f"--readers must be at least 1, not {readers}.")
-    min_slots = len(cores) * config.instances_per_core * 2 + readers * 2
-    slots = config.slots or min_slots
+    # Each instance holds up to three slots in its worker (see _QUEUED_PER_INSTANCE in
+    # coordinator.py); one more per instance waits READY, so a finished item is replaced
+    # at once; two per reader are being decoded.
+    slots = config.slots or len(cores) * config.instances_per_core * 4 + readers * 2
     if slots < 2:
         raise UsageError(f"--slots must be at least 2, not {slots}.")
     out = _prepare_out(config)

@@ -8,6 +8,8 @@ A reader exits on "stop" or when its pipe from the coordinator closes (the coord
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -17,6 +19,8 @@ from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.engine.affinity import pin_current_process
 from batchinfer.engine.slots import RingSpec, SlotRing
 from batchinfer.errors import InputError
+
+_READER_NICENESS = 10
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     pin_current_process(spec.cpus)
+    # Readers are buffered by the slots; core workers are not (an idle NPU is lost time).
+    # A lower priority lets a worker whose inference just ended take a CPU at once.
+    with contextlib.suppress(OSError):
+        os.nice(_READER_NICENESS)
     ring = SlotRing.attach(spec.ring)
     try:
         while True:

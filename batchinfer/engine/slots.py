@@ -52,6 +52,7 @@ Shutdown order (coordinator, see ``Coordinator.close``), the same on success, er
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import os
 import re
@@ -164,7 +165,7 @@ class TensorLayout:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def offsets(self) -> tuple[int, ...]:
         offs, at = [], 0
         for shape, dtype in zip(self.shapes, self.dtypes, strict=True):
@@ -172,7 +173,7 @@ class TensorLayout:
             at += _aligned(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
         return tuple(offs)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         if not self.shapes:
             return _ALIGN
@@ -213,6 +214,10 @@ class SlotRing:
         self.board = np.ndarray((spec.board_rows, 2), dtype=np.float64, buffer=board.buf)
         if create:
             self.board[:] = 0.0
+        # Views are made once: building an ndarray per item and tensor costs tens of µs,
+        # which on the core worker's path is NPU time lost.
+        self._in_views = [self._views(self._in, spec.inputs, s) for s in range(spec.slots)]
+        self._out_views = [self._views(self._out, spec.outputs, s) for s in range(spec.slots)]
 
     def _add(self, name: str, size: int, create: bool) -> _Segment:
         seg = _Segment(name, size, create)
@@ -238,15 +243,16 @@ class SlotRing:
 
     def inputs(self, slot: int) -> list[np.ndarray]:
         """Views of slot ``slot``'s input tensors (writable, no copy)."""
-        return self._views(self._in, self.spec.inputs, slot)
+        return self._in_views[slot]
 
     def outputs(self, slot: int) -> list[np.ndarray]:
         """Views of slot ``slot``'s output tensors (writable, no copy)."""
-        return self._views(self._out, self.spec.outputs, slot)
+        return self._out_views[slot]
 
     def close(self, unlink: bool = False) -> None:
         """Drop our views and mappings; with ``unlink`` (coordinator only) remove the segments."""
         self.board = None  # type: ignore[assignment]
+        self._in_views = self._out_views = []
         for seg in self._segments:
             seg.close()
             if unlink:
