@@ -17,9 +17,11 @@ Time model
     exclusively for ``npu_ms``. A core is shared by every instance pinned to it, across
     processes: the "board" is a small mmap'd file per chip in ``state_dir`` holding, per
     core, the time (CLOCK_MONOTONIC, system-wide on Linux) until which the core is
-    reserved. Under an exclusive ``flock`` a call takes ``start = max(now, busy_until)``
-    and sets ``busy_until = start + npu_ms``; it computes the ONNX outputs meanwhile and
-    sleeps until that absolute deadline, so sleep overshoot does not pile up on the core.
+    reserved. Under an exclusive ``flock`` a call takes ``start = max(entry + host_ms,
+    busy_until)`` (``entry``: when inference() was called, so the emulator's own input
+    checks count as host time) and sets ``busy_until = start + npu_ms``; it computes the
+    ONNX outputs meanwhile and waits until that absolute deadline (sleeping, then yielding
+    for the last 0.1 ms), so a call ends within ~20 µs of it and no overshoot piles up.
     So k instances on one core reach at most ``min(k / (host_ms + npu_ms), 1 / npu_ms)``
     calls per second.
     Multi-core masks (NPU_CORE_0_1, NPU_CORE_0_1_2, NPU_CORE_ALL) model RKNN's
