@@ -200,7 +200,7 @@ def main() -> None:
     "--sim-fault",
     multiple=True,
     help="sim: inject a fault, KIND:core=C:call=N or KIND:item=I, "
-    "KIND one of crash, hang, none, init (repeatable).",
+    "KIND one of crash, hang, none, init; or init:core=C, skew:core=C (repeatable).",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @_fail_cleanly

@@ -310,27 +310,40 @@ class Coordinator:
             reader.outstanding += 1
             reader.tasks.send(("read", slot, item.index, item.path))
 
-    def _pick_worker(self, flight: _Flight) -> _Worker | None:
-        cap = _QUEUED_PER_INSTANCE * self.cfg.instances_per_core
-        best, best_key = None, None
-        for w in self.workers.values():
-            if w.state != "ready" or len(w.inflight) >= cap:
-                continue
-            key = (w.core in flight.cores_tried, len(w.inflight))
-            if best_key is None or key < best_key:
-                best, best_key = w, key
-        return best
+    def _pick_worker(self, flight: _Flight, open_workers: list[_Worker]) -> _Worker | None:
+        """The least loaded worker with room for ``flight``; a retry waits for a fresh core.
+
+        An item that failed goes to a core it has not tried while such a core is alive,
+        even if that means waiting for room there; only then is a tried core used again.
+        """
+        fresh = [w for w in open_workers if w.core not in flight.cores_tried]
+        if fresh:
+            return min(fresh, key=lambda w: len(w.inflight))
+        if flight.cores_tried and any(
+            w.state in ("ready", "starting", "down") and w.core not in flight.cores_tried
+            for w in self.workers.values()
+        ):
+            return None
+        return min(open_workers, key=lambda w: len(w.inflight), default=None)
 
     def _dispatch(self) -> None:
+        cap = _QUEUED_PER_INSTANCE * self.cfg.instances_per_core
+        waiting: list[int] = []
         while self.ready:
-            slot = self.ready[0]
-            w = self._pick_worker(self.flights[slot])
+            open_workers = [
+                w for w in self.workers.values() if w.state == "ready" and len(w.inflight) < cap
+            ]
+            if not open_workers:
+                break
+            slot = self.ready.popleft()
+            w = self._pick_worker(self.flights[slot], open_workers)
             if w is None:
-                return
-            self.ready.popleft()
+                waiting.append(slot)  # a retry waiting for a core it has not tried
+                continue
             w.inflight.add(slot)
             self.stats.mark_dispatch(time.monotonic())
             w.tasks.send(("infer", slot, self.flights[slot].item.index))
+        self.ready.extendleft(reversed(waiting))
 
     # ------------------------------------------------------------------------------ events
     def _wait_and_handle(self, timeout: float) -> None:

@@ -182,8 +182,9 @@ def _serve(
                 # The one copy of each output: from the runtime's staging buffer into the slot.
                 for dst, src in zip(ring.outputs(slot), outs, strict=True):
                     np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
-            except InferenceError as e:
-                error = str(e)
+            except InferenceError:
+                # The runtime logged why (its E RKNN line); the row says what and where.
+                error = "inference() returned None"
             except Exception as e:  # report, never vanish: the coordinator decides what follows
                 error = f"inference failed on core {spec.core}: {type(e).__name__}: {e}"
             t1 = time.monotonic()

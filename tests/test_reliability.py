@@ -1,0 +1,335 @@
+"""Reliability: worker crashes, hangs, None results, bad inputs, interruptions, resume.
+
+Every case is driven by the emulator's fault injection (``--sim-fault``), so each failure
+happens at a known call or item, and every test checks that each item ends in exactly one row.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from batchinfer import RunConfig, SimOptions, run
+from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
+from batchinfer.errors import NoCoreError, OutputWriteError, SharedMemoryError
+from batchinfer.sink.resume import read_predictions
+
+
+def _sim(*faults: str, npu_ms: float = 0.2) -> SimOptions:
+    return SimOptions(npu_ms=npu_ms, host_ms=0.0, faults=faults)
+
+
+def _exactly_once(out: Path, n: int):
+    table = read_predictions(out)
+    assert sorted(table["index"].to_pylist()) == list(range(n))
+    return table
+
+
+def _core_stats(out: Path) -> dict:
+    return {r["core"]: r for r in pq.read_table(out / "core_stats.parquet").to_pylist()}
+
+
+def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim("crash:core=1:call=50", "hang:core=2:call=80", "none:core=0:call=30"),
+            timeout_s=1.0,
+            limit=600,
+            out=tmp_path / "o",
+        )
+    )
+    assert (result.status, result.exit_code, result.errors) == ("complete", 0, 0)
+    table = _exactly_once(result.out, 600)
+    assert table["error"].null_count == 600
+    stats = _core_stats(result.out)
+    assert stats[1]["restarts"] >= 1 and stats[2]["restarts"] >= 1
+    assert stats[None]["restarts"] >= 2
+    assert max(table["attempt"].to_pylist()) == 2  # the None and the crashed item were retried
+    assert any("hung for more than 1 s" in w for w in result.warnings)
+    assert any("core 1: worker process crashed" in w for w in result.warnings)
+
+
+def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim("crash:item=100"),
+            limit=300,
+            out=tmp_path / "o",
+        )
+    )
+    assert (result.status, result.exit_code, result.errors) == ("complete", 1, 1)
+    table = _exactly_once(result.out, 300)
+    errors = [r for r in table.to_pylist() if r["error"] is not None]
+    assert [r["index"] for r in errors] == [100]
+    message = errors[0]["error"]
+    cores = {int(part.split(":")[0].split()[-1]) for part in message.split("; ")}
+    assert len(cores) == 2, message  # two attempts, on two different cores
+    assert "crashed" in message
+    assert errors[0]["attempt"] == 2 and errors[0]["pred"] is None
+
+
+def test_inference_returning_none_every_time_is_an_error_row_after_retries(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim("none:item=7"),
+            limit=50,
+            max_attempts=3,
+            out=tmp_path / "o",
+        )
+    )
+    assert result.exit_code == 1
+    table = _exactly_once(result.out, 50)
+    (row,) = [r for r in table.to_pylist() if r["error"] is not None]
+    assert row["index"] == 7 and row["attempt"] == 3
+    assert row["error"].count("returned None") == 3
+    assert len({part.split(":")[0] for part in row["error"].split("; ")}) == 3  # three cores
+
+
+def test_broken_files_become_error_rows_naming_the_file(demo_kit, tmp_path):
+    data = tmp_path / "data"
+    good = sorted(demo_kit.dataset.glob("3/*.png"))[:20]
+    (data / "3").mkdir(parents=True)
+    for path in good:
+        shutil.copy(path, data / "3" / path.name)
+    (data / "3" / "empty.png").write_bytes(b"")
+    (data / "3" / "text.png").write_text("not an image")
+    png = good[0].read_bytes()
+    (data / "3" / "truncated.png").write_bytes(png[: len(png) // 2])
+    result = run(
+        RunConfig(
+            dataset=data,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim(),
+            out=tmp_path / "o",
+        )
+    )
+    assert (result.exit_code, result.errors, result.succeeded) == (1, 3, 20)
+    table = _exactly_once(result.out, 23)
+    errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
+    assert set(errors) == {"3/empty.png", "3/text.png", "3/truncated.png"}
+    for name, row in errors.items():
+        assert name in row["error"]
+        assert row["core"] is None and row["attempt"] == 0  # not retried
+    assert "empty" in errors["3/empty.png"]["error"]
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["counts"]["input_errors"] == 3
+
+
+def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim("init:core=1"),
+            limit=100,
+            out=tmp_path / "o",
+        )
+    )
+    assert result.exit_code == 0
+    assert any(w.startswith("core 1 retired") for w in result.warnings)
+    table = _exactly_once(result.out, 100)
+    assert set(table["core"].to_pylist()) == {0, 2}
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["retired_cores"] == [1]
+
+
+def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
+    with pytest.raises(NoCoreError, match="no NPU core could be started") as info:
+        run(
+            RunConfig(
+                dataset=demo_kit.dataset,
+                model=demo_kit.models["digits"],
+                backend="sim",
+                sim=_sim("init:core=0", "init:core=1"),
+                cores=(0, 1),
+                out=tmp_path / "o",
+            )
+        )
+    assert info.value.exit_code == 3
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and manifest["exit_code"] == 3
+
+
+def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim("skew:core=2"),
+            limit=20,
+            out=tmp_path / "o",
+        )
+    )
+    canary = [w for w in result.warnings if "canary" in w]
+    assert len(canary) == 1 and canary[0].startswith("core 2 ")
+
+
+def test_full_disk_while_writing_is_a_clear_error_and_the_run_resumes(
+    demo_kit, tmp_path, monkeypatch
+):
+    import batchinfer.sink.predictions as predictions
+
+    real_write = predictions.write_table_atomically
+    calls = {"n": 0}
+
+    def write_until_full(table, path):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise predictions.write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+        real_write(table, path)
+
+    monkeypatch.setattr(predictions, "write_table_atomically", write_until_full)
+    config = RunConfig(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=_sim(),
+        limit=400,
+        part_rows=50,
+        out=tmp_path / "o",
+    )
+    with pytest.raises(OutputWriteError, match="--resume") as info:
+        run(config)
+    assert info.value.exit_code == 3
+    assert "No space left on device" in str(info.value)
+    monkeypatch.setattr(predictions, "write_table_atomically", real_write)
+    result = run(RunConfig(**{**config.__dict__, "resume": True}))
+    assert result.exit_code == 0
+    assert result.skipped == 100  # the two parts that made it to disk
+    _exactly_once(result.out, 400)
+
+
+def test_segments_of_dead_coordinators_are_swept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"{SEGMENT_PREFIX}-{dead.pid}-0badc0de-in"
+    path = Path("/dev/shm") / name
+    path.write_bytes(b"\0" * 64)
+    alive = Path("/dev/shm") / f"{SEGMENT_PREFIX}-{os.getpid()}-0badc0de-in"
+    alive.write_bytes(b"\0" * 64)
+    try:
+        swept = sweep_dead_segments()
+        assert name in swept and not path.exists()
+        assert alive.exists()  # a live coordinator's segment is never touched
+    finally:
+        alive.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+
+
+def test_shm_space_is_checked_with_numbers_and_a_remedy():
+    with pytest.raises(SharedMemoryError) as info:
+        check_free_space(1 << 60)
+    message = str(info.value)
+    assert "MiB" in message and "--slots" in message and "--shm-size" in message
+    assert info.value.exit_code == 3
+
+
+# ------------------------------------------------------------------ interruptions (CLI)
+def _start_cli(demo_kit, out: Path, *extra: str) -> subprocess.Popen:
+    cmd = [
+        sys.executable, "-m", "batchinfer", "run", str(demo_kit.dataset),
+        "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "3", "--sim-host-ms", "0", "--cores", "0",
+        "--out", str(out), "--no-progress", "--part-rows", "40", *extra,
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_started(proc: subprocess.Popen) -> None:
+    for line in proc.stderr:
+        if line.startswith("started:"):
+            return
+    raise AssertionError(f"the run never started (exit {proc.wait()})")
+
+
+def _wait_for_first_part(out: Path, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not list((out / "predictions").glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no part was written"
+        time.sleep(0.02)
+
+
+def _resume_and_check(demo_kit, out: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "batchinfer",
+            "run",
+            str(demo_kit.dataset),
+            "--model",
+            str(demo_kit.models["digits"]),
+            "--backend",
+            "sim",
+            "--sim-npu-ms",
+            "0.2",
+            "--sim-host-ms",
+            "0",
+            "--out",
+            str(out),
+            "--resume",
+            "--no-progress",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "already done (resumed)" in done.stdout
+    _exactly_once(out, 1797)
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_sigint_finishes_in_flight_items_then_resume_completes(demo_kit, tmp_path):
+    out = tmp_path / "o"
+    proc = _start_cli(demo_kit, out)
+    _wait_for_started(proc)
+    _wait_for_first_part(out, proc)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    written = read_predictions(out).num_rows
+    assert 40 <= written < 1797
+    assert manifest["counts"]["written"] == written
+    _resume_and_check(demo_kit, out)
+
+
+def test_sigkill_of_the_coordinator_then_resume_completes(demo_kit, tmp_path):
+    out = tmp_path / "o"
+    proc = _start_cli(demo_kit, out)
+    _wait_for_started(proc)
+    _wait_for_first_part(out, proc)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children
+    proc.kill()
+    proc.communicate(timeout=30)
+    # Workers, readers and the resource tracker notice the coordinator is gone and exit.
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive
+    assert not [n for n in os.listdir("/dev/shm") if f"-{proc.pid}-" in n]
+    _resume_and_check(demo_kit, out)
