@@ -292,7 +292,7 @@ def _resume_and_check(demo_kit, out: Path) -> None:
             str(out),
             "--resume",
             "--no-progress",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
     )
