@@ -716,12 +716,6 @@ def run(config: RunConfig) -> RunResult:
     status, error = "failed", None
     try:
         with _signals_to(coord):
-            if config.progress:
-                from tqdm import tqdm
-
-                coord.progress = tqdm(
-                    total=plan.todo, unit="item", dynamic_ncols=True, file=sys.stderr, smoothing=0.1
-                )
             coord.start()
             log.info(
                 "started: %d items on cores %s (%s, %d instance(s) per core); results in %s",
@@ -731,6 +725,12 @@ def run(config: RunConfig) -> RunResult:
                 config.instances_per_core,
                 plan.out,
             )
+            if config.progress:  # after start-up, so its rate counts only the run itself
+                from tqdm import tqdm
+
+                coord.progress = tqdm(
+                    total=plan.todo, unit="item", dynamic_ncols=True, file=sys.stderr, smoothing=0.1
+                )
             coord.loop()
             status = "interrupted" if coord.stop_reason else "complete"
     except _Interrupted:
