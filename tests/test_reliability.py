@@ -333,3 +333,20 @@ def test_sigkill_of_the_coordinator_then_resume_completes(demo_kit, tmp_path):
     assert not alive
     assert not [n for n in os.listdir("/dev/shm") if f"-{proc.pid}-" in n]
     _resume_and_check(demo_kit, out)
+
+
+def test_a_second_sigint_stops_at_once_and_still_releases_shared_memory(demo_kit, tmp_path):
+    out = tmp_path / "o"
+    proc = _start_cli(demo_kit, out, "--timeout-s", "30", "--sim-fault", "hang:core=0:call=5")
+    _wait_for_started(proc)
+    # The hang keeps an item in flight, so the first SIGINT alone would wait for it.
+    proc.send_signal(signal.SIGINT)
+    for line in proc.stderr:
+        if "press Ctrl-C again" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    # no_leaks checks that no segment of the (now dead) coordinator and no child is left

@@ -144,6 +144,7 @@ class Coordinator:
         self.exhausted = False
         self.stop_reason: str | None = None
         self.stop_deadline = 0.0
+        self.closing = False  # set once shutdown has begun: signals are ignored from then on
         self.warnings: list[str] = []
         self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
         self.canaries: dict[int, list[np.ndarray]] = {}
@@ -607,8 +608,15 @@ class Coordinator:
 
     # ---------------------------------------------------------------------------- signals
     def request_stop(self, reason: str) -> None:
-        """First SIGINT/SIGTERM: stop dispatching; in-flight items finish (bounded wait)."""
+        """First SIGINT/SIGTERM: stop dispatching; in-flight items finish (bounded wait).
+
+        The second one stops at once (raises _Interrupted out of the main loop); any later one
+        is ignored, so nothing can cut the shutdown that unlinks the segments short.
+        """
+        if self.closing:
+            return
         if self.stop_reason is not None:
+            self.closing = True
             raise _Interrupted
         self.stop_reason = reason
         self.stop_deadline = time.monotonic() + min(self.cfg.timeout_s, 10.0)
@@ -626,6 +634,7 @@ class Coordinator:
 
     def close(self) -> None:
         """Stop every child, then unlink every segment (shutdown order: NOTE in slots.py)."""
+        self.closing = True
         procs = []
         for w in self.workers.values():
             if w.proc is not None and w.proc.is_alive() and w.tasks is not None:
