@@ -1,0 +1,274 @@
+"""The ``batchinfer`` command line: bad invocations fail cleanly, good ones say what they did.
+
+A bad invocation must end with exactly one ``error: `` line on stderr that names the problem
+and the fix, the exit code of its kind (2 usage, 3 the run could not proceed), no traceback,
+and nothing left behind (the autouse leak guard in conftest.py checks processes and /dev/shm;
+the tests check that no output folder was made). Runs are in-process through click's
+CliRunner; only ``python -m batchinfer`` needs a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from batchinfer.cli import main
+
+FAST_SIM = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_cli_logging(monkeypatch):
+    """Let every invocation install its log handler on the stderr CliRunner gives it.
+
+    The CLI installs its handler once per process (when the logger has no handler), bound to
+    the sys.stderr of that moment; in-process invocations each get a new stderr. And pytest
+    attaches its capture handlers to non-propagating loggers, which would make the CLI skip
+    its own. So each test starts from a bare, propagating logger.
+    """
+    log = logging.getLogger("batchinfer")
+    monkeypatch.setattr(log, "handlers", [])
+    monkeypatch.setattr(log, "propagate", True)
+
+
+def invoke(*args: str | Path) -> Result:
+    """Run ``batchinfer ARGS`` in-process and return click's Result (stderr kept apart)."""
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
+
+
+def assert_error(result: Result, code: int, *needles: str) -> str:
+    """Assert exit ``code`` and one clean ``error:`` line containing ``needles``; return it."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        f"uncaught {result.exception!r}"
+    )
+    assert "Traceback" not in result.output
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("error: ")
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+    return line
+
+
+def run_args(dataset: Path, model: Path, out: Path, *extra: str) -> list:
+    return ["run", dataset, "--model", model, "--out", out, *FAST_SIM, *extra]
+
+
+# ------------------------------------------------------------------------ bad datasets
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "holds no items"),
+        (
+            lambda p: (p / "file.png").write_bytes(b"x") and p / "file.png",
+            "is a file, not a folder",
+        ),
+    ],
+    ids=["missing", "empty", "file"],
+)
+def test_a_bad_dataset_is_a_usage_error_that_says_what_to_pass(demo_kit, tmp_path, make, needle):
+    dataset = make(tmp_path)
+    out = tmp_path / "out"
+    result = invoke(*run_args(dataset, demo_kit.models["digits"], out))
+    line = assert_error(result, 2, str(dataset), needle, "folder of images")
+    assert ".npy" in line
+    assert not out.exists(), "a usage error must leave no output folder"
+
+
+# -------------------------------------------------------------------------- bad models
+def test_a_missing_model_is_a_usage_error(demo_kit, tmp_path):
+    model = tmp_path / "nope.onnx"
+    result = invoke(*run_args(demo_kit.dataset, model, tmp_path / "out"))
+    assert_error(result, 2, str(model), "does not exist", ".rknn or .onnx")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_that_does_not_load_is_a_usage_error_that_says_to_replace_it(demo_kit, tmp_path):
+    model = tmp_path / "x.onnx"
+    model.write_bytes(bytes(range(256)) * 8)
+    result = invoke(*run_args(demo_kit.dataset, model, tmp_path / "out"))
+    # Found while planning (the model is read before any process starts), so it is 2, not 3.
+    assert_error(result, 2, str(model), "not a valid ONNX model", "re-export or replace it")
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------- cores
+def test_an_unknown_core_is_refused_with_the_valid_ones(demo_kit, tmp_path):
+    result = invoke(
+        *run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o"), "--cores", "0,5"
+    )
+    assert_error(result, 2, "--cores 0,5", "RK3588", "cores 0,1,2")
+
+
+@pytest.mark.parametrize("backend", ["onnx", "sim"])
+def test_an_unknown_core_is_refused_on_each_x86_backend(demo_kit, tmp_path, backend):
+    # onnx lays its workers out as the 3 cores of an RK3588, so the same rule holds.
+    args = ["run", demo_kit.dataset, "-m", demo_kit.models["digits"], "-o", tmp_path / "o"]
+    result = invoke(*args, "--backend", backend, "--cores", "3")
+    assert_error(result, 2, "--cores 3", "0,1,2")
+
+
+def test_cores_that_are_not_numbers_are_a_click_usage_error(demo_kit, tmp_path):
+    result = invoke(
+        *run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o"), "--cores", "a,b"
+    )
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    # click's own usage-error format: a Usage line, a hint, then "Error: ...".
+    assert result.stderr.strip().splitlines()[-1] == (
+        "Error: Invalid value for --cores: 'a,b' is not a comma-separated list of integers"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------- backend and faults
+@pytest.mark.skipif(platform.machine() == "aarch64", reason="rknnlite may exist on a board")
+def test_rknnlite_on_x86_is_refused_with_the_reason_and_the_alternatives(demo_kit, tmp_path):
+    args = ["run", demo_kit.dataset, "-m", demo_kit.models["digits"], "-o", tmp_path / "o"]
+    result = invoke(*args, "--backend", "rknnlite")
+    line = assert_error(result, 2, "aarch64", platform.machine(), "--backend onnx", "--backend sim")
+    assert line.count(". ") == 0, "one sentence"
+
+
+def test_a_bad_sim_fault_lists_the_valid_forms(demo_kit, tmp_path):
+    result = invoke(
+        *run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o"),
+        "--sim-fault",
+        "explode:core=1",
+    )
+    assert_error(result, 2, "'explode:core=1'", "KIND:core=C:call=N", "KIND:item=I", "crash")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="plan_run only parses --sim-fault specs; a core beyond the chip is found in every "
+    "worker's init, so processes start and the run fails with 3 (no core could start)",
+)
+def test_a_sim_fault_on_a_core_the_chip_lacks_is_a_usage_error(demo_kit, tmp_path):
+    args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o", "--limit", "5")
+    result = invoke(*args, "--sim-fault", "crash:core=5:call=1")
+    assert_error(result, 2, "core 5", "rk3588")
+
+
+# ---------------------------------------------------------------------------- OUT folder
+def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(demo_kit, tmp_path):
+    out = tmp_path / "out"
+    args = run_args(demo_kit.dataset, demo_kit.models["digits"], out, "--limit", "200")
+
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.strip().splitlines()
+    assert lines[0].split() == [
+        "core", "items", "errors", "restarts", "items/s", "util", "%", "p50", "ms", "p99", "ms"
+    ]  # fmt: skip
+    table = {ln.split()[0]: ln.split() for ln in lines[1:-1]}
+    assert set(table) == {"0", "1", "2", "all"}
+    assert table["all"][1:4] == ["200", "0", "0"]
+    assert sum(int(table[c][1]) for c in "012") == 200
+    assert lines[-1] == f"complete: 200 succeeded, 0 errors; results in {out.resolve()}"
+    assert first.stderr.startswith("started: 200 items on cores 0,1,2 (sim, 1 instance(s)")
+    assert "error" not in first.stderr
+
+    refused = invoke(*args)
+    assert_error(refused, 2, str(out.resolve()), "--resume", "--overwrite")
+    assert pq.read_table(out / "predictions").num_rows == 200, "refusal must not touch OUT"
+
+    (out / "predictions" / "stale.txt").write_text("from before")
+    again = invoke(*args, "--overwrite")
+    assert again.exit_code == 0, again.output
+    assert not (out / "predictions" / "stale.txt").exists(), "--overwrite replaces the folder"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["status"], manifest["counts"]["succeeded"]) == ("complete", 200)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="plan._prepare_out calls out.iterdir() on a file: NotADirectoryError escapes the "
+    "CLI as a traceback with exit 1",
+)
+def test_an_out_that_is_a_file_is_a_usage_error(demo_kit, tmp_path):
+    out = tmp_path / "results"
+    out.write_text("not a folder")
+    result = invoke(*run_args(demo_kit.dataset, demo_kit.models["digits"], out))
+    assert_error(result, 2, str(out), "--out")
+
+
+# --------------------------------------------------------------------------------- demo
+def test_demo_twice_refuses_the_second_time_naming_overwrite(tmp_path):
+    target = tmp_path / "kit"
+    first = invoke("demo", target)
+    assert first.exit_code == 0, first.output
+    assert first.stdout.startswith(f"wrote 1797 images to {target / 'dataset'}")
+    png = target / "dataset" / "0" / "0000.png"
+    before = png.stat().st_mtime_ns
+
+    second = invoke("demo", target)
+    assert_error(second, 2, str(target), "--overwrite")
+    assert png.stat().st_mtime_ns == before, "a refused demo must not rewrite the kit"
+
+
+def test_demo_into_a_file_is_refused(tmp_path):
+    target = tmp_path / "kit"
+    target.write_text("x")
+    assert_error(invoke("demo", target), 2, str(target), "not a folder")
+
+
+# --------------------------------------------------------------------------------- info
+@pytest.mark.parametrize(
+    ("backend", "version"),
+    [("sim", "API: 2.5.0 (batchinfer sim"), ("onnx", "API: 2.5.0 compatible (onnxruntime")],
+)
+def test_info_shows_inputs_outputs_runtime_and_version(demo_kit, backend, version):
+    result = invoke("info", demo_kit.models["digits"], "--backend", backend)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert f"runtime: {backend}\n" in out
+    assert "inputs:\n  image " in out and "uint8" in out and "[1, 8, 8, 1]" in out
+    assert "outputs:\n  probs " in out and "float32" in out and "[1, 10]" in out
+    assert version in out
+    assert result.stderr == ""
+
+
+def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
+    model = tmp_path / "nope.onnx"
+    assert_error(invoke("info", model), 2, str(model), "does not exist")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="info of a model that does not load prints 'tensors: unknown (...)' and exits 0; "
+    "a script checking a model cannot tell it from a good one",
+)
+def test_info_of_a_model_that_does_not_load_fails(tmp_path):
+    model = tmp_path / "x.onnx"
+    model.write_bytes(b"\x00garbage" * 64)
+    result = invoke("info", model)
+    assert result.exit_code == 2
+
+
+# ------------------------------------------------------------------------------ entry
+def test_python_m_batchinfer_help_lists_the_commands():
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("Usage: ")
+    for command in ("run", "demo", "info"):
+        assert f"\n  {command} " in proc.stdout
+    assert proc.stderr == ""
