@@ -557,9 +557,37 @@ class Coordinator:
 
     def _write_success(self, slot: int, core: int, instance: int, t0: float, t1: float) -> None:
         t_c = time.perf_counter()
+        self._write_row(
+            slot,
+            core=core,
+            instance=instance,
+            attempt=len(self.flights[slot].failures) + 1,
+            latency_ms=(t1 - t0) * 1e3,
+            wait_ms=max(0.0, (t0 - self.flights[slot].t_loaded) * 1e3),
+            outputs=self.ring.outputs(slot),
+            t_done=t1,
+        )
+        self.collect_s += time.perf_counter() - t_c
+
+    def _write_error(self, slot: int, error: str, attempt: int, core: int | None = None) -> None:
+        self._write_row(slot, core=core, attempt=attempt, error=error, t_done=time.monotonic())
+
+    def _write_row(
+        self,
+        slot: int,
+        *,
+        core: int | None,
+        attempt: int,
+        t_done: float,
+        instance: int | None = None,
+        latency_ms: float | None = None,
+        wait_ms: float | None = None,
+        error: str | None = None,
+        outputs: list[np.ndarray] | None = None,
+    ) -> None:
+        """The item's one row, then its slot is free (see NOTE in slots.py, rule 1)."""
         flight = self.flights[slot]
         item = flight.item
-        latency_ms = (t1 - t0) * 1e3
         self.writer.add(
             index=item.index,
             id=item.id,
@@ -567,37 +595,15 @@ class Coordinator:
             label_name=item.label_name,
             core=core,
             instance=instance,
-            attempt=len(flight.failures) + 1,
+            attempt=attempt,
             latency_ms=latency_ms,
             read_ms=flight.read_ms,
-            wait_ms=max(0.0, (t0 - flight.t_loaded) * 1e3),
-            error=None,
-            outputs=self.ring.outputs(slot),
-        )
-        self.stats.record(core, t1, latency_ms, True)
-        self.counts["succeeded"] += 1
-        self._release(slot, written=True)
-        self.collect_s += time.perf_counter() - t_c
-
-    def _write_error(self, slot: int, error: str, attempt: int, core: int | None = None) -> None:
-        flight = self.flights[slot]
-        item = flight.item
-        self.writer.add(
-            index=item.index,
-            id=item.id,
-            label=item.label,
-            label_name=item.label_name,
-            core=core,
-            instance=None,
-            attempt=attempt,
-            latency_ms=None,
-            read_ms=flight.read_ms,
-            wait_ms=None,
+            wait_ms=wait_ms,
             error=error,
-            outputs=None,
+            outputs=outputs,
         )
-        self.stats.record(core, time.monotonic(), None, False)
-        self.counts["errors"] += 1
+        self.stats.record(core, t_done, latency_ms, error is None)
+        self.counts["succeeded" if error is None else "errors"] += 1
         self._release(slot, written=True)
 
     def _release(self, slot: int, written: bool = False) -> None:
