@@ -109,8 +109,7 @@ class _Worker:
     inflight: set[int] = field(default_factory=set)
     crashes_in_row: int = 0
     restart_at: float | None = None
-    busy_carried: float = 0.0
-    busy_now: float = 0.0
+    busy_now: float = 0.0  # the live incarnation's cumulative busy seconds, as reported
     killed_for: str | None = None
 
 
@@ -411,7 +410,7 @@ class Coordinator:
             _, slot, _index, instance, t0, t1, error, busy_s = msg
             w.inflight.discard(slot)
             w.busy_now = busy_s
-            self.stats.set_busy(w.core, w.busy_carried + busy_s)
+            self.stats.set_busy(w.core, busy_s)
             flight = self.flights[slot]
             flight.cores_tried.append(w.core)
             if error is None:
@@ -480,7 +479,7 @@ class Coordinator:
             self._requeue_all(w)
             return
         w.state = "down"
-        w.busy_carried += w.busy_now
+        self.stats.add_busy(w.core, w.busy_now)  # carried over; add_restart zeroes the live value
         w.busy_now = 0.0
         reason = w.killed_for or f"worker process crashed (exit code {code})"
         rows = slice(w.spec.board_row, w.spec.board_row + w.spec.instances)
