@@ -7,7 +7,10 @@ what the engine promises:
 - exactly once: every index 0..N-1 appears in exactly one prediction row;
 - error rows only where two injected faults hit the same item (normally none);
 - the exit code matches the rows (0 no error rows, 1 some; 130 after SIGINT);
-- the restarts in core_stats match the crash and hang faults that fired;
+- every worker restart follows a crash/hang fault on its core, every such fault is answered
+  by a restart, and core_stats counts the restarts the coordinator warned about;
+- after SIGINT: exit 130, a resume hint, the manifest says interrupted and every row it
+  counts is on disk;
 - no ``batchinfer-*`` segment of our coordinators left in /dev/shm, no child process left,
   no temp folder left (the runs get their own TMPDIR so this can be checked).
 
@@ -277,6 +280,8 @@ class Soak:
             + ", ".join(f"{k} {v}" for k, v in kinds.items())
             + f" (of {len(self.faults)} planned); {len(rec.descendants)} child processes seen"
         )
+        if rec.exit_code not in (0, 130, -signal.SIGKILL):
+            print(f"[{rec.name}] stdout:\n{rec.stdout}")
         return rec
 
     def check_clean(self, rec: RunRecord, grace_s: float = 10.0) -> None:
@@ -289,7 +294,7 @@ class Soak:
         if self.check(not left, f"[{rec.name}] processes left behind: {left}"):
             print(f"[{rec.name}] no child process left ({len(rec.descendants)} seen)")
         for pid in left:
-            with_suppress_kill(pid)
+            kill_leftover(pid)
         segs = segments_of({rec.pid})
         self.check(not segs, f"[{rec.name}] segments left in {SHM_DIR}: {segs}")
 
@@ -384,8 +389,10 @@ class Soak:
         for e in errors:
             # Only an item that met an injected fault on each of its attempts may fail.
             symptoms = ("crashed", "hung", "returned None")
-            explained = e.count(";") + 1 >= self.args.max_attempts and all(
-                any(s in part for s in symptoms) for part in e.split(";")
+            # A failure reads "core C: reason"; a reason may itself contain "; ".
+            failures = re.split(r"; (?=core \d+: )", e)
+            explained = len(failures) >= self.args.max_attempts and all(
+                any(s in part for s in symptoms) for part in failures
             )
             self.check(explained, f"unexplained error row: {e}")
         leftovers = list((self.out / PREDICTIONS_DIR).glob(".part-*.tmp"))
@@ -400,7 +407,7 @@ class Soak:
         self.check(last.startswith("complete:"), f"[{final.name}] last line is {last!r}")
 
 
-def with_suppress_kill(pid: int) -> None:
+def kill_leftover(pid: int) -> None:
     """SIGKILL a process the run left behind (so the soak itself leaves nothing)."""
     with contextlib.suppress(psutil.Error):
         psutil.Process(pid).kill()
