@@ -35,20 +35,24 @@ def _fail_cleanly(fn):
     return wrapper
 
 
-class _Formatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
+class _CliLogHandler(logging.Handler):
+    """Log lines on the stderr of the moment: plain for info, ``warning: ...`` for warnings."""
+
+    def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
-        return text if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {text}"
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        click.echo(text, err=True)
 
 
 def _setup_logging() -> None:
     log = logging.getLogger("batchinfer")
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(_Formatter())
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+    # Replace our own handler (never anyone else's), so that repeated in-process calls
+    # (tests, notebooks) each print to their current stderr exactly once.
+    log.handlers = [h for h in log.handlers if not isinstance(h, _CliLogHandler)]
+    log.addHandler(_CliLogHandler())
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def _int_list(value: str | None, option: str) -> tuple[int, ...] | None:

@@ -10,6 +10,7 @@ from batchinfer.errors import BatchinferError, ModelError
 from batchinfer.runtime import describe_model, resolve_backend, runtime_class
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.constants import NPU_CORE_AUTO
+from batchinfer.runtime.model_info import onnx_beside
 
 
 def _runtime_facts(model: Path, backend: str) -> tuple[str | None, object]:
@@ -42,7 +43,9 @@ def model_report(model: Path, backend: str = "auto") -> str:
     try:
         info = describe_model(model)
     except ModelError as e:
-        lines.append(f"tensors: unknown ({e})")
+        if onnx_beside(model) is not None:
+            raise  # the model itself does not load: that is the answer, as an error
+        lines.append(f"tensors: unknown ({e})")  # a bare .rknn: only a board can read it
         info = None
     if info is not None:
         for title, tensors in (("inputs", info.inputs), ("outputs", info.outputs)):

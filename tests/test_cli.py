@@ -10,7 +10,6 @@ CliRunner; only ``python -m batchinfer`` needs a subprocess.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import platform
 import signal
@@ -25,20 +24,6 @@ from click.testing import CliRunner, Result
 from batchinfer.cli import main
 
 FAST_SIM = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
-
-
-@pytest.fixture(autouse=True)
-def fresh_cli_logging(monkeypatch):
-    """Let every invocation install its log handler on the stderr CliRunner gives it.
-
-    The CLI installs its handler once per process (when the logger has no handler), bound to
-    the sys.stderr of that moment; in-process invocations each get a new stderr. And pytest
-    attaches its capture handlers to non-propagating loggers, which would make the CLI skip
-    its own. So each test starts from a bare, propagating logger.
-    """
-    log = logging.getLogger("batchinfer")
-    monkeypatch.setattr(log, "handlers", [])
-    monkeypatch.setattr(log, "propagate", True)
 
 
 def invoke(*args: str | Path) -> Result:
@@ -153,22 +138,12 @@ def test_a_bad_sim_fault_lists_the_valid_forms(demo_kit, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan_run only parses --sim-fault specs; a core beyond the chip is found in every "
-    "worker's init, so processes start and the run fails with 3 (no core could start)",
-)
 def test_a_sim_fault_on_a_core_the_chip_lacks_is_a_usage_error(demo_kit, tmp_path):
     args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o", "--limit", "5")
     result = invoke(*args, "--sim-fault", "crash:core=5:call=1")
     assert_error(result, 2, "core 5", "rk3588")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not validated: --readers 0 falls back to the default (plan uses 'readers or "
-    "default'); --limit -1 runs nothing and exits 0",
-)
 @pytest.mark.parametrize(
     ("option", "value", "limit"), [("--readers", "0", "5"), ("--limit", "-1", None)]
 )
@@ -178,13 +153,6 @@ def test_nonsense_counts_are_usage_errors(demo_kit, tmp_path, option, value, lim
     assert_error(result, 2, option)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker that hangs in its start-up canary is only bounded by the coordinator's "
-    "120 s _STARTUP_TIMEOUT_S, not --timeout-s; after that the run goes on without the core, "
-    "with no warning and exit 0 (and a restarted worker that hangs so is never timed out)",
-)
 def test_a_worker_that_hangs_while_starting_is_timed_out_and_named(demo_kit, tmp_path):
     args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o", "--limit", "20")
     argv = [sys.executable, "-m", "batchinfer", *map(str, args)]
@@ -233,11 +201,6 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert (manifest["status"], manifest["counts"]["succeeded"]) == ("complete", 200)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan._prepare_out calls out.iterdir() on a file: NotADirectoryError escapes the "
-    "CLI as a traceback with exit 1",
-)
 def test_an_out_that_is_a_file_is_a_usage_error(demo_kit, tmp_path):
     out = tmp_path / "results"
     out.write_text("not a folder")
@@ -286,11 +249,6 @@ def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
     assert_error(invoke("info", model), 2, str(model), "does not exist")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="info of a model that does not load prints 'tensors: unknown (...)' and exits 0; "
-    "a script checking a model cannot tell it from a good one",
-)
 def test_info_of_a_model_that_does_not_load_fails(tmp_path):
     model = tmp_path / "x.onnx"
     model.write_bytes(b"\x00garbage" * 64)

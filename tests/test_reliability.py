@@ -350,3 +350,20 @@ def test_a_second_sigint_stops_at_once_and_still_releases_shared_memory(demo_kit
     assert "Traceback" not in stderr
     assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
     # no_leaks checks that no segment of the (now dead) coordinator and no child is left
+
+
+def test_emulator_state_of_dead_coordinators_is_swept(tmp_path, monkeypatch):
+    import tempfile
+
+    from batchinfer.engine.coordinator import sweep_dead_sim_states
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"batchinfer-sim-{dead.pid}-x1"
+    live = tmp_path / f"batchinfer-sim-{os.getpid()}-x2"
+    per_user = tmp_path / "batchinfer-sim-0"  # the emulator's default board: never swept
+    for d in (stale, live, per_user):
+        d.mkdir()
+    sweep_dead_sim_states()
+    assert not stale.exists() and live.exists() and per_user.exists()

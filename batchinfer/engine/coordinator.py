@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.preprocess import Preprocess
@@ -62,6 +63,7 @@ _MAX_CONSECUTIVE_CRASHES = 3
 _BACKOFF_S = (0.25, 1.0, 4.0)
 _JOIN_TIMEOUT_S = 5.0
 _TICK_S = 0.1
+_SIM_STATE_PREFIX = "batchinfer-sim-"
 # Canary outputs of two cores agree when they differ by at most this share of their range.
 _CANARY_RTOL = 1e-3
 # Items a worker holds per instance: one in inference and two queued behind it, so an
@@ -111,6 +113,10 @@ class _Worker:
     restart_at: float | None = None
     busy_now: float = 0.0  # the live incarnation's cumulative busy seconds, as reported
     killed_for: str | None = None
+    starts: int = 0
+    # While starting: when to give up on it (model loading, then the canary inference).
+    start_deadline: float | None = None
+    start_phase: str = "loading the model"
 
 
 @dataclass
@@ -184,7 +190,8 @@ class Coordinator:
             return {}
         if self.sim_state is None:
             # Each run emulates its own board: fault counters ("call=N") start from zero.
-            self.sim_state = tempfile.mkdtemp(prefix="batchinfer-sim-")
+            # The pid in the name lets a later run sweep it if this one is SIGKILLed.
+            self.sim_state = tempfile.mkdtemp(prefix=f"{_SIM_STATE_PREFIX}{os.getpid()}-")
         s = self.cfg.sim
         kw: dict[str, Any] = {"state_dir": self.sim_state, "faults": tuple(s.faults)}
         for key in ("npu_ms", "host_ms", "chip"):
@@ -204,6 +211,9 @@ class Coordinator:
         res_w.close()
         w.proc, w.tasks, w.results = proc, task_w, res_r
         w.state, w.killed_for, w.restart_at = "starting", None, None
+        w.starts += 1
+        w.start_phase = f"loading the model (limit {_STARTUP_TIMEOUT_S:g} s)"
+        w.start_deadline = time.monotonic() + _STARTUP_TIMEOUT_S
 
     def _spawn_readers(self, ring: RingSpec) -> None:
         for i in range(self.plan.readers):
@@ -251,10 +261,9 @@ class Coordinator:
             w = _Worker(core, self._worker_spec(pos, core))
             self.workers[core] = w
             self._spawn_worker(w)
-        deadline = time.monotonic() + _STARTUP_TIMEOUT_S
-        while self.ring is None or (
-            any(w.state == "starting" for w in self.workers.values())
-            and time.monotonic() < deadline
+        # Wait for each worker's first start only: a worker restarted meanwhile joins later.
+        while self.ring is None or any(
+            w.state == "starting" and w.starts == 1 for w in self.workers.values()
         ):
             if all(w.state == "retired" for w in self.workers.values()):
                 reasons = "; ".join(self.warnings) or "every worker exited during start-up"
@@ -262,6 +271,7 @@ class Coordinator:
             if self.stop_reason is not None:
                 return
             self._wait_and_handle(_TICK_S)
+            self._check_hangs(time.monotonic())
             self._restart_due(time.monotonic())
         self._check_canaries()
         self.items = self._todo()
@@ -418,7 +428,11 @@ class Coordinator:
                 self._write_success(slot, w.core, instance, t0, t1)
             else:
                 self._fail(slot, f"core {w.core}: {error}", core=w.core)
+        elif kind == "initialised":
+            w.start_phase = f"the canary inference (limit --timeout-s {self.cfg.timeout_s:g})"
+            w.start_deadline = time.monotonic() + self.cfg.timeout_s
         elif kind == "ready":
+            w.start_deadline = None
             self._on_ready(w, msg[2])
         elif kind == "init_failed":
             w.state = "retired"
@@ -523,6 +537,10 @@ class Coordinator:
                 self._spawn_worker(w)
 
     def _check_hangs(self, now: float) -> None:
+        for w in self.workers.values():
+            if w.state == "starting" and w.killed_for is None and now > (w.start_deadline or now):
+                w.killed_for = f"{w.start_phase} hung while starting; worker killed"
+                w.proc.kill()
         if self.ring is None:
             return
         board = self.ring.board
@@ -670,6 +688,15 @@ class Coordinator:
             shutil.rmtree(self.sim_state, ignore_errors=True)
 
 
+def sweep_dead_sim_states() -> None:
+    """Remove emulator board folders left by coordinators that died (see _sim_kwargs)."""
+    root = Path(tempfile.gettempdir())
+    for path in root.glob(f"{_SIM_STATE_PREFIX}*-*"):
+        pid = path.name[len(_SIM_STATE_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _peak_rss_mb() -> float:
     # ru_maxrss is in KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -700,6 +727,8 @@ def run(config: RunConfig) -> RunResult:
     before or while it runs; item failures are error rows, not exceptions.
     """
     plan = plan_run(config)
+    if plan.backend == "sim":
+        sweep_dead_sim_states()
     started = time.time()
     run_id = uuid.uuid4().hex[:12]
     manifest: dict[str, Any] = {

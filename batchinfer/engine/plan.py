@@ -111,6 +111,10 @@ def _prepare_out(config: RunConfig) -> Path:
     else:
         out = Path(config.out)
     out = out.resolve()
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(
+            f"--out {out} is a file, not a folder; pass the path of a folder to write results to."
+        )
     if out.exists() and any(out.iterdir()) and not config.resume:
         if not config.overwrite:
             raise OutputExistsError(
@@ -149,6 +153,18 @@ def _check_resume_model(out: Path, model: Path) -> None:
         )
 
 
+def _check_faults(specs: tuple[str, ...], chip: str) -> None:
+    from batchinfer.runtime.sim import parse_fault
+
+    for spec in specs:
+        fault = parse_fault(spec)
+        if fault.core is not None and fault.core >= CHIP_CORES[chip]:
+            raise UsageError(
+                f"--sim-fault {spec}: core {fault.core} does not exist on {chip} "
+                f"(cores 0-{CHIP_CORES[chip] - 1}); name one of those cores."
+            )
+
+
 def plan_run(config: RunConfig) -> RunPlan:
     """Check ``config`` and prepare OUT; raise a UsageError (exit 2) or a RunFailedError."""
     model = Path(config.model).expanduser().resolve()
@@ -164,14 +180,11 @@ def plan_run(config: RunConfig) -> RunPlan:
         reason = unavailable_reason()
         if reason:
             raise RuntimeUnavailableError(reason)
-    if backend == "sim":
-        from batchinfer.runtime.sim import parse_fault
-
-        for spec in config.sim.faults:
-            parse_fault(spec)
     chip = _chip_for(backend, config)
     if chip not in CHIP_CORES:
         raise UsageError(f"chip {chip!r} is unknown; use one of {', '.join(CHIP_CORES)}.")
+    if backend == "sim":
+        _check_faults(config.sim.faults, chip)
     cores = _cores(config, chip)
     for name, value, low in (
         ("--instances-per-core", config.instances_per_core, 1),
@@ -196,13 +209,19 @@ def plan_run(config: RunConfig) -> RunPlan:
     )
     dataset = open_dataset(Path(config.dataset).expanduser())
     cpus = resolve_affinity(config.cpu_affinity)
-    readers = config.readers or max(1, min(4, (os.cpu_count() or 2) // 2))
+    readers = config.readers
+    if readers is None:
+        readers = max(1, min(4, (os.cpu_count() or 2) // 2))
     if readers < 1:
         raise UsageError(f"--readers must be at least 1, not {readers}.")
+    if config.limit is not None and config.limit < 1:
+        raise UsageError(f"--limit must be at least 1, not {config.limit}.")
     # Each instance holds up to three slots in its worker (see _QUEUED_PER_INSTANCE in
     # coordinator.py); one more per instance waits READY, so a finished item is replaced
     # at once; two per reader are being decoded.
-    slots = config.slots or len(cores) * config.instances_per_core * 4 + readers * 2
+    slots = config.slots
+    if slots is None:
+        slots = len(cores) * config.instances_per_core * 4 + readers * 2
     if slots < 2:
         raise UsageError(f"--slots must be at least 2, not {slots}.")
     out = _prepare_out(config)
@@ -211,7 +230,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         _check_resume_model(out, model)
         resume = prepare_resume(out)
     sweep_dead_segments()
-    n = len(dataset) if config.limit is None else min(len(dataset), max(0, config.limit))
+    n = len(dataset) if config.limit is None else min(len(dataset), config.limit)
     skipped = 0 if resume is None else int((resume.done < n).sum())
     return RunPlan(
         config=config,

@@ -2,7 +2,8 @@
 
 Protocol (slot life cycle: see NOTE in slots.py):
   worker -> coordinator  ("init_failed", core, message)      a runtime could not start; then exit
-                         ("ready", core, info)               runtimes up; info has the sdk
+                         ("initialised", core)               runtimes up; the canary runs next
+                         ("ready", core, info)               canary done; info has the sdk
                                                              version, output shapes, canary outputs
   coordinator -> worker  ("attach", RingSpec)                once, before any task
                          ("infer", slot, index)              input is in slot's input region
@@ -110,6 +111,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     adapters: list[RuntimeAdapter] = []
     try:
         adapters = _start_runtimes(spec)
+        # From here on the coordinator bounds us by --timeout-s, as for any inference.
+        results.send(("initialised", spec.core))
         canary = canary_input(spec.input_shape, spec.input_dtype)
         outs = adapters[0].infer([canary], data_format=spec.input_layout, reuse_outputs=False)
     except (BatchinferError, OSError) as e:
