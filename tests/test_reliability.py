@@ -367,3 +367,36 @@ def test_emulator_state_of_dead_coordinators_is_swept(tmp_path, monkeypatch):
         d.mkdir()
     sweep_dead_sim_states()
     assert not stale.exists() and live.exists() and per_user.exists()
+
+
+def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path, monkeypatch):
+    from batchinfer.engine import coordinator as C
+
+    real_write_row = C.Coordinator._write_row
+    killed = []
+
+    def write_row_then_kill_a_reader(self, slot, **kw):
+        real_write_row(self, slot, **kw)
+        if self.counts["succeeded"] == 100 and not killed:  # mid-run, as the OOM killer would
+            killed.append(self.readers[0].proc.pid)
+            os.kill(killed[0], signal.SIGKILL)
+
+    monkeypatch.setattr(C.Coordinator, "_write_row", write_row_then_kill_a_reader)
+    result = run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim(),
+            limit=400,
+            out=tmp_path / "o",
+        )
+    )
+    assert killed
+    assert any(w.startswith("reader 0 died (exit code -9)") for w in result.warnings)
+    table = _exactly_once(result.out, 400)
+    errors = [r["error"] for r in table.to_pylist() if r["error"] is not None]
+    # The reader was either decoding an item (that item is an error row) or idle (none).
+    assert len(errors) <= 1
+    assert all("reader process died while decoding" in e for e in errors)
+    assert result.exit_code == (1 if errors else 0)

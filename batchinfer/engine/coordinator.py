@@ -63,6 +63,8 @@ _MAX_CONSECUTIVE_CRASHES = 3
 _BACKOFF_S = (0.25, 1.0, 4.0)
 _JOIN_TIMEOUT_S = 5.0
 _TICK_S = 0.1
+_MAX_READER_DEATHS = 10
+_REAP_TIMEOUT_S = 1.0
 _SIM_STATE_PREFIX = "batchinfer-sim-"
 # Canary outputs of two cores agree when they differ by at most this share of their range.
 _CANARY_RTOL = 1e-3
@@ -122,10 +124,12 @@ class _Worker:
 @dataclass
 class _Reader:
     spec: ReaderSpec
-    proc: Any
-    tasks: Connection
-    results: Connection
-    outstanding: int = 0
+    proc: Any = None
+    tasks: Connection | None = None
+    results: Connection | None = None
+    # Slots sent to this reader, in order: it works through them one by one, so the first
+    # is the one it is decoding now.
+    slots: deque[int] = field(default_factory=deque)
 
 
 class _Interrupted(Exception):
@@ -156,6 +160,7 @@ class Coordinator:
         self.canary_ref: tuple[int, list[np.ndarray]] | None = None
         self.sdk_versions: dict[int, str | None] = {}
         self.collect_s = 0.0
+        self.reader_deaths = 0
         self.sim_state: str | None = None
         self.progress = None
         self.writer: PredictionWriter | None = None  # made with the ring: it needs output shapes
@@ -199,17 +204,19 @@ class Coordinator:
                 kw[key] = getattr(s, key)
         return kw
 
-    def _spawn_worker(self, w: _Worker) -> None:
+    def _spawn(self, target, spec, name: str) -> tuple[Any, Connection, Connection]:
+        """Start a child with a task pipe to it and a result pipe from it."""
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(
-            target=worker_main, args=(w.spec, task_r, res_w), name=f"batchinfer-core{w.core}"
-        )
+        proc = self.ctx.Process(target=target, args=(spec, task_r, res_w), name=name)
         proc.daemon = True
         proc.start()
-        task_r.close()
+        task_r.close()  # the child's ends: closed here so EOF means the other side is gone
         res_w.close()
-        w.proc, w.tasks, w.results = proc, task_w, res_r
+        return proc, task_w, res_r
+
+    def _spawn_worker(self, w: _Worker) -> None:
+        w.proc, w.tasks, w.results = self._spawn(worker_main, w.spec, f"batchinfer-core{w.core}")
         w.state, w.killed_for, w.restart_at = "starting", None, None
         w.starts += 1
         w.start_phase = f"loading the model (limit {_STARTUP_TIMEOUT_S:g} s)"
@@ -218,16 +225,14 @@ class Coordinator:
     def _spawn_readers(self, ring: RingSpec) -> None:
         for i in range(self.plan.readers):
             spec = ReaderSpec(i, ring, self.plan.preprocess, self.plan.dataset.kind, self.plan.cpus)
-            task_r, task_w = self.ctx.Pipe(duplex=False)
-            res_r, res_w = self.ctx.Pipe(duplex=False)
-            proc = self.ctx.Process(
-                target=reader_main, args=(spec, task_r, res_w), name=f"batchinfer-reader{i}"
-            )
-            proc.daemon = True
-            proc.start()
-            task_r.close()
-            res_w.close()
-            self.readers.append(_Reader(spec, proc, task_w, res_r))
+            reader = _Reader(spec)
+            self._spawn_reader(reader)
+            self.readers.append(reader)
+
+    def _spawn_reader(self, r: _Reader) -> None:
+        r.proc, r.tasks, r.results = self._spawn(
+            reader_main, r.spec, f"batchinfer-reader{r.spec.reader_id}"
+        )
 
     def _create_ring(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
         pre = self.plan.preprocess
@@ -307,7 +312,7 @@ class Coordinator:
     def _finished(self) -> bool:
         if self.stop_reason is not None:
             busy = any(w.inflight for w in self.workers.values()) or any(
-                r.outstanding for r in self.readers
+                r.slots for r in self.readers
             )
             return not busy or time.monotonic() > self.stop_deadline
         return self.exhausted and len(self.free) == len(self.flights)
@@ -320,9 +325,13 @@ class Coordinator:
                 return
             slot = self.free.popleft()
             self.flights[slot] = _Flight(item)
-            reader = min(self.readers, key=lambda r: r.outstanding)
-            reader.outstanding += 1
-            reader.tasks.send(("read", slot, item.index, item.path))
+            self._send_to_reader(slot)
+
+    def _send_to_reader(self, slot: int) -> None:
+        item = self.flights[slot].item
+        reader = min(self.readers, key=lambda r: len(r.slots))
+        reader.slots.append(slot)
+        reader.tasks.send(("read", slot, item.index, item.path))
 
     def _pick_worker(self, flight: _Flight, open_workers: list[_Worker]) -> _Worker | None:
         """The least loaded worker with room for ``flight``; a retry waits for a fresh core.
@@ -361,6 +370,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------------------ events
     def _wait_and_handle(self, timeout: float) -> None:
+        """Handle whatever children sent or did within ``timeout`` seconds."""
         sources: dict[Any, tuple[str, Any]] = {}
         for w in self.workers.values():
             if w.state in ("starting", "ready"):
@@ -369,25 +379,26 @@ class Coordinator:
         for r in self.readers:
             sources[r.results] = ("reader", r)
             sources[r.proc.sentinel] = ("reader_exit", r)
+        exits = []
         for obj in wait(list(sources), timeout):
             kind, who = sources[obj]
             if kind == "worker":
                 self._drain_worker(who)
             elif kind == "reader":
-                self._drain(who.results, lambda msg, r=who: self._on_reader_message(r, msg))
-        # Sentinels are looked at after every pipe is drained, so a worker's last results
-        # are always counted before its death is.
-        for w in list(self.workers.values()):
-            if w.state in ("starting", "ready") and not w.proc.is_alive():
-                self._drain_worker(w)
-                self._on_worker_exit(w)
-        for r in self.readers:
-            if not r.proc.is_alive():
-                raise RunFailedError(
-                    f"reader process {r.spec.reader_id} died (exit code {r.proc.exitcode}); "
-                    "this is a bug in batchinfer or the machine ran out of memory; "
-                    "run again with --resume."
-                )
+                self._drain_reader(who)
+            else:
+                exits.append((kind, who))
+        # Deaths are handled after every pipe is drained, so a child's last messages are
+        # always counted before its death is.
+        for kind, who in exits:
+            # The sentinel closes as the process exits; reaping it can lag a moment behind.
+            who.proc.join(_REAP_TIMEOUT_S)
+            if kind == "worker_exit":
+                self._drain_worker(who)
+                self._on_worker_exit(who)
+            else:
+                self._drain_reader(who)
+                self._on_reader_exit(who)
 
     @staticmethod
     def _drain(conn: Connection, handle) -> None:
@@ -400,9 +411,46 @@ class Coordinator:
     def _drain_worker(self, w: _Worker) -> None:
         self._drain(w.results, lambda msg: self._on_worker_message(w, msg))
 
+    def _drain_reader(self, r: _Reader) -> None:
+        self._drain(r.results, lambda msg: self._on_reader_message(r, msg))
+
+    def _on_reader_exit(self, r: _Reader) -> None:
+        """A reader died (a decoder crash, the OOM killer): its current item is an error
+        row, the items queued behind it go to the readers again, and it is started anew."""
+        code = r.proc.exitcode
+        self.reader_deaths += 1
+        if self.reader_deaths > _MAX_READER_DEATHS:
+            raise RunFailedError(
+                f"reader processes died {self.reader_deaths} times (last exit code {code}); "
+                "the machine may be out of memory: run with fewer --readers or --slots, "
+                "then again with --resume."
+            )
+        slots = list(r.slots)
+        r.slots.clear()
+        r.tasks.close()
+        r.results.close()
+        self._spawn_reader(r)
+        culprit = None
+        if slots:
+            culprit = self.flights[slots[0]].item.id
+            self.counts["input_errors"] += 1
+            self._write_error(
+                slots[0],
+                f"cannot read {culprit}: the reader process died while decoding it "
+                f"(exit code {code})",
+                attempt=0,
+            )
+        for slot in slots[1:]:
+            self._send_to_reader(slot)
+        self.warn(
+            f"reader {r.spec.reader_id} died (exit code {code})"
+            + (f" while decoding {culprit}" if culprit else "")
+            + "; started a new one."
+        )
+
     def _on_reader_message(self, reader: _Reader, msg: tuple) -> None:
         _, slot, _index, read_ms, error = msg
-        reader.outstanding -= 1
+        reader.slots.popleft()
         flight = self.flights[slot]
         flight.read_ms = read_ms
         flight.t_loaded = time.monotonic()
@@ -488,7 +536,6 @@ class Coordinator:
 
     def _on_worker_exit(self, w: _Worker) -> None:
         code = w.proc.exitcode
-        w.proc.join(0)
         if w.state == "retired":  # init_failed already said why
             self._requeue_all(w)
             return
