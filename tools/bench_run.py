@@ -14,7 +14,7 @@ Ideal items/s = cores x min(k / (host_ms + npu_ms), 1 / npu_ms) (the emulator's 
 "Where the time goes" is read from the median run's predictions of each throughput
 configuration. "other CPUs" is the CPU time the rest of the machine used while a run lasted
 (all busy CPU time minus our run's), in CPUs: above 0.2, another job disturbed it; on a
-shared host, ``--quiet-wait S`` waits up to S seconds for an idle second before each run.
+shared host, ``--quiet-wait S`` waits up to S seconds for 3 idle seconds before each run.
 
     python tools/bench_run.py                      # all scenarios, ~4 min on 2 CPUs
     python tools/bench_run.py --scenario ideal --items 6000 --repeats 5 --json ideal.json
@@ -204,12 +204,16 @@ def _busy_cpu_s() -> float:
 
 
 def wait_until_quiet(limit_s: float) -> float:
-    """Wait up to ``limit_s`` for a second with other CPU use below the bound; return the last."""
+    """Wait up to ``limit_s`` for a quiet window (other CPU use below the bound); return its load.
+
+    The window is a few seconds long because a test suite next door idles between tests.
+    """
+    window_s = 3.0
     deadline = time.monotonic() + limit_s
     while True:
         busy0 = _busy_cpu_s()
-        time.sleep(1.0)  # a sampling window, not a wait for an event: there is none to await
-        load = _busy_cpu_s() - busy0
+        time.sleep(window_s)  # a sampling window, not a wait for an event: there is none
+        load = (_busy_cpu_s() - busy0) / window_s
         if load < DISTURBED_CPUS or time.monotonic() >= deadline:
             return load
 
