@@ -153,7 +153,7 @@ class Coordinator:
         self.exhausted = False
         self.stop_reason: str | None = None
         self.stop_deadline = 0.0
-        self.closing = False  # set once shutdown has begun: signals are ignored from then on
+        self.hard_stop = False  # a second SIGINT/SIGTERM: stop at once
         self.warnings: list[str] = []
         self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
         self.canaries: dict[int, list[np.ndarray]] = {}
@@ -276,6 +276,7 @@ class Coordinator:
             if self.stop_reason is not None:
                 return
             self._wait_and_handle(_TICK_S)
+            self._check_hard_stop()
             self._check_hangs(time.monotonic())
             self._restart_due(time.monotonic())
         self._check_canaries()
@@ -300,6 +301,7 @@ class Coordinator:
             if self._finished():
                 return
             self._wait_and_handle(_TICK_S)
+            self._check_hard_stop()
             now = time.monotonic()
             self._check_hangs(now)
             self._restart_due(now)
@@ -678,22 +680,25 @@ class Coordinator:
 
     # ---------------------------------------------------------------------------- signals
     def request_stop(self, reason: str) -> None:
-        """First SIGINT/SIGTERM: stop dispatching; in-flight items finish (bounded wait).
+        """SIGINT/SIGTERM handler: the first stops dispatching (in-flight items finish, a
+        bounded wait); the second asks to stop at once; later ones are ignored.
 
-        The second one stops at once (raises _Interrupted out of the main loop); any later one
-        is ignored, so nothing can cut the shutdown that unlinks the segments short.
+        It only sets flags: the main loop acts on them between two events, so a signal
+        never cuts a row or a Parquet part in half.
         """
-        if self.closing:
-            return
         if self.stop_reason is not None:
-            self.closing = True
-            raise _Interrupted
+            self.hard_stop = True
+            return
         self.stop_reason = reason
         self.stop_deadline = time.monotonic() + min(self.cfg.timeout_s, 10.0)
         self.warn(
             f"{reason}: finishing the items in flight (at most "
             f"{min(self.cfg.timeout_s, 10.0):g} s); press Ctrl-C again to stop at once."
         )
+
+    def _check_hard_stop(self) -> None:
+        if self.hard_stop:
+            raise _Interrupted
 
     # ---------------------------------------------------------------------------- shutdown
     def _close_pipes(self, w: _Worker) -> None:
@@ -703,19 +708,17 @@ class Coordinator:
         w.tasks = w.results = None
 
     def close(self) -> None:
-        """Stop every child, then unlink every segment (shutdown order: NOTE in slots.py)."""
-        self.closing = True
-        procs = []
-        for w in self.workers.values():
-            if w.proc is not None and w.proc.is_alive() and w.tasks is not None:
-                with contextlib.suppress(OSError):
-                    w.tasks.send(("stop",))
-            procs.append(w.proc)
-        for r in self.readers:
-            with contextlib.suppress(OSError):
-                r.tasks.send(("stop",))
-            procs.append(r.proc)
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        """Stop every child, then unlink every segment (shutdown order: NOTE in slots.py).
+
+        After a second Ctrl-C the children are killed at once instead of asked to stop.
+        """
+        procs = [w.proc for w in self.workers.values()] + [r.proc for r in self.readers]
+        if not self.hard_stop:
+            for conn in [w.tasks for w in self.workers.values()] + [r.tasks for r in self.readers]:
+                if conn is not None:
+                    with contextlib.suppress(OSError):
+                        conn.send(("stop",))
+        deadline = time.monotonic() + (0.0 if self.hard_stop else _JOIN_TIMEOUT_S)
         for p in procs:
             if p is not None:
                 p.join(max(0.0, deadline - time.monotonic()))

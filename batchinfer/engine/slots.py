@@ -40,10 +40,11 @@ Rules that make this safe:
 
 Shutdown order (coordinator, see ``Coordinator.close``), the same on success, error and Ctrl-C:
 1. stop feeding readers and dispatching to workers;
-2. wait (bounded) for in-flight items to come back, writing their rows;
+2. wait (bounded: ``min(--timeout-s, 10)`` s) for in-flight items to come back, writing
+   their rows; a second Ctrl-C skips the rest of this wait;
 3. send ``stop`` to every reader and worker, join them with a timeout, SIGKILL what is left
-   (children also exit by themselves when their pipe from the coordinator closes, so they never
-   outlive it);
+   (after a second Ctrl-C: SIGKILL at once). Children also exit by themselves when their pipe
+   from the coordinator closes, so they never outlive it;
 4. flush the prediction writer, write core stats, timeline and the manifest;
 5. close and unlink every segment: only after every child is gone, so no child ever maps a
    segment that has been unlinked and recreated.
