@@ -19,7 +19,8 @@ shared host, ``--quiet-wait S`` waits up to S seconds for 3 idle seconds before 
     python tools/bench_run.py                      # all scenarios, ~4 min on 2 CPUs
     python tools/bench_run.py --scenario ideal --items 6000 --repeats 5 --json ideal.json
 
-Exit status: 0 every target met, 1 a target failed, 2 a run could not be measured.
+Exit status: 0 every target met, 1 a target failed, 2 a run could not be measured,
+130 interrupted (Ctrl-C or SIGTERM; the run in flight is stopped with it).
 Not part of the pytest run; meant for a perf CI job.
 """
 
@@ -420,6 +421,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def engine_version() -> str:
+    """The batchinfer version and, in a git checkout, its commit (+dirty if files changed)."""
+    import batchinfer
+
+    version = f"batchinfer {batchinfer.__version__}"
+    repo = Path(batchinfer.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        changed = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "batchinfer"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return version
+    return f"{version} at {commit}{' +dirty' if changed else ''}"
+
+
 def label() -> str:
     """The line every table carries: what these figures are, and what they are not."""
     return (
@@ -491,6 +512,7 @@ def report(series: list[Series], verdicts: list[Verdict], breakdowns: list[Break
     disturbed = [r for s in series for r in s.runs if r.other_cpus > DISTURBED_CPUS]
     parts = [
         label(),
+        f"engine: {engine_version()}",
         "",
         "Throughput (items/s over the repeats; core_stats total row, first dispatch to last "
         "completion):",
@@ -586,6 +608,7 @@ def bench_all(args: argparse.Namespace, workdir: Path) -> dict:
     print(report(all_series, verdicts, breakdowns), flush=True)
     return {
         "label": label(),
+        "engine": engine_version(),
         "argv": sys.argv,
         "series": [s.summary() for s in all_series],
         "verdicts": [asdict(v) for v in verdicts],
@@ -594,9 +617,15 @@ def bench_all(args: argparse.Namespace, workdir: Path) -> dict:
     }
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    # A cancelled CI job sends SIGTERM: stop like Ctrl-C, so the run in flight is ended too.
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status (0 pass, 1 a target failed, 2 no figure)."""
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     temp = None if args.workdir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     workdir = args.workdir or temp
     workdir.mkdir(parents=True, exist_ok=True)
@@ -605,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted; the run in flight was stopped", file=sys.stderr)
+        return 130
     finally:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
