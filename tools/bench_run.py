@@ -463,7 +463,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 def throughput_table(series: list[Series]) -> str:
     """Median, spread, ideal and ratio of items/s for every configuration."""
     header = ("config", "k", "host ms", "npu ms", "items", "median/s", "min/s", "max/s",
-              "ideal/s", "ratio", "RSS MB", "other CPUs")  # fmt: skip
+              "ideal/s", "ratio", "RSS MB med", "other CPUs max")  # fmt: skip
     rows = []
     for s in series:
         rates = [r.items_per_s for r in s.runs]
