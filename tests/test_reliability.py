@@ -195,11 +195,11 @@ def test_full_disk_while_writing_is_a_clear_error_and_the_run_resumes(
     real_write = predictions.write_table_atomically
     calls = {"n": 0}
 
-    def write_until_full(table, path):
+    def write_until_full(table, path, **options):
         calls["n"] += 1
         if calls["n"] > 2:
             raise predictions.write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
-        real_write(table, path)
+        real_write(table, path, **options)
 
     monkeypatch.setattr(predictions, "write_table_atomically", write_until_full)
     config = RunConfig(

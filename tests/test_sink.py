@@ -465,3 +465,23 @@ def test_host_facts_never_raises_and_reads_fake_sysfs(tmp_path: Path) -> None:
     assert facts["npu"] == {"fdab0000.npu": {"cur_hz": 1000000000}}
     assert facts["board"] == "Radxa ROCK 5B"
     assert not math.isnan(facts["thermal"]["thermal_zone0"]["temp_c"])
+
+
+def test_error_rows_before_the_first_result_in_a_part_get_null_topk(tmp_path):
+    # The top-k width is learnt from the first successful row; rows before it stay null.
+    rng = np.random.default_rng(0)
+    writer = PredictionWriter(tmp_path, topk=3, rows_per_part=700)
+    expected = {}
+    for i in range(1500):
+        failed = i < 400 or i % 7 == 0
+        scores = rng.random((1, 50), dtype=np.float32)
+        expected[i] = None if failed else np.argsort(-scores[0], kind="stable")[:3].tolist()
+        writer.add(
+            index=i, id=f"x/{i}", label=None, label_name=None, core=None if failed else 0,
+            instance=0, attempt=1, latency_ms=1.0, read_ms=None, wait_ms=None,
+            error="boom" if failed else None, outputs=[scores],
+        )  # fmt: skip
+    writer.close()
+    rows = read_predictions(tmp_path).to_pylist()
+    assert [r["topk_index"] for r in rows] == [expected[i] for i in range(1500)]
+    assert [r["pred"] for r in rows] == [None if e is None else e[0] for e in expected.values()]

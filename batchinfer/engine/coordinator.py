@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import psutil
+import pyarrow as pa
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.preprocess import Preprocess
@@ -753,6 +754,23 @@ def _peak_rss_mb() -> float:
 
 
 @contextlib.contextmanager
+def _arrow_system_allocator():
+    """Let Arrow use malloc while the run lasts (restored afterwards).
+
+    Arrow's default allocator (mimalloc) keeps the pages of every Parquet part it wrote:
+    measured here, writing 8,192 rows grew the process by ~20 MB that it never gave back,
+    against ~2 MB with the system allocator. The coordinator's memory should depend on the
+    slots, not on how many parts it has written.
+    """
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+@contextlib.contextmanager
 def _signals_to(coord: Coordinator):
     """Route SIGINT/SIGTERM to ``coord.request_stop`` while the run lasts (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
@@ -776,6 +794,11 @@ def run(config: RunConfig) -> RunResult:
     Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
     before or while it runs; item failures are error rows, not exceptions.
     """
+    with _arrow_system_allocator():
+        return _run(config)
+
+
+def _run(config: RunConfig) -> RunResult:
     plan = plan_run(config)
     if plan.backend == "sim":
         sweep_dead_sim_states()

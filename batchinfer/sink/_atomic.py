@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,10 +62,13 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     fsync_dir(path.parent)
 
 
-def write_table_atomically(table: pa.Table, path: Path) -> None:
-    """Write ``table`` as Parquet to ``path`` whole or not at all (OutputWriteError on OSError)."""
+def write_table_atomically(table: pa.Table, path: Path, **parquet_options: Any) -> None:
+    """Write ``table`` as Parquet to ``path`` whole or not at all (OutputWriteError on OSError).
+
+    ``parquet_options`` go to ``pyarrow.parquet.write_table``.
+    """
     # Looked up at call time so tests can monkeypatch pq.write_table to simulate ENOSPC.
-    write_atomically(path, lambda f: pq.write_table(table, f))
+    write_atomically(path, lambda f: pq.write_table(table, f, **parquet_options))
 
 
 def write_bytes_atomically(data: bytes, path: Path) -> None:
