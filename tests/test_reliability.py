@@ -395,8 +395,6 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path, 
     assert killed
     assert any(w.startswith("reader 0 died (exit code -9)") for w in result.warnings)
     table = _exactly_once(result.out, 400)
-    errors = [r["error"] for r in table.to_pylist() if r["error"] is not None]
-    # The reader was either decoding an item (that item is an error row) or idle (none).
-    assert len(errors) <= 1
-    assert all("reader process died while decoding" in e for e in errors)
-    assert result.exit_code == (1 if errors else 0)
+    # The item it was decoding, if any, was charged one attempt and read again.
+    assert table["error"].null_count == 400
+    assert result.exit_code == 0

@@ -24,6 +24,7 @@ import logging
 import multiprocessing as mp
 import os
 import resource
+import select
 import shutil
 import signal
 import sys
@@ -33,7 +34,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,13 @@ class _Reader:
     slots: deque[int] = field(default_factory=deque)
 
 
+def _send(conn: Connection, message: tuple) -> None:
+    """Send to a child; if it has just died, say nothing: its sentinel will tell us, and
+    whatever was sent to it is still recorded as its own (in flight), so nothing is lost."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        conn.send(message)
+
+
 class _Interrupted(Exception):
     """A second SIGINT/SIGTERM: stop at once."""
 
@@ -162,6 +170,9 @@ class Coordinator:
         self.sdk_versions: dict[int, str | None] = {}
         self.collect_s = 0.0
         self.reader_deaths = 0
+        self._poller = select.poll()
+        self._watched: dict[int, tuple[str, _Worker | _Reader]] = {}
+        self._next_hang_check = 0.0
         self.sim_state: str | None = None
         self.progress = None
         self.writer: PredictionWriter | None = None  # made with the ring: it needs output shapes
@@ -218,6 +229,7 @@ class Coordinator:
 
     def _spawn_worker(self, w: _Worker) -> None:
         w.proc, w.tasks, w.results = self._spawn(worker_main, w.spec, f"batchinfer-core{w.core}")
+        self._watch(w, "worker")
         w.state, w.killed_for, w.restart_at = "starting", None, None
         w.starts += 1
         w.start_phase = f"loading the model (limit {_STARTUP_TIMEOUT_S:g} s)"
@@ -234,6 +246,18 @@ class Coordinator:
         r.proc, r.tasks, r.results = self._spawn(
             reader_main, r.spec, f"batchinfer-reader{r.spec.reader_id}"
         )
+        self._watch(r, "reader")
+
+    def _watch(self, child: _Worker | _Reader, kind: str) -> None:
+        """Poll ``child``'s result pipe and its process sentinel from now on."""
+        for fd, what in ((child.results.fileno(), kind), (child.proc.sentinel, kind + "_exit")):
+            self._watched[fd] = (what, child)
+            self._poller.register(fd, select.POLLIN)
+
+    def _unwatch(self, child: _Worker | _Reader) -> None:
+        for fd in [fd for fd, (_, c) in self._watched.items() if c is child]:
+            self._poller.unregister(fd)
+            del self._watched[fd]
 
     def _create_ring(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
         pre = self.plan.preprocess
@@ -334,7 +358,7 @@ class Coordinator:
         item = self.flights[slot].item
         reader = min(self.readers, key=lambda r: len(r.slots))
         reader.slots.append(slot)
-        reader.tasks.send(("read", slot, item.index, item.path))
+        _send(reader.tasks, ("read", slot, item.index, item.path))
 
     def _pick_worker(self, flight: _Flight, open_workers: list[_Worker]) -> _Worker | None:
         """The least loaded worker with room for ``flight``; a retry waits for a fresh core.
@@ -368,40 +392,37 @@ class Coordinator:
                 continue
             w.inflight.add(slot)
             self.stats.mark_dispatch(time.monotonic())
-            w.tasks.send(("infer", slot, self.flights[slot].item.index))
+            _send(w.tasks, ("infer", slot, self.flights[slot].item.index))
         self.ready.extendleft(reversed(waiting))
 
     # ------------------------------------------------------------------------------ events
     def _wait_and_handle(self, timeout: float) -> None:
-        """Handle whatever children sent or did within ``timeout`` seconds."""
-        sources: dict[Any, tuple[str, Any]] = {}
-        for w in self.workers.values():
-            if w.state in ("starting", "ready"):
-                sources[w.results] = ("worker", w)
-                sources[w.proc.sentinel] = ("worker_exit", w)
-        for r in self.readers:
-            sources[r.results] = ("reader", r)
-            sources[r.proc.sentinel] = ("reader_exit", r)
-        exits = []
-        for obj in wait(list(sources), timeout):
-            kind, who = sources[obj]
+        """Handle whatever children sent or did within ``timeout`` seconds.
+
+        One poll object lives as long as the run (children are added and removed as they
+        start and die): building a selector per wait cost more than the rest of the loop.
+        """
+        exits = {}
+        for fd, _ in self._poller.poll(timeout * 1000):
+            kind, child = self._watched.get(fd, (None, None))
             if kind == "worker":
-                self._drain_worker(who)
+                self._drain_worker(child)
             elif kind == "reader":
-                self._drain_reader(who)
-            else:
-                exits.append((kind, who))
+                self._drain_reader(child)
+            elif kind is not None:
+                exits[id(child)] = (kind, child)
         # Deaths are handled after every pipe is drained, so a child's last messages are
         # always counted before its death is.
-        for kind, who in exits:
+        for kind, child in exits.values():
             # The sentinel closes as the process exits; reaping it can lag a moment behind.
-            who.proc.join(_REAP_TIMEOUT_S)
+            child.proc.join(_REAP_TIMEOUT_S)
             if kind == "worker_exit":
-                self._drain_worker(who)
-                self._on_worker_exit(who)
+                self._drain_worker(child)
+                self._unwatch(child)
+                self._on_worker_exit(child)
             else:
-                self._drain_reader(who)
-                self._on_reader_exit(who)
+                self._drain_reader(child)
+                self._on_reader_exit(child)
 
     @staticmethod
     def _drain(conn: Connection, handle) -> None:
@@ -418,8 +439,9 @@ class Coordinator:
         self._drain(r.results, lambda msg: self._on_reader_message(r, msg))
 
     def _on_reader_exit(self, r: _Reader) -> None:
-        """A reader died (a decoder crash, the OOM killer): its current item is an error
-        row, the items queued behind it go to the readers again, and it is started anew."""
+        """A reader died (a decoder crash, the OOM killer): it is started anew, the item it
+        was decoding is charged an attempt (an error row once it has used them all, so a
+        file that crashes the decoder cannot stop the run), the others are read again."""
         code = r.proc.exitcode
         self.reader_deaths += 1
         if self.reader_deaths > _MAX_READER_DEATHS:
@@ -430,26 +452,28 @@ class Coordinator:
             )
         slots = list(r.slots)
         r.slots.clear()
+        self._unwatch(r)
         r.tasks.close()
         r.results.close()
         self._spawn_reader(r)
-        culprit = None
-        if slots:
-            culprit = self.flights[slots[0]].item.id
-            self.counts["input_errors"] += 1
-            self._write_error(
-                slots[0],
-                f"cannot read {culprit}: the reader process died while decoding it "
-                f"(exit code {code})",
-                attempt=0,
-            )
-        for slot in slots[1:]:
-            self._send_to_reader(slot)
+        culprit = self.flights[slots[0]].item.id if slots else None
         self.warn(
             f"reader {r.spec.reader_id} died (exit code {code})"
             + (f" while decoding {culprit}" if culprit else "")
             + "; started a new one."
         )
+        if slots:
+            flight = self.flights[slots[0]]
+            flight.failures.append(
+                f"cannot read {culprit}: the reader process died while decoding it "
+                f"(exit code {code})"
+            )
+            if len(flight.failures) >= self.cfg.max_attempts:
+                self.counts["input_errors"] += 1
+                self._write_error(slots[0], "; ".join(flight.failures), attempt=0)
+                slots = slots[1:]
+        for slot in slots:
+            self._send_to_reader(slot)
 
     def _on_reader_message(self, reader: _Reader, msg: tuple) -> None:
         _, slot, _index, read_ms, error = msg
@@ -493,7 +517,7 @@ class Coordinator:
         self.sdk_versions[w.core] = info.get("sdk_version")
         if self.ring is None:
             self._create_ring(info["outputs"])
-        w.tasks.send(("attach", self.ring.spec))
+        _send(w.tasks, ("attach", self.ring.spec))
         w.state = "ready"
         if not self.cfg.canary:
             return
@@ -587,6 +611,9 @@ class Coordinator:
                 self._spawn_worker(w)
 
     def _check_hangs(self, now: float) -> None:
+        if now < self._next_hang_check:
+            return
+        self._next_hang_check = now + _TICK_S
         for w in self.workers.values():
             if w.state == "starting" and w.killed_for is None and now > (w.start_deadline or now):
                 w.killed_for = f"{w.start_phase} hung while starting; worker killed"
