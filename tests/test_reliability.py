@@ -338,8 +338,10 @@ def test_sigkill_of_the_coordinator_then_resume_completes(demo_kit, tmp_path):
 def test_a_second_sigint_stops_at_once_and_still_releases_shared_memory(demo_kit, tmp_path):
     out = tmp_path / "o"
     proc = _start_cli(demo_kit, out, "--timeout-s", "30", "--sim-fault", "hang:core=0:call=5")
-    _wait_for_started(proc)
     # The hang keeps an item in flight, so the first SIGINT alone would wait for it.
+    for line in proc.stderr:
+        if "this call never returns" in line:
+            break
     proc.send_signal(signal.SIGINT)
     for line in proc.stderr:
         if "press Ctrl-C again" in line:

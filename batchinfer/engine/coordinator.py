@@ -856,36 +856,70 @@ def _run(config: RunConfig) -> RunResult:
     }
     write_manifest(plan.out, manifest)
     coord = Coordinator(plan)
-    status, error = "failed", None
-    try:
-        with _signals_to(coord):
-            coord.start()
-            log.info(
-                "started: %d items on cores %s (%s, %d instance(s) per core); results in %s",
-                plan.todo,
-                ",".join(str(c) for c in plan.cores),
-                plan.backend,
-                config.instances_per_core,
-                plan.out,
-            )
-            if config.progress:  # after start-up, so its rate counts only the run itself
-                from tqdm import tqdm
+    # Signal handlers stay in place until the manifest is written: a Ctrl-C during the
+    # shutdown only sets a flag, so it cannot leave segments or a half-written part behind.
+    with _signals_to(coord):
+        status, error = _drive(coord, plan)
+        exit_code, error = _finish(coord, plan, manifest, started, status, error)
+    if error is not None:
+        raise error
+    c = coord.counts
+    return RunResult(
+        out=plan.out,
+        status=status,
+        exit_code=exit_code,
+        total=len(plan.dataset),
+        skipped=plan.skipped,
+        succeeded=c["succeeded"],
+        errors=c["errors"],
+        summary=format_summary(coord.stats.table()),
+        warnings=coord.warnings,
+    )
 
-                coord.progress = tqdm(
-                    total=plan.todo, unit="item", dynamic_ncols=True, file=sys.stderr, smoothing=0.1
-                )
-            coord.loop()
-            status = "interrupted" if coord.stop_reason else "complete"
+
+def _drive(coord: Coordinator, plan: RunPlan) -> tuple[str, BatchinferError | None]:
+    """Start the workers and run the main loop; always stops the children: (status, error)."""
+    try:
+        coord.start()
+        log.info(
+            "started: %d items on cores %s (%s, %d instance(s) per core); results in %s",
+            plan.todo,
+            ",".join(str(c) for c in plan.cores),
+            plan.backend,
+            plan.config.instances_per_core,
+            plan.out,
+        )
+        if plan.config.progress:  # after start-up, so its rate counts only the run itself
+            from tqdm import tqdm
+
+            coord.progress = tqdm(
+                total=plan.todo, unit="item", dynamic_ncols=True, file=sys.stderr, smoothing=0.1
+            )
+        coord.loop()
+        return ("interrupted" if coord.stop_reason else "complete"), None
     except _Interrupted:
-        status = "interrupted"
+        return "interrupted", None
     except BatchinferError as e:
-        error = e
+        return "failed", e
     finally:
         coord.close()
         if coord.progress is not None:
             coord.progress.close()
-    # Whatever happened, write what we have: it is what --resume continues from. A write
-    # failure here (disk full) is reported, unless the run already failed for another reason.
+
+
+def _finish(
+    coord: Coordinator,
+    plan: RunPlan,
+    manifest: dict[str, Any],
+    started: float,
+    status: str,
+    error: BatchinferError | None,
+) -> tuple[int, BatchinferError | None]:
+    """Write rows, stats, timeline and the manifest, whatever happened: (exit code, error).
+
+    What is written is what --resume continues from. A write failure here (disk full) is
+    the run's error, unless it already failed for another reason.
+    """
     try:
         if coord.writer is not None:
             coord.writer.close()
@@ -894,7 +928,6 @@ def _run(config: RunConfig) -> RunResult:
     except OutputWriteError as e:
         error = error or e
         status = "failed"
-    table = coord.stats.table()
     c = coord.counts
     if status == "interrupted":
         exit_code = EXIT_INTERRUPTED
@@ -925,16 +958,4 @@ def _run(config: RunConfig) -> RunResult:
         write_manifest(plan.out, manifest)
     except OutputWriteError as e:
         error = error or e
-    if error is not None:
-        raise error
-    return RunResult(
-        out=plan.out,
-        status=status,
-        exit_code=exit_code,
-        total=len(plan.dataset),
-        skipped=plan.skipped,
-        succeeded=c["succeeded"],
-        errors=c["errors"],
-        summary=format_summary(table),
-        warnings=coord.warnings,
-    )
+    return exit_code, error
