@@ -30,6 +30,19 @@ def _sim(*faults: str, npu_ms: float = 0.2) -> SimOptions:
     return SimOptions(npu_ms=npu_ms, host_ms=0.0, faults=faults)
 
 
+def _run_digits(demo_kit, *faults: str, **config):
+    """Run the demo digits on the emulator (fast timing) with ``faults`` injected."""
+    return run(
+        RunConfig(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=_sim(*faults),
+            **config,
+        )
+    )
+
+
 def _exactly_once(out: Path, n: int):
     table = read_predictions(out)
     assert sorted(table["index"].to_pylist()) == list(range(n))
@@ -41,16 +54,14 @@ def _core_stats(out: Path) -> dict:
 
 
 def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_path):
-    result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=_sim("crash:core=1:call=50", "hang:core=2:call=80", "none:core=0:call=30"),
-            timeout_s=1.0,
-            limit=600,
-            out=tmp_path / "o",
-        )
+    result = _run_digits(
+        demo_kit,
+        "crash:core=1:call=50",
+        "hang:core=2:call=80",
+        "none:core=0:call=30",
+        timeout_s=1.0,
+        limit=600,
+        out=tmp_path / "o",
     )
     assert (result.status, result.exit_code, result.errors) == ("complete", 0, 0)
     table = _exactly_once(result.out, 600)
@@ -64,16 +75,7 @@ def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_p
 
 
 def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_path):
-    result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=_sim("crash:item=100"),
-            limit=300,
-            out=tmp_path / "o",
-        )
-    )
+    result = _run_digits(demo_kit, "crash:item=100", limit=300, out=tmp_path / "o")
     assert (result.status, result.exit_code, result.errors) == ("complete", 1, 1)
     table = _exactly_once(result.out, 300)
     errors = [r for r in table.to_pylist() if r["error"] is not None]
@@ -86,17 +88,7 @@ def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_pat
 
 
 def test_inference_returning_none_every_time_is_an_error_row_after_retries(demo_kit, tmp_path):
-    result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=_sim("none:item=7"),
-            limit=50,
-            max_attempts=3,
-            out=tmp_path / "o",
-        )
-    )
+    result = _run_digits(demo_kit, "none:item=7", limit=50, max_attempts=3, out=tmp_path / "o")
     assert result.exit_code == 1
     table = _exactly_once(result.out, 50)
     (row,) = [r for r in table.to_pylist() if r["error"] is not None]
@@ -137,16 +129,7 @@ def test_broken_files_become_error_rows_naming_the_file(demo_kit, tmp_path):
 
 
 def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_path):
-    result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=_sim("init:core=1"),
-            limit=100,
-            out=tmp_path / "o",
-        )
-    )
+    result = _run_digits(demo_kit, "init:core=1", limit=100, out=tmp_path / "o")
     assert result.exit_code == 0
     assert any(w.startswith("core 1 retired") for w in result.warnings)
     table = _exactly_once(result.out, 100)
@@ -157,32 +140,14 @@ def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_p
 
 def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
     with pytest.raises(NoCoreError, match="no NPU core could be started") as info:
-        run(
-            RunConfig(
-                dataset=demo_kit.dataset,
-                model=demo_kit.models["digits"],
-                backend="sim",
-                sim=_sim("init:core=0", "init:core=1"),
-                cores=(0, 1),
-                out=tmp_path / "o",
-            )
-        )
+        _run_digits(demo_kit, "init:core=0", "init:core=1", cores=(0, 1), out=tmp_path / "o")
     assert info.value.exit_code == 3
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and manifest["exit_code"] == 3
 
 
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):
-    result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=_sim("skew:core=2"),
-            limit=20,
-            out=tmp_path / "o",
-        )
-    )
+    result = _run_digits(demo_kit, "skew:core=2", limit=20, out=tmp_path / "o")
     canary = [w for w in result.warnings if "canary" in w]
     assert len(canary) == 1 and canary[0].startswith("core 2 ")
 
@@ -384,16 +349,7 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path, 
             os.kill(killed[0], signal.SIGKILL)
 
     monkeypatch.setattr(C.Coordinator, "_write_row", write_row_then_kill_a_reader)
-    result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=_sim(),
-            limit=400,
-            out=tmp_path / "o",
-        )
-    )
+    result = _run_digits(demo_kit, limit=400, out=tmp_path / "o")
     assert killed
     assert any(w.startswith("reader 0 died (exit code -9)") for w in result.warnings)
     table = _exactly_once(result.out, 400)
