@@ -356,3 +356,24 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path, 
     # The item it was decoding, if any, was charged one attempt and read again.
     assert table["error"].null_count == 400
     assert result.exit_code == 0
+
+
+def test_a_reader_stuck_past_the_timeout_is_killed_and_the_file_becomes_an_error_row(
+    demo_kit, tmp_path, monkeypatch
+):
+    from batchinfer.engine import coordinator as C
+
+    real_on_message = C.Coordinator._on_reader_message
+
+    def item_5_never_comes_back(self, reader, msg):
+        if msg[2] != 5:  # ("loaded", slot, index, ...): as if decoding item 5 never ended
+            real_on_message(self, reader, msg)
+
+    monkeypatch.setattr(C.Coordinator, "_on_reader_message", item_5_never_comes_back)
+    result = _run_digits(demo_kit, limit=40, timeout_s=0.5, out=tmp_path / "o")
+    assert result.exit_code == 1
+    table = _exactly_once(result.out, 40)
+    (row,) = [r for r in table.to_pylist() if r["error"] is not None]
+    assert row["index"] == 5 and row["core"] is None
+    assert row["error"].count("was stuck decoding") == 2  # tried twice (--max-attempts)
+    assert sum("was stuck decoding" in w for w in result.warnings) == 2

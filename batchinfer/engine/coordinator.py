@@ -132,6 +132,8 @@ class _Reader:
     # Slots sent to this reader, in order: it works through them one by one, so the first
     # is the one it is decoding now.
     slots: deque[int] = field(default_factory=deque)
+    head_since: float | None = None  # when it started on slots[0]: a decoder can hang too
+    killed_for: str | None = None
 
 
 def _send(conn: Connection, message: tuple) -> None:
@@ -357,6 +359,8 @@ class Coordinator:
     def _send_to_reader(self, slot: int) -> None:
         item = self.flights[slot].item
         reader = min(self.readers, key=lambda r: len(r.slots))
+        if not reader.slots:
+            reader.head_since = time.monotonic()
         reader.slots.append(slot)
         _send(reader.tasks, ("read", slot, item.index, item.path))
 
@@ -439,9 +443,10 @@ class Coordinator:
         self._drain(r.results, lambda msg: self._on_reader_message(r, msg))
 
     def _on_reader_exit(self, r: _Reader) -> None:
-        """A reader died (a decoder crash, the OOM killer): it is started anew, the item it
-        was decoding is charged an attempt (an error row once it has used them all, so a
-        file that crashes the decoder cannot stop the run), the others are read again."""
+        """A reader died (a decoder crash, the OOM killer, or killed by us when stuck past
+        --timeout-s): it is started anew, the item it was decoding is charged an attempt (an
+        error row once it has used them all, so a file that crashes or hangs the decoder
+        cannot stop the run), the others are read again."""
         code = r.proc.exitcode
         self.reader_deaths += 1
         if self.reader_deaths > _MAX_READER_DEATHS:
@@ -452,22 +457,19 @@ class Coordinator:
             )
         slots = list(r.slots)
         r.slots.clear()
+        culprit = self.flights[slots[0]].item.id if slots else None
+        what = r.killed_for or f"died (exit code {code})" + (
+            f" while decoding {culprit}" if culprit else ""
+        )
         self._unwatch(r)
         r.tasks.close()
         r.results.close()
+        r.killed_for = None
         self._spawn_reader(r)
-        culprit = self.flights[slots[0]].item.id if slots else None
-        self.warn(
-            f"reader {r.spec.reader_id} died (exit code {code})"
-            + (f" while decoding {culprit}" if culprit else "")
-            + "; started a new one."
-        )
+        self.warn(f"reader {r.spec.reader_id} {what}; started a new one.")
         if slots:
             flight = self.flights[slots[0]]
-            flight.failures.append(
-                f"cannot read {culprit}: the reader process died while decoding it "
-                f"(exit code {code})"
-            )
+            flight.failures.append(f"cannot read {culprit}: the reader process {what}")
             if len(flight.failures) >= self.cfg.max_attempts:
                 self.counts["input_errors"] += 1
                 self._write_error(slots[0], "; ".join(flight.failures), attempt=0)
@@ -477,7 +479,10 @@ class Coordinator:
 
     def _on_reader_message(self, reader: _Reader, msg: tuple) -> None:
         _, slot, _index, read_ms, error = msg
-        reader.slots.popleft()
+        was_head = reader.slots[0] == slot
+        reader.slots.remove(slot)
+        if was_head:
+            reader.head_since = time.monotonic() if reader.slots else None
         flight = self.flights[slot]
         flight.read_ms = read_ms
         flight.t_loaded = time.monotonic()
@@ -614,6 +619,15 @@ class Coordinator:
         if now < self._next_hang_check:
             return
         self._next_hang_check = now + _TICK_S
+        for r in self.readers:
+            if r.head_since is not None and now - r.head_since > self.cfg.timeout_s:
+                # Killed like a crashed decoder: _on_reader_exit charges the item it was on.
+                culprit = self.flights[r.slots[0]].item.id
+                r.killed_for = (
+                    f"was stuck decoding {culprit} for more than {self.cfg.timeout_s:g} s"
+                )
+                r.head_since = None
+                r.proc.kill()
         for w in self.workers.values():
             if w.state == "starting" and w.killed_for is None and now > (w.start_deadline or now):
                 w.killed_for = f"{w.start_phase} hung while starting; worker killed"
