@@ -246,10 +246,9 @@ class OnnxRKNNBase:
                 )
                 return None
             feeds = self._prepare_feeds(inputs, data_type, data_format, inputs_pass_through)
-            raw = self._execute(feeds)
-            if raw is None:
+            outputs = self._execute(feeds, reuse_outputs)
+            if outputs is None:
                 return None
-            outputs = self._deliver(raw, reuse_outputs)
         except _InferenceRejected as exc:
             self._log("E", f"inference: {exc}")
             return None
@@ -385,9 +384,9 @@ class OnnxRKNNBase:
         self.core_mask = core_mask
         return True
 
-    def _execute(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
-        """Run one call; None (after logging) for a failed call."""
-        return self._run_session(feeds)
+    def _execute(self, feeds: dict[str, np.ndarray], reuse_outputs: bool) -> list | None:
+        """Run one call and deliver its outputs; None (after logging) for a failed call."""
+        return self._deliver(self._run_session(feeds), reuse_outputs)
 
     def _after_release(self) -> None:
         """Drop whatever a subclass holds besides the session."""

@@ -433,7 +433,7 @@ class RKNNLite(OnnxRKNNBase):
             f"npu_ms={s.npu_ms:g}, host_ms={s.host_ms:g})"
         )
 
-    def _execute(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray] | None:
+    def _execute(self, feeds: dict[str, np.ndarray], reuse_outputs: bool) -> list | None:
         # The host phase starts when inference() was entered, so the emulator's own input
         # checks are part of host_ms rather than time on top of host_ms + npu_ms.
         host_done = self._call_started + self.settings.host_ms / 1000.0
@@ -449,6 +449,9 @@ class RKNNLite(OnnxRKNNBase):
         if self._skewed:
             # A small, deterministic per-core difference (airockchip/rknn-toolkit2#228).
             outputs = [o + np.float32(0.01) * (np.abs(o).max() or 1) for o in outputs]
+        # Outputs are staged while the emulated NPU still holds the core, so the call
+        # returns at its deadline rather than after our own copying.
+        outputs = self._deliver(outputs, reuse_outputs)
         _sleep_until(end)
         return outputs
 
