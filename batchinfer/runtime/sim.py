@@ -21,7 +21,8 @@ Time model
     busy_until)`` (``entry``: when inference() was called, so the emulator's own input
     checks count as host time) and sets ``busy_until = start + npu_ms``; it computes the
     ONNX outputs meanwhile and waits until that absolute deadline (sleeping, then yielding
-    for the last 0.1 ms), so a call ends within ~20 µs of it and no overshoot piles up.
+    for the last 0.1 ms), so a call ends close to it and no overshoot piles up
+    (``tools/bench_sim.py`` compares the emulator with this model).
     So k instances on one core reach at most ``min(k / (host_ms + npu_ms), 1 / npu_ms)``
     calls per second.
     Multi-core masks (NPU_CORE_0_1, NPU_CORE_0_1_2, NPU_CORE_ALL) model RKNN's
@@ -326,10 +327,10 @@ def _tight_timer_slack() -> None:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1, 0, 0, 0)
 
 
-# A timer wake-up lands some 50-70 µs late even with 1 ns slack (more on a loaded machine),
-# which would make every emulated 2 ms call 3 % slower than the NPU it stands for. So the
-# last stretch before a deadline yields the CPU in a loop instead of sleeping: a call then
-# ends within ~20 µs of its deadline, for at most _SPIN_S of CPU per call.
+# A timer wake-up lands late even with 1 ns slack: measured here, time.sleep(2 ms) took
+# 2.04 ms (median) on an idle machine, more on a loaded one, which would make every emulated
+# 2 ms call slower than the NPU it stands for. So the last stretch before a deadline yields
+# the CPU in a loop instead of sleeping, for at most _SPIN_S of CPU per call.
 _SPIN_S = 0.0001
 
 
