@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -309,13 +310,12 @@ class Coordinator:
         self._check_canaries()
         self.items = self._todo()
 
-    def _todo(self):
+    def _todo(self) -> Iterator[Item]:
+        """The items still to do, in dataset order: within --limit, not done before --resume."""
         done = self.plan.resume
-        for item in self.plan.dataset:
+        for item in self.plan.dataset.iter_from(skip=done.is_done if done else None):
             if self.cfg.limit is not None and item.index >= self.cfg.limit:
                 return
-            if done is not None and done.is_done(item.index):
-                continue
             yield item
 
     # ---------------------------------------------------------------------------- main loop
