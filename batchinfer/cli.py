@@ -17,6 +17,7 @@ import click
 
 from batchinfer import __version__
 from batchinfer.errors import BatchinferError
+from batchinfer.runtime.timing import parse_npu_ms
 
 _CORES_HELP = "NPU cores to use, e.g. 0,1,2 (default: every core of the chip)."
 
@@ -193,7 +194,12 @@ def main() -> None:
 @click.option(
     "--no-canary", is_flag=True, help="Skip the check that every core gives the same outputs."
 )
-@click.option("--sim-npu-ms", type=float, help="sim: NPU time per inference (default 2).")
+@click.option(
+    "--sim-npu-ms",
+    type=parse_npu_ms,
+    metavar="MS|estimate",
+    help="sim: NPU ms per inference (default 2), or 'estimate' from the model's graph.",
+)
 @click.option(
     "--sim-host-ms", type=float, help="sim: host time per inference, outside the NPU (default 4)."
 )
