@@ -16,12 +16,16 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import OutputWriteError
-from batchinfer.sink._atomic import write_error, write_table_atomically
+
+if TYPE_CHECKING:
+    from batchinfer.sink.manifest import RunManifest
+from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
 
 PREDICTIONS_DIR = "predictions"
 PART_GLOB = "part-*.parquet"
@@ -35,6 +39,8 @@ _CLOCK_EVERY = 32
 _BASE_FIELDS = [
     pa.field("index", pa.int64(), nullable=False),
     pa.field("id", pa.string()),
+    # The exact name when it is not valid UTF-8 (else null); ``id`` then shows it escaped.
+    pa.field("id_bytes", pa.binary()),
     pa.field("label", pa.int64()),
     pa.field("label_name", pa.string()),
     pa.field("core", pa.int16()),
@@ -50,12 +56,36 @@ _BASE_FIELDS = [
 ]
 _DICTIONARY_COLUMNS = ["label_name", "error"]
 # Scalar columns filled straight from add()'s keyword arguments, in schema order.
-_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS[:11]]
+_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS[:12]]
 
 
 def part_name(number: int) -> str:
     """The file name of part ``number``: ``part-00042.parquet``."""
     return f"part-{number:05d}.parquet"
+
+
+def safe_text(text: str) -> str:
+    """``text`` as valid UTF-8: surrogates (bytes of a non-UTF-8 file name) as ``\\xNN``.
+
+    Python keeps undecodable bytes of file names as lone surrogates, which Parquet cannot
+    store; an error message or class name that quotes such a name goes through here.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape") if _escapable(text) else None
+        if raw is not None:
+            return raw.decode("utf-8", "backslashreplace")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _escapable(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def part_number(path: Path) -> int:
@@ -141,6 +171,16 @@ class _Column:
         )
 
 
+def _text_array(values: list, value_type: pa.DataType) -> pa.Array:
+    """A string or binary column; strings Arrow refuses (lone surrogates) are escaped."""
+    try:
+        return pa.array(values, type=value_type)
+    except (UnicodeEncodeError, pa.ArrowException):
+        if not pa.types.is_string(value_type):
+            raise
+        return pa.array([None if v is None else safe_text(v) for v in values], type=value_type)
+
+
 def _list_array(chunks: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
     """One Arrow list column from per-row arrays (None -> null), without per-element Python."""
     lengths = np.fromiter((0 if c is None else c.size for c in chunks), np.int64, len(chunks))
@@ -167,6 +207,7 @@ class PredictionWriter:
         save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
         rows_per_part: int = 8192,
         first_part: int = 0,
+        ledger: RunManifest | None = None,
         flush_interval_s: float = 10.0,
         max_buffer_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
@@ -189,7 +230,9 @@ class PredictionWriter:
         self.max_buffer_bytes = max_buffer_bytes
         self._clock = clock
         self._next_part = first_part
+        self._ledger = ledger
         self._rows_written = 0
+        self._errors_written = 0
         self._parts_written: list[Path] = []
         self._closed = False
         self._adds_since_clock = 0
@@ -202,6 +245,11 @@ class PredictionWriter:
     def rows_written(self) -> int:
         """Rows that are in parts on disk (buffered rows not included)."""
         return self._rows_written
+
+    @property
+    def errors_written(self) -> int:
+        """Error rows that are in parts on disk."""
+        return self._errors_written
 
     @property
     def rows_buffered(self) -> int:
@@ -233,6 +281,7 @@ class PredictionWriter:
         wait_ms: float | None,
         error: str | None,
         outputs: Sequence[np.ndarray] | None,
+        id_bytes: bytes | None = None,
     ) -> None:
         """Buffer one row; writes a part when the buffer is full or the interval has passed.
 
@@ -245,7 +294,7 @@ class PredictionWriter:
         # Everything that can raise runs before the first append, so a refused row
         # leaves the column buffers the same length.
         pred, idx, score, saved = self._derive(outputs if error is None else None)
-        values = (index, id, label, label_name, core, instance, attempt)
+        values = (index, id, id_bytes, label, label_name, core, instance, attempt)
         values += (latency_ms, read_ms, wait_ms, error)
         for name, value in zip(_SCALAR_COLUMNS, values, strict=True):
             self._cols[name].append(value)
@@ -257,6 +306,7 @@ class PredictionWriter:
             self._topk_index.append(idx)
             self._topk_score.append(score)
         self._rows += 1
+        self._errors += error is not None
         for column, flat in zip(self._saved, saved, strict=True):
             column.append(flat)
             self._bytes += 0 if flat is None else flat.nbytes
@@ -272,21 +322,39 @@ class PredictionWriter:
     def flush(self) -> Path | None:
         """Write the buffered rows as the next part; returns its path (None if nothing to write).
 
-        On OSError raises OutputWriteError and keeps the rows, so calling flush() again
-        after space is freed writes them.
+        Any failure raises OutputWriteError and keeps the rows, so calling flush() again
+        after space is freed writes them. With a ledger, the part is recorded (rows and
+        checksum) before it is renamed into place.
         """
         self._adds_since_clock = 0
         if not self.rows_buffered:
             self._last_write = self._clock()
             return None
-        table = self._table()
         path = self.directory / part_name(self._next_part)
-        # Dictionary encoding only where values repeat: on unique columns (index, id, timings)
-        # it buys nothing, and its buffers grew the coordinator by ~6 MB per 8,192-row part.
-        write_table_atomically(table, path, use_dictionary=_DICTIONARY_COLUMNS)
+        errors = self._errors
+
+        def record(tmp: Path) -> None:
+            if self._ledger is not None:
+                self._ledger.record_part(
+                    path.name, rows=table.num_rows, errors=errors, sha256=file_sha256(tmp)
+                )
+
+        try:
+            table = self._table()
+            # Dictionary encoding only where values repeat: on unique columns (index, id,
+            # timings) it buys nothing, and its buffers grew the coordinator by ~6 MB per
+            # 8,192-row part.
+            write_table_atomically(
+                table, path, before_rename=record, use_dictionary=_DICTIONARY_COLUMNS
+            )
+        except OutputWriteError:
+            raise
+        except Exception as exc:  # a row Arrow refuses must not cost the others: keep them
+            raise write_error(path, exc) from exc
         self._parts_written.append(path)
         self._next_part += 1
         self._rows_written += table.num_rows
+        self._errors_written += errors
         self._reset_buffers()
         self._last_write = self._clock()
         return path
@@ -318,7 +386,9 @@ class PredictionWriter:
 
     def _reset_buffers(self) -> None:
         self._cols: dict[str, _Column | list] = {
-            f.name: [] if pa.types.is_string(f.type) else _Column(f.type.to_pandas_dtype())
+            f.name: []
+            if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
+            else _Column(f.type.to_pandas_dtype())
             for f in _BASE_FIELDS[: len(_SCALAR_COLUMNS)]
         }
         self._pred = _Column("int64")
@@ -328,6 +398,7 @@ class PredictionWriter:
         self._saved: list[list[np.ndarray | None]] = [[] for _ in self._outputs]
         self._bytes = 0
         self._rows = 0
+        self._errors = 0
 
     def _derive(
         self, outputs: Sequence[np.ndarray] | None
@@ -367,7 +438,7 @@ class PredictionWriter:
             if f.name in self._cols:
                 col = self._cols[f.name]
                 arrays.append(
-                    pa.array(col, type=f.type) if isinstance(col, list) else col.arrow(f.type)
+                    _text_array(col, f.type) if isinstance(col, list) else col.arrow(f.type)
                 )
         arrays.append(self._pred.arrow(pa.int64()))
         for col, value_type in ((self._topk_index, pa.int32()), (self._topk_score, pa.float32())):

@@ -13,6 +13,11 @@ one. Below 1 µs or above 1 h it is the exact min or max. ``max_ms`` is always e
 
 The timeline holds one counter pair per (core, second) that saw a completion, so it
 grows with the run's duration, not with its item count.
+
+Both files label their rows with ``invocation``: 0 for the run itself, 1 for its first
+``--resume``, and so on. A resume appends its own rows and keeps the earlier ones, so the
+files describe the whole run, one invocation at a time (percentiles and rates of different
+invocations cannot be merged honestly); an invocation that had nothing left to do adds none.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from batchinfer.sink._atomic import write_table_atomically
 
@@ -113,8 +120,9 @@ class CoreStatsRecorder:
     one. The two calls may come in either order.
     """
 
-    def __init__(self, cores: Sequence[int], instances_per_core: int) -> None:
+    def __init__(self, cores: Sequence[int], instances_per_core: int, invocation: int = 0) -> None:
         self.instances_per_core = instances_per_core
+        self.invocation = invocation
         self._cores: dict[int, _CoreCounters] = {int(c): _CoreCounters() for c in cores}
         # Items that never reached a core (input errors): total row only.
         self._no_core = _CoreCounters()
@@ -191,13 +199,21 @@ class CoreStatsRecorder:
         n = len(self._cores)
         row["utilization"] = busy / (wall * n) if wall and n else None
         rows.append(row)
+        for r in rows:
+            r["invocation"] = self.invocation
         return pa.Table.from_pylist(rows, schema=CORE_STATS_SCHEMA)
+
+    @property
+    def items(self) -> int:
+        """Items recorded so far, on every core and none."""
+        return sum(c.items for c in [*self._cores.values(), self._no_core])
 
     def timeline_table(self) -> pa.Table:
         """Completions and errors per core per second since the first dispatch."""
         keys = sorted(self._timeline, key=lambda k: (k[1], -1 if k[0] is None else k[0]))
         return pa.table(
             {
+                "invocation": pa.array([self.invocation] * len(keys), pa.int16()),
                 "core": pa.array([k[0] for k in keys], pa.int16()),
                 "second": pa.array([k[1] for k in keys], pa.int32()),
                 "completed": pa.array([self._timeline[k][0] for k in keys], pa.int64()),
@@ -238,6 +254,7 @@ class CoreStatsRecorder:
 
 CORE_STATS_SCHEMA = pa.schema(
     [
+        pa.field("invocation", pa.int16()),
         pa.field("core", pa.int16()),
         pa.field("instances", pa.int16()),
         pa.field("items", pa.int64()),
@@ -254,17 +271,33 @@ CORE_STATS_SCHEMA = pa.schema(
 )
 
 
+def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> pa.Table:
+    """``table`` after the rows of earlier invocations already in ``path``."""
+    if recorder.invocation > 0 and recorder.items == 0:
+        table = table.slice(0, 0)  # nothing was left to do: add no rows of zeros
+    if recorder.invocation == 0 or not path.exists():
+        return table
+    try:
+        earlier = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid):
+        return table  # unreadable: this invocation's rows are still worth writing
+    if "invocation" not in earlier.column_names:
+        return table
+    earlier = earlier.filter(pc.less(earlier["invocation"], recorder.invocation))
+    return pa.concat_tables([earlier.select(table.column_names).cast(table.schema), table])
+
+
 def write_core_stats(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
-    """Write OUT/core_stats.parquet atomically; returns its path (OutputWriteError on failure)."""
+    """Write OUT/core_stats.parquet atomically, keeping earlier invocations' rows."""
     path = Path(out_dir) / CORE_STATS_FILE
-    write_table_atomically(recorder.table(), path)
+    write_table_atomically(_with_earlier(path, recorder, recorder.table()), path)
     return path
 
 
 def write_timeline(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
-    """Write OUT/timeline.parquet atomically; returns its path (OutputWriteError on failure)."""
+    """Write OUT/timeline.parquet atomically, keeping earlier invocations' rows."""
     path = Path(out_dir) / TIMELINE_FILE
-    write_table_atomically(recorder.timeline_table(), path)
+    write_table_atomically(_with_earlier(path, recorder, recorder.timeline_table()), path)
     return path
 
 
