@@ -31,6 +31,9 @@ def _fail_cleanly(fn):
         except BatchinferError as e:
             click.echo(f"error: {e}", err=True)
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C outside a run (click would say "Aborted!", exit 1)
+            click.echo("error: interrupted; nothing was started.", err=True)
+            sys.exit(130)
 
     return wrapper
 

@@ -42,6 +42,16 @@ class OutputExistsError(UsageError):
     """The output folder exists and neither --resume nor --overwrite was given."""
 
 
+class OutputLockedError(UsageError):
+    """Another run holds the output folder."""
+
+
+class RunInterrupted(BatchinferError):
+    """SIGINT, SIGTERM or SIGHUP arrived before the run started: nothing was written."""
+
+    exit_code = 130
+
+
 class RunFailedError(BatchinferError):
     """The run started but could not proceed."""
 

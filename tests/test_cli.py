@@ -193,10 +193,10 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert_error(refused, 2, str(out.resolve()), "--resume", "--overwrite")
     assert pq.read_table(out / "predictions").num_rows == 200, "refusal must not touch OUT"
 
-    (out / "predictions" / "stale.txt").write_text("from before")
+    (out / "notes.txt").write_text("the user's, beside the results")
     again = invoke(*args, "--overwrite")
     assert again.exit_code == 0, again.output
-    assert not (out / "predictions" / "stale.txt").exists(), "--overwrite replaces the folder"
+    assert (out / "notes.txt").read_text() == "the user's, beside the results"
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["status"], manifest["counts"]["succeeded"]) == ("complete", 200)
 

@@ -180,6 +180,10 @@ def test_full_disk_while_writing_is_a_clear_error_and_the_run_resumes(
         run(config)
     assert info.value.exit_code == 3
     assert "No space left on device" in str(info.value)
+    # The manifest counts what is on disk, not what was collected before the disk filled.
+    counts = json.loads((tmp_path / "o" / "manifest.json").read_text())["counts"]
+    assert counts["written"] == counts["rows_on_disk"] == read_predictions(tmp_path / "o").num_rows
+    assert counts["rows_on_disk"] == 100 and counts["collected_not_written"] > 0
     monkeypatch.setattr(predictions, "write_table_atomically", real_write)
     result = run(RunConfig(**{**config.__dict__, "resume": True}))
     assert result.exit_code == 0

@@ -46,12 +46,19 @@ import pyarrow as pa
 from batchinfer.data.dataset import Item
 from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.plan import RunPlan, plan_run
+from batchinfer.engine.plan import RunPlan, plan_run, prepare_out
 from batchinfer.engine.reader import ReaderSpec, reader_main
 from batchinfer.engine.slots import RingSpec, SlotRing, TensorLayout, ring_spec
 from batchinfer.engine.worker import WorkerSpec, worker_main
-from batchinfer.errors import BatchinferError, NoCoreError, OutputWriteError, RunFailedError
-from batchinfer.sink.manifest import host_facts, model_sha256, write_manifest
+from batchinfer.errors import (
+    BatchinferError,
+    NoCoreError,
+    OutputWriteError,
+    RunFailedError,
+    RunInterrupted,
+)
+from batchinfer.sink.manifest import RunManifest, host_facts
+from batchinfer.sink.outdir import OutLock
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.stats import (
     CoreStatsRecorder,
@@ -151,8 +158,9 @@ class _Interrupted(Exception):
 class Coordinator:
     """Runs one :class:`RunPlan`; use :func:`run` rather than this class directly."""
 
-    def __init__(self, plan: RunPlan) -> None:
+    def __init__(self, plan: RunPlan, manifest: RunManifest) -> None:
         self.plan = plan
+        self.manifest = manifest
         self.cfg = plan.config
         self.ctx = mp.get_context("spawn")
         self.ring: SlotRing | None = None
@@ -179,7 +187,11 @@ class Coordinator:
         self.sim_state: str | None = None
         self.progress = None
         self.writer: PredictionWriter | None = None  # made with the ring: it needs output shapes
-        self.stats = CoreStatsRecorder(plan.cores, self.cfg.instances_per_core)
+        self.stats = CoreStatsRecorder(
+            plan.cores,
+            self.cfg.instances_per_core,
+            invocation=len(manifest.data["invocations"]) - 1,
+        )
 
     # ---------------------------------------------------------------- warnings and progress
     def warn(self, message: str) -> None:
@@ -274,7 +286,8 @@ class Coordinator:
         self.flights = [None] * spec.slots
         self.free = deque(range(spec.slots))
         self.writer = PredictionWriter(
-            self.plan.out,
+            self.plan.out.path,
+            ledger=self.manifest,
             topk=self.cfg.topk,
             rows_per_part=self.cfg.part_rows,
             save_outputs=[(f"output{i}", shape) for i, (shape, _) in enumerate(outputs)]
@@ -313,7 +326,9 @@ class Coordinator:
     def _todo(self) -> Iterator[Item]:
         """The items still to do, in dataset order: within --limit, not done before --resume."""
         done = self.plan.resume
-        for item in self.plan.dataset.iter_from(skip=done.is_done if done else None):
+        for item in self.plan.dataset.iter_from(
+            skip=done.is_done if done and done.done_keys.size else None
+        ):
             if self.cfg.limit is not None and item.index >= self.cfg.limit:
                 return
             yield item
@@ -699,6 +714,7 @@ class Coordinator:
         self.writer.add(
             index=item.index,
             id=item.id,
+            id_bytes=item.id_bytes,
             label=item.label,
             label_name=item.label_name,
             core=core,
@@ -811,21 +827,35 @@ def _arrow_system_allocator():
         pa.set_memory_pool(previous)
 
 
-@contextlib.contextmanager
-def _signals_to(coord: Coordinator):
-    """Route SIGINT/SIGTERM to ``coord.request_stop`` while the run lasts (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal, an ssh drop) for the whole of run().
 
-    def handler(signum, _frame):
-        coord.request_stop("interrupted by " + signal.Signals(signum).name)
+    Before the coordinator exists (planning, listing the dataset, preparing OUT) a signal
+    raises RunInterrupted (exit 130): nothing has started. Once it exists, a signal only
+    calls its ``request_stop``, which sets flags the main loop acts on between events, so
+    a signal never cuts a row, a part or the manifest in half. Main thread only (Python
+    delivers signals there); elsewhere it does nothing.
+    """
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.coordinator: Coordinator | None = None
+        self._old: dict = {}
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.coordinator is None:
+            raise RunInterrupted(f"interrupted by {name} before the run started")
+        self.coordinator.request_stop(f"interrupted by {name}")
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for s, h in self._old.items():
             signal.signal(s, h)
 
 
@@ -835,22 +865,33 @@ def run(config: RunConfig) -> RunResult:
     Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
     before or while it runs; item failures are error rows, not exceptions.
     """
-    with _arrow_system_allocator():
-        return _run(config)
+    with _arrow_system_allocator(), _StopSignals() as signals:
+        plan = plan_run(config)
+        lock = OutLock(plan.out.path, command=config.command)
+        try:
+            plan, continued = prepare_out(plan, lock)
+            return _run(plan, continued, signals)
+        finally:
+            lock.release()
 
 
-def _run(config: RunConfig) -> RunResult:
-    plan = plan_run(config)
+def _run(plan: RunPlan, continued: RunManifest | None, signals: _StopSignals) -> RunResult:
+    config = plan.config
     if plan.backend == "sim":
         sweep_dead_sim_states()
     started = time.time()
-    run_id = uuid.uuid4().hex[:12]
-    manifest: dict[str, Any] = {
-        "run_id": run_id,
+    invocation = {
+        "command": config.command,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "status": "running",
+        "pid": os.getpid(),
+    }
+    fields: dict[str, Any] = {
         "command": config.command,
         "config": config.to_json(),
         "model": str(plan.model),
-        "model_sha256": model_sha256(plan.model),
+        "model_sha256": plan.model_sha256,
+        "fingerprint": plan.fingerprint,
         "backend": plan.backend,
         "dataset": {
             "root": str(plan.dataset.root),
@@ -864,28 +905,33 @@ def _run(config: RunConfig) -> RunResult:
         "readers": plan.readers,
         "cpu_affinity": list(plan.cpus) if plan.cpus else None,
         "host": host_facts(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "started_at": invocation["started_at"],
         "status": "running",
         "pid": os.getpid(),
     }
-    write_manifest(plan.out, manifest)
-    coord = Coordinator(plan)
-    # Signal handlers stay in place until the manifest is written: a Ctrl-C during the
-    # shutdown only sets a flag, so it cannot leave segments or a half-written part behind.
-    with _signals_to(coord):
-        status, error = _drive(coord, plan)
-        exit_code, error = _finish(coord, plan, manifest, started, status, error)
+    if continued is None:
+        manifest = RunManifest.new(
+            plan.out.path, run_id=uuid.uuid4().hex[:12], invocations=[invocation], **fields
+        )
+    else:
+        manifest = continued
+        manifest.data.setdefault("invocations", []).append(invocation)
+        manifest.data.update(fields)
+    manifest.save()
+    coord = Coordinator(plan, manifest)
+    signals.coordinator = coord
+    status, error = _drive(coord, plan)
+    exit_code, error = _finish(coord, plan, started, status, error)
     if error is not None:
         raise error
-    c = coord.counts
     return RunResult(
-        out=plan.out,
+        out=plan.out.path,
         status=status,
         exit_code=exit_code,
         total=len(plan.dataset),
         skipped=plan.skipped,
-        succeeded=c["succeeded"],
-        errors=c["errors"],
+        succeeded=coord.writer.rows_written - coord.writer.errors_written if coord.writer else 0,
+        errors=coord.writer.errors_written if coord.writer else 0,
         summary=format_summary(coord.stats.table()),
         warnings=coord.warnings,
     )
@@ -901,7 +947,7 @@ def _drive(coord: Coordinator, plan: RunPlan) -> tuple[str, BatchinferError | No
             ",".join(str(c) for c in plan.cores),
             plan.backend,
             plan.config.instances_per_core,
-            plan.out,
+            plan.out.path,
         )
         if plan.config.progress:  # after start-up, so its rate counts only the run itself
             from tqdm import tqdm
@@ -924,7 +970,6 @@ def _drive(coord: Coordinator, plan: RunPlan) -> tuple[str, BatchinferError | No
 def _finish(
     coord: Coordinator,
     plan: RunPlan,
-    manifest: dict[str, Any],
     started: float,
     status: str,
     error: BatchinferError | None,
@@ -932,36 +977,50 @@ def _finish(
     """Write rows, stats, timeline and the manifest, whatever happened: (exit code, error).
 
     What is written is what --resume continues from. A write failure here (disk full) is
-    the run's error, unless it already failed for another reason.
+    the run's error, unless it already failed for another reason. The manifest's counts
+    are what is on disk, not what was collected.
     """
     try:
         if coord.writer is not None:
             coord.writer.close()
-        write_core_stats(plan.out, coord.stats)
-        write_timeline(plan.out, coord.stats)
+        write_core_stats(plan.out.path, coord.stats)
+        write_timeline(plan.out.path, coord.stats)
     except OutputWriteError as e:
         error = error or e
         status = "failed"
     c = coord.counts
+    written = coord.writer.rows_written if coord.writer else 0
+    errors = coord.writer.errors_written if coord.writer else 0
     if status == "interrupted":
         exit_code = EXIT_INTERRUPTED
     elif status == "complete":
-        exit_code = EXIT_ITEM_ERRORS if c["errors"] else EXIT_OK
+        exit_code = EXIT_ITEM_ERRORS if errors else EXIT_OK
     else:
         exit_code = error.exit_code if error else 3
-    manifest.update(
+    on_disk, errors_on_disk = coord.manifest.rows_on_disk()
+    counts = {
+        "dataset": len(plan.dataset),
+        "to_do": plan.todo,
+        "skipped_done": plan.skipped,
+        "written": written,
+        "succeeded": written - errors,
+        "errors": errors,
+        "input_errors": c["input_errors"],
+        "collected_not_written": c["succeeded"] + c["errors"] - written,
+        "rows_on_disk": on_disk,
+        "errors_on_disk": errors_on_disk,
+    }
+    finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    coord.manifest.data["invocations"][-1].update(
+        status=status, exit_code=exit_code, finished_at=finished, counts=counts
+    )
+    manifest_fields = dict(
         status=status,
         exit_code=exit_code,
         error=str(error) if error else None,
-        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        finished_at=finished,
         wall_s=round(time.time() - started, 3),
-        counts={
-            "dataset": len(plan.dataset),
-            "to_do": plan.todo,
-            "skipped_done": plan.skipped,
-            "written": c["succeeded"] + c["errors"],
-            **c,
-        },
+        counts=counts,
         sdk_versions={str(k): v for k, v in coord.sdk_versions.items()},
         retired_cores=[w.core for w in coord.workers.values() if w.state == "retired"],
         warnings=coord.warnings,
@@ -969,7 +1028,7 @@ def _finish(
         coordinator_peak_rss_mb=round(_peak_rss_mb(), 1),
     )
     try:
-        write_manifest(plan.out, manifest)
+        coord.manifest.update(**manifest_fields)
     except OutputWriteError as e:
         error = error or e
     return exit_code, error

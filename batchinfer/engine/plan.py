@@ -7,8 +7,8 @@ shared-memory segment exists, so a usage error leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,11 +18,20 @@ from batchinfer.data.preprocess import Preprocess, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.slots import sweep_dead_segments
-from batchinfer.errors import ModelError, OutputExistsError, OutputWriteError, UsageError
+from batchinfer.errors import ModelError, OutputWriteError, UsageError
 from batchinfer.runtime import describe_model, resolve_backend
 from batchinfer.runtime.constants import CHIP_CORES
-from batchinfer.sink.manifest import model_sha256, read_manifest
-from batchinfer.sink.resume import ResumeState, prepare_resume
+from batchinfer.sink.fingerprint import fingerprint_differences, run_fingerprint
+from batchinfer.sink.manifest import RunManifest, model_sha256
+from batchinfer.sink.outdir import (
+    OutFolder,
+    OutLock,
+    check_out,
+    check_separate,
+    clear_run,
+    inspect_out,
+)
+from batchinfer.sink.resume import ResumeState, prepare_resume, verify_parts
 
 
 @dataclass(frozen=True)
@@ -39,10 +48,12 @@ class RunPlan:
     slots: int
     readers: int
     cpus: tuple[int, ...] | None
-    out: Path
-    resume: ResumeState | None
-    todo: int
-    skipped: int
+    out: OutFolder
+    fingerprint: dict
+    model_sha256: str
+    resume: ResumeState | None = None
+    todo: int = 0
+    skipped: int = 0
 
     def preprocess_json(self) -> dict:
         return {
@@ -101,56 +112,69 @@ def _model_input(model: Path, config: RunConfig) -> tuple[tuple[int, ...], str]:
     return info.inputs[0].shape, info.inputs[0].dtype
 
 
-def _prepare_out(config: RunConfig) -> Path:
-    if config.out is None:
-        out = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-        n = 1
-        while out.exists():
-            n += 1
-            out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-    else:
-        out = Path(config.out)
-    out = out.resolve()
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(
-            f"--out {out} is a file, not a folder; pass the path of a folder to write results to."
+def _out_path(config: RunConfig) -> Path:
+    if config.out is not None:
+        return Path(os.path.abspath(Path(config.out).expanduser()))
+    out = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    n = 1
+    while out.exists():
+        n += 1
+        out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    return Path(os.path.abspath(out))
+
+
+def _runtime_files(model: Path) -> dict[str, str]:
+    """sha256 of the files a runtime reads beside a .rknn (its .onnx, conversion settings)."""
+    if model.suffix.lower() != ".rknn":
+        return {}
+    beside = [model.with_suffix(".onnx"), model.with_name(model.stem + ".config.json")]
+    return {p.name: model_sha256(p) for p in beside if p.is_file()}
+
+
+def _check_resume_fingerprint(folder: OutFolder, fingerprint: dict) -> None:
+    if folder.state != "run" or folder.manifest is None:
+        return
+    before = folder.manifest.data.get("fingerprint") or {}
+    differences = fingerprint_differences(before, fingerprint)
+    if differences:
+        raise UsageError(
+            f"--resume: the run in {folder.path} was made with a different "
+            + "; ".join(differences)
+            + ". Resume it with the settings it was started with, or start a new run "
+            "(another --out, or --overwrite)."
         )
-    if out.exists() and any(out.iterdir()) and not config.resume:
-        if not config.overwrite:
-            raise OutputExistsError(
-                f"output folder {out} already exists; pass --resume to continue that run, "
-                "--overwrite to replace it, or another --out."
-            )
-        if not (out / "manifest.json").exists() and not (out / "predictions").exists():
-            raise OutputExistsError(
-                f"output folder {out} exists and does not look like a batchinfer run, so "
-                "--overwrite will not delete it; pass another --out."
-            )
-        shutil.rmtree(out)
+
+
+def prepare_out(plan: RunPlan, lock: OutLock) -> tuple[RunPlan, RunManifest | None]:
+    """Take OUT's lock, then clear it (--overwrite) or verify it (--resume); nothing else.
+
+    Returns the plan with what is already done, and the manifest being continued (None
+    for a new run). OUT is inspected again under the lock: another run may have changed
+    it since planning.
+    """
+    cfg = plan.config
+    lock.acquire()
+    folder = inspect_out(plan.out.path)
+    check_out(folder, overwrite=cfg.overwrite, resume=cfg.resume, probe_lock=False)
+    manifest = None
+    resume = None
+    if folder.state == "run" and cfg.overwrite:
+        clear_run(folder)
+    elif folder.state == "run" and cfg.resume:
+        _check_resume_fingerprint(folder, plan.fingerprint)
+        manifest = folder.manifest
+        resume = prepare_resume(manifest)
     try:
-        (out / "predictions").mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        (folder.path / "predictions").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputWriteError(
-            f"output folder {out} is not writable ({e.strerror}); pass an --out you can write to."
+            f"output folder {folder.path} is not writable ({e.strerror}); pass an --out you "
+            "can write to."
         ) from e
-    return out
-
-
-def _check_resume_model(out: Path, model: Path) -> None:
-    if not (out / "manifest.json").exists():
-        return
-    try:
-        before = read_manifest(out).get("model_sha256")
-    except Exception:
-        return
-    if before and before != model_sha256(model):
-        raise UsageError(
-            f"--resume: the run in {out} was made with a different model file; resume it with "
-            "the same model, or start a new run with another --out."
-        )
+    n = len(plan.dataset) if cfg.limit is None else min(len(plan.dataset), cfg.limit)
+    skipped = 0 if resume is None else resume.done_below(n)
+    plan = dataclasses.replace(plan, out=folder, resume=resume, todo=n - skipped, skipped=skipped)
+    return plan, manifest
 
 
 def _check_faults(specs: tuple[str, ...], chip: str) -> None:
@@ -166,7 +190,15 @@ def _check_faults(specs: tuple[str, ...], chip: str) -> None:
 
 
 def plan_run(config: RunConfig) -> RunPlan:
-    """Check ``config`` and prepare OUT; raise a UsageError (exit 2) or a RunFailedError."""
+    """Check ``config`` against the machine, model, dataset and OUT; changes nothing.
+
+    Raises a UsageError (exit 2) for anything wrong with the invocation, including an OUT
+    this run may not use and a --resume whose settings differ from the run's.
+    """
+    # OUT first: a folder held by another run is refused before any slow check.
+    folder = inspect_out(_out_path(config))
+    check_separate(folder.path, Path(config.dataset).expanduser())
+    check_out(folder, overwrite=config.overwrite, resume=config.resume)
     model = Path(config.model).expanduser().resolve()
     if not model.is_file():
         raise ModelError(
@@ -224,14 +256,23 @@ def plan_run(config: RunConfig) -> RunPlan:
         slots = len(cores) * config.instances_per_core * 4 + readers * 2
     if slots < 2:
         raise UsageError(f"--slots must be at least 2, not {slots}.")
-    out = _prepare_out(config)
-    resume = None
-    if config.resume:
-        _check_resume_model(out, model)
-        resume = prepare_resume(out)
+    sha = model_sha256(model)
+    pre_json = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(preprocess).items()}
+    fingerprint = run_fingerprint(
+        model_sha256=sha,
+        runtime_files=_runtime_files(model),
+        backend=backend,
+        preprocess=pre_json,
+        topk=config.topk,
+        save_outputs=config.save_outputs,
+        dataset_root=str(dataset.root),
+        dataset_items=len(dataset),
+        dataset_listing_sha256=dataset.listing_sha256,
+    )
+    if config.resume and folder.manifest is not None:
+        _check_resume_fingerprint(folder, fingerprint)
+        verify_parts(folder.manifest)
     sweep_dead_segments()
-    n = len(dataset) if config.limit is None else min(len(dataset), config.limit)
-    skipped = 0 if resume is None else int((resume.done < n).sum())
     return RunPlan(
         config=config,
         backend=backend,
@@ -243,8 +284,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         slots=slots,
         readers=readers,
         cpus=cpus,
-        out=out,
-        resume=resume,
-        todo=n - skipped,
-        skipped=skipped,
+        out=folder,
+        fingerprint=fingerprint,
+        model_sha256=sha,
     )
