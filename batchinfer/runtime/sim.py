@@ -75,6 +75,7 @@ import onnxruntime
 from batchinfer.errors import UsageError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime._onnx_base import OnnxRKNNBase
+from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
 
 FAULT_KINDS = ("crash", "hang", "none", "init", "skew")
 # Faults that hold for every call on a core rather than firing at one call.
@@ -262,9 +263,9 @@ class _Board:
     """
 
     def __init__(self, state_dir: Path, chip: str) -> None:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_private_dir(state_dir)  # /tmp/batchinfer-sim-<uid> is a guessable name
         self.path = state_dir / f"{chip}.board"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = open_private_file(self.path)
         try:
             with self.locked():
                 if os.fstat(self._fd).st_size < _BOARD_SIZE:
