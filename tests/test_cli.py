@@ -114,7 +114,7 @@ def test_cores_that_are_not_numbers_are_a_click_usage_error(demo_kit, tmp_path):
     assert "Traceback" not in result.output
     # click's own usage-error format: a Usage line, a hint, then "Error: ...".
     assert result.stderr.strip().splitlines()[-1] == (
-        "Error: Invalid value for --cores: 'a,b' is not a comma-separated list of integers"
+        "Error: Invalid value for '--cores': 'a,b' is not a comma-separated list of integers"
     )
     assert not (tmp_path / "o").exists()
 
@@ -157,7 +157,7 @@ def test_a_worker_that_hangs_while_starting_is_timed_out_and_named(demo_kit, tmp
     args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o", "--limit", "20")
     argv = [sys.executable, "-m", "batchinfer", *map(str, args)]
     # Call 1 on core 0 is that worker's canary inference, made before it reports ready.
-    argv += ["--timeout-s", "1", "--sim-fault", "hang:core=0:call=1"]
+    argv += ["--inference-timeout-s", "1", "--sim-fault", "hang:core=0:call=1"]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
@@ -166,8 +166,8 @@ def test_a_worker_that_hangs_while_starting_is_timed_out_and_named(demo_kit, tmp
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGINT)  # the run stops cleanly and leaves nothing behind
         proc.communicate(timeout=60)
-        pytest.fail("a worker hanging at start-up held the run far beyond --timeout-s 1")
-    assert "core 0" in err and "hung" in err
+        pytest.fail("a worker hanging at start-up held the run far beyond --inference-timeout-s 1")
+    assert "core 0: the canary inference took longer than 1 s (the inference timeout)" in err
 
 
 # ---------------------------------------------------------------------------- OUT folder

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from batchinfer.cli.console import format_summary
 from batchinfer.errors import ModelError, OutputWriteError, UsageError
+from batchinfer.hostinfo import host_facts
 from batchinfer.sink import (
     CoreStatsRecorder,
     LatencyHistogram,
     PredictionWriter,
-    format_summary,
-    host_facts,
     model_sha256,
     prepare_resume,
     read_manifest,
@@ -204,7 +204,7 @@ def test_write_failure_keeps_rows_and_retry_succeeds(
         w.flush()
     msg = str(info.value)
     assert "part-00007.parquet" in msg and "No space left on device" in msg
-    assert "--resume" in msg
+    assert "output.resume" in msg
     assert part_files(tmp_path) == []  # no part, no leftover tmp
     assert w.rows_buffered == 5 and w.rows_written == 0
 

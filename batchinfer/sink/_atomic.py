@@ -30,7 +30,7 @@ def write_error(path: Path, exc: BaseException) -> OutputWriteError:
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return OutputWriteError(
         f"Could not write {path} ({reason}); free disk space or fix permissions, "
-        "then run again with --resume to continue where the run stopped."
+        "then run again with {output.resume} to continue where the run stopped."
     )
 
 

@@ -9,7 +9,12 @@ it: a resume may use other cores, for instance to leave out one that failed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from batchinfer.errors import UsageError
+
+if TYPE_CHECKING:
+    from batchinfer.sink.outdir import OutFolder
 
 #: Human names of the fingerprint's entries, in the order differences are reported.
 _LABELS = {
@@ -17,8 +22,8 @@ _LABELS = {
     "runtime_files": "files the runtime reads beside the model (sha256)",
     "backend": "backend",
     "preprocess": "preprocessing",
-    "topk": "--topk",
-    "save_outputs": "--save-outputs",
+    "topk": "{output.topk}",
+    "save_outputs": "{output.save_outputs}",
     "dataset_root": "dataset folder",
     "dataset_items": "number of dataset items",
     "dataset_listing_sha256": "dataset listing (the items' names, sha256)",
@@ -76,3 +81,18 @@ def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[st
         else:
             out.append(f"{label} {_short(a)} → {_short(b)}")
     return out
+
+
+def check_resume_fingerprint(folder: OutFolder, fingerprint: dict[str, Any]) -> None:
+    """UsageError naming every difference between the run in ``folder`` and this one."""
+    if folder.state != "run" or folder.manifest is None:
+        return
+    before = folder.manifest.data.get("fingerprint") or {}
+    differences = fingerprint_differences(before, fingerprint)
+    if differences:
+        raise UsageError(
+            f"{{output.resume}}: the run in {folder.path} was made with a different "
+            + "; ".join(differences)
+            + ". Resume it with the settings it was started with, or start a new run "
+            "(another {output.out}, or {output.overwrite})."
+        )

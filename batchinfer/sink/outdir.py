@@ -25,12 +25,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from batchinfer.errors import OutputExistsError, OutputLockedError, UsageError
+from batchinfer.errors import OutputExistsError, OutputLockedError, OutputWriteError, UsageError
 from batchinfer.sink._atomic import fsync_dir, tmp_path_for, write_error
 from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest, read_manifest
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
+
+if TYPE_CHECKING:
+    from batchinfer.sink.resume import ResumeState
 
 LOCK_FILE = ".batchinfer.lock"
 _RUN_FILES = (CORE_STATS_FILE, TIMELINE_FILE)
@@ -53,13 +57,15 @@ def inspect_out(path: Path) -> OutFolder:
         return OutFolder(path, "absent")
     if not path.is_dir():
         raise OutputExistsError(
-            f"--out {path} is a file, not a folder; pass the path of a folder to write results to."
+            f"{{output.out}} {path} is a file, not a folder; pass the path of a folder to write "
+            "results to."
         )
     try:
         entries = [e for e in os.listdir(path) if e != LOCK_FILE]
     except OSError as exc:
         raise OutputExistsError(
-            f"--out {path} cannot be read ({exc.strerror}); pass an --out you can write to."
+            f"{{output.out}} {path} cannot be read ({exc.strerror}); pass an output folder you "
+            "can write to."
         ) from exc
     if not entries:
         return OutFolder(path, "empty")
@@ -89,8 +95,8 @@ def check_separate(out: Path, dataset: Path) -> None:
     else:
         return
     raise UsageError(
-        f"--out {out} {where} ({dataset}); results and the dataset must not mix, so choose "
-        "an output folder outside the dataset."
+        f"{{output.out}} {out} {where} ({dataset}); results and the dataset must not mix, "
+        "so choose an output folder outside the dataset."
     )
 
 
@@ -102,8 +108,8 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
     path = folder.path
     if overwrite and resume:
         raise UsageError(
-            "--overwrite and --resume contradict each other (replace the run, or continue "
-            "it); pass one of them."
+            "{output.overwrite} and {output.resume} contradict each other (replace the run, or "
+            "continue it); pass one of them."
         )
     holder = lock_holder(path) if probe_lock and folder.state != "absent" else None
     if holder is not None:
@@ -111,25 +117,25 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
     if folder.state == "run":
         if not (overwrite or resume):
             raise OutputExistsError(
-                f"output folder {path} already holds a run; pass --resume to continue it, "
-                "--overwrite to replace it, or another --out."
+                f"output folder {path} already holds a run; pass {{output.resume}} to continue it, "
+                "{output.overwrite} to replace it, or another {output.out}."
             )
         if overwrite:
             _check_predictions_are_ours(folder)
     elif folder.state == "foreign":
         if resume:
             raise UsageError(
-                f"--resume: {path} is not a batchinfer run ({folder.why_foreign}), so there is "
-                "nothing to continue; pass the --out of an earlier run."
+                f"{{output.resume}}: {path} is not a batchinfer run ({folder.why_foreign}), so "
+                "there is nothing to continue; pass the output folder of an earlier run."
             )
         if overwrite:
             raise OutputExistsError(
                 f"output folder {path} exists and is not a batchinfer run "
-                f"({folder.why_foreign}), so --overwrite deletes nothing in it; pass another "
-                "--out."
+                f"({folder.why_foreign}), so {{output.overwrite}} deletes nothing in it; pass "
+                "another {output.out}."
             )
         raise OutputExistsError(
-            f"output folder {path} already exists and is not empty; pass another --out."
+            f"output folder {path} already exists and is not empty; pass another {{output.out}}."
         )
 
 
@@ -146,8 +152,9 @@ def _check_predictions_are_ours(folder: OutFolder) -> None:
         ]
         if strays:
             raise OutputExistsError(
-                f"{directory} holds {strays[0]!r}, which no batchinfer run wrote, so --overwrite "
-                "would leave it among the new results; move it out, then run again."
+                f"{directory} holds {strays[0]!r}, which no batchinfer run wrote, so "
+                "{output.overwrite} would leave it among the new results; move it out, then "
+                "run again."
             )
 
 
@@ -217,7 +224,8 @@ def _locked_message(path: Path, holder: dict) -> str:
     if command:
         what += f": {command}"
     return (
-        f"output folder {path} is in use by {what}; wait for it to finish, or pass another --out."
+        f"output folder {path} is in use by {what}; wait for it to finish, or pass another "
+        "{output.out}."
     )
 
 
@@ -267,3 +275,35 @@ class OutLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def claim(
+    folder: OutFolder, lock: OutLock, *, overwrite: bool, resume: bool, fingerprint: dict
+) -> tuple[OutFolder, RunManifest | None, ResumeState | None]:
+    """Take OUT's lock, then clear it (overwrite) or verify and clean it (resume).
+
+    OUT is inspected again under the lock: another run may have changed it since planning.
+    Returns OUT as it now is, the manifest being continued (None for a new run) and what
+    is already done.
+    """
+    from batchinfer.sink.fingerprint import check_resume_fingerprint
+    from batchinfer.sink.resume import prepare_resume
+
+    lock.acquire()
+    folder = inspect_out(folder.path)
+    check_out(folder, overwrite=overwrite, resume=resume, probe_lock=False)
+    continued, done = None, None
+    if folder.state == "run" and overwrite:
+        clear_run(folder)
+    elif folder.state == "run" and resume:
+        check_resume_fingerprint(folder, fingerprint)
+        continued = folder.manifest
+        done = prepare_resume(continued)
+    try:
+        (folder.path / PREDICTIONS_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputWriteError(
+            f"output folder {folder.path} is not writable ({e.strerror}); pass an "
+            "{output.out} you can write to."
+        ) from e
+    return folder, continued, done

@@ -26,6 +26,7 @@ from batchinfer.errors import OutputWriteError
 if TYPE_CHECKING:
     from batchinfer.sink.manifest import RunManifest
 from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.rows import Row
 
 PREDICTIONS_DIR = "predictions"
 PART_GLOB = "part-*.parquet"
@@ -266,47 +267,52 @@ class PredictionWriter:
         """Paths of the parts this writer has written, in order."""
         return list(self._parts_written)
 
-    def add(
-        self,
-        *,
-        index: int,
-        id: str,
-        label: int | None,
-        label_name: str | None,
-        core: int | None,
-        instance: int | None,
-        attempt: int,
-        latency_ms: float | None,
-        read_ms: float | None,
-        wait_ms: float | None,
-        error: str | None,
-        outputs: Sequence[np.ndarray] | None,
-        id_bytes: bytes | None = None,
-    ) -> None:
-        """Buffer one row; writes a part when the buffer is full or the interval has passed.
+    def add(self, **fields: object) -> None:
+        """Buffer one row given as keyword arguments (the fields of :class:`Row`).
 
-        On an error row (``error`` set) the outputs are ignored: pred, top-k and saved
-        outputs are null. If the triggered write fails, OutputWriteError is raised and
-        the row stays buffered.
+        Top-1 and top-k are derived from ``outputs`` when not given (the engine's collector
+        gives them, computed for a whole batch at once).
         """
+        row = Row(**{"id_bytes": None, **fields})  # type: ignore[arg-type]
+        if row.error is None and row.pred is None and row.outputs:
+            row.pred, row.topk_index, row.topk_score = self._top(row.outputs)
+        self.write([row])
+
+    def write(self, rows: list[Row]) -> None:
+        """Buffer rows (RowSink); writes a part when the buffer is full or the interval passed.
+
+        On an error row the outputs are ignored: pred, top-k and saved outputs are null.
+        If a triggered write fails, OutputWriteError is raised and the rows stay buffered.
+        """
+        for row in rows:
+            self._append(row)
+
+    def open(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
+        """RowSink: nothing to do, the schema was fixed when the writer was made."""
+
+    def _append(self, row: Row) -> None:
         if self._closed:
             raise ValueError("PredictionWriter is closed")
         # Everything that can raise runs before the first append, so a refused row
         # leaves the column buffers the same length.
-        pred, idx, score, saved = self._derive(outputs if error is None else None)
-        values = (index, id, id_bytes, label, label_name, core, instance, attempt)
-        values += (latency_ms, read_ms, wait_ms, error)
+        ok = row.error is None
+        saved = self._saved_outputs(row.outputs if ok else None)
+        idx = row.topk_index if ok else None
+        if idx is not None and self._topk_index is not None and idx.size != self._topk_index.width:
+            raise ValueError(f"row {row.index} has {idx.size} top-k classes, earlier rows fewer")
+        values = (row.index, row.id, row.id_bytes, row.label, row.label_name, row.core)
+        values += (row.instance, row.attempt, row.latency_ms, row.read_ms, row.wait_ms, row.error)
         for name, value in zip(_SCALAR_COLUMNS, values, strict=True):
             self._cols[name].append(value)
-        self._pred.append(pred)
+        self._pred.append(row.pred if ok else None)
         if idx is not None and self._topk_index is None:  # earlier rows had none: null
             self._topk_index = _Column("int32", idx.size, nulls=self._rows)
             self._topk_score = _Column("float32", idx.size, nulls=self._rows)
         if self._topk_index is not None:
             self._topk_index.append(idx)
-            self._topk_score.append(score)
+            self._topk_score.append(row.topk_score if idx is not None else None)
         self._rows += 1
-        self._errors += error is not None
+        self._errors += not ok
         for column, flat in zip(self._saved, saved, strict=True):
             column.append(flat)
             self._bytes += 0 if flat is None else flat.nbytes
@@ -400,23 +406,20 @@ class PredictionWriter:
         self._rows = 0
         self._errors = 0
 
-    def _derive(
-        self, outputs: Sequence[np.ndarray] | None
-    ) -> tuple[int | None, np.ndarray | None, np.ndarray | None, list[np.ndarray | None]]:
-        """Top-1, top-k and the flattened outputs to save for one row (all None on errors)."""
-        pred = idx = score = None
-        if outputs is not None and len(outputs) > 0:
-            first = np.asarray(outputs[0])
-            if first.size > 1:
-                if self.topk:
-                    idx, score = top_k(first, self.topk)
-                    pred = int(idx[0])
-                    if self._topk_index is not None and idx.size != self._topk_index.width:
-                        raise ValueError(
-                            f"output 0 has {first.size} values here but fewer or more before"
-                        )
-                else:
-                    pred = int(np.argmax(first))
+    def _top(
+        self, outputs: Sequence[np.ndarray]
+    ) -> tuple[int | None, np.ndarray | None, np.ndarray | None]:
+        """Top-1 and top-k of the first output (None when it is not a classification)."""
+        first = np.asarray(outputs[0])
+        if first.size <= 1:
+            return None, None, None
+        if not self.topk:
+            return int(np.argmax(first)), None, None
+        idx, score = top_k(first, self.topk)
+        return int(idx[0]), idx, score
+
+    def _saved_outputs(self, outputs: Sequence[np.ndarray] | None) -> list[np.ndarray | None]:
+        """The flattened outputs to save for one row (None on errors)."""
         saved: list[np.ndarray | None] = []
         for i, (name, shape, size) in enumerate(self._outputs):
             flat = None
@@ -430,7 +433,7 @@ class PredictionWriter:
                         f"output {name!r} has {flat.size} values, expected shape {shape}"
                     )
             saved.append(flat)
-        return pred, idx, score, saved
+        return saved
 
     def _table(self) -> pa.Table:
         arrays = []

@@ -87,7 +87,7 @@ def _listing(manifest: RunManifest) -> tuple[list[str], list[str]]:
         shown = ", ".join(repr(n) for n in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
         raise UsageError(
             f"{directory} holds {shown}, which no batchinfer run wrote; move it out of that "
-            "folder (nothing was changed), then run --resume again."
+            "folder (nothing was changed), then resume again."
         )
     parts = sorted((n for n in names if PART_RE.match(n)), key=_part_number)
     return parts, [n for n in names if _TMP_RE.match(n)]
@@ -104,7 +104,7 @@ def _verify(manifest: RunManifest, parts: list[str]) -> list[str]:
             raise UsageError(
                 f"{path} is not recorded in {manifest.out / MANIFEST_FILE}, so this run did not "
                 "write it (a copy, or a file from another run); move it out of that folder "
-                "(nothing was changed), then run --resume again."
+                "(nothing was changed), then resume again."
             )
         try:
             sha = file_sha256(path)
@@ -113,8 +113,8 @@ def _verify(manifest: RunManifest, parts: list[str]) -> list[str]:
         if sha != record["sha256"]:
             raise UsageError(
                 f"{path} does not match the checksum recorded when it was written (it was "
-                "changed or damaged); move it out of that folder (nothing was changed) and run "
-                "--resume again: its items will be run again."
+                "changed or damaged); move it out of that folder (nothing was changed) and resume "
+                "again: its items will be run again."
             )
         if record["state"] == "retired":
             retired.append(name)
@@ -236,7 +236,7 @@ def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
     except (OSError, pa.ArrowInvalid) as exc:
         raise RunFailedError(
             f"Prediction part {path} cannot be read ({exc}); move it out of that folder and run "
-            "--resume again to redo its items."
+            "resume again to redo its items."
         ) from exc
 
 

@@ -299,38 +299,3 @@ def write_timeline(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
     path = Path(out_dir) / TIMELINE_FILE
     write_table_atomically(_with_earlier(path, recorder, recorder.timeline_table()), path)
     return path
-
-
-def _fmt(value: float | int | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_summary(table: pa.Table) -> str:
-    """A fixed-width per-core summary for the terminal, the total row last (core "all")."""
-    header = ("core", "items", "errors", "restarts", "items/s", "util %", "p50 ms", "p99 ms")
-    lines = []
-    rows = table.to_pylist()
-    rows.sort(key=lambda r: (r["core"] is None, r["core"] or 0))
-    for r in rows:
-        util = None if r["utilization"] is None else 100 * r["utilization"]
-        lines.append(
-            (
-                "all" if r["core"] is None else str(r["core"]),
-                str(r["items"]),
-                str(r["errors"]),
-                str(r["restarts"]),
-                _fmt(r["items_per_s"], ".1f"),
-                _fmt(util, ".0f"),
-                _fmt(r["p50_ms"], ".2f"),
-                _fmt(r["p99_ms"], ".2f"),
-            )
-        )
-    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(header)]
-    out = [
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
-        )
-        for cells in [header, *lines]
-    ]
-    return "\n".join(out)
