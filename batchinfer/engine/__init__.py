@@ -5,7 +5,8 @@
 """
 
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.loop import Engine, EnginePlan, EngineResult
+from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.loop import Engine
 from batchinfer.engine.run import RunResult, run
 from batchinfer.options import (
     OutputOptions,

@@ -12,39 +12,29 @@ not blamed for the gap. The slot life cycle and shutdown order are in the NOTE o
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
+from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pool import Child, ChildPool, Exited, Message
-from batchinfer.engine.reader import ReaderSpec, reader_main
 from batchinfer.engine.scheduler import (
     CoreLoss,
     ReaderDeathsExceeded,
     Scheduler,
 )
 from batchinfer.engine.slots import (
-    BoardSpec,
-    RegionSpec,
-    RunOwner,
     SlotRegion,
     StatusBoard,
-    TensorLayout,
-    new_run_token,
-    segment_name,
     sweep_dead_segments,
 )
 from batchinfer.engine.sources import ItemSource
-from batchinfer.engine.worker import WorkerSpec, worker_main
+from batchinfer.engine.spawn import start_reader, start_worker
+from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
-from batchinfer.options import ReliabilityOptions
-from batchinfer.runtime.backends import Backend
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -52,39 +42,6 @@ log = logging.getLogger("batchinfer")
 
 _TICK_S = 0.1
 _JOIN_TIMEOUT_S = 5.0
-# A gap this much longer than a tick between two turns of the loop means the coordinator was
-# not running (stopped, or starved): deadlines move by the gap instead of firing.
-_SUSPENDED_S = 1.0
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """What the engine needs: validated settings (see plan.py), no paths to check."""
-
-    backend: Backend
-    cores: tuple[int, ...]
-    instances_per_core: int
-    preprocess: Preprocess
-    slots: int
-    readers: int
-    cpus: tuple[int, ...] | None
-    reliability: ReliabilityOptions
-    topk: int
-
-
-@dataclass
-class EngineResult:
-    """How a run ended and what it did."""
-
-    status: str  # complete | interrupted | failed
-    error: BatchinferError | None
-    counts: dict[str, int]
-    stats: CoreStatsRecorder
-    warnings: list[str]
-    sdk_versions: dict[int, str | None]
-    retired_cores: list[int]
-    backend: dict[str, Any] = field(default_factory=dict)
-    collect_s: float = 0.0
 
 
 class _HardStop(Exception):
@@ -116,6 +73,7 @@ class Engine:
         self.stats = stats or CoreStatsRecorder(plan.cores, plan.instances_per_core)
         self.collector = Collector(self.scheduler, sink, self.stats, self.notify, plan.topk, clock)
         self.pool = ChildPool(clock)
+        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, _TICK_S)
         self.canary = Canary()
         self.warnings: list[str] = []
         self.sdk_versions: dict[int, str | None] = {}
@@ -124,13 +82,12 @@ class Engine:
         self._drain_until = 0.0
         self._items = iter(())  # type: ignore[var-annotated]
         self._exhausted = False
-        self._last_tick = 0.0
         self._readers_n = readers
         self.backend = plan.backend
         self.inputs: SlotRegion | None = None
         self.outputs: SlotRegion | None = None
         self.board: StatusBoard | None = None
-        self._owner: RunOwner | None = None
+        self.memory: RunMemory | None = None
 
     # ------------------------------------------------------------------ observers
     def notify(self, event: object) -> None:
@@ -191,66 +148,22 @@ class Engine:
         )
 
     def _setup(self) -> None:
-        token = new_run_token()
-        self._owner = RunOwner(token)
-        pre = self.plan.preprocess
-        layout = TensorLayout((pre.shape,), (pre.dtype,))
-        self.inputs = SlotRegion.create(
-            RegionSpec(segment_name(token, "in"), self.plan.slots, layout)
+        plan = self.plan
+        self.memory = RunMemory(
+            plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._readers_n
         )
-        rows = len(self.plan.cores) * self.plan.instances_per_core + self._readers_n
-        self.board = StatusBoard.create(BoardSpec(segment_name(token, "board"), rows))
-        self._token = token
+        self.inputs, self.board = self.memory.inputs, self.memory.board
         for core in self.plan.cores:
             self._start_worker(core)
         for reader in range(self._readers_n):
             self._start_reader(reader)
         self.source.prefill(lambda slot: self.inputs[slot], self.plan.slots)
 
-    def _worker_spec(self, core: int) -> WorkerSpec:
-        pos = self.plan.cores.index(core)
-        return WorkerSpec(
-            core=core,
-            board_row=pos * self.plan.instances_per_core,
-            instances=self.plan.instances_per_core,
-            backend=self.backend,
-            inputs=self.inputs.spec,
-            board=self.board.spec,
-            input_layout=self.plan.preprocess.layout,
-            cpus=self.plan.cpus,
-            parent_pid=os.getpid(),
-        )
-
     def _start_worker(self, core: int) -> Child:
-        return self.pool.start(
-            "worker",
-            core,
-            worker_main,
-            self._worker_spec(core),
-            self.rel.startup_timeout_s,
-            f"loading the model took longer than {self.rel.startup_timeout_s:g} s "
-            "(the start-up timeout)",
-        )
+        return start_worker(self.pool, self.plan, self.memory, self.backend, core)
 
     def _start_reader(self, reader: int) -> Child:
-        spec = ReaderSpec(
-            reader_id=reader,
-            board_row=len(self.plan.cores) * self.plan.instances_per_core + reader,
-            inputs=self.inputs.spec,
-            board=self.board.spec,
-            preprocess=self.plan.preprocess,
-            kind=self.source.kind,
-            cpus=self.plan.cpus,
-            parent_pid=os.getpid(),
-        )
-        return self.pool.start(
-            "reader",
-            reader,
-            reader_main,
-            spec,
-            self.rel.startup_timeout_s,
-            f"starting took longer than {self.rel.startup_timeout_s:g} s (the start-up timeout)",
-        )
+        return start_reader(self.pool, self.plan, self.memory, self.source.kind, reader)
 
     def _start(self) -> None:
         """Wait until every core worker is ready or retired; then compare canaries.
@@ -315,8 +228,11 @@ class Engine:
         if self.hard_stop:
             raise _HardStop
         now = self.clock()
-        self._check_suspended(now)
-        self._check_hangs(now)
+        live = self.pool.live()
+        if self.watchdog.tick(now, live):
+            self._drain_until = max(self._drain_until, now + self.rel.drain_timeout_s)
+        for child, reason in self.watchdog.hung(now, live, self.board.snapshot()):
+            self.pool.kill(child, reason)
         for core in self.scheduler.restarts_due(now):
             self._start_worker(core)
 
@@ -405,10 +321,7 @@ class Engine:
         self.sdk_versions[child.key] = info.get("sdk_version")
         if self.outputs is None:
             shapes = [(tuple(s), "float32") for s, _ in info["outputs"]]
-            layout = TensorLayout(tuple(s for s, _ in shapes), tuple(d for _, d in shapes))
-            self.outputs = SlotRegion.create(
-                RegionSpec(segment_name(self._token, "out"), self.plan.slots, layout)
-            )
+            self.outputs = self.memory.create_outputs(shapes)
             self.collector.outputs = self.outputs
             self.sink.open(shapes)
         self.pool.send(child, ("attach", self.outputs.spec))
@@ -445,12 +358,15 @@ class Engine:
             self._on_worker_exit(child, {i for i, _ in working}, what)
 
     def _board_rows(self, child: Child) -> slice:
-        k = self.plan.instances_per_core
         if child.kind == "worker":
-            pos = self.plan.cores.index(child.key)
-            return slice(pos * k, (pos + 1) * k)
-        row = len(self.plan.cores) * k + child.key
+            return self.memory.worker_rows(child.key)
+        row = self.memory.reader_row(child.key)
         return slice(row, row + 1)
+
+    def _held_by(self, child: Child) -> int:
+        if child.kind == "worker":
+            return len(self.scheduler.cores[child.key].inflight)
+        return self.scheduler.held_by_reader(child.key)
 
     def _on_reader_exit(self, child: Child, working: list, what: str) -> None:
         culprit = None
@@ -486,60 +402,10 @@ class Engine:
             self.warn(f"core {child.key}: {what}{blame}; restarting it in {delay:.2g} s.")
             self.notify(ev.Restarted(child.key, what, delay))
 
-    # ------------------------------------------------------------------ time
-    def _check_suspended(self, now: float) -> None:
-        gap = now - self._last_tick if self._last_tick else 0.0
-        self._last_tick = now
-        if gap < _SUSPENDED_S + _TICK_S:
-            return
-        # We were not running for `gap` seconds: nobody made progress we could see, so move
-        # every clock that measures children by the same gap.
-        self._suspended_at = now
-        for child in self.pool.live():
-            child.last_progress += gap
-            if child.deadline is not None:
-                child.deadline += gap
-        self._drain_until += gap
-
-    def _check_hangs(self, now: float) -> None:
-        for child in self.pool.live():
-            if child.killed_for is not None:
-                continue
-            if child.deadline is not None and now > child.deadline:
-                self.pool.kill(child, f"{child.phase}; killed")
-        snapshot = self.board.snapshot()
-        resumed = getattr(self, "_suspended_at", 0.0)
-        k = self.plan.instances_per_core
-        for row, (index, started) in enumerate(snapshot):
-            if started <= 0:
-                continue
-            started = max(started, resumed)
-            is_worker = row < len(self.plan.cores) * k
-            limit = self.rel.inference_timeout_s if is_worker else self.rel.decode_timeout_s
-            if now - started <= limit:
-                continue
-            key = self.plan.cores[row // k] if is_worker else row - len(self.plan.cores) * k
-            child = self._child("worker" if is_worker else "reader", key)
-            if child is None or child.state != "ready" or child.killed_for is not None:
-                continue
-            if is_worker:
-                reason = (
-                    f"inference of item {int(index)} hung for more than {limit:g} s (the "
-                    "inference timeout); worker killed"
-                )
-            else:
-                reason = f"was stuck for more than {limit:g} s (the decode timeout)"
-            self.pool.kill(child, reason)
-
     # ------------------------------------------------------------------ shutdown
     def _close(self) -> None:
         """Shutdown steps 3-4 of the NOTE in slots.py; the sink is closed by the caller."""
         self.pool.close(self.hard_stop, _JOIN_TIMEOUT_S)
-        for region in (self.inputs, self.outputs):
-            if region is not None:
-                region.close(unlink=True)
-        if self.board is not None:
-            self.board.close(unlink=True)
-        if self._owner is not None:
-            self._owner.close()
+        if self.memory is not None:
+            self.memory.close()
         self.backend.end_run()

@@ -18,7 +18,7 @@ from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.data.preprocess import Preprocess, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.loop import EnginePlan
+from batchinfer.engine.interface import EnginePlan
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ReliabilityOptions, RuntimeOptions
 from batchinfer.runtime import describe_model
