@@ -13,7 +13,7 @@ from runs import config, exit_code, fast_sim
 
 from batchinfer import run
 from batchinfer.demo import load_digits
-from batchinfer.sink.resume import read_predictions
+from batchinfer.results import read_predictions
 
 FAST_SIM = fast_sim()
 

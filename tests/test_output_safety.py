@@ -24,8 +24,8 @@ from click.testing import CliRunner, Result
 from models import nchw_float_model
 
 from batchinfer.cli import main
+from batchinfer.results import read_predictions
 from batchinfer.runtime import constants as C
-from batchinfer.sink.resume import read_predictions
 
 FAST = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
 

@@ -25,7 +25,7 @@ from runs import config, exit_code, fast_sim
 from batchinfer import run
 from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
 from batchinfer.errors import NoCoreError, OutputWriteError, SharedMemoryError
-from batchinfer.sink.resume import read_predictions
+from batchinfer.results import read_predictions
 
 
 def _run_digits(demo_kit, *faults: str, **settings):

@@ -15,6 +15,7 @@ import pytest
 from batchinfer.cli.console import format_summary
 from batchinfer.errors import ModelError, OutputWriteError, UsageError
 from batchinfer.hostinfo import host_facts
+from batchinfer.results import read_predictions
 from batchinfer.sink import (
     CoreStatsRecorder,
     LatencyHistogram,
@@ -22,7 +23,6 @@ from batchinfer.sink import (
     model_sha256,
     prepare_resume,
     read_manifest,
-    read_predictions,
     top_k,
     write_core_stats,
     write_manifest,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from batchinfer.sink.manifest import RunManifest, model_sha256, read_manifest, write_manifest
 from batchinfer.sink.predictions import PredictionWriter, prediction_schema, top_k
-from batchinfer.sink.resume import ResumeState, prepare_resume, read_predictions
+from batchinfer.sink.resume import ResumeState, prepare_resume
 from batchinfer.sink.stats import (
     CoreStatsRecorder,
     LatencyHistogram,
@@ -26,7 +26,6 @@ __all__ = [
     "prediction_schema",
     "prepare_resume",
     "read_manifest",
-    "read_predictions",
     "top_k",
     "write_core_stats",
     "write_manifest",

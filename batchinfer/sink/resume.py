@@ -12,7 +12,6 @@ exact file name), never by position, so no row can describe another file.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -23,13 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from batchinfer.errors import RunFailedError, UsageError
 from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
 from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest
-from batchinfer.sink.predictions import PREDICTIONS_DIR, part_name, prediction_schema
+from batchinfer.sink.predictions import PREDICTIONS_DIR, part_name
 
 log = logging.getLogger(__name__)
 
@@ -222,14 +220,6 @@ def prepare_resume(manifest: RunManifest) -> ResumeState:
     )
 
 
-def _parts(directory: Path) -> list[Path]:
-    """The part files in ``directory``, in part-number order."""
-    if not directory.is_dir():
-        return []
-    names = [n for n in os.listdir(directory) if PART_RE.match(n)]
-    return [directory / n for n in sorted(names, key=_part_number)]
-
-
 def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
     try:
         return pq.read_table(path, columns=columns)
@@ -238,20 +228,3 @@ def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
             f"Prediction part {path} cannot be read ({exc}); move it out of that folder and run "
             "resume again to redo its items."
         ) from exc
-
-
-def read_predictions(out_dir: Path) -> pa.Table:
-    """Every prediction row under OUT/predictions/, sorted by index (empty table if none).
-
-    In a run folder only the parts its manifest's ledger vouches for are read, so a stray
-    or half-replaced file never adds rows; elsewhere every ``part-NNNNN.parquet``.
-    """
-    parts = _parts(Path(out_dir) / PREDICTIONS_DIR)
-    with contextlib.suppress(UsageError):
-        live = {n for n, p in RunManifest.load(out_dir).parts.items() if p["state"] == "live"}
-        parts = [p for p in parts if p.name in live]
-    if not parts:
-        return prediction_schema().empty_table()
-    tables = [_read(path) for path in parts]
-    table = pa.concat_tables(tables, promote_options="default")
-    return table.take(pc.sort_indices(table, sort_keys=[("index", "ascending")]))

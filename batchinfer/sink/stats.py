@@ -120,9 +120,16 @@ class CoreStatsRecorder:
     one. The two calls may come in either order.
     """
 
-    def __init__(self, cores: Sequence[int], instances_per_core: int, invocation: int = 0) -> None:
+    def __init__(
+        self,
+        cores: Sequence[int],
+        instances_per_core: int,
+        invocation: int = 0,
+        percentiles: Sequence[float] = PERCENTILES,
+    ) -> None:
         self.instances_per_core = instances_per_core
         self.invocation = invocation
+        self.percentiles = tuple(percentiles)
         self._cores: dict[int, _CoreCounters] = {int(c): _CoreCounters() for c in cores}
         # Items that never reached a core (input errors): total row only.
         self._no_core = _CoreCounters()
@@ -201,7 +208,7 @@ class CoreStatsRecorder:
         rows.append(row)
         for r in rows:
             r["invocation"] = self.invocation
-        return pa.Table.from_pylist(rows, schema=CORE_STATS_SCHEMA)
+        return pa.Table.from_pylist(rows, schema=core_stats_schema(self.percentiles))
 
     @property
     def items(self) -> int:
@@ -226,8 +233,8 @@ class CoreStatsRecorder:
             return None
         return max(0.0, last_done - self._t0)
 
-    @staticmethod
     def _row(
+        self,
         core: int | None,
         instances: int,
         c: _CoreCounters,
@@ -247,28 +254,78 @@ class CoreStatsRecorder:
             "utilization": busy / wall if wall else None,
             "max_ms": latency.max if latency.n else None,
         }
-        for q in PERCENTILES:
-            row[f"p{q}_ms"] = latency.percentile(q)
+        for q in self.percentiles:
+            row[percentile_column(q)] = latency.percentile(q)
         return row
 
 
-CORE_STATS_SCHEMA = pa.schema(
-    [
-        pa.field("invocation", pa.int16()),
-        pa.field("core", pa.int16()),
-        pa.field("instances", pa.int16()),
-        pa.field("items", pa.int64()),
-        pa.field("errors", pa.int64()),
-        pa.field("restarts", pa.int64()),
-        pa.field("busy_s", pa.float64()),
-        pa.field("wall_s", pa.float64()),
-        pa.field("items_per_s", pa.float64()),
-        pa.field("utilization", pa.float64()),
-        *[pa.field(f"p{q}_ms", pa.float64()) for q in PERCENTILES],
-        pa.field("max_ms", pa.float64()),
-    ],
-    metadata={b"batchinfer.percentile_rel_error": f"{PERCENTILE_REL_ERROR:.6f}".encode()},
-)
+def percentile_column(q: float) -> str:
+    """The column of percentile ``q``: 50 -> p50_ms, 99.9 -> p99_9_ms."""
+    return f"p{q:g}_ms".replace(".", "_")
+
+
+def core_stats_schema(percentiles: Sequence[float] = PERCENTILES) -> pa.Schema:
+    """The schema of core_stats.parquet for the given latency percentiles."""
+    return pa.schema(
+        [
+            pa.field("invocation", pa.int16()),
+            pa.field("core", pa.int16()),
+            pa.field("instances", pa.int16()),
+            pa.field("items", pa.int64()),
+            pa.field("errors", pa.int64()),
+            pa.field("restarts", pa.int64()),
+            pa.field("busy_s", pa.float64()),
+            pa.field("wall_s", pa.float64()),
+            pa.field("items_per_s", pa.float64()),
+            pa.field("utilization", pa.float64()),
+            *[pa.field(percentile_column(q), pa.float64()) for q in percentiles],
+            pa.field("max_ms", pa.float64()),
+        ],
+        metadata={b"batchinfer.percentile_rel_error": f"{PERCENTILE_REL_ERROR:.6f}".encode()},
+    )
+
+
+CORE_STATS_SCHEMA = core_stats_schema()
+
+
+def windowed_throughput(timeline: pa.Table, window_s: int) -> pa.Table:
+    """Completions per second per core in windows of ``window_s`` seconds of a timeline.
+
+    Columns: core (null: all cores), window (0, 1, ...), start_s, items, items_per_s.
+    A window with no completion on a core is a row with 0 items, so a stall shows.
+    """
+    if window_s < 1:
+        raise ValueError("window_s must be at least 1")
+    seconds = timeline.column("second").to_numpy()
+    completed = timeline.column("completed").to_numpy()
+    cores = timeline.column("core").to_pylist()
+    n = int(seconds.max()) // window_s + 1 if len(seconds) else 0
+    rows = []
+    for core in [*sorted({c for c in cores if c is not None}), None]:
+        mask = np.ones(len(cores), bool) if core is None else np.array([c == core for c in cores])
+        counts = np.bincount(seconds[mask] // window_s, weights=completed[mask], minlength=n)
+        for w, items in enumerate(counts[:n]):
+            rows.append(
+                {
+                    "core": core,
+                    "window": w,
+                    "start_s": w * window_s,
+                    "items": int(items),
+                    "items_per_s": float(items) / window_s,
+                }
+            )
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                pa.field("core", pa.int16()),
+                pa.field("window", pa.int32()),
+                pa.field("start_s", pa.int32()),
+                pa.field("items", pa.int64()),
+                pa.field("items_per_s", pa.float64()),
+            ]
+        ),
+    )
 
 
 def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> pa.Table:
