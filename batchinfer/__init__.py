@@ -10,12 +10,23 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["RunConfig", "RunResult", "SimOptions", "__version__", "run"]
+_ENGINE = (
+    "Engine",
+    "OutputOptions",
+    "PreprocessOptions",
+    "ReliabilityOptions",
+    "RunConfig",
+    "RunResult",
+    "RuntimeOptions",
+    "SimOptions",
+    "run",
+)
+__all__ = [*_ENGINE, "__version__"]
 
 
 def __getattr__(name: str):
     # Imported on first use, so `import batchinfer` stays cheap for reader/worker processes.
-    if name in ("RunConfig", "RunResult", "SimOptions", "run"):
+    if name in _ENGINE:
         from batchinfer import engine
 
         return getattr(engine, name)

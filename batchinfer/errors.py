@@ -13,17 +13,51 @@ with its ``exit_code``. Exit codes are a contract with schedulers:
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
+_FIELD_RE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+
 
 class BatchinferError(Exception):
-    """Base of every error batchinfer raises on purpose."""
+    """Base of every error batchinfer raises on purpose.
+
+    Its message may name settings as ``{group.setting}``: ``str()`` shows the field name
+    (``runtime.slots``), and each front end renders its own with :meth:`render` (the CLI
+    shows ``--slots``).
+    """
 
     exit_code = 3
+
+    def render(self, name: Callable[[str], str]) -> str:
+        """The message with every ``{field}`` replaced by ``name(field)``."""
+        return render_fields(str(self.args[0]) if self.args else "", name)
+
+    def __str__(self) -> str:
+        return self.render(lambda field: field)
 
 
 class UsageError(BatchinferError):
     """A bad invocation or configuration: nothing ran."""
 
     exit_code = 2
+
+
+def render_fields(text: str, name: Callable[[str], str]) -> str:
+    """``text`` with every ``{group.setting}`` replaced by ``name(setting)``.
+
+    Messages of the library (errors and warnings) name settings this way; the CLI renders
+    them as flags, a job file as keys.
+    """
+    return _FIELD_RE.sub(lambda m: name(m.group(1)), text)
+
+
+class ConfigError(UsageError):
+    """A setting is wrong; ``fields`` lists the settings at fault, the main one first."""
+
+    def __init__(self, template: str, *fields: str) -> None:
+        super().__init__(template)
+        self.fields = fields or tuple(_FIELD_RE.findall(template))
 
 
 class DatasetError(UsageError):
@@ -40,6 +74,16 @@ class RuntimeUnavailableError(UsageError):
 
 class OutputExistsError(UsageError):
     """The output folder exists and neither --resume nor --overwrite was given."""
+
+
+class OutputLockedError(UsageError):
+    """Another run holds the output folder."""
+
+
+class RunInterrupted(BatchinferError):
+    """SIGINT, SIGTERM or SIGHUP arrived before the run started: nothing was written."""
+
+    exit_code = 130
 
 
 class RunFailedError(BatchinferError):

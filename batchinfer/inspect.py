@@ -7,28 +7,36 @@ import io
 from pathlib import Path
 
 from batchinfer.errors import BatchinferError, ModelError
-from batchinfer.runtime import describe_model, resolve_backend, runtime_class
-from batchinfer.runtime.adapter import RuntimeAdapter
-from batchinfer.runtime.constants import NPU_CORE_AUTO
+from batchinfer.options import RuntimeOptions
+from batchinfer.runtime import describe_model
+from batchinfer.runtime.backends import Backend, resolve_name
 from batchinfer.runtime.model_info import onnx_beside
 
 
-def _runtime_facts(model: Path, backend: str) -> tuple[str | None, object]:
+def _runtime_facts(backend: Backend) -> tuple[str | None, object]:
     """The runtime's SDK/driver text and its supported platforms (None where it says none)."""
-    rknn = runtime_class(backend)()
-    adapter = RuntimeAdapter(rknn, core=None, model=model)
+    adapter = backend.instance(None)
     try:
-        adapter.load()
-        adapter.init(NPU_CORE_AUTO)
         sdk = adapter.sdk_version()
         with contextlib.redirect_stdout(io.StringIO()):  # it prints what it returns
             try:
-                platforms = rknn.list_support_target_platform(rknn_model=str(model))
+                platforms = adapter.rknn.list_support_target_platform(rknn_model=str(backend.model))
             except Exception:  # the real one may raise where the manual says None
                 platforms = None
         return sdk, platforms
     finally:
         adapter.release()
+
+
+def _platform_lines(platforms: object) -> list[str]:
+    """RKNNLite's platform dict as lines a person reads ("filled: RK3588")."""
+    if not isinstance(platforms, dict):
+        return [f"platforms: {platforms}"]
+    lines = ["platforms:"]
+    for key, value in platforms.items():
+        shown = ", ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else value
+        lines.append(f"  {str(key).replace('_', ' ')}: {shown or '-'}")
+    return lines
 
 
 def model_report(model: Path, backend: str = "auto") -> str:
@@ -38,7 +46,7 @@ def model_report(model: Path, backend: str = "auto") -> str:
         raise ModelError(
             f"model file {model} does not exist; pass the path of a .rknn or .onnx file."
         )
-    concrete = resolve_backend(backend, model)
+    concrete = resolve_name(backend, model)
     lines = [f"model:   {model}", f"runtime: {concrete}" + (" (auto)" if backend == "auto" else "")]
     try:
         info = describe_model(model)
@@ -54,12 +62,14 @@ def model_report(model: Path, backend: str = "auto") -> str:
                 layout = f"  layout {t.layout}" if t.layout else ""
                 lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
     try:
-        sdk, platforms = _runtime_facts(model, concrete)
+        from batchinfer.runtime.backends import make_backend
+
+        sdk, platforms = _runtime_facts(make_backend(model, RuntimeOptions(backend=concrete)))
     except BatchinferError as e:
         lines.append(f"version: unavailable ({e})")
     else:
         lines.append("version:")
         lines.extend(f"  {line}" for line in (sdk or "unknown").splitlines())
         if platforms:
-            lines.append(f"platforms: {platforms}")
+            lines.extend(_platform_lines(platforms))
     return "\n".join(lines)

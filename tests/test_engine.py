@@ -9,12 +9,13 @@ import numpy as np
 import onnxruntime as ort
 import pyarrow.parquet as pq
 import pytest
+from runs import config, exit_code, fast_sim
 
-from batchinfer import RunConfig, SimOptions, run
+from batchinfer import run
 from batchinfer.demo import load_digits
-from batchinfer.sink.resume import read_predictions
+from batchinfer.results import read_predictions
 
-FAST_SIM = SimOptions(npu_ms=0.2, host_ms=0.0)
+FAST_SIM = fast_sim()
 
 
 def _expected_preds() -> np.ndarray:
@@ -35,14 +36,14 @@ def _original_index(ids) -> np.ndarray:
 
 def test_onnx_run_writes_every_digit_once_with_the_models_accuracy(demo_kit, tmp_path):
     result = run(
-        RunConfig(
+        config(
             dataset=demo_kit.dataset,
             model=demo_kit.models["digits"],
             cores=(0, 1, 2),
             out=tmp_path / "out",
         )
     )
-    assert (result.status, result.exit_code, result.errors) == ("complete", 0, 0)
+    assert (result.status, exit_code(result), result.errors) == ("complete", 0, 0)
     table = read_predictions(result.out)
     assert table.num_rows == 1797
     assert sorted(table["index"].to_pylist()) == list(range(1797))
@@ -77,15 +78,15 @@ def test_backends_and_core_sets_agree_on_every_item(demo_kit, tmp_path):
         ("sim-0", "sim", (0,)),
     ):
         result = run(
-            RunConfig(
+            config(
                 dataset=demo_kit.dataset,
                 model=demo_kit.models["digits"],
                 backend=backend,
                 cores=cores,
                 out=tmp_path / name,
                 limit=400,
-                sim=FAST_SIM,
                 instances_per_core=2,
+                **({"sim": FAST_SIM} if backend == "sim" else {}),
             )
         )
         table = read_predictions(result.out)
@@ -100,7 +101,7 @@ def test_backends_and_core_sets_agree_on_every_item(demo_kit, tmp_path):
 
 def test_save_outputs_and_topk(demo_kit, tmp_path):
     result = run(
-        RunConfig(
+        config(
             dataset=demo_kit.dataset,
             model=demo_kit.models["digits"],
             out=tmp_path / "o",
@@ -125,7 +126,7 @@ def test_npy_dataset_through_pool224(demo_kit, tmp_path):
 
     make_npy_dataset(tmp_path / "npy", 30)
     result = run(
-        RunConfig(
+        config(
             dataset=tmp_path / "npy",
             model=demo_kit.models["pool224"],
             backend="sim",
@@ -145,7 +146,7 @@ def test_npy_dataset_through_pool224(demo_kit, tmp_path):
 @pytest.mark.parametrize("readers", [1, 2])
 def test_more_readers_and_few_slots_still_write_every_item(demo_kit, tmp_path, readers):
     result = run(
-        RunConfig(
+        config(
             dataset=demo_kit.dataset,
             model=demo_kit.models["digits"],
             backend="sim",

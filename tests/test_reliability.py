@@ -6,6 +6,7 @@ happens at a known call or item, and every test checks that each item ends in ex
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -19,26 +20,23 @@ from pathlib import Path
 import psutil
 import pyarrow.parquet as pq
 import pytest
+from runs import config, exit_code, fast_sim
 
-from batchinfer import RunConfig, SimOptions, run
+from batchinfer import run
 from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
 from batchinfer.errors import NoCoreError, OutputWriteError, SharedMemoryError
-from batchinfer.sink.resume import read_predictions
+from batchinfer.results import read_predictions
 
 
-def _sim(*faults: str, npu_ms: float = 0.2) -> SimOptions:
-    return SimOptions(npu_ms=npu_ms, host_ms=0.0, faults=faults)
-
-
-def _run_digits(demo_kit, *faults: str, **config):
+def _run_digits(demo_kit, *faults: str, **settings):
     """Run the demo digits on the emulator (fast timing) with ``faults`` injected."""
     return run(
-        RunConfig(
+        config(
             dataset=demo_kit.dataset,
             model=demo_kit.models["digits"],
             backend="sim",
-            sim=_sim(*faults),
-            **config,
+            sim=fast_sim(*faults),
+            **settings,
         )
     )
 
@@ -63,7 +61,7 @@ def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_p
         limit=600,
         out=tmp_path / "o",
     )
-    assert (result.status, result.exit_code, result.errors) == ("complete", 0, 0)
+    assert (result.status, exit_code(result), result.errors) == ("complete", 0, 0)
     table = _exactly_once(result.out, 600)
     assert table["error"].null_count == 600
     stats = _core_stats(result.out)
@@ -76,7 +74,7 @@ def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_p
 
 def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_path):
     result = _run_digits(demo_kit, "crash:item=100", limit=300, out=tmp_path / "o")
-    assert (result.status, result.exit_code, result.errors) == ("complete", 1, 1)
+    assert (result.status, exit_code(result), result.errors) == ("complete", 1, 1)
     table = _exactly_once(result.out, 300)
     errors = [r for r in table.to_pylist() if r["error"] is not None]
     assert [r["index"] for r in errors] == [100]
@@ -89,7 +87,7 @@ def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_pat
 
 def test_inference_returning_none_every_time_is_an_error_row_after_retries(demo_kit, tmp_path):
     result = _run_digits(demo_kit, "none:item=7", limit=50, max_attempts=3, out=tmp_path / "o")
-    assert result.exit_code == 1
+    assert exit_code(result) == 1
     table = _exactly_once(result.out, 50)
     (row,) = [r for r in table.to_pylist() if r["error"] is not None]
     assert row["index"] == 7 and row["attempt"] == 3
@@ -108,15 +106,15 @@ def test_broken_files_become_error_rows_naming_the_file(demo_kit, tmp_path):
     png = good[0].read_bytes()
     (data / "3" / "truncated.png").write_bytes(png[: len(png) // 2])
     result = run(
-        RunConfig(
+        config(
             dataset=data,
             model=demo_kit.models["digits"],
             backend="sim",
-            sim=_sim(),
+            sim=fast_sim(),
             out=tmp_path / "o",
         )
     )
-    assert (result.exit_code, result.errors, result.succeeded) == (1, 3, 20)
+    assert (exit_code(result), result.errors, result.succeeded) == (1, 3, 20)
     table = _exactly_once(result.out, 23)
     errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
     assert set(errors) == {"3/empty.png", "3/text.png", "3/truncated.png"}
@@ -130,7 +128,7 @@ def test_broken_files_become_error_rows_naming_the_file(demo_kit, tmp_path):
 
 def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_path):
     result = _run_digits(demo_kit, "init:core=1", limit=100, out=tmp_path / "o")
-    assert result.exit_code == 0
+    assert exit_code(result) == 0
     assert any(w.startswith("core 1 retired") for w in result.warnings)
     table = _exactly_once(result.out, 100)
     assert set(table["core"].to_pylist()) == {0, 2}
@@ -143,7 +141,7 @@ def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
         _run_digits(demo_kit, "init:core=0", "init:core=1", cores=(0, 1), out=tmp_path / "o")
     assert info.value.exit_code == 3
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and manifest["exit_code"] == 3
+    assert manifest["status"] == "failed" and "no NPU core could be started" in manifest["error"]
 
 
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):
@@ -167,22 +165,27 @@ def test_full_disk_while_writing_is_a_clear_error_and_the_run_resumes(
         real_write(table, path, **options)
 
     monkeypatch.setattr(predictions, "write_table_atomically", write_until_full)
-    config = RunConfig(
+    cfg = config(
         dataset=demo_kit.dataset,
         model=demo_kit.models["digits"],
         backend="sim",
-        sim=_sim(),
+        sim=fast_sim(),
         limit=400,
         part_rows=50,
         out=tmp_path / "o",
     )
-    with pytest.raises(OutputWriteError, match="--resume") as info:
-        run(config)
+    with pytest.raises(OutputWriteError, match=r"output\.resume") as info:
+        run(cfg)
     assert info.value.exit_code == 3
     assert "No space left on device" in str(info.value)
+    # The manifest counts what is on disk, not what was collected before the disk filled.
+    counts = json.loads((tmp_path / "o" / "manifest.json").read_text())["counts"]
+    assert counts["written"] == counts["rows_on_disk"] == read_predictions(tmp_path / "o").num_rows
+    assert counts["rows_on_disk"] == 100 and counts["collected_not_written"] > 0
     monkeypatch.setattr(predictions, "write_table_atomically", real_write)
-    result = run(RunConfig(**{**config.__dict__, "resume": True}))
-    assert result.exit_code == 0
+    resumed = dataclasses.replace(cfg.output, resume=True)
+    result = run(dataclasses.replace(cfg, output=resumed))
+    assert exit_code(result) == 0
     assert result.skipped == 100  # the two parts that made it to disk
     _exactly_once(result.out, 400)
 
@@ -208,7 +211,7 @@ def test_shm_space_is_checked_with_numbers_and_a_remedy():
     with pytest.raises(SharedMemoryError) as info:
         check_free_space(1 << 60)
     message = str(info.value)
-    assert "MiB" in message and "--slots" in message and "--shm-size" in message
+    assert "MiB" in message and "runtime.slots" in message and "--shm-size" in message
     assert info.value.exit_code == 3
 
 
@@ -302,7 +305,8 @@ def test_sigkill_of_the_coordinator_then_resume_completes(demo_kit, tmp_path):
 
 def test_a_second_sigint_stops_at_once_and_still_releases_shared_memory(demo_kit, tmp_path):
     out = tmp_path / "o"
-    proc = _start_cli(demo_kit, out, "--timeout-s", "30", "--sim-fault", "hang:core=0:call=5")
+    hang = ["--inference-timeout-s", "30", "--sim-fault", "hang:core=0:call=5"]
+    proc = _start_cli(demo_kit, out, *hang)
     # The hang keeps an item in flight, so the first SIGINT alone would wait for it.
     for line in proc.stderr:
         if "this call never returns" in line:
@@ -319,61 +323,92 @@ def test_a_second_sigint_stops_at_once_and_still_releases_shared_memory(demo_kit
     # no_leaks checks that no segment of the (now dead) coordinator and no child is left
 
 
-def test_emulator_state_of_dead_coordinators_is_swept(tmp_path, monkeypatch):
+def test_emulator_state_of_runs_that_are_gone_is_swept(tmp_path):
     import tempfile
 
-    from batchinfer.engine.coordinator import sweep_dead_sim_states
+    from batchinfer.options import SimOptions
+    from batchinfer.runtime.backends import SimBackend, sweep_sim_states
 
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = tmp_path / f"batchinfer-sim-{dead.pid}-x1"
-    live = tmp_path / f"batchinfer-sim-{os.getpid()}-x2"
-    per_user = tmp_path / "batchinfer-sim-0"  # the emulator's default board: never swept
-    for d in (stale, live, per_user):
-        d.mkdir()
-    sweep_dead_sim_states()
-    assert not stale.exists() and live.exists() and per_user.exists()
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path)
+    try:
+        live = SimBackend(Path("m.onnx"), SimOptions()).for_run()  # holds its owner lock
+        dead = SimBackend(Path("m.onnx"), SimOptions()).for_run()
+        os.close(dead._owner_fd)  # as if its coordinator had died: nobody holds the lock
+        per_user = tmp_path / "batchinfer-sim-0"  # the emulator's default board: never swept
+        per_user.mkdir()
+        swept = sweep_sim_states(tmp_path)
+        assert swept == [Path(dead.state_dir)]
+        assert Path(live.state_dir).exists() and per_user.exists()
+        live.end_run()
+        assert not Path(live.state_dir).exists()
+    finally:
+        tempfile.tempdir = old
 
 
-def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path, monkeypatch):
-    from batchinfer.engine import coordinator as C
+class _KillReaderAfter:
+    """An observer that SIGKILLs reader 0 once ``n`` rows are done, as the OOM killer would."""
 
-    real_write_row = C.Coordinator._write_row
-    killed = []
+    def __init__(self, n: int) -> None:
+        self.n, self.done, self.readers, self.killed = n, 0, {}, []
 
-    def write_row_then_kill_a_reader(self, slot, **kw):
-        real_write_row(self, slot, **kw)
-        if self.counts["succeeded"] == 100 and not killed:  # mid-run, as the OOM killer would
-            killed.append(self.readers[0].proc.pid)
-            os.kill(killed[0], signal.SIGKILL)
+    def notify(self, event) -> None:
+        from batchinfer.engine import events as ev
 
-    monkeypatch.setattr(C.Coordinator, "_write_row", write_row_then_kill_a_reader)
-    result = _run_digits(demo_kit, limit=400, out=tmp_path / "o")
-    assert killed
+        if isinstance(event, ev.ChildReady) and event.kind == "reader":
+            self.readers[event.key] = event.pid
+        elif isinstance(event, ev.RowsDone):
+            self.done += len(event.rows)
+            if self.done >= self.n and not self.killed:
+                self.killed.append(self.readers[0])
+                os.kill(self.readers[0], signal.SIGKILL)
+
+
+def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path):
+    killer = _KillReaderAfter(100)
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(),
+        limit=400,
+        out=tmp_path / "o",
+    )
+    result = run(cfg, observers=[killer])
+    assert killer.killed
     assert any(w.startswith("reader 0 died (exit code -9)") for w in result.warnings)
     table = _exactly_once(result.out, 400)
     # The item it was decoding, if any, was charged one attempt and read again.
     assert table["error"].null_count == 400
-    assert result.exit_code == 0
+    assert exit_code(result) == 0
 
 
-def test_a_reader_stuck_past_the_timeout_is_killed_and_the_file_becomes_an_error_row(
-    demo_kit, tmp_path, monkeypatch
+def test_a_file_that_blocks_on_open_becomes_an_error_row_and_costs_no_reader_limit(
+    demo_kit, tmp_path
 ):
-    from batchinfer.engine import coordinator as C
-
-    real_on_message = C.Coordinator._on_reader_message
-
-    def item_5_never_comes_back(self, reader, msg):
-        if msg[2] != 5:  # ("loaded", slot, index, ...): as if decoding item 5 never ended
-            real_on_message(self, reader, msg)
-
-    monkeypatch.setattr(C.Coordinator, "_on_reader_message", item_5_never_comes_back)
-    result = _run_digits(demo_kit, limit=40, timeout_s=0.5, out=tmp_path / "o")
-    assert result.exit_code == 1
-    table = _exactly_once(result.out, 40)
-    (row,) = [r for r in table.to_pylist() if r["error"] is not None]
-    assert row["index"] == 5 and row["core"] is None
-    assert row["error"].count("was stuck decoding") == 2  # tried twice (--max-attempts)
-    assert sum("was stuck decoding" in w for w in result.warnings) == 2
+    data = tmp_path / "data"
+    (data / "3").mkdir(parents=True)
+    for path in sorted(demo_kit.dataset.glob("3/*.png"))[:30]:
+        shutil.copy(path, data / "3" / path.name)
+    # A FIFO nobody writes to, behind an image name: open() blocks for ever, like a file
+    # on a dead network mount. Seven of them: more than MAX_READER_DEATHS / max_attempts.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for i in range(7):
+        (data / "3" / f"hang-{i}.png").symlink_to(fifo)
+    cfg = config(
+        dataset=data,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(),
+        decode_timeout_s=0.5,
+        out=tmp_path / "o",
+    )
+    result = run(cfg)
+    assert exit_code(result) == 1
+    table = _exactly_once(result.out, 37)
+    errors = [r for r in table.to_pylist() if r["error"] is not None]
+    assert sorted(r["id"] for r in errors) == [f"3/hang-{i}.png" for i in range(7)]
+    for row in errors:
+        assert row["core"] is None
+        assert row["error"].count("was stuck for more than 0.5 s") == 2  # max_attempts

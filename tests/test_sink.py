@@ -12,22 +12,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from batchinfer.cli.console import format_summary
 from batchinfer.errors import ModelError, OutputWriteError, UsageError
+from batchinfer.hostinfo import host_facts
+from batchinfer.results import read_predictions
 from batchinfer.sink import (
     CoreStatsRecorder,
     LatencyHistogram,
     PredictionWriter,
-    format_summary,
-    host_facts,
     model_sha256,
     prepare_resume,
     read_manifest,
-    read_predictions,
     top_k,
     write_core_stats,
     write_manifest,
     write_timeline,
 )
+from batchinfer.sink.manifest import RunManifest
 from batchinfer.sink.predictions import META_OUTPUT_SHAPES, META_TOPK
 from batchinfer.sink.stats import PERCENTILE_REL_ERROR
 
@@ -203,7 +204,7 @@ def test_write_failure_keeps_rows_and_retry_succeeds(
         w.flush()
     msg = str(info.value)
     assert "part-00007.parquet" in msg and "No space left on device" in msg
-    assert "--resume" in msg
+    assert "output.resume" in msg
     assert part_files(tmp_path) == []  # no part, no leftover tmp
     assert w.rows_buffered == 5 and w.rows_written == 0
 
@@ -238,51 +239,156 @@ def test_context_exit_on_exception_keeps_rows(tmp_path: Path) -> None:
 # -- resume -----------------------------------------------------------------------------
 
 
+def _ledger(out: Path) -> RunManifest:
+    """A run folder's manifest, saved, so writers can record parts in it."""
+    manifest = RunManifest.new(out)
+    manifest.save()
+    return manifest
+
+
+def _keys(*ids: int) -> list[bytes]:
+    return [f"img/{i}.png".encode() for i in ids]
+
+
 def test_resume_drops_errors_and_tmp_files(tmp_path: Path) -> None:
-    with PredictionWriter(tmp_path, rows_per_part=4) as w:
+    ledger = _ledger(tmp_path)
+    with PredictionWriter(tmp_path, rows_per_part=4, ledger=ledger) as w:
         for i in range(8):
             add_row(w, i, error="boom" if i in (1, 5) else None)
         for i in range(8, 10):  # part 2 holds only errors: it goes away
             add_row(w, i, error="boom")
+    assert ledger.rows_on_disk() == (10, 4)
     pred = tmp_path / "predictions"
     (pred / ".part-00003.parquet.tmp").write_bytes(b"half a part")
     meta_before = pq.read_schema(pred / "part-00000.parquet").metadata
 
-    state = prepare_resume(tmp_path)
-    assert state.done.dtype == np.int64
-    assert state.done.tolist() == [0, 2, 3, 4, 6, 7]
-    assert state.dropped_errors == 4 and state.next_part == 3
-    assert part_files(tmp_path) == ["part-00000.parquet", "part-00001.parquet"]
-    assert pq.read_schema(pred / "part-00000.parquet").metadata == meta_before
-    assert state.is_done(0) and not state.is_done(1) and not state.is_done(99)
-    assert state.done_mask(np.arange(10)).tolist() == [i in state.done for i in range(10)]
+    state = prepare_resume(RunManifest.load(tmp_path))
+    assert sorted(state.done_indices.tolist()) == [0, 2, 3, 4, 6, 7]
+    assert state.dropped_errors == 4 and state.next_part == 5
+    # Parts that held errors were rewritten under new numbers, through the ledger.
+    assert part_files(tmp_path) == ["part-00003.parquet", "part-00004.parquet"]
+    assert pq.read_schema(pred / "part-00003.parquet").metadata == meta_before
+    assert all(state.is_done(k) for k in _keys(0, 2, 3, 4, 6, 7))
+    assert not any(state.is_done(k) for k in _keys(1, 5, 8, 99))
+    assert state.done_below(4) == 3
+    assert RunManifest.load(tmp_path).rows_on_disk() == (6, 0)
 
     # The resumed run writes the failed items again; each appears exactly once.
-    with PredictionWriter(tmp_path, first_part=state.next_part) as w:
+    ledger = RunManifest.load(tmp_path)
+    with PredictionWriter(tmp_path, first_part=state.next_part, ledger=ledger) as w:
         for i in (1, 5, 8, 9):
             add_row(w, i)
     table = read_predictions(tmp_path)
     assert table.column("index").to_pylist() == list(range(10))
     assert table.column("error").null_count == 10
-    again = prepare_resume(tmp_path)
-    assert again.done.tolist() == list(range(10)) and again.dropped_errors == 0
+    again = prepare_resume(RunManifest.load(tmp_path))
+    assert sorted(again.done_indices.tolist()) == list(range(10)) and again.dropped_errors == 0
 
 
 def test_resume_keeps_first_of_duplicates(tmp_path: Path, caplog) -> None:
-    with PredictionWriter(tmp_path, rows_per_part=2) as w:
+    with PredictionWriter(tmp_path, rows_per_part=2, ledger=_ledger(tmp_path)) as w:
         for i in (0, 1, 1, 2):
             add_row(w, i)
-    state = prepare_resume(tmp_path)
-    assert state.done.tolist() == [0, 1, 2] and state.dropped_duplicates == 1
+    state = prepare_resume(RunManifest.load(tmp_path))
+    assert sorted(state.done_indices.tolist()) == [0, 1, 2] and state.dropped_duplicates == 1
     assert "duplicate" in caplog.text
     assert read_predictions(tmp_path).column("index").to_pylist() == [0, 1, 2]
 
 
-def test_resume_of_empty_or_missing_folder(tmp_path: Path) -> None:
-    state = prepare_resume(tmp_path)
-    assert state.done.size == 0 and state.next_part == 0 and not state.is_done(0)
-    assert state.done_mask(np.array([0, 1])).tolist() == [False, False]
+def test_resume_of_a_run_with_no_parts(tmp_path: Path) -> None:
+    state = prepare_resume(_ledger(tmp_path))
+    assert state.done_keys.size == 0 and state.next_part == 0 and not state.is_done(b"0.png")
+    assert state.done_below(10) == 0
     assert read_predictions(tmp_path).num_rows == 0
+
+
+def test_resume_refuses_unknown_and_damaged_parts_touching_nothing(tmp_path: Path) -> None:
+    with PredictionWriter(tmp_path, rows_per_part=2, ledger=_ledger(tmp_path)) as w:
+        for i in range(4):
+            add_row(w, i, error="boom" if i == 1 else None)
+    pred = tmp_path / "predictions"
+    before = {p.name: p.read_bytes() for p in pred.iterdir()}
+
+    for stray in ("part-final.parquet", "part-00001 (copy).parquet", "notes.txt"):
+        (pred / stray).write_bytes(before["part-00001.parquet"])
+        with pytest.raises(UsageError, match="which no batchinfer run wrote"):
+            prepare_resume(RunManifest.load(tmp_path))
+        (pred / stray).unlink()
+    # A well-named part the ledger does not know: a copy from another run.
+    (pred / "part-00007.parquet").write_bytes(before["part-00001.parquet"])
+    with pytest.raises(UsageError, match="not recorded"):
+        prepare_resume(RunManifest.load(tmp_path))
+    (pred / "part-00007.parquet").unlink()
+    # A part whose bytes changed after it was written: one byte in the middle.
+    damaged = bytearray(before["part-00000.parquet"])
+    damaged[len(damaged) // 2] ^= 0xFF
+    (pred / "part-00000.parquet").write_bytes(bytes(damaged))
+    with pytest.raises(UsageError, match="does not match the checksum"):
+        prepare_resume(RunManifest.load(tmp_path))
+    assert {p.name for p in pred.iterdir()} == set(before), "a refused resume changes nothing"
+    assert (pred / "part-00001.parquet").read_bytes() == before["part-00001.parquet"]
+
+
+def test_a_crash_while_resume_rewrites_a_part_leaves_a_folder_resume_can_read(tmp_path: Path):
+    """Crash after the ledger retired the old part and recorded the new one, before the
+    rename: the new part is only a tmp file, the old one is still there, retired."""
+    with PredictionWriter(tmp_path, rows_per_part=3, ledger=_ledger(tmp_path)) as w:
+        for i in range(3):
+            add_row(w, i, error="boom" if i == 1 else None)
+    manifest = RunManifest.load(tmp_path)
+    pred = tmp_path / "predictions"
+    (pred / ".part-00001.parquet.tmp").write_bytes(b"the rewritten part, never renamed")
+    manifest.replace_part("part-00000.parquet", "part-00001.parquet", rows=2, errors=0, sha256="x")
+
+    state = prepare_resume(RunManifest.load(tmp_path))
+    assert part_files(tmp_path) == [], "the retired part and the tmp file are ours to remove"
+    assert state.done_keys.size == 0, "its rows were not on disk under a live part: redone"
+    assert RunManifest.load(tmp_path).parts == {}
+
+
+def test_non_utf8_ids_are_kept_losslessly(tmp_path: Path) -> None:
+    import os
+
+    raw = b"caf\xe9/p\xf6t.png"
+    with PredictionWriter(tmp_path, ledger=_ledger(tmp_path)) as w:
+        w.add(
+            index=0,
+            id=raw.decode("utf-8", "backslashreplace"),
+            id_bytes=raw,
+            label=None,
+            label_name=None,
+            core=0,
+            instance=0,
+            attempt=1,
+            latency_ms=1.0,
+            read_ms=1.0,
+            wait_ms=1.0,
+            # An error message quoting the name as Python holds it (lone surrogates).
+            error=f"Cannot read {os.fsdecode(raw)}: boom",
+            outputs=None,
+        )
+    row = read_predictions(tmp_path).to_pylist()[0]
+    assert row["id"] == "caf\\xe9/p\\xf6t.png" and row["id_bytes"] == raw
+    assert row["error"] == "Cannot read caf\\xe9/p\\xf6t.png: boom"
+
+
+def test_a_row_arrow_refuses_costs_no_other_row(tmp_path: Path, monkeypatch) -> None:
+    ledger = _ledger(tmp_path)
+    w = PredictionWriter(tmp_path, ledger=ledger)
+    for i in range(3):
+        add_row(w, i)
+    real = pq.write_table
+
+    def refuse(*args, **kwargs):
+        raise pa.ArrowInvalid("simulated: a value Parquet cannot hold")
+
+    monkeypatch.setattr(pq, "write_table", refuse)
+    with pytest.raises(OutputWriteError, match="simulated"):
+        w.flush()
+    assert w.rows_buffered == 3 and ledger.rows_on_disk() == (0, 0)
+    monkeypatch.setattr(pq, "write_table", real)
+    w.close()
+    assert read_predictions(tmp_path).column("index").to_pylist() == [0, 1, 2]
 
 
 # -- stats ------------------------------------------------------------------------------
@@ -369,10 +475,10 @@ def test_timeline_counts() -> None:
         rec.record(core, t, 1.0 if core is not None else None, ok)
     rows = rec.timeline_table().to_pylist()
     assert rows == [
-        {"core": 0, "second": 0, "completed": 2, "errors": 1},
-        {"core": 1, "second": 0, "completed": 1, "errors": 0},
-        {"core": None, "second": 2, "completed": 1, "errors": 1},
-        {"core": 0, "second": 2, "completed": 1, "errors": 0},
+        {"invocation": 0, "core": 0, "second": 0, "completed": 2, "errors": 1},
+        {"invocation": 0, "core": 1, "second": 0, "completed": 1, "errors": 0},
+        {"invocation": 0, "core": None, "second": 2, "completed": 1, "errors": 1},
+        {"invocation": 0, "core": 0, "second": 2, "completed": 1, "errors": 0},
     ]
     assert sum(r["completed"] for r in rows) == rec.table().to_pylist()[-1]["items"]
 

@@ -8,6 +8,7 @@ items in one walk, and each iteration is a fresh walk that yields items one at a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -35,10 +36,33 @@ class Item:
     """One dataset item, as readers and result rows see it."""
 
     index: int  # position in the dataset's stable order, 0-based
-    path: str  # absolute
-    id: str  # path relative to the dataset root, POSIX separators
+    path: str  # absolute (undecodable bytes of the name kept as surrogates, as os does)
+    id: str  # path relative to the dataset root, POSIX separators, valid UTF-8
     label: int | None  # class index, None when the item is not in a class folder
     label_name: str | None  # class folder name
+    # The exact relative path when it is not valid UTF-8 (then ``id`` shows it with
+    # its odd bytes as \xNN); None otherwise. See :func:`display_name`.
+    id_bytes: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        """The exact relative path as bytes: what output rows are matched by."""
+        return self.id_bytes if self.id_bytes is not None else self.id.encode("utf-8")
+
+
+def display_name(rel: str) -> tuple[str, bytes | None]:
+    """(valid UTF-8 text, raw bytes or None) for a name as os.scandir gives it.
+
+    Names that are not valid UTF-8 (old Samba shares, Latin-1 zip files) come from the OS
+    with their odd bytes as lone surrogates, which Parquet cannot store: the text shows
+    them as ``\\xNN`` and the raw bytes are kept beside it, so nothing is lost.
+    """
+    try:
+        rel.encode("utf-8")
+        return rel, None
+    except UnicodeEncodeError:
+        raw = os.fsencode(rel)
+        return raw.decode("utf-8", "backslashreplace"), raw
 
 
 class Dataset:
@@ -56,6 +80,7 @@ class Dataset:
         labels: dict[str, int],
         count: int,
         ignored: int,
+        listing_sha256: str = "",
     ) -> None:
         self.root = root
         self.kind = kind
@@ -64,6 +89,9 @@ class Dataset:
         self.labels = labels
         #: files under root with an extension of neither kind (hidden files not counted)
         self.ignored = ignored
+        #: sha256 over every item's relative path, in order: the dataset's listing, which
+        #: a --resume must find unchanged
+        self.listing_sha256 = listing_sha256
         self._count = count
 
     def __len__(self) -> int:
@@ -78,25 +106,28 @@ class Dataset:
     def __iter__(self) -> Iterator[Item]:
         return self.iter_from()
 
-    def iter_from(self, skip: Callable[[int], bool] | None = None) -> Iterator[Item]:
-        """Yield the Items in order, leaving out those whose index ``skip`` says to skip.
+    def iter_from(self, skip: Callable[[bytes], bool] | None = None) -> Iterator[Item]:
+        """Yield the Items in order, leaving out those whose key ``skip`` says to skip.
 
-        Indexes are those of the full dataset, so a resumed run keeps them. Files added or
-        removed since the dataset was opened shift them: do not change a dataset mid-run.
+        ``skip`` gets an item's exact relative path as bytes (:attr:`Item.key`). Indexes
+        are those of the full dataset, so a resumed run keeps them; a resume checks that
+        the listing has not changed (``listing_sha256``).
         """
         root = str(self.root)
         index = 0
         for rel, kind in _walk(root):
             if kind != self.kind:
                 continue
-            if skip is None or not skip(index):
+            if skip is None or not skip(os.fsencode(rel)):
                 label_name = rel.split("/", 1)[0] if "/" in rel and self.labels else None
+                id_text, id_bytes = display_name(rel)
                 yield Item(
                     index=index,
                     path=os.path.join(root, *rel.split("/")),
-                    id=rel,
+                    id=id_text,
                     label=None if label_name is None else self.labels.get(label_name),
-                    label_name=label_name,
+                    label_name=None if label_name is None else display_name(label_name)[0],
+                    id_bytes=id_bytes,
                 )
             index += 1
 
@@ -118,6 +149,7 @@ def open_dataset(root: Path | str) -> Dataset:
         raise DatasetError(f"The dataset {path} is a file, not a folder; pass {_WHAT}.")
 
     counts = {"images": 0, "npy": 0}
+    listings = {"images": hashlib.sha256(), "npy": hashlib.sha256()}
     ignored = 0
     # Top-level subfolders holding items, per kind: few, so a set is fine.
     class_dirs: dict[str, set[str]] = {"images": set(), "npy": set()}
@@ -126,6 +158,7 @@ def open_dataset(root: Path | str) -> Dataset:
             ignored += 1
             continue
         counts[kind] += 1
+        listings[kind].update(os.fsencode(rel) + b"\0")
         if "/" in rel:
             class_dirs[kind].add(rel.split("/", 1)[0])
 
@@ -146,6 +179,7 @@ def open_dataset(root: Path | str) -> Dataset:
         labels=_label_indexes(path, classes),
         count=counts[kind],
         ignored=ignored,
+        listing_sha256=listings[kind].hexdigest(),
     )
 
 

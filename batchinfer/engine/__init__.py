@@ -1,6 +1,31 @@
-"""The engine: coordinator, readers, core workers and the shared-memory slots between them."""
+"""The engine: readers, core workers and shared-memory slots, fed by a source, into a sink.
 
-from batchinfer.engine.config import RunConfig, SimOptions
-from batchinfer.engine.coordinator import RunResult, run
+``run`` is the main job (a dataset folder into a run folder); :class:`Engine` is the part
+``bench`` and ``eval`` compose with other sources, sinks and observers.
+"""
 
-__all__ = ["RunConfig", "RunResult", "SimOptions", "run"]
+from batchinfer.engine.config import RunConfig
+from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.loop import Engine
+from batchinfer.engine.run import RunResult, run
+from batchinfer.options import (
+    OutputOptions,
+    PreprocessOptions,
+    ReliabilityOptions,
+    RuntimeOptions,
+    SimOptions,
+)
+
+__all__ = [
+    "Engine",
+    "EnginePlan",
+    "EngineResult",
+    "OutputOptions",
+    "PreprocessOptions",
+    "ReliabilityOptions",
+    "RunConfig",
+    "RunResult",
+    "RuntimeOptions",
+    "SimOptions",
+    "run",
+]

@@ -1,250 +1,244 @@
-"""RunPlan: a RunConfig checked against the machine, the model, the dataset and OUT.
+"""Planning: a RunConfig checked against the machine, the model, the dataset and OUT.
 
-Everything that can be wrong with an invocation is found here, before any process or
-shared-memory segment exists, so a usage error leaves nothing behind.
+Planning only reads. It finds every configuration error (exit 2) before any process,
+shared-memory segment or file exists; preparing the output folder is a separate step
+(:func:`batchinfer.sink.outdir.claim`), and so is running (:class:`Engine`).
+Errors name settings by field (``{runtime.cores}``); each front end renders them.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
-import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.data.preprocess import Preprocess, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.slots import sweep_dead_segments
-from batchinfer.errors import ModelError, OutputExistsError, OutputWriteError, UsageError
-from batchinfer.runtime import describe_model, resolve_backend
-from batchinfer.runtime.constants import CHIP_CORES
-from batchinfer.sink.manifest import model_sha256, read_manifest
-from batchinfer.sink.resume import ResumeState, prepare_resume
+from batchinfer.engine.interface import EnginePlan
+from batchinfer.errors import ConfigError, ModelError, UsageError
+from batchinfer.options import ReliabilityOptions, RuntimeOptions
+from batchinfer.runtime import describe_model
+from batchinfer.runtime.backends import Backend, make_backend
+from batchinfer.sink.fingerprint import check_resume_fingerprint, run_fingerprint
+from batchinfer.sink.manifest import model_sha256
+from batchinfer.sink.outdir import OutFolder, check_out, check_separate, inspect_out
+from batchinfer.sink.resume import verify_parts
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A validated run: resolved paths, backend, cores, preprocessing, sizes, OUT state."""
+    """A validated run: the engine's plan, the dataset, OUT as it is, the fingerprint."""
 
     config: RunConfig
-    backend: str
-    chip: str
+    engine: EnginePlan
     model: Path
     dataset: Dataset
-    preprocess: Preprocess
-    cores: tuple[int, ...]
-    slots: int
-    readers: int
-    cpus: tuple[int, ...] | None
-    out: Path
-    resume: ResumeState | None
-    todo: int
-    skipped: int
+    out: OutFolder
+    fingerprint: dict
+    model_sha256: str
+
+    @property
+    def backend(self) -> Backend:
+        return self.engine.backend
 
     def preprocess_json(self) -> dict:
         return {
-            k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self.preprocess).items()
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(self.engine.preprocess).items()
         }
 
 
-def detect_chip() -> str | None:
-    """The Rockchip SoC this machine is, from the device tree (None when not a Rockchip)."""
-    with contextlib.suppress(OSError):
-        compatible = Path("/proc/device-tree/compatible").read_bytes().decode(errors="replace")
-        for chip in CHIP_CORES:
-            if f"rockchip,{chip}" in compatible:
-                return chip
-    return None
+def _out_path(out: Path | None) -> Path:
+    if out is not None:
+        return Path(os.path.abspath(Path(out).expanduser()))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = Path("runs") / stamp, 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stamp}-{n}"
+    return Path(os.path.abspath(path))
 
 
-def _chip_for(backend: str, config: RunConfig) -> str:
-    if backend == "sim":
-        return (config.sim.chip or os.environ.get("BATCHINFER_SIM_CHIP") or "rk3588").lower()
-    if backend == "rknnlite":
-        return detect_chip() or "rk3588"
-    return "rk3588"  # onnx: no NPU; cores are worker processes laid out as on an RK3588
-
-
-def _cores(config: RunConfig, chip: str) -> tuple[int, ...]:
-    n = CHIP_CORES.get(chip, 1)
-    valid = tuple(range(n))
-    if config.cores is None:
+def check_cores(runtime: RuntimeOptions, backend: Backend) -> tuple[int, ...]:
+    """The cores to use: ``runtime.cores`` checked against the backend's chip."""
+    valid = backend.cores()
+    if runtime.cores is None:
         return valid
-    cores = tuple(config.cores)
-    bad = [c for c in cores if c not in valid]
-    if bad or not cores or len(set(cores)) != len(cores):
+    cores = tuple(runtime.cores)
+    if not cores or len(set(cores)) != len(cores) or any(c not in valid for c in cores):
         listed = ",".join(str(c) for c in valid)
-        raise UsageError(
-            f"--cores {','.join(str(c) for c in cores) or '(empty)'} is not a list of distinct "
-            f"NPU cores of {chip.upper()}, which has cores {listed}; pass e.g. --cores {listed}."
+        given = ",".join(str(c) for c in cores) or "(empty)"
+        raise ConfigError(
+            f"{{runtime.cores}} {given} is not a list of distinct NPU cores of "
+            f"{backend.chip().upper()}, which has cores {listed}; pass e.g. {listed}.",
+            "runtime.cores",
         )
     return cores
 
 
-def _model_input(model: Path, config: RunConfig) -> tuple[tuple[int, ...], str]:
+def _at_least(value: int | float | None, low: float, name: str, strict: bool = False) -> None:
+    if value is None:
+        return
+    bad = value <= low if strict else value < low
+    if bad:
+        what = "positive" if strict and low == 0 else f"at least {low:g}"
+        raise ConfigError(f"{{{name}}} must be {what}, not {value:g}.", name)
+
+
+def check_reliability(rel: ReliabilityOptions) -> None:
+    _at_least(rel.max_attempts, 1, "reliability.max_attempts")
+    for name in ("inference_timeout_s", "decode_timeout_s", "startup_timeout_s"):
+        _at_least(getattr(rel, name), 0, f"reliability.{name}", strict=True)
+    _at_least(rel.drain_timeout_s, 0, "reliability.drain_timeout_s")
+
+
+def model_input(model: Path, config: RunConfig) -> tuple[tuple[int, ...], str]:
+    """The model's one input: (shape in the runtime's view, dtype)."""
+    pre = config.preprocess
     try:
         info = describe_model(model)
     except ModelError:
-        if model.suffix.lower() != ".rknn" or config.size is None:
+        if model.suffix.lower() != ".rknn" or pre.size is None:
             raise
-        # A bare .rknn on a board: shapes cannot be read off it, so the flags say them.
-        channels = 1 if config.color == "gray" else 3
-        return (1, *config.size, channels), config.dtype or "uint8"
+        # A bare .rknn on a board: shapes cannot be read off it, so the settings say them.
+        channels = 1 if pre.color == "gray" else 3
+        return (1, *pre.size, channels), pre.dtype or "uint8"
     if len(info.inputs) != 1:
         raise UsageError(
-            f"model {model} has {len(info.inputs)} inputs; batchinfer run feeds one tensor per "
+            f"model {model} has {len(info.inputs)} inputs; batchinfer feeds one tensor per "
             "dataset item, so use a model with one input."
         )
     return info.inputs[0].shape, info.inputs[0].dtype
 
 
-def _prepare_out(config: RunConfig) -> Path:
-    if config.out is None:
-        out = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
-        n = 1
-        while out.exists():
-            n += 1
-            out = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+def _check_size(shape: tuple[int, ...], preprocess: Preprocess, asked: tuple[int, int] | None):
+    """A fixed-size model input cannot take another size (the runtime would refuse it)."""
+    if asked is None or len(shape) not in (3, 4):
+        return
+    if len(shape) == 4:
+        hw = shape[1:3] if preprocess.layout == "nhwc" or shape[3] in (1, 3) else shape[2:4]
     else:
-        out = Path(config.out)
-    out = out.resolve()
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(
-            f"--out {out} is a file, not a folder; pass the path of a folder to write results to."
-        )
-    if out.exists() and any(out.iterdir()) and not config.resume:
-        if not config.overwrite:
-            raise OutputExistsError(
-                f"output folder {out} already exists; pass --resume to continue that run, "
-                "--overwrite to replace it, or another --out."
-            )
-        if not (out / "manifest.json").exists() and not (out / "predictions").exists():
-            raise OutputExistsError(
-                f"output folder {out} exists and does not look like a batchinfer run, so "
-                "--overwrite will not delete it; pass another --out."
-            )
-        shutil.rmtree(out)
-    try:
-        (out / "predictions").mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise OutputWriteError(
-            f"output folder {out} is not writable ({e.strerror}); pass an --out you can write to."
-        ) from e
-    return out
-
-
-def _check_resume_model(out: Path, model: Path) -> None:
-    if not (out / "manifest.json").exists():
-        return
-    try:
-        before = read_manifest(out).get("model_sha256")
-    except Exception:
-        return
-    if before and before != model_sha256(model):
-        raise UsageError(
-            f"--resume: the run in {out} was made with a different model file; resume it with "
-            "the same model, or start a new run with another --out."
+        hw = shape[1:3]
+    if all(d > 0 for d in hw) and tuple(hw) != tuple(asked):
+        raise ConfigError(
+            f"{{preprocess.size}} {asked[0]}x{asked[1]} does not fit the model, whose input "
+            f"is fixed at {hw[0]}x{hw[1]}; drop {{preprocess.size}} (inputs are resized to "
+            "the model's size anyway).",
+            "preprocess.size",
         )
 
 
-def _check_faults(specs: tuple[str, ...], chip: str) -> None:
-    from batchinfer.runtime.sim import parse_fault
+def plan_engine(
+    config: RunConfig, backend: Backend, shape: tuple[int, ...], dtype: str, kind: str
+) -> EnginePlan:
+    """The engine's part of a plan (shared by run, bench and eval)."""
+    rt, pre, out = config.runtime, config.preprocess, config.output
+    cores = check_cores(rt, backend)
+    _at_least(rt.instances_per_core, 1, "runtime.instances_per_core")
+    _at_least(out.topk, 0, "output.topk")
+    check_reliability(config.reliability)
+    preprocess = preprocess_for(
+        shape,
+        dtype,
+        size=pre.size,
+        color=pre.color,
+        layout=pre.layout,
+        dtype_override=pre.dtype,
+        mean=pre.mean,
+        std=pre.std,
+    )
+    _check_size(shape, preprocess, pre.size)
+    if kind:
+        preprocess.validate_for(kind)
+    cpus = resolve_affinity(rt.cpu_affinity)
+    readers = rt.readers
+    if readers is None:
+        readers = max(1, min(4, (os.cpu_count() or 2) // 2))
+    _at_least(readers, 1, "runtime.readers")
+    # Each instance holds up to three slots in its worker (scheduler.QUEUED_PER_INSTANCE);
+    # one more per instance waits READY, so a finished item is replaced at once; two per
+    # reader are being decoded.
+    slots = rt.slots
+    if slots is None:
+        slots = len(cores) * rt.instances_per_core * 4 + readers * 2
+    _at_least(slots, 2, "runtime.slots")
+    return EnginePlan(
+        backend=backend,
+        cores=cores,
+        instances_per_core=rt.instances_per_core,
+        preprocess=preprocess,
+        slots=slots,
+        readers=readers,
+        cpus=cpus,
+        reliability=config.reliability,
+        topk=out.topk,
+    )
 
-    for spec in specs:
-        fault = parse_fault(spec)
-        if fault.core is not None and fault.core >= CHIP_CORES[chip]:
-            raise UsageError(
-                f"--sim-fault {spec}: core {fault.core} does not exist on {chip} "
-                f"(cores 0-{CHIP_CORES[chip] - 1}); name one of those cores."
-            )
+
+def _runtime_files(model: Path) -> dict[str, str]:
+    """sha256 of the files a runtime reads beside a .rknn (its .onnx, conversion settings)."""
+    if model.suffix.lower() != ".rknn":
+        return {}
+    beside = [model.with_suffix(".onnx"), model.with_name(model.stem + ".config.json")]
+    return {p.name: model_sha256(p) for p in beside if p.is_file()}
 
 
 def plan_run(config: RunConfig) -> RunPlan:
-    """Check ``config`` and prepare OUT; raise a UsageError (exit 2) or a RunFailedError."""
+    """Check ``config`` against the machine, model, dataset and OUT; changes nothing.
+
+    Raises a UsageError (exit 2) for anything wrong with the invocation, including an OUT
+    this run may not use and a resume whose settings differ from the run's.
+    """
+    out = config.output
+    if out.resume and out.out is None:
+        raise ConfigError(
+            "{output.resume} needs {output.out}: the folder of the run to continue (without "
+            "it a new folder would be made, and everything run again).",
+            "output.resume",
+        )
+    # OUT first: a folder held by another run is refused before any slow check.
+    folder = inspect_out(_out_path(out.out))
+    check_separate(folder.path, Path(config.dataset).expanduser())
+    check_out(folder, overwrite=out.overwrite, resume=out.resume)
+    _at_least(out.part_rows, 1, "output.part_rows")
+    _at_least(config.limit, 1, "limit")
     model = Path(config.model).expanduser().resolve()
     if not model.is_file():
         raise ModelError(
             f"model file {model} does not exist; pass the path of a .rknn or .onnx file."
         )
-    backend = resolve_backend(config.backend, model)
-    if backend == "rknnlite":
-        from batchinfer.errors import RuntimeUnavailableError
-        from batchinfer.runtime.rknnlite import unavailable_reason
-
-        reason = unavailable_reason()
-        if reason:
-            raise RuntimeUnavailableError(reason)
-    chip = _chip_for(backend, config)
-    if chip not in CHIP_CORES:
-        raise UsageError(f"chip {chip!r} is unknown; use one of {', '.join(CHIP_CORES)}.")
-    if backend == "sim":
-        _check_faults(config.sim.faults, chip)
-    cores = _cores(config, chip)
-    for name, value, low in (
-        ("--instances-per-core", config.instances_per_core, 1),
-        ("--topk", config.topk, 1),
-        ("--max-attempts", config.max_attempts, 1),
-        ("--part-rows", config.part_rows, 1),
-    ):
-        if value < low:
-            raise UsageError(f"{name} must be at least {low}, not {value}.")
-    if config.timeout_s <= 0:
-        raise UsageError(f"--timeout-s must be positive, not {config.timeout_s:g}.")
-    shape, dtype = _model_input(model, config)
-    preprocess = preprocess_for(
-        shape,
-        dtype,
-        size=config.size,
-        color=config.color,
-        layout=config.layout,
-        dtype_override=config.dtype,
-        mean=config.mean,
-        std=config.std,
-    )
+    backend = make_backend(model, config.runtime)
+    shape, dtype = model_input(model, config)
     dataset = open_dataset(Path(config.dataset).expanduser())
-    cpus = resolve_affinity(config.cpu_affinity)
-    readers = config.readers
-    if readers is None:
-        readers = max(1, min(4, (os.cpu_count() or 2) // 2))
-    if readers < 1:
-        raise UsageError(f"--readers must be at least 1, not {readers}.")
-    if config.limit is not None and config.limit < 1:
-        raise UsageError(f"--limit must be at least 1, not {config.limit}.")
-    # Each instance holds up to three slots in its worker (see _QUEUED_PER_INSTANCE in
-    # coordinator.py); one more per instance waits READY, so a finished item is replaced
-    # at once; two per reader are being decoded.
-    slots = config.slots
-    if slots is None:
-        slots = len(cores) * config.instances_per_core * 4 + readers * 2
-    if slots < 2:
-        raise UsageError(f"--slots must be at least 2, not {slots}.")
-    out = _prepare_out(config)
-    resume = None
-    if config.resume:
-        _check_resume_model(out, model)
-        resume = prepare_resume(out)
-    sweep_dead_segments()
-    n = len(dataset) if config.limit is None else min(len(dataset), config.limit)
-    skipped = 0 if resume is None else int((resume.done < n).sum())
+    engine = plan_engine(config, backend, shape, dtype, dataset.kind)
+    sha = model_sha256(model)
+    fingerprint = run_fingerprint(
+        model_sha256=sha,
+        runtime_files=_runtime_files(model),
+        backend=backend.name,
+        preprocess={
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(engine.preprocess).items()
+        },
+        topk=out.topk,
+        save_outputs=out.save_outputs,
+        dataset_root=str(dataset.root),
+        dataset_items=len(dataset),
+        dataset_listing_sha256=dataset.listing_sha256,
+    )
+    if out.resume and folder.manifest is not None:
+        check_resume_fingerprint(folder, fingerprint)
+        verify_parts(folder.manifest)
     return RunPlan(
         config=config,
-        backend=backend,
-        chip=chip,
+        engine=engine,
         model=model,
         dataset=dataset,
-        preprocess=preprocess,
-        cores=cores,
-        slots=slots,
-        readers=readers,
-        cpus=cpus,
-        out=out,
-        resume=resume,
-        todo=n - skipped,
-        skipped=skipped,
+        out=folder,
+        fingerprint=fingerprint,
+        model_sha256=sha,
     )

@@ -1,26 +1,33 @@
 """Reader processes: decode and preprocess dataset items straight into input slots.
 
-Protocol (see NOTE in slots.py for the slot life cycle):
-  coordinator -> reader: ("read", slot, index, path) | ("stop",)
-  reader -> coordinator: ("loaded", slot, index, read_ms, error or None)
-A reader exits on "stop" or when its pipe from the coordinator closes (the coordinator died).
+Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
+  reader -> coordinator  ("ready", pid)                          imports done, segments mapped
+                         ("loaded", [(slot, index, read_ms, error or None), ...])
+                         ("failed", traceback)                    start-up failed; then exit
+  coordinator -> reader  ("read", [(slot, index, path), ...])     decode these, in order
+                         ("stop",)
+Results go back in batches: after the last item of a task, or as soon as the oldest unsent
+one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
+While decoding an item the reader's row on the status board holds (index, start time):
+that is how the coordinator tells a hung decode from a slow queue.
+A reader exits on "stop", when its pipe from the coordinator closes, or with the coordinator.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from batchinfer.data.preprocess import Preprocess, load_into
-from batchinfer.engine.affinity import pin_current_process
-from batchinfer.engine.slots import RingSpec, SlotRing
+from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
 _READER_NICENESS = 10
+_SEND_AFTER_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -28,40 +35,74 @@ class ReaderSpec:
     """What one reader process needs; picklable for the spawn start method."""
 
     reader_id: int
-    ring: RingSpec
+    board_row: int
+    inputs: RegionSpec
+    board: BoardSpec
     preprocess: Preprocess
     kind: str
     cpus: tuple[int, ...] | None
+    parent_pid: int
+    nice: bool = True
 
 
 def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a reader process."""
-    # Ctrl-C goes to the whole process group; only the coordinator decides what it means.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    pin_current_process(spec.cpus)
-    # Readers are buffered by the slots; core workers are not (an idle NPU is lost time).
-    # A lower priority lets a worker whose inference just ended take a CPU at once.
-    with contextlib.suppress(OSError):
-        os.nice(_READER_NICENESS)
-    ring = SlotRing.attach(spec.ring)
+    setup_child(spec.parent_pid, spec.cpus)
     try:
-        while True:
-            try:
-                msg = tasks.recv()
-            except (EOFError, OSError):
-                return
-            if msg[0] == "stop":
-                return
-            _, slot, index, path = msg
+        if spec.nice:
+            # Readers are buffered by the slots; core workers are not (an idle NPU is lost
+            # time): a lower priority lets a worker whose inference just ended run at once.
+            with contextlib.suppress(OSError):
+                os.nice(_READER_NICENESS)
+        inputs = SlotRegion.attach(spec.inputs)
+        board = StatusBoard.attach(spec.board)
+    except BaseException as exc:
+        report_failure(results, exc)
+        return
+    send_or_exit(results, ("ready", os.getpid()))
+    try:
+        _serve(spec, inputs, board, tasks, results)
+    finally:
+        inputs.close()
+        board.close()
+
+
+def _serve(
+    spec: ReaderSpec,
+    inputs: SlotRegion,
+    board: StatusBoard,
+    tasks: Connection,
+    results: Connection,
+) -> None:
+    row = spec.board_row
+    while True:
+        try:
+            msg = tasks.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        done: list[tuple] = []
+        first_unsent = 0.0
+        for slot, index, path in msg[1]:
             t0 = time.perf_counter()
+            board.start(row, index, time.monotonic())
             error = None
             try:
-                load_into(path, spec.preprocess, ring.inputs(slot)[0], spec.kind)
+                load_into(path, spec.preprocess, inputs[slot][0], spec.kind)
             except InputError as e:
                 error = str(e)
             except Exception as e:  # a decoder bug must not kill the run: it is this item's error
                 error = f"cannot read {path}: {type(e).__name__}: {e}"
-            results.send(("loaded", slot, index, (time.perf_counter() - t0) * 1e3, error))
-    finally:
-        ring.close()
+            board.finish(row)
+            t1 = time.perf_counter()
+            if not done:
+                first_unsent = t1
+            done.append((slot, index, (t1 - t0) * 1e3, error))
+            # Slow items go back one by one (a message is cheap next to their decode); fast
+            # ones in batches, none of them waiting more than _SEND_AFTER_S.
+            if t1 - first_unsent >= _SEND_AFTER_S or t1 - t0 >= _SEND_AFTER_S:
+                send_or_exit(results, ("loaded", done))
+                done = []
+        if done:
+            send_or_exit(results, ("loaded", done))

@@ -4,62 +4,69 @@ NOTE [Slot life cycle and shutdown order]
 =========================================
 
 Tensors never travel through pipes; only small tuples do (slot number, item index,
-timings). Every tensor lives in a *slot*: slot ``s`` is one input region in the input
-segment and one output region in the output segment, both fixed-size, so memory is
+timings). Every tensor lives in a *slot*: slot ``s`` is one region in the **input
+segment** and one in the **output segment**, both fixed-size, so memory is
 ``slots x (input bytes + output bytes)`` whatever the dataset size. A third, tiny segment,
-the *status board*, has one row per (core worker, instance): the index of the item the
-instance is inferring and the monotonic time it started (0 when idle).
+the **status board** (:class:`StatusBoard`), has one row per reader and per (core worker,
+instance): the index of the item it is working on and the monotonic time it started (0
+when idle). The input segment and the board exist from the start, so readers start at
+once; the output segment is made when the first core worker reports its output shapes.
 
-The coordinator owns every slot's state; nobody else decides anything about a slot::
+The scheduler (scheduler.py) owns every slot's state; nobody else decides about a slot::
 
-    FREE ──read──► READING ──loaded──► READY ──infer──► INFERRING ──done──► FREE
-      ▲  (reader decodes and       │  (waits for a      │  (worker copies     │
-      │   preprocesses straight    │   core with room)  │   outputs once into │
-      │   into the input region)   │                    │   the output region)│
-      │◄──────── input error: error row ◄───────────────┤                    │
-      │                                                 ├─ None / crash / hang: back to READY
-      │                                                 │  (the input region is intact, so a
-      │                                                 │  retry needs no re-read), or an
-      │◄──────────────── error row after --max-attempts ┘  error row after --max-attempts
-      └◄──── collector reads the output region, writes the row, frees the slot ◄──┘
+    FREE ──admit──► READING ──loaded──► READY ──dispatch──► INFERRING ──done──► DONE ──► FREE
+      ▲  (a reader decodes and   │  (waits for a   │  (the worker copies   │  (the collector
+      │   preprocesses straight  │   core with     │   the outputs once    │   reads the output
+      │   into the input region; │   room)         │   into the output     │   region, the sink
+      │   sources without files  │                 │   region)             │   takes the row)
+      │   fill it in the         │                 ├─ None / crash / hang: READY again (the input
+      │   coordinator: READY)    │                 │  region is intact, so a retry needs no
+      │◄── input error: error row┘                 │  re-read), or an error row after
+      │◄───────────────────────────────────────────┘  reliability.max_attempts
 
 Rules that make this safe:
-1. A slot is written by exactly one process at a time, the one the coordinator sent it to:
-   a reader (input region) or a core worker (output region). The coordinator touches the
-   output region only after the worker's ``done`` message, and reuses a slot only after it
-   has written that item's row.
-2. A worker that dies or hangs leaves its slots READY again: the coordinator reads the status
-   board to tell the items that were inside ``inference()`` (charged one attempt) from the
-   ones only queued in the worker (not charged).
-3. Only the coordinator creates and unlinks segments (``SlotRing`` and ``StatusBoard`` below).
-   Children attach by name with :func:`attach`, which bypasses Python's resource tracker:
-   otherwise the tracker would unlink a segment when the child exits. The coordinator's own
-   segments stay registered with the tracker, so even a SIGKILLed coordinator loses nothing:
-   its tracker unlinks them, and :func:`sweep_dead_segments` removes what a crashed tracker
-   left behind at the next start. Segment names carry the coordinator's pid and the run id.
+1. A slot region is written by exactly one process at a time, the one the coordinator sent
+   the slot to: a reader (input region) or a core worker (output region). The coordinator
+   reads the output region only after the worker's ``done``, and reuses a slot only after
+   the sink has taken that item's row (sinks copy what they keep).
+2. A child that dies or hangs leaves its slots to the coordinator: the status board tells the
+   items that were being worked on (charged one attempt) from the ones only queued (not
+   charged).
+3. Only the coordinator creates and unlinks segments (:func:`create_segment`). Children map
+   them by name with :func:`attach`, outside Python's resource tracker (which would unlink a
+   segment when the child exits). A SIGKILLed coordinator loses nothing: its janitor process
+   (janitor.py) unlinks the run's segments when the coordinator is gone. Each run also holds
+   an ``flock`` on its own ``…-owner`` segment for as long as it lives;
+   :func:`sweep_dead_segments` removes the segments of runs whose owner lock nobody holds
+   (should a janitor have died too). A lock, not a pid: across PID namespaces (containers
+   sharing /dev/shm) every pid of another namespace looks dead, and a live run's segments
+   must survive that.
+4. Space is reserved when a segment is created (``posix_fallocate``), so a /dev/shm too small
+   for the slots is one clear error at start, never a SIGBUS in a reader later.
 
-Shutdown order (coordinator, see ``Coordinator.close``), the same on success, error and Ctrl-C:
-1. stop feeding readers and dispatching to workers;
-2. wait (bounded: ``min(--timeout-s, 10)`` s) for in-flight items to come back, writing
-   their rows; a second Ctrl-C skips the rest of this wait;
+Shutdown order (engine loop, see ``Engine._close``), the same on success, error and Ctrl-C:
+1. stop admitting items and dispatching to workers;
+2. wait (bounded: ``reliability.drain_timeout_s``) for items in flight to come back and
+   write their rows; a second Ctrl-C skips the rest of this wait;
 3. send ``stop`` to every reader and worker, join them with a timeout, SIGKILL what is left
-   (after a second Ctrl-C: SIGKILL at once). Children also exit by themselves when their pipe
-   from the coordinator closes, so they never outlive it;
-4. flush the prediction writer, write core stats, timeline and the manifest;
-5. close and unlink every segment: only after every child is gone, so no child ever maps a
-   segment that has been unlinked and recreated.
+   (after a second Ctrl-C: SIGKILL at once). Children also exit when their pipe from the
+   coordinator closes, and get SIGKILL from the kernel when the coordinator dies;
+4. close and unlink every segment: only after every child is gone, so no child ever maps a
+   segment that has been unlinked and recreated;
+5. the sink writes its last rows, stats and manifest (the run folder stays locked until then).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import functools
 import mmap
 import os
 import re
 import secrets
 from dataclasses import dataclass
-from multiprocessing import shared_memory
 
 import numpy as np
 import psutil
@@ -69,7 +76,9 @@ from batchinfer.errors import SharedMemoryError
 SEGMENT_PREFIX = "batchinfer"
 SHM_DIR = "/dev/shm"
 _ALIGN = 64
-_NAME_RE = re.compile(rf"^{SEGMENT_PREFIX}-(\d+)-[0-9a-f]+-\w+$")
+_NAME_RE = re.compile(rf"^{SEGMENT_PREFIX}-(\d+)-([0-9a-f]+)-(\w+)$")
+_OWNER = "owner"
+_BOARD_COLUMNS = 2  # item index, start time
 
 
 def _aligned(n: int) -> int:
@@ -81,82 +90,173 @@ def new_run_token() -> str:
     return secrets.token_hex(4)
 
 
+def owner_name(token: str) -> str:
+    """The name of the run's owner segment."""
+    return segment_name(token, _OWNER)
+
+
 def segment_name(token: str, role: str) -> str:
     """The name of one of this coordinator's segments (see NOTE, rule 3)."""
     return f"{SEGMENT_PREFIX}-{os.getpid()}-{token}-{role}"
 
 
-def attach(name: str) -> mmap.mmap:
-    """Map an existing segment without registering it with the resource tracker (rule 3)."""
+def _shm_open(name: str, flags: int) -> int:
     import _posixshmem  # CPython's own shm_open binding, as multiprocessing uses it
 
-    fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
+    return _posixshmem.shm_open("/" + name, flags, mode=0o600)
+
+
+def attach(name: str) -> mmap.mmap:
+    """Map an existing segment without registering it with the resource tracker (rule 3)."""
+    fd = _shm_open(name, os.O_RDWR)
     try:
         return mmap.mmap(fd, os.fstat(fd).st_size)
     finally:
         os.close(fd)
 
 
-def sweep_dead_segments(shm_dir: str = SHM_DIR) -> list[str]:
-    """Unlink segments left by coordinators that are no longer alive; return their names."""
-    swept = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(shm_dir):
-            m = _NAME_RE.match(name)
-            if m and not psutil.pid_exists(int(m.group(1))):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(shm_dir, name))
-                    swept.append(name)
-    return swept
-
-
-def check_free_space(nbytes: int, shm_dir: str = SHM_DIR) -> None:
-    """Raise SharedMemoryError when /dev/shm cannot hold ``nbytes`` more."""
+def free_space(shm_dir: str = SHM_DIR) -> int | None:
+    """Bytes free in /dev/shm, None where it cannot be read (not Linux)."""
     try:
         st = os.statvfs(shm_dir)
     except OSError:
-        return  # no /dev/shm to check (not Linux): let the allocation itself decide
-    free = st.f_bavail * st.f_frsize
-    if nbytes > free:
-        raise SharedMemoryError(
-            f"the input/output slots need {nbytes / 2**20:.1f} MiB of shared memory but {shm_dir} "
-            f"has only {free / 2**20:.1f} MiB free; run with fewer --slots, or give the machine "
-            f"a bigger {shm_dir} (docker: --shm-size)."
-        )
+        return None
+    return st.f_bavail * st.f_frsize
 
 
-class _Segment:
-    """One segment the coordinator created (and alone unlinks), or one a child attached."""
+def _too_small(nbytes: int, name: str, shm_dir: str = SHM_DIR) -> SharedMemoryError:
+    free = free_space(shm_dir)
+    has = "" if free is None else f" but {shm_dir} has only {free / 2**20:.1f} MiB free"
+    return SharedMemoryError(
+        f"the input/output slots need {nbytes / 2**20:.1f} MiB of shared memory ({name}){has}; "
+        f"run with fewer slots ({{runtime.slots}}), or give the machine a bigger {shm_dir} "
+        "(docker: --shm-size)."
+    )
 
-    def __init__(self, name: str, size: int, create: bool) -> None:
+
+def check_free_space(nbytes: int, shm_dir: str = SHM_DIR) -> None:
+    """Raise SharedMemoryError when /dev/shm cannot hold ``nbytes`` more (a first check;
+    :func:`create_segment` reserves the space for real)."""
+    free = free_space(shm_dir)
+    if free is not None and nbytes > free:
+        raise _too_small(nbytes, "in all")
+
+
+class Segment:
+    """A shared-memory segment: created (and later unlinked) by the coordinator, or attached."""
+
+    def __init__(self, name: str, buf: mmap.mmap, created: bool) -> None:
         self.name = name
-        if create:
-            try:
-                self._shm: shared_memory.SharedMemory | None = shared_memory.SharedMemory(
-                    name=name, create=True, size=size
-                )
-            except OSError as e:
-                raise SharedMemoryError(
-                    f"shared memory segment {name} ({size / 2**20:.1f} MiB) could not be "
-                    f"created ({e.strerror}); run with fewer --slots or free {SHM_DIR}."
-                ) from e
-            self.buf: memoryview | mmap.mmap = self._shm.buf
-        else:
-            self._shm = None
-            self._map = attach(name)
-            self.buf = self._map
+        self.buf = buf
+        self.created = created
 
     def close(self) -> None:
         with contextlib.suppress(BufferError, ValueError):
-            if self._shm is not None:
-                self._shm.close()
-            else:
-                self._map.close()
+            self.buf.close()
 
     def unlink(self) -> None:
-        if self._shm is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._shm.unlink()
+        """Remove the segment's name (coordinator only); the memory goes with the last map."""
+        if not self.created:
+            return
+        import _posixshmem
+
+        with contextlib.suppress(FileNotFoundError):
+            _posixshmem.shm_unlink("/" + self.name)
+
+
+def create_segment(name: str, size: int) -> Segment:
+    """Create segment ``name`` of ``size`` bytes with its space reserved (rule 4)."""
+    size = max(size, _ALIGN)
+    try:
+        fd = _shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+    except OSError as e:
+        raise SharedMemoryError(
+            f"shared memory segment {name} could not be created ({e.strerror}); free {SHM_DIR} "
+            "or run with fewer slots ({runtime.slots})."
+        ) from e
+    segment = None
+    try:
+        os.ftruncate(fd, size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise _too_small(size, name) from e
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        segment = Segment(name, mmap.mmap(fd, size), created=True)
+        return segment
+    except OSError as e:
+        raise SharedMemoryError(
+            f"shared memory segment {name} ({size / 2**20:.1f} MiB) could not be created "
+            f"({e.strerror}); run with fewer slots ({{runtime.slots}}) or free {SHM_DIR}."
+        ) from e
+    finally:
+        os.close(fd)
+        if segment is None:  # failed: leave nothing behind
+            import _posixshmem
+
+            with contextlib.suppress(OSError):
+                _posixshmem.shm_unlink("/" + name)
+
+
+class RunOwner:
+    """The ``…-owner`` segment this run holds an flock on while it lives (NOTE, rule 3)."""
+
+    def __init__(self, token: str) -> None:
+        self.segment = create_segment(owner_name(token), _ALIGN)
+        self._fd = _shm_open(self.segment.name, os.O_RDWR)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def close(self) -> None:
+        os.close(self._fd)
+        self.segment.close()
+        self.segment.unlink()
+
+
+def _owner_alive(shm_dir: str, pid: str, token: str) -> bool | None:
+    """True/False when the run has an owner segment; None when it has none (old or dying)."""
+    path = os.path.join(shm_dir, f"{SEGMENT_PREFIX}-{pid}-{token}-{_OWNER}")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def sweep_dead_segments(shm_dir: str = SHM_DIR) -> list[str]:
+    """Unlink the segments of runs that are gone; return their names (NOTE, rule 3).
+
+    A run is gone when nobody holds its owner lock; a run without an owner segment (a run
+    being set up this instant, or an older version) is gone only when its pid is dead.
+    """
+    swept = []
+    try:
+        names = os.listdir(shm_dir)
+    except OSError:
+        return swept
+    runs: dict[tuple[str, str], list[str]] = {}
+    for name in names:
+        m = _NAME_RE.match(name)
+        if m:
+            runs.setdefault((m.group(1), m.group(2)), []).append(name)
+    for (pid, token), members in runs.items():
+        alive = _owner_alive(shm_dir, pid, token)
+        if alive is None:
+            alive = psutil.pid_exists(int(pid))
+        if alive:
+            continue
+        for name in members:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(shm_dir, name))
+                swept.append(name)
+    return swept
 
 
 @dataclass(frozen=True)
@@ -183,94 +283,94 @@ class TensorLayout:
 
 
 @dataclass(frozen=True)
-class RingSpec:
-    """Everything a child needs to attach to the slot ring (picklable, sent at spawn)."""
+class RegionSpec:
+    """One segment of per-slot tensors (picklable: children get it to attach)."""
 
-    token: str
-    in_name: str
-    out_name: str
-    board_name: str
+    name: str
     slots: int
-    inputs: TensorLayout
-    outputs: TensorLayout
-    board_rows: int
+    layout: TensorLayout
+
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.layout.nbytes
 
 
-class SlotRing:
-    """The input and output regions of every slot, as numpy views (see NOTE).
+class SlotRegion:
+    """Per-slot numpy views over one segment (inputs or outputs; see NOTE)."""
 
-    ``SlotRing.create`` is for the coordinator; ``SlotRing.attach`` for readers and workers.
-    """
-
-    def __init__(self, spec: RingSpec, create: bool) -> None:
+    def __init__(self, spec: RegionSpec, segment: Segment) -> None:
         self.spec = spec
-        self._segments: list[_Segment] = []
-        try:
-            self._in = self._add(spec.in_name, spec.slots * spec.inputs.nbytes, create)
-            self._out = self._add(spec.out_name, spec.slots * spec.outputs.nbytes, create)
-            board = self._add(spec.board_name, max(_ALIGN, spec.board_rows * 16), create)
-        except BaseException:
-            self.close(unlink=create)
-            raise
-        self.board = np.ndarray((spec.board_rows, 2), dtype=np.float64, buffer=board.buf)
-        if create:
-            self.board[:] = 0.0
+        self.segment = segment
         # Views are made once: building an ndarray per item and tensor costs tens of µs,
         # which on the core worker's path is NPU time lost.
-        self._in_views = [self._views(self._in, spec.inputs, s) for s in range(spec.slots)]
-        self._out_views = [self._views(self._out, spec.outputs, s) for s in range(spec.slots)]
-
-    def _add(self, name: str, size: int, create: bool) -> _Segment:
-        seg = _Segment(name, size, create)
-        self._segments.append(seg)
-        return seg
+        self._views = [self._slot_views(s) for s in range(spec.slots)]
 
     @classmethod
-    def create(cls, spec: RingSpec) -> SlotRing:
-        total = spec.slots * (spec.inputs.nbytes + spec.outputs.nbytes) + spec.board_rows * 16
-        check_free_space(total)
-        return cls(spec, create=True)
+    def create(cls, spec: RegionSpec) -> SlotRegion:
+        return cls(spec, create_segment(spec.name, spec.nbytes))
 
     @classmethod
-    def attach(cls, spec: RingSpec) -> SlotRing:
-        return cls(spec, create=False)
+    def attach(cls, spec: RegionSpec) -> SlotRegion:
+        return cls(spec, Segment(spec.name, attach(spec.name), created=False))
 
-    def _views(self, seg: _Segment, layout: TensorLayout, slot: int) -> list[np.ndarray]:
-        base = slot * layout.nbytes
+    def _slot_views(self, slot: int) -> list[np.ndarray]:
+        layout, base = self.spec.layout, slot * self.spec.layout.nbytes
         return [
-            np.ndarray(shape, dtype=dtype, buffer=seg.buf, offset=base + off)
+            np.ndarray(shape, dtype=dtype, buffer=self.segment.buf, offset=base + off)
             for shape, dtype, off in zip(layout.shapes, layout.dtypes, layout.offsets, strict=True)
         ]
 
-    def inputs(self, slot: int) -> list[np.ndarray]:
-        """Views of slot ``slot``'s input tensors (writable, no copy)."""
-        return self._in_views[slot]
-
-    def outputs(self, slot: int) -> list[np.ndarray]:
-        """Views of slot ``slot``'s output tensors (writable, no copy)."""
-        return self._out_views[slot]
+    def __getitem__(self, slot: int) -> list[np.ndarray]:
+        """Views of slot ``slot``'s tensors (writable, no copy)."""
+        return self._views[slot]
 
     def close(self, unlink: bool = False) -> None:
-        """Drop our views and mappings; with ``unlink`` (coordinator only) remove the segments."""
-        self.board = None  # type: ignore[assignment]
-        self._in_views = self._out_views = []
-        for seg in self._segments:
-            seg.close()
-            if unlink:
-                seg.unlink()
-        self._segments.clear()
+        self._views = []
+        self.segment.close()
+        if unlink:
+            self.segment.unlink()
 
 
-def ring_spec(slots: int, inputs: TensorLayout, outputs: TensorLayout, board_rows: int) -> RingSpec:
-    """A RingSpec with fresh segment names for this coordinator."""
-    token = new_run_token()
-    return RingSpec(
-        token=token,
-        in_name=segment_name(token, "in"),
-        out_name=segment_name(token, "out"),
-        board_name=segment_name(token, "board"),
-        slots=slots,
-        inputs=inputs,
-        outputs=outputs,
-        board_rows=board_rows,
-    )
+@dataclass(frozen=True)
+class BoardSpec:
+    """The status board: one row per reader and per worker instance (picklable)."""
+
+    name: str
+    rows: int
+
+
+class StatusBoard:
+    """Who works on which item since when: ``board[row] = (item index, start time or 0)``."""
+
+    def __init__(self, spec: BoardSpec, segment: Segment) -> None:
+        self.spec = spec
+        self.segment = segment
+        self.rows = np.ndarray((spec.rows, _BOARD_COLUMNS), dtype=np.float64, buffer=segment.buf)
+
+    @classmethod
+    def create(cls, spec: BoardSpec) -> StatusBoard:
+        board = cls(spec, create_segment(spec.name, spec.rows * _BOARD_COLUMNS * 8))
+        board.rows[:] = 0.0
+        return board
+
+    @classmethod
+    def attach(cls, spec: BoardSpec) -> StatusBoard:
+        return cls(spec, Segment(spec.name, attach(spec.name), created=False))
+
+    def start(self, row: int, index: int, t: float) -> None:
+        self.rows[row, 0] = index
+        self.rows[row, 1] = t
+
+    def finish(self, row: int) -> None:
+        self.rows[row, 1] = 0.0
+
+    def snapshot(self) -> np.ndarray:
+        """A copy: children write concurrently, and reading a row twice could see it busy
+        and then idle (0.0), which would look like a start at the epoch."""
+        return self.rows.copy()
+
+    def close(self, unlink: bool = False) -> None:
+        self.rows = None  # type: ignore[assignment]
+        self.segment.close()
+        if unlink:
+            self.segment.unlink()

@@ -1,18 +1,22 @@
 """Core workers: one process per NPU core, ``instances`` runtime threads pinned to that core.
 
-Protocol (slot life cycle: see NOTE in slots.py):
-  worker -> coordinator  ("init_failed", core, message)      a runtime could not start; then exit
-                         ("initialised", core)               runtimes up; the canary runs next
-                         ("ready", core, info)               canary done; info has the sdk
-                                                             version, output shapes, canary outputs
-  coordinator -> worker  ("attach", RingSpec)                once, before any task
-                         ("infer", slot, index)              input is in slot's input region
-                         ("stop",)                           finish queued work, release, exit
-  worker -> coordinator  ("done", slot, index, instance, t_start, t_end, error, busy_s)
+Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
+  worker -> coordinator  ("init_failed", message)      a runtime could not start; then exit
+                         ("failed", traceback)          any other start-up failure; then exit
+                         ("initialised",)               runtimes up; the canary runs next
+                         ("ready", info)                canary done; info: sdk version, output
+                                                        shapes, canary outputs, pid
+  coordinator -> worker  ("attach", outputs RegionSpec) once, before any task
+                         ("infer", [(slot, index), ...])
+                         ("stop",)                      finish queued work, release, exit
+  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error), ...], busy_s)
                          error None: outputs are in the slot's output region; else one sentence.
                          busy_s: cumulative seconds during which some instance was in inference().
-The worker exits at once when its pipe from the coordinator closes (the coordinator died), so it
-never outlives it. Runtimes are created here, in the spawned process (never forked).
+Each instance thread takes the next item from one queue; results leave in batches through one
+sender thread (whatever finished while the last message was being sent), so an instance goes
+straight from one inference to the next. While an instance infers, its row on the status
+board holds (index, start time). Runtimes are created here, in the spawned process (never
+forked); the worker exits with the coordinator.
 """
 
 from __future__ import annotations
@@ -21,21 +25,19 @@ import contextlib
 import gc
 import os
 import queue
-import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
 
 import numpy as np
 
-from batchinfer.engine.affinity import pin_current_process
-from batchinfer.engine.slots import SlotRing
+from batchinfer.engine.canary import canary_input
+from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import BatchinferError, InferenceError
-from batchinfer.runtime import runtime_class
 from batchinfer.runtime.adapter import RuntimeAdapter
-from batchinfer.runtime.constants import core_mask
+from batchinfer.runtime.backends import Backend
 
 # Python-side reference cycles pile up in long inference loops on the real runtime
 # (~42 kB per call, airockchip/rknn-toolkit2#42); a periodic collection keeps memory flat.
@@ -49,23 +51,12 @@ class WorkerSpec:
     core: int
     board_row: int  # first of this worker's `instances` rows on the status board
     instances: int
-    backend: str
-    model: str
-    input_shape: tuple[int, ...]
-    input_dtype: str
+    backend: Backend
+    inputs: RegionSpec
+    board: BoardSpec
     input_layout: str
-    sim: dict = field(default_factory=dict)
-    cpus: tuple[int, ...] | None = None
-
-
-def canary_input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
-    """The fixed input every core infers before the run, so cores can be compared."""
-    rng = np.random.default_rng(20240229)
-    if np.dtype(dtype).kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
-    lo, hi = (0, 2) if info is None else (max(info.min, 0), min(info.max, 255) + 1)
-    return rng.integers(lo, hi, size=shape).astype(dtype)
+    cpus: tuple[int, ...] | None
+    parent_pid: int
 
 
 class _BusyClock:
@@ -91,104 +82,105 @@ class _BusyClock:
             return self.total
 
 
-def _start_runtimes(spec: WorkerSpec) -> list[RuntimeAdapter]:
-    cls = runtime_class(spec.backend)
-    adapters = []
-    for _ in range(spec.instances):
-        rknn = cls(**spec.sim) if spec.backend == "sim" else cls()
-        adapter = RuntimeAdapter(rknn, core=spec.core, model=Path(spec.model))
-        adapters.append(adapter)
-        adapter.load()
-        adapter.init(core_mask(spec.core))
-    return adapters
-
-
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a core worker process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    pin_current_process(spec.cpus)
+    setup_child(spec.parent_pid, spec.cpus)
     adapters: list[RuntimeAdapter] = []
     try:
-        adapters = _start_runtimes(spec)
-        # From here on the coordinator bounds us by --timeout-s, as for any inference.
-        results.send(("initialised", spec.core))
-        canary = canary_input(spec.input_shape, spec.input_dtype)
-        outs = adapters[0].infer([canary], data_format=spec.input_layout, reuse_outputs=False)
-    except (BatchinferError, OSError) as e:
-        results.send(("init_failed", spec.core, str(e)))
+        try:
+            for _ in range(spec.instances):
+                adapters.append(spec.backend.instance(spec.core))
+        except (BatchinferError, OSError) as e:
+            send_or_exit(results, ("init_failed", str(e)))
+            return
+        send_or_exit(results, ("initialised",))
+        inputs = SlotRegion.attach(spec.inputs)
+        shape, dtype = inputs.spec.layout.shapes[0], inputs.spec.layout.dtypes[0]
+        try:
+            outs = adapters[0].infer(
+                [canary_input(shape, dtype)], data_format=spec.input_layout, reuse_outputs=False
+            )
+        except InferenceError as e:
+            send_or_exit(results, ("init_failed", f"the canary inference failed: {e}"))
+            return
+        info = {
+            "sdk_version": adapters[0].sdk_version(),
+            "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
+            "canary": [np.asarray(o) for o in outs],
+            "pid": os.getpid(),
+        }
+        send_or_exit(results, ("ready", info))
+        try:
+            msg = tasks.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] != "attach":
+            return
+        outputs = SlotRegion.attach(msg[1])
+        board = StatusBoard.attach(spec.board)
+    except BaseException as exc:
+        report_failure(results, exc)
         for a in adapters:
             a.release()
         return
-    results.send(
-        (
-            "ready",
-            spec.core,
-            {
-                "sdk_version": adapters[0].sdk_version(),
-                "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
-                "canary": [np.asarray(o) for o in outs],
-                "pid": os.getpid(),
-            },
-        )
-    )
-    try:
-        msg = tasks.recv()
-    except (EOFError, OSError):
-        os._exit(0)
-    if msg[0] != "attach":
-        return
-    ring = SlotRing.attach(msg[1])
-    # Everything alive now (modules, runtimes, the ring) lives as long as the process: keep
+    # Everything alive now (modules, runtimes, segments) lives as long as the process: keep
     # it out of the periodic collections below, which then scan only what inference made.
-    # A full collection here otherwise took 35-45 ms, an NPU stall every _GC_EVERY calls.
+    # A full collection here otherwise stalled the NPU every _GC_EVERY calls.
     gc.collect()
     gc.freeze()
-    _serve(spec, adapters, ring, tasks, results)
+    _serve(spec, adapters, inputs, outputs, board, tasks, results)
     for a in adapters:
         a.release()
-    ring.close()
+    for region in (inputs, outputs):
+        region.close()
+    board.close()
 
 
 def _serve(
     spec: WorkerSpec,
     adapters: list[RuntimeAdapter],
-    ring: SlotRing,
+    inputs: SlotRegion,
+    outputs: SlotRegion,
+    board: StatusBoard,
     tasks: Connection,
     results: Connection,
 ) -> None:
     """Feed the instance threads from the task pipe until "stop"."""
     work: queue.SimpleQueue = queue.SimpleQueue()
-    # Results leave through one sender thread, so an instance goes straight from one
-    # inference to the next instead of paying for pickling and a pipe write in between.
     outbox: queue.SimpleQueue = queue.SimpleQueue()
     busy = _BusyClock()
 
     def sender_loop() -> None:
-        while (msg := outbox.get()) is not None:
-            try:
-                results.send(msg)
-            except OSError:
-                os._exit(0)  # the coordinator is gone
+        while (first := outbox.get()) is not None:
+            batch = [first]
+            end = False
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    item = outbox.get_nowait()
+                    if item is None:
+                        end = True
+                        break
+                    batch.append(item)
+            send_or_exit(results, ("done", batch, busy.total))
+            if end:
+                return
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
-        board = ring.board
         calls = 0
         while (task := work.get()) is not None:
             slot, index = task
             adapter.set_current_item(index)
-            board[row, 0] = index
             t0 = time.monotonic()
-            board[row, 1] = t0
+            board.start(row, index, t0)
             busy.enter(t0)
             error = None
             try:
                 outs = adapter.infer(
-                    ring.inputs(slot), data_format=spec.input_layout, reuse_outputs=True
+                    inputs[slot], data_format=spec.input_layout, reuse_outputs=True
                 )
                 # The one copy of each output: from the runtime's staging buffer into the slot.
-                for dst, src in zip(ring.outputs(slot), outs, strict=True):
+                for dst, src in zip(outputs[slot], outs, strict=True):
                     np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
             except InferenceError:
                 # The runtime logged why (its E RKNN line); the row says what and where.
@@ -196,9 +188,9 @@ def _serve(
             except Exception as e:  # report, never vanish: the coordinator decides what follows
                 error = f"inference failed on core {spec.core}: {type(e).__name__}: {e}"
             t1 = time.monotonic()
-            board[row, 1] = 0.0
-            busy_s = busy.leave(t1)
-            outbox.put(("done", slot, index, instance, t0, t1, error, busy_s))
+            board.finish(row)
+            busy.leave(t1)
+            outbox.put((slot, index, instance, t0, t1, error))
             calls += 1
             if calls % _GC_EVERY == 0:
                 gc.collect()
@@ -219,7 +211,8 @@ def _serve(
         except (EOFError, OSError):
             os._exit(0)  # the coordinator is gone: nobody will read our results
         if msg[0] == "infer":
-            work.put((msg[1], msg[2]))
+            for task in msg[1]:
+                work.put(task)
         elif msg[0] == "stop":
             break
     for _ in threads:
@@ -228,5 +221,3 @@ def _serve(
         t.join()
     outbox.put(None)
     sender.join()
-    with contextlib.suppress(Exception):
-        gc.collect()

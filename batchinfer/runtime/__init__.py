@@ -1,18 +1,18 @@
 """Runtimes with RKNNLite's shape: rknnlite (real), onnx (ONNX Runtime), sim (NPU emulator).
 
-Pick one with :func:`resolve_backend` and :func:`runtime_class`; drive it through
-:class:`batchinfer.runtime.adapter.RuntimeAdapter`. Runtime modules are imported lazily:
-the real one only works (and may only be imported) inside a worker on a board.
+The engine uses them through backend objects (:mod:`batchinfer.runtime.backends`); the
+functions here are the short way for scripts and tools. Runtime modules are imported
+lazily: the real one only works (and may only be imported) inside a worker on a board.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from batchinfer.errors import UsageError
+from batchinfer.options import BACKEND_NAMES
 from batchinfer.runtime.model_info import ModelInfo, TensorInfo, describe_model
 
-BACKENDS = ("auto", "rknnlite", "onnx", "sim")
+BACKENDS = BACKEND_NAMES
 
 __all__ = [
     "BACKENDS",
@@ -26,36 +26,22 @@ __all__ = [
 
 def resolve_backend(backend: str, model: Path) -> str:
     """The concrete backend for ``model``: 'auto' picks rknnlite for .rknn, onnx for .onnx."""
-    if backend not in BACKENDS:
-        raise UsageError(f"Backend {backend!r} is unknown; use one of {', '.join(BACKENDS)}.")
-    if backend != "auto":
-        return backend
-    suffix = Path(model).suffix.lower()
-    if suffix == ".rknn":
-        return "rknnlite"
-    if suffix == ".onnx":
-        return "onnx"
-    raise UsageError(
-        f"Cannot pick a backend for model {model} (not .rknn or .onnx); "
-        "pass --backend rknnlite, onnx or sim."
-    )
+    from batchinfer.runtime.backends import resolve_name
+
+    return resolve_name(backend, model)
 
 
 def runtime_class(backend: str) -> type:
     """The RKNNLite-shaped class of a concrete backend (imported now, not before)."""
-    if backend == "rknnlite":
-        from batchinfer.runtime.rknnlite import load_rknnlite_class
+    from batchinfer.errors import ConfigError
+    from batchinfer.runtime.backends import backend_class
 
-        return load_rknnlite_class()
-    if backend == "onnx":
-        from batchinfer.runtime.onnx import RKNNLite
-
-        return RKNNLite
-    if backend == "sim":
-        from batchinfer.runtime.sim import RKNNLite
-
-        return RKNNLite
-    raise UsageError(
-        f"Backend {backend!r} is not a concrete runtime; resolve 'auto' with resolve_backend() "
-        "first or use rknnlite, onnx or sim."
-    )
+    if backend not in BACKENDS or backend == "auto":
+        raise ConfigError(
+            f"{{runtime.backend}} {backend!r} is not a concrete runtime; resolve 'auto' with "
+            "resolve_backend() first, or use one of "
+            + ", ".join(b for b in BACKENDS if b != "auto")
+            + ".",
+            "runtime.backend",
+        )
+    return backend_class(backend)(Path()).runtime_class()

@@ -18,22 +18,20 @@ from batchinfer.errors import InferenceError, ModelError
 class RuntimeAdapter:
     """An RKNNLite-shaped runtime whose failures raise ModelError / InferenceError."""
 
-    def __init__(self, rknn: Any, *, core: int | None, model: Path) -> None:
+    def __init__(
+        self, rknn: Any, *, core: int | None, model: Path, hint: str = "check the E lines above"
+    ) -> None:
         self.rknn = rknn
         self.core = core
         self.model = Path(model)
+        self.hint = hint  # what to check when the runtime fails (from its backend)
 
     @property
     def _where(self) -> str:
         return "the NPU" if self.core is None else f"NPU core {self.core}"
 
     def _hint(self) -> str:
-        module = type(self.rknn).__module__
-        if module.endswith(".sim"):
-            return "check the sim faults (--sim-fault, BATCHINFER_SIM_FAULTS) and the E lines above"
-        if module.endswith(".onnx"):
-            return "check the E lines above and that the .onnx model is valid"
-        return "check /usr/lib/librknnrt.so >= 2.5.0 and read/write access to the NPU device"
+        return self.hint
 
     def load(self) -> None:
         """Load the model file into the runtime; ModelError if it cannot be read."""

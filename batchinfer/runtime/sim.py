@@ -91,6 +91,7 @@ from batchinfer.runtime._emulated_runtime import EmulatedRuntime
 from batchinfer.runtime._onnx_base import RKNN_API_VERSION, Deliver, OnnxRKNNBase
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import InputSpec
+from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
 
 #: The rknpu driver version the emulated board reports (a current RK3588 BSP's).
 DRIVER_VERSION = "0.9.8"
@@ -305,9 +306,9 @@ class _Board:
     """
 
     def __init__(self, state_dir: Path, chip: str) -> None:
-        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_private_dir(state_dir)  # /tmp/batchinfer-sim-<uid> is a guessable name
         self.path = state_dir / f"{chip}.board"
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd = open_private_file(self.path)
         try:
             with self.locked():
                 if os.fstat(self._fd).st_size < _BOARD_SIZE:

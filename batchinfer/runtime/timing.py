@@ -28,7 +28,6 @@ ImportError and the emulator says so in one sentence.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -107,20 +106,6 @@ class Estimate:
         if w.uncounted:
             text += f"; {len(w.uncounted)} op(s) of unknown shape not counted"
         return text
-
-
-def parse_npu_ms(value: object) -> float | str:
-    """``"estimate"`` or milliseconds >= 0 (as --sim-npu-ms takes them); ValueError otherwise."""
-    text = str(value).strip().lower()
-    if text == ESTIMATE:
-        return ESTIMATE
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = -1.0
-    if not (ms >= 0.0 and math.isfinite(ms)):
-        raise ValueError(f"{value!r} is neither milliseconds >= 0 (e.g. 2.0) nor {ESTIMATE!r}")
-    return ms
 
 
 def predict(work: Work, coefficients: Sequence[float] = COEFFICIENTS) -> float:

@@ -6,13 +6,12 @@ See design.md "Output" for the folder layout. Everything here writes atomically
 
 from __future__ import annotations
 
-from batchinfer.sink.manifest import host_facts, model_sha256, read_manifest, write_manifest
+from batchinfer.sink.manifest import RunManifest, model_sha256, read_manifest, write_manifest
 from batchinfer.sink.predictions import PredictionWriter, prediction_schema, top_k
-from batchinfer.sink.resume import ResumeState, prepare_resume, read_predictions
+from batchinfer.sink.resume import ResumeState, prepare_resume
 from batchinfer.sink.stats import (
     CoreStatsRecorder,
     LatencyHistogram,
-    format_summary,
     write_core_stats,
     write_timeline,
 )
@@ -22,13 +21,11 @@ __all__ = [
     "LatencyHistogram",
     "PredictionWriter",
     "ResumeState",
-    "format_summary",
-    "host_facts",
+    "RunManifest",
     "model_sha256",
     "prediction_schema",
     "prepare_resume",
     "read_manifest",
-    "read_predictions",
     "top_k",
     "write_core_stats",
     "write_manifest",

@@ -12,18 +12,17 @@ import datetime as dt
 import hashlib
 import json
 import os
-import platform
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from batchinfer.errors import ModelError, UsageError
 from batchinfer.sink._atomic import write_bytes_atomically
 
 MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "batchinfer-run"
+MANIFEST_VERSION = 1
 
 
 def _to_json(value: Any) -> Any:
@@ -59,15 +58,101 @@ def read_manifest(out_dir: Path) -> dict:
     except FileNotFoundError:
         raise UsageError(
             f"{path} does not exist, so {out_dir} is not a batchinfer output folder; "
-            "choose another output folder or pass --overwrite."
+            "choose another output folder."
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(
-            f"{path} cannot be read ({exc}); pass --overwrite to start this output afresh."
+            f"{path} cannot be read ({exc}), so {out_dir} is not a batchinfer run this "
+            "version can continue or replace; choose another output folder."
         ) from None
     if not isinstance(data, dict):
-        raise UsageError(f"{path} is not a JSON object; pass --overwrite to start afresh.")
+        raise UsageError(f"{path} is not a JSON object; choose another output folder.")
     return data
+
+
+def is_run_manifest(data: object) -> bool:
+    """True when ``data`` is a manifest a batchinfer run wrote (its format field says so).
+
+    A folder is only ever continued (--resume) or cleared (--overwrite) when its
+    manifest.json passes this check: another tool's manifest.json is not ours.
+    """
+    return (
+        isinstance(data, dict)
+        and data.get("format") == MANIFEST_FORMAT
+        and data.get("format_version") == MANIFEST_VERSION
+        and isinstance(data.get("parts"), dict)
+    )
+
+
+class RunManifest:
+    """manifest.json of one run folder: kept in memory, written whole on every change.
+
+    It is also the folder's ledger of prediction parts (``parts``: file name -> rows,
+    errors, sha256, state). The prediction writer records a part *before* renaming it
+    into place, so a part on disk under its name always has a record whose checksum
+    vouches for every byte; ``prepare_resume`` trusts nothing else (see resume.py).
+    A part being replaced (resume drops error rows) is first marked ``retired``, so a
+    crash in the middle leaves files that can still be told apart.
+    """
+
+    def __init__(self, out_dir: Path, data: dict) -> None:
+        self.out = Path(out_dir)
+        self.data = data
+
+    @classmethod
+    def new(cls, out_dir: Path, **fields: Any) -> RunManifest:
+        """A manifest for a fresh run folder (not written until :meth:`save`)."""
+        data = {"format": MANIFEST_FORMAT, "format_version": MANIFEST_VERSION, "parts": {}}
+        data.update(fields)
+        return cls(out_dir, data)
+
+    @classmethod
+    def load(cls, out_dir: Path) -> RunManifest:
+        """The manifest of an existing run folder; UsageError when it is not one of ours."""
+        data = read_manifest(out_dir)
+        if not is_run_manifest(data):
+            raise UsageError(
+                f"{Path(out_dir) / MANIFEST_FILE} was not written by a batchinfer run (or by "
+                "an older version), so it is neither continued nor replaced; choose another "
+                "output folder."
+            )
+        return cls(out_dir, data)
+
+    def save(self) -> None:
+        """Write the manifest atomically (OutputWriteError when the disk refuses)."""
+        write_manifest(self.out, self.data)
+
+    def update(self, **fields: Any) -> None:
+        """Set top-level fields and save."""
+        self.data.update(fields)
+        self.save()
+
+    # -- the part ledger --------------------------------------------------------------
+    @property
+    def parts(self) -> dict[str, dict]:
+        """File name (under predictions/) -> {rows, errors, sha256, state}."""
+        return self.data["parts"]
+
+    def record_part(self, name: str, *, rows: int, errors: int, sha256: str) -> None:
+        """Record a part that is about to be renamed into place, and save."""
+        self.parts[name] = {"rows": rows, "errors": errors, "sha256": sha256, "state": "live"}
+        self.save()
+
+    def replace_part(self, old: str, new: str, *, rows: int, errors: int, sha256: str) -> None:
+        """Record ``new`` and retire ``old`` in one save (resume rewriting a part)."""
+        self.parts[old]["state"] = "retired"
+        self.record_part(new, rows=rows, errors=errors, sha256=sha256)
+
+    def forget_part(self, name: str, save: bool = True) -> None:
+        """Drop a part's record (its file is gone)."""
+        self.parts.pop(name, None)
+        if save:
+            self.save()
+
+    def rows_on_disk(self) -> tuple[int, int]:
+        """(rows, error rows) in the live parts this ledger vouches for."""
+        live = [p for p in self.parts.values() if p["state"] == "live"]
+        return sum(p["rows"] for p in live), sum(p["errors"] for p in live)
 
 
 def model_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
@@ -82,100 +167,3 @@ def model_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
             f"Model file {path} cannot be read ({exc.strerror or exc}); check the --model path."
         ) from None
     return digest.hexdigest()
-
-
-def _read(path: Path) -> str | None:
-    """The stripped text of a small sysfs/procfs file, or None when unreadable."""
-    try:
-        return path.read_text(encoding="utf-8", errors="replace").strip().strip("\x00")
-    except (OSError, ValueError):
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read(path)
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _cpufreq(root: Path) -> dict[str, dict]:
-    policies = {}
-    base = root / "sys/devices/system/cpu/cpufreq"
-    for policy in sorted(base.glob("policy*")):
-        facts = {
-            "cpus": _read(policy / "affected_cpus"),
-            "governor": _read(policy / "scaling_governor"),
-            "cur_khz": _read_int(policy / "scaling_cur_freq"),
-            "min_khz": _read_int(policy / "scaling_min_freq"),
-            "max_khz": _read_int(policy / "scaling_max_freq"),
-            "hw_max_khz": _read_int(policy / "cpuinfo_max_freq"),
-        }
-        facts = {k: v for k, v in facts.items() if v is not None}
-        if facts:
-            policies[policy.name] = facts
-    return policies
-
-
-def _thermal(root: Path) -> dict[str, dict]:
-    zones = {}
-    for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*")):
-        millideg = _read_int(zone / "temp")
-        if millideg is None:
-            continue
-        zones[zone.name] = {"type": _read(zone / "type"), "temp_c": millideg / 1000}
-    return zones
-
-
-def _npu(root: Path) -> dict[str, Any]:
-    facts: dict[str, Any] = {}
-    # RK3588's NPU devfreq node is fdab0000.npu; match any *npu* to cover other chips.
-    for node in sorted((root / "sys/class/devfreq").glob("*npu*")):
-        freq = {
-            "governor": _read(node / "governor"),
-            "cur_hz": _read_int(node / "cur_freq"),
-            "max_hz": _read_int(node / "max_freq"),
-        }
-        freq = {k: v for k, v in freq.items() if v is not None}
-        if freq:
-            facts[node.name] = freq
-    driver = _read(root / "sys/kernel/debug/rknpu/version")  # debugfs: usually root only
-    if driver:
-        facts["driver"] = driver
-    return facts
-
-
-def host_facts(root: Path = Path("/")) -> dict[str, Any]:
-    """Facts about this machine for the manifest; what cannot be read is left out.
-
-    Platform, CPU count, Python, board model, memory, cpufreq policies (governor and
-    frequencies), thermal zone temperatures and NPU frequency/driver where readable.
-    ``root`` is for tests (a fake /sys tree). Never raises.
-    """
-    facts: dict[str, Any] = {}
-    probes = {
-        "platform": platform.platform,
-        "machine": platform.machine,
-        "node": platform.node,
-        "python": lambda: sys.version.split()[0],
-        "cpu_count": os.cpu_count,
-        "cpus_usable": lambda: len(os.sched_getaffinity(0)),
-        "board": lambda: _read(root / "proc/device-tree/model"),
-        "memory_total_bytes": _memory_total,
-        "cpufreq": lambda: _cpufreq(root),
-        "thermal": lambda: _thermal(root),
-        "npu": lambda: _npu(root),
-    }
-    for key, probe in probes.items():
-        try:
-            value = probe()
-        except Exception:  # a fact we cannot read is simply not recorded
-            continue
-        if value not in (None, {}, ""):
-            facts[key] = value
-    return facts
-
-
-def _memory_total() -> int:
-    return int(psutil.virtual_memory().total)

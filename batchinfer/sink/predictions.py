@@ -16,12 +16,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import OutputWriteError
-from batchinfer.sink._atomic import write_error, write_table_atomically
+
+if TYPE_CHECKING:
+    from batchinfer.sink.manifest import RunManifest
+from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.rows import Row
 
 PREDICTIONS_DIR = "predictions"
 PART_GLOB = "part-*.parquet"
@@ -35,6 +40,8 @@ _CLOCK_EVERY = 32
 _BASE_FIELDS = [
     pa.field("index", pa.int64(), nullable=False),
     pa.field("id", pa.string()),
+    # The exact name when it is not valid UTF-8 (else null); ``id`` then shows it escaped.
+    pa.field("id_bytes", pa.binary()),
     pa.field("label", pa.int64()),
     pa.field("label_name", pa.string()),
     pa.field("core", pa.int16()),
@@ -50,12 +57,36 @@ _BASE_FIELDS = [
 ]
 _DICTIONARY_COLUMNS = ["label_name", "error"]
 # Scalar columns filled straight from add()'s keyword arguments, in schema order.
-_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS[:11]]
+_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS[:12]]
 
 
 def part_name(number: int) -> str:
     """The file name of part ``number``: ``part-00042.parquet``."""
     return f"part-{number:05d}.parquet"
+
+
+def safe_text(text: str) -> str:
+    """``text`` as valid UTF-8: surrogates (bytes of a non-UTF-8 file name) as ``\\xNN``.
+
+    Python keeps undecodable bytes of file names as lone surrogates, which Parquet cannot
+    store; an error message or class name that quotes such a name goes through here.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape") if _escapable(text) else None
+        if raw is not None:
+            return raw.decode("utf-8", "backslashreplace")
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _escapable(text: str) -> bool:
+    try:
+        text.encode("utf-8", "surrogateescape")
+        return True
+    except UnicodeEncodeError:
+        return False
 
 
 def part_number(path: Path) -> int:
@@ -141,6 +172,16 @@ class _Column:
         )
 
 
+def _text_array(values: list, value_type: pa.DataType) -> pa.Array:
+    """A string or binary column; strings Arrow refuses (lone surrogates) are escaped."""
+    try:
+        return pa.array(values, type=value_type)
+    except (UnicodeEncodeError, pa.ArrowException):
+        if not pa.types.is_string(value_type):
+            raise
+        return pa.array([None if v is None else safe_text(v) for v in values], type=value_type)
+
+
 def _list_array(chunks: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
     """One Arrow list column from per-row arrays (None -> null), without per-element Python."""
     lengths = np.fromiter((0 if c is None else c.size for c in chunks), np.int64, len(chunks))
@@ -167,6 +208,7 @@ class PredictionWriter:
         save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
         rows_per_part: int = 8192,
         first_part: int = 0,
+        ledger: RunManifest | None = None,
         flush_interval_s: float = 10.0,
         max_buffer_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
@@ -189,7 +231,9 @@ class PredictionWriter:
         self.max_buffer_bytes = max_buffer_bytes
         self._clock = clock
         self._next_part = first_part
+        self._ledger = ledger
         self._rows_written = 0
+        self._errors_written = 0
         self._parts_written: list[Path] = []
         self._closed = False
         self._adds_since_clock = 0
@@ -202,6 +246,11 @@ class PredictionWriter:
     def rows_written(self) -> int:
         """Rows that are in parts on disk (buffered rows not included)."""
         return self._rows_written
+
+    @property
+    def errors_written(self) -> int:
+        """Error rows that are in parts on disk."""
+        return self._errors_written
 
     @property
     def rows_buffered(self) -> int:
@@ -218,45 +267,52 @@ class PredictionWriter:
         """Paths of the parts this writer has written, in order."""
         return list(self._parts_written)
 
-    def add(
-        self,
-        *,
-        index: int,
-        id: str,
-        label: int | None,
-        label_name: str | None,
-        core: int | None,
-        instance: int | None,
-        attempt: int,
-        latency_ms: float | None,
-        read_ms: float | None,
-        wait_ms: float | None,
-        error: str | None,
-        outputs: Sequence[np.ndarray] | None,
-    ) -> None:
-        """Buffer one row; writes a part when the buffer is full or the interval has passed.
+    def add(self, **fields: object) -> None:
+        """Buffer one row given as keyword arguments (the fields of :class:`Row`).
 
-        On an error row (``error`` set) the outputs are ignored: pred, top-k and saved
-        outputs are null. If the triggered write fails, OutputWriteError is raised and
-        the row stays buffered.
+        Top-1 and top-k are derived from ``outputs`` when not given (the engine's collector
+        gives them, computed for a whole batch at once).
         """
+        row = Row(**{"id_bytes": None, **fields})  # type: ignore[arg-type]
+        if row.error is None and row.pred is None and row.outputs:
+            row.pred, row.topk_index, row.topk_score = self._top(row.outputs)
+        self.write([row])
+
+    def write(self, rows: list[Row]) -> None:
+        """Buffer rows (RowSink); writes a part when the buffer is full or the interval passed.
+
+        On an error row the outputs are ignored: pred, top-k and saved outputs are null.
+        If a triggered write fails, OutputWriteError is raised and the rows stay buffered.
+        """
+        for row in rows:
+            self._append(row)
+
+    def open(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
+        """RowSink: nothing to do, the schema was fixed when the writer was made."""
+
+    def _append(self, row: Row) -> None:
         if self._closed:
             raise ValueError("PredictionWriter is closed")
         # Everything that can raise runs before the first append, so a refused row
         # leaves the column buffers the same length.
-        pred, idx, score, saved = self._derive(outputs if error is None else None)
-        values = (index, id, label, label_name, core, instance, attempt)
-        values += (latency_ms, read_ms, wait_ms, error)
+        ok = row.error is None
+        saved = self._saved_outputs(row.outputs if ok else None)
+        idx = row.topk_index if ok else None
+        if idx is not None and self._topk_index is not None and idx.size != self._topk_index.width:
+            raise ValueError(f"row {row.index} has {idx.size} top-k classes, earlier rows fewer")
+        values = (row.index, row.id, row.id_bytes, row.label, row.label_name, row.core)
+        values += (row.instance, row.attempt, row.latency_ms, row.read_ms, row.wait_ms, row.error)
         for name, value in zip(_SCALAR_COLUMNS, values, strict=True):
             self._cols[name].append(value)
-        self._pred.append(pred)
+        self._pred.append(row.pred if ok else None)
         if idx is not None and self._topk_index is None:  # earlier rows had none: null
             self._topk_index = _Column("int32", idx.size, nulls=self._rows)
             self._topk_score = _Column("float32", idx.size, nulls=self._rows)
         if self._topk_index is not None:
             self._topk_index.append(idx)
-            self._topk_score.append(score)
+            self._topk_score.append(row.topk_score if idx is not None else None)
         self._rows += 1
+        self._errors += not ok
         for column, flat in zip(self._saved, saved, strict=True):
             column.append(flat)
             self._bytes += 0 if flat is None else flat.nbytes
@@ -272,21 +328,39 @@ class PredictionWriter:
     def flush(self) -> Path | None:
         """Write the buffered rows as the next part; returns its path (None if nothing to write).
 
-        On OSError raises OutputWriteError and keeps the rows, so calling flush() again
-        after space is freed writes them.
+        Any failure raises OutputWriteError and keeps the rows, so calling flush() again
+        after space is freed writes them. With a ledger, the part is recorded (rows and
+        checksum) before it is renamed into place.
         """
         self._adds_since_clock = 0
         if not self.rows_buffered:
             self._last_write = self._clock()
             return None
-        table = self._table()
         path = self.directory / part_name(self._next_part)
-        # Dictionary encoding only where values repeat: on unique columns (index, id, timings)
-        # it buys nothing, and its buffers grew the coordinator by ~6 MB per 8,192-row part.
-        write_table_atomically(table, path, use_dictionary=_DICTIONARY_COLUMNS)
+        errors = self._errors
+
+        def record(tmp: Path) -> None:
+            if self._ledger is not None:
+                self._ledger.record_part(
+                    path.name, rows=table.num_rows, errors=errors, sha256=file_sha256(tmp)
+                )
+
+        try:
+            table = self._table()
+            # Dictionary encoding only where values repeat: on unique columns (index, id,
+            # timings) it buys nothing, and its buffers grew the coordinator by ~6 MB per
+            # 8,192-row part.
+            write_table_atomically(
+                table, path, before_rename=record, use_dictionary=_DICTIONARY_COLUMNS
+            )
+        except OutputWriteError:
+            raise
+        except Exception as exc:  # a row Arrow refuses must not cost the others: keep them
+            raise write_error(path, exc) from exc
         self._parts_written.append(path)
         self._next_part += 1
         self._rows_written += table.num_rows
+        self._errors_written += errors
         self._reset_buffers()
         self._last_write = self._clock()
         return path
@@ -318,7 +392,9 @@ class PredictionWriter:
 
     def _reset_buffers(self) -> None:
         self._cols: dict[str, _Column | list] = {
-            f.name: [] if pa.types.is_string(f.type) else _Column(f.type.to_pandas_dtype())
+            f.name: []
+            if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
+            else _Column(f.type.to_pandas_dtype())
             for f in _BASE_FIELDS[: len(_SCALAR_COLUMNS)]
         }
         self._pred = _Column("int64")
@@ -328,24 +404,22 @@ class PredictionWriter:
         self._saved: list[list[np.ndarray | None]] = [[] for _ in self._outputs]
         self._bytes = 0
         self._rows = 0
+        self._errors = 0
 
-    def _derive(
-        self, outputs: Sequence[np.ndarray] | None
-    ) -> tuple[int | None, np.ndarray | None, np.ndarray | None, list[np.ndarray | None]]:
-        """Top-1, top-k and the flattened outputs to save for one row (all None on errors)."""
-        pred = idx = score = None
-        if outputs is not None and len(outputs) > 0:
-            first = np.asarray(outputs[0])
-            if first.size > 1:
-                if self.topk:
-                    idx, score = top_k(first, self.topk)
-                    pred = int(idx[0])
-                    if self._topk_index is not None and idx.size != self._topk_index.width:
-                        raise ValueError(
-                            f"output 0 has {first.size} values here but fewer or more before"
-                        )
-                else:
-                    pred = int(np.argmax(first))
+    def _top(
+        self, outputs: Sequence[np.ndarray]
+    ) -> tuple[int | None, np.ndarray | None, np.ndarray | None]:
+        """Top-1 and top-k of the first output (None when it is not a classification)."""
+        first = np.asarray(outputs[0])
+        if first.size <= 1:
+            return None, None, None
+        if not self.topk:
+            return int(np.argmax(first)), None, None
+        idx, score = top_k(first, self.topk)
+        return int(idx[0]), idx, score
+
+    def _saved_outputs(self, outputs: Sequence[np.ndarray] | None) -> list[np.ndarray | None]:
+        """The flattened outputs to save for one row (None on errors)."""
         saved: list[np.ndarray | None] = []
         for i, (name, shape, size) in enumerate(self._outputs):
             flat = None
@@ -359,7 +433,7 @@ class PredictionWriter:
                         f"output {name!r} has {flat.size} values, expected shape {shape}"
                     )
             saved.append(flat)
-        return pred, idx, score, saved
+        return saved
 
     def _table(self) -> pa.Table:
         arrays = []
@@ -367,7 +441,7 @@ class PredictionWriter:
             if f.name in self._cols:
                 col = self._cols[f.name]
                 arrays.append(
-                    pa.array(col, type=f.type) if isinstance(col, list) else col.arrow(f.type)
+                    _text_array(col, f.type) if isinstance(col, list) else col.arrow(f.type)
                 )
         arrays.append(self._pred.arrow(pa.int64()))
         for col, value_type in ((self._topk_index, pa.int32()), (self._topk_score, pa.float32())):

@@ -1,95 +1,182 @@
 """What ``--resume`` continues from: the successful rows already in OUT/predictions/.
 
-``prepare_resume`` makes the folder consistent before a resumed run appends to it:
-leftover tmp files go, error rows (and, should they ever exist, duplicate rows) are
-removed from their parts so those items run again and still appear exactly once.
+Nothing in OUT is trusted because it is there. ``prepare_resume`` first checks, without
+changing anything, that every file under predictions/ is a part this run wrote and that
+its bytes are the ones the manifest's ledger recorded when it was written (sha256; see
+``RunManifest``); an unknown, copied or damaged file stops the resume with one sentence.
+Only then does it make the folder consistent: leftover tmp files and retired parts go,
+error rows (and, should they ever exist, duplicate rows) are removed so those items run
+again and still appear exactly once. Rows are matched to dataset items by their id (the
+exact file name), never by position, so no row can describe another file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchinfer.errors import RunFailedError
-from batchinfer.sink._atomic import fsync_dir, write_error, write_table_atomically
-from batchinfer.sink.predictions import PART_GLOB, PREDICTIONS_DIR, part_number, prediction_schema
+from batchinfer.errors import RunFailedError, UsageError
+from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest
+from batchinfer.sink.predictions import PREDICTIONS_DIR, part_name
 
 log = logging.getLogger(__name__)
+
+PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
+_TMP_RE = re.compile(r"^\.part-\d{5,}\.parquet\.tmp$")
+
+
+def id_key(id: str, id_bytes: bytes | None) -> bytes:
+    """The exact name of an item as bytes: what rows and dataset items are matched by."""
+    return id_bytes if id_bytes is not None else id.encode("utf-8")
+
+
+def key_hashes(keys: Iterable[bytes]) -> np.ndarray:
+    """64-bit hashes of item keys (8 bytes an item in memory, whatever the name's length)."""
+    return np.fromiter(
+        (int.from_bytes(hashlib.blake2b(k, digest_size=8).digest(), "little") for k in keys),
+        np.uint64,
+    )
 
 
 @dataclass(frozen=True)
 class ResumeState:
-    """What is already done: sorted indices of successful rows, and where new parts start."""
+    """What is already done, and where new parts start."""
 
-    done: np.ndarray
+    done_keys: np.ndarray  # sorted unique key hashes of items with a successful row
+    done_indices: np.ndarray  # their dataset indices, for counting within --limit
     next_part: int
     dropped_errors: int
     dropped_duplicates: int = 0
 
-    def is_done(self, index: int) -> bool:
-        """True when item ``index`` already has a successful row on disk."""
-        pos = int(np.searchsorted(self.done, index))
-        return pos < self.done.size and int(self.done[pos]) == index
+    def is_done(self, key: bytes) -> bool:
+        """True when the item named ``key`` (see :func:`id_key`) already has a successful row."""
+        h = key_hashes([key])[0]
+        pos = int(np.searchsorted(self.done_keys, h))
+        return pos < self.done_keys.size and self.done_keys[pos] == h
 
-    def done_mask(self, indices: np.ndarray) -> np.ndarray:
-        """A boolean mask over ``indices``: True where the item is already done."""
-        indices = np.asarray(indices, dtype=np.int64)
-        if not self.done.size:
-            return np.zeros(indices.shape, bool)
-        pos = np.minimum(np.searchsorted(self.done, indices), self.done.size - 1)
-        return self.done[pos] == indices
+    def done_below(self, n: int) -> int:
+        """How many done items have an index below ``n`` (the run's --limit)."""
+        return int((self.done_indices < n).sum())
 
 
-def _parts(directory: Path) -> list[Path]:
-    """The part files in ``directory``, in part-number order."""
-    return sorted(directory.glob(PART_GLOB), key=part_number)
+def _part_number(name: str) -> int:
+    return int(PART_RE.match(name).group(1))  # type: ignore[union-attr]
 
 
-def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
+def _listing(manifest: RunManifest) -> tuple[list[str], list[str]]:
+    """(part names in order, tmp leftovers); UsageError for anything else in predictions/."""
+    directory = manifest.out / PREDICTIONS_DIR
     try:
-        return pq.read_table(path, columns=columns)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise RunFailedError(
-            f"Prediction part {path} cannot be read ({exc}); delete it and run --resume "
-            "again to redo its items."
-        ) from exc
-
-
-def prepare_resume(out_dir: Path) -> ResumeState:
-    """Clean OUT/predictions/ for a resumed run and return what is already done.
-
-    Removes ``.part-*.tmp`` leftovers, rewrites parts that hold error rows or duplicate
-    rows without them (atomically; a part left empty is deleted), and returns the
-    sorted successful indices, the next free part number and how many rows it dropped.
-    """
-    directory = Path(out_dir) / PREDICTIONS_DIR
-    if not directory.is_dir():
-        return ResumeState(np.empty(0, np.int64), next_part=0, dropped_errors=0)
-    try:
-        for tmp in directory.glob(".part-*.tmp"):
-            tmp.unlink()
+        names = sorted(os.listdir(directory)) if directory.is_dir() else []
     except OSError as exc:
         raise write_error(directory, exc) from exc
+    unknown = [n for n in names if not PART_RE.match(n) and not _TMP_RE.match(n)]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+        raise UsageError(
+            f"{directory} holds {shown}, which no batchinfer run wrote; move it out of that "
+            "folder (nothing was changed), then resume again."
+        )
+    parts = sorted((n for n in names if PART_RE.match(n)), key=_part_number)
+    return parts, [n for n in names if _TMP_RE.match(n)]
 
-    parts = _parts(directory)
-    ok_masks: list[np.ndarray] = []
-    ok_indices: list[np.ndarray] = []
-    for path in parts:
-        cols = _read(path, ["index", "error"])
+
+def _verify(manifest: RunManifest, parts: list[str]) -> list[str]:
+    """Check every part against the ledger; return the retired ones. Changes nothing."""
+    directory = manifest.out / PREDICTIONS_DIR
+    retired = []
+    for name in parts:
+        path = directory / name
+        record = manifest.parts.get(name)
+        if record is None:
+            raise UsageError(
+                f"{path} is not recorded in {manifest.out / MANIFEST_FILE}, so this run did not "
+                "write it (a copy, or a file from another run); move it out of that folder "
+                "(nothing was changed), then resume again."
+            )
+        try:
+            sha = file_sha256(path)
+        except OSError as exc:
+            raise RunFailedError(f"Cannot read {path} ({exc.strerror or exc}).") from exc
+        if sha != record["sha256"]:
+            raise UsageError(
+                f"{path} does not match the checksum recorded when it was written (it was "
+                "changed or damaged); move it out of that folder (nothing was changed) and resume "
+                "again: its items will be run again."
+            )
+        if record["state"] == "retired":
+            retired.append(name)
+    return retired
+
+
+def verify_parts(manifest: RunManifest) -> None:
+    """Raise UsageError when predictions/ holds a file the ledger does not vouch for.
+
+    Only reads (and hashes every part): planning calls it, so a refused --resume leaves
+    OUT exactly as it was; :func:`prepare_resume` checks again under OUT's lock.
+    """
+    parts, _ = _listing(manifest)
+    _verify(manifest, parts)
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
+
+
+def prepare_resume(manifest: RunManifest) -> ResumeState:
+    """Verify and clean OUT/predictions/ for a resumed run; return what is already done.
+
+    Raises UsageError, before changing anything, when predictions/ holds a file the
+    ledger does not vouch for. Then removes tmp leftovers and retired parts, forgets
+    ledger records whose file is gone, rewrites parts holding error or duplicate rows
+    without them (as new parts, through the ledger), and returns the done items.
+    """
+    directory = manifest.out / PREDICTIONS_DIR
+    parts, tmps = _listing(manifest)
+    retired = _verify(manifest, parts)
+
+    for name in tmps:
+        _unlink(directory / name)
+    for name in retired:
+        _unlink(directory / name)
+    live = [n for n in parts if n not in retired]
+    for name in list(manifest.parts):
+        if name not in live:
+            manifest.forget_part(name, save=False)
+    manifest.save()
+
+    next_part = max((_part_number(n) for n in parts), default=-1) + 1
+    keys: list[np.ndarray] = []
+    indices: list[np.ndarray] = []
+    oks: list[np.ndarray] = []
+    for name in live:
+        cols = _read(directory / name, ["index", "id", "id_bytes", "error"])
         ok = cols.column("error").is_null().to_numpy(zero_copy_only=False)
-        ok_masks.append(ok)
-        ok_indices.append(cols.column("index").to_numpy()[ok].astype(np.int64, copy=False))
+        ids, raw = cols.column("id").to_pylist(), cols.column("id_bytes").to_pylist()
+        oks.append(ok)
+        keys.append(
+            key_hashes(id_key(i, b) for i, b, good in zip(ids, raw, ok, strict=True) if good)
+        )
+        indices.append(cols.column("index").to_numpy()[ok].astype(np.int64, copy=False))
 
     # Duplicates should never exist; if they do, the first part's row wins.
-    all_ok = np.concatenate(ok_indices) if ok_indices else np.empty(0, np.int64)
-    done, first = np.unique(all_ok, return_index=True)
-    duplicate = np.ones(all_ok.size, bool)
+    all_keys = np.concatenate(keys) if keys else np.empty(0, np.uint64)
+    all_indices = np.concatenate(indices) if indices else np.empty(0, np.int64)
+    done_keys, first = np.unique(all_keys, return_index=True)
+    duplicate = np.ones(all_keys.size, bool)
     duplicate[first] = False
     dropped_duplicates = int(duplicate.sum())
     if dropped_duplicates:
@@ -101,7 +188,7 @@ def prepare_resume(out_dir: Path) -> ResumeState:
 
     dropped_errors = 0
     start = 0
-    for path, ok in zip(parts, ok_masks, strict=True):
+    for name, ok in zip(live, oks, strict=True):
         n_ok = int(ok.sum())
         keep = ok.copy()
         keep[np.flatnonzero(ok)] = ~duplicate[start : start + n_ok]
@@ -109,25 +196,35 @@ def prepare_resume(out_dir: Path) -> ResumeState:
         dropped_errors += int(ok.size - n_ok)
         if keep.all():
             continue
-        if not keep.any():
-            try:
-                path.unlink()
-            except OSError as exc:
-                raise write_error(path, exc) from exc
-            fsync_dir(directory)
-            continue
-        table = _read(path)
-        write_table_atomically(table.filter(pa.array(keep)), path)
+        old = directory / name
+        if keep.any():
+            table = _read(old).filter(pa.array(keep))
+            new = directory / part_name(next_part)
+            next_part += 1
+            write_table_atomically(
+                table,
+                new,
+                before_rename=lambda tmp, new=new, table=table, name=name: manifest.replace_part(
+                    name, new.name, rows=table.num_rows, errors=0, sha256=file_sha256(tmp)
+                ),
+            )
+        _unlink(old)
+        manifest.forget_part(name)
 
-    next_part = part_number(parts[-1]) + 1 if parts else 0
-    return ResumeState(done, next_part, dropped_errors, dropped_duplicates)
+    return ResumeState(
+        done_keys=done_keys,
+        done_indices=all_indices[first],
+        next_part=next_part,
+        dropped_errors=dropped_errors,
+        dropped_duplicates=dropped_duplicates,
+    )
 
 
-def read_predictions(out_dir: Path) -> pa.Table:
-    """Every prediction row under OUT/predictions/, sorted by index (empty table if none)."""
-    parts = _parts(Path(out_dir) / PREDICTIONS_DIR)
-    if not parts:
-        return prediction_schema().empty_table()
-    tables = [_read(path) for path in parts]
-    table = pa.concat_tables(tables, promote_options="default")
-    return table.take(pc.sort_indices(table, sort_keys=[("index", "ascending")]))
+def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
+    try:
+        return pq.read_table(path, columns=columns)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise RunFailedError(
+            f"Prediction part {path} cannot be read ({exc}); move it out of that folder and run "
+            "resume again to redo its items."
+        ) from exc

@@ -13,6 +13,11 @@ one. Below 1 µs or above 1 h it is the exact min or max. ``max_ms`` is always e
 
 The timeline holds one counter pair per (core, second) that saw a completion, so it
 grows with the run's duration, not with its item count.
+
+Both files label their rows with ``invocation``: 0 for the run itself, 1 for its first
+``--resume``, and so on. A resume appends its own rows and keeps the earlier ones, so the
+files describe the whole run, one invocation at a time (percentiles and rates of different
+invocations cannot be merged honestly); an invocation that had nothing left to do adds none.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from batchinfer.sink._atomic import write_table_atomically
 
@@ -113,8 +120,16 @@ class CoreStatsRecorder:
     one. The two calls may come in either order.
     """
 
-    def __init__(self, cores: Sequence[int], instances_per_core: int) -> None:
+    def __init__(
+        self,
+        cores: Sequence[int],
+        instances_per_core: int,
+        invocation: int = 0,
+        percentiles: Sequence[float] = PERCENTILES,
+    ) -> None:
         self.instances_per_core = instances_per_core
+        self.invocation = invocation
+        self.percentiles = tuple(percentiles)
         self._cores: dict[int, _CoreCounters] = {int(c): _CoreCounters() for c in cores}
         # Items that never reached a core (input errors): total row only.
         self._no_core = _CoreCounters()
@@ -191,13 +206,21 @@ class CoreStatsRecorder:
         n = len(self._cores)
         row["utilization"] = busy / (wall * n) if wall and n else None
         rows.append(row)
-        return pa.Table.from_pylist(rows, schema=CORE_STATS_SCHEMA)
+        for r in rows:
+            r["invocation"] = self.invocation
+        return pa.Table.from_pylist(rows, schema=core_stats_schema(self.percentiles))
+
+    @property
+    def items(self) -> int:
+        """Items recorded so far, on every core and none."""
+        return sum(c.items for c in [*self._cores.values(), self._no_core])
 
     def timeline_table(self) -> pa.Table:
         """Completions and errors per core per second since the first dispatch."""
         keys = sorted(self._timeline, key=lambda k: (k[1], -1 if k[0] is None else k[0]))
         return pa.table(
             {
+                "invocation": pa.array([self.invocation] * len(keys), pa.int16()),
                 "core": pa.array([k[0] for k in keys], pa.int16()),
                 "second": pa.array([k[1] for k in keys], pa.int32()),
                 "completed": pa.array([self._timeline[k][0] for k in keys], pa.int64()),
@@ -210,8 +233,8 @@ class CoreStatsRecorder:
             return None
         return max(0.0, last_done - self._t0)
 
-    @staticmethod
     def _row(
+        self,
         core: int | None,
         instances: int,
         c: _CoreCounters,
@@ -231,73 +254,105 @@ class CoreStatsRecorder:
             "utilization": busy / wall if wall else None,
             "max_ms": latency.max if latency.n else None,
         }
-        for q in PERCENTILES:
-            row[f"p{q}_ms"] = latency.percentile(q)
+        for q in self.percentiles:
+            row[percentile_column(q)] = latency.percentile(q)
         return row
 
 
-CORE_STATS_SCHEMA = pa.schema(
-    [
-        pa.field("core", pa.int16()),
-        pa.field("instances", pa.int16()),
-        pa.field("items", pa.int64()),
-        pa.field("errors", pa.int64()),
-        pa.field("restarts", pa.int64()),
-        pa.field("busy_s", pa.float64()),
-        pa.field("wall_s", pa.float64()),
-        pa.field("items_per_s", pa.float64()),
-        pa.field("utilization", pa.float64()),
-        *[pa.field(f"p{q}_ms", pa.float64()) for q in PERCENTILES],
-        pa.field("max_ms", pa.float64()),
-    ],
-    metadata={b"batchinfer.percentile_rel_error": f"{PERCENTILE_REL_ERROR:.6f}".encode()},
-)
+def percentile_column(q: float) -> str:
+    """The column of percentile ``q``: 50 -> p50_ms, 99.9 -> p99_9_ms."""
+    return f"p{q:g}_ms".replace(".", "_")
+
+
+def core_stats_schema(percentiles: Sequence[float] = PERCENTILES) -> pa.Schema:
+    """The schema of core_stats.parquet for the given latency percentiles."""
+    return pa.schema(
+        [
+            pa.field("invocation", pa.int16()),
+            pa.field("core", pa.int16()),
+            pa.field("instances", pa.int16()),
+            pa.field("items", pa.int64()),
+            pa.field("errors", pa.int64()),
+            pa.field("restarts", pa.int64()),
+            pa.field("busy_s", pa.float64()),
+            pa.field("wall_s", pa.float64()),
+            pa.field("items_per_s", pa.float64()),
+            pa.field("utilization", pa.float64()),
+            *[pa.field(percentile_column(q), pa.float64()) for q in percentiles],
+            pa.field("max_ms", pa.float64()),
+        ],
+        metadata={b"batchinfer.percentile_rel_error": f"{PERCENTILE_REL_ERROR:.6f}".encode()},
+    )
+
+
+CORE_STATS_SCHEMA = core_stats_schema()
+
+
+def windowed_throughput(timeline: pa.Table, window_s: int) -> pa.Table:
+    """Completions per second per core in windows of ``window_s`` seconds of a timeline.
+
+    Columns: core (null: all cores), window (0, 1, ...), start_s, items, items_per_s.
+    A window with no completion on a core is a row with 0 items, so a stall shows.
+    """
+    if window_s < 1:
+        raise ValueError("window_s must be at least 1")
+    seconds = timeline.column("second").to_numpy()
+    completed = timeline.column("completed").to_numpy()
+    cores = timeline.column("core").to_pylist()
+    n = int(seconds.max()) // window_s + 1 if len(seconds) else 0
+    rows = []
+    for core in [*sorted({c for c in cores if c is not None}), None]:
+        mask = np.ones(len(cores), bool) if core is None else np.array([c == core for c in cores])
+        counts = np.bincount(seconds[mask] // window_s, weights=completed[mask], minlength=n)
+        for w, items in enumerate(counts[:n]):
+            rows.append(
+                {
+                    "core": core,
+                    "window": w,
+                    "start_s": w * window_s,
+                    "items": int(items),
+                    "items_per_s": float(items) / window_s,
+                }
+            )
+    return pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                pa.field("core", pa.int16()),
+                pa.field("window", pa.int32()),
+                pa.field("start_s", pa.int32()),
+                pa.field("items", pa.int64()),
+                pa.field("items_per_s", pa.float64()),
+            ]
+        ),
+    )
+
+
+def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> pa.Table:
+    """``table`` after the rows of earlier invocations already in ``path``."""
+    if recorder.invocation > 0 and recorder.items == 0:
+        table = table.slice(0, 0)  # nothing was left to do: add no rows of zeros
+    if recorder.invocation == 0 or not path.exists():
+        return table
+    try:
+        earlier = pq.read_table(path)
+    except (OSError, pa.ArrowInvalid):
+        return table  # unreadable: this invocation's rows are still worth writing
+    if "invocation" not in earlier.column_names:
+        return table
+    earlier = earlier.filter(pc.less(earlier["invocation"], recorder.invocation))
+    return pa.concat_tables([earlier.select(table.column_names).cast(table.schema), table])
 
 
 def write_core_stats(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
-    """Write OUT/core_stats.parquet atomically; returns its path (OutputWriteError on failure)."""
+    """Write OUT/core_stats.parquet atomically, keeping earlier invocations' rows."""
     path = Path(out_dir) / CORE_STATS_FILE
-    write_table_atomically(recorder.table(), path)
+    write_table_atomically(_with_earlier(path, recorder, recorder.table()), path)
     return path
 
 
 def write_timeline(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
-    """Write OUT/timeline.parquet atomically; returns its path (OutputWriteError on failure)."""
+    """Write OUT/timeline.parquet atomically, keeping earlier invocations' rows."""
     path = Path(out_dir) / TIMELINE_FILE
-    write_table_atomically(recorder.timeline_table(), path)
+    write_table_atomically(_with_earlier(path, recorder, recorder.timeline_table()), path)
     return path
-
-
-def _fmt(value: float | int | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def format_summary(table: pa.Table) -> str:
-    """A fixed-width per-core summary for the terminal, the total row last (core "all")."""
-    header = ("core", "items", "errors", "restarts", "items/s", "util %", "p50 ms", "p99 ms")
-    lines = []
-    rows = table.to_pylist()
-    rows.sort(key=lambda r: (r["core"] is None, r["core"] or 0))
-    for r in rows:
-        util = None if r["utilization"] is None else 100 * r["utilization"]
-        lines.append(
-            (
-                "all" if r["core"] is None else str(r["core"]),
-                str(r["items"]),
-                str(r["errors"]),
-                str(r["restarts"]),
-                _fmt(r["items_per_s"], ".1f"),
-                _fmt(util, ".0f"),
-                _fmt(r["p50_ms"], ".2f"),
-                _fmt(r["p99_ms"], ".2f"),
-            )
-        )
-    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(header)]
-    out = [
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
-        )
-        for cells in [header, *lines]
-    ]
-    return "\n".join(out)

@@ -1,0 +1,80 @@
+"""The ``batchinfer`` command: parse, call the library, turn errors into messages and exit codes.
+
+Nothing here does work of its own; every command is a call into the library. Errors of the
+one tree (``batchinfer.errors``) become one line on stderr, with settings named as the
+flags the user typed, and their exit code: 0 ok, 1 some items failed (or an evaluation
+regressed), 2 usage/configuration, 3 the run could not proceed, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from collections.abc import Callable
+
+import click
+
+from batchinfer import __version__
+from batchinfer.cli.options import flag_of
+from batchinfer.errors import BatchinferError
+
+
+def fail_cleanly(fn: Callable) -> Callable:
+    """Turn a BatchinferError into its one-line message and exit code (the one catch point)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except BatchinferError as e:
+            click.echo(f"error: {e.render(flag_of)}", err=True)
+            sys.exit(e.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C outside a run (click would say "Aborted!", exit 1)
+            click.echo("error: interrupted; nothing was started.", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+class _CliLogHandler(logging.Handler):
+    """Library log lines on the stderr of the moment, ``warning: ...`` for warnings."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        click.echo(text, err=True)
+
+
+def _setup_logging() -> None:
+    log = logging.getLogger("batchinfer")
+    # Replace our own handler (never anyone else's), so that repeated in-process calls
+    # (tests, notebooks) each print to their current stderr exactly once.
+    log.handlers = [h for h in log.handlers if not isinstance(h, _CliLogHandler)]
+    log.addHandler(_CliLogHandler())
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="batchinfer")
+def main() -> None:
+    """Batch inference over the NPU cores of Rockchip RK3588-class boards.
+
+    \b
+    First run (x86 or board):
+      batchinfer demo demo
+      batchinfer run demo/dataset --model demo/models/digits.onnx --cores 0,1,2
+    """
+    _setup_logging()
+
+
+def _register() -> None:
+    from batchinfer.cli import demo, info, run
+
+    for module in (run, info, demo):
+        main.add_command(module.command)
+
+
+_register()

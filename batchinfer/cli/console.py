@@ -1,0 +1,99 @@
+"""What the CLI shows while and after a run: progress, warnings, the per-core table.
+
+These are engine observers (see batchinfer.engine.events) that the commands attach; the
+engine knows nothing about terminals.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import click
+import pyarrow as pa
+
+from batchinfer.engine import events as ev
+from batchinfer.errors import render_fields
+
+
+class ConsoleObserver:
+    """Warnings as ``warning: ...`` lines; a progress bar only when stderr is a terminal.
+
+    A progress bar redrawn into a log file fills it with carriage returns, so a run under
+    cron, systemd or ``> log 2>&1`` gets the warnings and the final summary only.
+    """
+
+    def __init__(self, flag_of: Callable[[str], str], progress: bool = True) -> None:
+        self.flag_of = flag_of
+        self.progress = progress and sys.stderr.isatty()
+        self.bar = None
+
+    def notify(self, event: object) -> None:
+        if isinstance(event, ev.RowsDone):
+            if self.bar is not None:
+                self.bar.update(len(event.rows))
+        elif isinstance(event, ev.Warned):
+            self.echo(f"warning: {render_fields(event.message, self.flag_of)}")
+        elif isinstance(event, ev.Started):
+            cores = ",".join(str(c) for c in event.cores)
+            todo = "?" if event.todo is None else str(event.todo)
+            self.echo(
+                f"started: {todo} items on cores {cores} ({event.backend}, "
+                f"{event.instances_per_core} instance(s) per core)"
+            )
+            if self.progress:  # after start-up, so its rate counts only the run itself
+                from tqdm import tqdm
+
+                self.bar = tqdm(
+                    total=event.todo,
+                    unit="item",
+                    dynamic_ncols=True,
+                    file=sys.stderr,
+                    smoothing=0.1,
+                )
+
+    def echo(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            click.echo(text, err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_summary(table: pa.Table) -> str:
+    """A fixed-width per-core summary for the terminal, the total row last (core "all")."""
+    header = ("core", "items", "errors", "restarts", "items/s", "util %", "p50 ms", "p99 ms")
+    lines = []
+    rows = table.to_pylist()
+    rows.sort(key=lambda r: (r["core"] is None, r["core"] or 0))
+    for r in rows:
+        util = None if r["utilization"] is None else 100 * r["utilization"]
+        lines.append(
+            (
+                "all" if r["core"] is None else str(r["core"]),
+                str(r["items"]),
+                str(r["errors"]),
+                str(r["restarts"]),
+                _fmt(r["items_per_s"], ".1f"),
+                _fmt(util, ".0f"),
+                _fmt(r["p50_ms"], ".2f"),
+                _fmt(r["p99_ms"], ".2f"),
+            )
+        )
+    widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(header)]
+    out = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        )
+        for cells in [header, *lines]
+    ]
+    return "\n".join(out)

@@ -1,0 +1,30 @@
+"""``batchinfer demo``: the first-run kit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command("demo")
+@click.argument("target", type=click.Path(path_type=Path))
+@click.option("--overwrite", is_flag=True, help="Replace a demo kit already in TARGET.")
+def command(target: Path, overwrite: bool) -> None:
+    """Write a first-run kit to TARGET: 1,797 digit images and small models.
+
+    \b
+    Then:
+      batchinfer run TARGET/dataset --model TARGET/models/digits.onnx --cores 0,1,2
+    """
+    from batchinfer.cli import fail_cleanly
+
+    fail_cleanly(_demo)(target, overwrite)
+
+
+def _demo(target: Path, overwrite: bool) -> None:
+    from batchinfer.demo import write_demo
+
+    kit = write_demo(target, overwrite=overwrite)
+    click.echo(f"wrote {kit.count} images to {kit.dataset} and models to {kit.root / 'models'}")
+    click.echo(f"next: batchinfer run {kit.dataset} --model {kit.models['digits']} --cores 0,1,2")

@@ -1,0 +1,84 @@
+"""``batchinfer run``: the main job."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from batchinfer.cli.console import ConsoleObserver, format_summary
+from batchinfer.cli.options import build_group, flag_of, group_options
+
+EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
+
+
+def resume_command(argv: list[str], out: Path) -> str:
+    """The command that continues an interrupted run: the same one, with --resume and --out."""
+    args = [a for a in argv if a not in ("--overwrite", "--resume")]
+    if not any(a in ("--out", "-o") or a.startswith("--out=") for a in args):
+        args += ["--out", str(out)]
+    return shlex.join(["batchinfer", *args, "--resume"])
+
+
+@click.command("run")
+@click.argument("dataset", type=click.Path(path_type=Path))
+@click.option(
+    "--model", "-m", required=True, type=click.Path(path_type=Path), help=".rknn or .onnx model."
+)
+@group_options("runtime", "runtime.sim", "preprocess", "output", "reliability")
+@click.option("--limit", type=int, help="Only the first N items of the dataset.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
+def command(dataset: Path, model: Path, limit: int | None, no_progress: bool, **params) -> None:
+    """Run MODEL over every item of DATASET on the NPU cores; results go to Parquet.
+
+    DATASET is a folder of images (class subfolders become labels) or of .npy tensors.
+
+    \b
+    Examples:
+      batchinfer run images/ --model resnet18.rknn --cores 0,1,2 -k 3
+      batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --sim-npu-ms 2
+      batchinfer run images/ --model m.rknn --out runs/night --resume
+
+    Exit codes: 0 all items succeeded, 1 some items are error rows, 2 usage error,
+    3 the run could not proceed, 130 interrupted (continue with --resume).
+    """
+    from batchinfer.cli import fail_cleanly
+
+    fail_cleanly(_run)(dataset, model, limit, no_progress, params)
+
+
+def _run(dataset: Path, model: Path, limit: int | None, no_progress: bool, params: dict) -> None:
+    from batchinfer.engine import RunConfig
+    from batchinfer.engine import run as run_engine
+
+    config = RunConfig(
+        dataset=dataset,
+        model=model,
+        runtime=build_group("runtime", params, sim=build_group("runtime.sim", params)),
+        preprocess=build_group("preprocess", params),
+        output=build_group("output", params),
+        reliability=build_group("reliability", params),
+        limit=limit,
+        command=shlex.join(["batchinfer", *sys.argv[1:]]),
+    )
+    console = ConsoleObserver(flag_of, progress=not no_progress)
+    try:
+        result = run_engine(config, observers=[console])
+    finally:
+        console.close()
+    click.echo(format_summary(result.stats))
+    if result.failed_items:
+        click.echo(f"failed items (first {len(result.failed_items)} of {result.errors}):")
+        for item_id, error in result.failed_items:
+            click.echo(f"  {item_id}: {error}")
+        click.echo(f"  every error row is in {result.out / 'predictions'} (column error)")
+    done = f"{result.succeeded} succeeded, {result.errors} error{'' if result.errors == 1 else 's'}"
+    if result.skipped:
+        done += f", {result.skipped} already done (resumed)"
+    click.echo(f"{result.status}: {done}; results in {result.out}")
+    if result.status == "interrupted":
+        click.echo(f"resume with: {resume_command(sys.argv[1:], result.out)}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(EXIT_ITEM_ERRORS if result.errors else EXIT_OK)

@@ -1,0 +1,76 @@
+"""The canary: the same input through every core before the run, to find the odd core out.
+
+Some nets give different results on some cores of real boards (airockchip/rknn-toolkit2#228).
+Each core worker infers :func:`canary_input` before it reports ready; once every core is up
+they are compared with the majority, so the warning names the odd core, not whichever
+happened to start first. A core that restarts later is compared with that majority.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Canary outputs of two cores agree when they differ by at most this share of their range.
+CANARY_RTOL = 1e-3
+
+
+def canary_input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """The fixed input every core infers before the run, so cores can be compared."""
+    rng = np.random.default_rng(20240229)
+    if np.dtype(dtype).kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    lo, hi = (0, 2) if info is None else (max(info.min, 0), min(info.max, 255) + 1)
+    return rng.integers(lo, hi, size=shape).astype(dtype)
+
+
+def canary_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    """Largest output difference relative to the outputs' magnitude."""
+    worst = max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b, strict=True))
+    scale = max(float(np.max(np.abs(x), initial=0.0)) for x in a) or 1.0
+    return worst / scale
+
+
+class Canary:
+    """Collects each core's canary outputs and says which cores disagree."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, list[np.ndarray]] = {}
+        self.reference: tuple[int, list[np.ndarray]] | None = None
+
+    def add(self, core: int, outputs: list[np.ndarray]) -> list[str]:
+        """Record ``core``'s outputs; warnings at once if the reference is already chosen."""
+        if self.reference is None:
+            self._pending[core] = outputs
+            return []
+        return self._judge(core, outputs)
+
+    def settle(self) -> list[str]:
+        """Choose the majority's outputs as the reference; warnings for the cores that differ."""
+        if not self._pending:
+            return []
+        cores = sorted(self._pending)
+
+        def agreeing(c: int) -> int:
+            return sum(
+                canary_difference(self._pending[c], self._pending[o]) <= CANARY_RTOL for o in cores
+            )
+
+        ref = max(cores, key=lambda c: (agreeing(c), -c))
+        self.reference = (ref, self._pending[ref])
+        warnings = [w for core in cores for w in self._judge(core, self._pending[core])]
+        self._pending.clear()
+        return warnings
+
+    def _judge(self, core: int, outputs: list[np.ndarray]) -> list[str]:
+        assert self.reference is not None
+        ref_core, ref = self.reference
+        diff = canary_difference(ref, outputs)
+        if diff <= CANARY_RTOL:
+            return []
+        return [
+            f"core {core} gives different outputs from core {ref_core} for the same canary "
+            f"input (largest difference {diff:.2%} of the output range); some models do on "
+            "real boards (airockchip/rknn-toolkit2#228): check this core's rows before "
+            "trusting them, or leave it out of {runtime.cores}."
+        ]

@@ -1,0 +1,57 @@
+"""What every child process (reader, core worker) does first, and how it reports failure.
+
+- Ctrl-C goes to the whole process group; only the coordinator decides what it means, so
+  children ignore SIGINT and die of SIGTERM.
+- A child must never outlive the coordinator, even blocked in a read of a hanging file:
+  on Linux the kernel sends it SIGKILL when the coordinator dies (PR_SET_PDEATHSIG).
+- A child whose coordinator is gone exits quietly (no BrokenPipeError traceback).
+- An exception during start-up travels back as ("failed", traceback text), so the
+  coordinator shows it once, instead of seeing only "exit code 1" (PyTorch's
+  ExceptionWrapper does the same for DataLoader workers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+from batchinfer.engine.affinity import pin_current_process
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
+    """Signals, parent-death signal and CPU affinity for a freshly spawned child."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent_pid)
+    pin_current_process(cpus)
+
+
+def send_or_exit(conn: Connection, message: tuple) -> None:
+    """Send to the coordinator; if it is gone, exit at once and quietly."""
+    try:
+        conn.send(message)
+    except OSError:
+        os._exit(0)
+
+
+def report_failure(conn: Connection, exc: BaseException) -> None:
+    """Send ("failed", traceback text) for an exception the child cannot go on after."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    send_or_exit(conn, ("failed", text))

@@ -1,0 +1,163 @@
+"""The collector: each item's one row, built in batches and handed to the sink.
+
+Results arrive in batches (a worker's ``done`` message holds whatever finished meanwhile);
+the collector turns each batch into rows with one vectorised top-k, gives them to the sink,
+the per-core statistics and the observers, and only then frees their slots (the rows'
+outputs are views of the slots' output regions until the sink has taken them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from batchinfer.engine.events import RowsDone
+from batchinfer.engine.scheduler import Finished, Scheduler
+from batchinfer.engine.slots import SlotRegion
+from batchinfer.sink.rows import Row, RowSink
+from batchinfer.sink.stats import CoreStatsRecorder
+
+
+def top_k_batch(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best classes of each row of ``scores`` (n, C) and their scores, best first.
+
+    Ties go to the lower class index; NaN scores rank last (as :func:`sink.predictions.top_k`).
+    """
+    n, c = scores.shape
+    k = min(k, c)
+    key = scores.astype(np.float64, copy=True)
+    key[np.isnan(key)] = -np.inf
+    if k < c:
+        candidates = np.argpartition(-key, k - 1, axis=1)[:, :k]
+    else:
+        candidates = np.broadcast_to(np.arange(c), (n, c))
+    values = np.take_along_axis(key, candidates, axis=1)
+    order = np.lexsort((candidates, -values), axis=1)
+    index = np.take_along_axis(candidates, order, axis=1)
+    if k < c:
+        # argpartition picks arbitrarily among values tied at the k-th place: redo such rows.
+        kth = np.take_along_axis(key, index[:, -1:], axis=1)
+        tied = (key >= kth).sum(axis=1) > k
+        for r in np.flatnonzero(tied):
+            index[r] = np.lexsort((np.arange(c), -key[r]))[:k]
+    return index.astype(np.int32), np.take_along_axis(scores, index, axis=1).astype(np.float32)
+
+
+class Collector:
+    """Builds rows for finished items and hands them on (see the module docstring)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sink: RowSink,
+        stats: CoreStatsRecorder,
+        notify: Callable[[object], None],
+        topk: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduler = scheduler
+        self.sink = sink
+        self.stats = stats
+        self.notify = notify
+        self.topk = topk
+        self.clock = clock
+        self.outputs: SlotRegion | None = None
+        self._successes: list[tuple[int, int, int, float, float]] = []
+        self._errors: list[Finished] = []
+        self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
+        self.collect_s = 0.0
+
+    def success(self, slot: int, core: int, instance: int, t0: float, t1: float) -> None:
+        self._successes.append((slot, core, instance, t0, t1))
+
+    def error(self, finished: Finished) -> None:
+        self._errors.append(finished)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._successes or self._errors)
+
+    def flush(self) -> None:
+        """Write every pending row, then free their slots."""
+        if not self.pending:
+            return
+        t_start = time.perf_counter()
+        now = self.clock()
+        rows = self._success_rows() + [self._error_row(f, now) for f in self._errors]
+        self.sink.write(rows)
+        for row in rows:
+            self.stats.record(row.core, row.t_done, row.latency_ms, row.error is None)
+        self.notify(RowsDone(rows, now))
+        for slot, *_ in self._successes:
+            self.scheduler.release(slot)
+        for f in self._errors:
+            self.scheduler.release(f.slot)
+        self.counts["succeeded"] += len(self._successes)
+        self.counts["errors"] += len(self._errors)
+        self.counts["input_errors"] += sum(f.attempt == 0 for f in self._errors)
+        self._successes.clear()
+        self._errors.clear()
+        self.collect_s += time.perf_counter() - t_start
+
+    def _success_rows(self) -> list[Row]:
+        if not self._successes:
+            return []
+        assert self.outputs is not None  # a success means a worker attached the outputs
+        views = [self.outputs[slot] for slot, *_ in self._successes]
+        preds: list[int | None] = [None] * len(views)
+        topk_index = topk_score = None
+        first = views[0][0] if views[0] else None
+        if first is not None and first.size > 1:
+            scores = np.stack([v[0].reshape(-1) for v in views])
+            if self.topk:
+                topk_index, topk_score = top_k_batch(scores, self.topk)
+                preds = topk_index[:, 0].tolist()
+            else:
+                preds = np.argmax(scores, axis=1).tolist()
+        rows = []
+        for i, (slot, core, instance, t0, t1) in enumerate(self._successes):
+            flight = self.scheduler.flight(slot)
+            item = flight.item
+            rows.append(
+                Row(
+                    index=item.index,
+                    id=item.id,
+                    id_bytes=item.id_bytes,
+                    label=item.label,
+                    label_name=item.label_name,
+                    core=core,
+                    instance=instance,
+                    attempt=len(flight.failures) + 1,
+                    latency_ms=(t1 - t0) * 1e3,
+                    read_ms=flight.read_ms,
+                    wait_ms=max(0.0, (t0 - flight.t_ready) * 1e3),
+                    error=None,
+                    pred=preds[i],
+                    topk_index=None if topk_index is None else topk_index[i],
+                    topk_score=None if topk_score is None else topk_score[i],
+                    outputs=views[i],
+                    t_done=t1,
+                )
+            )
+        return rows
+
+    def _error_row(self, f: Finished, now: float) -> Row:
+        flight = self.scheduler.flight(f.slot)
+        item = flight.item
+        return Row(
+            index=item.index,
+            id=item.id,
+            id_bytes=item.id_bytes,
+            label=item.label,
+            label_name=item.label_name,
+            core=f.core,
+            instance=None,
+            attempt=f.attempt,
+            latency_ms=None,
+            read_ms=flight.read_ms,
+            wait_ms=None,
+            error=f.error,
+            t_done=now,
+        )

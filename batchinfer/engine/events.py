@@ -1,0 +1,90 @@
+"""Events the engine sends to observers while it runs.
+
+Observers watch a run without being part of it: the CLI's progress bar, summary and log
+lines, bench's windowed throughput, a test that waits for a row. An observer is any object
+with ``notify(event)``; it runs in the engine's loop, so it must be quick and must not
+raise (an exception from an observer stops the run as a failure).
+
+Messages (``Warned.message``) name settings as ``{group.setting}``; render them with
+:func:`batchinfer.errors.render_fields`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from batchinfer.sink.rows import Row
+
+
+class Observer(Protocol):
+    def notify(self, event: object) -> None: ...
+
+
+@dataclass(frozen=True)
+class Started:
+    """Every core is up (or retired) and items start to flow; ``todo``: None when unknown."""
+
+    todo: int | None
+    cores: tuple[int, ...]
+    backend: str
+    instances_per_core: int
+    t: float
+
+
+@dataclass(frozen=True)
+class ChildReady:
+    """A reader or core worker process is up (``kind`` "reader" or "worker", ``key`` its
+    number or core); observers that account CPU by role use the pid."""
+
+    kind: str
+    key: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Dispatched:
+    """``count`` items were sent to ``core``'s worker."""
+
+    core: int
+    count: int
+    t: float
+
+
+@dataclass(frozen=True)
+class RowsDone:
+    """Rows that were just handed to the sink (successes and errors)."""
+
+    rows: list[Row]
+    t: float
+
+
+@dataclass(frozen=True)
+class Warned:
+    """Something the user should know; the run goes on."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Restarted:
+    """A core's worker died or hung and will be started again after ``delay_s``."""
+
+    core: int
+    reason: str
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class CoreRetired:
+    """A core takes no more items for the rest of the run."""
+
+    core: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stopping:
+    """A stop was requested (signal, or a caller): items in flight finish, nothing new starts."""
+
+    reason: str

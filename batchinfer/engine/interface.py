@@ -1,0 +1,42 @@
+"""What the engine takes (EnginePlan) and gives back (EngineResult)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchinfer.data.preprocess import Preprocess
+from batchinfer.errors import BatchinferError
+from batchinfer.options import ReliabilityOptions
+from batchinfer.runtime.backends import Backend
+from batchinfer.sink.stats import CoreStatsRecorder
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the engine needs: validated settings (see plan.py), no paths to check."""
+
+    backend: Backend
+    cores: tuple[int, ...]
+    instances_per_core: int
+    preprocess: Preprocess
+    slots: int
+    readers: int
+    cpus: tuple[int, ...] | None
+    reliability: ReliabilityOptions
+    topk: int
+
+
+@dataclass
+class EngineResult:
+    """How a run ended and what it did."""
+
+    status: str  # complete | interrupted | failed
+    error: BatchinferError | None
+    counts: dict[str, int]
+    stats: CoreStatsRecorder
+    warnings: list[str]
+    sdk_versions: dict[int, str | None]
+    retired_cores: list[int]
+    backend: dict[str, Any] = field(default_factory=dict)
+    collect_s: float = 0.0

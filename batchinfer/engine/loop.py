@@ -1,0 +1,411 @@
+"""The engine: a small loop that routes events between the pool, the scheduler and the collector.
+
+    source ──admit──► scheduler ──reads──► pool (readers) ──loaded──┐
+                          ▲  └──dispatch──► pool (workers) ──done───┤
+                          └──────────── release ◄── collector ◄─────┘──► sink, stats, observers
+
+The loop owns time: it passes ``now`` to the scheduler, reads the status board to find hung
+children, and notices when it was itself not running (Ctrl-Z, a frozen VM), so children are
+not blamed for the gap. The slot life cycle and shutdown order are in the NOTE of slots.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from batchinfer.engine import events as ev
+from batchinfer.engine.canary import Canary
+from batchinfer.engine.collector import Collector
+from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.memory import RunMemory
+from batchinfer.engine.pool import Child, ChildPool, Exited, Message
+from batchinfer.engine.scheduler import (
+    CoreLoss,
+    ReaderDeathsExceeded,
+    Scheduler,
+)
+from batchinfer.engine.slots import (
+    SlotRegion,
+    StatusBoard,
+    sweep_dead_segments,
+)
+from batchinfer.engine.sources import ItemSource
+from batchinfer.engine.spawn import start_reader, start_worker
+from batchinfer.engine.watchdog import Watchdog
+from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
+from batchinfer.sink.rows import RowSink
+from batchinfer.sink.stats import CoreStatsRecorder
+
+log = logging.getLogger("batchinfer")
+
+_TICK_S = 0.1
+_JOIN_TIMEOUT_S = 5.0
+
+
+class _HardStop(Exception):
+    """A second stop request: stop at once."""
+
+
+class Engine:
+    """Runs items from a source through the NPU cores into a sink (see the module docstring)."""
+
+    def __init__(
+        self,
+        plan: EnginePlan,
+        source: ItemSource,
+        sink: RowSink,
+        observers: Sequence[ev.Observer] = (),
+        stats: CoreStatsRecorder | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plan = plan
+        self.source = source
+        self.sink = sink
+        self.observers = list(observers)
+        self.clock = clock
+        self.rel = plan.reliability
+        readers = plan.readers if source.needs_reader else 0
+        self.scheduler = Scheduler(
+            plan.slots, plan.cores, plan.instances_per_core, readers, self.rel.max_attempts
+        )
+        self.stats = stats or CoreStatsRecorder(plan.cores, plan.instances_per_core)
+        self.collector = Collector(self.scheduler, sink, self.stats, self.notify, plan.topk, clock)
+        self.pool = ChildPool(clock)
+        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, _TICK_S)
+        self.canary = Canary()
+        self.warnings: list[str] = []
+        self.sdk_versions: dict[int, str | None] = {}
+        self.stop_reason: str | None = None
+        self.hard_stop = False
+        self._drain_until = 0.0
+        self._items = iter(())  # type: ignore[var-annotated]
+        self._exhausted = False
+        self._readers_n = readers
+        self.backend = plan.backend
+        self.inputs: SlotRegion | None = None
+        self.outputs: SlotRegion | None = None
+        self.board: StatusBoard | None = None
+        self.memory: RunMemory | None = None
+
+    # ------------------------------------------------------------------ observers
+    def notify(self, event: object) -> None:
+        for observer in self.observers:
+            observer.notify(event)
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        self.notify(ev.Warned(message))
+
+    def request_stop(self, reason: str) -> None:
+        """Stop gracefully (items in flight finish); a second call stops at once.
+
+        Safe in a signal handler: it only sets flags the loop acts on between events.
+        """
+        if self.stop_reason is not None:
+            self.hard_stop = True
+            return
+        self.stop_reason = reason
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> EngineResult:
+        """Run until the source is exhausted and every item has its row, or a stop."""
+        status, error = "complete", None
+        self.backend.sweep()
+        sweep_dead_segments()
+        self.backend = self.plan.backend.for_run()
+        try:
+            self._setup()
+            self._start()
+            self._loop()
+            status = "interrupted" if self.stop_reason else "complete"
+        except _HardStop:
+            status = "interrupted"
+        except ReaderDeathsExceeded as e:
+            status, error = (
+                "failed",
+                RunFailedError(
+                    f"reader processes died {self.scheduler.reader_deaths} times without a file "
+                    f"to blame (last: {e}); the machine may be out of memory: run with fewer "
+                    "{runtime.readers} or {runtime.slots}, then resume."
+                ),
+            )
+        except BatchinferError as e:
+            status, error = "failed", e
+        finally:
+            self._close()
+        return EngineResult(
+            status=status,
+            error=error,
+            counts=dict(self.collector.counts),
+            stats=self.stats,
+            warnings=self.warnings,
+            sdk_versions=self.sdk_versions,
+            retired_cores=[c for c, s in self.scheduler.cores.items() if s.state == "retired"],
+            backend=self.backend.describe(),
+            collect_s=self.collector.collect_s,
+        )
+
+    def _setup(self) -> None:
+        plan = self.plan
+        self.memory = RunMemory(
+            plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._readers_n
+        )
+        self.inputs, self.board = self.memory.inputs, self.memory.board
+        for core in self.plan.cores:
+            self._start_worker(core)
+        for reader in range(self._readers_n):
+            self._start_reader(reader)
+        self.source.prefill(lambda slot: self.inputs[slot], self.plan.slots)
+
+    def _start_worker(self, core: int) -> Child:
+        return start_worker(self.pool, self.plan, self.memory, self.backend, core)
+
+    def _start_reader(self, reader: int) -> Child:
+        return start_reader(self.pool, self.plan, self.memory, self.source.kind, reader)
+
+    def _start(self) -> None:
+        """Wait until every core worker is ready or retired; then compare canaries.
+
+        The run (and its clock) starts only then, so no core's start-up time counts against
+        the others' throughput.
+        """
+        first = {c.key: c for c in self.pool.live("worker")}
+        while any(c.state == "starting" for c in first.values()):
+            if not self.scheduler.alive_cores():
+                reasons = "; ".join(self.warnings) or "every worker exited during start-up"
+                raise NoCoreError(f"no NPU core could be started: {reasons}")
+            if self.stop_reason is not None:
+                return
+            self._turn()
+        for message in self.canary.settle():
+            self.warn(message)
+        if not self.scheduler.alive_cores():
+            reasons = "; ".join(self.warnings) or "every worker exited during start-up"
+            raise NoCoreError(f"no NPU core could be started: {reasons}")
+        self._items = iter(self.source)
+        self.notify(
+            ev.Started(
+                self.source.total,
+                self.plan.cores,
+                self.backend.name,
+                self.plan.instances_per_core,
+                self.clock(),
+            )
+        )
+
+    def _loop(self) -> None:
+        while True:
+            if self.stop_reason is not None and not self.scheduler.stopping:
+                self.scheduler.stop()
+                self._drain_until = self.clock() + self.rel.drain_timeout_s
+                self.notify(ev.Stopping(self.stop_reason))
+                self.warn(
+                    f"{self.stop_reason}: finishing the items in flight (at most "
+                    f"{self.rel.drain_timeout_s:g} s); press Ctrl-C again to stop at once."
+                )
+            if not self.scheduler.stopping:
+                self._admit()
+                self._send_work()
+            if self._finished():
+                return
+            self._turn()
+            if not self.scheduler.alive_cores():
+                raise RunFailedError(
+                    "every NPU core was retired after repeated failures, so the run cannot go "
+                    "on; see the warnings above, then resume the run."
+                )
+
+    def _turn(self) -> None:
+        """One turn: wait for events, handle them, write rows, check hangs and restarts."""
+        for event in self.pool.poll(_TICK_S):
+            if isinstance(event, Message):
+                self._on_message(event.child, event.body)
+            else:
+                self._on_exit(event)
+        self.collector.flush()
+        if self.hard_stop:
+            raise _HardStop
+        now = self.clock()
+        live = self.pool.live()
+        if self.watchdog.tick(now, live):
+            self._drain_until = max(self._drain_until, now + self.rel.drain_timeout_s)
+        for child, reason in self.watchdog.hung(now, live, self.board.snapshot()):
+            self.pool.kill(child, reason)
+        for core in self.scheduler.restarts_due(now):
+            self._start_worker(core)
+
+    def _finished(self) -> bool:
+        if self.scheduler.stopping:
+            return not self.scheduler.in_flight() or self.clock() > self._drain_until
+        return self._exhausted and not self.scheduler.busy()
+
+    def _admit(self) -> None:
+        now = self.clock()
+        while self.scheduler.can_admit() and not self._exhausted:
+            item = next(self._items, None)
+            if item is None:
+                self._exhausted = True
+                return
+            slot = self.scheduler.admit(item, now, self.source.needs_reader)
+            if not self.source.needs_reader:
+                self.source.fill(item, self.inputs[slot])
+
+    def _send_work(self) -> None:
+        now = self.clock()
+        for reader, slots in self.scheduler.take_reads().items():
+            child = self._child("reader", reader)
+            if child is None:
+                continue  # being restarted: reader_lost has re-queued its slots already
+            if not self.scheduler.held_by_reader(reader) - len(slots):
+                child.last_progress = now  # it was idle: its clock starts now
+            items = [self.scheduler.flight(s).item for s in slots]
+            tasks = [(s, it.index, it.path) for s, it in zip(slots, items, strict=True)]
+            self.pool.send(child, ("read", tasks))
+        for core, slots in self.scheduler.dispatch(now).items():
+            child = self._child("worker", core)
+            if len(self.scheduler.cores[core].inflight) == len(slots):
+                child.last_progress = now
+            self.stats.mark_dispatch(now)
+            tasks = [(s, self.scheduler.flight(s).item.index) for s in slots]
+            self.pool.send(child, ("infer", tasks))
+            self.notify(ev.Dispatched(core, len(slots), now))
+
+    def _child(self, kind: str, key: int) -> Child | None:
+        for child in self.pool.live(kind):
+            if child.key == key:
+                return child
+        return None
+
+    # ------------------------------------------------------------------ messages
+    def _on_message(self, child: Child, msg: tuple) -> None:
+        now = self.clock()
+        child.last_progress = now
+        kind = msg[0]
+        if kind == "loaded":
+            for slot, _index, read_ms, error in msg[1]:
+                finished = self.scheduler.loaded(slot, read_ms, error, now)
+                if finished is not None:
+                    self.collector.error(finished)
+        elif kind == "done":
+            for slot, _index, instance, t0, t1, error in msg[1]:
+                finished = self.scheduler.done(child.key, slot, error)
+                if finished is None:
+                    continue
+                if finished.error is None:
+                    self.collector.success(slot, child.key, instance, t0, t1)
+                else:
+                    self.collector.error(finished)
+            child.busy_s = msg[2]
+            self.stats.set_busy(child.key, msg[2])
+        elif kind == "ready":
+            child.state, child.deadline = "ready", None
+            pid = msg[1] if child.kind == "reader" else msg[1]["pid"]
+            self.notify(ev.ChildReady(child.kind, child.key, pid))
+            if child.kind == "worker":
+                self._on_worker_ready(child, msg[1])
+        elif kind == "initialised":
+            child.phase = (
+                f"the canary inference took longer than {self.rel.inference_timeout_s:g} s "
+                "(the inference timeout)"
+            )
+            child.deadline = now + self.rel.inference_timeout_s
+        elif kind == "init_failed":
+            self.scheduler.core_retired(child.key)
+            self._retire(child.key, msg[1])
+        elif kind == "failed":
+            self._on_failed(child, msg[1])
+
+    def _on_worker_ready(self, child: Child, info: dict) -> None:
+        self.sdk_versions[child.key] = info.get("sdk_version")
+        if self.outputs is None:
+            shapes = [(tuple(s), "float32") for s, _ in info["outputs"]]
+            self.outputs = self.memory.create_outputs(shapes)
+            self.collector.outputs = self.outputs
+            self.sink.open(shapes)
+        self.pool.send(child, ("attach", self.outputs.spec))
+        self.scheduler.core_ready(child.key)
+        if self.rel.canary:
+            for message in self.canary.add(child.key, info["canary"]):
+                self.warn(message)
+
+    def _on_failed(self, child: Child, text: str) -> None:
+        """A start-up exception with its traceback: shown once, then the child exits."""
+        last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
+        if not any(text in w for w in self.warnings):
+            log.debug("%s failed to start:\n%s", child.name, text)
+        child.killed_for = f"failed to start ({last})"
+        if child.kind == "worker":
+            self.scheduler.core_retired(child.key)
+            self._retire(child.key, f"its worker failed to start:\n{text.rstrip()}")
+
+    def _retire(self, core: int, reason: str) -> None:
+        self.warn(f"core {core} retired: {reason}")
+        self.notify(ev.CoreRetired(core, reason))
+
+    # ------------------------------------------------------------------ deaths
+    def _on_exit(self, event: Exited) -> None:
+        child = event.child
+        died = "died" if child.kind == "reader" else "worker process crashed"
+        what = child.killed_for or f"{died} (exit code {event.exitcode})"
+        rows = self._board_rows(child)
+        working = [(int(i), t) for i, t in self.board.snapshot()[rows] if t > 0]
+        self.board.rows[rows] = 0.0
+        if child.kind == "reader":
+            self._on_reader_exit(child, working, what)
+        else:
+            self._on_worker_exit(child, {i for i, _ in working}, what)
+
+    def _board_rows(self, child: Child) -> slice:
+        if child.kind == "worker":
+            return self.memory.worker_rows(child.key)
+        row = self.memory.reader_row(child.key)
+        return slice(row, row + 1)
+
+    def _held_by(self, child: Child) -> int:
+        if child.kind == "worker":
+            return len(self.scheduler.cores[child.key].inflight)
+        return self.scheduler.held_by_reader(child.key)
+
+    def _on_reader_exit(self, child: Child, working: list, what: str) -> None:
+        culprit = None
+        if working:
+            index = working[0][0]
+            for slot in self.scheduler.reading[child.key]:
+                if self.scheduler.flight(slot).item.index == index:
+                    culprit = slot
+                    what += f" while decoding {self.scheduler.flight(slot).item.id}"
+        for finished in self.scheduler.reader_lost(child.key, culprit, what):
+            self.collector.error(finished)
+        if not self.scheduler.stopping:
+            self._start_reader(child.key)
+            self.warn(f"reader {child.key} {what}; started a new one.")
+
+    def _on_worker_exit(self, child: Child, charged: set[int], what: str) -> None:
+        if self.scheduler.cores[child.key].state == "retired":
+            return  # init_failed or failed already said why
+        self.stats.add_busy(child.key, child.busy_s)  # carried over; add_restart zeroes it
+        self.stats.add_restart(child.key)
+        loss: CoreLoss = self.scheduler.core_lost(child.key, charged, what, self.clock())
+        for finished in loss.finished:
+            self.collector.error(finished)
+        if loss.restart_at is None:
+            self.warn(
+                f"core {child.key} retired after {self.scheduler.cores[child.key].crashes_in_row} "
+                f"crashes in a row (last: {what}); the run goes on with the other cores."
+            )
+            self.notify(ev.CoreRetired(child.key, what))
+        elif not self.scheduler.stopping:
+            delay = loss.restart_at - self.clock()
+            blame = " (blamed on the item, not the core)" if loss.blamed_items else ""
+            self.warn(f"core {child.key}: {what}{blame}; restarting it in {delay:.2g} s.")
+            self.notify(ev.Restarted(child.key, what, delay))
+
+    # ------------------------------------------------------------------ shutdown
+    def _close(self) -> None:
+        """Shutdown steps 3-4 of the NOTE in slots.py; the sink is closed by the caller."""
+        self.pool.close(self.hard_stop, _JOIN_TIMEOUT_S)
+        if self.memory is not None:
+            self.memory.close()
+        self.backend.end_run()

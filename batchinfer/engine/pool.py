@@ -1,0 +1,162 @@
+"""The child-process pool: start, watch, stop and kill readers and core workers.
+
+It decides nothing about items (the scheduler does) and keeps only what processes need:
+each child's pipes, process, state, start-up deadline and the last time it made progress.
+:meth:`ChildPool.poll` waits on every child's result pipe and process sentinel at once and
+returns what happened, every message of a child before its death, so a child's last
+results are always counted before its exit is.
+
+Messages are described where each child lives (reader.py, worker.py); the slot life cycle
+and shutdown order in the NOTE of slots.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import select
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+_REAP_TIMEOUT_S = 1.0
+
+
+@dataclass
+class Child:
+    """One reader or core worker process (a restart is a new Child with the same key)."""
+
+    kind: str  # "reader" | "worker"
+    key: int  # reader number, or NPU core
+    proc: Any
+    tasks: Connection
+    results: Connection
+    started_at: float
+    deadline: float | None  # start-up deadline; None once ready
+    phase: str  # what it is doing while starting, for messages
+    state: str = "starting"  # starting | ready | gone
+    last_progress: float = 0.0
+    killed_for: str | None = None
+    busy_s: float = 0.0  # workers: this incarnation's cumulative busy seconds, as reported
+    warned: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return f"reader {self.key}" if self.kind == "reader" else f"core {self.key}"
+
+
+@dataclass(frozen=True)
+class Message:
+    child: Child
+    body: tuple
+
+
+@dataclass(frozen=True)
+class Exited:
+    child: Child
+    exitcode: int | None
+
+
+class ChildPool:
+    """Processes of one run, started with ``spawn`` (a runtime is never forked)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.ctx = mp.get_context("spawn")
+        self.clock = clock
+        self.children: list[Child] = []
+        self._poller = select.poll()
+        self._fds: dict[int, tuple[bool, Child]] = {}  # fd -> (is sentinel, child)
+
+    def start(
+        self, kind: str, key: int, target: Callable, spec: Any, timeout_s: float, phase: str
+    ) -> Child:
+        """Start a child with a task pipe to it and a result pipe from it, and watch it."""
+        task_r, task_w = self.ctx.Pipe(duplex=False)
+        res_r, res_w = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(
+            target=target, args=(spec, task_r, res_w), name=f"batchinfer-{kind}{key}"
+        )
+        proc.daemon = True
+        proc.start()
+        task_r.close()  # the child's ends: closed here so EOF means the other side is gone
+        res_w.close()
+        now = self.clock()
+        child = Child(
+            kind, key, proc, task_w, res_r, now, now + timeout_s, phase, last_progress=now
+        )
+        self.children.append(child)
+        for fd, sentinel in ((res_r.fileno(), False), (proc.sentinel, True)):
+            self._fds[fd] = (sentinel, child)
+            self._poller.register(fd, select.POLLIN)
+        return child
+
+    def live(self, kind: str | None = None) -> list[Child]:
+        return [c for c in self.children if c.state != "gone" and kind in (None, c.kind)]
+
+    @staticmethod
+    def send(child: Child, message: tuple) -> None:
+        """Send to a child; if it has just died, say nothing: its sentinel will tell."""
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
+            child.tasks.send(message)
+
+    def kill(self, child: Child, reason: str) -> None:
+        """SIGKILL ``child``; its exit comes back from :meth:`poll` with ``killed_for`` set."""
+        if child.killed_for is None:
+            child.killed_for = reason
+        with contextlib.suppress(OSError, ValueError):
+            child.proc.kill()
+
+    def poll(self, timeout_s: float) -> list[Message | Exited]:
+        """What children sent or did within ``timeout_s``: messages first, then exits."""
+        events: list[Message | Exited] = []
+        exits: dict[int, Child] = {}
+        for fd, _ in self._poller.poll(timeout_s * 1000):
+            entry = self._fds.get(fd)
+            if entry is None:
+                continue
+            sentinel, child = entry
+            if sentinel:
+                exits[id(child)] = child
+            else:
+                events += self._drain(child)
+        for child in exits.values():
+            # The sentinel closes as the process exits; reaping can lag a moment behind.
+            child.proc.join(_REAP_TIMEOUT_S)
+            events += self._drain(child)
+            self._forget(child)
+            events.append(Exited(child, child.proc.exitcode))
+        return events
+
+    @staticmethod
+    def _drain(child: Child) -> list[Message]:
+        out = []
+        with contextlib.suppress(EOFError, OSError):
+            while child.results.poll():
+                out.append(Message(child, child.results.recv()))
+        return out
+
+    def _forget(self, child: Child) -> None:
+        child.state = "gone"
+        for fd in [fd for fd, (_, c) in self._fds.items() if c is child]:
+            self._poller.unregister(fd)
+            del self._fds[fd]
+        for conn in (child.tasks, child.results):
+            conn.close()
+
+    def close(self, hard: bool, join_timeout_s: float) -> None:
+        """Stop every child: ask, wait up to ``join_timeout_s``, then SIGKILL (at once if
+        ``hard``). Shutdown step 3 of the NOTE in slots.py."""
+        live = self.live()
+        if not hard:
+            for child in live:
+                self.send(child, ("stop",))
+        deadline = self.clock() + (0.0 if hard else join_timeout_s)
+        for child in live:
+            child.proc.join(max(0.0, deadline - self.clock()))
+        for child in live:
+            if child.proc.is_alive():
+                child.proc.kill()
+                child.proc.join(join_timeout_s)
+        for child in live:
+            self._forget(child)

@@ -1,0 +1,221 @@
+"""The main job: a dataset folder, through the engine, into a run folder.
+
+    plan_run (reads only) → claim OUT (lock, clear or verify) → RunFolder.begin (manifest)
+      → Engine(DatasetSource, RunFolder sink, observers).run() → RunFolder.finish
+
+Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call. Before the engine
+exists they raise RunInterrupted (nothing has started); then they ask the engine to stop,
+which only sets flags, so a signal never cuts a row, a part or the manifest in half.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from batchinfer.engine.config import RunConfig
+from batchinfer.engine.events import Observer
+from batchinfer.engine.loop import Engine
+from batchinfer.engine.plan import RunPlan, plan_run
+from batchinfer.engine.sources import DatasetSource
+from batchinfer.errors import RunInterrupted
+from batchinfer.hostinfo import host_facts
+from batchinfer.sink.outdir import OutLock, claim
+from batchinfer.sink.run_folder import RunFolder
+from batchinfer.sink.stats import CoreStatsRecorder
+
+
+@dataclass
+class RunResult:
+    """What a finished (or interrupted) run produced; commands map ``status`` to exit codes."""
+
+    out: Path
+    status: str  # complete | interrupted (a failed run raises its error)
+    total: int  # items in the dataset
+    skipped: int  # already done before this invocation (resume)
+    succeeded: int  # rows written by this invocation
+    errors: int
+    stats: pa.Table  # this invocation's core_stats rows
+    warnings: list[str] = field(default_factory=list)
+    failed_items: list[tuple[str, str]] = field(default_factory=list)  # (id, error), first few
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP for the duration of a call (main thread only)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self._old: dict = {}
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.engine is None:
+            raise RunInterrupted(f"interrupted by {name} before the run started")
+        self.engine.request_stop(f"interrupted by {name}")
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def arrow_system_allocator() -> Iterator[None]:
+    """Let Arrow use malloc while the run lasts (restored afterwards).
+
+    Arrow's default allocator (mimalloc) keeps the pages of every Parquet part it wrote:
+    measured here, writing 8,192 rows grew the process by ~20 MB that it never gave back,
+    against ~2 MB with the system allocator. The coordinator's memory should depend on the
+    slots, not on how many parts it has written.
+    """
+    previous = pa.default_memory_pool()
+    pa.set_memory_pool(pa.system_memory_pool())
+    try:
+        yield
+    finally:
+        pa.set_memory_pool(previous)
+
+
+def _peak_rss_mb() -> float:
+    # ru_maxrss is in KiB on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
+    config, engine = plan.config, plan.engine
+    return {
+        "command": config.command,
+        "config": config.to_json(),
+        "model": str(plan.model),
+        "model_sha256": plan.model_sha256,
+        "fingerprint": plan.fingerprint,
+        "backend": plan.backend.name,
+        "dataset": {
+            "root": str(plan.dataset.root),
+            "kind": plan.dataset.kind,
+            "items": len(plan.dataset),
+        },
+        "preprocess": plan.preprocess_json(),
+        "cores": list(engine.cores),
+        "instances_per_core": engine.instances_per_core,
+        "slots": engine.slots,
+        "readers": engine.readers,
+        "cpu_affinity": list(engine.cpus) if engine.cpus else None,
+        "host": host_facts(),
+        "pid": os.getpid(),
+    }
+
+
+def run(config: RunConfig, observers: Sequence[Observer] = ()) -> RunResult:
+    """Run a model over a dataset folder on the NPU cores into a run folder.
+
+    Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
+    before or while it runs; item failures are error rows, not exceptions.
+    """
+    with arrow_system_allocator(), StopSignals() as signals:
+        plan = plan_run(config)
+        lock = OutLock(plan.out.path, command=config.command)
+        try:
+            return _run(plan, signals, observers, lock)
+        finally:
+            lock.release()
+
+
+def _run(
+    plan: RunPlan, signals: StopSignals, observers: Sequence[Observer], lock: OutLock
+) -> RunResult:
+    out = plan.config.output
+    folder, continued, done = claim(
+        plan.out, lock, overwrite=out.overwrite, resume=out.resume, fingerprint=plan.fingerprint
+    )
+    limit = plan.config.limit
+    n = len(plan.dataset) if limit is None else min(len(plan.dataset), limit)
+    skipped = 0 if done is None else done.done_below(n)
+    run_folder = RunFolder.begin(
+        folder.path,
+        continued,
+        _manifest_fields(plan),
+        topk=out.topk,
+        save_outputs=out.save_outputs,
+        part_rows=out.part_rows,
+        first_part=done.next_part if done is not None else 0,
+    )
+    source = DatasetSource(
+        plan.dataset,
+        skip=done.is_done if done is not None and done.done_keys.size else None,
+        limit=limit,
+        todo=n - skipped,
+    )
+    stats = CoreStatsRecorder(
+        plan.engine.cores, plan.engine.instances_per_core, run_folder.invocation
+    )
+    failed = _FirstFailures()
+    engine = Engine(plan.engine, source, run_folder, [failed, *observers], stats=stats)
+    signals.engine = engine
+    result = engine.run()
+    counts = dict(result.counts)
+    counts.update(
+        dataset=len(plan.dataset),
+        to_do=n - skipped,
+        skipped_done=skipped,
+        collected=result.counts["succeeded"] + result.counts["errors"],
+    )
+    status, error, counts = run_folder.finish(
+        status=result.status,
+        error=result.error,
+        stats=stats,
+        counts=counts,
+        fields={
+            "sdk_versions": {str(k): v for k, v in result.sdk_versions.items()},
+            "backend_settings": result.backend,
+            "retired_cores": result.retired_cores,
+            "warnings": result.warnings,
+            "timings": {"collect_s": round(result.collect_s, 4)},
+            "coordinator_peak_rss_mb": round(_peak_rss_mb(), 1),
+        },
+    )
+    if error is not None:
+        raise error
+    return RunResult(
+        out=folder.path,
+        status=status,
+        total=len(plan.dataset),
+        skipped=skipped,
+        succeeded=counts["succeeded"],
+        errors=counts["errors"],
+        stats=stats.table(),
+        warnings=result.warnings,
+        failed_items=failed.items,
+    )
+
+
+class _FirstFailures:
+    """Keeps the first few error rows, so the summary can say which items failed and why."""
+
+    KEEP = 5
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+
+    def notify(self, event: object) -> None:
+        from batchinfer.engine.events import RowsDone
+
+        if isinstance(event, RowsDone) and len(self.items) < self.KEEP:
+            for row in event.rows:
+                if row.error is not None and len(self.items) < self.KEEP:
+                    self.items.append((row.id, row.error))

@@ -1,0 +1,362 @@
+"""The scheduler: slots, the ready queue, which core gets an item, retries and error rows.
+
+It has no processes and no clock of its own: methods take ``now`` where time matters and
+return decisions that the engine loop (loop.py) carries out: reads to send, items to
+dispatch, rows that are due (:class:`Finished`), workers to restart. So the whole policy
+is tested in milliseconds with scripted events (tests/test_scheduler.py).
+
+Slot states follow the NOTE in slots.py: FREE → READING → READY → INFERRING → DONE → FREE.
+
+Failure policy:
+- A core worker that dies, or hangs (killed by the loop), charges one attempt to each item
+  it was inferring at that moment; items only queued in it go back to the front of the
+  ready queue uncharged.
+- Whom to blame for a crash: when an item that was being inferred had already been in a
+  crash (on this core or another), the item is the likely cause, so the crash does not
+  count against the core. Otherwise the core's count of crashes in a row goes up; a success
+  on the core resets it. After ``MAX_CRASHES_IN_ROW`` the core is retired; before that it
+  restarts after a back-off (``BACKOFF_S``).
+- ``inference()`` returning None (or raising) charges one attempt; the retry goes to a core
+  the item has not tried while one is alive, even if it has to wait for room there.
+- An item that failed ``max_attempts`` times is due as an error row naming each failure.
+- Input errors (unreadable files) are due as error rows at once: retrying cannot help.
+- A reader that dies or hangs while decoding a file charges that file one attempt (a file
+  that hangs or crashes its decoder is the file's fault); its other files are read again.
+  Only reader deaths with no file in hand count toward ``MAX_READER_DEATHS``: that limit
+  is for a broken machine (the OOM killer), not for bad files.
+- After a stop request nothing new is admitted or dispatched; items that come back with
+  attempts left are released without a row, so --resume runs them.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from batchinfer.data.dataset import Item
+
+MAX_CRASHES_IN_ROW = 3
+BACKOFF_S = (0.25, 1.0, 4.0)
+MAX_READER_DEATHS = 10
+# Items a worker holds per instance: one in inference and two queued behind it, so an
+# instance never waits for the coordinator between two inferences.
+QUEUED_PER_INSTANCE = 3
+
+FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
+
+
+@dataclass
+class Flight:
+    """One item between its source and its row; lives in a slot."""
+
+    item: Item
+    state: str
+    reader: int | None = None
+    core: int | None = None
+    read_ms: float = 0.0
+    t_ready: float = 0.0
+    t_dispatched: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    cores_tried: list[int] = field(default_factory=list)
+    crashes: int = 0  # worker deaths this item was charged with
+
+
+@dataclass
+class CoreState:
+    core: int
+    capacity: int
+    state: str = "starting"  # starting | ready | down | retired
+    inflight: set[int] = field(default_factory=set)
+    crashes_in_row: int = 0
+    restart_at: float | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An item's one row is due: success (``error`` None) or error."""
+
+    slot: int
+    error: str | None
+    attempt: int
+    core: int | None
+
+
+@dataclass(frozen=True)
+class CoreLoss:
+    """What a worker's death means: rows due, and when to restart it (None: retired)."""
+
+    finished: list[Finished]
+    restart_at: float | None
+    reason: str
+    blamed_items: bool
+
+
+class ReaderDeathsExceeded(Exception):
+    """Readers died without a file to blame more than MAX_READER_DEATHS times."""
+
+
+class Scheduler:
+    """Slot and core bookkeeping and the failure policy (see the module docstring)."""
+
+    def __init__(
+        self,
+        slots: int,
+        cores: Iterable[int],
+        instances_per_core: int,
+        readers: int,
+        max_attempts: int,
+    ) -> None:
+        self.flights: list[Flight | None] = [None] * slots
+        self.free: deque[int] = deque(range(slots))
+        self.ready: deque[int] = deque()
+        capacity = QUEUED_PER_INSTANCE * instances_per_core
+        self.cores = {c: CoreState(c, capacity) for c in cores}
+        self.max_attempts = max_attempts
+        self.unsent: list[list[int]] = [[] for _ in range(readers)]
+        self.reading: list[deque[int]] = [deque() for _ in range(readers)]
+        self.reader_deaths = 0
+        self.stopping = False
+
+    # ------------------------------------------------------------------ queries
+    def flight(self, slot: int) -> Flight:
+        f = self.flights[slot]
+        assert f is not None, f"slot {slot} is free"
+        return f
+
+    def can_admit(self) -> bool:
+        return bool(self.free) and not self.stopping
+
+    def busy(self) -> bool:
+        """True while any item is in a slot."""
+        return len(self.free) < len(self.flights)
+
+    def in_flight(self) -> bool:
+        """True while a reader or a worker holds an item (what a drain waits for)."""
+        return any(c.inflight for c in self.cores.values()) or any(self.reading)
+
+    def alive_cores(self) -> list[int]:
+        return [c for c, s in self.cores.items() if s.state != "retired"]
+
+    def held_by_reader(self, reader: int) -> int:
+        return len(self.reading[reader])
+
+    # ------------------------------------------------------------------ admission and reads
+    def admit(self, item: Item, now: float, needs_reader: bool) -> int:
+        """Put ``item`` into a free slot: READING (queued for a reader) or READY."""
+        slot = self.free.popleft()
+        flight = Flight(item, READY if not needs_reader else READING)
+        self.flights[slot] = flight
+        if needs_reader:
+            self._assign_reader(slot)
+        else:
+            flight.t_ready = now
+            self.ready.append(slot)
+        return slot
+
+    def _assign_reader(self, slot: int) -> None:
+        reader = min(
+            range(len(self.unsent)), key=lambda r: len(self.unsent[r]) + len(self.reading[r])
+        )
+        self.flight(slot).reader = reader
+        self.unsent[reader].append(slot)
+
+    def take_reads(self) -> dict[int, list[int]]:
+        """Slots to send to each reader now (they count as being read from here on)."""
+        out = {}
+        for reader, slots in enumerate(self.unsent):
+            if slots:
+                out[reader] = slots
+                self.reading[reader].extend(slots)
+                self.unsent[reader] = []
+        return out
+
+    def loaded(self, slot: int, read_ms: float, error: str | None, now: float) -> Finished | None:
+        """A reader finished ``slot``: an error row is due, or the item is READY."""
+        flight = self.flight(slot)
+        self.reading[flight.reader].remove(slot)  # type: ignore[index]
+        flight.read_ms = read_ms
+        flight.t_ready = now
+        if error is not None:
+            flight.state = DONE
+            return Finished(slot, error, attempt=0, core=None)
+        if self.stopping:
+            self.release(slot)  # never dispatched: left to do for --resume
+            return None
+        flight.state = READY
+        self.ready.append(slot)
+        return None
+
+    def reader_lost(self, reader: int, culprit: int | None, what: str) -> list[Finished]:
+        """Reader ``reader`` died or was killed; ``culprit``: the slot it was decoding.
+
+        The culprit is charged an attempt (an error row once it has used them all); the
+        reader's other slots are read again. A death with no culprit counts toward
+        MAX_READER_DEATHS (ReaderDeathsExceeded).
+        """
+        slots = list(self.reading[reader]) + self.unsent[reader]
+        self.reading[reader].clear()
+        self.unsent[reader] = []
+        finished = []
+        if culprit is None:
+            self.reader_deaths += 1
+            if self.reader_deaths > MAX_READER_DEATHS:
+                raise ReaderDeathsExceeded(what)
+        else:
+            flight = self.flight(culprit)
+            flight.failures.append(f"cannot read {flight.item.id}: the reader process {what}")
+            if len(flight.failures) >= self.max_attempts:
+                flight.state = DONE
+                finished.append(Finished(culprit, "; ".join(flight.failures), 0, None))
+                slots.remove(culprit)
+        for slot in slots:
+            if self.stopping:
+                self.release(slot)
+            else:
+                self._assign_reader(slot)
+        return finished
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, now: float) -> dict[int, list[int]]:
+        """READY slots to send to each core now (they are INFERRING from here on)."""
+        out: dict[int, list[int]] = {}
+        if self.stopping:
+            return out
+        waiting: list[int] = []
+        while self.ready:
+            open_cores = [
+                c
+                for c in self.cores.values()
+                if c.state == "ready" and len(c.inflight) < c.capacity
+            ]
+            if not open_cores:
+                break
+            slot = self.ready.popleft()
+            core = self._pick_core(self.flight(slot), open_cores)
+            if core is None:
+                waiting.append(slot)  # a retry waiting for a core it has not tried
+                continue
+            flight = self.flight(slot)
+            flight.state, flight.core, flight.t_dispatched = INFERRING, core.core, now
+            core.inflight.add(slot)
+            out.setdefault(core.core, []).append(slot)
+        self.ready.extendleft(reversed(waiting))
+        return out
+
+    def _pick_core(self, flight: Flight, open_cores: list[CoreState]) -> CoreState | None:
+        """The least loaded open core; a retry waits for a core it has not tried."""
+        fresh = [c for c in open_cores if c.core not in flight.cores_tried]
+        if fresh:
+            return min(fresh, key=lambda c: len(c.inflight))
+        if flight.cores_tried and any(
+            c.state != "retired" and c.core not in flight.cores_tried for c in self.cores.values()
+        ):
+            return None
+        return min(open_cores, key=lambda c: len(c.inflight))
+
+    def done(self, core: int, slot: int, error: str | None) -> Finished | None:
+        """A worker finished ``slot``: success, or a failure to retry (None) or to write."""
+        state = self.cores[core]
+        state.inflight.discard(slot)
+        flight = self.flight(slot)
+        flight.cores_tried.append(core)
+        if error is None:
+            state.crashes_in_row = 0
+            flight.state = DONE
+            return Finished(slot, None, attempt=len(flight.failures) + 1, core=core)
+        return self._fail(slot, f"core {core}: {error}", core)
+
+    def _fail(self, slot: int, failure: str, core: int | None) -> Finished | None:
+        flight = self.flight(slot)
+        flight.failures.append(failure)
+        if len(flight.failures) >= self.max_attempts:
+            flight.state = DONE
+            return Finished(slot, "; ".join(flight.failures), len(flight.failures), core)
+        if self.stopping:
+            self.release(slot)  # left to do for --resume
+            return None
+        flight.state = READY
+        self.ready.appendleft(slot)
+        return None
+
+    # ------------------------------------------------------------------ worker life cycle
+    def core_ready(self, core: int) -> None:
+        self.cores[core].state = "ready"
+
+    def core_starting(self, core: int) -> None:
+        state = self.cores[core]
+        state.state, state.restart_at = "starting", None
+
+    def core_retired(self, core: int) -> None:
+        """A core that will not come back (its init failed): its items go back to READY."""
+        state = self.cores[core]
+        state.state = "retired"
+        self._requeue(state)
+
+    def core_lost(self, core: int, charged: set[int], reason: str, now: float) -> CoreLoss:
+        """Core ``core``'s worker died or was killed; ``charged``: item indexes that were
+        inside inference() then (from the status board)."""
+        state = self.cores[core]
+        finished = []
+        blamed_items = False
+        for slot in sorted(state.inflight):
+            flight = self.flight(slot)
+            if flight.item.index not in charged:
+                continue
+            state.inflight.discard(slot)
+            blamed_items |= flight.crashes > 0
+            flight.crashes += 1
+            flight.cores_tried.append(core)
+            result = self._fail(slot, f"core {core}: {reason}", core)
+            if result is not None:
+                finished.append(result)
+        self._requeue(state)
+        state.restarts += 1
+        if not blamed_items:
+            state.crashes_in_row += 1
+        if state.crashes_in_row >= MAX_CRASHES_IN_ROW:
+            state.state = "retired"
+            return CoreLoss(finished, None, reason, blamed_items)
+        delay = BACKOFF_S[min(max(state.crashes_in_row, 1), len(BACKOFF_S)) - 1]
+        state.state, state.restart_at = "down", now + delay
+        return CoreLoss(finished, state.restart_at, reason, blamed_items)
+
+    def _requeue(self, state: CoreState) -> None:
+        for slot in sorted(state.inflight, reverse=True):
+            flight = self.flight(slot)
+            if self.stopping:
+                self.release(slot)
+                continue
+            flight.state = READY
+            self.ready.appendleft(slot)
+        state.inflight.clear()
+
+    def restarts_due(self, now: float) -> list[int]:
+        """Cores whose back-off has passed (they are starting from here on)."""
+        if self.stopping:
+            return []
+        due = [
+            c.core
+            for c in self.cores.values()
+            if c.state == "down" and c.restart_at is not None and now >= c.restart_at
+        ]
+        for core in due:
+            self.core_starting(core)
+        return due
+
+    # ------------------------------------------------------------------ ending
+    def release(self, slot: int) -> None:
+        """The slot is FREE again (its row was written, or it is left for --resume)."""
+        self.flights[slot] = None
+        self.free.append(slot)
+
+    def stop(self) -> None:
+        """Admit and dispatch nothing more; READY items are left for --resume."""
+        self.stopping = True
+        while self.ready:
+            self.release(self.ready.popleft())
+        for reader, slots in enumerate(self.unsent):
+            for slot in slots:
+                self.release(slot)
+            self.unsent[reader] = []

@@ -1,0 +1,63 @@
+"""Starting children: the spec each one gets, and the deadline it has to get ready."""
+
+from __future__ import annotations
+
+import os
+
+from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.memory import RunMemory
+from batchinfer.engine.pool import Child, ChildPool
+from batchinfer.engine.reader import ReaderSpec, reader_main
+from batchinfer.engine.worker import WorkerSpec, worker_main
+from batchinfer.runtime.backends import Backend
+
+
+def start_worker(
+    pool: ChildPool, plan: EnginePlan, memory: RunMemory, backend: Backend, core: int
+) -> Child:
+    """Start the core worker of ``core`` (again, after a crash)."""
+    spec = WorkerSpec(
+        core=core,
+        board_row=memory.worker_rows(core).start,
+        instances=plan.instances_per_core,
+        backend=backend,
+        inputs=memory.inputs.spec,
+        board=memory.board.spec,
+        input_layout=plan.preprocess.layout,
+        cpus=plan.cpus,
+        parent_pid=os.getpid(),
+    )
+    limit = plan.reliability.startup_timeout_s
+    return pool.start(
+        "worker",
+        core,
+        worker_main,
+        spec,
+        limit,
+        f"loading the model took longer than {limit:g} s (the start-up timeout)",
+    )
+
+
+def start_reader(
+    pool: ChildPool, plan: EnginePlan, memory: RunMemory, kind: str, reader: int
+) -> Child:
+    """Start reader number ``reader`` (again, after it died or hung)."""
+    spec = ReaderSpec(
+        reader_id=reader,
+        board_row=memory.reader_row(reader),
+        inputs=memory.inputs.spec,
+        board=memory.board.spec,
+        preprocess=plan.preprocess,
+        kind=kind,
+        cpus=plan.cpus,
+        parent_pid=os.getpid(),
+    )
+    limit = plan.reliability.startup_timeout_s
+    return pool.start(
+        "reader",
+        reader,
+        reader_main,
+        spec,
+        limit,
+        f"starting took longer than {limit:g} s (the start-up timeout)",
+    )

@@ -1,0 +1,100 @@
+"""The watchdog: which children are hung, from what the loop sees. No processes, no clock.
+
+A child is hung when any of these holds (each with its own limit from ReliabilityOptions):
+- it is still starting past its start-up deadline (model loading, then the canary);
+- one of its board rows (an instance inferring, a reader decoding) started longer ago than
+  the inference or decode timeout;
+- it holds items, none of its rows is active, and it has sent nothing for longer than that
+  timeout: it is frozen between two items (SIGSTOP, a stuck thread, a lost message).
+
+The coordinator itself can stop running (Ctrl-Z, a frozen VM, starvation). Every clock here
+is CLOCK_MONOTONIC, which keeps counting meanwhile, so after such a gap every child would
+look hung at once. :meth:`Watchdog.tick` notices a gap between two turns of the loop and
+moves every deadline by it: a child is judged only on time we could watch it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from batchinfer.engine.pool import Child
+from batchinfer.options import ReliabilityOptions
+
+#: A gap between two turns of the loop longer than this (plus the tick) means we were
+#: not running.
+SUSPENDED_S = 1.0
+
+
+class Watchdog:
+    """Finds hung children (see the module docstring)."""
+
+    def __init__(
+        self,
+        rel: ReliabilityOptions,
+        rows_of: Callable[[Child], slice],
+        held_by: Callable[[Child], int],
+        tick_s: float,
+    ) -> None:
+        self.rel = rel
+        self.rows_of = rows_of
+        self.held_by = held_by
+        self.tick_s = tick_s
+        self._last = 0.0
+        self._resumed_at = 0.0
+
+    def tick(self, now: float, children: list[Child]) -> float:
+        """Note a turn of the loop; returns the gap (s) we were not running, else 0."""
+        gap = now - self._last if self._last else 0.0
+        self._last = now
+        if gap < SUSPENDED_S + self.tick_s:
+            return 0.0
+        self._resumed_at = now
+        for child in children:
+            child.last_progress += gap
+            if child.deadline is not None:
+                child.deadline += gap
+        return gap
+
+    def _limit(self, child: Child) -> tuple[float, str]:
+        if child.kind == "worker":
+            return self.rel.inference_timeout_s, "the inference timeout"
+        return self.rel.decode_timeout_s, "the decode timeout"
+
+    def hung(self, now: float, children: list[Child], board: np.ndarray) -> list[tuple[Child, str]]:
+        """Children to kill now, each with the reason (it becomes their items' error)."""
+        out = []
+        for child in children:
+            if child.killed_for is not None:
+                continue
+            if child.deadline is not None:
+                if now > child.deadline:
+                    out.append((child, f"{child.phase}; killed"))
+                continue
+            if child.state != "ready":
+                continue
+            limit, name = self._limit(child)
+            rows = board[self.rows_of(child)]
+            active = [(int(i), max(t, self._resumed_at)) for i, t in rows if t > 0]
+            late = [(i, t) for i, t in active if now - t > limit]
+            if late:
+                index = late[0][0]
+                if child.kind == "worker":
+                    reason = (
+                        f"inference of item {index} hung for more than {limit:g} s ({name}); "
+                        "worker killed"
+                    )
+                else:
+                    reason = f"was stuck for more than {limit:g} s ({name})"
+                out.append((child, reason))
+            elif not active and self.held_by(child) and now - child.last_progress > limit:
+                held = self.held_by(child)
+                out.append(
+                    (
+                        child,
+                        f"made no progress for more than {limit:g} s ({name}) while holding "
+                        f"{held} item(s): frozen or stopped; killed",
+                    )
+                )
+        return out

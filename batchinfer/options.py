@@ -1,0 +1,338 @@
+"""Option groups: one set of names, types, defaults and help shared by every front end.
+
+The library speaks in field names (``runtime.slots``, ``reliability.inference_timeout_s``);
+each front end renders them its own way: the CLI as flags (``--slots``), a job file as
+TOML keys (``[runtime] slots = 8``). Defaults live here and nowhere else: click options
+are generated from these fields (see ``batchinfer.cli.options``) and job files are read
+into the same dataclasses (:func:`from_mapping`).
+
+A field's metadata says how a front end shows it:
+- ``help``: one line for ``--help`` and the docs;
+- ``flag``: the CLI flag when it is not ``--`` + the name with dashes;
+- ``short``: a one-letter alias;
+- ``parse``: how the CLI turns its text into the value (e.g. ``0,1,2`` -> (0, 1, 2));
+- ``choices``: the allowed values, when there is a fixed set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchinfer.errors import ConfigError
+
+#: Every backend a run can name (batchinfer.runtime.backends has their classes).
+BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim")
+
+
+def option(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field with front-end metadata (see the module docstring)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use tuples or None for defaults, so the options stay frozen")
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip() != "")
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a comma-separated list of numbers") from None
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(v) for v in text.lower().replace("x", ",").split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or min(parts) < 1:
+        raise ValueError(f"{text!r} is not a size; give 224 or 224x224 (HxW)")
+    return parts[0], parts[1]
+
+
+def _ms_or_estimate(text: str) -> float | str:
+    if text.strip().lower() == "estimate":
+        return "estimate"
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not milliseconds (or 'estimate')") from None
+
+
+# --------------------------------------------------------------------------- the groups
+@dataclass(frozen=True)
+class SimOptions:
+    """The NPU emulator's settings (``--backend sim``); None: the emulator's default."""
+
+    npu_ms: float | str | None = option(
+        None,
+        "NPU time per inference in ms (default 2), or 'estimate' (from the model's size).",
+        parse=_ms_or_estimate,
+    )
+    host_ms: float | None = option(
+        None, "Host time per inference in ms, outside the NPU (default 4)."
+    )
+    chip: str | None = option(
+        None, "Chip to emulate (default rk3588).", choices=("rk3588", "rk3576", "rk3566")
+    )
+    faults: tuple[str, ...] = option(
+        (),
+        "Inject a fault: KIND:core=C:call=N or KIND:item=I (KIND crash, hang, none, init), "
+        "init:core=C, skew:core=C (repeatable).",
+        flag="--sim-fault",
+        multiple=True,
+    )
+
+    def is_default(self) -> bool:
+        return self == SimOptions()
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Which runtime runs the model, on which NPU cores, with how many processes."""
+
+    backend: str = option(
+        "auto",
+        "auto: .rknn -> rknnlite (the NPU), .onnx -> onnx (ONNX Runtime on the CPU); "
+        "sim: an emulated NPU.",
+        choices=BACKEND_NAMES,
+    )
+    cores: tuple[int, ...] | None = option(
+        None, "NPU cores to use, e.g. 0,1,2 (default: every core of the chip).", parse=_ints
+    )
+    instances_per_core: int = option(
+        1,
+        "Runtime instances per core (threads of the core's worker); 2-3 keep a core busy.",
+        short="-k",
+    )
+    slots: int | None = option(
+        None, "Shared-memory slots (default: 4 per instance + 2 per reader)."
+    )
+    readers: int | None = option(
+        None, "Reader processes that decode inputs (default: from the CPU count)."
+    )
+    cpu_affinity: str = option(
+        "auto",
+        "CPUs for our processes: auto (the big cores on big.LITTLE), none, or a list like 4-7.",
+    )
+    sim: SimOptions = field(default_factory=SimOptions)
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    """How a dataset item becomes the model's input tensor; None: from the model's input."""
+
+    size: tuple[int, int] | None = option(
+        None, "Resize inputs to HxW (default: the model's input size).", parse=_size
+    )
+    color: str | None = option(
+        None, "Channel order (default: from the model).", choices=("rgb", "bgr", "gray")
+    )
+    layout: str | None = option(
+        None,
+        "Input layout (default: the model's input layout).",
+        choices=("nhwc", "nchw"),
+    )
+    dtype: str | None = option(None, "Input dtype, e.g. uint8 or float32 (default: the model's).")
+    mean: tuple[float, ...] | None = option(
+        None,
+        "Per-channel mean subtracted from float inputs, e.g. 123.7,116.3,103.5.",
+        parse=_floats,
+    )
+    std: tuple[float, ...] | None = option(
+        None, "Per-channel std dividing float inputs, e.g. 58.4,57.1,57.4.", parse=_floats
+    )
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Where rows go and what they hold."""
+
+    out: Path | None = option(
+        None, "Output folder (default: runs/<timestamp>).", short="-o", path=True
+    )
+    overwrite: bool = option(False, "Replace the run in an existing output folder.")
+    resume: bool = option(
+        False, "Continue the run in --out: skip items already written without error."
+    )
+    topk: int = option(5, "Classes kept per row.")
+    save_outputs: bool = option(False, "Also store the raw outputs in the prediction rows.")
+    part_rows: int = option(
+        8192, "Rows per Parquet part; a crash loses at most the part being filled."
+    )
+
+
+@dataclass(frozen=True)
+class ReliabilityOptions:
+    """What counts as a failure, and how long anything may take."""
+
+    max_attempts: int = option(
+        2,
+        "Attempts per item (on different cores where possible) before it becomes an error row.",
+    )
+    inference_timeout_s: float = option(
+        60.0, "An inference running longer is hung: its worker is killed and restarted."
+    )
+    decode_timeout_s: float = option(
+        60.0, "Decoding one file longer is hung: the reader is replaced, the file retried."
+    )
+    startup_timeout_s: float = option(
+        120.0, "A worker or reader not ready after this long (model loading included) is killed."
+    )
+    drain_timeout_s: float = option(
+        10.0, "On Ctrl-C, how long items already in flight may take to finish."
+    )
+    canary: bool = option(
+        True,
+        "Check before the run that every core gives the same outputs.",
+        flag="--canary/--no-canary",
+    )
+
+
+GROUPS: dict[str, type] = {
+    "runtime": RuntimeOptions,
+    "runtime.sim": SimOptions,
+    "preprocess": PreprocessOptions,
+    "output": OutputOptions,
+    "reliability": ReliabilityOptions,
+}
+
+
+# ------------------------------------------------------------------- reading and checking
+def options_fields(cls: type) -> list[dataclasses.Field]:
+    """The option fields of a group (nested groups left out)."""
+    return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
+
+
+def _type_of(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _conforms(value: Any, hint: Any) -> Any:
+    """``value`` converted to ``hint`` where a job file's TOML types differ; ValueError if not."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _conforms(value, arg)
+            except ValueError:
+                continue
+        raise ValueError
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError
+        args = typing.get_args(hint)
+        if not (len(args) == 2 and args[1] is Ellipsis) and len(value) != len(args):
+            raise ValueError
+        return tuple(_conforms(v, args[0]) for v in value)
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    if hint is Path:
+        if not isinstance(value, (str, Path)):
+            raise ValueError
+        return Path(value)
+    raise ValueError
+
+
+_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+_PLURAL = {int: "integers", float: "numbers", str: "strings"}
+
+
+def _type_name(hint: Any) -> str:
+    """How a job file's author would say the type: "a list of integers", "a number"."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(hint) if a is not type(None))
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_PLURAL.get(args[0], 'values')}"
+        return f"a list of {len(args)} {_PLURAL.get(args[0], 'values')}"
+    if hint is Path:
+        return "a path"
+    return _NAMES.get(hint, str(hint))
+
+
+def from_mapping(
+    cls: type, data: Mapping[str, Any], where: str, resolve: Callable[[Path], Path] | None = None
+) -> Any:
+    """An option group read from a job file's table ``data`` at key path ``where``.
+
+    Unknown keys and wrong types raise ConfigError naming ``where.key``; nested groups
+    (``runtime.sim``) are read from sub-tables. ``resolve`` turns relative paths into
+    absolute ones (job files resolve them against their own folder).
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{{{where}}} must be a table of settings.", where)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{where}.{key}"
+        if key not in known:
+            close = [k for k in known if _similar(k, key)]
+            hint = f"; did you mean {where}.{close[0]}?" if close else ""
+            raise ConfigError(
+                f"{{{name}}} is not a setting (settings of {where}: "
+                f"{', '.join(sorted(known))}){hint}",
+                name,
+            )
+        hint_type = _type_of(cls, key)
+        if dataclasses.is_dataclass(hint_type):
+            values[key] = from_mapping(hint_type, value, name, resolve)
+            continue
+        try:
+            converted = _conforms(value, hint_type)
+        except ValueError:
+            raise ConfigError(
+                f"{{{name}}} must be {_type_name(hint_type)}, not {value!r}.", name
+            ) from None
+        if isinstance(converted, Path) and resolve is not None:
+            converted = resolve(converted)
+        choices = known[key].metadata.get("choices")
+        if choices and converted is not None and converted not in choices:
+            raise ConfigError(
+                f"{{{name}}} must be one of {', '.join(choices)}, not {converted!r}.", name
+            )
+        values[key] = converted
+    return cls(**values)
+
+
+def _similar(a: str, b: str) -> bool:
+    """Near-misses worth suggesting: same letters mostly, or one contains the other."""
+    if a in b or b in a:
+        return True
+    import difflib
+
+    return difflib.SequenceMatcher(None, a, b).ratio() >= 0.75

@@ -1,0 +1,98 @@
+"""The fingerprint of a run: everything that decides what a prediction row says.
+
+A ``--resume`` appends rows to the ones already on disk, so it is refused unless it would
+write the same rows the first invocation would have: the same model bytes, backend,
+preprocessing, output options and dataset (folder and listing). Settings that change how
+fast or where a row is made (cores, instances, slots, timeouts, --limit) are not part of
+it: a resume may use other cores, for instance to leave out one that failed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from batchinfer.errors import UsageError
+
+if TYPE_CHECKING:
+    from batchinfer.sink.outdir import OutFolder
+
+#: Human names of the fingerprint's entries, in the order differences are reported.
+_LABELS = {
+    "model_sha256": "model file (sha256)",
+    "runtime_files": "files the runtime reads beside the model (sha256)",
+    "backend": "backend",
+    "preprocess": "preprocessing",
+    "topk": "{output.topk}",
+    "save_outputs": "{output.save_outputs}",
+    "dataset_root": "dataset folder",
+    "dataset_items": "number of dataset items",
+    "dataset_listing_sha256": "dataset listing (the items' names, sha256)",
+}
+
+
+def run_fingerprint(
+    *,
+    model_sha256: str,
+    runtime_files: dict[str, str],
+    backend: str,
+    preprocess: dict[str, Any],
+    topk: int,
+    save_outputs: bool,
+    dataset_root: str,
+    dataset_items: int,
+    dataset_listing_sha256: str,
+) -> dict[str, Any]:
+    """The fingerprint as a JSON-able dict (stored in the manifest)."""
+    return {
+        "model_sha256": model_sha256,
+        "runtime_files": dict(sorted(runtime_files.items())),
+        "backend": backend,
+        "preprocess": preprocess,
+        "topk": topk,
+        "save_outputs": save_outputs,
+        "dataset_root": dataset_root,
+        "dataset_items": dataset_items,
+        "dataset_listing_sha256": dataset_listing_sha256,
+    }
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12] + "…"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _dict_diff(old: dict, new: dict) -> str:
+    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
+    return ", ".join(f"{k} {_short(old.get(k))} → {_short(new.get(k))}" for k in keys)
+
+
+def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """One phrase per entry that differs, e.g. ``--topk 5 → 3``; [] when they agree."""
+    out = []
+    for key, label in _LABELS.items():
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.append(f"{label}: {_dict_diff(a, b)}")
+        else:
+            out.append(f"{label} {_short(a)} → {_short(b)}")
+    return out
+
+
+def check_resume_fingerprint(folder: OutFolder, fingerprint: dict[str, Any]) -> None:
+    """UsageError naming every difference between the run in ``folder`` and this one."""
+    if folder.state != "run" or folder.manifest is None:
+        return
+    before = folder.manifest.data.get("fingerprint") or {}
+    differences = fingerprint_differences(before, fingerprint)
+    if differences:
+        raise UsageError(
+            f"{{output.resume}}: the run in {folder.path} was made with a different "
+            + "; ".join(differences)
+            + ". Resume it with the settings it was started with, or start a new run "
+            "(another {output.out}, or {output.overwrite})."
+        )

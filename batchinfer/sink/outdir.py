@@ -1,0 +1,309 @@
+"""The output folder: may this run use it, who holds it, and clearing only what is ours.
+
+Rules (see README "Output"):
+- A folder is continued (``resume``) or cleared (``overwrite``) only when its manifest.json
+  is one a batchinfer run wrote (:func:`~batchinfer.sink.manifest.is_run_manifest`).
+  Clearing removes the files that manifest lists (its parts, stats, timeline, itself) and
+  our tmp leftovers, never anything else: a user's notes, sources or ``.git`` stay.
+- OUT may not be the dataset, lie inside it, or contain it.
+- One run at a time holds OUT: an ``flock`` on ``OUT/.batchinfer.lock``, taken before
+  anything in OUT changes and held until the run's last write. The OS drops it when the
+  process dies, however it dies, so a crashed run never leaves a stale lock.
+
+:func:`inspect_out` and :func:`check_out` only read; :class:`OutLock` and :func:`clear_run`
+change things, and run only after every check of the configuration has passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from batchinfer.errors import OutputExistsError, OutputLockedError, OutputWriteError, UsageError
+from batchinfer.sink._atomic import fsync_dir, tmp_path_for, write_error
+from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest, read_manifest
+from batchinfer.sink.predictions import PREDICTIONS_DIR
+from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
+
+if TYPE_CHECKING:
+    from batchinfer.sink.resume import ResumeState
+
+LOCK_FILE = ".batchinfer.lock"
+_RUN_FILES = (CORE_STATS_FILE, TIMELINE_FILE)
+
+
+@dataclass(frozen=True)
+class OutFolder:
+    """What is at OUT now: ``absent``, ``empty``, a batchinfer ``run``, or ``foreign``."""
+
+    path: Path
+    state: str
+    manifest: RunManifest | None = None
+    why_foreign: str = ""
+
+
+def inspect_out(path: Path) -> OutFolder:
+    """Look at OUT without changing it (OutputExistsError when it is a file)."""
+    path = Path(os.path.abspath(path))
+    if not path.exists():
+        return OutFolder(path, "absent")
+    if not path.is_dir():
+        raise OutputExistsError(
+            f"{{output.out}} {path} is a file, not a folder; pass the path of a folder to write "
+            "results to."
+        )
+    try:
+        entries = [e for e in os.listdir(path) if e != LOCK_FILE]
+    except OSError as exc:
+        raise OutputExistsError(
+            f"{{output.out}} {path} cannot be read ({exc.strerror}); pass an output folder you "
+            "can write to."
+        ) from exc
+    if not entries:
+        return OutFolder(path, "empty")
+    if MANIFEST_FILE not in entries:
+        return OutFolder(path, "foreign", why_foreign=f"it holds no {MANIFEST_FILE}")
+    try:
+        manifest = RunManifest.load(path)
+    except UsageError:
+        with contextlib.suppress(UsageError):
+            read_manifest(path)
+            return OutFolder(
+                path, "foreign", why_foreign=f"its {MANIFEST_FILE} was not written by batchinfer"
+            )
+        return OutFolder(path, "foreign", why_foreign=f"its {MANIFEST_FILE} cannot be read")
+    return OutFolder(path, "run", manifest)
+
+
+def check_separate(out: Path, dataset: Path) -> None:
+    """UsageError when OUT is the dataset folder, inside it, or contains it."""
+    o, d = Path(os.path.realpath(out)), Path(os.path.realpath(dataset))
+    if o == d:
+        where = "is the dataset folder"
+    elif d in o.parents:
+        where = "is inside the dataset folder"
+    elif o in d.parents:
+        where = "contains the dataset folder"
+    else:
+        return
+    raise UsageError(
+        f"{{output.out}} {out} {where} ({dataset}); results and the dataset must not mix, "
+        "so choose an output folder outside the dataset."
+    )
+
+
+def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: bool = True) -> None:
+    """Refuse an OUT this run may not use (UsageError, exit 2); changes nothing.
+
+    ``probe_lock`` False: the caller holds OUT's lock itself.
+    """
+    path = folder.path
+    if overwrite and resume:
+        raise UsageError(
+            "{output.overwrite} and {output.resume} contradict each other (replace the run, or "
+            "continue it); pass one of them."
+        )
+    holder = lock_holder(path) if probe_lock and folder.state != "absent" else None
+    if holder is not None:
+        raise OutputLockedError(_locked_message(path, holder))
+    if folder.state == "run":
+        if not (overwrite or resume):
+            raise OutputExistsError(
+                f"output folder {path} already holds a run; pass {{output.resume}} to continue it, "
+                "{output.overwrite} to replace it, or another {output.out}."
+            )
+        if overwrite:
+            _check_predictions_are_ours(folder)
+    elif folder.state == "foreign":
+        if resume:
+            raise UsageError(
+                f"{{output.resume}}: {path} is not a batchinfer run ({folder.why_foreign}), so "
+                "there is nothing to continue; pass the output folder of an earlier run."
+            )
+        if overwrite:
+            raise OutputExistsError(
+                f"output folder {path} exists and is not a batchinfer run "
+                f"({folder.why_foreign}), so {{output.overwrite}} deletes nothing in it; pass "
+                "another {output.out}."
+            )
+        raise OutputExistsError(
+            f"output folder {path} already exists and is not empty; pass another {{output.out}}."
+        )
+
+
+def _check_predictions_are_ours(folder: OutFolder) -> None:
+    from batchinfer.sink.resume import PART_RE
+
+    directory = folder.path / PREDICTIONS_DIR
+    with contextlib.suppress(OSError):
+        listed = folder.manifest.parts if folder.manifest else {}
+        strays = [
+            n
+            for n in sorted(os.listdir(directory))
+            if n not in listed and not (PART_RE.match(n) or _is_tmp(n))
+        ]
+        if strays:
+            raise OutputExistsError(
+                f"{directory} holds {strays[0]!r}, which no batchinfer run wrote, so "
+                "{output.overwrite} would leave it among the new results; move it out, then "
+                "run again."
+            )
+
+
+def _is_tmp(name: str) -> bool:
+    return name.startswith(".part-") and name.endswith(".parquet.tmp")
+
+
+def clear_run(folder: OutFolder) -> None:
+    """Delete what the run in ``folder`` wrote, and only that (the lock file stays)."""
+    assert folder.state == "run" and folder.manifest is not None
+    path = folder.path
+    predictions = path / PREDICTIONS_DIR
+    victims = [predictions / name for name in folder.manifest.parts]
+    with contextlib.suppress(OSError):
+        victims += [predictions / n for n in os.listdir(predictions) if _is_tmp(n)]
+    for name in _RUN_FILES:
+        victims += [path / name, tmp_path_for(path / name)]
+    victims.append(tmp_path_for(path / MANIFEST_FILE))
+    for victim in victims:
+        try:
+            victim.unlink(missing_ok=True)
+        except OSError as exc:
+            raise write_error(victim, exc) from exc
+    # The manifest goes last: until then the folder is still recognisably ours.
+    try:
+        (path / MANIFEST_FILE).unlink(missing_ok=True)
+    except OSError as exc:
+        raise write_error(path / MANIFEST_FILE, exc) from exc
+    with contextlib.suppress(OSError):
+        predictions.rmdir()  # only if empty: a stray file of the user's keeps it
+    fsync_dir(path)
+
+
+def lock_holder(path: Path) -> dict | None:
+    """Who holds OUT's lock now (pid, command, ...), or None when nobody does. Only reads."""
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return None
+            return _read_holder(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_holder(fd: int) -> dict:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "{}")
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+def _locked_message(path: Path, holder: dict) -> str:
+    who = ", ".join(
+        f"{k} {holder[k]}" for k in ("pid", "host", "started_at") if holder.get(k) is not None
+    )
+    command = holder.get("command")
+    what = f"another batchinfer run ({who or 'holder unknown'})"
+    if command:
+        what += f": {command}"
+    return (
+        f"output folder {path} is in use by {what}; wait for it to finish, or pass another "
+        "{output.out}."
+    )
+
+
+class OutLock:
+    """An exclusive ``flock`` on ``OUT/.batchinfer.lock``; the OS drops it if we die."""
+
+    def __init__(self, path: Path, command: str | None = None) -> None:
+        self.path = Path(path)
+        self.command = command
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Create OUT if needed and take the lock; OutputLockedError naming the holder."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            raise write_error(self.path / LOCK_FILE, exc) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _read_holder(fd)
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise OutputLockedError(_locked_message(self.path, holder)) from None
+            raise write_error(self.path / LOCK_FILE, exc) from exc
+        self._fd = fd
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": self.command,
+        }
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+
+    def release(self) -> None:
+        """Drop the lock (the file stays: removing it would race with a waiting run)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> OutLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def claim(
+    folder: OutFolder, lock: OutLock, *, overwrite: bool, resume: bool, fingerprint: dict
+) -> tuple[OutFolder, RunManifest | None, ResumeState | None]:
+    """Take OUT's lock, then clear it (overwrite) or verify and clean it (resume).
+
+    OUT is inspected again under the lock: another run may have changed it since planning.
+    Returns OUT as it now is, the manifest being continued (None for a new run) and what
+    is already done.
+    """
+    from batchinfer.sink.fingerprint import check_resume_fingerprint
+    from batchinfer.sink.resume import prepare_resume
+
+    lock.acquire()
+    folder = inspect_out(folder.path)
+    check_out(folder, overwrite=overwrite, resume=resume, probe_lock=False)
+    continued, done = None, None
+    if folder.state == "run" and overwrite:
+        clear_run(folder)
+    elif folder.state == "run" and resume:
+        check_resume_fingerprint(folder, fingerprint)
+        continued = folder.manifest
+        done = prepare_resume(continued)
+    try:
+        (folder.path / PREDICTIONS_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputWriteError(
+            f"output folder {folder.path} is not writable ({e.strerror}); pass an "
+            "{output.out} you can write to."
+        ) from e
+    return folder, continued, done

@@ -1,0 +1,163 @@
+"""A run folder being written: its manifest, prediction parts, core stats and timeline.
+
+The folder has been claimed first (locked, cleared or verified: outdir.claim). While the
+run lasts, :class:`RunFolder` is its row sink: rows go to Parquet parts that the manifest's
+ledger records. At the end, :meth:`RunFolder.finish` writes the stats, the timeline and the
+manifest's final state, whatever happened: that is what ``resume`` continues from.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from batchinfer.errors import BatchinferError, OutputWriteError
+from batchinfer.sink.manifest import RunManifest
+from batchinfer.sink.predictions import PredictionWriter
+from batchinfer.sink.rows import Row
+from batchinfer.sink.stats import CoreStatsRecorder, write_core_stats, write_timeline
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class RunFolder:
+    """The run folder as a row sink, plus its manifest (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: Path,
+        manifest: RunManifest,
+        *,
+        topk: int,
+        save_outputs: bool,
+        part_rows: int,
+        first_part: int,
+    ) -> None:
+        self.path = Path(path)
+        self.manifest = manifest
+        self.topk = topk
+        self.save_outputs = save_outputs
+        self.part_rows = part_rows
+        self.first_part = first_part
+        self.writer: PredictionWriter | None = None
+        self.started = time.time()
+
+    @classmethod
+    def begin(
+        cls,
+        path: Path,
+        continued: RunManifest | None,
+        fields: dict[str, Any],
+        *,
+        topk: int,
+        save_outputs: bool,
+        part_rows: int,
+        first_part: int = 0,
+    ) -> RunFolder:
+        """Write the manifest as "running" (a new run, or the next invocation of ``continued``)."""
+        invocation = {
+            "command": fields.get("command"),
+            "started_at": _now(),
+            "status": "running",
+            "pid": fields.get("pid"),
+        }
+        if continued is None:
+            manifest = RunManifest.new(
+                path, run_id=uuid.uuid4().hex[:12], invocations=[invocation], **fields
+            )
+        else:
+            manifest = continued
+            manifest.data.setdefault("invocations", []).append(invocation)
+            manifest.data.update(fields)
+        manifest.data.update(started_at=invocation["started_at"], status="running")
+        manifest.save()
+        return cls(
+            path,
+            manifest,
+            topk=topk,
+            save_outputs=save_outputs,
+            part_rows=part_rows,
+            first_part=first_part,
+        )
+
+    @property
+    def invocation(self) -> int:
+        """0 for the run itself, 1 for its first resume, ..."""
+        return len(self.manifest.data["invocations"]) - 1
+
+    # -- RowSink --------------------------------------------------------------------
+    def open(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
+        self.writer = PredictionWriter(
+            self.path,
+            topk=self.topk,
+            rows_per_part=self.part_rows,
+            save_outputs=[(f"output{i}", shape) for i, (shape, _) in enumerate(outputs)]
+            if self.save_outputs
+            else None,
+            first_part=self.first_part,
+            ledger=self.manifest,
+        )
+
+    def write(self, rows: list[Row]) -> None:
+        assert self.writer is not None, "open() comes before the first row"
+        self.writer.write(rows)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+    # -- the end ----------------------------------------------------------------------
+    def finish(
+        self,
+        *,
+        status: str,
+        error: BatchinferError | None,
+        stats: CoreStatsRecorder,
+        counts: dict[str, int],
+        fields: dict[str, Any],
+    ) -> tuple[str, BatchinferError | None, dict[str, int]]:
+        """Write the last rows, stats, timeline and manifest: (status, error, counts on disk).
+
+        A write failure here (disk full) becomes the run's error unless it already had one.
+        """
+        try:
+            self.close()
+            write_core_stats(self.path, stats)
+            write_timeline(self.path, stats)
+        except OutputWriteError as e:
+            error = error or e
+            status = "failed"
+        written = self.writer.rows_written if self.writer else 0
+        errors = self.writer.errors_written if self.writer else 0
+        on_disk, errors_on_disk = self.manifest.rows_on_disk()
+        counts = {
+            **counts,
+            "written": written,
+            "succeeded": written - errors,
+            "errors": errors,
+            "collected_not_written": counts.get("collected", written) - written,
+            "rows_on_disk": on_disk,
+            "errors_on_disk": errors_on_disk,
+        }
+        counts.pop("collected", None)
+        finished = _now()
+        self.manifest.data["invocations"][-1].update(
+            status=status, finished_at=finished, counts=counts
+        )
+        try:
+            self.manifest.update(
+                status=status,
+                error=None if error is None else str(error),
+                finished_at=finished,
+                wall_s=round(time.time() - self.started, 3),
+                counts=counts,
+                **fields,
+            )
+        except OutputWriteError as e:
+            error = error or e
+            status = "failed"
+        return status, error, counts

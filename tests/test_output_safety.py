@@ -1,0 +1,414 @@
+"""OUT is never destroyed and never mixed: what --overwrite may delete, the run lock, and a
+--resume that proves it continues the same run (fingerprint, verified parts, ids).
+
+Each refusal must be one ``error:`` line, exit 2, and leave every file as it was: the tests
+take a snapshot of the folders involved before and compare after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import onnx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+from models import nchw_float_model
+
+from batchinfer.cli import main
+from batchinfer.results import read_predictions
+from batchinfer.runtime import constants as C
+
+FAST = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
+
+
+def invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)
+
+
+def run_args(dataset: Path, model: Path, out: Path, *extra: str) -> list:
+    return ["run", dataset, "--model", model, "--out", out, *FAST, *extra]
+
+
+def refused(result: Result, *needles: str) -> str:
+    """Assert exit 2 with a single ``error:`` line holding ``needles``; return the line."""
+    assert "Traceback" not in result.output
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def snapshot(*folders: Path) -> dict[str, bytes]:
+    """Every file under ``folders`` (relative name -> bytes): what 'touching nothing' means."""
+    files = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                files[str(path)] = path.read_bytes()
+    return files
+
+
+@pytest.fixture
+def data(demo_kit, tmp_path) -> Path:
+    """30 demo digits (three classes of ten): small enough for many runs per test."""
+    root = tmp_path / "data"
+    for label in ("0", "1", "2"):
+        (root / label).mkdir(parents=True)
+        for png in sorted((demo_kit.dataset / label).iterdir())[:10]:
+            shutil.copy(png, root / label / png.name)
+    return root
+
+
+@pytest.fixture
+def digits(demo_kit) -> Path:
+    return demo_kit.models["digits"]
+
+
+def ok_run(*args) -> Result:
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+# ------------------------------------------------------------------ deleting what is not ours
+def test_overwrite_keeps_every_file_the_run_did_not_write(data, digits, tmp_path):
+    out = tmp_path / "project"
+    ok_run(*run_args(data, digits, out))
+    (out / "notes.txt").write_text("results of last week")
+    (out / "src").mkdir()
+    (out / "src" / "main.py").write_text("print('mine')\n")
+    (out / ".git").mkdir()
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    theirs = snapshot(out / "src", out / ".git") | {"notes": (out / "notes.txt").read_bytes()}
+
+    ok_run(*run_args(data, digits, out, "--overwrite"))
+    assert snapshot(out / "src", out / ".git") | {"notes": (out / "notes.txt").read_bytes()} == (
+        theirs
+    )
+    assert read_predictions(out).num_rows == 30
+
+
+@pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
+@pytest.mark.parametrize("where", ["same", "inside", "around"])
+def test_out_may_not_be_the_dataset_inside_it_or_around_it(data, digits, tmp_path, flag, where):
+    out = {"same": data, "inside": data / "results", "around": tmp_path}[where]
+    before = snapshot(tmp_path)
+    line = refused(invoke(*run_args(data, digits, out, flag)), "dataset")
+    assert "outside the dataset" in line or "not a batchinfer run" in line
+    assert snapshot(tmp_path) == before
+
+
+def test_out_as_the_dataset_is_refused_even_without_flags_when_empty_of_results(
+    data, digits, tmp_path
+):
+    before = snapshot(data)
+    refused(invoke(*run_args(data, digits, data / "new-results")), "inside the dataset")
+    assert snapshot(data) == before and not (data / "new-results").exists()
+
+
+def test_resume_of_a_folder_that_is_not_a_run_is_refused_and_leaves_it_alone(
+    data, digits, tmp_path
+):
+    home = tmp_path / "home"
+    (home / "photos").mkdir(parents=True)
+    (home / "photos" / "cat.jpg").write_bytes(b"\xff\xd8 not really")
+    (home / "todo.md").write_text("- back up photos\n")
+    before = snapshot(home)
+    refused(invoke(*run_args(data, digits, home, "--resume")), "not a batchinfer run")
+    refused(invoke(*run_args(data, digits, home, "--overwrite")), "not a batchinfer run")
+    assert snapshot(home) == before
+    assert sorted(p.name for p in home.iterdir()) == ["photos", "todo.md"]
+
+
+def test_overwrite_of_a_folder_with_another_tools_manifest_is_refused(data, digits, tmp_path):
+    site = tmp_path / "site"
+    (site / "predictions").mkdir(parents=True)
+    (site / "manifest.json").write_text(json.dumps({"name": "my web app", "icons": []}))
+    (site / "index.html").write_text("<h1>hi</h1>")
+    (site / "predictions" / "2027.csv").write_text("year,guess\n")
+    before = snapshot(site)
+    refused(invoke(*run_args(data, digits, site, "--overwrite")), "not written by batchinfer")
+    assert snapshot(site) == before
+
+
+def test_emulator_state_folder_must_be_private_and_ours(tmp_path, monkeypatch, capfd):
+    import tempfile
+
+    from models import nhwc_uint8_model
+
+    from batchinfer.runtime.sim import RKNNLite, default_state_dir
+
+    model = nhwc_uint8_model(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.delenv("BATCHINFER_SIM_STATE", raising=False)
+    state = default_state_dir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "rk3588.board").write_bytes(b"the victim's data")
+
+    def init() -> int:
+        rknn = RKNNLite()
+        assert rknn.load_rknn(str(model)) == 0
+        try:
+            return rknn.init_runtime(core_mask=C.NPU_CORE_0)
+        finally:
+            rknn.release()
+
+    state.symlink_to(victim)  # planted by another local user before our first run
+    assert init() == -1
+    assert (victim / "rk3588.board").read_bytes() == b"the victim's data"
+    assert "not a private folder" in capfd.readouterr().err
+    state.unlink()
+
+    state.mkdir(mode=0o777)
+    os.chmod(state, 0o777)  # writable by everyone: anyone could plant a symlink inside
+    assert init() == -1
+    os.chmod(state, 0o700)
+    (state / "rk3588.board").symlink_to(victim / "rk3588.board")
+    assert init() == -1
+    assert (victim / "rk3588.board").read_bytes() == b"the victim's data"
+    (state / "rk3588.board").unlink()
+    assert init() == 0  # a private folder of ours is used
+
+
+# --------------------------------------------------------------------------- the run lock
+def _start(dataset: Path, model: Path, out: Path, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "batchinfer", *map(str, run_args(dataset, model, out, *extra))]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(proc: subprocess.Popen, prefix: str) -> None:
+    for line in proc.stderr:
+        if line.startswith(prefix):
+            return
+    raise AssertionError(f"never saw {prefix!r} (exit {proc.wait()})")
+
+
+def test_a_second_run_on_a_held_out_is_refused_naming_the_holder(data, digits, tmp_path):
+    out = tmp_path / "o"
+    # Core 0 hangs on its fifth call: the first run holds OUT for as long as we like.
+    first = _start(data, digits, out, "--cores", "0", "--sim-fault", "hang:core=0:call=5")
+    try:
+        _wait_for(first, "started:")
+        before = snapshot(out)
+        for flag in ("--overwrite", "--resume"):
+            line = refused(invoke(*run_args(data, digits, out, flag)), "in use by")
+            assert f"pid {first.pid}" in line and "hang:core=0:call=5" in line
+        assert snapshot(out) == before
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGINT)  # the hang keeps an item in flight: stop at once
+        first.communicate(timeout=60)
+    assert first.returncode == 130
+
+
+def test_two_runs_started_together_on_one_out_exactly_one_runs(demo_kit, data, tmp_path):
+    out = tmp_path / "o"
+    a = _start(data, demo_kit.models["digits"], out)
+    b = _start(data, demo_kit.models["digits-int8"], out)
+    results = [(p.wait(timeout=120), p.communicate()[1]) for p in (a, b)]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    loser = next(err for code, err in results if code == 2)
+    # Whichever message: held by the winner now, or already holding its finished run.
+    assert "in use by another batchinfer run" in loser or "already holds a run" in loser
+    assert "Traceback" not in loser
+    table = read_predictions(out)
+    assert sorted(table["index"].to_pylist()) == list(range(30))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["invocations"]) == 1
+
+
+# ------------------------------------------------------------ resume proves it is the same run
+@pytest.fixture
+def rgb_data(data, tmp_path) -> Path:
+    """The 30 digits as RGB PNGs, for a float NCHW model that takes --mean/--std."""
+    from PIL import Image
+
+    root = tmp_path / "rgb"
+    for png in data.rglob("*.png"):
+        dst = root / png.relative_to(data)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        Image.open(png).convert("RGB").save(dst)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ("topk", "--topk 5 → 3"),
+        ("save_outputs", "--save-outputs False → True"),
+        ("mean_std", "preprocessing: mean"),
+        ("added_file", "dataset listing"),
+        ("other_folder", "dataset folder"),
+        ("other_model", "model file"),
+    ],
+)
+def test_resume_with_anything_that_decides_a_row_changed_is_refused(
+    rgb_data, tmp_path, change, needle
+):
+    model = nchw_float_model(tmp_path / "models")
+    base = ["--dtype", "float32", "--mean", "0,0,0", "--std", "255,255,255"]
+    out = tmp_path / "o"
+    ok_run(*run_args(rgb_data, model, out, *base))
+    dataset, extra = rgb_data, ["--resume", *base]
+    if change == "topk":
+        extra += ["--topk", "3"]
+    elif change == "save_outputs":
+        extra += ["--save-outputs"]
+    elif change == "mean_std":
+        extra += ["--mean", "1,1,1"]  # the later flag wins
+    elif change == "added_file":
+        shutil.copy(next(rgb_data.rglob("*.png")), rgb_data / "1" / "0000-new.png")
+    elif change == "other_folder":
+        dataset = tmp_path / "copy"
+        shutil.copytree(rgb_data, dataset)
+    elif change == "other_model":
+        onnx_model = onnx.load(str(model))
+        onnx_model.doc_string = "retrained"  # same name, same graph, other bytes
+        onnx.save(onnx_model, str(model))
+    before = snapshot(out)
+    line = refused(invoke(*run_args(dataset, model, out, *extra)), needle, "--resume")
+    assert "start a new run" in line
+    assert snapshot(out) == before
+
+
+def test_a_resume_with_the_same_settings_may_use_other_cores(data, digits, tmp_path):
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out, "--cores", "0,1"))
+    again = ok_run(*run_args(data, digits, out, "--resume", "--cores", "2"))
+    assert "30 already done (resumed)" in again.stdout
+
+
+def test_resume_refuses_a_stray_or_damaged_part_with_one_line(data, digits, tmp_path):
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out, "--part-rows", "10"))
+    pred = out / "predictions"
+    shutil.copy(pred / "part-00001.parquet", pred / "part-final.parquet")
+    before = snapshot(out)
+    refused(invoke(*run_args(data, digits, out, "--resume")), "part-final.parquet")
+    assert snapshot(out) == before
+    (pred / "part-final.parquet").unlink()
+
+    # Damage a column the old resume never read: the pred of every row of part 1.
+    table = pq.read_table(pred / "part-00001.parquet")
+    pred_col = table.schema.get_field_index("pred")
+    tampered = table.set_column(pred_col, "pred", pa.array([7] * table.num_rows, pa.int64()))
+    pq.write_table(tampered, pred / "part-00001.parquet")
+    before = snapshot(out)
+    refused(invoke(*run_args(data, digits, out, "--resume")), "part-00001.parquet", "checksum")
+    assert snapshot(out) == before
+
+
+# ------------------------------------------------------------------------- names and counts
+def test_a_file_name_that_is_not_utf8_is_kept_losslessly_and_resumes(data, digits, tmp_path):
+    raw = os.fsencode(str(data / "2")) + b"/caf\xe9-\xff.png"
+    shutil.copy(next((data / "2").iterdir()), raw)
+    out = tmp_path / "o"
+    first = ok_run(*run_args(data, digits, out))
+    assert "31 succeeded" in first.stdout
+    table = read_predictions(out)
+    odd = [r for r in table.to_pylist() if r["id_bytes"] is not None]
+    assert len(odd) == 1
+    assert odd[0]["id"] == "2/caf\\xe9-\\xff.png" and odd[0]["id_bytes"] == b"2/caf\xe9-\xff.png"
+    assert odd[0]["error"] is None and odd[0]["label"] == 2
+    again = ok_run(*run_args(data, digits, out, "--resume"))
+    assert "31 already done (resumed)" in again.stdout
+    assert read_predictions(out).num_rows == 31
+
+
+def test_a_write_arrow_refuses_stops_with_exit_3_and_a_manifest_that_says_so(
+    data, digits, tmp_path, monkeypatch
+):
+    out = tmp_path / "o"
+    real = pq.write_table
+    calls = {"n": 0}
+
+    def refuse_second_part(table, where, **options):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise pa.ArrowInvalid("simulated: a value Parquet cannot hold")
+        return real(table, where, **options)
+
+    monkeypatch.setattr(pq, "write_table", refuse_second_part)
+    result = invoke(*run_args(data, digits, out, "--part-rows", "10", "--cores", "0"))
+    assert result.exit_code == 3, result.output
+    assert "simulated" in result.stderr and "Traceback" not in result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "simulated" in manifest["error"]
+    # The refused part's rows stayed buffered and were written as the run stopped.
+    assert manifest["counts"]["rows_on_disk"] == read_predictions(out).num_rows == 20
+    monkeypatch.setattr(pq, "write_table", real)
+    again = ok_run(*run_args(data, digits, out, "--resume"))
+    assert "20 already done (resumed)" in again.stdout
+    assert sorted(read_predictions(out)["index"].to_pylist()) == list(range(30))
+
+
+def test_resume_keeps_each_invocations_stats_and_adds_none_when_nothing_is_left(
+    data, digits, tmp_path
+):
+    out = tmp_path / "o"
+    first = invoke(
+        *run_args(data, digits, out, "--max-attempts", "1", "--sim-fault", "none:item=3")
+    )
+    assert first.exit_code == 1, first.output
+    ok_run(*run_args(data, digits, out, "--resume"))  # redoes item 3 only
+    ok_run(*run_args(data, digits, out, "--resume"))  # nothing left
+    stats = pq.read_table(out / "core_stats.parquet").to_pylist()
+    totals = {r["invocation"]: r for r in stats if r["core"] is None}
+    assert sorted(totals) == [0, 1], "the third invocation had nothing to do: no rows"
+    assert (totals[0]["items"], totals[0]["errors"], totals[1]["items"]) == (30, 1, 1)
+    timeline = pq.read_table(out / "timeline.parquet")
+    assert set(timeline["invocation"].to_pylist()) == {0, 1}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [i["status"] for i in manifest["invocations"]] == ["complete"] * 3
+    assert [i["counts"]["written"] for i in manifest["invocations"]] == [30, 1, 0]
+    assert manifest["counts"]["rows_on_disk"] == 30 and manifest["counts"]["errors_on_disk"] == 0
+
+
+# --------------------------------------------------------------------------------- signals
+def test_sighup_stops_like_sigterm_and_the_run_resumes(demo_kit, tmp_path):
+    out = tmp_path / "o"
+    proc = _start(
+        demo_kit.dataset, demo_kit.models["digits"], out,
+        "--cores", "0", "--sim-npu-ms", "3", "--part-rows", "40",
+    )  # fmt: skip
+    _wait_for(proc, "started:")
+    deadline = time.monotonic() + 60
+    while not list((out / "predictions").glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)  # no event marks a part landing; see _wait_for_first_part
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "SIGHUP" in err and "Traceback" not in err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["counts"]["rows_on_disk"] == read_predictions(out).num_rows > 0
+
+
+def test_ctrl_c_while_the_dataset_is_listed_exits_130(data, digits, tmp_path, monkeypatch):
+    import batchinfer.engine.plan as plan
+
+    real = plan.open_dataset
+
+    def listing_interrupted(root):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered before the next bytecode
+        return real(root)
+
+    monkeypatch.setattr(plan, "open_dataset", listing_interrupted)
+    result = invoke(*run_args(data, digits, tmp_path / "o"))
+    assert result.exit_code == 130, result.output
+    assert "interrupted by SIGINT before the run started" in result.stderr
+    assert "Aborted" not in result.output and not (tmp_path / "o").exists()

@@ -1,0 +1,280 @@
+"""The scheduler and the watchdog, driven by scripted events: no processes, no clock.
+
+Each test plays what children would report (loaded, done, died) at chosen times and checks
+the decisions: which core gets an item, what is retried, which row is due, when a core
+restarts or retires, which child is hung.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from batchinfer.data.dataset import Item
+from batchinfer.engine.pool import Child
+from batchinfer.engine.scheduler import (
+    BACKOFF_S,
+    MAX_CRASHES_IN_ROW,
+    MAX_READER_DEATHS,
+    QUEUED_PER_INSTANCE,
+    ReaderDeathsExceeded,
+    Scheduler,
+)
+from batchinfer.engine.watchdog import Watchdog
+from batchinfer.options import ReliabilityOptions
+
+
+def item(i: int) -> Item:
+    return Item(index=i, path=f"/d/{i}.png", id=f"{i}.png", label=None, label_name=None)
+
+
+def ready_scheduler(slots=8, cores=(0, 1, 2), k=1, readers=1, max_attempts=2) -> Scheduler:
+    s = Scheduler(slots, cores, k, readers, max_attempts)
+    for c in cores:
+        s.core_ready(c)
+    return s
+
+
+def admit_ready(s: Scheduler, n: int, now: float = 0.0) -> list[int]:
+    """Admit n items straight to READY (a source without readers)."""
+    return [s.admit(item(i), now, needs_reader=False) for i in range(n)]
+
+
+def test_reads_go_to_the_least_loaded_reader_and_errors_are_rows_at_once():
+    s = Scheduler(6, (0,), 1, readers=2, max_attempts=3)
+    slots = [s.admit(item(i), 0.0, needs_reader=True) for i in range(4)]
+    reads = s.take_reads()
+    assert reads == {0: [slots[0], slots[2]], 1: [slots[1], slots[3]]}
+    assert s.take_reads() == {}  # sent once
+    bad = s.loaded(slots[0], 1.5, "Cannot read 0.png: the file is empty.", 1.0)
+    assert (bad.slot, bad.attempt, bad.core) == (slots[0], 0, None)  # no retry for input errors
+    assert s.loaded(slots[1], 1.0, None, 1.0) is None
+    assert list(s.ready) == [slots[1]]
+
+
+def test_dispatch_balances_cores_and_respects_their_capacity():
+    s = ready_scheduler(slots=20, k=1)
+    admit_ready(s, 20)
+    sent = s.dispatch(0.0)
+    assert {c: len(v) for c, v in sent.items()} == {c: QUEUED_PER_INSTANCE for c in (0, 1, 2)}
+    assert len(s.ready) == 20 - 3 * QUEUED_PER_INSTANCE
+    assert s.dispatch(0.0) == {}  # every core full
+    done = s.done(1, sent[1][0], None)
+    assert (done.error, done.attempt, done.core) == (None, 1, 1)
+    s.release(done.slot)
+    next_ready = s.ready[0]
+    assert s.dispatch(0.0) == {1: [next_ready]}  # the one core with room gets the next item
+
+
+def test_a_none_is_retried_on_a_core_the_item_has_not_tried():
+    s = ready_scheduler(slots=4, cores=(0, 1), max_attempts=2)
+    (slot,) = admit_ready(s, 1)
+    assert s.dispatch(0.0) == {0: [slot]}
+    first_core = 0
+    assert s.done(first_core, slot, "inference() returned None") is None
+    retry = s.dispatch(1.0)
+    other = 1 - first_core
+    assert retry == {other: [slot]}
+    final = s.done(other, slot, "inference() returned None")
+    assert final.attempt == 2 and final.core == other
+    assert final.error.count("returned None") == 2
+    assert f"core {first_core}:" in final.error and f"core {other}:" in final.error
+
+
+def test_a_retry_waits_for_an_untried_core_rather_than_reusing_the_failed_one():
+    s = ready_scheduler(slots=12, cores=(0, 1), max_attempts=3)
+    slots = admit_ready(s, 7)
+    sent = s.dispatch(0.0)
+    victim = sent[0][0]
+    assert s.done(0, victim, "boom") is None
+    # Core 1 is full, core 0 has room: the retry must wait for core 1.
+    assert victim not in s.dispatch(0.0).get(0, [])
+    assert victim in s.ready
+    s.release(s.done(1, sent[1][0], None).slot)
+    assert victim in s.dispatch(0.0).get(1, [])
+    assert len(slots) == 7
+
+
+def test_a_crash_charges_only_the_items_that_were_inferring_and_backs_off():
+    s = ready_scheduler(slots=12, cores=(0, 1), k=2)
+    admit_ready(s, 12)
+    sent = s.dispatch(0.0)
+    on_core0 = sent[0]
+    inferring = {s.flight(on_core0[0]).item.index}  # one instance was inside inference()
+    loss = s.core_lost(0, inferring, "worker process crashed (exit code -9)", now=10.0)
+    assert loss.finished == []  # first attempt: retried, not yet a row
+    assert loss.restart_at == 10.0 + BACKOFF_S[0] and not loss.blamed_items
+    assert s.flight(on_core0[0]).failures == ["core 0: worker process crashed (exit code -9)"]
+    for slot in on_core0[1:]:
+        assert s.flight(slot).failures == []  # only queued: not charged
+        assert slot in s.ready
+    assert s.cores[0].state == "down" and not s.cores[0].inflight
+    assert s.restarts_due(10.1) == []
+    assert s.restarts_due(10.0 + BACKOFF_S[0]) == [0]
+    assert s.cores[0].state == "starting"
+
+
+def test_a_core_that_crashes_without_any_success_is_retired():
+    s = ready_scheduler(slots=20, cores=(0, 1), max_attempts=9)
+    admit_ready(s, 20)
+    now = 0.0
+    for crash in range(MAX_CRASHES_IN_ROW):
+        sent = s.dispatch(now)
+        assert 0 in sent
+        charged = {s.flight(sent[0][0]).item.index}
+        # A different, fresh item each time: the core is to blame, not an item.
+        for slot in sent[0]:
+            s.flight(slot).crashes = 0
+        loss = s.core_lost(0, charged, "worker process crashed", now)
+        if crash < MAX_CRASHES_IN_ROW - 1:
+            assert loss.restart_at is not None
+            now = loss.restart_at
+            s.restarts_due(now)
+            s.core_ready(0)
+        else:
+            assert loss.restart_at is None and s.cores[0].state == "retired"
+    assert s.alive_cores() == [1]
+
+
+def test_one_poison_item_never_retires_the_only_core():
+    """Issue: `--cores 0 --max-attempts 3 --sim-fault crash:item=5` retired the only core."""
+    s = ready_scheduler(slots=4, cores=(0,), max_attempts=3)
+    (slot,) = admit_ready(s, 1)
+    now, rows = 0.0, []
+    for _ in range(3):
+        assert s.dispatch(now) == {0: [slot]}
+        loss = s.core_lost(0, {0}, "worker process crashed (exit code -9)", now)
+        rows += loss.finished
+        assert loss.restart_at is not None, "the core is never retired for the item's crashes"
+        now = loss.restart_at
+        s.restarts_due(now)
+        s.core_ready(0)
+    assert len(rows) == 1 and rows[0].attempt == 3 and rows[0].core == 0
+    assert s.cores[0].crashes_in_row == 1  # only the first crash could have been the core's
+
+
+def test_one_poison_item_does_not_retire_healthy_cores_across_three_cores():
+    """Issue: with 3 cores and --max-attempts 9, one poison item retired two cores."""
+    s = ready_scheduler(slots=4, cores=(0, 1, 2), max_attempts=9)
+    (slot,) = admit_ready(s, 1)
+    now, rows, crashed = 0.0, [], []
+    while not rows:
+        now += 10.0  # every back-off has passed
+        for core in s.restarts_due(now):
+            s.core_ready(core)
+        ((core, [sent]),) = s.dispatch(now).items()
+        assert sent == slot
+        crashed.append(core)
+        rows = s.core_lost(core, {0}, "crashed", now).finished
+    assert len(crashed) == 9 and set(crashed) == {0, 1, 2}
+    assert rows[0].attempt == 9
+    assert all(st.state != "retired" for st in s.cores.values())
+    assert max(st.crashes_in_row for st in s.cores.values()) == 1
+
+
+def test_a_success_resets_the_crash_count():
+    s = ready_scheduler(slots=8, cores=(0,), max_attempts=5)
+    admit_ready(s, 8)
+    sent = s.dispatch(0.0)
+    s.core_lost(0, {s.flight(sent[0][0]).item.index}, "crashed", 0.0)
+    s.restarts_due(1.0)
+    s.core_ready(0)
+    sent = s.dispatch(1.0)
+    s.release(s.done(0, sent[0][0], None).slot)
+    assert s.cores[0].crashes_in_row == 0
+
+
+def test_a_reader_death_charges_the_file_it_was_decoding_and_rereads_the_rest():
+    s = Scheduler(6, (0,), 1, readers=1, max_attempts=2)
+    slots = [s.admit(item(i), 0.0, needs_reader=True) for i in range(3)]
+    s.take_reads()
+    assert s.reader_lost(0, slots[0], "was stuck for more than 1 s") == []
+    assert s.flight(slots[0]).failures == [
+        "cannot read 0.png: the reader process was stuck for more than 1 s"
+    ]
+    assert s.take_reads() == {0: slots}  # all read again by the new reader
+    (row,) = s.reader_lost(0, slots[0], "was stuck for more than 1 s")
+    assert row.slot == slots[0] and row.attempt == 0 and row.error.count("stuck") == 2
+    assert s.reader_deaths == 0, "a file's fault is not the machine's"
+
+
+def test_reader_deaths_with_no_file_to_blame_are_limited():
+    s = Scheduler(4, (0,), 1, readers=1, max_attempts=2)
+    for _ in range(MAX_READER_DEATHS):
+        s.reader_lost(0, None, "died (exit code -9)")
+    with pytest.raises(ReaderDeathsExceeded):
+        s.reader_lost(0, None, "died (exit code -9)")
+
+
+def test_after_a_stop_nothing_is_dispatched_and_unfinished_items_are_left_for_resume():
+    s = ready_scheduler(slots=8, cores=(0,), max_attempts=3)
+    admit_ready(s, 8)
+    sent = s.dispatch(0.0)
+    s.stop()
+    assert not s.can_admit() and s.dispatch(1.0) == {}
+    assert not s.ready  # READY items were released without rows
+    assert s.done(0, sent[0][0], "boom") is None  # attempts left: released, not a row
+    assert s.in_flight()
+    for slot in sent[0][1:]:
+        s.release(s.done(0, slot, None).slot)
+    assert not s.in_flight() and not s.busy()
+
+
+# ------------------------------------------------------------------------------ watchdog
+def child(kind="worker", key=0, last_progress=0.0) -> Child:
+    return Child(kind, key, None, None, None, 0.0, None, "", "ready", last_progress)
+
+
+REL = ReliabilityOptions(inference_timeout_s=2.0, decode_timeout_s=5.0)
+
+
+def watchdog(held=0):
+    rows = {("worker", 0): slice(0, 2), ("reader", 0): slice(2, 3)}
+    return Watchdog(REL, lambda c: rows[(c.kind, c.key)], lambda c: held, tick_s=0.1)
+
+
+def board(*rows):
+    return np.array(rows, dtype=np.float64)
+
+
+def test_an_inference_past_its_timeout_is_hung_and_named():
+    w, c = watchdog(), child()
+    assert w.hung(2.0, [c], board((7, 1.0), (0, 0), (0, 0))) == []
+    ((who, why),) = w.hung(3.5, [c], board((7, 1.0), (0, 0), (0, 0)))
+    assert who is c and why.startswith("inference of item 7 hung for more than 2 s")
+
+
+def test_a_reader_uses_the_decode_timeout():
+    w, r = watchdog(), child("reader", 0)
+    assert w.hung(5.0, [r], board((0, 0), (0, 0), (3, 1.0))) == []
+    ((_, why),) = w.hung(6.5, [r], board((0, 0), (0, 0), (3, 1.0)))
+    assert "more than 5 s (the decode timeout)" in why
+
+
+def test_a_child_frozen_between_items_while_holding_some_is_hung():
+    idle = board((0, 0), (0, 0), (0, 0))
+    assert watchdog(held=0).hung(100.0, [child()], idle) == []  # idle and empty: fine
+    assert watchdog(held=3).hung(1.5, [child()], idle) == []  # held briefly: fine
+    ((_, why),) = watchdog(held=3).hung(2.5, [child()], idle)
+    assert "made no progress for more than 2 s" in why and "holding 3 item(s)" in why
+
+
+def test_a_child_still_starting_is_judged_by_its_deadline_only():
+    c = child()
+    c.state, c.deadline, c.phase = "starting", 10.0, "loading the model took too long"
+    assert watchdog(held=3).hung(9.0, [c], board((7, 1.0), (0, 0), (0, 0))) == []
+    assert watchdog().hung(10.5, [c], board((0, 0), (0, 0), (0, 0))) == [
+        (c, "loading the model took too long; killed")
+    ]
+
+
+def test_time_the_coordinator_was_not_running_is_not_held_against_children():
+    """Ctrl-Z for longer than the timeout: when the job continues, nobody is killed."""
+    w, c = watchdog(held=2), child(last_progress=1.0)
+    w.tick(1.0, [c])
+    busy = board((7, 1.0), (0, 0), (0, 0))
+    assert w.tick(61.0, [c]) == pytest.approx(60.0)  # a minute stopped
+    assert w.hung(61.1, [c], busy) == []
+    assert w.hung(61.1, [c], board((0, 0), (0, 0), (0, 0))) == []
+    # ... but time after the pause counts again.
+    assert w.hung(63.5, [c], busy)
