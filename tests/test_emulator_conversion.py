@@ -187,3 +187,39 @@ def test_every_4d_input_is_nhwc_in_the_rknn_view(
     onnx_path = EM.dense_model(tmp_path, "m.onnx", shape)
     assert describe_model(M.fake_rknn(onnx_path)).inputs[0].shape == rknn_view
     assert describe_model(onnx_path).inputs[0].shape == direct_view
+
+
+# ---------------------------------------------------------------- the engine
+def test_the_engine_feeds_raw_pixels_to_a_model_that_normalises_itself(tmp_path: Path) -> None:
+    from PIL import Image
+    from runs import config, fast_sim
+
+    from batchinfer import run
+    from batchinfer.results import read_predictions
+
+    onnx_path = EM.conv_classifier(tmp_path / "model")
+    rknn = EM.rknn_for(onnx_path, mean_values=[EM.IMAGENET_MEAN], std_values=[EM.IMAGENET_STD])
+    rng = np.random.default_rng(8)
+    images = rng.integers(0, 256, (5, 16, 16, 3), dtype=np.uint8)
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    for n, pixels in enumerate(images):
+        Image.fromarray(pixels).save(tmp_path / "data" / "a" / f"{n}.png")
+    result = run(
+        config(
+            dataset=tmp_path / "data",
+            model=rknn,
+            backend="sim",
+            sim=fast_sim(),
+            cores=(0,),
+            save_outputs=True,
+            out=tmp_path / "out",
+        )
+    )
+    assert result.errors == 0
+    table = read_predictions(result.out)
+    ids, outputs = table["id"].to_pylist(), table["out_output0"].to_pylist()
+    got = {Path(i).stem: o for i, o in zip(ids, outputs, strict=True)}
+    for n, pixels in enumerate(images):
+        x = EM.nchw_normalised(pixels[None], EM.IMAGENET_MEAN, EM.IMAGENET_STD)
+        expected = EM.ort(onnx_path, input=x)[0][0]
+        np.testing.assert_allclose(got[str(n)], expected, rtol=1e-5, atol=1e-5)
