@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -91,6 +92,7 @@ def test_unknown_model_name_is_a_usage_error():
     [
         ("digits.onnx", [1, 8, 8, 1], 10),
         ("digits-int8.onnx", [1, 8, 8, 1], 10),
+        ("digits-lowcal.onnx", [1, 8, 8, 1], 10),
         ("pool224.onnx", [1, 224, 224, 3], 1000),
     ],
 )
@@ -178,7 +180,7 @@ def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
 
 
 def test_write_demo_copies_models_and_explains_them(kit):
-    assert set(kit.models) == {"digits", "digits-int8", "pool224"}
+    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224"}
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
         assert path.read_bytes() == demo.model_path(name).read_bytes()
@@ -256,7 +258,14 @@ def test_tool_rebuilds_the_committed_models_and_split(monkeypatch):
     raw, labels = demo.load_digits(raw=True)
     split = demo.test_split()
     assert np.array_equal(tool.split_indices(len(labels)), split)
-    rebuilt = tool.build_models(raw, labels, split)
+    rebuilt, settings = tool.build_all(raw, labels, split)
+    assert set(settings) == {f"{stem}.config.json" for stem in demo.rknn_stems()}
+    for name, value in settings.items():
+        committed_settings = json.loads((demo.ASSETS / name).read_text())
+        assert committed_settings.keys() == value.keys(), name
+        np.testing.assert_allclose(committed_settings["mean_values"], value["mean_values"])
+        np.testing.assert_allclose(committed_settings["std_values"], value["std_values"])
+        assert committed_settings["target_platform"] == value["target_platform"]
     for name, model in rebuilt.items():
         committed = onnx.load(demo.ASSETS / name)
         assert [n.op_type for n in model.graph.node] == [n.op_type for n in committed.graph.node]
