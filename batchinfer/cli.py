@@ -17,6 +17,7 @@ import click
 
 from batchinfer import __version__
 from batchinfer.errors import BatchinferError
+from batchinfer.runtime import BACKENDS
 
 _CORES_HELP = "NPU cores to use, e.g. 0,1,2 (default: every core of the chip)."
 
@@ -113,11 +114,12 @@ def main() -> None:
 )
 @click.option(
     "--backend",
-    type=click.Choice(["auto", "rknnlite", "onnx", "sim"]),
+    type=click.Choice(BACKENDS),
     default="auto",
     show_default=True,
     help="auto: .rknn -> rknnlite (the NPU), .onnx -> onnx (ONNX Runtime on the CPU); "
-    "sim: an emulated NPU.",
+    "sim: an emulated NPU; toolkit: rknn-toolkit2's simulator (quantised numerics, no timing; "
+    "its own environment, see README).",
 )
 @click.option("--cores", help=_CORES_HELP)
 @click.option(
@@ -292,7 +294,7 @@ def demo(target: Path, overwrite: bool) -> None:
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option(
     "--backend",
-    type=click.Choice(["auto", "rknnlite", "onnx", "sim"]),
+    type=click.Choice(BACKENDS),
     default="auto",
     show_default=True,
 )

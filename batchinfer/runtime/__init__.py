@@ -1,4 +1,5 @@
-"""Runtimes with RKNNLite's shape: rknnlite (real), onnx (ONNX Runtime), sim (NPU emulator).
+"""Runtimes with RKNNLite's shape: rknnlite (real), onnx (ONNX Runtime), sim (NPU emulator),
+toolkit (rknn-toolkit2's simulator: quantised numerics, no timing).
 
 Pick one with :func:`resolve_backend` and :func:`runtime_class`; drive it through
 :class:`batchinfer.runtime.adapter.RuntimeAdapter`. Runtime modules are imported lazily:
@@ -12,7 +13,7 @@ from pathlib import Path
 from batchinfer.errors import UsageError
 from batchinfer.runtime.model_info import ModelInfo, TensorInfo, describe_model
 
-BACKENDS = ("auto", "rknnlite", "onnx", "sim")
+BACKENDS = ("auto", "rknnlite", "onnx", "sim", "toolkit")
 
 __all__ = [
     "BACKENDS",
@@ -37,7 +38,7 @@ def resolve_backend(backend: str, model: Path) -> str:
         return "onnx"
     raise UsageError(
         f"Cannot pick a backend for model {model} (not .rknn or .onnx); "
-        "pass --backend rknnlite, onnx or sim."
+        "pass --backend rknnlite, onnx, sim or toolkit."
     )
 
 
@@ -55,7 +56,15 @@ def runtime_class(backend: str) -> type:
         from batchinfer.runtime.sim import RKNNLite
 
         return RKNNLite
+    if backend == "toolkit":
+        from batchinfer.errors import RuntimeUnavailableError
+        from batchinfer.runtime.toolkit import RKNNLite, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeUnavailableError(reason)
+        return RKNNLite
     raise UsageError(
         f"Backend {backend!r} is not a concrete runtime; resolve 'auto' with resolve_backend() "
-        "first or use rknnlite, onnx or sim."
+        "first or use rknnlite, onnx, sim or toolkit."
     )
