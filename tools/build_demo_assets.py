@@ -495,15 +495,20 @@ def convert(stem: str, folder: Path) -> Path:
     ``folder`` receives what the demo kit holds beside the .rknn: ``<stem>.onnx``,
     ``<stem>.config.json``, ``<stem>.dataset.txt`` and the calibration images.
     """
-    from batchinfer.runtime.toolkit import load_settings
-
     recipe, _ = demo.rknn_stems()[stem]
     shutil.copyfile(ASSETS / recipe.source, folder / f"{stem}.onnx")
     shutil.copyfile(ASSETS / f"{stem}.config.json", folder / f"{stem}.config.json")
     dataset = demo.write_calibration_list(folder, stem)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # its import warns about pkg_resources
-        from rknn.api import RKNN
+        # The toolkit's import and conversion warn (pkg_resources, onnx.mapping): not ours.
+        warnings.simplefilter("ignore")
+        return _convert(stem, folder, dataset)
+
+
+def _convert(stem: str, folder: Path, dataset: Path) -> Path:
+    from rknn.api import RKNN
+
+    from batchinfer.runtime.toolkit import load_settings
 
     rknn = RKNN(verbose=False)
     cwd = os.getcwd()
