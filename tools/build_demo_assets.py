@@ -211,11 +211,9 @@ def _normalisation(weights: MlpWeights) -> tuple[list, list]:
     return nodes, inits
 
 
-def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
-    """Return digits.onnx: uint8 NHWC image in, softmax probabilities out."""
-    image, probs = _image_io([1, 8, 8, 1], 10)
-    nodes, inits = _normalisation(weights)
-    nodes += [
+def _mlp_nodes() -> list[onnx.NodeProto]:
+    """x_norm [1,64] -> MatMul w1 + b1 -> Relu -> MatMul w2 + b2 -> Softmax -> probs."""
+    return [
         helper.make_node("MatMul", ["x_norm", "w1"], ["h_mm"]),
         helper.make_node("Add", ["h_mm", "b1"], ["h_pre"]),
         helper.make_node("Relu", ["h_pre"], ["h"]),
@@ -223,6 +221,13 @@ def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
         helper.make_node("Add", ["l_mm", "b2"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
+
+
+def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
+    """Return digits.onnx: uint8 NHWC image in, softmax probabilities out."""
+    image, probs = _image_io([1, 8, 8, 1], 10)
+    nodes, inits = _normalisation(weights)
+    nodes += _mlp_nodes()
     inits += [_init(k, getattr(weights, k)) for k in ("w1", "b1", "w2", "b2")]
     graph = helper.make_graph(nodes, "digits_mlp", [image], [probs], inits)
     return _finish(graph, "Digits MLP 64-64-10 (float32); see batchinfer/demo/assets/MODELS.md.")
@@ -318,15 +323,7 @@ def build_digits_convert(weights: MlpWeights) -> onnx.ModelProto:
     """
     image = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, 8, 8])
     probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 10])
-    nodes = [
-        helper.make_node("Reshape", ["image", "flat_shape"], ["x_norm"]),
-        helper.make_node("MatMul", ["x_norm", "w1"], ["h_mm"]),
-        helper.make_node("Add", ["h_mm", "b1"], ["h_pre"]),
-        helper.make_node("Relu", ["h_pre"], ["h"]),
-        helper.make_node("MatMul", ["h", "w2"], ["l_mm"]),
-        helper.make_node("Add", ["l_mm", "b2"], ["logits"]),
-        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
-    ]
+    nodes = [helper.make_node("Reshape", ["image", "flat_shape"], ["x_norm"]), *_mlp_nodes()]
     inits = [_init("flat_shape", np.array([1, 64], np.int64))]
     inits += [_init(k, getattr(weights, k)) for k in ("w1", "b1", "w2", "b2")]
     graph = helper.make_graph(nodes, "digits_mlp_convert", [image], [probs], inits)
@@ -364,16 +361,21 @@ def build_pool224(seed: int = POOL_SEED) -> onnx.ModelProto:
         helper.make_node("Add", ["l_mm", "b"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
-    inits = [
-        _init("starts", np.array([0, 0], np.int64)),
-        _init("ends", np.array([224, 224], np.int64)),
-        _init("axes", np.array([1, 2], np.int64)),
-        _init("steps", np.array([16, 16], np.int64)),
-        _init("w", w_folded),
-        _init("b", b_folded),
-    ]
+    inits = _pool224_inits((1, 2), w_folded, b_folded)
     graph = helper.make_graph(nodes, "pool224", [image], [probs], inits)
     return _finish(graph, "A cheap stand-in for a 224x224 classifier (throughput tests only).")
+
+
+def _pool224_inits(axes: tuple[int, int], w: np.ndarray, b: np.ndarray) -> list[TensorProto]:
+    """Every 16th row and column of the H and W ``axes``, then the [3,1000] layer."""
+    return [
+        _init("starts", np.array([0, 0], np.int64)),
+        _init("ends", np.array([224, 224], np.int64)),
+        _init("axes", np.array(axes, np.int64)),
+        _init("steps", np.array([16, 16], np.int64)),
+        _init("w", w),
+        _init("b", b),
+    ]
 
 
 def _pool224_weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -398,14 +400,7 @@ def build_pool224_convert(seed: int = POOL_SEED) -> onnx.ModelProto:
         helper.make_node("Add", ["l_mm", "b"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
-    inits = [
-        _init("starts", np.array([0, 0], np.int64)),
-        _init("ends", np.array([224, 224], np.int64)),
-        _init("axes", np.array([2, 3], np.int64)),
-        _init("steps", np.array([16, 16], np.int64)),
-        _init("w", w.astype(np.float32)),
-        _init("b", b.astype(np.float32)),
-    ]
+    inits = _pool224_inits((2, 3), w.astype(np.float32), b.astype(np.float32))
     graph = helper.make_graph(nodes, "pool224_convert", [image], [probs], inits)
     return _finish(graph, "pool224 for conversion: float NCHW input centred to -1..1.")
 
