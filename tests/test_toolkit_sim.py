@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -314,3 +315,37 @@ def test_a_run_on_the_toolkit_backend_gives_the_simulators_predictions(
     np.testing.assert_array_equal(table["pred"].to_numpy(), direct)
     manifest = json.loads((result.out / "manifest.json").read_text())
     assert all("no timing model" in v for v in manifest["sdk_versions"].values())
+
+
+def test_a_build_dies_with_the_process_that_started_it(models: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    import psutil
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    demo.write_rknn_model(folder, "pool224-rk3576")
+    script = (
+        "import sys; from batchinfer.runtime import toolkit as T; "
+        "T.ensure_build(T.toolkit_model(sys.argv[1]))"
+    )
+    env = {**os.environ, T.CACHE_ENV: str(tmp_path / "cache")}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(folder / "pool224-rk3576.rknn")], env=env
+    )
+    try:
+        build = None
+        deadline = time.monotonic() + 60
+        while build is None and time.monotonic() < deadline and parent.poll() is None:
+            children = psutil.Process(parent.pid).children()
+            build = next((c for c in children if "build" in c.cmdline()), None)
+            time.sleep(0.05)
+        assert build is not None, "the build child never started"
+        parent.kill()
+        parent.wait()
+        _, alive = psutil.wait_procs([build], timeout=10)
+        assert not alive, "the build outlived the process that started it"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()

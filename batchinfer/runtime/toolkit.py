@@ -38,6 +38,7 @@ the ``onnx`` backend does: the simulator has no cores.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import hashlib
 import importlib.metadata
@@ -47,6 +48,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,7 @@ DATASET_SUFFIX = ".dataset.txt"
 # The files hybrid_quantization_step1 writes for a model loaded from "model.onnx".
 _STEP1_FILES = ("model.model", "model.data", "model.quantization.cfg")
 _DONE = "build.json"  # written last: an entry without it is incomplete
+_PR_SET_PDEATHSIG = 1
 
 # One toolkit call at a time in this process (its simulator keeps global state).
 _LOCK = threading.RLock()
@@ -310,15 +313,24 @@ def ensure_build(model: ToolkitModel) -> Path:
     entry = root / key[:32]
     if (entry / _DONE).is_file():
         return entry
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{key[:32]}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
-        if not (entry / _DONE).is_file():
-            _build(model, entry, key)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / f"{key[:32]}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building it right now
+            if not (entry / _DONE).is_file():
+                _build(model, entry, key)
+    except OSError as exc:
+        raise ToolkitError(
+            f"Cannot build in the cache folder {root} ({exc.strerror or exc}); make it "
+            f"writable or point {CACHE_ENV} at another folder."
+        ) from exc
     return entry
 
 
 def _build(model: ToolkitModel, entry: Path, key: str) -> None:
+    # Under the lock: a folder of an earlier build of this key is one that was killed.
+    for stale in entry.parent.glob(f".build-{key[:12]}-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=entry.parent))
     try:
         shutil.copyfile(model.onnx, work / "model.onnx")
@@ -329,7 +341,7 @@ def _build(model: ToolkitModel, entry: Path, key: str) -> None:
         started = time.monotonic()
         with open(work / "build.log", "wb") as log:
             done = subprocess.run(
-                [sys.executable, "-m", "batchinfer.runtime.toolkit", "build"],
+                [sys.executable, "-m", "batchinfer.runtime.toolkit", "build", str(os.getpid())],
                 cwd=work,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -365,8 +377,12 @@ def _build(model: ToolkitModel, entry: Path, key: str) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _build_main() -> int:
+def _build_main(parent: int) -> int:
     """The child process of _build: quantise ./model.onnx on ./dataset.txt (step 1)."""
+    # Die with the process that started the build (a worker killed mid-build, say).
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the line above
+        return 1
     rknn_class = _rknn_class()
     settings = json.loads(Path("settings.json").read_text())
     rknn = rknn_class(verbose=False)
@@ -573,7 +589,10 @@ def _open_simulator(model: ToolkitModel, entry: Path, warm_up: list | None) -> A
     rknn_class = _rknn_class()
     files = [str(entry / f) for f in _STEP1_FILES]
     with _quiet() as sink:
-        rknn = rknn_class(verbose=False)
+        try:
+            rknn = rknn_class(verbose=False)
+        except Exception as exc:
+            raise ToolkitError(f"rknn-toolkit2 did not start: {_last_line(str(exc))}") from exc
         # Its own E/W lines would repeat what the E lines of this class say.
         rknn.rknn_log.logger.setLevel(logging.CRITICAL)
         try:
@@ -605,6 +624,8 @@ def _open_simulator(model: ToolkitModel, entry: Path, warm_up: list | None) -> A
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["build"]:
-        sys.exit("usage: python -m batchinfer.runtime.toolkit build (run by ensure_build)")
-    sys.exit(_build_main())
+    if len(sys.argv) != 3 or sys.argv[1] != "build" or not sys.argv[2].isdigit():
+        sys.exit(
+            "usage: python -m batchinfer.runtime.toolkit build PARENT_PID (run by ensure_build)"
+        )
+    sys.exit(_build_main(int(sys.argv[2])))
