@@ -22,12 +22,12 @@ for ``model.rknn`` (or ``model.onnx``) this backend reads, beside it:
 
 The build (quantisation calibrated on that list) runs once per fingerprint of the ONNX
 bytes, the settings, the calibration files' bytes and the toolkit version, in a child
-process (the toolkit prints progress bars, changes nothing we rely on, and may abort), and
-is cached in ``$BATCHINFER_TOOLKIT_CACHE`` (default ``~/.cache/batchinfer/toolkit``):
+process (the toolkit writes into its working folder, prints progress bars and can abort
+the process; the child dies with its parent), and is cached in ``$BATCHINFER_TOOLKIT_CACHE`` (default ``~/.cache/batchinfer/toolkit``):
 ``hybrid_quantization_step1``'s outputs (the graph, its weights and the calibrated
 quantisation parameters). Each ``init_runtime`` then calls ``hybrid_quantization_step2``
 on them and starts the simulator, which gives the same outputs as a plain ``build()``
-(tests/test_toolkit.py checks it). Concurrent builds of one fingerprint, from threads or
+(tests/test_toolkit_sim.py checks it). Concurrent builds of one fingerprint, from threads or
 processes, wait on a lock file and build once.
 
 Calls into the toolkit are serialised within a process: it is not known to be
