@@ -13,9 +13,7 @@ call spends time) and ``_sdk_text`` (what get_sdk_version names).
 from __future__ import annotations
 
 import datetime
-import json
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from batchinfer.runtime.model_info import (
     open_session,
     rknn_view,
 )
+from batchinfer.runtime.rknn_file import read_rknn_metadata
 
 #: Platforms list_support_target_platform() prints when given no model (rknn-toolkit-lite2 2.5.0).
 SUPPORTED_PLATFORMS = {"RKNPU2": ["RK3562", "RK3566", "RK3568", "RK3576", "RK3588", "RV1126B"]}
@@ -195,8 +194,8 @@ class OnnxRKNNBase:
             return None
         return self._sdk_text()
 
-    def list_support_target_platform(self, rknn_model: str | None = None) -> dict | None:
-        """Prints and returns the platforms; None (with an E line) for a missing model path."""
+    def list_support_target_platform(self, rknn_model: str | None = None) -> dict:
+        """Prints and returns the platforms; ValueError (after an E line) for a missing model."""
         if rknn_model is None:
             result: dict = {k: list(v) for k, v in SUPPORTED_PLATFORMS.items()}
             print("*" * 48)
@@ -205,9 +204,11 @@ class OnnxRKNNBase:
             print("*" * 48)
             return result
         path = os.fspath(rknn_model)
-        if path == "" or not os.path.isfile(path):
-            self._log("E", f"list_support_target_platform: The model '{path}' does not exist!")
-            return None
+        if not os.path.exists(path):
+            # RKNNLite 2.5.0 logs this with rknn_log.e() without throw=False, which raises.
+            message = f"The model {path} does not exist."
+            self._log("E", f"list_support_target_platform: {message}")
+            raise ValueError(message)
         filled = _filled_platforms(Path(path))
         supported = filled if filled else list(SUPPORTED_PLATFORMS["RKNPU2"])
         result = {"filled_target_platform": filled, "support_target_platform": supported}
@@ -437,17 +438,9 @@ def _fmt(shape: tuple[int, ...]) -> str:
 
 
 def _filled_platforms(path: Path) -> list[str]:
-    """Target platforms written into an .rknn file's JSON header; [] when none is found."""
-    if path.suffix.lower() != ".rknn":
-        return []
+    """Target platforms named in the JSON document that ends an .rknn file; [] when none."""
     try:
-        head = path.read_bytes()[: 1 << 20].decode("latin-1")
-    except OSError:
+        meta = read_rknn_metadata(path)
+    except ModelError:
         return []
-    match = re.search(r'"target_platform"\s*:\s*(\[[^\]]*\])', head)
-    if not match:
-        return []
-    try:
-        return [str(p).upper() for p in json.loads(match.group(1))]
-    except ValueError:
-        return []
+    return [p.upper() for p in meta.platforms] if meta else []
