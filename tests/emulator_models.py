@@ -21,22 +21,11 @@ from pathlib import Path
 
 import models as M  # tests/ is on sys.path under pytest
 import numpy as np
-import onnx
 import onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 IMAGENET_MEAN = [123.675, 116.28, 103.53]
 IMAGENET_STD = [58.395, 57.12, 57.375]
-
-
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", M.OPSET)], ir_version=M.IR_VERSION
-    )
-    onnx.checker.check_model(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    onnx.save(model, str(path))
-    return path
 
 
 def conv_classifier(
@@ -77,7 +66,7 @@ def conv_classifier(
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, classes])],
         inits,
     )
-    return _save(graph, Path(directory) / name)
+    return M._save(graph, Path(directory) / name)
 
 
 def dense_model(directory: Path, name: str, shape: tuple[int, ...]) -> Path:
@@ -96,7 +85,7 @@ def dense_model(directory: Path, name: str, shape: tuple[int, ...]) -> Path:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
         inits,
     )
-    return _save(graph, Path(directory) / name)
+    return M._save(graph, Path(directory) / name)
 
 
 def rknn_for(onnx_path: Path, **config: object) -> Path:

@@ -49,7 +49,7 @@ def test_resolve_backend_refuses_unknowns() -> None:
 def test_runtime_class() -> None:
     from batchinfer.runtime import onnx, sim
 
-    assert BACKENDS == ("auto", "rknnlite", "onnx", "sim")
+    assert BACKENDS == ("auto", "rknnlite", "onnx", "sim", "toolkit")
     assert runtime_class("onnx") is onnx.RKNNLite
     assert runtime_class("sim") is sim.RKNNLite
     with pytest.raises(UsageError):

@@ -40,3 +40,5 @@ class EngineResult:
     retired_cores: list[int]
     backend: dict[str, Any] = field(default_factory=dict)
     collect_s: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by role
+    peak_rss_mb: float = 0.0  # the coordinator's, while the engine ran

@@ -33,6 +33,7 @@ from batchinfer.engine.slots import (
 )
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.spawn import start_reader, start_worker
+from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
 from batchinfer.sink.rows import RowSink
@@ -75,6 +76,7 @@ class Engine:
         self.pool = ChildPool(clock)
         self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, _TICK_S)
         self.canary = Canary()
+        self.usage = Usage()
         self.warnings: list[str] = []
         self.sdk_versions: dict[int, str | None] = {}
         self.stop_reason: str | None = None
@@ -145,6 +147,8 @@ class Engine:
             retired_cores=[c for c, s in self.scheduler.cores.items() if s.state == "retired"],
             backend=self.backend.describe(),
             collect_s=self.collector.collect_s,
+            cpu_s=self.usage.cpu_by_role(),
+            peak_rss_mb=self.usage.peak_rss_mb,
         )
 
     def _setup(self) -> None:
@@ -229,6 +233,7 @@ class Engine:
             raise _HardStop
         now = self.clock()
         live = self.pool.live()
+        self.usage.sample(now)
         if self.watchdog.tick(now, live):
             self._drain_until = max(self._drain_until, now + self.rel.drain_timeout_s)
         for child, reason in self.watchdog.hung(now, live, self.board.snapshot()):
@@ -284,6 +289,7 @@ class Engine:
         child.last_progress = now
         kind = msg[0]
         if kind == "loaded":
+            child.cpu_s = msg[2]
             for slot, _index, read_ms, error in msg[1]:
                 finished = self.scheduler.loaded(slot, read_ms, error, now)
                 if finished is not None:
@@ -297,7 +303,7 @@ class Engine:
                     self.collector.success(slot, child.key, instance, t0, t1)
                 else:
                     self.collector.error(finished)
-            child.busy_s = msg[2]
+            child.busy_s, child.cpu_s = msg[2], msg[3]
             self.stats.set_busy(child.key, msg[2])
         elif kind == "ready":
             child.state, child.deadline = "ready", None
@@ -347,6 +353,7 @@ class Engine:
     # ------------------------------------------------------------------ deaths
     def _on_exit(self, event: Exited) -> None:
         child = event.child
+        self.usage.child_gone(child)
         died = "died" if child.kind == "reader" else "worker process crashed"
         what = child.killed_for or f"{died} (exit code {event.exitcode})"
         rows = self._board_rows(child)
@@ -405,6 +412,8 @@ class Engine:
     # ------------------------------------------------------------------ shutdown
     def _close(self) -> None:
         """Shutdown steps 3-4 of the NOTE in slots.py; the sink is closed by the caller."""
+        for child in self.pool.live():
+            self.usage.child_gone(child)  # its last report: stopped children send no more
         self.pool.close(self.hard_stop, _JOIN_TIMEOUT_S)
         if self.memory is not None:
             self.memory.close()

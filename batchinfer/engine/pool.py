@@ -39,6 +39,7 @@ class Child:
     last_progress: float = 0.0
     killed_for: str | None = None
     busy_s: float = 0.0  # workers: this incarnation's cumulative busy seconds, as reported
+    cpu_s: float = 0.0  # this incarnation's CPU seconds, as last reported
     warned: set[str] = field(default_factory=set)
 
     @property

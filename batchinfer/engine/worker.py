@@ -9,9 +9,11 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
   coordinator -> worker  ("attach", outputs RegionSpec) once, before any task
                          ("infer", [(slot, index), ...])
                          ("stop",)                      finish queued work, release, exit
-  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error), ...], busy_s)
+  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error), ...], busy_s,
+                          cpu_s)
                          error None: outputs are in the slot's output region; else one sentence.
-                         busy_s: cumulative seconds during which some instance was in inference().
+                         busy_s: cumulative seconds during which some instance was in inference();
+                         cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue; results leave in batches through one
 sender thread (whatever finished while the last message was being sent), so an instance goes
 straight from one inference to the next. While an instance infers, its row on the status
@@ -33,7 +35,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from batchinfer.engine.canary import canary_input
-from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import BatchinferError, InferenceError
 from batchinfer.runtime.adapter import RuntimeAdapter
@@ -161,7 +163,7 @@ def _serve(
                         end = True
                         break
                     batch.append(item)
-            send_or_exit(results, ("done", batch, busy.total))
+            send_or_exit(results, ("done", batch, busy.total, cpu_seconds()))
             if end:
                 return
 

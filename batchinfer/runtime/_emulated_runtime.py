@@ -180,8 +180,8 @@ class EmulatedRuntime:
         n = len(self.inputs)
         if len(inputs) != n:
             raise InputRejected(f"The model needs {n} inputs, but {len(inputs)} inputs were given.")
-        types = _per_input(data_type, n, "data_type")
-        formats = _per_input(data_format, n, "data_format")
+        types = per_input(data_type, n, "data_type")
+        formats = per_input(data_format, n, "data_format")
         flags = _pass_through_flags(inputs_pass_through, n)
         arrays = [
             self._interface_view(i, arr, types[i], formats[i], flags[i])
@@ -290,7 +290,7 @@ class EmulatedRuntime:
         return np.ascontiguousarray(data, dtype=spec.onnx_dtype)
 
 
-def _per_input(value: Any, n: int, what: str) -> list:
+def per_input(value: Any, n: int, what: str) -> list:
     """``value`` spread over n inputs: a scalar applies to all, a list must have n items."""
     if isinstance(value, list | tuple):
         if len(value) != n:

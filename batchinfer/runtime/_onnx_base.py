@@ -23,9 +23,7 @@ spends time), ``_after_release`` and ``_versions`` (what get_sdk_version names).
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,6 +43,7 @@ from batchinfer.runtime.model_info import (
     onnx_beside,
     open_session,
 )
+from batchinfer.runtime.rknn_file import read_rknn_metadata
 
 #: Platforms list_support_target_platform() prints when given no model (rknn-toolkit-lite2 2.5.0).
 SUPPORTED_PLATFORMS = {"RKNPU2": ["RK3562", "RK3566", "RK3568", "RK3576", "RK3588", "RV1126B"]}
@@ -117,6 +116,7 @@ class OnnxRKNNBase:
             return -1
         # Like RKNNLite, nothing is parsed here: a bad model fails in init_runtime.
         self._model_path = Path(path)
+        self._loaded(self._model_path)
         self.rknn_user_key = None
         if key_path is not None:
             # The real one has read the model already and keeps it: only the key is missing.
@@ -230,15 +230,15 @@ class OnnxRKNNBase:
     # ---------------------------------------------------------------- queries
     def get_sdk_version(self) -> str | None:
         """The ``RKNN VERSION:`` banner (API and DRV lines); None when not initialised."""
-        if self.rknn_runtime is None:
+        text = self._sdk_banner()
+        if text is None:
             self.rknn_log.e(
                 "Runtime environment is not inited, please call init_runtime to init it first!",
                 False,
             )
-            return None
-        return self.rknn_runtime.get_sdk_version()[0]
+        return text
 
-    def list_support_target_platform(self, rknn_model: str | None = None) -> dict | None:
+    def list_support_target_platform(self, rknn_model: str | None = None) -> dict:
         """Prints and returns the platforms; ValueError (after an E line) for a missing file.
 
         The wheel logs with its logger's default ``throw``, which raises ValueError, although
@@ -332,6 +332,9 @@ class OnnxRKNNBase:
     def _announce(self) -> None:
         """Lines the constructor writes (the sim writes the wheel's version line)."""
 
+    def _loaded(self, path: Path) -> None:
+        """The model file at ``path`` was read (the sim picks the chip it was made for)."""
+
     def _check_settings(self, settings: ConversionSettings | None) -> None:
         """ModelError when the conversion settings cannot run here (the sim checks the chip)."""
 
@@ -367,19 +370,16 @@ class OnnxRKNNBase:
         """(API, DRV) texts for the get_sdk_version banner."""
         raise NotImplementedError
 
+    def _sdk_banner(self) -> str | None:
+        """get_sdk_version()'s text, None when not initialised (a backend without
+        ``rknn_runtime`` overrides this)."""
+        return None if self.rknn_runtime is None else self.rknn_runtime.get_sdk_version()[0]
+
 
 def _filled_platforms(path: Path) -> list[str]:
-    """Target platforms written into an .rknn file's JSON header; [] when none is found."""
-    if path.suffix.lower() != ".rknn":
-        return []
+    """Target platforms named in the JSON document that ends an .rknn file; [] when none."""
     try:
-        head = path.read_bytes()[: 1 << 20].decode("latin-1")
-    except OSError:
+        meta = read_rknn_metadata(path)
+    except ModelError:
         return []
-    match = re.search(r'"target_platform"\s*:\s*(\[[^\]]*\])', head)
-    if not match:
-        return []
-    try:
-        return [str(p).upper() for p in json.loads(match.group(1))]
-    except ValueError:
-        return []
+    return [p.upper() for p in meta.platforms] if meta else []

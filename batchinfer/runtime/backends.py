@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batchinfer.errors import ConfigError, RuntimeUnavailableError, UsageError
+from batchinfer.errors import BatchinferError, ConfigError, RuntimeUnavailableError, UsageError
 from batchinfer.options import BACKEND_NAMES, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.constants import CHIP_CORES, core_mask
@@ -133,6 +133,44 @@ class OnnxBackend(Backend):
 
     def runtime_class(self) -> type:
         from batchinfer.runtime.onnx import RKNNLite
+
+        return RKNNLite
+
+
+# --------------------------------------------------------------------------- toolkit
+@dataclass(frozen=True)
+class ToolkitBackend(Backend):
+    """rknn-toolkit2's simulator: the NPU's quantised numerics on x86, without timing.
+
+    Needs rknn-toolkit2 (its own environment: README "Real RKNN on x86"); the chip is the
+    one the .rknn was converted for.
+    """
+
+    name: ClassVar[str] = "toolkit"
+    hint: ClassVar[str] = "check the E lines above and rknn-toolkit2's environment"
+
+    def chip(self) -> str:
+        from batchinfer.runtime.rknn_file import read_rknn_metadata
+
+        if self.model.suffix.lower() == ".rknn":
+            with contextlib.suppress(BatchinferError):
+                meta = read_rknn_metadata(self.model)
+                if meta is not None:
+                    for platform in meta.platforms:
+                        if platform.lower() in CHIP_CORES:
+                            return platform.lower()
+        return "rk3588"
+
+    def check(self) -> None:
+        from batchinfer.runtime.toolkit import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeUnavailableError(reason)
+
+    def runtime_class(self) -> type:
+        self.check()
+        from batchinfer.runtime.toolkit import RKNNLite
 
         return RKNNLite
 
@@ -289,6 +327,7 @@ _CLASSES: dict[str, type[Backend]] = {
     "rknnlite": RknnliteBackend,
     "onnx": OnnxBackend,
     "sim": SimBackend,
+    "toolkit": ToolkitBackend,
 }
 
 

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
 import logging
 import mmap
@@ -92,6 +93,7 @@ from batchinfer.runtime._onnx_base import RKNN_API_VERSION, Deliver, OnnxRKNNBas
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import InputSpec
 from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
+from batchinfer.runtime.rknn_file import read_rknn_metadata
 
 #: The rknpu driver version the emulated board reports (a current RK3588 BSP's).
 DRIVER_VERSION = "0.9.8"
@@ -186,11 +188,14 @@ class SimSettings:
     host_ms: float = _DEFAULTS["host_ms"]
     faults: tuple[Fault, ...] = ()
     state_dir: Path = field(default_factory=default_state_dir)
+    #: True when the chip was asked for (argument or BATCHINFER_SIM_CHIP); otherwise the
+    #: emulator takes the chip a loaded .rknn was converted for.
+    chip_given: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> SimSettings:
         """Settings from BATCHINFER_SIM_* env vars, with non-None ``overrides`` winning."""
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"chip_given"}
         unknown = set(overrides) - names
         if unknown:
             raise UsageError(
@@ -220,7 +225,7 @@ class SimSettings:
                 )
         state = raw.get("state_dir")
         state_dir = Path(state) if state is not None else default_state_dir()  # type: ignore[arg-type]
-        return cls(chip, npu_ms, host_ms, faults, state_dir)
+        return cls(chip, npu_ms, host_ms, faults, state_dir, chip_given="chip" in raw)
 
 
 def _npu_ms(value: object) -> float | str:
@@ -358,6 +363,23 @@ class _Board:
         self._closer()
 
 
+def _model_chip(path: Path) -> str | None:
+    """The chip an .rknn was converted for: its settings' target_platform, else its own
+    metadata's first platform; None when neither names a chip the emulator knows."""
+    if path.suffix.lower() != ".rknn":
+        return None
+    try:
+        settings = ConversionSettings.load_beside(path)
+        meta = None if settings and settings.target_platform else read_rknn_metadata(path)
+    except ModelError:
+        return None  # init_runtime says what is wrong with the files
+    named = settings.target_platform if settings and settings.target_platform else None
+    if named is None and meta is not None and meta.platforms:
+        named = meta.platforms[0]
+    chip = (named or "").lower()
+    return chip if chip in C.CHIP_CORES else None
+
+
 def _close_board(mm: mmap.mmap, fd: int) -> None:
     mm.close()
     os.close(fd)
@@ -430,6 +452,11 @@ class RKNNLite(OnnxRKNNBase):
     # ---------------------------------------------------------------- hooks
     def _announce(self) -> None:
         self.rknn_log.w(f"rknn-toolkit-lite2 version: {RKNN_API_VERSION}")
+
+    def _loaded(self, path: Path) -> None:
+        chip = None if self.settings.chip_given else _model_chip(path)
+        if chip is not None and chip != self.settings.chip:
+            self.settings = dataclasses.replace(self.settings, chip=chip)
 
     def _check_settings(self, settings: ConversionSettings | None) -> None:
         wanted = (settings.target_platform or "").lower() if settings else ""
