@@ -17,7 +17,9 @@ Board lines
 
 Core-mask rules per chip
     ``chip`` rk3588 (3 cores, default), rk3576 (2), rk3566 and the other one-core chips.
-    See :func:`resolve_core_mask`.
+    See :func:`resolve_core_mask`. When no chip is given (argument or
+    BATCHINFER_SIM_CHIP), a loaded ``.rknn`` sets it: the ``target_platform`` of its
+    settings, else the first platform its own metadata names.
 
 Time model
     Each ``inference`` call first spends ``host_ms`` on its own (a sleep that releases
