@@ -42,6 +42,7 @@ from batchinfer.sink.stats import CoreStatsRecorder
 log = logging.getLogger("batchinfer")
 
 _TICK_S = 0.1
+_CHECK_EVERY_S = 0.05
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -82,6 +83,7 @@ class Engine:
         self.stop_reason: str | None = None
         self.hard_stop = False
         self._drain_until = 0.0
+        self._next_check = 0.0
         self._items = iter(())  # type: ignore[var-annotated]
         self._exhausted = False
         self._readers_n = readers
@@ -232,6 +234,11 @@ class Engine:
         if self.hard_stop:
             raise _HardStop
         now = self.clock()
+        if now < self._next_check:
+            return
+        # Hangs and restarts are checked a few times a second, not on every turn: at
+        # thousands of items a second a turn comes every millisecond.
+        self._next_check = now + _CHECK_EVERY_S
         live = self.pool.live()
         self.usage.sample(now)
         if self.watchdog.tick(now, live):

@@ -19,6 +19,7 @@ from batchinfer.data.preprocess import Preprocess, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ReliabilityOptions, RuntimeOptions
 from batchinfer.runtime import describe_model
@@ -159,12 +160,13 @@ def plan_engine(
     if readers is None:
         readers = max(1, min(4, (os.cpu_count() or 2) // 2))
     _at_least(readers, 1, "runtime.readers")
-    # Each instance holds up to three slots in its worker (scheduler.QUEUED_PER_INSTANCE);
-    # one more per instance waits READY, so a finished item is replaced at once; two per
-    # reader are being decoded.
+    # Each instance holds up to QUEUED_PER_INSTANCE slots in its worker; one more per
+    # instance waits READY, so a finished item is replaced at once; two per reader are
+    # being decoded.
     slots = rt.slots
     if slots is None:
-        slots = len(cores) * rt.instances_per_core * 4 + readers * 2
+        per_instance = QUEUED_PER_INSTANCE + 1
+        slots = len(cores) * rt.instances_per_core * per_instance + readers * 2
     _at_least(slots, 2, "runtime.slots")
     return EnginePlan(
         backend=backend,

@@ -39,9 +39,10 @@ from batchinfer.data.dataset import Item
 MAX_CRASHES_IN_ROW = 3
 BACKOFF_S = (0.25, 1.0, 4.0)
 MAX_READER_DEATHS = 10
-# Items a worker holds per instance: one in inference and two queued behind it, so an
-# instance never waits for the coordinator between two inferences.
-QUEUED_PER_INSTANCE = 3
+# Items a worker holds per instance: one in inference and the rest queued behind it, so an
+# instance never waits for the coordinator between two inferences, even while the worker
+# holds finished results back for a moment to send several in one message (worker.py).
+QUEUED_PER_INSTANCE = 6
 
 FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
 
