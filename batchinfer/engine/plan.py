@@ -156,9 +156,10 @@ def plan_engine(
     if kind:
         preprocess.validate_for(kind)
     cpus = resolve_affinity(rt.cpu_affinity)
-    readers = rt.readers
-    if readers is None:
-        readers = max(1, min(4, (os.cpu_count() or 2) // 2))
+    readers, max_readers = rt.readers, rt.readers
+    if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
+        usable = len(cpus) if cpus else len(os.sched_getaffinity(0))
+        readers, max_readers = max(1, usable // 2), max(1, usable)
     _at_least(readers, 1, "runtime.readers")
     # Each instance holds up to QUEUED_PER_INSTANCE slots in its worker; one more per
     # instance waits READY, so a finished item is replaced at once; two per reader are
@@ -166,7 +167,7 @@ def plan_engine(
     slots = rt.slots
     if slots is None:
         per_instance = QUEUED_PER_INSTANCE + 1
-        slots = len(cores) * rt.instances_per_core * per_instance + readers * 2
+        slots = len(cores) * rt.instances_per_core * per_instance + max_readers * 2
     _at_least(slots, 2, "runtime.slots")
     return EnginePlan(
         backend=backend,
@@ -175,6 +176,7 @@ def plan_engine(
         preprocess=preprocess,
         slots=slots,
         readers=readers,
+        max_readers=max_readers,
         cpus=cpus,
         reliability=config.reliability,
         topk=out.topk,
