@@ -120,7 +120,7 @@ class RuntimeOptions:
         short="-k",
     )
     slots: int | None = option(
-        None, "Shared-memory slots (default: 4 per instance + 2 per reader)."
+        None, "Shared-memory slots (default: 7 per instance + 2 per reader)."
     )
     readers: int | None = option(
         None, "Reader processes that decode inputs (default: from the CPU count)."

@@ -21,10 +21,11 @@ class EnginePlan:
     instances_per_core: int
     preprocess: Preprocess
     slots: int
-    readers: int
+    readers: int  # to start with
     cpus: tuple[int, ...] | None
     reliability: ReliabilityOptions
     topk: int
+    max_readers: int = 0  # more than ``readers``: grown while running (reader_scaling.py)
 
 
 @dataclass

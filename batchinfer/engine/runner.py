@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.events import Observer
+from batchinfer.engine.events import Observer, RowsDone
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.sources import DatasetSource
@@ -218,8 +218,6 @@ class _FirstFailures:
         self.items: list[tuple[str, str]] = []
 
     def notify(self, event: object) -> None:
-        from batchinfer.engine.events import RowsDone
-
         if isinstance(event, RowsDone) and len(self.items) < self.KEEP:
             for row in event.rows:
                 if row.error is not None and len(self.items) < self.KEEP:

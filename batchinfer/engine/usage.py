@@ -27,6 +27,7 @@ class Usage:
         self._counted: set[int] = set()
         self._next = 0.0
         self.peak_rss_mb = self._me.memory_info().rss / 2**20
+        psutil.cpu_percent(percpu=True)  # the first call starts psutil's interval
 
     def sample(self, now: float) -> None:
         """Read the coordinator's RSS now and then (cheap: one read of /proc/self/statm)."""
@@ -34,6 +35,12 @@ class Usage:
             return
         self._next = now + SAMPLE_EVERY_S
         self.peak_rss_mb = max(self.peak_rss_mb, self._me.memory_info().rss / 2**20)
+
+    def idle_cpus(self) -> float:
+        """CPUs free since the last call (in CPUs, over the CPUs this process may use)."""
+        usable = sorted(self._me.cpu_affinity() or [])
+        percents = psutil.cpu_percent(percpu=True)
+        return sum(100.0 - percents[c] for c in usable if c < len(percents)) / 100.0
 
     def child_gone(self, child: Child) -> None:
         """Add a child incarnation's last reported CPU seconds (once)."""

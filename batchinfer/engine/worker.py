@@ -36,10 +36,16 @@ import numpy as np
 
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
+from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import BatchinferError, InferenceError
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
+
+# Results per message and how long one may wait for others (see sender_loop).
+BATCH_MAX = 16
+BATCH_WAIT_S = 0.002
+REFILL_AT = QUEUED_PER_INSTANCE // 2
 
 # Python-side reference cycles pile up in long inference loops on the real runtime
 # (~42 kB per call, airockchip/rknn-toolkit2#42); a periodic collection keeps memory flat.
@@ -153,19 +159,35 @@ def _serve(
     busy = _BusyClock()
 
     def sender_loop() -> None:
-        while (first := outbox.get()) is not None:
+        # Batching: while this worker still has at least REFILL_AT items queued per instance,
+        # results wait (at most BATCH_WAIT_S) for company, so one message carries several;
+        # once the queue runs low they go at once, so the coordinator can refill it before
+        # an instance runs dry.
+        low_water = REFILL_AT * spec.instances
+        end = False
+        while not end and (first := outbox.get()) is not None:
             batch = [first]
-            end = False
+            deadline = time.monotonic() + BATCH_WAIT_S
+            while len(batch) < BATCH_MAX and work.qsize() >= low_water:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = outbox.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if item is None:
+                    end = True
+                    break
+                batch.append(item)
             with contextlib.suppress(queue.Empty):
-                while True:
+                while not end:  # whatever else is already there goes too
                     item = outbox.get_nowait()
                     if item is None:
                         end = True
-                        break
-                    batch.append(item)
+                    else:
+                        batch.append(item)
             send_or_exit(results, ("done", batch, busy.total, cpu_seconds()))
-            if end:
-                return
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
