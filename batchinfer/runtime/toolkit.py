@@ -65,7 +65,8 @@ import numpy as np
 
 from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
-from batchinfer.runtime._onnx_base import OnnxRKNNBase, _InferenceRejected, _per_input
+from batchinfer.runtime._emulated_runtime import InputRejected, per_input
+from batchinfer.runtime._onnx_base import OnnxRKNNBase, sdk_banner
 from batchinfer.runtime.model_info import ORT_DTYPES, concrete_dims, open_session
 from batchinfer.runtime.rknn_file import read_rknn_metadata
 
@@ -447,7 +448,6 @@ class RKNNLite(OnnxRKNNBase):
             return -1
         self._model = model
         self._ranks = ranks
-        self._session = self._rknn  # what the base class checks for "initialised"
         self._frame_id = 0
         return 0 if self._apply_core_mask(core_mask) else -1
 
@@ -488,9 +488,9 @@ class RKNNLite(OnnxRKNNBase):
                 warnings.simplefilter("ignore")
                 raw = self._rknn.inference(inputs=arrays, data_format=formats)
             if raw is None:
-                raise _InferenceRejected("rknn-toolkit2's simulator returned None.")
+                raise InputRejected("rknn-toolkit2's simulator returned None.")
             outputs = self._deliver(list(raw), reuse_outputs)
-        except _InferenceRejected as exc:
+        except InputRejected as exc:
             self._log("E", f"inference: {exc}")
             return None
         except Exception as exc:  # never raise, like RKNNLite
@@ -514,39 +514,37 @@ class RKNNLite(OnnxRKNNBase):
             inputs = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
         n = len(self._ranks)
         if len(inputs) != n:
-            raise _InferenceRejected(
-                f"The model needs {n} inputs, but {len(inputs)} inputs were given."
-            )
-        types = _per_input(data_type, n, "data_type")
-        formats = _per_input(data_format, n, "data_format")
-        flags = _per_input(pass_through, n, "inputs_pass_through")
+            raise InputRejected(f"The model needs {n} inputs, but {len(inputs)} inputs were given.")
+        types = per_input(data_type, n, "data_type")
+        formats = per_input(data_format, n, "data_format")
+        flags = per_input(pass_through, n, "inputs_pass_through")
         out_formats: list[str | None] = []
         for i, (arr, rank) in enumerate(zip(inputs, self._ranks, strict=True)):
             if not isinstance(arr, np.ndarray):
-                raise _InferenceRejected(
+                raise InputRejected(
                     f"The input[{i}] must be a numpy.ndarray, but got {type(arr).__name__}."
                 )
             if arr.dtype.name not in C.SUPPORTED_DTYPES:
-                raise _InferenceRejected(
+                raise InputRejected(
                     f"The input[{i}] dtype {arr.dtype.name} is not supported; convert it to "
                     f"one of {', '.join(C.SUPPORTED_DTYPES)}."
                 )
             if types[i] is not None and types[i] != arr.dtype.name:
-                raise _InferenceRejected(
+                raise InputRejected(
                     f"The input[{i}] data_type '{types[i]}' does not match the array dtype "
                     f"'{arr.dtype.name}'; nothing is converted."
                 )
             if formats[i] not in (None, "nhwc", "nchw"):
-                raise _InferenceRejected(
+                raise InputRejected(
                     f"The input[{i}] data_format '{formats[i]}' is invalid; use 'nhwc' or 'nchw'."
                 )
             if arr.ndim != rank:
-                raise _InferenceRejected(
+                raise InputRejected(
                     f"The input[{i}] need {rank}dims input, but {arr.ndim}dims input buffer "
                     "feed (did you forget the batch axis? use np.expand_dims(x, 0))."
                 )
             if flags[i]:
-                raise _InferenceRejected(
+                raise InputRejected(
                     "inputs_pass_through is not supported by rknn-toolkit2's simulator; "
                     "pass the input unconverted instead."
                 )
@@ -560,13 +558,20 @@ class RKNNLite(OnnxRKNNBase):
             with _quiet():
                 rknn.release()
 
-    def _sdk_text(self) -> str:
+    def _sdk_banner(self) -> str | None:
+        if self._rknn is None:
+            return None
         platform = self._model.platform if self._model else "unknown"
-        return (
-            f"API: {toolkit_version()} (rknn-toolkit2 simulator, {platform} numerics; "
-            "batchinfer toolkit backend)\n"
-            "DRV: none: no NPU and no timing model (latencies are this CPU's, not an NPU's)"
+        return sdk_banner(
+            f"{toolkit_version()} (rknn-toolkit2 simulator, {platform} numerics; "
+            "batchinfer toolkit backend)",
+            "none: no NPU and no timing model (latencies are this CPU's, not an NPU's)",
         )
+
+    def _log(self, level: str, message: str) -> None:
+        """One line through ``rknn_log``, as the base class writes them."""
+        levels = {"E": logging.ERROR, "W": logging.WARNING, "I": logging.INFO}
+        self.rknn_log.logger.log(levels.get(level, logging.DEBUG), message)
 
 
 def _input_ranks(onnx: Path) -> tuple[tuple[int, ...], list[np.ndarray] | None]:
