@@ -289,7 +289,7 @@ def test_a_run_on_the_toolkit_backend_gives_the_simulators_predictions(
     models: Path, demo_kit, tmp_path: Path
 ) -> None:
     from batchinfer import RunConfig, run
-    from batchinfer.sink import read_predictions
+    from batchinfer.results import read_predictions
 
     model = models / "digits-lowcal-rk3566.rknn"
     result = run(

@@ -49,7 +49,7 @@ import psutil
 import pyarrow.parquet as pq
 
 from batchinfer.demo import make_npy_dataset, model_path
-from batchinfer.sink.resume import read_predictions
+from batchinfer.results import read_predictions
 
 CORES = (0, 1, 2)
 IDEAL_TARGET = 0.95  # fraction of the ideal items/s

@@ -93,6 +93,9 @@ class _BusyClock:
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a core worker process."""
     setup_child(spec.parent_pid, spec.cpus)
+    # The emulated runtimes' own log lines (start-up I and W lines, per instance) stay out of
+    # the run's console, as deployed clients lower rknn_log; errors still show.
+    os.environ.setdefault("BATCHINFER_RKNN_LOG_LEVEL", "ERROR")
     adapters: list[RuntimeAdapter] = []
     try:
         try:

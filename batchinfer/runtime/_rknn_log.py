@@ -6,9 +6,10 @@ Lines look like the real ones: ``<letter> <message>`` for the Python side (``W
 rknn-toolkit-lite2 version: 2.5.0``, ``E Catch exception when setting inputs.``) and
 ``<letter> RKNN: [hh:mm:ss.mmm] <message>`` for what librknnrt itself prints.
 
-Level: DEBUG with ``verbose=True``, else INFO, so the librknnrt-style ``I RKNN:`` lines
-show by default as on a board. On a board those come from the C library and are not
-gated by this logger (``RKNN_LOG_LEVEL`` gates them); here every line is.
+Level: DEBUG with ``verbose=True``, else INFO (or ``$BATCHINFER_RKNN_LOG_LEVEL``), so the
+librknnrt-style ``I RKNN:`` lines show by default as on a board. On a board those come from
+the C library and are not gated by this logger (``RKNN_LOG_LEVEL`` gates them); here every
+line is.
 
 Lines go to stderr ([guess]: the real logger may write to stdout; its module names a
 ``stdout_handler``) and, when ``verbose_file`` is given, are appended to that file too.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import sys
 
 _LETTERS = {logging.DEBUG: "D", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E"}
@@ -77,7 +79,14 @@ class RKNNLog:
         # Not registered with logging.getLogger: it lives and dies with its RKNNLite.
         self.logger = _OwnLogger("rknnlite")
         self.logger.propagate = False
-        self.logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+        # BATCHINFER_RKNN_LOG_LEVEL (e.g. ERROR) sets where a non-verbose instance starts: the
+        # engine's core workers start at ERROR, as deployed clients lower it, so a run's
+        # console is not filled with every instance's start-up lines.
+        start = os.environ.get("BATCHINFER_RKNN_LOG_LEVEL", "").upper()
+        level = logging.getLevelName(start) if start else logging.INFO
+        self.logger.setLevel(
+            logging.DEBUG if verbose else level if isinstance(level, int) else logging.INFO
+        )
         formatter = _LineFormatter()
         handlers: list[logging.Handler] = [_StderrHandler()]
         if verbose_file:

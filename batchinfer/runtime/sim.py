@@ -636,7 +636,7 @@ class RKNNLite(OnnxRKNNBase):
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "hang":
-            log.w(f"injected fault {fault}: this call never returns.")
+            log.e(f"injected fault {fault}: this call never returns.", False)
             sys.stderr.flush()
             threading.Event().wait()
         log.native(
