@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, open_dataset
+from batchinfer.data.classes import ClassMap, read_labels_file
+from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, Skipped, open_dataset
 from batchinfer.data.preprocess import Preprocess, load_into, preprocess_for
 
 __all__ = [
     "IMAGE_EXTENSIONS",
+    "ClassMap",
     "Dataset",
     "Item",
     "Preprocess",
+    "Skipped",
     "load_into",
     "open_dataset",
     "preprocess_for",
+    "read_labels_file",
 ]
