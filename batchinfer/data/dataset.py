@@ -260,6 +260,8 @@ def open_dataset(
     skipped_extensions: Counter[str] = Counter()
     skipped_first: list[str] = []
     counter = Progress(progress, progress_every)
+    # Names wait in batches to be hashed: one encode and one update per batch, not per name.
+    pending: dict[str, list[str]] = {"images": [], "npy": []}
     for rel, entry_type in walk(str(path), counter):
         if entry_type == DIR:
             if "/" not in rel:
@@ -272,9 +274,14 @@ def open_dataset(
                 skipped_first.append(display_name(rel)[0])
             continue
         counts[kind] += 1
-        listings[kind].update(os.fsencode(rel) + b"\0")
+        batch = pending[kind]
+        batch.append(rel)
+        if len(batch) == 4096:
+            _hash_names(listings[kind], batch)
         if "/" in rel:
-            folders_with_items[kind].add(rel.split("/", 1)[0])
+            folders_with_items[kind].add(rel[: rel.index("/")])
+    for kind, batch in pending.items():
+        _hash_names(listings[kind], batch)
     counter.finish()
     skipped = Skipped(
         count=sum(skipped_extensions.values()),
@@ -318,18 +325,36 @@ def _check_covered(class_map: ClassMap, folders: set[str], root: Path) -> None:
         )
 
 
+def _hash_names(listing: hashlib._Hash, names: list[str]) -> None:
+    """Add each name's bytes and a NUL to ``listing``, then empty ``names``."""
+    if names:
+        names.append("")  # a NUL after the last name too
+        listing.update(os.fsencode("\0".join(names)))
+        names.clear()
+
+
+_KIND_BY_EXTENSION = {
+    **dict.fromkeys(IMAGE_EXTENSIONS, "images"),
+    **dict.fromkeys(NPY_EXTENSIONS, "npy"),
+}
+
+
+def _extension(rel: str) -> str:
+    """The lower-case extension of the last name in ``rel`` ("" for none).
+
+    What os.path.splitext gives, for the names a walk yields (never starting with '.').
+    """
+    dot = rel.rfind(".")
+    return rel[dot:].lower() if dot > rel.rfind("/") else ""
+
+
 def _kind_of(rel: str, entry_type: str) -> str | None:
     if entry_type != FILE:
         return None  # a FIFO or device named like an image would block or mislead a reader
-    ext = os.path.splitext(rel)[1].lower()
-    if ext in IMAGE_EXTENSIONS:
-        return "images"
-    if ext in NPY_EXTENSIONS:
-        return "npy"
-    return None
+    return _KIND_BY_EXTENSION.get(_extension(rel))
 
 
 def _skip_key(rel: str, entry_type: str) -> str:
     if entry_type != FILE:
         return NOT_A_FILE
-    return display_name(os.path.splitext(rel)[1].lower())[0]
+    return display_name(_extension(rel))[0]

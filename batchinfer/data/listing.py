@@ -11,16 +11,16 @@ indexes and listing hashes of existing outputs stay valid.
 
 Cost. Each directory is listed once (one ``os.scandir`` pass, closed before anything is
 yielded), so a walk is O(N log N) in time whatever the directory sizes. A directory's
-names are kept in sorted runs of ``_RUN`` entries, each packed into one ``str`` (names
-joined by NUL, which no file name contains) plus one ``str`` of type codes, and the runs
-are merged lazily: about (name length + 2) bytes per entry for ASCII names, instead of
-~130 bytes for a list of (name, type) tuples. The only full-size objects are those packed
-runs; a run being filled holds ``_RUN`` tuples.
+entries are kept in sorted runs of ``_RUN``, each packed into blocks of ``_BLOCK`` entries
+joined into one ``str`` (``name NUL type``, joined by '/', which no name contains), and the
+runs are merged a block at a time (see ``_merge``): about (name length + 3) bytes per entry
+for ASCII names, instead of ~130 bytes for a list of (name, type) tuples. Besides the
+packed runs, a run being filled holds ``_RUN`` strings and the merge one block per run.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 import os
 from collections.abc import Callable, Iterable, Iterator
 
@@ -31,6 +31,8 @@ ProgressCallback = Callable[[int], None]
 
 #: How many entries of one directory are sorted as one run before being packed.
 _RUN = 16384
+#: Entries per packed block of a run (the unit the merge unpacks at a time).
+_BLOCK = 1024
 
 #: Entry types, one character each so a run's types pack into one str.
 DIR, FILE, OTHER = "d", "f", "o"
@@ -102,15 +104,17 @@ def sorted_entries(directory: str, progress: Progress | None = None) -> Iterator
 
     The directory is listed once and closed before the first entry is yielded.
     """
-    runs: list[tuple[str, str]] = []
-    batch: list[tuple[str, str]] = []
+    runs: list[list[str]] = []
+    batch: list[str] = []
     try:
         with os.scandir(directory) as it:
             for entry in it:
                 name = entry.name
                 if name.startswith("."):
                     continue
-                batch.append((name, _entry_type(entry)))
+                # "name\0type": NUL is below every character a name can hold, so these
+                # strings sort exactly as the names do, and no tuples are needed.
+                batch.append(f"{name}\0{_entry_type(entry)}")
                 if progress is not None:
                     progress.add()
                 if len(batch) == _RUN:
@@ -118,39 +122,62 @@ def sorted_entries(directory: str, progress: Progress | None = None) -> Iterator
                     batch = []
     except OSError as exc:
         raise unreadable(directory, exc) from exc
-    if not runs:  # the usual directory: one sort, nothing packed
+    if runs:
+        if batch:
+            runs.append(_pack(batch))
+        del batch
+        ordered: Iterable[str] = _merge(runs)
+    else:  # the usual directory: one sort, nothing packed
         batch.sort()
-        yield from batch
-        return
-    if batch:
-        runs.append(_pack(batch))
-    del batch
-    yield from heapq.merge(*(_unpack(run) for run in runs))
+        ordered = batch
+    for item in ordered:
+        yield item[:-2], item[-1]
 
 
-def _pack(batch: list[tuple[str, str]]) -> tuple[str, str]:
+def _pack(batch: list[str]) -> list[str]:
+    """A sorted run as blocks of _BLOCK entries, each block one '/'-joined str."""
     batch.sort()
-    return "\0".join(name for name, _ in batch), "".join(kind for _, kind in batch)
+    return ["/".join(batch[i : i + _BLOCK]) for i in range(0, len(batch), _BLOCK)]
 
 
-def _unpack(run: tuple[str, str]) -> Iterable[tuple[str, str]]:
-    names, kinds = run
-    start = 0
-    for kind in kinds:
-        end = names.find("\0", start)
-        if end < 0:
-            end = len(names)
-        yield names[start:end], kind
-        start = end + 1
+def _merge(runs: list[list[str]]) -> Iterator[str]:
+    """Merge sorted runs of packed blocks, a block's worth at a time, sorting in C.
+
+    Each round takes, from every run's current block, the entries up to the smallest of
+    the blocks' last entries (``bound``): nothing left unread in any run can be smaller,
+    so those entries, sorted (timsort merges sorted pieces in about linear time), come
+    next. At least one block is used up per round.
+    """
+    blocks = [iter(run) for run in runs]
+    current = [next(it).split("/") for it in blocks]
+    starts = [0] * len(runs)
+    while current:
+        bound = min(block[-1] for block in current)
+        out: list[str] = []
+        for i, block in enumerate(current):
+            cut = bisect.bisect_right(block, bound, starts[i])
+            out.extend(block[starts[i] : cut])
+            starts[i] = cut
+        out.sort()
+        yield from out
+        for i in reversed(range(len(current))):
+            if starts[i] == len(current[i]):
+                following = next(blocks[i], None)
+                if following is None:
+                    del current[i], starts[i], blocks[i]
+                else:
+                    current[i], starts[i] = following.split("/"), 0
 
 
 def _entry_type(entry: os.DirEntry[str]) -> str:
     # is_dir()/is_file() follow symlinks. A broken symlink counts as a file: reading it
     # fails and makes an error row, which is better than a silent skip.
     try:
+        if entry.is_file():  # first: most entries are files
+            return FILE
         if entry.is_dir():
             return DIR
-        if entry.is_file() or entry.is_symlink():
+        if entry.is_symlink():
             return FILE
     except OSError:
         return FILE
