@@ -9,7 +9,8 @@ checkout to measure that one):
 - the first item of ``iter(dataset)`` (a second listing: the order needs every name);
 - with ``--memory``: the peak of Python allocations (tracemalloc) during ``open_dataset``.
 
-Medians over ``--repeats``. A shared machine is noisy: compare figures from one sitting.
+Medians over ``--repeats``, wall-clock and this process's CPU time (less sensitive to other
+load on a shared machine). Compare figures from one sitting.
 
     python tools/bench_listing.py --sizes 200000 600000 --repeats 3 --memory
 """
@@ -34,20 +35,27 @@ def build(folder: Path, count: int) -> None:
         os.close(os.open(folder / f"img_{i:07d}.jpg", os.O_CREAT | os.O_WRONLY, 0o644))
 
 
-def measure(folder: Path, repeats: int) -> dict[str, float]:
-    rows: dict[str, list[float]] = {"listdir": [], "open_dataset": [], "first_item": []}
+def measure(folder: Path, repeats: int) -> dict[str, tuple[float, float]]:
+    """(median wall seconds, median CPU seconds of this process) per step."""
+    rows: dict[str, list[tuple[float, float]]] = {"listdir": [], "open": [], "first": []}
+
+    def clocks() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        c0 = clocks()
         os.listdir(folder)
-        t1 = time.perf_counter()
+        c1 = clocks()
         dataset = open_dataset(folder)
-        t2 = time.perf_counter()
+        c2 = clocks()
         next(iter(dataset))
-        t3 = time.perf_counter()
-        rows["listdir"].append(t1 - t0)
-        rows["open_dataset"].append(t2 - t1)
-        rows["first_item"].append(t3 - t2)
-    return {name: statistics.median(values) for name, values in rows.items()}
+        c3 = clocks()
+        for name, (a, b) in zip(rows, ((c0, c1), (c1, c2), (c2, c3)), strict=True):
+            rows[name].append((b[0] - a[0], b[1] - a[1]))
+    return {
+        name: (statistics.median(w for w, _ in values), statistics.median(c for _, c in values))
+        for name, values in rows.items()
+    }
 
 
 def peak_memory(folder: Path) -> int:
@@ -69,9 +77,10 @@ def main() -> None:
     import batchinfer.data
 
     print(f"batchinfer from {Path(batchinfer.data.__file__).parent.parent}")
+    print("seconds: wall (CPU of this process), medians")
     print(
-        f"{'files':>8} {'listdir s':>10} {'open_dataset s':>15} {'first item s':>13} "
-        f"{'to first item s':>16}" + (f" {'peak MB':>8}" if args.memory else "")
+        f"{'files':>8} {'listdir':>13} {'open_dataset':>13} {'first item':>13} "
+        f"{'to first item':>14}" + (f" {'peak MB':>8}" if args.memory else "")
     )
     for count in args.sizes:
         tmp = Path(tempfile.mkdtemp(prefix="bench-listing-", dir=args.tmp))
@@ -79,10 +88,9 @@ def main() -> None:
             folder = tmp / "flat"
             build(folder, count)
             m = measure(folder, args.repeats)
-            line = (
-                f"{count:>8} {m['listdir']:>10.2f} {m['open_dataset']:>15.2f} "
-                f"{m['first_item']:>13.2f} {m['open_dataset'] + m['first_item']:>16.2f}"
-            )
+            cells = [f"{w:.2f} ({c:.2f})" for w, c in m.values()]
+            total = m["open"][0] + m["first"][0]
+            line = f"{count:>8} " + " ".join(f"{cell:>13}" for cell in cells) + f" {total:>14.2f}"
             if args.memory:
                 line += f" {peak_memory(folder) / 1e6:>8.1f}"
             print(line, flush=True)
