@@ -9,19 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_files import touch
 from PIL import Image
 
 from batchinfer.data import load_into, open_dataset, preprocess_for
 from batchinfer.data.preprocess import Preprocess
 from batchinfer.errors import DatasetError, InputError, UsageError
-
-
-def touch(root: Path, *names: str) -> None:
-    """Create empty files (the walk looks only at names)."""
-    for name in names:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def ids(ds) -> list[str]:

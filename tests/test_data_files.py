@@ -7,16 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_files import touch
 from PIL import Image
 
 from batchinfer.data import IMAGE_EXTENSIONS, load_into, open_dataset, preprocess_for
-
-
-def touch(root: Path, *names: str) -> None:
-    for name in names:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def test_every_listed_extension_is_one_pillow_opens() -> None:

@@ -7,16 +7,10 @@ import pickle
 from pathlib import Path
 
 import pytest
+from dataset_files import touch
 
 from batchinfer.data import open_dataset
 from batchinfer.errors import DatasetError
-
-
-def touch(root: Path, *names: str) -> None:
-    for name in names:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def labels_of(ds) -> dict[str, int | None]:

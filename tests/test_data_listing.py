@@ -9,15 +9,9 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from dataset_files import touch
 
 from batchinfer.data import listing, open_dataset
-
-
-def touch(root: Path, *names: str) -> None:
-    for name in names:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def ids(ds) -> list[str]:
