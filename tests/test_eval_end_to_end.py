@@ -251,7 +251,7 @@ min = 0.5
     result = invoke("eval", job, "--no-progress")
     assert result.exit_code == 1, result.output + result.stderr
     assert "FAIL        core_cosine_min >= 0.9999 (floor)" in result.stdout
-    assert "worst: core 2" in result.stdout
+    assert "worst core 2" in result.stdout
     record = json.loads(
         next((tmp_path / "eval" / "skew" / "evals").glob("*/result.json")).read_text()
     )

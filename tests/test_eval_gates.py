@@ -85,11 +85,11 @@ def test_every_gate_is_listed_with_value_and_limit():
         gates,
         {"top1": 0.95, "cosine_mean": 0.98},
         {"top1": 0.95},
-        notes={"cosine_mean": "worst item: 3/x.png"},
+        notes={"cosine_mean": "worst item 3/x.png"},
     )
     assert verdict.lines() == [
         "pass        top1 >= 0.9 (floor): value 0.95",
         "pass        top1 >= 0.94 (drop vs baseline): value 0.95; baseline 0.95",
-        "FAIL        cosine_mean >= 0.99 (floor): value 0.98; worst item: 3/x.png",
+        "FAIL        cosine_mean >= 0.99 (floor): value 0.98; worst item 3/x.png",
     ]
     assert verdict.word == "fail"

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from batchinfer.evaluate import Gate, JobError, load_job
-from batchinfer.options import RuntimeOptions
+from batchinfer.evaluate import Gate, JobError, builtin_metrics, load_job
+from batchinfer.evaluate.job import DatasetSettings, GateSettings, MetricsSettings, OutputSettings
+from batchinfer.options import (
+    PreprocessOptions,
+    ReliabilityOptions,
+    RuntimeOptions,
+    SimOptions,
+    options_fields,
+)
 
 GOOD = """\
 name = "night"
@@ -82,13 +89,12 @@ def test_a_good_job_loads_with_paths_relative_to_the_job_file(folder):
 
 
 def test_output_locations_can_be_set_one_by_one(folder):
-    job = load_job(
-        write_job(folder, GOOD + '[output]\ndir = "out"\nhistory = "/tmp/shared/history.parquet"\n')
-    )
+    output = '[output]\ndir = "out"\nhistory = "/srv/nightly/history.parquet"\n'
+    job = load_job(write_job(folder, GOOD + output))
     assert job.outputs.dir == folder / "out"
-    assert job.outputs.history == Path("/tmp/shared/history.parquet")
+    assert job.outputs.history == Path("/srv/nightly/history.parquet")
     assert job.outputs.report == folder / "out" / "report.html"
-    assert Path("/tmp/shared") in job.outputs.folders()
+    assert Path("/srv/nightly") in job.outputs.folders()
 
 
 @pytest.mark.parametrize(
@@ -244,3 +250,14 @@ def test_a_gate_on_a_custom_metric_is_left_to_the_custom_metrics(folder):
         write_job(folder, GOOD + '[metrics]\ncustom = ["mine.py:f"]\n[gates.map50]\nmin = 0.5\n')
     )
     assert Gate("map50", min=0.5) in job.gates
+
+
+def test_jobs_readme_documents_every_key_and_metric():
+    text = (Path(__file__).resolve().parents[1] / "jobs" / "README.md").read_text()
+    groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions]
+    groups += [DatasetSettings, MetricsSettings, GateSettings, OutputSettings]
+    for cls in groups:
+        for f in options_fields(cls):
+            assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in jobs/README.md"
+    for name in builtin_metrics(5):
+        assert f"`{name}`" in text, f"metric {name} is not in jobs/README.md"

@@ -284,10 +284,10 @@ def _worst_of(inputs: EvalInputs) -> dict[str, str]:
     ):
         rows = [r for r in inputs.per_core if r[key] is not None]
         if len(rows) > 1:
-            notes[metric] = f"worst: core {min(rows, key=lambda r: r[key])['core']}"
+            notes[metric] = f"worst core {min(rows, key=lambda r: r[key])['core']}"
     cosine = inputs.cosine
     if not np.isnan(cosine).all():
-        notes["cosine_min"] = f"worst item: {inputs.device.id[int(np.nanargmin(cosine))]}"
+        notes["cosine_min"] = f"worst item {inputs.device.id[int(np.nanargmin(cosine))]}"
     return notes
 
 
