@@ -229,7 +229,7 @@ def test_a_core_that_computes_differently_fails_its_gate_and_is_named(tmp_path, 
 model = "{demo_kit.models["digits"]}"
 [device.runtime]
 backend = "sim"
-cores = [0, 1, 2]
+cores = [0, 2]
 [device.runtime.sim]
 faults = ["skew:core=2"]
 [reference]
@@ -239,7 +239,7 @@ backend = "onnx"
 cores = [0]
 [dataset]
 path = "{demo_kit.dataset}"
-limit = 120
+limit = 60
 [metrics]
 custom = ["{EXAMPLE_METRIC}:confidence"]
 [gates.core_cosine_min]
@@ -256,7 +256,7 @@ min = 0.5
         next((tmp_path / "eval" / "skew" / "evals").glob("*/result.json")).read_text()
     )
     cores = {c["core"]: c for c in record["per_core"]}
-    assert cores[0]["cosine_mean"] == pytest.approx(1.0) == cores[1]["cosine_mean"]
+    assert cores[0]["cosine_mean"] == pytest.approx(1.0)
     assert cores[2]["cosine_mean"] < 0.9999
     # The canary saw it too, and its advice names the job's key.
     assert any(

@@ -191,7 +191,7 @@ def evaluate(
         try:
             dataset = open_dataset(job.dataset.path)  # type: ignore[arg-type]
         except BatchinferError as exc:
-            raise job.in_job(exc, "device") from None
+            raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         classes, relabel, class_source = class_map(job, dataset)
         device_plan = plan_side(job, "device", job.device, dataset)
         reference_plan = None

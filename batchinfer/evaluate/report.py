@@ -26,6 +26,7 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 
@@ -93,6 +94,8 @@ def trend_plot(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
         ax.set_title(name, fontsize=10, loc="left")
         ax.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)
         ax.tick_params(axis="y", labelsize=8)
+        # Plain values (0.99998), never an offset ("1e-5 + 9.999e-1") nobody can read.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
         ax.grid(axis="y", alpha=0.3)
         if len(history) == 1:
             ax.set_xlim(-1, 1)
@@ -151,7 +154,8 @@ def cores_plot(record: dict[str, Any]) -> str:
         ax.set_ylim(max(0.0, low - max(0.02, (1 - low) * 0.5)), 1.0)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_title("accuracy per core", fontsize=10, loc="left")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}"))
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
 
     ax = fig.add_subplot(1, 3, 2)
     ax.set_gid("cores-cosine")
@@ -161,6 +165,9 @@ def cores_plot(record: dict[str, Any]) -> str:
     if not all(np.isnan(deficit)):
         ax.bar(x, deficit, 0.6, color="#6a1b9a")
         ax.set_yscale("log")
+        # Bars on a log scale start at an arbitrary floor: make it an order of magnitude
+        # below the best core, so equal cores look equal and an odd one stands out.
+        ax.set_ylim(np.nanmin(deficit) / 10, np.nanmax(deficit) * 3)
     else:
         ax.text(0.5, 0.5, "no reference", ha="center", va="center", transform=ax.transAxes)
     ax.set_xticks(x, labels, fontsize=8)
@@ -314,6 +321,24 @@ def _cores_table(record: dict[str, Any]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _classes_table(record: dict[str, Any], limit: int = 40) -> str:
+    """Per-class accuracy, worst first (all of them up to ``limit`` classes)."""
+    classes = [c for c in record["per_class"] if c["items"]]
+    classes.sort(key=lambda c: (c["top1"], c["class"]))
+    note = ""
+    if len(classes) > limit:
+        note = f"<p class=muted>The {limit} worst of {len(classes)} classes.</p>"
+        classes = classes[:limit]
+    head = "<tr><th>class</th><th>items</th><th>correct</th><th>errors</th><th>top-1</th></tr>"
+    rows = "".join(
+        f"<tr><td>{_e(c['name'])}</td><td class=num>{c['items']}</td>"
+        f"<td class=num>{c['correct']}</td><td class=num>{c['errors']}</td>"
+        f"<td class=num>{_e(fmt(c['top1']))}</td></tr>"
+        for c in classes
+    )
+    return f"{note}<table id=class-table>{head}{rows}</table>"
+
+
 def _metrics_table(record: dict[str, Any]) -> str:
     metrics = record["metrics"]
     names = [n for n in metrics if not n.startswith("reference.")]
@@ -386,6 +411,7 @@ def html_report(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
             f"limits.</p>{trend_plot(record, history)}",
         ),
         ("confusion", "Confusion matrix", confusion_plot(record)),
+        ("classes", "Per class", _classes_table(record)),
         ("cores", "Per core", emulated + cores_plot(record) + _cores_table(record)),
         (
             "worst",
@@ -417,7 +443,7 @@ def html_report(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
         f"<style>{_CSS}</style></head><body>"
         f"<header class=verdict-{verdict}><h1>{_e(title)}</h1>"
         f"<p>{_e(Path(device['model']).name)} on {_e(device['backend'])} · "
-        f"{record['dataset']['evaluated']} items · evaluation {_e(record['eval_id'])} "
-        f"({_e(record['date'])})</p><p>{_e(headline)}</p></header>"
+        f"{record['dataset']['evaluated']} items · evaluation {_e(record['eval_id'])}"
+        f"</p><p>{_e(headline)}</p></header>"
         f"<main>{body}</main></body></html>\n"
     )
