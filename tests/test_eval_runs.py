@@ -1,9 +1,10 @@
-"""The evaluation's runs: the reference cache and its fingerprint, the class map, and a
-device run that cannot start (exit 3, nothing recorded)."""
+"""The evaluation's runs: the reference cache and its fingerprint, the class map, a device
+run that cannot start (exit 3) and one that is interrupted (130): neither records anything."""
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,9 @@ from test_eval_metrics import FIVE
 
 from batchinfer.cli import main
 from batchinfer.data.dataset import open_dataset
-from batchinfer.evaluate import JobError, load_job
+from batchinfer.engine.events import RowsDone
+from batchinfer.errors import RunInterrupted
+from batchinfer.evaluate import JobError, evaluate, load_job
 from batchinfer.evaluate.evaluation import class_map
 from batchinfer.evaluate.runs import (
     dataset_stat_sha256,
@@ -116,3 +119,32 @@ def test_a_device_run_that_cannot_start_exits_3_and_records_nothing(tmp_path, de
     assert len(errors) == 1 and "Traceback" not in result.output
     assert str(job) in errors[0]
     assert not (tmp_path / "eval" / "job" / "history.parquet").exists()
+
+
+class _InterruptOnFirstRows:
+    """Sends this process SIGINT when the first rows arrive, as Ctrl-C would."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def notify(self, event: object) -> None:
+        if isinstance(event, RowsDone) and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_an_interrupted_evaluation_records_nothing(tmp_path, demo_kit, monkeypatch):
+    monkeypatch.setenv("BATCHINFER_SIM_NPU_MS", "2")
+    monkeypatch.setenv("BATCHINFER_SIM_HOST_MS", "0")
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f'[device]\nmodel = "{demo_kit.models["digits"]}"\n'
+        '[device.runtime]\nbackend = "sim"\ncores = [0]\n'
+        f'[dataset]\npath = "{demo_kit.dataset}"\nlimit = 400\n'
+    )
+    job = load_job(path)
+    interrupt = _InterruptOnFirstRows()
+    with pytest.raises(RunInterrupted, match="nothing was recorded") as caught:
+        evaluate(job, observers=lambda side: [interrupt])
+    assert caught.value.exit_code == 130 and interrupt.sent
+    assert not job.outputs.history.exists() and not job.outputs.evals.exists()
