@@ -324,7 +324,7 @@ def test_without_matplotlib_there_is_no_report_and_a_warning_says_why(tmp_path, 
     handler.emit = seen.append  # type: ignore[method-assign]
     logging.getLogger("batchinfer").addHandler(handler)
     try:
-        assert _write_report(job, {}, None, None, tmp_path) is None
+        assert _write_report(job, {}, None, tmp_path) is None
     finally:
         logging.getLogger("batchinfer").removeHandler(handler)
     (warning,) = [r.getMessage() for r in seen]

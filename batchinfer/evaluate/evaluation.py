@@ -53,6 +53,7 @@ from batchinfer.evaluate.metrics import (
     score,
 )
 from batchinfer.evaluate.runs import SideRun, plan_side, reference_results, run_side
+from batchinfer.evaluate.summary import markdown_summary
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, lock_holder
 
@@ -248,9 +249,7 @@ def evaluate(
             if update_baseline:
                 accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
                 log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
-            report = _write_report(job, record, history, dataset, record_dir)
-            from batchinfer.evaluate.summary import markdown_summary
-
+            report = _write_report(job, record, history, record_dir)
             summary = markdown_summary(record, report)
             write_bytes(job.outputs.summary, summary.encode())
     return Evaluation(job, eval_id, verdict, metrics, record, record_dir, report, summary, accepted)
@@ -497,7 +496,7 @@ def _history_row(record: dict[str, Any], inputs: EvalInputs) -> pa.Table:
 
 
 def _write_report(
-    job: Job, record: dict[str, Any], history: pa.Table, dataset: Dataset, record_dir: Path
+    job: Job, record: dict[str, Any], history: pa.Table, record_dir: Path
 ) -> Path | None:
     """The HTML report (in the record folder and at the job's report path), if matplotlib is."""
     try:
