@@ -188,7 +188,7 @@ def plan_engine(
     )
 
 
-def _runtime_files(model: Path) -> dict[str, str]:
+def runtime_files(model: Path) -> dict[str, str]:
     """sha256 of the files a runtime reads beside a .rknn (its .onnx, conversion settings)."""
     if model.suffix.lower() != ".rknn":
         return {}
@@ -230,7 +230,7 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,
-        runtime_files=_runtime_files(model),
+        runtime_files=runtime_files(model),
         backend=backend.name,
         preprocess={
             k: list(v) if isinstance(v, tuple) else v
