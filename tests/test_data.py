@@ -211,8 +211,8 @@ def test_overrides_change_size_layout_dtype_and_color() -> None:
         ({"shape": (1, 8, 8, 3), "dtype": "bogus"}, "Unknown dtype"),
         ({"shape": (1, 8, 8, 3), "layout": "hwc"}, "Unknown layout"),
         ({"shape": (1, 8, 8, 5)}, "channel axis"),
-        ({"shape": (1, None, None, 3)}, "pass --size"),
-        ({"shape": (1, 64), "size": (8, 8)}, "--size applies to image inputs"),
+        ({"shape": (1, None, None, 3)}, "pass preprocess.size"),
+        ({"shape": (1, 64), "size": (8, 8)}, "preprocess.size applies to image inputs"),
         ({"shape": (1, 64), "dtype": "float32", "mean": (1,)}, "mean/std apply"),
     ],
 )

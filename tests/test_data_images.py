@@ -229,19 +229,19 @@ def test_mean_std_on_a_model_that_normalises_inside_is_refused_without_a_dtype_h
 
 
 def test_mean_std_with_an_integer_dtype_for_a_float_model_hints_the_models_dtype() -> None:
-    with pytest.raises(UsageError, match="drop --dtype to feed the model's float32 input"):
+    with pytest.raises(UsageError, match=r"drop preprocess\.dtype to feed the model's float32"):
         preprocess_for((1, 8, 8, 3), "float32", dtype_override="uint8", mean=(1,))
     with pytest.raises(UsageError, match=r"fractional values") as info:
         Preprocess((1, 8, 8, 3), "uint8", mean=(1, 2, 3))
-    assert "--dtype" not in str(info.value)
+    assert "preprocess.dtype" not in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("stored", "hint"),
     [
         ("float64", r"float64, which RKNNLite does not take.*save the tensors as float32"),
-        ("float16", r"save the tensors as float32 .*, or pass --dtype float16"),
-        (">f2", r"float16 \(big-endian\) but the input takes float32.*--dtype float16 "),
+        ("float16", r"save the tensors as float32 .*, or pass preprocess.dtype float16"),
+        (">f2", r"float16 \(big-endian\) but the input takes float32.*preprocess.dtype float16 "),
     ],
 )
 def test_npy_dtype_hints_name_what_works(tmp_path: Path, stored: str, hint: str) -> None:

@@ -58,7 +58,9 @@ def test_runtime_class() -> None:
 
 def test_runtime_class_rknnlite_says_why_not_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rk.platform, "machine", lambda: "x86_64")
-    with pytest.raises(RuntimeUnavailableError, match="--backend onnx or --backend sim"):
+    with pytest.raises(
+        RuntimeUnavailableError, match="runtime.backend onnx or runtime.backend sim"
+    ):
         runtime_class("rknnlite")
 
 
@@ -148,7 +150,10 @@ def test_describe_rknn_reads_the_onnx_beside_it(tmp_path: Path) -> None:
     [
         (lambda d: d / "missing.onnx", "does not exist"),
         (lambda d: M.corrupt_model(d), "not a valid ONNX model"),
-        (lambda d: M.fake_rknn(d / "alone.onnx"), "put alone.onnx beside it or pass --size"),
+        (
+            lambda d: M.fake_rknn(d / "alone.onnx"),
+            "put alone.onnx beside it or pass preprocess.size",
+        ),
         (lambda d: M.corrupt_model(d, name="m.tflite"), ".rknn or .onnx"),
     ],
 )
@@ -206,7 +211,9 @@ def test_adapter_load_failure_is_a_model_error() -> None:
 
 def test_adapter_init_failure_names_the_core() -> None:
     a = RuntimeAdapter(Scripted(init=-1), core=2, model=Path("m.rknn"))
-    with pytest.raises(InferenceError, match=r"NPU core 2 could not be initialised.*-1.*--cores"):
+    with pytest.raises(
+        InferenceError, match=r"NPU core 2 could not be initialised.*-1.*runtime.cores"
+    ):
         a.init(4)
     b = RuntimeAdapter(Scripted(init=RuntimeError("no npu")), core=None, model=Path("m"))
     with pytest.raises(InferenceError, match="could not be initialised"):

@@ -182,7 +182,8 @@ def _too_big(label: str, exc: Exception, limit: int | None) -> InputError:
     size = f"{int(found.group(1)):,} pixels" if found else "more pixels than that"
     return InputError(
         f"Cannot read {label}: it has {size}, over the limit of {limit_text} (a huge image or "
-        "a decompression bomb); shrink it or raise --max-pixels."
+        "a decompression bomb); shrink it or raise the pixel limit (--max-pixels, or "
+        "max_pixels in a job file)."
     )
 
 

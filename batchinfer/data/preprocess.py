@@ -98,9 +98,13 @@ class Preprocess:
             if isinstance(self.max_pixels, bool) or not isinstance(
                 self.max_pixels, int | np.integer
             ):
-                raise UsageError(f"--max-pixels {self.max_pixels!r} is not a whole number.")
+                raise UsageError(
+                    f"{{preprocess.max_pixels}} {self.max_pixels!r} is not a whole number."
+                )
             if self.max_pixels < 1:
-                raise UsageError(f"--max-pixels must be at least 1, not {self.max_pixels}.")
+                raise UsageError(
+                    f"{{preprocess.max_pixels}} must be at least 1, not {self.max_pixels}."
+                )
             object.__setattr__(self, "max_pixels", int(self.max_pixels))
         if self.is_image:
             self._check_image_spec()
@@ -121,7 +125,7 @@ class Preprocess:
             want = "gray" if channels == 1 else "rgb or bgr"
             raise UsageError(
                 f"Color {self.color} does not fit an input with {channels} channel(s); "
-                f"use --color {want}."
+                f"use {{preprocess.color}} {want}."
             )
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -136,13 +140,15 @@ class Preprocess:
                     f"channel(s); give 1 or {channels} values."
                 )
             if name == "std" and not all(v != 0 and math.isfinite(v) for v in value):
-                raise UsageError(f"--std {value} has a zero or non-finite value; fix it.")
+                raise UsageError(
+                    f"{{preprocess.std}} {value} has a zero or non-finite value; fix it."
+                )
             object.__setattr__(self, name, value)
         if (self.mean is not None or self.std is not None) and not self.is_float:
             raise UsageError(
-                f"--mean/--std give fractional values, which a {self.dtype} input cannot "
-                "hold; drop them (an integer input takes raw 0..255 pixels and the model "
-                "normalises inside its graph)."
+                "{preprocess.mean}/{preprocess.std} give fractional values, which a "
+                f"{self.dtype} input cannot hold; drop them (an integer input takes raw 0..255 "
+                "pixels and the model normalises inside its graph)."
             )
 
     @property
@@ -195,8 +201,8 @@ class Preprocess:
             )
         if self.dtype in _NOT_FOR_IMAGES:
             raise UsageError(
-                f"Images are 0..255 pixels and cannot be fed as {self.dtype}; pass --dtype "
-                "uint8 or float32."
+                f"Images are 0..255 pixels and cannot be fed as {self.dtype}; pass "
+                "{preprocess.dtype} uint8 or float32."
             )
 
     def _require_image(self) -> None:
@@ -272,8 +278,8 @@ def preprocess_for(
     else:
         if size is not None:
             raise UsageError(
-                f"--size applies to image inputs, and the model input {tuple(shape)} is not "
-                "one; drop --size."
+                "{preprocess.size} applies to image inputs, and the model input "
+                f"{tuple(shape)} is not one; drop {{preprocess.size}}."
             )
         if any(d is None for d in dims):
             raise UsageError(f"The model input {tuple(shape)} has a dynamic dimension.")
@@ -308,8 +314,9 @@ def _check_normalisation(model_dtype: object, dtype_override: str | None) -> Non
         )
     if override is not None and override.kind in "iub":
         raise UsageError(
-            f"--mean/--std give fractional values, which --dtype {override.name} cannot "
-            f"hold; drop --dtype to feed the model's {model.name} input."
+            "{preprocess.mean}/{preprocess.std} give fractional values, which "
+            f"{{preprocess.dtype}} {override.name} cannot hold; drop {{preprocess.dtype}} to "
+            f"feed the model's {model.name} input."
         )
 
 
@@ -326,7 +333,9 @@ def parse_background(text: str) -> tuple[int, int, int] | None:
             return _background(tuple(int(part) for part in value.split(",")))
         return ImageColor.getrgb(value)[:3]  # type: ignore[return-value]
     except ValueError as exc:
-        raise UsageError(f"--background {text!r} is not a colour; {_BACKGROUND_FORMS}.") from exc
+        raise UsageError(
+            f"{{preprocess.background}} {text!r} is not a colour; {_BACKGROUND_FORMS}."
+        ) from exc
 
 
 _BACKGROUND_FORMS = "use none, a name (white, black), #rrggbb or r,g,b with values 0..255"
@@ -344,7 +353,7 @@ def _background(value: object) -> tuple[int, int, int] | None:
         and all(0 <= v <= 255 for v in value)
     ):
         return (int(value[0]), int(value[1]), int(value[2]))
-    raise UsageError(f"--background {value!r} is not a colour; {_BACKGROUND_FORMS}.")
+    raise UsageError(f"{{preprocess.background}} {value!r} is not a colour; {_BACKGROUND_FORMS}.")
 
 
 def _static(dim: int | str | None) -> int | None:
@@ -372,11 +381,14 @@ def _image_size(
 ) -> tuple[int, int]:
     if size is not None:
         if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
-            raise UsageError(f"--size {size} is not (height, width) in positive pixels.")
+            raise UsageError(
+                f"{{preprocess.size}} {size} is not (height, width) in positive pixels."
+            )
         return size[0], size[1]
     if h is None or w is None:
         raise UsageError(
-            f"The model input {tuple(shape)} has a dynamic height or width; pass --size H,W."
+            f"The model input {tuple(shape)} has a dynamic height or width; pass "
+            "{preprocess.size} H,W."
         )
     return h, w
 
@@ -557,7 +569,7 @@ def _dtype_mismatch(label: str, dtype: np.dtype, target: np.dtype) -> str:
         # The runtime converts a supported dtype to the model's, so feeding as-is works too.
         return (
             f"{label} has dtype {_dtype_text(dtype)} but the input takes {target.name}; "
-            f"{save}, or pass --dtype {native.name} to feed them as they are."
+            f"{save}, or pass {{preprocess.dtype}} {native.name} to feed them as they are."
         )
     return (
         f"{label} has dtype {_dtype_text(dtype)}, which RKNNLite does not take, and the "

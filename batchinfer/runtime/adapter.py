@@ -57,7 +57,9 @@ class RuntimeAdapter:
                 f"{self._hint()}."
             ) from exc
         if ret != 0:
-            leave_out = "" if self.core is None else f"leave core {self.core} out of --cores, or "
+            leave_out = (
+                "" if self.core is None else f"leave core {self.core} out of {{runtime.cores}}, or "
+            )
             raise InferenceError(
                 f"{self._where} could not be initialised (init_runtime returned {ret}); "
                 f"{leave_out}{self._hint()}."

@@ -286,7 +286,7 @@ def describe_model(path: Path | str) -> ModelInfo:
     """
     path = Path(path)
     if not path.is_file():
-        raise ModelError(f"Model file {path} does not exist; check the --model path.")
+        raise ModelError(f"Model file {path} does not exist; check the {{model}} path.")
     if path.suffix.lower() not in (".onnx", ".rknn"):
         raise ModelError(
             f"Model file {path} is neither .rknn nor .onnx; pass an .rknn or .onnx model."
@@ -295,7 +295,8 @@ def describe_model(path: Path | str) -> ModelInfo:
     if onnx_path is None:
         raise ModelError(
             f"Input shapes of {path} cannot be read off the board; put "
-            f"{path.with_suffix('.onnx').name} beside it or pass --size and --dtype."
+            f"{path.with_suffix('.onnx').name} beside it or pass {{preprocess.size}} and "
+            "{preprocess.dtype}."
         )
     converted = path.suffix.lower() == ".rknn"
     settings = ConversionSettings.load_beside(path) if converted else None
