@@ -59,7 +59,7 @@ def test_runtime_class() -> None:
 def test_runtime_class_rknnlite_says_why_not_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rk.platform, "machine", lambda: "x86_64")
     with pytest.raises(
-        RuntimeUnavailableError, match="runtime.backend onnx or runtime.backend sim"
+        RuntimeUnavailableError, match=r"runtime\.backend onnx or runtime\.backend sim"
     ):
         runtime_class("rknnlite")
 
