@@ -19,6 +19,7 @@ before any item is read.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -499,25 +500,46 @@ def _per_channel(values: tuple[float, ...] | None, axis: int | None) -> np.ndarr
     return array.reshape((-1, 1, 1)) if axis == -3 else array
 
 
-def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
-    fmt = np.lib.format
-    with _open(path, label) as f:
+# Parsed .npy headers by their bytes: a dataset's tensors usually share one header, and
+# numpy parses it with ast.literal_eval, which cost more than reading the data itself.
+_NPY_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}
+_NPY_HEADERS_KEPT = 64
+
+
+def _npy_header(f: BinaryIO, label: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran_order, dtype) of the .npy file ``f``, which is left at its data."""
+    lead = f.read(10)  # magic (6), version (2), header length (2 in version 1.0)
+    if len(lead) < 10 or lead[:6] != b"\x93NUMPY":
+        raise InputError(f"Cannot read {label}: it is not a .npy file.")
+    version = (lead[6], lead[7])
+    if version == (1, 0):
+        size_bytes = lead[8:10]
+    elif version == (2, 0):
+        size_bytes = lead[8:10] + f.read(2)
+    else:
+        raise InputError(
+            f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
+            "not supported; save it with numpy.save of a plain numeric array."
+        )
+    header = f.read(int.from_bytes(size_bytes, "little"))
+    key = bytes(lead[6:8]) + header
+    parsed = _NPY_HEADERS.get(key)
+    if parsed is None:
+        fmt = np.lib.format
+        reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         try:
-            version = fmt.read_magic(f)
-        except ValueError as exc:
-            raise InputError(f"Cannot read {label}: it is not a .npy file.") from exc
-        try:
-            if version == (1, 0):
-                shape, fortran_order, dtype = fmt.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran_order, dtype = fmt.read_array_header_2_0(f)
-            else:
-                raise InputError(
-                    f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
-                    "not supported; save it with numpy.save of a plain numeric array."
-                )
+            shape, fortran_order, dtype = reader(io.BytesIO(size_bytes + header))
         except (ValueError, SyntaxError, KeyError, TypeError) as exc:
             raise InputError(f"Cannot read {label}: its .npy header is damaged ({exc}).") from exc
+        parsed = (tuple(shape), bool(fortran_order), dtype)
+        if len(_NPY_HEADERS) < _NPY_HEADERS_KEPT:
+            _NPY_HEADERS[key] = parsed
+    return parsed
+
+
+def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
+    with _open(path, label) as f:
+        shape, fortran_order, dtype = _npy_header(f, label)
         if dtype.hasobject:
             raise InputError(
                 f"Cannot read {label}: it holds Python objects, which batchinfer never "
