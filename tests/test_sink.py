@@ -537,7 +537,7 @@ def test_model_sha256_streams(tmp_path: Path) -> None:
     data = np.random.default_rng(1).bytes(3 << 20)
     (tmp_path / "m.rknn").write_bytes(data)
     assert model_sha256(tmp_path / "m.rknn", chunk_size=1 << 16) == hashlib.sha256(data).hexdigest()
-    with pytest.raises(ModelError, match="check the --model path"):
+    with pytest.raises(ModelError, match="check the model path"):
         model_sha256(tmp_path / "missing.rknn")
 
 

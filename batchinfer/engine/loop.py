@@ -192,6 +192,7 @@ class Engine:
             self._turn()
         for message in self.canary.settle():
             self.warn(message)
+        self.usage.started()
         if not self.scheduler.alive_cores():
             reasons = "; ".join(self.warnings) or "every worker exited during start-up"
             raise NoCoreError(f"no NPU core could be started: {reasons}")
@@ -351,6 +352,7 @@ class Engine:
         elif kind == "ready":
             child.state, child.deadline = "ready", None
             pid = msg[1] if child.kind == "reader" else msg[1]["pid"]
+            child.cpu_s = child.cpu_at_ready = msg[2] if child.kind == "reader" else msg[1]["cpu_s"]
             self.notify(ev.ChildReady(child.kind, child.key, pid))
             if child.kind == "worker":
                 self._on_worker_ready(child, msg[1])

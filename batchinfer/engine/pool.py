@@ -40,6 +40,7 @@ class Child:
     killed_for: str | None = None
     busy_s: float = 0.0  # workers: this incarnation's cumulative busy seconds, as reported
     cpu_s: float = 0.0  # this incarnation's CPU seconds, as last reported
+    cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
     readable: Any = None  # a poll object on ``results`` alone: "is another message there?"
 
     @property

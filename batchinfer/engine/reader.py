@@ -1,7 +1,7 @@
 """Reader processes: decode and preprocess dataset items straight into input slots.
 
 Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
-  reader -> coordinator  ("ready", pid)                          imports done, segments mapped
+  reader -> coordinator  ("ready", pid, cpu_s)                   imports done, segments mapped
                          ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          ("failed", traceback)                    start-up failed; then exit
@@ -61,7 +61,7 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
     except BaseException as exc:
         report_failure(results, exc)
         return
-    send_or_exit(results, ("ready", os.getpid()))
+    send_or_exit(results, ("ready", os.getpid(), cpu_seconds()))
     try:
         _serve(spec, inputs, board, tasks, results)
     finally:

@@ -2,7 +2,10 @@
 
 Children report their own CPU seconds (every thread, user + system) with their messages; a
 child that is restarted starts from zero, so each incarnation's last report is added when
-it is gone. The coordinator's own CPU is measured from the engine's start. Its peak RSS is
+it is gone. Start-up (imports, loading the model, the canary) is a fixed cost per process,
+so it is counted apart: ``startup`` holds each child's CPU until it was ready and the
+coordinator's until the run started, and the roles hold only what came after (what a
+run's CPU per item means). Its peak RSS is
 sampled while the engine runs (every ``SAMPLE_EVERY_S``), so it is this run's peak, not the
 peak of whatever process launched it (``ru_maxrss`` would carry that over).
 """
@@ -23,7 +26,8 @@ class Usage:
     def __init__(self) -> None:
         self._me = psutil.Process()
         self._cpu0 = cpu_seconds()
-        self._gone = {"readers": 0.0, "workers": 0.0}
+        self._gone = {"readers": 0.0, "workers": 0.0, "startup": 0.0}
+        self._run_cpu0: float | None = None
         self._counted: set[int] = set()
         self._next = 0.0
         self.peak_rss_mb = self._me.memory_info().rss / 2**20
@@ -47,12 +51,23 @@ class Usage:
         if id(child) in self._counted:
             return
         self._counted.add(id(child))
-        self._gone["readers" if child.kind == "reader" else "workers"] += child.cpu_s
+        self._gone["readers" if child.kind == "reader" else "workers"] += (
+            child.cpu_s - child.cpu_at_ready
+        )
+        self._gone["startup"] += child.cpu_at_ready
+
+    def started(self) -> None:
+        """The run proper starts: the coordinator's CPU from here on is the run's."""
+        self._run_cpu0 = cpu_seconds()
 
     def cpu_by_role(self) -> dict[str, float]:
-        """CPU seconds of the coordinator, the readers and the core workers."""
+        """CPU seconds of the coordinator, the readers and the core workers during the run,
+        and of every process's start-up."""
+        now = cpu_seconds()
+        run0 = self._run_cpu0 if self._run_cpu0 is not None else now
         return {
-            "coordinator": round(cpu_seconds() - self._cpu0, 4),
+            "coordinator": round(now - run0, 4),
             "readers": round(self._gone["readers"], 4),
             "workers": round(self._gone["workers"], 4),
+            "startup": round(self._gone["startup"] + run0 - self._cpu0, 4),
         }

@@ -119,6 +119,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
             "canary": [np.asarray(o) for o in outs],
             "pid": os.getpid(),
+            "cpu_s": cpu_seconds(),  # start-up's share, kept apart from the run's
         }
         send_or_exit(results, ("ready", info))
         try:

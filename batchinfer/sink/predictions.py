@@ -349,7 +349,7 @@ class PredictionWriter:
             widths.add(self._topk_index.width)
         if len(widths) > 1:
             raise ValueError(f"rows have top-k of different widths {sorted(widths)}")
-        for name in _SCALAR_COLUMNS:  # a list (text columns) or a _Column: both extend
+        for name in _SCALAR_COLUMNS:
             self._cols[name].extend([getattr(r, name) for r in rows])
         self._pred.extend([r.pred if good else None for r, good in zip(rows, ok, strict=True)])
         if widths and self._topk_index is None:  # earlier rows had none: null
@@ -434,13 +434,10 @@ class PredictionWriter:
     # -- internals --------------------------------------------------------------------
 
     def _reset_buffers(self) -> None:
-        self._cols: dict[str, _Column | list] = {
-            f.name: []
-            if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
-            else _Column(f.type.to_pandas_dtype())
-            for f in _BASE_FIELDS[: len(_SCALAR_COLUMNS)]
-        }
-        self._pred = _Column("int64")
+        # Scalar columns are plain lists until the part is written: appending a batch of rows
+        # to a list is cheap, and a part holds at most rows_per_part of them (a few MB).
+        self._cols: dict[str, list] = {name: [] for name in _SCALAR_COLUMNS}
+        self._pred: list[int | None] = []
         # Top-k width is known at the first row that has one (k = min(topk, classes)).
         self._topk_index: _Column | None = None
         self._topk_score: _Column | None = None
@@ -483,10 +480,9 @@ class PredictionWriter:
         for f in self.schema:
             if f.name in self._cols:
                 col = self._cols[f.name]
-                arrays.append(
-                    _text_array(col, f.type) if isinstance(col, list) else col.arrow(f.type)
-                )
-        arrays.append(self._pred.arrow(pa.int64()))
+                text = pa.types.is_string(f.type) or pa.types.is_binary(f.type)
+                arrays.append(_text_array(col, f.type) if text else pa.array(col, type=f.type))
+        arrays.append(pa.array(self._pred, type=pa.int64()))
         for col, value_type in ((self._topk_index, pa.int32()), (self._topk_score, pa.float32())):
             if col is None:
                 arrays.append(pa.nulls(self._rows, pa.list_(value_type)))

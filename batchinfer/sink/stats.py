@@ -187,33 +187,40 @@ class CoreStatsRecorder:
             slot[1] += 1
 
     def record_rows(self, rows: Sequence[Any]) -> None:
-        """Count a batch of completed rows (anything with core, t_done, latency_ms, error)."""
-        by_core: dict[int | None, list[Any]] = {}
-        for row in rows:
-            by_core.setdefault(row.core, []).append(row)
-        for core, group in by_core.items():
-            t = np.fromiter((r.t_done for r in group), np.float64, len(group))
-            ok = np.fromiter((r.error is None for r in group), bool, len(group))
-            if self._t0 is None:
-                self._t0 = float(t.min())
-            c = self._core(core)
-            c.items += len(group)
-            c.errors += int((~ok).sum())
-            latencies = [r.latency_ms for r in group if r.latency_ms is not None]
-            if latencies:
-                c.latency.add_many(np.asarray(latencies))
-            last = float(t.max())
-            c.last_done = last if c.last_done is None else max(c.last_done, last)
-            self._t_last = last if self._t_last is None else max(self._t_last, last)
-            seconds = np.maximum(0, (t - self._t0).astype(np.int64))
-            for second, done, failed in zip(
-                *np.unique(seconds, return_counts=True),
-                np.bincount(seconds, weights=~ok)[np.unique(seconds)],
-                strict=True,
-            ):
-                slot = self._timeline.setdefault((core, int(second)), [0, 0])
-                slot[0] += int(done)
-                slot[1] += int(failed)
+        """Count a batch of completed rows (anything with core, t_done, latency_ms, error).
+
+        The same counts as :meth:`record` row by row; latencies go to the histograms in
+        one call per core.
+        """
+        if not rows:
+            return
+        if self._t0 is None:
+            self._t0 = min(r.t_done for r in rows)
+        t0, timeline = self._t0, self._timeline
+        latencies: dict[int | None, list[float]] = {}
+        for r in rows:
+            c = self._core(r.core)
+            t, ok = r.t_done, r.error is None
+            c.items += 1
+            if not ok:
+                c.errors += 1
+            if r.latency_ms is not None:
+                latencies.setdefault(r.core, []).append(r.latency_ms)
+            if c.last_done is None or t > c.last_done:
+                c.last_done = t
+            if self._t_last is None or t > self._t_last:
+                self._t_last = t
+            slot = timeline.setdefault((r.core, max(0, int(t - t0))), [0, 0])
+            slot[0] += 1
+            if not ok:
+                slot[1] += 1
+        for core, values in latencies.items():
+            hist = self._core(core).latency
+            if len(values) > 8:
+                hist.add_many(np.asarray(values))
+            else:
+                for ms in values:
+                    hist.add(float(ms))
 
     def add_restart(self, core: int) -> None:
         """Count a restart of ``core``'s worker; its live busy value starts again at 0."""
