@@ -342,6 +342,7 @@ class Restarts:
     open_freezes: int = 0
     deaths: dict[int, int] = field(default_factory=dict)
     readers: list[str] = field(default_factory=list)  # reasons of reader restarts
+    answered_freezes: list[str] = field(default_factory=list)  # the warnings that did
     problems: list[str] = field(default_factory=list)
 
     @classmethod
@@ -384,6 +385,7 @@ class Restarts:
                 pass
             elif self.open_freezes:
                 self.open_freezes -= 1
+                self.answered_freezes.append(line)
             else:
                 self.problems.append(f"a worker was killed without a hang or freeze: {line}")
         else:
@@ -491,8 +493,14 @@ class Soak:
         if rec.exit_code not in (0, 1, 130, -signal.SIGKILL):
             print(f"[{rec.name}] stdout:\n{rec.stdout}")
             print(f"[{rec.name}] stderr (last 20 lines):\n" + "\n".join(rec.stderr_lines[-20:]))
-        bad = [line for line in rec.stderr_lines if any(w in line for w in _NEVER_ON_STDERR)]
-        self.check(not bad, f"[{rec.name}] stderr has {len(bad)} such line(s), first: {bad[:3]}")
+        lines = rec.stderr_lines
+        bad = [i for i, line in enumerate(lines) if any(w in line for w in _NEVER_ON_STDERR)]
+        if not self.check(
+            not bad,
+            f"[{rec.name}] {len(bad)} stderr line(s) with a traceback, BrokenPipeError or "
+            f"'leaked', first: {lines[bad[0]] if bad else ''!r}",
+        ):
+            print("\n".join(f"    | {line}" for line in lines[max(0, bad[0] - 3) : bad[0] + 20]))
         return rec
 
     def check_clean(self, rec: RunRecord, grace_s: float = 10.0) -> None:
@@ -739,11 +747,11 @@ def mode_kill(s: Soak) -> None:
             print("[run] a worker has just hung")
     parts_then = len(s.parts())
     os.kill(w.proc.pid, signal.SIGKILL)
+    t0 = time.monotonic()
     print(f"[run] SIGKILL to the coordinator (pid {w.proc.pid}) with {parts_then} parts on disk")
     rec = s.finish(w)
-    t0 = time.monotonic()
     s.check_clean(rec, grace_s=s.args.orphan_grace_s)
-    s.measure(f"children gone {time.monotonic() - t0:.1f} s after the coordinator was reaped")
+    s.measure(f"every child gone {time.monotonic() - t0:.1f} s after the SIGKILL (or sooner)")
     # The emulator's state folder in TMPDIR stays after a SIGKILL; the next run sweeps it.
     print(f"[run] left in the run's TMPDIR for the next run to sweep: {s.tmp_left()}")
     resume_and_check(s)
@@ -818,9 +826,8 @@ def mode_freeze(s: Soak) -> None:
             f"[run] frozen worker killed after {took:.1f} s, before the timeout",
         )
     rec = s.finish(w)
-    for line in rec.stderr_lines:
-        if _DEATH_RE.match(line) and any(k in line for k in _WATCHDOG_KILL):
-            print(f"[run] {line}")
+    for line in Restarts.read(rec.stderr_lines).answered_freezes:
+        print(f"[run] answered a freeze: {line}")
     full_checks(s, rec)
 
 
