@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.parquet as pq
 import pytest
 from runs import config, fast_sim
 
@@ -189,3 +190,76 @@ def test_ctrl_z_longer_than_the_timeout_kills_nobody(demo_kit, tmp_path):
     assert "killed" not in err and "restarting" not in err
     stats = json.loads((out / "manifest.json").read_text())
     assert stats["counts"]["succeeded"] == 900
+
+
+class _InterruptAfter:
+    """Sends this process SIGINT (as a terminal's Ctrl-C would) once ``n`` rows are done."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done, self.sent = n, 0, False
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.RowsDone):
+            self.done += len(event.rows)
+            if self.done >= self.n and not self.sent:
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_restart(
+    demo_kit, tmp_path
+):
+    """Soak: a hung worker killed during the drain after Ctrl-C showed up as a restart in
+    core_stats, and nothing said it was killed."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim("hang:core=0:call=5", npu_ms=1.0),
+        inference_timeout_s=1.0,
+        limit=400,
+        out=tmp_path / "o",
+    )
+    result = run(cfg, observers=[_InterruptAfter(40)])
+    assert result.status == "interrupted"
+    said = [w for w in result.warnings if w.startswith("core 0:")]
+    assert said and said[-1].endswith("while the run was stopping; not restarted.")
+    stats = {r["core"]: r for r in pq.read_table(result.out / "core_stats.parquet").to_pylist()}
+    assert stats[0]["restarts"] == 0
+
+
+def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path):
+    """Soak: a child died of a Ctrl-C that came while it was still importing (before it
+    could ignore SIGINT), with a traceback and a 'crashed' worker."""
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--out", str(tmp_path / "o"), "--no-progress",
+        start_new_session=True,
+    )  # fmt: skip
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    # No event says "a child is importing": look for a spawned interpreter that has been
+    # running for a moment (the coordinator is done starting it; it is still importing).
+    while not any(
+        "spawn_main" in _cmdline(c) and time.time() - c.create_time() > 0.05 for c in _children(me)
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "no child started"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "crashed" not in err and "KeyboardInterrupt" not in err
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""

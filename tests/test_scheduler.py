@@ -319,3 +319,30 @@ def test_readers_do_not_grow_without_a_free_cpu_and_shrink_when_saturated_and_fe
     s.sample(starved=False)
     t += WINDOW_S
     assert s.decide(t, readers=1, idle_cpus=lambda: 0.05) == 0  # never below the minimum
+
+
+def test_items_charged_with_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():
+    """Soak: with k=3, a poison item and its neighbour crashed together, went back together,
+    landed on one core together and crashed together again, so the innocent one became an
+    error row. An item that was in a crash is now retried alone on a core."""
+    s = ready_scheduler(slots=20, cores=(0, 1, 2), k=3, max_attempts=3)
+    admit_ready(s, 12)
+    sent = s.dispatch(0.0)
+    poison, innocent = sent[0][0], sent[0][1]
+    indexes = {s.flight(poison).item.index, s.flight(innocent).item.index}
+    s.core_lost(0, indexes, "worker process crashed", 0.0)
+    assert s.flight(poison).crashes == s.flight(innocent).crashes == 1
+    for core in (1, 2):  # cores 1 and 2 still hold their first items
+        assert s.cores[core].inflight
+    # Neither suspect may join a core that has other items in flight ...
+    sent_now = [slot for slots in s.dispatch(1.0).values() for slot in slots]
+    assert poison not in sent_now and innocent not in sent_now
+    # ... but once core 1 is empty, one of them goes there, alone, and nothing joins it.
+    for slot in list(s.cores[1].inflight):
+        s.release(s.done(1, slot, None).slot)
+    again = s.dispatch(2.0)
+    assert again.get(1) in ([poison], [innocent])
+    assert s.dispatch(2.0).get(1) is None, "nothing else goes to a core holding a suspect"
+    alone = again[1][0]
+    s.release(s.done(1, alone, None).slot)  # it was the innocent one, or the poison passed
+    assert s.dispatch(3.0).get(1), "the core takes items again once the suspect is done"

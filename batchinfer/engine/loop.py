@@ -439,18 +439,23 @@ class Engine:
     def _on_worker_exit(self, child: Child, charged: set[int], what: str) -> None:
         if self.scheduler.cores[child.key].state == "retired":
             return  # init_failed or failed already said why
-        self.stats.add_busy(child.key, child.busy_s)  # carried over; add_restart zeroes it
-        self.stats.add_restart(child.key)
+        self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
+        self.stats.set_busy(child.key, 0.0)
         loss: CoreLoss = self.scheduler.core_lost(child.key, charged, what, self.clock())
         for finished in loss.finished:
             self.collector.error(finished)
+        if self.scheduler.stopping:
+            # Stopping: nothing is restarted, and the items it held are left for a resume.
+            self.warn(f"core {child.key}: {what} while the run was stopping; not restarted.")
+            return
+        self.stats.add_restart(child.key)
         if loss.restart_at is None:
             self.warn(
                 f"core {child.key} retired after {self.scheduler.cores[child.key].crashes_in_row} "
                 f"crashes in a row (last: {what}); the run goes on with the other cores."
             )
             self.notify(ev.CoreRetired(child.key, what))
-        elif not self.scheduler.stopping:
+        else:
             delay = loss.restart_at - self.clock()
             blame = " (blamed on the item, not the core)" if loss.blamed_items else ""
             self.warn(f"core {child.key}: {what}{blame}; restarting it in {delay:.2g} s.")

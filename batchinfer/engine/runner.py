@@ -3,17 +3,13 @@
     plan_run (reads only) → claim OUT (lock, clear or verify) → RunFolder.begin (manifest)
       → Engine(DatasetSource, RunFolder sink, observers).run() → RunFolder.finish
 
-Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call. Before the engine
-exists they raise RunInterrupted (nothing has started); then they ask the engine to stop,
-which only sets flags, so a signal never cuts a row, a part or the manifest in half.
+Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call (engine/signals.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +21,8 @@ from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer, RowsDone
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
+from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
-from batchinfer.errors import RunInterrupted
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, claim
 from batchinfer.sink.run_folder import RunFolder
@@ -47,31 +43,6 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     failed_items: list[tuple[str, str]] = field(default_factory=list)  # (id, error), first few
     skipped_files: dict[str, Any] = field(default_factory=dict)  # files that are not items
-
-
-class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP for the duration of a call (main thread only)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.engine: Engine | None = None
-        self._old: dict = {}
-
-    def _handler(self, signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        if self.engine is None:
-            raise RunInterrupted(f"interrupted by {name} before the run started")
-        self.engine.request_stop(f"interrupted by {name}")
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,9 @@ Failure policy:
   count against the core. Otherwise the core's count of crashes in a row goes up; a success
   on the core resets it. After ``MAX_CRASHES_IN_ROW`` the core is retired; before that it
   restarts after a back-off (``BACKOFF_S``).
+- An item that was in a crash is a *suspect*: it is retried alone, on a core with nothing
+  else in flight, and nothing joins that core until it is done, so a poison item can never
+  take an innocent neighbour down with it a second time.
 - ``inference()`` returning None (or raising) charges one attempt; the retry goes to a core
   the item has not tried while one is alive, even if it has to wait for room there.
 - An item that failed ``max_attempts`` times is due as an error row naming each failure.
@@ -72,6 +75,7 @@ class CoreState:
     crashes_in_row: int = 0
     restart_at: float | None = None
     restarts: int = 0
+    suspect: int | None = None  # the slot of a suspect it is inferring alone
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,7 @@ class Scheduler:
             open_cores = [
                 c
                 for c in self.cores.values()
-                if c.state == "ready" and len(c.inflight) < c.capacity
+                if c.state == "ready" and len(c.inflight) < c.capacity and c.suspect is None
             ]
             if not open_cores:
                 break
@@ -253,12 +257,19 @@ class Scheduler:
             flight = self.flight(slot)
             flight.state, flight.core, flight.t_dispatched = INFERRING, core.core, now
             core.inflight.add(slot)
+            if flight.crashes:
+                core.suspect = slot
             out.setdefault(core.core, []).append(slot)
         self.ready.extendleft(reversed(waiting))
         return out
 
     def _pick_core(self, flight: Flight, open_cores: list[CoreState]) -> CoreState | None:
-        """The least loaded open core; a retry waits for a core it has not tried."""
+        """The least loaded open core; a retry waits for a core it has not tried; a suspect
+        (an item that was in a crash) waits for an empty core."""
+        if flight.crashes:
+            open_cores = [c for c in open_cores if not c.inflight]
+            if not open_cores:
+                return None
         fresh = [c for c in open_cores if c.core not in flight.cores_tried]
         if fresh:
             return min(fresh, key=lambda c: len(c.inflight))
@@ -272,6 +283,8 @@ class Scheduler:
         """A worker finished ``slot``: success, or a failure to retry (None) or to write."""
         state = self.cores[core]
         state.inflight.discard(slot)
+        if state.suspect == slot:
+            state.suspect = None
         flight = self.flight(slot)
         flight.cores_tried.append(core)
         if error is None:
@@ -336,6 +349,7 @@ class Scheduler:
         return CoreLoss(finished, state.restart_at, reason, blamed_items)
 
     def _requeue(self, state: CoreState) -> None:
+        state.suspect = None
         for slot in sorted(state.inflight, reverse=True):
             flight = self.flight(slot)
             if self.stopping:

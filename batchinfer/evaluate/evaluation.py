@@ -29,7 +29,8 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.engine.events import Observer
-from batchinfer.engine.runner import StopSignals, arrow_system_allocator
+from batchinfer.engine.runner import arrow_system_allocator
+from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import (
     BatchinferError,
     OutputLockedError,

@@ -32,7 +32,7 @@ from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.plan import model_input, plan_engine, runtime_files
-from batchinfer.engine.runner import StopSignals
+from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
 from batchinfer.errors import BatchinferError, RunInterrupted
 from batchinfer.evaluate.files import write_table
