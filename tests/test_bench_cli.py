@@ -256,3 +256,22 @@ def test_an_instances_sweep_runs_every_k_and_recommends_one_of_them(tmp_path):
         tmp_path / "out/k4/samples.parquet"
     ).is_file()
     assert pq.read_table(tmp_path / "out/sweep.parquet").num_rows == 4
+
+
+@pytest.mark.slow
+def test_compare_peers_prints_the_four_rows_and_checks_top_1(tmp_path):
+    import subprocess
+    import sys
+
+    tool = Path(__file__).resolve().parent.parent / "tools" / "compare_peers.py"
+    proc = subprocess.run(
+        [sys.executable, str(tool), "--items", "60", "--repeats", "1", "--cores", "0,1", "-k", "1",
+         "--sim-npu-ms", "0.5", "--sim-host-ms", "0.5", "--json", str(tmp_path / "p.json")],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for row in ("batchinfer engine", "single-process loop", "thread pool", "multiprocessing.Pool"):
+        assert row in proc.stdout
+    assert "every peer gave the same top-1 as the engine on all 60 items" in proc.stdout
+    result = json.loads((tmp_path / "p.json").read_text())
+    assert set(result["mismatches"].values()) == {0}
