@@ -140,7 +140,6 @@ def conditions(root: Path = Path("/")) -> dict[str, Any]:
     in percent from the driver's debugfs file). Cheap enough to read once a second.
     Never raises.
     """
-    facts: dict[str, Any] = {}
     probes = {
         "cpufreq": lambda: _cpufreq(root),
         "thermal": lambda: _thermal(root),
@@ -148,14 +147,7 @@ def conditions(root: Path = Path("/")) -> dict[str, Any]:
         "npu": lambda: {k: v for k, v in _npu(root).items() if k != "driver"},
         "npu_load": lambda: npu_load(root),
     }
-    for key, probe in probes.items():
-        try:
-            value = probe()
-        except Exception:  # a condition we cannot read is simply not recorded
-            continue
-        if value:
-            facts[key] = value
-    return facts
+    return _gather(probes)
 
 
 def host_facts(root: Path = Path("/")) -> dict[str, Any]:
@@ -165,7 +157,6 @@ def host_facts(root: Path = Path("/")) -> dict[str, Any]:
     frequencies), thermal zone temperatures and NPU frequency/driver where readable.
     ``root`` is for tests (a fake /sys tree). Never raises.
     """
-    facts: dict[str, Any] = {}
     probes = {
         "platform": platform.platform,
         "machine": platform.machine,
@@ -179,6 +170,12 @@ def host_facts(root: Path = Path("/")) -> dict[str, Any]:
         "thermal": lambda: _thermal(root),
         "npu": lambda: _npu(root),
     }
+    return _gather(probes)
+
+
+def _gather(probes: dict[str, Any]) -> dict[str, Any]:
+    """Each probe's value under its key; a probe that fails or finds nothing is left out."""
+    facts: dict[str, Any] = {}
     for key, probe in probes.items():
         try:
             value = probe()

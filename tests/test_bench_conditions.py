@@ -115,7 +115,7 @@ def test_an_npu_frequency_change_is_a_reason_too(board):
     first = conditions(board)
     write(board, "sys/class/devfreq/fdab0000.npu/cur_freq", "800000000\n")
     (reason,) = condition_reasons([first, conditions(board)])
-    assert "NPU fdab0000.npu 800-1000 MHz (governor userspace)" in reason
+    assert "NPU fdab0000.npu 800 MHz-1000 MHz (governor userspace)" in reason
 
 
 def test_an_active_cooling_device_is_throttling_but_a_spinning_fan_is_not(board):

@@ -42,6 +42,10 @@ def _ghz(khz: float) -> str:
     return f"{khz / 1e6:.2f} GHz"
 
 
+def _mhz(hz: float) -> str:
+    return f"{hz / 1e6:.0f} MHz"
+
+
 def _npu_nodes(reading: dict) -> dict[str, dict]:
     return {k: v for k, v in reading.get("npu", {}).items() if isinstance(v, dict)}
 
@@ -58,30 +62,26 @@ def condition_reasons(readings: list[dict[str, Any]]) -> list[str]:
             hot[name] = (kind, max(state, hot.get(name, ("", 0))[1]))
     lowered = []
     changed = []
-    policies = sorted({p for r in readings for p in r.get("cpufreq", {})})
-    for policy in policies:
-        seen = [r["cpufreq"][policy] for r in readings if policy in r.get("cpufreq", {})]
-        maxes = [s["max_khz"] for s in seen if "max_khz" in s]
-        if maxes and min(maxes) < maxes[0]:
-            lowered.append(f"{policy} max {_ghz(maxes[0])} -> {_ghz(min(maxes))}")
-        curs = [s["cur_khz"] for s in seen if "cur_khz" in s]
-        if len(set(curs)) > 1:
-            governor = seen[-1].get("governor", "?")
-            changed.append(
-                f"CPU {policy} {_ghz(min(curs))}-{_ghz(max(curs))} (governor {governor})"
-            )
-    nodes = sorted({n for r in readings for n in _npu_nodes(r)})
-    for node in nodes:
-        seen = [_npu_nodes(r)[node] for r in readings if node in _npu_nodes(r)]
-        maxes = [s["max_hz"] for s in seen if "max_hz" in s]
-        if maxes and min(maxes) < maxes[0]:
-            lowered.append(f"NPU {node} max {maxes[0] / 1e6:.0f} -> {min(maxes) / 1e6:.0f} MHz")
-        curs = [s["cur_hz"] for s in seen if "cur_hz" in s]
-        if len(set(curs)) > 1:
-            governor = seen[-1].get("governor", "?")
-            changed.append(
-                f"NPU {node} {min(curs) / 1e6:.0f}-{max(curs) / 1e6:.0f} MHz (governor {governor})"
-            )
+    groups = (
+        ("cpufreq", "max_khz", "cur_khz", lambda name: f"CPU {name}", _ghz),
+        ("npu", "max_hz", "cur_hz", lambda name: f"NPU {name}", _mhz),
+    )
+    for group, max_key, cur_key, what, fmt in groups:
+        series: dict[str, list[dict]] = {}
+        for reading in readings:
+            for name, node in reading.get(group, {}).items():
+                if isinstance(node, dict):
+                    series.setdefault(name, []).append(node)
+        for name, seen in sorted(series.items()):
+            maxes = [s[max_key] for s in seen if max_key in s]
+            if maxes and min(maxes) < maxes[0]:
+                lowered.append(f"{what(name)} max {fmt(maxes[0])} -> {fmt(min(maxes))}")
+            curs = [s[cur_key] for s in seen if cur_key in s]
+            if len(set(curs)) > 1:
+                governor = seen[-1].get("governor", "?")
+                changed.append(
+                    f"{what(name)} {fmt(min(curs))}-{fmt(max(curs))} (governor {governor})"
+                )
     if hot or lowered:
         parts = [f"{kind} at state {state}" for kind, state in hot.values()] + lowered
         reasons.append(

@@ -94,16 +94,7 @@ class _Progress:
     metavar="A.json B.json",
     help="Compare two saved results side by side; exit 1 if B regresses A.",
 )
-def command(
-    model: Path | None,
-    dataset: Path | None,
-    sweep: str | None,
-    max_p99_ms: float | None,
-    json_path: Path | None,
-    out: Path | None,
-    compare: tuple[Path, Path] | None,
-    **params,
-) -> None:
+def command(**params) -> None:
     """Measure MODEL's throughput on the NPU cores: a figure you can trust, or why not.
 
     The run warms up (excluded), then measures in windows until it has lasted --duration,
@@ -127,7 +118,7 @@ def command(
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_named(_bench))(model, dataset, sweep, max_p99_ms, json_path, out, compare, params)
+    fail_cleanly(_named(_bench))(params)
 
 
 def _named(fn):
@@ -144,16 +135,10 @@ def _named(fn):
     return wrapper
 
 
-def _bench(
-    model: Path | None,
-    dataset: Path | None,
-    sweep: str | None,
-    max_p99_ms: float | None,
-    json_path: Path | None,
-    out: Path | None,
-    compare: tuple[Path, Path] | None,
-    params: dict,
-) -> None:
+def _bench(params: dict) -> None:
+    model, dataset, sweep = params.pop("model"), params.pop("dataset"), params.pop("sweep")
+    max_p99_ms, json_path = params.pop("max_p99_ms"), params.pop("json_path")
+    out, compare = params.pop("out"), params.pop("compare")
     if compare:
         given = [f for f, v in (("--model", model), ("--dataset", dataset), ("--sweep", sweep),
                                 ("--out", out)) if v]  # fmt: skip
@@ -202,27 +187,16 @@ def _bench(
 def _single(config, opts, json_path, out, with_plots) -> None:
     from batchinfer.bench import outputs
     from batchinfer.bench.report import format_result
-    from batchinfer.bench.result import write_json
     from batchinfer.bench.runner import bench
 
     result = bench(config, observers=[_Progress(opts)])
     data = result.to_json(name_of)
-    click.echo(format_result(data))
-    if json_path is not None:
-        write_json(data, json_path)
-        click.echo(f"result written to {json_path}")
-    if out is not None:
-        outputs.write_run(out, result, data, with_plots)
-        click.echo(f"samples, windows{' and plots' if with_plots else ''} written to {out}")
-    if result.interrupted:
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(EXIT_VALID if result.valid else EXIT_INVALID)
+    _deliver(result, data, format_result(data), json_path, out, outputs.write_run, with_plots)
 
 
 def _sweep(config, opts, kind, max_p99_ms, json_path, out, with_plots) -> None:
     from batchinfer.bench import outputs
     from batchinfer.bench.report import format_sweep
-    from batchinfer.bench.result import write_json
     from batchinfer.bench.sweep import run_sweep
 
     def one_done(setting, result) -> None:
@@ -238,14 +212,20 @@ def _sweep(config, opts, kind, max_p99_ms, json_path, out, with_plots) -> None:
         config, kind, max_p99_ms, observers=[_Progress(opts, "  ")], on_result=one_done
     )
     data = result.to_json(name_of)
-    click.echo(format_sweep(data))
+    _deliver(result, data, format_sweep(data), json_path, out, outputs.write_sweep, with_plots)
+
+
+def _deliver(result, data, text, json_path, out, write_out, with_plots) -> None:
+    """Print, write --json and --out, and exit with the verdict's code."""
+    from batchinfer.bench.result import write_json
+
+    click.echo(text)
     if json_path is not None:
         write_json(data, json_path)
-        click.echo(f"sweep written to {json_path}")
+        click.echo(f"result written to {json_path}")
     if out is not None:
-        outputs.write_sweep(out, result, data, with_plots)
-        click.echo(f"every setting's samples, windows{' and plots' if with_plots else ''} "
-                   f"written to {out}")  # fmt: skip
+        write_out(out, result, data, with_plots)
+        click.echo(f"samples, windows{' and plots' if with_plots else ''} written to {out}")
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_VALID if result.valid else EXIT_INVALID)
