@@ -161,6 +161,13 @@ def test_windows_that_never_agreed_make_the_run_invalid_with_their_spread():
     assert "windows 60, 100, 60 samples/s" in reason
 
 
+def test_unstable_windows_of_few_samples_advise_a_longer_window():
+    v = judge(OPTS, _measured(measured_s=10.0, samples=800, rates=[10, 12, 9] * 3 + [13]))
+    (reason,) = v.reasons
+    assert "windows of ~11 samples cannot agree within 10% by counting alone" in reason
+    assert reason.endswith("use a longer {bench.window_s}.")
+
+
 def test_every_reason_is_listed_not_just_the_first():
     v = judge(
         OPTS,
@@ -179,7 +186,7 @@ def test_every_reason_is_listed_not_just_the_first():
         "other load",
         "throttling",
     ]
-    assert "0.50 CPUs during the warm-up" in v.reasons[2]
+    assert "0.50 CPUs during the warm-up (as it started) and" in v.reasons[2]
     assert "0.30 CPUs while it was measured" in v.reasons[2]
     assert "(first: inference() returned None)" in v.reasons[1]
 

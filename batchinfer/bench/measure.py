@@ -86,21 +86,19 @@ class BenchObserver:
             self.retired.append(event.core)
 
     def _rows(self, rows: list) -> None:
+        self.log.add_rows(rows)
         counting = self.phase == "measuring"
+        t_start, window_s, counts = self.t_start, self.opts.window_s, self.counts
         for row in rows:
             if row.error is not None:
                 self.error_times.append(row.t_done)
                 if len(self.first_errors) < 3:
                     self.first_errors.append((row.t_done, row.error))
-                continue
-            self.log.add(
-                row.t_done, row.latency_ms, row.core, row.instance, row.wait_ms, row.read_ms
-            )
-            if counting and row.t_done >= self.t_start:
-                w = int((row.t_done - self.t_start) / self.opts.window_s)
-                if w >= len(self.counts):
-                    self.counts.extend([0] * (w + 1 - len(self.counts)))
-                self.counts[w] += 1
+            elif counting and row.t_done >= t_start:
+                w = int((row.t_done - t_start) / window_s)
+                if w >= len(counts):
+                    counts.extend([0] * (w + 1 - len(counts)))
+                counts[w] += 1
 
     def _tick(self, now: float) -> None:
         if self.phase == "warmup" and now >= self.t_start:

@@ -54,21 +54,20 @@ def throughput_plot(
     edges = np.arange(np.floor(lo / bin_s) * bin_s, hi + bin_s, bin_s)
     if len(edges) < 2:
         edges = np.array([lo, lo + bin_s])
-    mids = (edges[:-1] + edges[1:]) / 2
     fig = _figure(rows=2, height=3.0)
     total_ax, core_ax = fig.subplots(2, 1, sharex=True)
     counts, _ = np.histogram(t, edges)
-    total_ax.step(mids, counts / bin_s, where="mid", color="black", label="all cores")
+    total_ax.stairs(counts / bin_s, edges, color="black", label="all cores")
     for c in cores:
         n, _ = np.histogram(t[samples.core == c], edges)
-        core_ax.step(mids, n / bin_s, where="mid", label=f"core {c}")
+        core_ax.stairs(n / bin_s, edges, label=f"core {c}")
     for ax in (total_ax, core_ax):
-        ax.axvspan(edges[0], 0, color="0.85", label="warm-up (excluded)")
-        ax.axvspan(t_end - t_zero, edges[-1], color="0.93", label="after the measurement")
+        ax.axvspan(edges[0], 0, color="0.88", zorder=0, label="warm-up (excluded)")
+        ax.axvspan(t_end - t_zero, edges[-1], color="0.94", zorder=0, label="after the measurement")
         ax.set_ylabel("samples/s")
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
-        ax.legend(loc="lower right", fontsize="small")
+        ax.legend(loc="best", fontsize="small")
     core_ax.set_xlabel(f"seconds since the measurement started ({bin_s:g} s bins)")
     total_ax.set_title(title, fontsize="medium")
     fig.savefig(path)

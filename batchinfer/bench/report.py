@@ -113,7 +113,7 @@ def _cpu(d: dict[str, Any]) -> list[str]:
         return ["CPU: not measured (the measurement did not start)"]
 
     def role(name: str) -> str:
-        procs = [p for p in cpu["processes"] if p["role"] == name]
+        procs = sorted((p for p in cpu["processes"] if p["role"] == name), key=lambda p: p["key"])
         if not procs:
             return "none"
         use = ", ".join(f"{p['key']}: {p['cpu']:.2f}" for p in procs)

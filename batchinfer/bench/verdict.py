@@ -26,6 +26,9 @@ from batchinfer.bench.windows import Stability, stability
 MIN_DURATION_S = 5.0
 STABLE_WINDOWS = 3
 STABLE_TOLERANCE = 0.10
+#: Below this many samples per window, one sample more or less moves a window's rate by
+#: over 1 %: the advice for unstable windows is then a longer window.
+FEW_PER_WINDOW = 100
 #: Other processes' mean CPU use (in CPUs) from which a run counts as disturbed.
 OTHER_LOAD_CPUS = 0.2
 _EPS = 1e-9
@@ -105,18 +108,27 @@ def judge(opts: BenchOptions, m: Measured) -> Verdict:
             what = "no samples completed in them"
         else:
             what = f"they differ by up to {steady.spread:.1%} from their mean"
+        per_window = sum(m.rates[-STABLE_WINDOWS:]) * opts.window_s / STABLE_WINDOWS
+        if per_window < FEW_PER_WINDOW:
+            fix = (
+                f"windows of ~{per_window:.0f} samples cannot agree within "
+                f"{STABLE_TOLERANCE:.0%} by counting alone: use a longer {{bench.window_s}}"
+            )
+        else:
+            fix = (
+                "remove what disturbs the run (other load, throttling) or allow a longer "
+                "{bench.max_duration_s}"
+            )
         reasons.append(
             f"unstable: after {m.measured_s:.0f} s the last {STABLE_WINDOWS} windows did not "
             f"agree within {STABLE_TOLERANCE:.0%} ({what}; windows "
-            f"{', '.join(f'{r:.0f}' for r in m.rates[-STABLE_WINDOWS:])} samples/s); remove what "
-            "disturbs the run (other load, throttling) or allow a longer "
-            "{bench.max_duration_s}."
+            f"{', '.join(f'{r:.0f}' for r in m.rates[-STABLE_WINDOWS:])} samples/s); {fix}."
         )
     if m.errors:
         first = f" (first: {m.first_error})" if m.first_error else ""
         reasons.append(f"errors: {m.errors} inferences failed while measuring{first}.")
     loads = [
-        (f"{cpus:.2f} CPUs during the warm-up, as it started", cpus)
+        (f"{cpus:.2f} CPUs during the warm-up (as it started)", cpus)
         for cpus in [m.other_cpus_start]
         if cpus is not None and cpus >= OTHER_LOAD_CPUS
     ] + [

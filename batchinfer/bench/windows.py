@@ -93,6 +93,20 @@ class SampleLog:
         self._wait.append(np.nan if wait_ms is None else wait_ms)
         self._read.append(np.nan if read_ms is None else read_ms)
 
+    def add_rows(self, rows: list) -> None:
+        """Add the successful rows of an engine batch (cheap: this runs in the engine loop)."""
+        t, lat, core, inst = self._t.append, self._lat.append, self._core.append, self._inst.append
+        wait, read, nan = self._wait.append, self._read.append, np.nan
+        for row in rows:
+            if row.error is not None:
+                continue
+            t(row.t_done)
+            lat(row.latency_ms)
+            core(row.core)
+            inst(-1 if row.instance is None else row.instance)
+            wait(nan if row.wait_ms is None else row.wait_ms)
+            read(nan if row.read_ms is None else row.read_ms)
+
     def __len__(self) -> int:
         return len(self._t)
 
