@@ -252,6 +252,9 @@ def test_an_instances_sweep_runs_every_k_and_recommends_one_of_them(tmp_path):
     assert [e["instances_per_core"] for e in d["sweep"]] == [1, 2, 3, 4]
     assert d["sweep"][0]["relative"] == 1.0
     assert d["recommendation"]["name"] in {e["name"] for e in d["sweep"]}
+    chosen = next(e for e in d["sweep"] if e["name"] == d["recommendation"]["name"])
+    assert d["samples_per_s"] == chosen["samples_per_s"] == chosen["result"]["samples_per_s"]
+    assert d["diagnosis"] == chosen["result"]["diagnosis"]
     assert (tmp_path / "out/sweep.png").is_file() and (
         tmp_path / "out/k4/samples.parquet"
     ).is_file()

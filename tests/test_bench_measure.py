@@ -179,3 +179,16 @@ def test_cpu_use_by_role_and_other_load_over_the_measured_interval():
     assert by_role[("worker", 0)].peak_rss_mb == 50.0
     assert (use.ours, use.others, use.machine) == pytest.approx((0.8, 0.7, 1.5), rel=1e-6)
     assert use.runnable == 3
+
+
+def test_restarts_and_retired_cores_while_measuring_are_recorded_but_not_before():
+    r = Run()
+    r.start()
+    r.obs.notify(ev.Restarted(0, "worker process crashed", 0.25))  # during the warm-up
+    r.advance(101.5, rate=lambda t: 100.0)
+    r.obs.notify(ev.Restarted(0, "worker process crashed (exit code -9)", 0.25))
+    r.obs.notify(ev.CoreRetired(0, "3 crashes in a row"))
+    assert r.obs.failures == [
+        "core 0 restarted (worker process crashed (exit code -9))",
+        "core 0 retired (3 crashes in a row)",
+    ]

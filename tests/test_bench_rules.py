@@ -177,17 +177,20 @@ def test_every_reason_is_listed_not_just_the_first():
             first_error="inference() returned None",
             other_cpus_start=0.5,
             other_cpus=0.3,
+            failures=["core 1 restarted (worker process crashed (exit code -9))"],
             condition_reasons=["throttling: x."],
         ),
     )
     assert [r.split(":")[0] for r in v.reasons] == [
         "too few samples",
         "errors",
+        "failures",
         "other load",
         "throttling",
     ]
-    assert "0.50 CPUs during the warm-up (as it started) and" in v.reasons[2]
-    assert "0.30 CPUs while it was measured" in v.reasons[2]
+    assert v.reasons[2].startswith("failures: core 1 restarted (worker process crashed")
+    assert "0.50 CPUs during the warm-up (as it started) and" in v.reasons[3]
+    assert "0.30 CPUs while it was measured" in v.reasons[3]
     assert "(first: inference() returned None)" in v.reasons[1]
 
 

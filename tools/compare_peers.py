@@ -265,7 +265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-k", "--instances-per-core", dest="k", type=int, default=3)
     p.add_argument("--sim-npu-ms", type=float, default=None, help="emulator (default 2)")
     p.add_argument("--sim-host-ms", type=float, default=None, help="emulator (default 4)")
-    p.add_argument("--items", type=int, default=1500)
+    p.add_argument("--items", type=int, default=3000)
     p.add_argument("--distinct", type=int, default=64, help="distinct input tensors")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)

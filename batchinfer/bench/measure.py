@@ -61,8 +61,7 @@ class BenchObserver:
         self.cpu_start: CpuSnapshot | None = None
         self.cpu_end: CpuSnapshot | None = None
         self.stopped: str | None = None
-        self.retired: list[int] = []
-        self.backend = ""
+        self.failures: list[str] = []  # restarts and retired cores while measuring
 
     # ------------------------------------------------------------------ events
     def notify(self, event: object) -> None:
@@ -74,7 +73,6 @@ class BenchObserver:
         elif isinstance(event, ev.ChildReady):
             self.cpu.track(event.kind, event.key, event.pid, late=self.phase == "measuring")
         elif isinstance(event, ev.Started):
-            self.backend = event.backend
             self.t_started = event.t
             self.t_start = event.t + self.opts.warmup_s
             self.cpu_started = self.cpu.snapshot()
@@ -82,8 +80,9 @@ class BenchObserver:
             self._tick(event.t)
         elif isinstance(event, ev.Stopping):
             self.end_early(event.reason)
-        elif isinstance(event, ev.CoreRetired):
-            self.retired.append(event.core)
+        elif isinstance(event, (ev.Restarted, ev.CoreRetired)) and self.phase == "measuring":
+            what = "restarted" if isinstance(event, ev.Restarted) else "retired"
+            self.failures.append(f"core {event.core} {what} ({event.reason})")
 
     def _rows(self, rows: list) -> None:
         self.log.add_rows(rows)

@@ -259,6 +259,7 @@ def _judge(
             other_cpus_start=other_start,
             other_cpus=None if use is None else use.others,
             first_error=first,
+            failures=obs.failures,
             condition_reasons=condition_reasons(obs.readings),
         ),
     )

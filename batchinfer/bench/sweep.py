@@ -23,6 +23,8 @@ from batchinfer.bench.result import FORMAT, KIND, BenchResult
 from batchinfer.errors import ConfigError, render_fields
 
 SWEEPS = ("cores", "instances")
+#: Keys of the recommended setting's result repeated at the top of a sweep's JSON.
+HEADLINE = ("samples_per_s", "latency_ms", "cores", "windows", "diagnosis")
 INSTANCES_SWEPT = (1, 2, 3, 4)
 RECOMMEND_TOLERANCE = 0.03
 
@@ -177,6 +179,9 @@ class SweepResult:
         if rec is not None:
             rec["reason"] = render_fields(rec["reason"], render)
         first = results[0].to_json(render) if results else {}
+        # The sweep's headline figures are those of the setting it recommends.
+        chosen = next((e["result"] for e in entries if rec and e["name"] == rec.get("name")), {})
+        headline = {k: chosen.get(k) for k in HEADLINE}
         return {
             "kind": KIND,
             "format": FORMAT,
@@ -191,6 +196,7 @@ class SweepResult:
             "max_p99_ms": self.max_p99_ms,
             "sweep": entries,
             "recommendation": rec,
+            **headline,
             "config": first.get("config"),
             "conditions": {
                 "before": results[0].conditions.get("before") if results else None,

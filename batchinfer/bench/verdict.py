@@ -7,7 +7,8 @@ VALID only when all of these hold (pure functions, tested with synthetic series)
 - enough samples: at least ``--min-samples`` successful inferences were measured;
 - stable: its last ``STABLE_WINDOWS`` windows lie within ``STABLE_TOLERANCE`` of their
   mean (the run extends, up to ``--max-duration``, until they do);
-- no errors: no inference failed while measuring;
+- no errors: no inference failed, and no core worker was restarted or retired, while
+  measuring;
 - quiet: other processes used less than ``OTHER_LOAD_CPUS`` CPUs on average, during the
   warm-up (when it started) and during the measurement;
 - steady board: no throttling and no CPU or NPU frequency change was seen while measuring
@@ -71,6 +72,7 @@ class Measured:
     other_cpus_start: float | None = None  # other processes' CPUs during the warm-up
     other_cpus: float | None = None  # ... during the measurement
     first_error: str | None = None
+    failures: list[str] = field(default_factory=list)  # worker restarts, retired cores
     condition_reasons: list[str] = field(default_factory=list)
 
 
@@ -127,6 +129,10 @@ def judge(opts: BenchOptions, m: Measured) -> Verdict:
     if m.errors:
         first = f" (first: {m.first_error})" if m.first_error else ""
         reasons.append(f"errors: {m.errors} inferences failed while measuring{first}.")
+    if m.failures:
+        reasons.append(
+            f"failures: {'; '.join(m.failures)} while measuring; the figure includes the recovery."
+        )
     loads = [
         (f"{cpus:.2f} CPUs during the warm-up (as it started)", cpus)
         for cpus in [m.other_cpus_start]
