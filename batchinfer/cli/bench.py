@@ -219,12 +219,15 @@ def _deliver(result, data, text, json_path, out, write_out, with_plots) -> None:
     """Print, write --json and --out, and exit with the verdict's code."""
     from batchinfer.bench.result import write_json
 
-    click.echo(text)
+    # Files first: a reader that stops early (``| head``) must not cost them.
     if json_path is not None:
         write_json(data, json_path)
-        click.echo(f"result written to {json_path}")
     if out is not None:
         write_out(out, result, data, with_plots)
+    click.echo(text)
+    if json_path is not None:
+        click.echo(f"result written to {json_path}")
+    if out is not None:
         click.echo(f"samples, windows{' and plots' if with_plots else ''} written to {out}")
     if result.interrupted:
         sys.exit(EXIT_INTERRUPTED)
