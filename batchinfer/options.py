@@ -27,7 +27,7 @@ from typing import Any
 from batchinfer.errors import ConfigError
 
 #: Every backend a run can name (batchinfer.runtime.backends has their classes).
-BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim")
+BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim", "toolkit")
 
 
 def option(default: Any, help: str, **meta: Any) -> Any:
@@ -107,7 +107,8 @@ class RuntimeOptions:
     backend: str = option(
         "auto",
         "auto: .rknn -> rknnlite (the NPU), .onnx -> onnx (ONNX Runtime on the CPU); "
-        "sim: an emulated NPU.",
+        "sim: an emulated NPU; toolkit: rknn-toolkit2's simulator (quantised numerics, no "
+        "timing; in its own environment).",
         choices=BACKEND_NAMES,
     )
     cores: tuple[int, ...] | None = option(
@@ -119,7 +120,7 @@ class RuntimeOptions:
         short="-k",
     )
     slots: int | None = option(
-        None, "Shared-memory slots (default: 4 per instance + 2 per reader)."
+        None, "Shared-memory slots (default: 7 per instance + 2 per reader)."
     )
     readers: int | None = option(
         None, "Reader processes that decode inputs (default: from the CPU count)."

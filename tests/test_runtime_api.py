@@ -49,7 +49,7 @@ def test_resolve_backend_refuses_unknowns() -> None:
 def test_runtime_class() -> None:
     from batchinfer.runtime import onnx, sim
 
-    assert BACKENDS == ("auto", "rknnlite", "onnx", "sim")
+    assert BACKENDS == ("auto", "rknnlite", "onnx", "sim", "toolkit")
     assert runtime_class("onnx") is onnx.RKNNLite
     assert runtime_class("sim") is sim.RKNNLite
     with pytest.raises(UsageError):
@@ -136,10 +136,11 @@ def test_describe_dynamic_batch_is_one(tmp_path: Path) -> None:
 
 
 def test_describe_rknn_reads_the_onnx_beside_it(tmp_path: Path) -> None:
-    onnx_path = M.nhwc_uint8_model(tmp_path, name="net.onnx")
+    onnx_path = M.nchw_float_model(tmp_path, name="net.onnx")
     info = describe_model(M.fake_rknn(onnx_path))
     assert info.path.suffix == ".rknn" and info.onnx_path == onnx_path
-    assert info.inputs[0].shape == (1, 8, 8, 1)
+    assert info.inputs[0].shape == (1, 8, 8, 3)
+    assert info.settings is None and not info.inputs[0].normalised_inside
 
 
 @pytest.mark.parametrize(
@@ -231,7 +232,7 @@ def test_adapter_drives_the_sim_with_item_faults(tmp_path: Path) -> None:
     first = a.infer(x)
     assert np.shares_memory(first[0], a.infer(x)[0])  # reuse_outputs by default
     a.set_current_item(1)
-    with pytest.raises(InferenceError, match=r"None on core 0.*E RKNN"):
+    with pytest.raises(InferenceError, match=r"None on core 0.*E log lines"):
         a.infer(x)
     assert "batchinfer sim" in a.sdk_version()
     a.release()

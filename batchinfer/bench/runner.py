@@ -37,7 +37,7 @@ from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import model_input, plan_engine
-from batchinfer.engine.run import StopSignals
+from batchinfer.engine.runner import StopSignals
 from batchinfer.engine.sources import DatasetSource, SyntheticSource
 from batchinfer.errors import ModelError
 from batchinfer.hostinfo import host_facts

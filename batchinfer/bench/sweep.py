@@ -229,7 +229,7 @@ def run_sweep(
     measured (its result is kept, INVALID) and the sweep with it.
     """
     from batchinfer.bench.runner import prepare, run_bench
-    from batchinfer.engine.run import StopSignals
+    from batchinfer.engine.runner import StopSignals
 
     if max_p99_ms is not None and not max_p99_ms > 0:
         raise ConfigError(

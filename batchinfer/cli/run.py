@@ -74,7 +74,7 @@ def _run(dataset: Path, model: Path, limit: int | None, no_progress: bool, param
         for item_id, error in result.failed_items:
             click.echo(f"  {item_id}: {error}")
         click.echo(f"  every error row is in {result.out / 'predictions'} (column error)")
-    done = f"{result.succeeded} succeeded, {result.errors} errors"
+    done = f"{result.succeeded} succeeded, {result.errors} error{'' if result.errors == 1 else 's'}"
     if result.skipped:
         done += f", {result.skipped} already done (resumed)"
     click.echo(f"{result.status}: {done}; results in {result.out}")

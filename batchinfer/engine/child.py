@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import signal
 import sys
 import traceback
@@ -55,3 +56,9 @@ def report_failure(conn: Connection, exc: BaseException) -> None:
     """Send ("failed", traceback text) for an exception the child cannot go on after."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     send_or_exit(conn, ("failed", text))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process has used so far, every thread, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

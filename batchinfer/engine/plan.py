@@ -19,6 +19,7 @@ from batchinfer.data.preprocess import Preprocess, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ReliabilityOptions, RuntimeOptions
 from batchinfer.runtime import describe_model
@@ -155,16 +156,18 @@ def plan_engine(
     if kind:
         preprocess.validate_for(kind)
     cpus = resolve_affinity(rt.cpu_affinity)
-    readers = rt.readers
-    if readers is None:
-        readers = max(1, min(4, (os.cpu_count() or 2) // 2))
+    readers, max_readers = rt.readers, rt.readers
+    if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
+        usable = len(cpus) if cpus else len(os.sched_getaffinity(0))
+        readers, max_readers = max(1, usable // 2), max(1, usable)
     _at_least(readers, 1, "runtime.readers")
-    # Each instance holds up to three slots in its worker (scheduler.QUEUED_PER_INSTANCE);
-    # one more per instance waits READY, so a finished item is replaced at once; two per
-    # reader are being decoded.
+    # Each instance holds up to QUEUED_PER_INSTANCE slots in its worker; one more per
+    # instance waits READY, so a finished item is replaced at once; two per reader are
+    # being decoded.
     slots = rt.slots
     if slots is None:
-        slots = len(cores) * rt.instances_per_core * 4 + readers * 2
+        per_instance = QUEUED_PER_INSTANCE + 1
+        slots = len(cores) * rt.instances_per_core * per_instance + max_readers * 2
     _at_least(slots, 2, "runtime.slots")
     return EnginePlan(
         backend=backend,
@@ -173,6 +176,7 @@ def plan_engine(
         preprocess=preprocess,
         slots=slots,
         readers=readers,
+        max_readers=max_readers,
         cpus=cpus,
         reliability=config.reliability,
         topk=out.topk,

@@ -2,7 +2,8 @@
 
 Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
   reader -> coordinator  ("ready", pid)                          imports done, segments mapped
-                         ("loaded", [(slot, index, read_ms, error or None), ...])
+                         ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
+                         cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          ("failed", traceback)                    start-up failed; then exit
   coordinator -> reader  ("read", [(slot, index, path), ...])     decode these, in order
                          ("stop",)
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from batchinfer.data.preprocess import Preprocess, load_into
-from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -102,7 +103,7 @@ def _serve(
             # Slow items go back one by one (a message is cheap next to their decode); fast
             # ones in batches, none of them waiting more than _SEND_AFTER_S.
             if t1 - first_unsent >= _SEND_AFTER_S or t1 - t0 >= _SEND_AFTER_S:
-                send_or_exit(results, ("loaded", done))
+                send_or_exit(results, ("loaded", done, cpu_seconds()))
                 done = []
         if done:
-            send_or_exit(results, ("loaded", done))
+            send_or_exit(results, ("loaded", done, cpu_seconds()))

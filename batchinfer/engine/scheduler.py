@@ -39,9 +39,10 @@ from batchinfer.data.dataset import Item
 MAX_CRASHES_IN_ROW = 3
 BACKOFF_S = (0.25, 1.0, 4.0)
 MAX_READER_DEATHS = 10
-# Items a worker holds per instance: one in inference and two queued behind it, so an
-# instance never waits for the coordinator between two inferences.
-QUEUED_PER_INSTANCE = 3
+# Items a worker holds per instance: one in inference and the rest queued behind it, so an
+# instance never waits for the coordinator between two inferences, even while the worker
+# holds finished results back for a moment to send several in one message (worker.py).
+QUEUED_PER_INSTANCE = 6
 
 FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
 
@@ -116,6 +117,7 @@ class Scheduler:
         self.max_attempts = max_attempts
         self.unsent: list[list[int]] = [[] for _ in range(readers)]
         self.reading: list[deque[int]] = [deque() for _ in range(readers)]
+        self.closing: set[int] = set()  # readers being stopped: no new reads for them
         self.reader_deaths = 0
         self.stopping = False
 
@@ -155,10 +157,21 @@ class Scheduler:
             self.ready.append(slot)
         return slot
 
+    def add_reader(self) -> int:
+        """A new reader takes reads from now on; returns its number."""
+        self.unsent.append([])
+        self.reading.append(deque())
+        return len(self.unsent) - 1
+
+    def close_reader(self, reader: int) -> None:
+        """Reader ``reader`` gets no new reads (it is stopped once it holds none)."""
+        self.closing.add(reader)
+
+    def open_readers(self) -> list[int]:
+        return [r for r in range(len(self.unsent)) if r not in self.closing]
+
     def _assign_reader(self, slot: int) -> None:
-        reader = min(
-            range(len(self.unsent)), key=lambda r: len(self.unsent[r]) + len(self.reading[r])
-        )
+        reader = min(self.open_readers(), key=lambda r: len(self.unsent[r]) + len(self.reading[r]))
         self.flight(slot).reader = reader
         self.unsent[reader].append(slot)
 

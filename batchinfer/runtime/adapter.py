@@ -73,8 +73,7 @@ class RuntimeAdapter:
         if outputs is None:
             core = "the NPU" if self.core is None else f"core {self.core}"
             raise InferenceError(
-                f"Inference returned None on {core}; the runtime's 'E RKNN' log lines above "
-                "say why."
+                f"Inference returned None on {core}; the runtime's E log lines above say why."
             )
         return outputs
 

@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -72,6 +73,23 @@ class LatencyHistogram:
         self.n += 1
         self.min = min(self.min, ms)
         self.max = max(self.max, ms)
+
+    def add_many(self, ms: np.ndarray) -> None:
+        """Count many latencies at once (NaN and negatives ignored, as in :meth:`add`)."""
+        ms = np.asarray(ms, dtype=np.float64)
+        ms = ms[ms >= 0]
+        if not ms.size:
+            return
+        bucket = np.empty(ms.size, np.int64)
+        low, high = ms < HIST_LO_MS, ms >= HIST_HI_MS
+        mid = ~(low | high)
+        bucket[low], bucket[high] = 0, _N_BUCKETS - 1
+        logs = np.log(ms[mid] / HIST_LO_MS) / _LOG_RATIO
+        bucket[mid] = 1 + np.minimum(logs.astype(np.int64), _N_LOG - 1)
+        np.add.at(self.counts, bucket, 1)
+        self.n += int(ms.size)
+        self.min = min(self.min, float(ms.min()))
+        self.max = max(self.max, float(ms.max()))
 
     def merge(self, other: LatencyHistogram) -> None:
         """Add ``other``'s counts to this histogram."""
@@ -167,6 +185,35 @@ class CoreStatsRecorder:
         slot[0] += 1
         if not ok:
             slot[1] += 1
+
+    def record_rows(self, rows: Sequence[Any]) -> None:
+        """Count a batch of completed rows (anything with core, t_done, latency_ms, error)."""
+        by_core: dict[int | None, list[Any]] = {}
+        for row in rows:
+            by_core.setdefault(row.core, []).append(row)
+        for core, group in by_core.items():
+            t = np.fromiter((r.t_done for r in group), np.float64, len(group))
+            ok = np.fromiter((r.error is None for r in group), bool, len(group))
+            if self._t0 is None:
+                self._t0 = float(t.min())
+            c = self._core(core)
+            c.items += len(group)
+            c.errors += int((~ok).sum())
+            latencies = [r.latency_ms for r in group if r.latency_ms is not None]
+            if latencies:
+                c.latency.add_many(np.asarray(latencies))
+            last = float(t.max())
+            c.last_done = last if c.last_done is None else max(c.last_done, last)
+            self._t_last = last if self._t_last is None else max(self._t_last, last)
+            seconds = np.maximum(0, (t - self._t0).astype(np.int64))
+            for second, done, failed in zip(
+                *np.unique(seconds, return_counts=True),
+                np.bincount(seconds, weights=~ok)[np.unique(seconds)],
+                strict=True,
+            ):
+                slot = self._timeline.setdefault((core, int(second)), [0, 0])
+                slot[0] += int(done)
+                slot[1] += int(failed)
 
     def add_restart(self, core: int) -> None:
         """Count a restart of ``core``'s worker; its live busy value starts again at 0."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import signal
 import threading
 from collections.abc import Iterator, Sequence
@@ -23,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.events import Observer
+from batchinfer.engine.events import Observer, RowsDone
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.sources import DatasetSource
@@ -91,9 +90,13 @@ def arrow_system_allocator() -> Iterator[None]:
         pa.set_memory_pool(previous)
 
 
-def _peak_rss_mb() -> float:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _per_item(cpu_s: dict[str, float], items: int) -> dict[str, float] | None:
+    """CPU milliseconds per item by role, and in total."""
+    if not items:
+        return None
+    per = {role: round(1e3 * s / items, 4) for role, s in cpu_s.items()}
+    per["total"] = round(sum(per.values()), 4)
+    return per
 
 
 def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
@@ -186,7 +189,9 @@ def _run(
             "retired_cores": result.retired_cores,
             "warnings": result.warnings,
             "timings": {"collect_s": round(result.collect_s, 4)},
-            "coordinator_peak_rss_mb": round(_peak_rss_mb(), 1),
+            "cpu_s": result.cpu_s,
+            "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
+            "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
         },
     )
     if error is not None:
@@ -213,8 +218,6 @@ class _FirstFailures:
         self.items: list[tuple[str, str]] = []
 
     def notify(self, event: object) -> None:
-        from batchinfer.engine.events import RowsDone
-
         if isinstance(event, RowsDone) and len(self.items) < self.KEEP:
             for row in event.rows:
                 if row.error is not None and len(self.items) < self.KEEP:
