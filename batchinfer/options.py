@@ -63,6 +63,16 @@ def _size(text: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+def _pixels(text: str) -> int | str:
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of pixels (or 'none')") from None
+    return value
+
+
 def _ms_or_estimate(text: str) -> float | str:
     if text.strip().lower() == "estimate":
         return "estimate"
@@ -155,6 +165,27 @@ class PreprocessOptions:
     )
     std: tuple[float, ...] | None = option(
         None, "Per-channel std dividing float inputs, e.g. 58.4,57.1,57.4.", parse=_floats
+    )
+    exif_orientation: bool = option(
+        True,
+        "Rotate and flip images by their EXIF Orientation tag, as image viewers do.",
+        flag="--exif-orientation/--no-exif-orientation",
+    )
+    background: str = option(
+        "white",
+        "Colour transparent images are composited over: a name, #rrggbb, r,g,b, or none to "
+        "drop alpha.",
+    )
+    max_pixels: int | str = option(
+        89_478_485,
+        "Images with more pixels (width x height, from the header) become error rows; "
+        "none for no limit (default: Pillow's decompression-bomb limit).",
+        parse=_pixels,
+    )
+    jpeg_draft: bool = option(
+        True,
+        "Decode large JPEGs at 1/2-1/8 scale when the model's input is that much smaller.",
+        flag="--jpeg-draft/--no-jpeg-draft",
     )
 
 

@@ -287,7 +287,7 @@ def _npy_dataset(tmp_path: Path, n: int = 4) -> Path:
 @pytest.mark.parametrize(
     ("case", "needles"),
     [
-        ("mean_on_npy", ("mean/std do not apply", "--mean")),
+        ("mean_on_npy", ("--mean/--std",)),
         ("size_on_fixed_model", ("--size 224x224", "fixed at 8x8")),
         ("resume_without_out", ("--resume needs --out",)),
         ("overwrite_and_resume", ("--overwrite and --resume",)),
@@ -338,7 +338,7 @@ def test_failed_items_are_listed_with_their_reason_and_where_the_rest_are(demo_k
     assert result.exit_code == 1
     out = result.stdout
     assert "failed items (first 1 of 1):" in out
-    assert f"  1/broken.png: Cannot read {data / '1' / 'broken.png'}: it is not an image" in out
+    assert "  1/broken.png: Cannot read 1/broken.png: it is not an image" in out
     assert f"every error row is in {(tmp_path / 'o').resolve() / 'predictions'}" in out
 
 

@@ -29,8 +29,21 @@ def resume_command(argv: list[str], out: Path) -> str:
 )
 @group_options("runtime", "runtime.sim", "preprocess", "output", "reliability")
 @click.option("--limit", type=int, help="Only the first N items of the dataset.")
+@click.option(
+    "--labels",
+    type=click.Path(path_type=Path),
+    help="Class map: one class folder name per line (line 1 is label 0), or JSON (a list of "
+    "names, {name: label}, a Keras class index). Default: the top-level folders, sorted.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
-def command(dataset: Path, model: Path, limit: int | None, no_progress: bool, **params) -> None:
+def command(
+    dataset: Path,
+    model: Path,
+    limit: int | None,
+    labels: Path | None,
+    no_progress: bool,
+    **params,
+) -> None:
     """Run MODEL over every item of DATASET on the NPU cores; results go to Parquet.
 
     DATASET is a folder of images (class subfolders become labels) or of .npy tensors.
@@ -46,10 +59,17 @@ def command(dataset: Path, model: Path, limit: int | None, no_progress: bool, **
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_run)(dataset, model, limit, no_progress, params)
+    fail_cleanly(_run)(dataset, model, limit, labels, no_progress, params)
 
 
-def _run(dataset: Path, model: Path, limit: int | None, no_progress: bool, params: dict) -> None:
+def _run(
+    dataset: Path,
+    model: Path,
+    limit: int | None,
+    labels: Path | None,
+    no_progress: bool,
+    params: dict,
+) -> None:
     from batchinfer.engine import RunConfig
     from batchinfer.engine import run as run_engine
 
@@ -61,14 +81,24 @@ def _run(dataset: Path, model: Path, limit: int | None, no_progress: bool, param
         output=build_group("output", params),
         reliability=build_group("reliability", params),
         limit=limit,
+        labels=labels,
         command=shlex.join(["batchinfer", *sys.argv[1:]]),
     )
     console = ConsoleObserver(flag_of, progress=not no_progress)
     try:
-        result = run_engine(config, observers=[console])
+        result = run_engine(config, observers=[console], listing=console.listing)
     finally:
         console.close()
     click.echo(format_summary(result.stats))
+    skipped = result.skipped_files
+    if skipped.get("count"):
+        kinds = ", ".join(f"{ext or '(none)'} {n}" for ext, n in skipped["by_extension"].items())
+        first = ", ".join(skipped["first"][:3])
+        more = ", ..." if skipped["count"] > 3 else ""
+        click.echo(
+            f"skipped {skipped['count']} file(s) that are not items ({kinds}): {first}{more}; "
+            "all are listed in the manifest"
+        )
     if result.failed_items:
         click.echo(f"failed items (first {len(result.failed_items)} of {result.errors}):")
         for item_id, error in result.failed_items:

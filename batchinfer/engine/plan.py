@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from batchinfer.data.dataset import Dataset, open_dataset
-from batchinfer.data.preprocess import Preprocess, preprocess_for
+from batchinfer.data.preprocess import Preprocess, parse_background, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
@@ -151,6 +152,10 @@ def plan_engine(
         dtype_override=pre.dtype,
         mean=pre.mean,
         std=pre.std,
+        exif_orientation=pre.exif_orientation,
+        background=parse_background(pre.background),
+        max_pixels=None if pre.max_pixels == "none" else pre.max_pixels,
+        jpeg_draft=pre.jpeg_draft,
     )
     _check_size(shape, preprocess, pre.size)
     if kind:
@@ -191,11 +196,12 @@ def _runtime_files(model: Path) -> dict[str, str]:
     return {p.name: model_sha256(p) for p in beside if p.is_file()}
 
 
-def plan_run(config: RunConfig) -> RunPlan:
+def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) -> RunPlan:
     """Check ``config`` against the machine, model, dataset and OUT; changes nothing.
 
     Raises a UsageError (exit 2) for anything wrong with the invocation, including an OUT
-    this run may not use and a resume whose settings differ from the run's.
+    this run may not use and a resume whose settings differ from the run's. ``listing``
+    is called with the number of entries listed so far while a big dataset is listed.
     """
     out = config.output
     if out.resume and out.out is None:
@@ -217,7 +223,9 @@ def plan_run(config: RunConfig) -> RunPlan:
         )
     backend = make_backend(model, config.runtime)
     shape, dtype = model_input(model, config)
-    dataset = open_dataset(Path(config.dataset).expanduser())
+    dataset = open_dataset(
+        Path(config.dataset).expanduser(), labels_file=config.labels, progress=listing
+    )
     engine = plan_engine(config, backend, shape, dtype, dataset.kind)
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
@@ -233,6 +241,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         dataset_root=str(dataset.root),
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
+        class_map={k: v for k, v in dataset.class_map.to_json().items() if k != "file"},
     )
     if out.resume and folder.manifest is not None:
         check_resume_fingerprint(folder, fingerprint)

@@ -5,7 +5,8 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          ("failed", traceback)                    start-up failed; then exit
-  coordinator -> reader  ("read", [(slot, index, path), ...])     decode these, in order
+  coordinator -> reader  ("read", [(slot, index, path, id), ...]) decode these, in order;
+                                                                  id names the file in errors
                          ("stop",)
 Results go back in batches: after the last item of a task, or as soon as the oldest unsent
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
@@ -85,16 +86,16 @@ def _serve(
             return
         done: list[tuple] = []
         first_unsent = 0.0
-        for slot, index, path in msg[1]:
+        for slot, index, path, item_id in msg[1]:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
             error = None
             try:
-                load_into(path, spec.preprocess, inputs[slot][0], spec.kind)
+                load_into(path, spec.preprocess, inputs[slot][0], spec.kind, name=item_id)
             except InputError as e:
                 error = str(e)
             except Exception as e:  # a decoder bug must not kill the run: it is this item's error
-                error = f"cannot read {path}: {type(e).__name__}: {e}"
+                error = f"cannot read {item_id}: {type(e).__name__}: {e}"
             board.finish(row)
             t1 = time.perf_counter()
             if not done:

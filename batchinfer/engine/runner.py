@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ class RunResult:
     stats: pa.Table  # this invocation's core_stats rows
     warnings: list[str] = field(default_factory=list)
     failed_items: list[tuple[str, str]] = field(default_factory=list)  # (id, error), first few
+    skipped_files: dict[str, Any] = field(default_factory=dict)  # files that are not items
 
 
 class StopSignals:
@@ -108,11 +109,7 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
         "model_sha256": plan.model_sha256,
         "fingerprint": plan.fingerprint,
         "backend": plan.backend.name,
-        "dataset": {
-            "root": str(plan.dataset.root),
-            "kind": plan.dataset.kind,
-            "items": len(plan.dataset),
-        },
+        "dataset": plan.dataset.manifest_json(),
         "preprocess": plan.preprocess_json(),
         "cores": list(engine.cores),
         "instances_per_core": engine.instances_per_core,
@@ -124,14 +121,19 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
     }
 
 
-def run(config: RunConfig, observers: Sequence[Observer] = ()) -> RunResult:
+def run(
+    config: RunConfig,
+    observers: Sequence[Observer] = (),
+    listing: Callable[[int], None] | None = None,
+) -> RunResult:
     """Run a model over a dataset folder on the NPU cores into a run folder.
 
     Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
-    before or while it runs; item failures are error rows, not exceptions.
+    before or while it runs; item failures are error rows, not exceptions. ``listing`` is
+    called with the number of entries listed so far while a big dataset is listed.
     """
     with arrow_system_allocator(), StopSignals() as signals:
-        plan = plan_run(config)
+        plan = plan_run(config, listing=listing)
         lock = OutLock(plan.out.path, command=config.command)
         try:
             return _run(plan, signals, observers, lock)
@@ -206,6 +208,7 @@ def _run(
         stats=stats.table(),
         warnings=result.warnings,
         failed_items=failed.items,
+        skipped_files=plan.dataset.skipped.to_json(),
     )
 
 
