@@ -329,5 +329,5 @@ def test_without_matplotlib_there_is_no_report_and_a_warning_says_why(tmp_path, 
         logging.getLogger("batchinfer").removeHandler(handler)
     (warning,) = [r.getMessage() for r in seen]
     assert "no HTML report: matplotlib is not installed" in warning
-    assert "pip install 'batchinfer[report]'" in warning
+    assert "pip install 'batchinfer[plot]'" in warning
     assert not list(tmp_path.iterdir())

@@ -71,9 +71,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from batchinfer.cli import demo, eval, info, run
+    from batchinfer.cli import bench, demo, eval, info, run
 
-    for module in (run, info, demo, eval):
+    for module in (run, bench, eval, info, demo):
         main.add_command(module.command)
 
 

@@ -505,7 +505,7 @@ def _write_report(
     except ImportError as exc:
         log.warning(
             f"no HTML report: {exc.name or 'matplotlib'} is not installed (pip install "
-            "'batchinfer[report]'); the summary and history are written."
+            "'batchinfer[plot]'); the summary and history are written."
         )
         return None
     from batchinfer.evaluate.history import job_history
