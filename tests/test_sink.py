@@ -638,3 +638,12 @@ def test_recording_rows_in_batches_counts_exactly_as_one_by_one() -> None:
     batch.record_rows(rows[123:])
     assert one.table().equals(batch.table())
     assert one.timeline_table().equals(batch.timeline_table())
+
+
+def test_reading_some_columns_still_gives_rows_in_dataset_order(tmp_path: Path) -> None:
+    with PredictionWriter(tmp_path, rows_per_part=2, ledger=_ledger(tmp_path)) as w:
+        for i in (5, 1, 4, 0, 3, 2):
+            add_row(w, i)
+    assert read_predictions(tmp_path, columns=["id"])["id"].to_pylist() == [
+        f"img/{i}.png" for i in range(6)
+    ]
