@@ -35,9 +35,9 @@ this machine, not boards.
 from __future__ import annotations
 
 import argparse
-import os
 import json
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import sys
