@@ -288,21 +288,23 @@ def test_metadata_of_a_toolkit_model_over_one_mib(tmp_path: Path) -> None:
 def test_a_run_on_the_toolkit_backend_gives_the_simulators_predictions(
     models: Path, demo_kit, tmp_path: Path
 ) -> None:
-    from batchinfer import RunConfig, run
+    from runs import config
+
+    from batchinfer import run
     from batchinfer.results import read_predictions
 
     model = models / "digits-lowcal-rk3566.rknn"
     result = run(
-        RunConfig(
-            dataset=demo_kit.dataset,
-            model=model,
-            backend="toolkit",
-            cores=(0, 1),
+        config(
+            demo_kit.dataset,
+            model,
             limit=300,
+            backend="toolkit",
+            instances_per_core=2,
             out=tmp_path / "out",
         )
     )
-    assert (result.status, result.exit_code, result.errors) == ("complete", 0, 0)
+    assert (result.status, result.errors) == ("complete", 0)
     table = read_predictions(result.out)
     assert table.num_rows == 300
     images, _ = demo.load_digits()
