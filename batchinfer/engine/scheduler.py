@@ -26,12 +26,17 @@ Failure policy:
   is for a broken machine (the OOM killer), not for bad files.
 - After a stop request nothing new is admitted or dispatched; items that come back with
   attempts left are released without a row, so --resume runs them.
+
+The scheduler's "cores" are keys: core numbers on one board. A cluster driver
+(batchinfer.cluster) schedules one key per runtime instance (a Ray actor), several of
+which share a physical core; it passes ``physical(key)``, so that "another core" for a
+retry means another physical core there too.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from batchinfer.data.dataset import Item
@@ -107,6 +112,7 @@ class Scheduler:
         instances_per_core: int,
         readers: int,
         max_attempts: int,
+        physical: Callable[[int], Hashable] | None = None,
     ) -> None:
         self.flights: list[Flight | None] = [None] * slots
         self.free: deque[int] = deque(range(slots))
@@ -118,6 +124,7 @@ class Scheduler:
         self.reading: list[deque[int]] = [deque() for _ in range(readers)]
         self.reader_deaths = 0
         self.stopping = False
+        self.physical = physical or (lambda core: core)
 
     # ------------------------------------------------------------------ queries
     def flight(self, slot: int) -> Flight:
@@ -246,11 +253,14 @@ class Scheduler:
 
     def _pick_core(self, flight: Flight, open_cores: list[CoreState]) -> CoreState | None:
         """The least loaded open core; a retry waits for a core it has not tried."""
-        fresh = [c for c in open_cores if c.core not in flight.cores_tried]
+        if not flight.cores_tried:
+            return min(open_cores, key=lambda c: len(c.inflight))
+        tried = {self.physical(c) for c in flight.cores_tried}
+        fresh = [c for c in open_cores if self.physical(c.core) not in tried]
         if fresh:
             return min(fresh, key=lambda c: len(c.inflight))
-        if flight.cores_tried and any(
-            c.state != "retired" and c.core not in flight.cores_tried for c in self.cores.values()
+        if any(
+            c.state != "retired" and self.physical(c.core) not in tried for c in self.cores.values()
         ):
             return None
         return min(open_cores, key=lambda c: len(c.inflight))
