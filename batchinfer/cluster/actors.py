@@ -1,0 +1,140 @@
+"""What runs on the nodes: core actors, node hosts and read tasks (plain code; driver.py
+makes Ray actors and tasks of them, so importing this module needs no Ray).
+
+Protocol (the driver's side: driver.py):
+  NodeHost, one per node    begin() -> the node's per-run backend
+                            end()      undo begin (the emulator's board folder goes)
+  CoreActor, one per        start(shape, dtype) -> info | {"init_failed": message}
+  runtime instance            the instance is made and runs the canary; called again after
+                              Ray restarted the actor (a new process: a new instance)
+                            infer(indexes, *inputs)
+                              -> ([(latency_s, before_end_s, error, outputs)], busy_s)
+                              one call, a few items, inferred in order; error None: outputs
+                              are the model's outputs; else one sentence. before_end_s: how
+                              long before the call returned the item was done (the driver's
+                              clock is not the node's). busy_s: seconds this actor process
+                              has spent inside inference().
+  read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
+                              meta: [(read_ms, error)] per item; an array per item (None for
+                              an error), each its own object, so each goes to whichever
+                              node infers it.
+  node check task           dataset_visible(paths) -> None or what is missing
+A node's actors get its host's backend, so every instance of a node shares the node's
+emulated board (the sim's state folder) and no two nodes share one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from batchinfer.data.preprocess import Preprocess, load_into
+from batchinfer.engine.canary import canary_input
+from batchinfer.errors import BatchinferError, InferenceError, InputError
+from batchinfer.runtime.adapter import RuntimeAdapter
+from batchinfer.runtime.backends import Backend
+
+
+class NodeHost:
+    """The per-run set-up of one node (the backend's for_run/end_run), for as long as the run."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.run_backend: Backend | None = None
+
+    def begin(self) -> Backend:
+        self.backend.sweep()
+        self.run_backend = self.backend.for_run()
+        return self.run_backend
+
+    def end(self) -> None:
+        if self.run_backend is not None:
+            self.run_backend.end_run()
+            self.run_backend = None
+
+
+class CoreActor:
+    """One runtime instance on one NPU core of one node."""
+
+    def __init__(self, backend: Backend, core: int, input_layout: str) -> None:
+        self.backend = backend
+        self.core = core
+        self.input_layout = input_layout
+        self.adapter: RuntimeAdapter | None = None
+        self.busy_s = 0.0
+
+    def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+        """Make the instance and infer the canary; what the driver needs to know."""
+        if self.adapter is None:
+            try:
+                self.adapter = self.backend.instance(self.core)
+            except (BatchinferError, OSError) as e:
+                return {"init_failed": str(e)}
+        try:
+            outs = self.adapter.infer(
+                [canary_input(shape, dtype)], data_format=self.input_layout, reuse_outputs=False
+            )
+        except InferenceError as e:
+            return {"init_failed": f"the canary inference failed: {e}"}
+        return {
+            "sdk_version": self.adapter.sdk_version(),
+            "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
+            "canary": [np.asarray(o) for o in outs],
+            "pid": os.getpid(),
+        }
+
+    def infer(self, indexes: list[int], *inputs: np.ndarray) -> tuple[list[tuple], float]:
+        """Infer each input in order (see the module docstring)."""
+        assert self.adapter is not None, "start() comes first"
+        results, ends = [], []
+        for index, x in zip(indexes, inputs, strict=True):
+            self.adapter.set_current_item(index)
+            t0 = time.monotonic()
+            error, outs = None, None
+            try:
+                outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
+            except InferenceError:
+                error = "inference() returned None"
+            except Exception as e:  # report, never vanish: the driver decides what follows
+                error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
+            t1 = time.monotonic()
+            self.busy_s += t1 - t0
+            results.append((t1 - t0, error, outs))
+            ends.append(t1)
+        end = time.monotonic()
+        done = [(lat, end - t1, e, o) for (lat, e, o), t1 in zip(results, ends, strict=True)]
+        return done, self.busy_s
+
+    def stop(self) -> None:
+        if self.adapter is not None:
+            self.adapter.release()
+            self.adapter = None
+
+
+def read_items(items: list[tuple[int, str]], preprocess: Preprocess, kind: str) -> tuple:
+    """Decode ``items`` ((index, path)): (meta, *arrays); see the module docstring."""
+    meta, arrays = [], []
+    for _index, path in items:
+        t0 = time.perf_counter()
+        out = np.empty(preprocess.shape, np.dtype(preprocess.dtype))
+        error = None
+        try:
+            load_into(path, preprocess, out, kind)
+        except InputError as e:
+            error = str(e)
+        except Exception as e:  # a decoder bug must not kill the run: it is this item's error
+            error = f"cannot read {path}: {type(e).__name__}: {e}"
+        meta.append(((time.perf_counter() - t0) * 1e3, error))
+        arrays.append(None if error is not None else out)
+    return (meta, *arrays)
+
+
+def dataset_visible(paths: list[str]) -> str | None:
+    """None when every path is a readable file on this node; else the first that is not."""
+    for path in paths:
+        if not os.access(path, os.R_OK):
+            return path
+    return None
