@@ -30,7 +30,31 @@ def resume_command(argv: list[str], out: Path) -> str:
 @group_options("runtime", "runtime.sim", "preprocess", "output", "reliability")
 @click.option("--limit", type=int, help="Only the first N items of the dataset.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
-def command(dataset: Path, model: Path, limit: int | None, no_progress: bool, **params) -> None:
+# -- scale-out on Ray (batchinfer.cluster) ------------------------------------------------
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run on a Ray cluster: auto or HOST:PORT (a running cluster; run this on its head "
+    "node), local or local:N (N simulated nodes on this machine). Needs batchinfer[ray].",
+)
+@click.option(
+    "--ray-data",
+    type=click.Choice(["head", "shared"]),
+    default="head",
+    show_default=True,
+    help="With --ray: the dataset is on this node only (read here, tensors shipped to the "
+    "nodes), or on storage every node mounts at the same path (each node reads).",
+)
+def command(
+    dataset: Path,
+    model: Path,
+    limit: int | None,
+    no_progress: bool,
+    ray_address: str | None,
+    ray_data: str,
+    **params,
+) -> None:
     """Run MODEL over every item of DATASET on the NPU cores; results go to Parquet.
 
     DATASET is a folder of images (class subfolders become labels) or of .npy tensors.
@@ -40,16 +64,25 @@ def command(dataset: Path, model: Path, limit: int | None, no_progress: bool, **
       batchinfer run images/ --model resnet18.rknn --cores 0,1,2 -k 3
       batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --sim-npu-ms 2
       batchinfer run images/ --model m.rknn --out runs/night --resume
+      batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --ray local:3
 
     Exit codes: 0 all items succeeded, 1 some items are error rows, 2 usage error,
     3 the run could not proceed, 130 interrupted (continue with --resume).
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_run)(dataset, model, limit, no_progress, params)
+    fail_cleanly(_run)(dataset, model, limit, no_progress, params, ray_address, ray_data)
 
 
-def _run(dataset: Path, model: Path, limit: int | None, no_progress: bool, params: dict) -> None:
+def _run(
+    dataset: Path,
+    model: Path,
+    limit: int | None,
+    no_progress: bool,
+    params: dict,
+    ray_address: str | None = None,
+    ray_data: str = "head",
+) -> None:
     from batchinfer.engine import RunConfig
     from batchinfer.engine import run as run_engine
 
@@ -65,7 +98,12 @@ def _run(dataset: Path, model: Path, limit: int | None, no_progress: bool, param
     )
     console = ConsoleObserver(flag_of, progress=not no_progress)
     try:
-        result = run_engine(config, observers=[console])
+        if ray_address is not None:  # scale-out on Ray: the cluster's engine, same outputs
+            from batchinfer.cluster import run_on_cluster
+
+            result = run_on_cluster(config, ray_address, [console], data=ray_data)
+        else:
+            result = run_engine(config, observers=[console])
     finally:
         console.close()
     click.echo(format_summary(result.stats))

@@ -83,6 +83,7 @@ READ_ITEMS = 8
 _TICK_S = 0.1
 _NODE_CHECK_S = 1.0
 _STOP_WAIT_S = 2.0
+_PROBE_AGAIN_S = 0.25
 # The driver itself was not running for this long (Ctrl-Z, a frozen VM): that time is
 # not held against actors and read tasks.
 _GAP_S = 1.0
@@ -111,6 +112,7 @@ class _Actor:
     epoch: int = 0
     probe: Any = None
     probe_deadline: float = 0.0
+    probe_again_at: float | None = None  # Ray is still restarting it: ask again then
     last_progress: float = 0.0
     busy_current: float = 0.0
     busy_carried: float = 0.0
@@ -217,6 +219,7 @@ class ClusterEngine:
             lanes,
             self.rel.max_attempts,
             physical=lambda key: self.actors[key].where,
+            name=lambda key: "core {1} of node {0}".format(*self.actors[key].where),
         )
         for state in self.scheduler.cores.values():
             state.capacity = per_call
@@ -493,11 +496,13 @@ class ClusterEngine:
         lane.task = _ReadTask(refs[0], refs[1:], batch, now)
         self._waiting[refs[0]] = ("read", lane, lane.task)
 
-    def _probe(self, actor: _Actor, now: float) -> None:
+    def _probe(self, actor: _Actor, now: float, again: bool = False) -> None:
         actor.state = "starting"
         shape, dtype = self.plan.preprocess.shape, self.plan.preprocess.dtype
         actor.probe = actor.handle.start.remote(shape, dtype)
-        actor.probe_deadline = now + self.rel.startup_timeout_s
+        actor.probe_again_at = None
+        if not again:
+            actor.probe_deadline = now + self.rel.startup_timeout_s
         self._waiting[actor.probe] = ("probe", actor, actor.probe)
 
     # ------------------------------------------------------------------ one turn
@@ -513,7 +518,10 @@ class ClusterEngine:
         else:
             time.sleep(_TICK_S)
         for ref in ready:
-            kind, owner, what = self._waiting.pop(ref)
+            entry = self._waiting.pop(ref, None)
+            if entry is None:
+                continue  # dropped while handling an earlier one (its actor died)
+            kind, owner, what = entry
             try:
                 value = ray.get(ref)
             except ray.exceptions.RayError as exc:
@@ -529,6 +537,9 @@ class ClusterEngine:
         self._check_hangs(now)
         for key in self.scheduler.restarts_due(now):
             self._probe(self.actors[key], now)
+        for actor in self.actors:
+            if actor.probe_again_at is not None and now >= actor.probe_again_at:
+                self._probe(actor, now, again=True)
         if now >= self._next_node_check:
             self._next_node_check = now + _NODE_CHECK_S
             self._check_nodes()
@@ -547,7 +558,11 @@ class ClusterEngine:
         elif kind == "read":
             self._on_read_failed(owner, what, exc)
         elif what is owner.probe and owner.state == "starting":
-            self._retire(owner, f"its actor failed to start ({_short(exc)})")
+            owner.probe = None
+            if isinstance(exc, self.ray.exceptions.ActorUnavailableError):
+                owner.probe_again_at = self.clock() + _PROBE_AGAIN_S  # still restarting
+            else:
+                self._retire(owner, f"its actor failed to start ({_short(exc)})")
 
     def _forget_released(self) -> None:
         """Drop the objects of slots whose item is done (so Ray can free them)."""
@@ -575,6 +590,7 @@ class ClusterEngine:
             self.sink.open([(tuple(s), "float32") for s, _ in info["outputs"]])
         actor.state = "ready"
         actor.last_progress = self.clock()
+        self.notify(ev.ChildReady("actor", core, info["pid"], node=node))
         self.scheduler.core_ready(actor.key)
         if self.rel.canary and actor.instance == 0:
             for message in self.canary.add(self.places.index(actor.where), info["canary"]):
@@ -656,6 +672,7 @@ class ClusterEngine:
         if actor.probe is not None:
             self._waiting.pop(actor.probe, None)
             actor.probe = None
+        actor.probe_again_at = None
 
     def _retire(self, actor: _Actor, reason: str) -> None:
         """An actor that will not come back (it failed to start): its items go back."""

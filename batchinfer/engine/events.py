@@ -39,11 +39,13 @@ class Started:
 @dataclass(frozen=True)
 class ChildReady:
     """A reader or core worker process is up (``kind`` "reader" or "worker", ``key`` its
-    number or core); observers that account CPU by role use the pid."""
+    number or core; on a cluster "actor", a runtime instance on core ``key`` of ``node``, its
+    pid on that node); observers that account CPU by role use the pid."""
 
     kind: str
     key: int
     pid: int
+    node: str | None = None
 
 
 @dataclass(frozen=True)

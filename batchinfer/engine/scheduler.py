@@ -30,7 +30,7 @@ Failure policy:
 The scheduler's "cores" are keys: core numbers on one board. A cluster driver
 (batchinfer.cluster) schedules one key per runtime instance (a Ray actor), several of
 which share a physical core; it passes ``physical(key)``, so that "another core" for a
-retry means another physical core there too.
+retry means another physical core there too, and ``name(key)`` for the failure texts.
 """
 
 from __future__ import annotations
@@ -113,6 +113,7 @@ class Scheduler:
         readers: int,
         max_attempts: int,
         physical: Callable[[int], Hashable] | None = None,
+        name: Callable[[int], str] | None = None,
     ) -> None:
         self.flights: list[Flight | None] = [None] * slots
         self.free: deque[int] = deque(range(slots))
@@ -125,6 +126,7 @@ class Scheduler:
         self.reader_deaths = 0
         self.stopping = False
         self.physical = physical or (lambda core: core)
+        self.name = name or (lambda core: f"core {core}")
 
     # ------------------------------------------------------------------ queries
     def flight(self, slot: int) -> Flight:
@@ -275,7 +277,7 @@ class Scheduler:
             state.crashes_in_row = 0
             flight.state = DONE
             return Finished(slot, None, attempt=len(flight.failures) + 1, core=core)
-        return self._fail(slot, f"core {core}: {error}", core)
+        return self._fail(slot, f"{self.name(core)}: {error}", core)
 
     def _fail(self, slot: int, failure: str, core: int | None) -> Finished | None:
         flight = self.flight(slot)
@@ -318,7 +320,7 @@ class Scheduler:
             blamed_items |= flight.crashes > 0
             flight.crashes += 1
             flight.cores_tried.append(core)
-            result = self._fail(slot, f"core {core}: {reason}", core)
+            result = self._fail(slot, f"{self.name(core)}: {reason}", core)
             if result is not None:
                 finished.append(result)
         self._requeue(state)

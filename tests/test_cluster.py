@@ -1,0 +1,308 @@
+"""Runs on a local Ray cluster: several simulated nodes on this machine (ray.cluster_utils),
+each with three emulated NPU cores and its own emulated board.
+
+One cluster serves the whole module (starting one costs ~10 s here). Its processes (the
+raylets, GCS, and the worker processes Ray keeps for actors and tasks) are children of
+this test process that outlive each test by design, so this module's leak guard leaves
+the cluster's descendants alone and checks everything else as conftest's guard does; the
+fixture then checks, once the cluster is stopped, that not one process of it is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from conftest import _children, _our_segments
+from runs import config, fast_sim
+
+ray = pytest.importorskip("ray")
+
+from batchinfer import run  # noqa: E402
+from batchinfer.cluster import ClusterEngine, run_on_cluster  # noqa: E402
+from batchinfer.cluster.connect import (  # noqa: E402
+    LOCAL_NODE_CPUS,
+    node_resources,
+    npu_nodes,
+    start_local_cluster,
+    stop_local_cluster,
+)
+from batchinfer.engine import events as ev  # noqa: E402
+from batchinfer.engine.plan import model_input, plan_engine  # noqa: E402
+from batchinfer.engine.sources import ArraySource, SyntheticSource  # noqa: E402
+from batchinfer.results import read_run  # noqa: E402
+from batchinfer.runtime.backends import make_backend  # noqa: E402
+from batchinfer.sink.rows import MemorySink  # noqa: E402
+
+CORES = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two simulated nodes, node0 (the head) and node1, each declaring cores 0-2."""
+    before = set(_children())
+    local = start_local_cluster(2, CORES)
+    ray.init(address=local.address, log_to_driver=False)
+    try:
+        yield local
+    finally:
+        ray.shutdown()
+        stop_local_cluster(local)
+        left = [psutil.Process(p) for p in set(_children()) - before if psutil.pid_exists(p)]
+        _, alive = psutil.wait_procs(left, timeout=10)
+        for p in alive:
+            p.kill()
+        assert not alive, f"the Ray cluster left processes behind: {alive}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """conftest's guard, except for the module cluster's processes (see the docstring)."""
+    segments, children = _our_segments(), set(_children())
+    yield
+    cluster_pids = set()
+    for pid in children:
+        try:
+            cluster_pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+    leaked = {p: c for p, c in _children().items() if p not in children | cluster_pids}
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in leaked], timeout=2)
+    for p in alive:
+        p.kill()
+    new_segments = _our_segments() - segments
+    for name in new_segments:
+        os.unlink(os.path.join("/dev/shm", name))
+    assert not alive, f"test left processes behind: {leaked}"
+    assert not new_segments, f"test left shared-memory segments behind: {new_segments}"
+
+
+def _digits(demo_kit, tmp_path, *faults: str, **settings):
+    return config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(*faults),
+        out=tmp_path / "o",
+        **settings,
+    )
+
+
+def _exactly_once(out: Path, n: int):
+    table = read_run(out).predictions()
+    assert sorted(table["index"].to_pylist()) == list(range(n))
+    return table
+
+
+class _Watch:
+    """Keeps the events; calls ``act(self)`` after each batch of rows."""
+
+    def __init__(self, act=None) -> None:
+        self.events: list = []
+        self.rows: list = []
+        self.act = act
+
+    def notify(self, event: object) -> None:
+        self.events.append(event)
+        if isinstance(event, ev.RowsDone):
+            self.rows += event.rows
+            if self.act is not None:
+                self.act(self)
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def test_digits_on_two_nodes_give_the_single_board_predictions(cluster, demo_kit, tmp_path):
+    one = run(_digits(demo_kit, tmp_path / "one", limit=400))
+    watch = _Watch()
+    many = run_on_cluster(_digits(demo_kit, tmp_path / "many", limit=400), cluster.address, [watch])
+    assert (many.status, many.succeeded, many.errors) == ("complete", 400, 0)
+    a = read_run(one.out).predictions()
+    b = _exactly_once(many.out, 400)
+    assert b["pred"].to_pylist() == a["pred"].to_pylist()
+    assert set(b["node"].to_pylist()) == {"node0", "node1"}
+    assert set(a["node"].to_pylist()) == {None}
+    assert {(r["node"], r["core"]) for r in b.to_pylist()} == {
+        (n, c) for n in ("node0", "node1") for c in CORES
+    }
+    stats = read_run(many.out).core_stats().to_pylist()
+    per_core = {(r["node"], r["core"]): r["items"] for r in stats if r["core"] is not None}
+    assert sum(per_core.values()) == 400 and len(per_core) == 6
+    assert stats[-1]["node"] is None and stats[-1]["items"] == 400
+    started = watch.of(ev.Started)[0]
+    assert started.nodes == ("node0", "node1") and started.cores == CORES
+    manifest = read_run(many.out).manifest
+    assert manifest.status == "complete"
+    assert [n["name"] for n in manifest.raw["cluster"]["nodes"]] == ["node0", "node1"]
+    assert len(watch.of(ev.ChildReady)) == 6
+
+
+def test_an_actor_killed_mid_run_is_restarted_and_loses_no_item(cluster, demo_kit):
+    """Through the engine hook (bench's way): synthetic items until the victim is back."""
+    plan, nodes = _plan(demo_kit)
+    source, sink = SyntheticSource(), MemorySink()
+    state: dict = {}
+
+    def act(watch: _Watch) -> None:
+        if "victim" not in state:
+            if len(watch.rows) >= 60:
+                state["victim"] = victim = watch.of(ev.ChildReady)[-1]
+                state["at"] = len(watch.rows)
+                os.kill(victim.pid, signal.SIGKILL)
+            return
+        v = state["victim"]
+        back = [e for e in watch.of(ev.ChildReady) if (e.node, e.key) == (v.node, v.key)]
+        after = [r for r in watch.rows[state["at"] :] if (r.node, r.core) == (v.node, v.key)]
+        if watch.of(ev.CoreRetired) or (len(back) == 2 and len(after) >= 20):
+            source.finish()
+
+    watch = _Watch(act)
+    result = ClusterEngine(plan, source, sink, nodes, [watch]).run()
+    victim = state["victim"]
+    assert (result.status, result.counts["errors"]) == ("complete", 0)
+    assert sorted(r.index for r in sink.rows) == list(range(len(sink.rows)))  # exactly once
+    assert not watch.of(ev.CoreRetired)
+    assert [(e.node, e.core) for e in watch.of(ev.Restarted)] == [(victim.node, victim.key)]
+    ready = [(e.node, e.key) for e in watch.of(ev.ChildReady)]
+    assert ready.count((victim.node, victim.key)) == 2  # Ray restarted it; it took items again
+    stats = {(r["node"], r["core"]): r for r in result.stats.table().to_pylist()}
+    assert stats[(victim.node, victim.key)]["restarts"] == 1
+
+
+def test_a_node_that_leaves_mid_run_takes_no_item_with_it(cluster, demo_kit, tmp_path):
+    extra = cluster.add_node(
+        node_name="extra", num_cpus=LOCAL_NODE_CPUS, resources=node_resources(CORES)
+    )
+    removed = []
+
+    def remove(watch: _Watch) -> None:
+        if not removed and sum(r.node == "extra" for r in watch.rows) >= 20:
+            cluster.remove_node(extra)
+            removed.append(len(watch.rows))
+
+    watch = _Watch(remove)
+    result = run_on_cluster(_digits(demo_kit, tmp_path, limit=900), cluster.address, [watch])
+    assert removed and removed[0] < 900, "the node left before the run ended"
+    assert (result.status, result.errors) == ("complete", 0)
+    table = _exactly_once(result.out, 900)
+    assert {"node0", "node1", "extra"} <= set(table["node"].to_pylist())
+    assert any("node extra left the cluster" in w for w in result.warnings)
+    assert {e.core for e in watch.of(ev.CoreRetired) if e.node == "extra"} == set(CORES)
+
+
+def test_sim_faults_behave_as_on_one_board(cluster, demo_kit, tmp_path):
+    """init, crash, hang, None and a poison item, on every node (each node is a board)."""
+    result = run_on_cluster(
+        _digits(
+            demo_kit,
+            tmp_path,
+            "init:core=2",
+            "crash:core=1:call=20",
+            "hang:core=0:call=25",
+            "none:core=0:call=10",
+            "crash:item=100",
+            limit=300,
+            timeout_s=3.0,  # a crash is noticed within it even on a loaded machine
+        ),
+        cluster.address,
+    )
+    assert (result.status, result.errors) == ("complete", 1)
+    table = _exactly_once(result.out, 300)
+    (bad,) = [r for r in table.to_pylist() if r["error"] is not None]
+    assert bad["index"] == 100 and bad["attempt"] == 2 and bad["pred"] is None
+    failures = bad["error"].split("; ")
+    assert len(failures) == 2 and all("crashed" in f for f in failures), bad["error"]
+    assert len({f.split(":")[0] for f in failures}) == 2  # two different cores
+    assert {r["core"] for r in table.to_pylist()} == {0, 1}  # core 2 never started
+    assert sum("core 2 of node" in w and "retired" in w for w in result.warnings) == 2
+    assert sum("hung for more than" in w for w in result.warnings) == 2  # once per board
+    stats = {(r["node"], r["core"]): r for r in read_run(result.out).core_stats().to_pylist()}
+    for node in ("node0", "node1"):
+        assert stats[(node, 1)]["restarts"] >= 1  # the crash at call 20 of its board
+        assert stats[(node, 0)]["restarts"] >= 1  # the hang
+    assert max(table["attempt"].to_pylist()) == 2
+
+
+def test_shared_storage_reads_on_the_nodes_and_the_run_resumes_on_one_board(
+    cluster, demo_kit, tmp_path
+):
+    data = tmp_path / "data"
+    (data / "3").mkdir(parents=True)
+    for path in sorted(demo_kit.dataset.glob("3/*.png"))[:30]:
+        shutil.copy(path, data / "3" / path.name)
+    (data / "3" / "empty.png").write_bytes(b"")
+    (data / "3" / "text.png").write_text("not an image")
+
+    def cfg(**settings):
+        return config(dataset=data, model=demo_kit.models["digits"], backend="sim",
+                      sim=fast_sim("crash:item=7"), out=tmp_path / "o", **settings)  # fmt: skip
+
+    result = run_on_cluster(cfg(), cluster.address, data="shared")
+    assert (result.status, result.succeeded, result.errors) == ("complete", 29, 3)
+    table = _exactly_once(result.out, 32)
+    errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
+    assert set(errors) == {"3/empty.png", "3/text.png", table["id"][7].as_py()}
+    inputs = [errors["3/empty.png"], errors["3/text.png"]]
+    assert all(r["attempt"] == 0 and r["core"] is None and r["node"] is None for r in inputs)
+    assert read_run(result.out).manifest.raw["cluster"]["data"] == "shared"
+
+    # The cluster's run folder is an ordinary one: one board resumes it (without the fault).
+    again = run(
+        config(
+            dataset=data,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=fast_sim(),
+            out=tmp_path / "o",
+            resume=True,
+        )
+    )
+    assert (again.skipped, again.succeeded, again.errors) == (29, 1, 2)
+    table = _exactly_once(again.out, 32)
+    rows = {r["index"]: r for r in table.to_pylist()}
+    assert rows[7]["error"] is None and rows[7]["node"] is None
+    assert {rows[i]["node"] for i in range(32) if i != 7 and rows[i]["error"] is None} <= {
+        "node0",
+        "node1",
+    }
+    stats = read_run(again.out).core_stats(invocation=None).to_pylist()
+    assert {r["invocation"] for r in stats if r["node"] is not None} == {0}
+    assert {r["invocation"] for r in stats if r["core"] is not None and r["node"] is None} == {1}
+
+
+def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
+    """The hook for eval: tensors in memory, a memory sink; each node its own board."""
+    plan, nodes = _plan(demo_kit, cores=(0,))
+    rng = np.random.default_rng(0)
+    shape, dtype = plan.preprocess.shape, plan.preprocess.dtype
+    arrays = [rng.integers(0, 255, shape).astype(dtype) for _ in range(50)]
+    sink = MemorySink(keep_outputs=True)
+    engine = ClusterEngine(plan, ArraySource(arrays), sink, nodes)
+    result = engine.run()
+    assert result.status == "complete" and result.counts["succeeded"] == 50
+    rows = sink.sorted_rows()
+    assert [r.index for r in rows] == list(range(50))
+    assert {r.node for r in rows} == {"node0", "node1"} and {r.core for r in rows} == {0}
+    reference = plan.backend.instance(None)
+    try:
+        for r in rows[:5]:
+            expected = reference.infer([arrays[r.index]], data_format=plan.preprocess.layout)
+            np.testing.assert_allclose(r.outputs[0], expected[0], rtol=1e-5)
+    finally:
+        reference.release()
+    boards = {b.state_dir for b in engine.backends.values()}
+    assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
+
+
+def _plan(demo_kit, cores=CORES):
+    cfg = config(dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+                 sim=fast_sim(), cores=cores, startup_timeout_s=60.0)  # fmt: skip
+    backend = make_backend(cfg.model, cfg.runtime)
+    shape, dtype = model_input(cfg.model, cfg)
+    return plan_engine(cfg, backend, shape, dtype, kind=""), npu_nodes(ray.nodes())
