@@ -137,3 +137,28 @@ def test_without_ray_the_library_and_the_cli_say_how_to_install_it(demo_kit, tmp
     result = invoke(*run_args(demo_kit.dataset, demo_kit.models["digits"], out, "--ray", "auto"))
     assert_error(result, 2, "Ray is not installed", "--ray", "batchinfer[ray]")
     assert not Path(out).exists()
+
+
+def test_a_node_without_the_model_gets_a_private_copy_for_the_run(demo_kit, tmp_path):
+    from batchinfer.cluster.actors import NodeHost, model_files
+    from batchinfer.options import RuntimeOptions, SimOptions
+    from batchinfer.runtime.backends import make_backend
+
+    model = demo_kit.models["digits"]
+    backend = make_backend(model, RuntimeOptions(backend="sim", sim=SimOptions(npu_ms=0.1)))
+    files = model_files(model)
+    assert list(files) == [model.name]
+    # A node that has the same file at the same path uses it.
+    host = NodeHost(backend)
+    here = host.begin(files)
+    assert here.model == model and host.model_copy is None
+    host.end()
+    # A node where the path does not exist (another machine) gets a copy, gone at the end.
+    elsewhere = NodeHost(backend.__class__(tmp_path / "not-here" / model.name, backend.options))
+    there = elsewhere.begin(files)
+    assert there.model != model and there.model.read_bytes() == model.read_bytes()
+    adapter = there.instance(0)  # the copy is what the node's actors load
+    adapter.release()
+    copy, state = there.model.parent, there.state_dir
+    elsewhere.end()
+    assert not copy.exists() and not Path(state).exists()

@@ -2,8 +2,12 @@
 makes Ray actors and tasks of them, so importing this module needs no Ray).
 
 Protocol (the driver's side: driver.py):
-  NodeHost, one per node    begin() -> the node's per-run backend
-                            end()      undo begin (the emulator's board folder goes)
+  NodeHost, one per node    begin(model_files) -> the node's per-run backend
+                              model_files: {file name: bytes} of the model and the files a
+                              runtime reads beside it; a node that has no identical copy
+                              at the model's path gets one in a private temp folder
+                            end()      undo begin (the emulator's board folder and the
+                              model's copy go)
   CoreActor, one per        start(shape, dtype) -> info | {"init_failed": message}
   runtime instance            the instance is made and runs the canary; called again after
                               Ray restarted the actor (a new process: a new instance)
@@ -25,8 +29,13 @@ emulated board (the sim's state folder) and no two nodes share one.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,16 +53,51 @@ class NodeHost:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.run_backend: Backend | None = None
+        self.model_copy: str | None = None
 
-    def begin(self) -> Backend:
-        self.backend.sweep()
-        self.run_backend = self.backend.for_run()
+    def begin(self, model_files: dict[str, bytes]) -> Backend:
+        backend = self.backend
+        if not _same_files(backend.model.parent, model_files):
+            self.model_copy = tempfile.mkdtemp(prefix="batchinfer-model-")
+            for name, data in model_files.items():
+                (Path(self.model_copy) / name).write_bytes(data)
+            backend = dataclasses.replace(backend, model=Path(self.model_copy) / backend.model.name)
+        backend.sweep()
+        self.run_backend = backend.for_run()
         return self.run_backend
 
     def end(self) -> None:
         if self.run_backend is not None:
             self.run_backend.end_run()
             self.run_backend = None
+        if self.model_copy is not None:
+            shutil.rmtree(self.model_copy, ignore_errors=True)
+            self.model_copy = None
+
+
+def model_files(model: Path) -> dict[str, bytes]:
+    """The model file and the files a runtime reads beside it (a .rknn's .onnx and
+    .config.json), by name: what a node without the model gets."""
+    model = Path(model)
+    names = [model.name]
+    if model.suffix.lower() == ".rknn":
+        names += [model.stem + ".onnx", model.stem + ".config.json"]
+    return {n: (model.parent / n).read_bytes() for n in names if (model.parent / n).is_file()}
+
+
+def _same_files(folder: Path, files: dict[str, bytes]) -> bool:
+    """True when ``folder`` holds every one of ``files`` with the same bytes."""
+    for name, data in files.items():
+        digest = hashlib.sha256()
+        try:
+            with open(folder / name, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:
+            return False
+        if digest.digest() != hashlib.sha256(data).digest():
+            return False
+    return True
 
 
 class CoreActor:

@@ -54,7 +54,13 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.cluster.actors import CoreActor, NodeHost, dataset_visible, read_items
+from batchinfer.cluster.actors import (
+    CoreActor,
+    NodeHost,
+    dataset_visible,
+    model_files,
+    read_items,
+)
 from batchinfer.cluster.connect import NodeInfo, core_resource, import_ray
 from batchinfer.data.dataset import Dataset
 from batchinfer.engine import events as ev
@@ -323,11 +329,12 @@ class ClusterEngine:
         if self.source.needs_reader and self.data == "shared" and dataset is not None:
             check_shared_dataset(self.nodes, dataset, self.rel.startup_timeout_s)
         host_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeHost)
+        files = ray.put(model_files(self.plan.backend.model))  # for nodes without the model
         begins = {}
         for node in self.nodes:
             host = host_cls.options(scheduling_strategy=Affinity(node.node_id, soft=False))
             self.hosts[node.node_id] = handle = host.remote(self.plan.backend)
-            begins[node.node_id] = handle.begin.remote()
+            begins[node.node_id] = handle.begin.remote(files)
         limit = self.rel.startup_timeout_s
         for node in self.nodes:
             try:
