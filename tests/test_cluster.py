@@ -278,8 +278,9 @@ def test_shared_storage_reads_on_the_nodes_and_the_run_resumes_on_one_board(
 
 
 def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
-    """The hook for eval: tensors in memory, a memory sink; each node its own board."""
-    plan, nodes = _plan(demo_kit, cores=(0,))
+    """The hook for eval: tensors in memory, a memory sink; each node its own board, two
+    instances (actors) on its core 0."""
+    plan, nodes = _plan(demo_kit, cores=(0,), instances_per_core=2)
     rng = np.random.default_rng(0)
     shape, dtype = plan.preprocess.shape, plan.preprocess.dtype
     arrays = [rng.integers(0, 255, shape).astype(dtype) for _ in range(50)]
@@ -289,7 +290,11 @@ def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
     assert result.status == "complete" and result.counts["succeeded"] == 50
     rows = sink.sorted_rows()
     assert [r.index for r in rows] == list(range(50))
-    assert {r.node for r in rows} == {"node0", "node1"} and {r.core for r in rows} == {0}
+    assert {(r.node, r.core, r.instance) for r in rows} == {
+        (n, 0, i) for n in ("node0", "node1") for i in (0, 1)
+    }
+    for r in result.stats.table().to_pylist()[:2]:  # one core's busy time is a union
+        assert 0 < r["utilization"] <= 1 and r["instances"] == 2
     reference = plan.backend.instance(None)
     try:
         for r in rows[:5]:
@@ -301,9 +306,10 @@ def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
     assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
 
 
-def _plan(demo_kit, cores=CORES):
+def _plan(demo_kit, cores=CORES, instances_per_core=1):
     cfg = config(dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
-                 sim=fast_sim(), cores=cores, startup_timeout_s=60.0)  # fmt: skip
+                 sim=fast_sim(npu_ms=2), cores=cores, startup_timeout_s=60.0,
+                 instances_per_core=instances_per_core)  # fmt: skip
     backend = make_backend(cfg.model, cfg.runtime)
     shape, dtype = model_input(cfg.model, cfg)
     return plan_engine(cfg, backend, shape, dtype, kind=""), npu_nodes(ray.nodes())

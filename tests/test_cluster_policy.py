@@ -162,3 +162,17 @@ def test_a_node_without_the_model_gets_a_private_copy_for_the_run(demo_kit, tmp_
     copy, state = there.model.parent, there.state_dir
     elsewhere.end()
     assert not copy.exists() and not Path(state).exists()
+
+
+def test_a_cores_busy_time_is_the_union_of_its_instances_intervals():
+    from batchinfer.cluster.driver import _BusyUnion
+
+    union = _BusyUnion(2)
+    union.add(0, [(0.0, 1.0), (2.0, 3.0)])
+    # Instance 1 has a call in flight: it may still report an earlier interval.
+    assert union.seconds(idle=set()) == 0.0
+    union.add(1, [(0.5, 1.5)])
+    assert union.seconds(idle=set()) == 1.5  # [0, 1.5] merged; [2, 3] waits for instance 1
+    assert union.seconds(idle={1}) == 2.5  # instance 1 is idle: nothing earlier can come
+    union.add(1, [(2.5, 4.0)])
+    assert union.seconds(idle=set(), final=True) == 3.5

@@ -12,12 +12,12 @@ Protocol (the driver's side: driver.py):
   runtime instance            the instance is made and runs the canary; called again after
                               Ray restarted the actor (a new process: a new instance)
                             infer(indexes, *inputs)
-                              -> ([(latency_s, before_end_s, error, outputs)], busy_s)
+                              -> [(t_start, t_end, before_return_s, error, outputs)]
                               one call, a few items, inferred in order; error None: outputs
-                              are the model's outputs; else one sentence. before_end_s: how
-                              long before the call returned the item was done (the driver's
-                              clock is not the node's). busy_s: seconds this actor process
-                              has spent inside inference().
+                              are the model's outputs; else one sentence. t_start, t_end:
+                              inside inference(), on the node's monotonic clock (shared by
+                              the node's actors, not the driver's); before_return_s: how
+                              long before the call returned the item was done.
   read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
                               meta: [(read_ms, error)] per item; an array per item (None for
                               an error), each its own object, so each goes to whichever
@@ -108,7 +108,6 @@ class CoreActor:
         self.core = core
         self.input_layout = input_layout
         self.adapter: RuntimeAdapter | None = None
-        self.busy_s = 0.0
 
     def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
         """Make the instance and infer the canary; what the driver needs to know."""
@@ -130,10 +129,10 @@ class CoreActor:
             "pid": os.getpid(),
         }
 
-    def infer(self, indexes: list[int], *inputs: np.ndarray) -> tuple[list[tuple], float]:
+    def infer(self, indexes: list[int], *inputs: np.ndarray) -> list[tuple]:
         """Infer each input in order (see the module docstring)."""
         assert self.adapter is not None, "start() comes first"
-        results, ends = [], []
+        results = []
         for index, x in zip(indexes, inputs, strict=True):
             self.adapter.set_current_item(index)
             t0 = time.monotonic()
@@ -144,13 +143,9 @@ class CoreActor:
                 error = "inference() returned None"
             except Exception as e:  # report, never vanish: the driver decides what follows
                 error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
-            t1 = time.monotonic()
-            self.busy_s += t1 - t0
-            results.append((t1 - t0, error, outs))
-            ends.append(t1)
+            results.append((t0, time.monotonic(), error, outs))
         end = time.monotonic()
-        done = [(lat, end - t1, e, o) for (lat, e, o), t1 in zip(results, ends, strict=True)]
-        return done, self.busy_s
+        return [(t0, t1, end - t1, e, o) for t0, t1, e, o in results]
 
     def stop(self) -> None:
         if self.adapter is not None:

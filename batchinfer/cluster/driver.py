@@ -120,8 +120,6 @@ class _Actor:
     probe_deadline: float = 0.0
     probe_again_at: float | None = None  # Ray is still restarting it: ask again then
     last_progress: float = 0.0
-    busy_current: float = 0.0
-    busy_carried: float = 0.0
     kill_reason: str | None = None
 
     @property
@@ -145,6 +143,44 @@ class _Lane:
     node_id: str | None
     queue: deque[int] = field(default_factory=deque)
     task: _ReadTask | None = None
+
+
+class _BusyUnion:
+    """Seconds during which at least one instance of a core was inside inference().
+
+    Each instance reports its calls' intervals in order, on its node's clock (which the
+    instances of one core share), so the union is merged as the instances advance: an
+    interval is merged once no instance still running a call could report an earlier
+    one. An instance with no call in flight (idle, restarting) reports nothing earlier
+    than now, so it holds nothing back; memory stays within the calls in flight.
+    """
+
+    def __init__(self, instances: int) -> None:
+        self.streams: list[deque[tuple[float, float]]] = [deque() for _ in range(instances)]
+        self.merged = 0.0
+        self.span: tuple[float, float] | None = None  # the union's last, still open interval
+
+    def add(self, instance: int, intervals: list[tuple[float, float]]) -> None:
+        self.streams[instance].extend(intervals)
+
+    def seconds(self, idle: set[int], final: bool = False) -> float:
+        """Merge what can be merged (everything when ``final``); the union's length so far."""
+        while True:
+            heads = [i for i, s in enumerate(self.streams) if s]
+            if not heads:
+                break
+            if not final and any(not s and i not in idle for i, s in enumerate(self.streams)):
+                break  # a busy instance may still report an earlier interval
+            i = min(heads, key=lambda j: self.streams[j][0][0])
+            t0, t1 = self.streams[i].popleft()
+            if self.span is None or t0 > self.span[1]:
+                if self.span is not None:
+                    self.merged += self.span[1] - self.span[0]
+                self.span = (t0, t1)
+            else:
+                self.span = (self.span[0], max(self.span[1], t1))
+        open_s = 0.0 if self.span is None else self.span[1] - self.span[0]
+        return self.merged + open_s
 
 
 class _ClusterCanary(Canary):
@@ -241,6 +277,7 @@ class ClusterEngine:
         )
         self.collector.outputs = self._outputs = {}  # type: ignore[assignment]
         self.canary = _ClusterCanary([f"core {c} of node {n}" for n, c in self.places])
+        self._busy = {w: _BusyUnion(k) for w in self.places}
         self.lanes: list[_Lane] = []
         self.hosts: dict[str, Any] = {}
         self.backends: dict[str, Backend] = {}
@@ -608,12 +645,12 @@ class ClusterEngine:
             return  # the actor died meanwhile and its items went back already
         with contextlib.suppress(ValueError):
             actor.calls.remove(call)
-        results, busy_s = value
         now = self.clock()
         actor.last_progress = now
-        actor.busy_current = busy_s
+        self._busy[actor.where].add(actor.instance, [(t0, t1) for t0, t1, *_ in value])
         self._report_busy(actor)
-        for slot, (latency_s, after_s, error, outputs) in zip(call.slots, results, strict=True):
+        for slot, (t0, t1, after_s, error, outputs) in zip(call.slots, value, strict=True):
+            latency_s = t1 - t0
             finished = self.scheduler.done(actor.key, slot, error)
             if finished is None:
                 continue
@@ -621,13 +658,13 @@ class ClusterEngine:
                 self.collector.error(finished)
                 continue
             self._outputs[slot] = outputs
-            t1 = now - after_s  # the actor's clock is not ours: place its times on our clock
-            self.collector.success(slot, actor.key, actor.instance, t1 - latency_s, t1)
+            done = now - after_s  # the node's clock is not ours: place its times on ours
+            self.collector.success(slot, actor.key, actor.instance, done - latency_s, done)
 
-    def _report_busy(self, actor: _Actor) -> None:
+    def _report_busy(self, actor: _Actor, final: bool = False) -> None:
         where = actor.where
-        total = sum(a.busy_carried + a.busy_current for a in self.actors if a.where == where)
-        self.stats.set_busy(where, total)
+        idle = {a.instance for a in self.actors if a.where == where and not a.calls}
+        self.stats.set_busy(where, self._busy[where].seconds(idle, final))
 
     def _on_actor_death(self, actor: _Actor, call: _Call, exc: Exception) -> None:
         if call.epoch != actor.epoch or actor.state == "retired":
@@ -645,8 +682,6 @@ class ClusterEngine:
         else:
             self._alone.update(f.item.index for f in flights)
         self._drop_calls(actor)
-        actor.busy_carried += actor.busy_current
-        actor.busy_current = 0.0
         self.stats.add_restart(actor.where)
         self._report_busy(actor)
         loss = self.scheduler.core_lost(actor.key, charged, what, self.clock())
@@ -823,6 +858,7 @@ class ClusterEngine:
                 ray.wait(stops, num_returns=len(stops), timeout=_STOP_WAIT_S)
         for actor in self.actors:
             self._kill(actor)
+            self._report_busy(actor, final=True)
         ends = {}
         for node_id, host in self.hosts.items():
             if node_id in self.backends and node_id not in self.lost_nodes:
