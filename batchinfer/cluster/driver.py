@@ -64,16 +64,17 @@ from batchinfer.cluster.actors import (
 from batchinfer.cluster.connect import NodeInfo, core_resource, import_ray
 from batchinfer.data.dataset import Dataset
 from batchinfer.engine import events as ev
-from batchinfer.engine.canary import CANARY_RTOL, Canary, canary_difference
+from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
 from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.loop import EngineLoop, _HardStop
 from batchinfer.engine.scheduler import (
     QUEUED_PER_INSTANCE,
     ReaderDeathsExceeded,
     Scheduler,
 )
 from batchinfer.engine.sources import ItemSource
-from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError, UsageError
+from batchinfer.errors import NoCoreError, RunFailedError, UsageError
 from batchinfer.runtime.backends import Backend
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
@@ -93,10 +94,6 @@ _PROBE_AGAIN_S = 0.25
 # The driver itself was not running for this long (Ctrl-Z, a frozen VM): that time is
 # not held against actors and read tasks.
 _GAP_S = 1.0
-
-
-class _HardStop(Exception):
-    """A second stop request: stop at once."""
 
 
 @dataclass
@@ -183,34 +180,18 @@ class _BusyUnion:
         return self.merged + open_s
 
 
-class _ClusterCanary(Canary):
-    """The canary across the cluster: cores are named "core c of node n"."""
-
-    def __init__(self, names: list[str]) -> None:
-        super().__init__()
-        self.names = names
-
-    def _judge(self, core: int, outputs: list[np.ndarray]) -> list[str]:
-        assert self.reference is not None
-        ref_core, ref = self.reference
-        diff = canary_difference(ref, outputs)
-        if diff <= CANARY_RTOL:
-            return []
-        return [
-            f"{self.names[core]} gives different outputs from {self.names[ref_core]} for the "
-            f"same canary input (largest difference {diff:.2%} of the output range); some "
-            "models do on real boards (airockchip/rknn-toolkit2#228): check that core's rows "
-            "(columns node and core) before trusting them, or leave it out of {runtime.cores}."
-        ]
-
-
-class ClusterEngine:
+class ClusterEngine(EngineLoop):
     """Runs items from a source through the NPU cores of a Ray cluster into a sink.
 
     ``nodes``: the nodes to use (``RayConnection.nodes()``); ``data``: where read tasks run,
     ``head`` (on ``head_node_id``, the node this process is on: the dataset is there
     only) or ``shared`` (on every node: each mounts the dataset at the same path).
     """
+
+    ALL_RETIRED = (
+        "every NPU core of the cluster was retired after repeated failures or because its "
+        "node left, so the run cannot go on; see the warnings above, then resume the run."
+    )
 
     def __init__(
         self,
@@ -276,7 +257,8 @@ class ClusterEngine:
             place=lambda key: self.actors[key].where,
         )
         self.collector.outputs = self._outputs = {}  # type: ignore[assignment]
-        self.canary = _ClusterCanary([f"core {c} of node {n}" for n, c in self.places])
+        names = [f"core {c} of node {n}" for n, c in self.places]
+        self.canary = Canary(name=names.__getitem__)
         self._busy = {w: _BusyUnion(k) for w in self.places}
         self.lanes: list[_Lane] = []
         self.hosts: dict[str, Any] = {}
@@ -299,46 +281,10 @@ class ClusterEngine:
         self._next_node_check = 0.0
         self._last_turn = 0.0
 
-    # ------------------------------------------------------------------ observers
-    def notify(self, event: object) -> None:
-        for observer in self.observers:
-            observer.notify(event)
-
-    def warn(self, message: str) -> None:
-        self.warnings.append(message)
-        self.notify(ev.Warned(message))
-
-    def request_stop(self, reason: str) -> None:
-        """Stop gracefully (items in flight finish); a second call stops at once."""
-        if self.stop_reason is not None:
-            self.hard_stop = True
-            return
-        self.stop_reason = reason
-
     # ------------------------------------------------------------------ the run
     def run(self) -> EngineResult:
         """Run until the source is exhausted and every item has its row, or a stop."""
-        status, error = "complete", None
-        try:
-            self._setup()
-            self._start()
-            self._loop()
-            status = "interrupted" if self.stop_reason else "complete"
-        except _HardStop:
-            status = "interrupted"
-        except ReaderDeathsExceeded as e:
-            status, error = (
-                "failed",
-                RunFailedError(
-                    f"read tasks died {self.scheduler.reader_deaths} times without a file to "
-                    f"blame (last: {e}); the nodes may be out of memory: run with fewer "
-                    "{runtime.readers}, then resume."
-                ),
-            )
-        except BatchinferError as e:
-            status, error = "failed", e
-        finally:
-            self._close()
+        status, error = self._drive()
         retired = sorted(
             {a.where for a in self.actors} - {a.where for a in self.actors if a.state != "retired"}
         )
@@ -352,6 +298,13 @@ class ClusterEngine:
             retired_cores=[f"{n}/{c}" for n, c in retired],  # type: ignore[misc]
             backend=self.plan.backend.describe(),
             collect_s=self.collector.collect_s,
+        )
+
+    def _reader_deaths(self, e: ReaderDeathsExceeded) -> RunFailedError:
+        return RunFailedError(
+            f"read tasks died {self.scheduler.reader_deaths} times without a file to blame "
+            f"(last: {e}); the nodes may be out of memory: run with fewer {{runtime.readers}}, "
+            "then resume."
         )
 
     def _lanes_wanted(self) -> int:
@@ -451,34 +404,6 @@ class ClusterEngine:
 
     def _alive(self) -> bool:
         return any(a.state != "retired" for a in self.actors)
-
-    def _loop(self) -> None:
-        while True:
-            if self.stop_reason is not None and not self.scheduler.stopping:
-                self.scheduler.stop()
-                self._drain_until = self.clock() + self.rel.drain_timeout_s
-                self.notify(ev.Stopping(self.stop_reason))
-                self.warn(
-                    f"{self.stop_reason}: finishing the items in flight (at most "
-                    f"{self.rel.drain_timeout_s:g} s); press Ctrl-C again to stop at once."
-                )
-            if not self.scheduler.stopping:
-                self._admit()
-                self._send_work()
-            if self._finished():
-                return
-            self._turn()
-            if not self._alive():
-                raise RunFailedError(
-                    "every NPU core of the cluster was retired after repeated failures or "
-                    "because its node left, so the run cannot go on; see the warnings above, "
-                    "then resume the run."
-                )
-
-    def _finished(self) -> bool:
-        if self.scheduler.stopping:
-            return not self.scheduler.in_flight() or self.clock() > self._drain_until
-        return self._exhausted and not self.scheduler.busy()
 
     # ------------------------------------------------------------------ sending
     def _admit(self) -> None:
