@@ -165,9 +165,9 @@ def test_a_node_without_the_model_gets_a_private_copy_for_the_run(demo_kit, tmp_
 
 
 def test_a_cores_busy_time_is_the_union_of_its_instances_intervals():
-    from batchinfer.cluster.driver import _BusyUnion
+    from batchinfer.cluster.busy import BusyUnion
 
-    union = _BusyUnion(2)
+    union = BusyUnion(2)
     union.add(0, [(0.0, 1.0), (2.0, 3.0)])
     # Instance 1 has a call in flight: it may still report an earlier interval.
     assert union.seconds(idle=set()) == 0.0

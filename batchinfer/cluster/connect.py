@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchinfer.data.dataset import Dataset
 from batchinfer.errors import RunFailedError, RuntimeUnavailableError, UsageError
 
 RESOURCE_PREFIX = "npu_core_"
@@ -202,3 +203,30 @@ def stop_local_cluster(cluster: Any) -> None:
     cluster.shutdown()
     if cluster.head_node is not None:
         cluster.remove_node(cluster.head_node)
+
+
+def check_shared_dataset(nodes: Sequence[NodeInfo], dataset: Dataset, timeout_s: float) -> None:
+    """UsageError unless every node reads the dataset's first item at the same path."""
+    ray = import_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
+
+    first = next(iter(dataset.iter_from()), None)
+    if first is None:
+        return
+    from batchinfer.cluster.actors import dataset_visible
+
+    check = ray.remote(num_cpus=0, max_retries=0)(dataset_visible)
+    refs = {
+        n.name: check.options(scheduling_strategy=Affinity(n.node_id, soft=False)).remote(
+            [first.path]
+        )
+        for n in nodes
+    }
+    for name, ref in refs.items():
+        missing = ray.get(ref, timeout=timeout_s)
+        if missing is not None:
+            raise UsageError(
+                f"node {name} cannot read {missing}, so the dataset is not on storage every "
+                "node mounts at the same path; mount it there, or pass {ray_data} head to "
+                "read it on this node only."
+            )

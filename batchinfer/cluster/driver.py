@@ -36,10 +36,7 @@ Failure policy (scheduler.py's single-board policy, carried onto Ray):
   timeout retires it.
 - A node that leaves (``ray.nodes()`` no longer lists it alive) has its actors retired; their
   items go back uncharged and the run goes on with the other nodes.
-- Reads: read lanes stand for reader processes; a lane runs one task (a few items) at a
-  time. A task that fails (its worker died, or it ran past the decode timeout for each
-  item and was cancelled) is a reader death: a one-item task's item is charged, a larger
-  task's items are read alone next time. Files that cannot be decoded are error rows at once.
+- Reads: read lanes stand for reader processes (reads.py).
 """
 
 from __future__ import annotations
@@ -54,15 +51,10 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.cluster.actors import (
-    CoreActor,
-    NodeHost,
-    dataset_visible,
-    model_files,
-    read_items,
-)
-from batchinfer.cluster.connect import NodeInfo, core_resource, import_ray
-from batchinfer.data.dataset import Dataset
+from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
+from batchinfer.cluster.busy import BusyUnion
+from batchinfer.cluster.connect import NodeInfo, check_shared_dataset, core_resource, import_ray
+from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
@@ -85,8 +77,6 @@ DATA_MODES = ("head", "shared")
 #: Items per actor call at most: one call costs the driver ~0.3 ms (measured here), so
 #: items share it; a call of one item is sent whenever only one is ready.
 CALL_ITEMS = 4
-#: Items per read task at most.
-READ_ITEMS = 8
 _TICK_S = 0.1
 _NODE_CHECK_S = 1.0
 _STOP_WAIT_S = 2.0
@@ -122,62 +112,6 @@ class _Actor:
     @property
     def where(self) -> tuple[str, int]:
         return self.node.name, self.core
-
-
-@dataclass
-class _ReadTask:
-    meta: Any
-    arrays: list[Any]
-    slots: list[int]
-    t_sent: float
-    cancel_reason: str | None = None
-
-
-@dataclass
-class _Lane:
-    index: int
-    strategy: Any
-    node_id: str | None
-    queue: deque[int] = field(default_factory=deque)
-    task: _ReadTask | None = None
-
-
-class _BusyUnion:
-    """Seconds during which at least one instance of a core was inside inference().
-
-    Each instance reports its calls' intervals in order, on its node's clock (which the
-    instances of one core share), so the union is merged as the instances advance: an
-    interval is merged once no instance still running a call could report an earlier
-    one. An instance with no call in flight (idle, restarting) reports nothing earlier
-    than now, so it holds nothing back; memory stays within the calls in flight.
-    """
-
-    def __init__(self, instances: int) -> None:
-        self.streams: list[deque[tuple[float, float]]] = [deque() for _ in range(instances)]
-        self.merged = 0.0
-        self.span: tuple[float, float] | None = None  # the union's last, still open interval
-
-    def add(self, instance: int, intervals: list[tuple[float, float]]) -> None:
-        self.streams[instance].extend(intervals)
-
-    def seconds(self, idle: set[int], final: bool = False) -> float:
-        """Merge what can be merged (everything when ``final``); the union's length so far."""
-        while True:
-            heads = [i for i, s in enumerate(self.streams) if s]
-            if not heads:
-                break
-            if not final and any(not s and i not in idle for i, s in enumerate(self.streams)):
-                break  # a busy instance may still report an earlier interval
-            i = min(heads, key=lambda j: self.streams[j][0][0])
-            t0, t1 = self.streams[i].popleft()
-            if self.span is None or t0 > self.span[1]:
-                if self.span is not None:
-                    self.merged += self.span[1] - self.span[0]
-                self.span = (t0, t1)
-            else:
-                self.span = (self.span[0], max(self.span[1], t1))
-        open_s = 0.0 if self.span is None else self.span[1] - self.span[0]
-        return self.merged + open_s
 
 
 class ClusterEngine(EngineLoop):
@@ -234,6 +168,7 @@ class ClusterEngine(EngineLoop):
         self.places = sorted({a.where for a in self.actors}, key=lambda w: (w[0], w[1]))
         per_call = QUEUED_PER_INSTANCE * self.call_items
         lanes = self._lanes_wanted() if source.needs_reader else 0
+        self.reads: ReadLanes | None = None
         slots = len(self.actors) * (per_call + self.call_items) + lanes * READ_ITEMS * 2
         self.scheduler = Scheduler(
             slots,
@@ -259,8 +194,7 @@ class ClusterEngine(EngineLoop):
         self.collector.outputs = self._outputs = {}  # type: ignore[assignment]
         names = [f"core {c} of node {n}" for n, c in self.places]
         self.canary = Canary(name=names.__getitem__)
-        self._busy = {w: _BusyUnion(k) for w in self.places}
-        self.lanes: list[_Lane] = []
+        self._busy = {w: BusyUnion(k) for w in self.places}
         self.hosts: dict[str, Any] = {}
         self.backends: dict[str, Backend] = {}
         self.lost_nodes: set[str] = set()
@@ -276,7 +210,6 @@ class ClusterEngine(EngineLoop):
         self._slot_ref: dict[int, Any] = {}  # synthetic sources: one object per slot
         self._buffers: list[list[np.ndarray]] = []
         self._alone: set[int] = set()  # items to infer alone (they were in a call that died)
-        self._read_alone: set[int] = set()
         self._opened = False
         self._next_node_check = 0.0
         self._last_turn = 0.0
@@ -351,22 +284,24 @@ class ClusterEngine(EngineLoop):
                 max_task_retries=0,
             ).remote(backend, actor.core, self.plan.preprocess.layout)
             self._probe(actor, now)
-        head = self.head_node_id
-        for lane in range(self.scheduler_lanes):
+        head, lanes = self.head_node_id, []
+        for lane in range(len(self.scheduler.unsent)):
             if self.data == "head" and head is not None:
-                strategy, node_id = Affinity(head, soft=False), head
+                lanes.append((Affinity(head, soft=False), head))
             elif self.data == "shared":
                 node_id = self.nodes[lane % len(self.nodes)].node_id
-                strategy = Affinity(node_id, soft=True)
+                lanes.append((Affinity(node_id, soft=True), node_id))
             else:
-                strategy, node_id = "DEFAULT", None
-            self.lanes.append(_Lane(lane, strategy, node_id))
-        self._read_task = ray.remote(num_cpus=1, max_retries=0)(read_items)
+                lanes.append(("DEFAULT", None))
+        self.reads = ReadLanes(
+            ray,
+            self.scheduler,
+            lanes,
+            self.plan.preprocess,
+            self.source.kind,
+            self.rel.decode_timeout_s,
+        )
         self._prefill(shape, dtype)
-
-    @property
-    def scheduler_lanes(self) -> int:
-        return len(self.scheduler.unsent)
 
     def _prefill(self, shape: tuple[int, ...], dtype: str) -> None:
         if self.source.needs_reader:
@@ -424,11 +359,9 @@ class ClusterEngine(EngineLoop):
 
     def _send_work(self) -> None:
         now = self.clock()
-        for lane, slots in self.scheduler.take_reads().items():
-            self.lanes[lane].queue.extend(slots)
-        for lane in self.lanes:
-            if lane.task is None and lane.queue:
-                self._submit_read(lane, now)
+        if self.reads is not None:
+            for lane, task in self.reads.send(now):
+                self._waiting[task.meta] = ("read", lane, task)
         for key, slots in self.scheduler.dispatch(now).items():
             actor = self.actors[key]
             if not actor.calls:
@@ -448,22 +381,6 @@ class ClusterEngine(EngineLoop):
         rest = [s for s in slots if self.scheduler.flight(s).item.index not in self._alone]
         n = self.call_items
         return [[s] for s in alone] + [rest[i : i + n] for i in range(0, len(rest), n)]
-
-    def _submit_read(self, lane: _Lane, now: float) -> None:
-        batch: list[int] = []
-        while lane.queue and len(batch) < READ_ITEMS:
-            alone = self.scheduler.flight(lane.queue[0]).item.index in self._read_alone
-            if alone and batch:
-                break
-            batch.append(lane.queue.popleft())
-            if alone:
-                break
-        items = [(f.item.index, f.item.path) for f in map(self.scheduler.flight, batch)]
-        refs = self._read_task.options(
-            num_returns=len(batch) + 1, scheduling_strategy=lane.strategy
-        ).remote(items, self.plan.preprocess, self.source.kind)
-        lane.task = _ReadTask(refs[0], refs[1:], batch, now)
-        self._waiting[refs[0]] = ("read", lane, lane.task)
 
     def _probe(self, actor: _Actor, now: float, again: bool = False) -> None:
         actor.state = "starting"
@@ -539,10 +456,12 @@ class ClusterEngine(EngineLoop):
         for table in (self._input_refs, self._outputs):
             for slot in [s for s in table if flights[s] is None]:
                 del table[slot]
-        if self._alone or self._read_alone:
+        reads = self.reads.alone if self.reads is not None else set()
+        if self._alone or reads:
             live = {f.item.index for f in flights if f is not None}
             self._alone &= live
-            self._read_alone &= live
+            if self.reads is not None:
+                self.reads.forget(live)
 
     # ------------------------------------------------------------------ actors
     def _on_started(self, actor: _Actor, probe: Any, info: dict) -> None:
@@ -676,17 +595,8 @@ class ClusterEngine(EngineLoop):
                     )
                     with contextlib.suppress(Exception):
                         self.ray.kill(actor.handle, no_restart=False)
-        dlimit = self.rel.decode_timeout_s
-        for lane in self.lanes:
-            task = lane.task
-            if task is None or task.cancel_reason is not None:
-                continue
-            if now - task.t_sent > dlimit * len(task.slots):
-                task.cancel_reason = (
-                    f"was stuck for more than {dlimit * len(task.slots):g} s (the decode timeout)"
-                )
-                with contextlib.suppress(Exception):
-                    self.ray.cancel(task.meta, force=True)
+        if self.reads is not None:
+            self.reads.check_hangs(now)
 
     def _not_held_against(self, now: float) -> None:
         gap = now - self._last_turn if self._last_turn else 0.0
@@ -696,9 +606,8 @@ class ClusterEngine(EngineLoop):
         for actor in self.actors:
             actor.last_progress += gap
             actor.probe_deadline += gap
-        for lane in self.lanes:
-            if lane.task is not None:
-                lane.task.t_sent += gap
+        if self.reads is not None:
+            self.reads.shift(gap)
         self._drain_until += gap
 
     # ------------------------------------------------------------------ nodes
@@ -736,43 +645,28 @@ class ClusterEngine(EngineLoop):
             self.notify(ev.CoreRetired(core, "its node left the cluster", node=node.name))
 
     # ------------------------------------------------------------------ reads
-    def _on_read(self, lane: _Lane, task: _ReadTask, meta: list) -> None:
-        if lane.task is not task:
-            return
-        lane.task = None
-        now = self.clock()
-        for slot, (read_ms, error), array in zip(task.slots, meta, task.arrays, strict=True):
-            if error is None:
-                self._input_refs[slot] = array
-            finished = self.scheduler.loaded(slot, read_ms, error, now)
-            if finished is not None:
-                self.collector.error(finished)
+    def _on_read(self, lane: Lane, task: ReadTask, meta: list) -> None:
+        assert self.reads is not None
+        ready, errors = self.reads.done(lane, task, meta, self.clock())
+        for slot, array in ready:
+            self._input_refs[slot] = array
+        for finished in errors:
+            self.collector.error(finished)
 
-    def _on_read_failed(self, lane: _Lane, task: _ReadTask, exc: Exception) -> None:
-        if lane.task is not task:
-            return
-        what = task.cancel_reason or f"died ({type(exc).__name__})"
-        culprit = None
-        gone = lane.node_id is not None and lane.node_id in {
-            n.node_id for n in self.nodes if self._node_gone(n)
-        }
-        if len(task.slots) == 1 and not gone:
-            culprit = task.slots[0]
-        else:
-            self._read_alone.update(self.scheduler.flight(s).item.index for s in task.slots)
-        lane.task = None
-        lane.queue.clear()  # reader_lost hands every slot of this lane out again
-        for finished in self.scheduler.reader_lost(lane.index, culprit, what):
+    def _on_read_failed(self, lane: Lane, task: ReadTask, exc: Exception) -> None:
+        assert self.reads is not None
+        gone = lane.node_id is not None and any(
+            n.node_id == lane.node_id and self._node_gone(n) for n in self.nodes
+        )
+        for finished in self.reads.failed(lane, task, exc, gone):
             self.collector.error(finished)
 
     # ------------------------------------------------------------------ shutdown
     def _close(self) -> None:
         """Stop the actors and read tasks, then undo each node's set-up."""
         ray = self.ray
-        for lane in self.lanes:
-            if lane.task is not None:
-                with contextlib.suppress(Exception):
-                    ray.cancel(lane.task.meta, force=True)
+        if self.reads is not None:
+            self.reads.cancel()
         live = [a for a in self.actors if a.handle is not None and a.state != "retired"]
         stops = []
         for actor in live:
@@ -799,31 +693,6 @@ class ClusterEngine(EngineLoop):
         self._input_refs.clear()
         self._slot_ref.clear()
         self._outputs.clear()
-
-
-def check_shared_dataset(nodes: Sequence[NodeInfo], dataset: Dataset, timeout_s: float) -> None:
-    """UsageError unless every node reads the dataset's first item at the same path."""
-    ray = import_ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
-
-    first = next(iter(dataset.iter_from()), None)
-    if first is None:
-        return
-    check = ray.remote(num_cpus=0, max_retries=0)(dataset_visible)
-    refs = {
-        n.name: check.options(scheduling_strategy=Affinity(n.node_id, soft=False)).remote(
-            [first.path]
-        )
-        for n in nodes
-    }
-    for name, ref in refs.items():
-        missing = ray.get(ref, timeout=timeout_s)
-        if missing is not None:
-            raise UsageError(
-                f"node {name} cannot read {missing}, so the dataset is not on storage every "
-                "node mounts at the same path; mount it there, or pass {ray_data} head to "
-                "read it on this node only."
-            )
 
 
 def _short(exc: BaseException) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from batchinfer.cluster.connect import NodeInfo, RayConnection
-from batchinfer.cluster.driver import DATA_MODES, ClusterEngine, check_shared_dataset
+from batchinfer.cluster.connect import NodeInfo, RayConnection, check_shared_dataset
+from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.plan import RunPlan, plan_run
