@@ -225,12 +225,19 @@ def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, t
         out=tmp_path / "o", timeout_s=3.0,  # a crash is noticed within it on a loaded machine
     )  # fmt: skip
     result = run_on_cluster(cfg, cluster.address, data="shared")
-    assert (result.status, result.errors) == ("complete", 3)
+    assert result.status == "complete"
     table = _exactly_once(result.out, 202)
     errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
     bad = errors.pop(table["id"][100].as_py())
-    assert set(errors) == {"0/empty.png", "0/text.png"}
-    assert all(r["attempt"] == 0 and r["core"] is None for r in errors.values())
+    inputs = {i: errors.pop(i) for i in ("0/empty.png", "0/text.png")}
+    assert all(r["attempt"] == 0 and r["core"] is None for r in inputs.values())
+    # Each board fires each fault once, so an item may be unlucky twice (hung on one board,
+    # then hung or None on the other): then it is an error row, as on one board.
+    injected = ("hung for more than", "returned None", "crashed")
+    for row in errors.values():
+        parts = row["error"].replace("; actor killed", "").split("; ")
+        assert row["attempt"] == 2 and all(any(f in p for f in injected) for p in parts), row
+    assert result.errors == 3 + len(errors)
     assert bad["attempt"] == 2 and bad["pred"] is None
     failures = bad["error"].split("; ")
     assert len(failures) == 2 and all("crashed" in f for f in failures), bad["error"]
