@@ -1,3 +1,3 @@
-from batchinfer.cli import main
+from batchinfer.entry import main
 
 main()

@@ -85,6 +85,9 @@ class RunInterrupted(BatchinferError):
 
     exit_code = 130
 
+    def __init__(self, message: str = "interrupted before the run started") -> None:
+        super().__init__(message)
+
 
 class RunFailedError(BatchinferError):
     """The run started but could not proceed."""

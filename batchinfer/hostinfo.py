@@ -2,13 +2,16 @@
 
 Read from sysfs and procfs where readable; what cannot be read is left out, never
 guessed. Every reader takes a ``root`` folder so tests feed it a fake /sys tree. The
-manifest records :func:`host_facts`; benchmarks read them before and after a run.
+manifest records :func:`host_facts`; benchmarks read :func:`conditions` (what can change
+while a run lasts: frequencies, temperatures, throttling, NPU load) before, during and
+after a run.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,7 +70,9 @@ def _npu(root: Path) -> dict[str, Any]:
         freq = {
             "governor": _read(node / "governor"),
             "cur_hz": _read_int(node / "cur_freq"),
+            "min_hz": _read_int(node / "min_freq"),
             "max_hz": _read_int(node / "max_freq"),
+            "load_pct": parse_devfreq_load(_read(node / "load")),
         }
         freq = {k: v for k, v in freq.items() if v is not None}
         if freq:
@@ -78,6 +83,73 @@ def _npu(root: Path) -> dict[str, Any]:
     return facts
 
 
+# The rknpu driver's debugfs load file: "NPU load:  Core0:  25%, Core1:  50%, Core2: 100%,"
+# on multi-core NPUs, "NPU load:  37%" on one-core ones. Usually readable by root only.
+NPU_LOAD_FILE = "sys/kernel/debug/rknpu/load"
+_CORE_LOAD_RE = re.compile(r"Core\s*(\d+)\s*:\s*(\d+(?:\.\d+)?)\s*%")
+_ONE_LOAD_RE = re.compile(r"load\s*:\s*(\d+(?:\.\d+)?)\s*%", re.IGNORECASE)
+
+
+def parse_npu_load(text: str | None) -> dict[int, float] | None:
+    """Per-core NPU load in percent from the driver's load text (one-core NPUs: core 0)."""
+    if not text:
+        return None
+    cores = {int(c): float(p) for c, p in _CORE_LOAD_RE.findall(text)}
+    if cores:
+        return cores
+    one = _ONE_LOAD_RE.search(text)
+    return {0: float(one.group(1))} if one else None
+
+
+def parse_devfreq_load(text: str | None) -> float | None:
+    """The load in percent of a Rockchip devfreq ``load`` file ("25@1000000000Hz")."""
+    if not text:
+        return None
+    head = text.split("@", 1)[0].strip()
+    try:
+        return float(head)
+    except ValueError:
+        return None
+
+
+def npu_load(root: Path = Path("/")) -> dict[int, float] | None:
+    """Per-core NPU load in percent as the rknpu driver reports it; None when unreadable."""
+    return parse_npu_load(_read(root / NPU_LOAD_FILE))
+
+
+def _cooling(root: Path) -> dict[str, dict]:
+    devices = {}
+    for dev in sorted((root / "sys/class/thermal").glob("cooling_device*")):
+        state = _read_int(dev / "cur_state")
+        if state is None:
+            continue
+        devices[dev.name] = {
+            "type": _read(dev / "type"),
+            "cur_state": state,
+            "max_state": _read_int(dev / "max_state"),
+        }
+    return devices
+
+
+def conditions(root: Path = Path("/")) -> dict[str, Any]:
+    """What can change while a run lasts, where readable (missing keys: not readable).
+
+    ``cpufreq`` (per policy: governor, cur/min/max kHz), ``thermal`` (zone temperatures),
+    ``cooling`` (thermal cooling devices: ``cur_state`` above 0 is throttling),
+    ``npu`` (devfreq nodes: governor, cur/max Hz, load) and ``npu_load`` (per-core load
+    in percent from the driver's debugfs file). Cheap enough to read once a second.
+    Never raises.
+    """
+    probes = {
+        "cpufreq": lambda: _cpufreq(root),
+        "thermal": lambda: _thermal(root),
+        "cooling": lambda: _cooling(root),
+        "npu": lambda: {k: v for k, v in _npu(root).items() if k != "driver"},
+        "npu_load": lambda: npu_load(root),
+    }
+    return _gather(probes)
+
+
 def host_facts(root: Path = Path("/")) -> dict[str, Any]:
     """Facts about this machine for the manifest; what cannot be read is left out.
 
@@ -85,7 +157,6 @@ def host_facts(root: Path = Path("/")) -> dict[str, Any]:
     frequencies), thermal zone temperatures and NPU frequency/driver where readable.
     ``root`` is for tests (a fake /sys tree). Never raises.
     """
-    facts: dict[str, Any] = {}
     probes = {
         "platform": platform.platform,
         "machine": platform.machine,
@@ -99,6 +170,12 @@ def host_facts(root: Path = Path("/")) -> dict[str, Any]:
         "thermal": lambda: _thermal(root),
         "npu": lambda: _npu(root),
     }
+    return _gather(probes)
+
+
+def _gather(probes: dict[str, Any]) -> dict[str, Any]:
+    """Each probe's value under its key; a probe that fails or finds nothing is left out."""
+    facts: dict[str, Any] = {}
     for key, probe in probes.items():
         try:
             value = probe()

@@ -11,6 +11,7 @@ from batchinfer.options import RuntimeOptions
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, resolve_name
 from batchinfer.runtime.model_info import onnx_beside
+from batchinfer.runtime.rknn_file import read_rknn_metadata
 
 
 def _runtime_facts(backend: Backend) -> tuple[str | None, object]:
@@ -61,6 +62,8 @@ def model_report(model: Path, backend: str = "auto") -> str:
             for t in tensors:
                 layout = f"  layout {t.layout}" if t.layout else ""
                 lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
+    if model.suffix.lower() == ".rknn":
+        lines.extend(_rknn_file_lines(model))
     try:
         from batchinfer.runtime.backends import make_backend
 
@@ -73,3 +76,23 @@ def model_report(model: Path, backend: str = "auto") -> str:
         if platforms:
             lines.extend(_platform_lines(platforms))
     return "\n".join(lines)
+
+
+def _rknn_file_lines(model: Path) -> list[str]:
+    """What the .rknn file says about itself (the JSON document at its end)."""
+    meta = read_rknn_metadata(model)
+    if meta is None:
+        return ["rknn file: no metadata at its end (not written by rknn-toolkit2 2.x?)"]
+    lines = [
+        "rknn file (its own metadata; shapes as in the source model, the runtime takes 4-D "
+        "inputs as NHWC):",
+        f"  platforms: {', '.join(meta.platforms) or 'none named'}",
+        f"  written by rknn-toolkit2 {meta.version or '?'}"
+        + (f" from {meta.source_format}" if meta.source_format else ""),
+    ]
+    for title, tensors in (("inputs", meta.inputs), ("outputs", meta.outputs)):
+        lines.append(f"  {title}:")
+        for t in tensors:
+            method = f"  per-{t.qnt_method} quantised" if t.qnt_method else ""
+            lines.append(f"    {t.name:<14} {t.dtype or 'float':<8} {list(t.shape)}{method}")
+    return lines

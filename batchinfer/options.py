@@ -27,7 +27,7 @@ from typing import Any
 from batchinfer.errors import ConfigError
 
 #: Every backend a run can name (batchinfer.runtime.backends has their classes).
-BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim")
+BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim", "toolkit")
 
 
 def option(default: Any, help: str, **meta: Any) -> Any:
@@ -61,6 +61,16 @@ def _size(text: str) -> tuple[int, int]:
     if len(parts) != 2 or min(parts) < 1:
         raise ValueError(f"{text!r} is not a size; give 224 or 224x224 (HxW)")
     return parts[0], parts[1]
+
+
+def _pixels(text: str) -> int | str:
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of pixels (or 'none')") from None
+    return value
 
 
 def _ms_or_estimate(text: str) -> float | str:
@@ -107,7 +117,8 @@ class RuntimeOptions:
     backend: str = option(
         "auto",
         "auto: .rknn -> rknnlite (the NPU), .onnx -> onnx (ONNX Runtime on the CPU); "
-        "sim: an emulated NPU.",
+        "sim: an emulated NPU; toolkit: rknn-toolkit2's simulator (quantised numerics, no "
+        "timing; in its own environment).",
         choices=BACKEND_NAMES,
     )
     cores: tuple[int, ...] | None = option(
@@ -119,7 +130,7 @@ class RuntimeOptions:
         short="-k",
     )
     slots: int | None = option(
-        None, "Shared-memory slots (default: 4 per instance + 2 per reader)."
+        None, "Shared-memory slots (default: 7 per instance + 2 per reader)."
     )
     readers: int | None = option(
         None, "Reader processes that decode inputs (default: from the CPU count)."
@@ -154,6 +165,27 @@ class PreprocessOptions:
     )
     std: tuple[float, ...] | None = option(
         None, "Per-channel std dividing float inputs, e.g. 58.4,57.1,57.4.", parse=_floats
+    )
+    exif_orientation: bool = option(
+        True,
+        "Rotate and flip images by their EXIF Orientation tag, as image viewers do.",
+        flag="--exif-orientation/--no-exif-orientation",
+    )
+    background: str = option(
+        "white",
+        "Colour transparent images are composited over: a name, #rrggbb, r,g,b, or none to "
+        "drop alpha.",
+    )
+    max_pixels: int | str = option(
+        89_478_485,
+        "Images with more pixels (width x height, from the header) become error rows; "
+        "none for no limit (default: Pillow's decompression-bomb limit).",
+        parse=_pixels,
+    )
+    jpeg_draft: bool = option(
+        True,
+        "Decode large JPEGs at 1/2-1/8 scale when the model's input is that much smaller.",
+        flag="--jpeg-draft/--no-jpeg-draft",
     )
 
 

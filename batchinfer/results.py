@@ -106,10 +106,10 @@ def read_predictions(out_dir: Path | str, columns: list[str] | None = None) -> p
     if not parts:
         schema = prediction_schema()
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
-    table = pa.concat_tables([_read(p, columns) for p in parts], promote_options="default")
-    if "index" not in table.column_names:
-        return table
-    return table.take(pc.sort_indices(table, sort_keys=[("index", "ascending")]))
+    wanted = None if columns is None else list(dict.fromkeys(["index", *columns]))
+    table = pa.concat_tables([_read(p, wanted) for p in parts], promote_options="default")
+    table = table.take(pc.sort_indices(table, sort_keys=[("index", "ascending")]))
+    return table if columns is None else table.select(columns)
 
 
 def _by_invocation(path: Path, invocation: int | None) -> pa.Table:

@@ -10,12 +10,14 @@ Stable API (other test files import it):
 - ``two_output_model(dir)``: input "x" float32 [1,4] -> "double" float32 [1,4] (= 2x) and
   "argmax" int64 [1,1] (the runtime returns it as float32).
 - ``corrupt_model(dir)``: a file named .onnx that is not ONNX.
-- ``fake_rknn(onnx_path)``: an .rknn file beside an .onnx of the same stem.
+- ``fake_rknn(onnx_path)``: an .rknn file beside an .onnx of the same stem, laid out like a
+  real one (``rknn_bytes(document)``: header, model bytes, trailing JSON document).
 Weights are fixed (seeded), so outputs are reproducible across processes.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -138,9 +140,22 @@ def corrupt_model(directory: Path, name: str = "corrupt.onnx") -> Path:
     return path
 
 
+def rknn_bytes(document: dict | bytes | None, model: bytes = b"\x00" * 64) -> bytes:
+    """The bytes of an .rknn file as rknn-toolkit2 2.5.0 lays it out (see runtime/rknn_file).
+
+    A 64-byte header (magic, format version 6, the model's size), the model, then the
+    JSON ``document``'s length and the document. ``None`` leaves the document out.
+    """
+    header = b"RKNN\x00\x00\x00\x00" + (6).to_bytes(8, "little") + len(model).to_bytes(8, "little")
+    data = header.ljust(64, b"\x00") + model
+    if document is None:
+        return data
+    text = document if isinstance(document, bytes) else json.dumps(document).encode()
+    return data + len(text).to_bytes(8, "little") + text
+
+
 def fake_rknn(onnx_path: Path, target_platform: str = "rk3588") -> Path:
-    """Path of an .rknn file beside ``onnx_path`` (same stem), with a target platform header."""
+    """Path of an .rknn file beside ``onnx_path`` (same stem) naming ``target_platform``."""
     path = Path(onnx_path).with_suffix(".rknn")
-    header = b'RKNN\x00\x00\x00\x00{"target_platform":["' + target_platform.encode() + b'"]}'
-    path.write_bytes(header + b"\x00" * 64)
+    path.write_bytes(rknn_bytes({"target_platform": [target_platform], "version": "2.5.0"}))
     return path

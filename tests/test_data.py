@@ -9,20 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dataset_files import touch
 from PIL import Image
 
-from batchinfer.data import dataset as dataset_module
 from batchinfer.data import load_into, open_dataset, preprocess_for
 from batchinfer.data.preprocess import Preprocess
 from batchinfer.errors import DatasetError, InputError, UsageError
-
-
-def touch(root: Path, *names: str) -> None:
-    """Create empty files (the walk looks only at names)."""
-    for name in names:
-        path = root / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch()
 
 
 def ids(ds) -> list[str]:
@@ -52,43 +44,12 @@ def test_len_index_path_and_id_agree_with_iteration(tmp_path: Path) -> None:
         assert Path(item.path).is_file()
 
 
-def test_chunked_directory_reading_keeps_the_order(tmp_path: Path, monkeypatch) -> None:
-    names = [f"{n}.png" for n in ("k", "a", "q", "b", "z", "c", "m", "d", "y", "e", "x")]
-    touch(tmp_path, *names, "f/1.png", "f/0.png", "f/2.png")
-    expected = ids(open_dataset(tmp_path))
-    for chunk in (1, 2, 3, 5):
-        monkeypatch.setattr(dataset_module, "_CHUNK", chunk)
-        ds = open_dataset(tmp_path)
-        assert len(ds) == 14
-        assert ids(ds) == expected
-
-
-def test_memory_of_a_walk_does_not_grow_with_the_folder(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(dataset_module, "_CHUNK", 64)
-    small, big = tmp_path / "small", tmp_path / "big"
-    touch(small, *(f"{i:06d}.png" for i in range(300)))
-    touch(big, *(f"{i:06d}.png" for i in range(1500)))
-
-    def peak(root: Path) -> int:
-        tracemalloc.start()
-        try:
-            ds = open_dataset(root)
-            count = sum(1 for _ in ds)
-            assert count == len(ds)
-            return tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-
-    peak_small, peak_big = peak(small), peak(big)
-    # Holding every name would make the 5x bigger folder cost ~5x; chunks keep it flat.
-    assert peak_big < 1.3 * peak_small, (peak_small, peak_big)
-
-
 def test_class_folders_with_integer_names_use_the_integer(tmp_path: Path) -> None:
     touch(tmp_path, "10/a.png", "2/b.png", "0/c.png", "2/d/e.png", "root.png")
     ds = open_dataset(tmp_path)
-    assert ds.classes == ("0", "10", "2")
+    assert ds.classes == ("0", "2", "10")  # label order
     assert ds.labels == {"0": 0, "10": 10, "2": 2}
+    assert ds.class_map.source == "folder-numbers"
     got = {item.id: (item.label, item.label_name) for item in ds}
     assert got == {
         "0/c.png": (0, "0"),
@@ -100,10 +61,11 @@ def test_class_folders_with_integer_names_use_the_integer(tmp_path: Path) -> Non
 
 
 def test_class_folders_with_names_use_sorted_positions(tmp_path: Path) -> None:
-    touch(tmp_path, "dog/1.png", "cat/2.png", "7/3.png", "empty/notes.txt")
+    touch(tmp_path, "dog/1.png", "cat/2.png", "7/3.png", "zoo/notes.txt")
     ds = open_dataset(tmp_path)
-    # "empty" holds no item, so it is no class; "7" is not all-integer company: positions.
-    assert ds.classes == ("7", "cat", "dog")
+    # "7" is not in all-integer company: positions. "zoo" holds no item but is a class.
+    assert ds.classes == ("7", "cat", "dog", "zoo")
+    assert ds.class_map.source == "folder-names"
     assert [(item.label, item.label_name) for item in ds] == [(0, "7"), (1, "cat"), (2, "dog")]
     assert ds.ignored == 1
 
@@ -222,7 +184,7 @@ def test_defaults_follow_the_model_input() -> None:
 def test_overrides_change_size_layout_dtype_and_color() -> None:
     spec = preprocess_for(
         (1, 224, 224, 3),
-        "uint8",
+        "float16",
         size=(100, 120),
         layout="nchw",
         dtype_override="float32",
@@ -244,13 +206,13 @@ def test_overrides_change_size_layout_dtype_and_color() -> None:
         ({"shape": (1, 8, 8, 1), "color": "rgb"}, "does not fit"),
         ({"shape": (1, 8, 8, 3), "dtype": "float32", "mean": (1, 2)}, "has 2 values"),
         ({"shape": (1, 8, 8, 3), "dtype": "float32", "std": (1, 0, 1)}, "zero"),
-        ({"shape": (1, 8, 8, 3), "mean": (1, 2, 3)}, "need a float input"),
+        ({"shape": (1, 8, 8, 3), "mean": (1, 2, 3)}, "takes raw 0..255 pixels"),
         ({"shape": (1, 8, 8, 3), "dtype": "float64"}, "not one RKNNLite takes"),
         ({"shape": (1, 8, 8, 3), "dtype": "bogus"}, "Unknown dtype"),
         ({"shape": (1, 8, 8, 3), "layout": "hwc"}, "Unknown layout"),
         ({"shape": (1, 8, 8, 5)}, "channel axis"),
-        ({"shape": (1, None, None, 3)}, "pass --size"),
-        ({"shape": (1, 64), "size": (8, 8)}, "--size applies to image inputs"),
+        ({"shape": (1, None, None, 3)}, "pass preprocess.size"),
+        ({"shape": (1, 64), "size": (8, 8)}, "preprocess.size applies to image inputs"),
         ({"shape": (1, 64), "dtype": "float32", "mean": (1,)}, "mean/std apply"),
     ],
 )
@@ -509,7 +471,7 @@ def write_bad(tmp_path: Path, case: str) -> Path:
         ("missing", "images", "No such file"),
         ("empty_npy", "npy", "the file is empty"),
         ("not_npy", "npy", "not a .npy file"),
-        ("wrong_dtype", "npy", "has dtype float64 but the model takes float32; convert it"),
+        ("wrong_dtype", "npy", "has dtype float64, which RKNNLite does not take"),
         ("wrong_rank", "npy", r"has shape \(6, 15\) but the model takes \(1, 6, 5, 3\)"),
         ("wrong_shape", "npy", r"has shape \(3, 6, 5\) but the model takes \(1, 6, 5, 3\)"),
         ("pickled", "npy", "never unpickles"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -91,6 +92,7 @@ def test_unknown_model_name_is_a_usage_error():
     [
         ("digits.onnx", [1, 8, 8, 1], 10),
         ("digits-int8.onnx", [1, 8, 8, 1], 10),
+        ("digits-lowcal.onnx", [1, 8, 8, 1], 10),
         ("pool224.onnx", [1, 224, 224, 3], 1000),
     ],
 )
@@ -178,7 +180,7 @@ def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
 
 
 def test_write_demo_copies_models_and_explains_them(kit):
-    assert set(kit.models) == {"digits", "digits-int8", "pool224"}
+    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224"}
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
         assert path.read_bytes() == demo.model_path(name).read_bytes()
@@ -256,7 +258,14 @@ def test_tool_rebuilds_the_committed_models_and_split(monkeypatch):
     raw, labels = demo.load_digits(raw=True)
     split = demo.test_split()
     assert np.array_equal(tool.split_indices(len(labels)), split)
-    rebuilt = tool.build_models(raw, labels, split)
+    rebuilt, settings = tool.build_all(raw, labels, split)
+    assert set(settings) == {f"{stem}.config.json" for stem in demo.rknn_stems()}
+    for name, value in settings.items():
+        committed_settings = json.loads((demo.ASSETS / name).read_text())
+        assert committed_settings.keys() == value.keys(), name
+        np.testing.assert_allclose(committed_settings["mean_values"], value["mean_values"])
+        np.testing.assert_allclose(committed_settings["std_values"], value["std_values"])
+        assert committed_settings["target_platform"] == value["target_platform"]
     for name, model in rebuilt.items():
         committed = onnx.load(demo.ASSETS / name)
         assert [n.op_type for n in model.graph.node] == [n.op_type for n in committed.graph.node]
@@ -269,3 +278,98 @@ def test_tool_rebuilds_the_committed_models_and_split(monkeypatch):
                 np.testing.assert_allclose(new[key], value, rtol=1e-4, atol=1e-6, err_msg=key)
             else:  # int8/int32 quantised weights may round differently by one step
                 assert np.abs(new[key].astype(np.int64) - value).max() <= 1, key
+
+
+# --------------------------------------------------------------------------- lowcal, .rknn
+
+
+def test_lowcal_model_visibly_costs_accuracy_on_all_digits():
+    images, labels = demo.load_digits()
+    float_probs = _digits_probs("digits", images)
+    low = _digits_probs("digits-lowcal", images)
+    split = demo.test_split()
+    assert round(100 * float((low[split].argmax(1) == labels[split]).mean()), 2) == (
+        _recorded_accuracy("digits-lowcal.onnx")
+    )
+    float_acc = (float_probs.argmax(1) == labels).mean()
+    low_acc = (low.argmax(1) == labels).mean()
+    flipped = int((low.argmax(1) != float_probs.argmax(1)).sum())
+    # A handful of percent and dozens of flipped items: visible in an evaluation, not a wreck.
+    assert 0.02 <= float_acc - low_acc <= 0.10
+    assert 20 <= flipped <= 200
+    text = (demo.ASSETS / "MODELS.md").read_text().split("## digits-lowcal.onnx", 1)[1]
+    assert f"**{flipped} items flipped**" in text
+
+
+def _settings(stem: str) -> dict:
+    return json.loads((demo.ASSETS / f"{stem}.config.json").read_text())
+
+
+@pytest.mark.parametrize("platform", demo.RKNN_PLATFORMS)
+def test_convert_models_with_their_settings_compute_the_shipped_models(platform):
+    """The normalisation moved from the graph into the settings is the same normalisation."""
+    images, _ = demo.load_digits()
+    settings = _settings(f"digits-{platform}")
+    assert settings["target_platform"] == platform and settings["quantized_dtype"] == "w8a8"
+    assert _settings(f"digits-lowcal-{platform}") == settings  # only the calibration differs
+    mean, std = settings["mean_values"][0][0], settings["std_values"][0][0]
+    convert = _session(demo.ASSETS / "digits-convert.onnx")
+    x = ((images[:200] - mean) / std).astype(np.float32).reshape(-1, 1, 1, 8, 8)
+    got = np.concatenate([convert.run(["probs"], {"image": xi})[0] for xi in x])
+    np.testing.assert_allclose(got, _digits_probs("digits", images[:200]), atol=1e-5)
+
+    pool = _settings(f"pool224-{platform}")
+    img = np.random.default_rng(3).integers(0, 256, (1, 224, 224, 3), dtype=np.uint8)
+    centred = (img - np.array(pool["mean_values"][0])) / np.array(pool["std_values"][0])
+    got = _session(demo.ASSETS / "pool224-convert.onnx").run(
+        ["probs"], {"image": centred.astype(np.float32).transpose(0, 3, 1, 2)}
+    )[0]
+    want = _session(demo.model_path("pool224")).run(["probs"], {"image": img})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+
+
+def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
+    assert set(kit.rknn) == set(demo.rknn_stems())
+    for stem, path in kit.rknn.items():
+        recipe, _ = demo.rknn_stems()[stem]
+        assert path == kit.root / "models" / f"{stem}.rknn"
+        assert path.read_bytes() == (demo.ASSETS / f"{stem}.rknn").read_bytes()
+        # The sim and toolkit backends run the model it was converted from, beside it.
+        assert path.with_suffix(".onnx").read_bytes() == (demo.ASSETS / recipe.source).read_bytes()
+        assert json.loads(path.with_suffix(".config.json").read_text()) == _settings(stem)
+        listed = path.with_suffix(".dataset.txt").read_text().split()
+        expected = demo.calibration_images(recipe.calibration)
+        assert [Path(p).name for p in listed] == [name for name, _ in expected]
+        for rel, (_, image) in zip(listed, expected, strict=True):
+            with Image.open(path.parent / rel) as im:
+                assert np.array_equal(np.asarray(im), image)
+    # The lowcal mistake is in its calibration images: raw 0..16 values.
+    raw_list = (kit.root / "models" / "digits-lowcal-rk3588.dataset.txt").read_text().split()
+    with Image.open(kit.root / "models" / raw_list[0]) as im:
+        assert np.asarray(im).max() <= 16
+
+
+def test_calibration_digits_come_from_the_train_split_and_every_class():
+    _, labels = demo.load_digits()
+    chosen = demo.calibration_indices(labels, demo.test_split())
+    assert len(chosen) == 10 * demo.CALIBRATION_PER_CLASS
+    assert not set(chosen) & set(demo.test_split())
+    assert np.bincount(labels[chosen]).tolist() == [demo.CALIBRATION_PER_CLASS] * 10
+    with pytest.raises(UsageError, match="calibration set"):
+        demo.calibration_images("imagenet")
+
+
+def test_info_of_a_demo_rknn_shows_what_the_file_says(kit):
+    from click.testing import CliRunner
+
+    from batchinfer.cli import main
+
+    result = CliRunner().invoke(main, ["info", str(kit.rknn["pool224-rk3576"]), "--backend", "sim"])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "rknn file (its own metadata" in out
+    assert "  platforms: rk3576\n" in out
+    assert "written by rknn-toolkit2 2.5.0 from ONNX" in out
+    assert "image          int8     [1, 3, 224, 224]  per-layer quantised" in out
+    assert "probs          float    [1, 1000]" in out
+    assert "  filled target platform: RK3576\n" in out

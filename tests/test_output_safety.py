@@ -403,9 +403,9 @@ def test_ctrl_c_while_the_dataset_is_listed_exits_130(data, digits, tmp_path, mo
 
     real = plan.open_dataset
 
-    def listing_interrupted(root):
+    def listing_interrupted(root, **options):
         os.kill(os.getpid(), signal.SIGINT)  # delivered before the next bytecode
-        return real(root)
+        return real(root, **options)
 
     monkeypatch.setattr(plan, "open_dataset", listing_interrupted)
     result = invoke(*run_args(data, digits, tmp_path / "o"))

@@ -49,7 +49,7 @@ def test_resolve_backend_refuses_unknowns() -> None:
 def test_runtime_class() -> None:
     from batchinfer.runtime import onnx, sim
 
-    assert BACKENDS == ("auto", "rknnlite", "onnx", "sim")
+    assert BACKENDS == ("auto", "rknnlite", "onnx", "sim", "toolkit")
     assert runtime_class("onnx") is onnx.RKNNLite
     assert runtime_class("sim") is sim.RKNNLite
     with pytest.raises(UsageError):
@@ -58,7 +58,9 @@ def test_runtime_class() -> None:
 
 def test_runtime_class_rknnlite_says_why_not_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rk.platform, "machine", lambda: "x86_64")
-    with pytest.raises(RuntimeUnavailableError, match="--backend onnx or --backend sim"):
+    with pytest.raises(
+        RuntimeUnavailableError, match=r"runtime\.backend onnx or runtime\.backend sim"
+    ):
         runtime_class("rknnlite")
 
 
@@ -136,10 +138,11 @@ def test_describe_dynamic_batch_is_one(tmp_path: Path) -> None:
 
 
 def test_describe_rknn_reads_the_onnx_beside_it(tmp_path: Path) -> None:
-    onnx_path = M.nhwc_uint8_model(tmp_path, name="net.onnx")
+    onnx_path = M.nchw_float_model(tmp_path, name="net.onnx")
     info = describe_model(M.fake_rknn(onnx_path))
     assert info.path.suffix == ".rknn" and info.onnx_path == onnx_path
-    assert info.inputs[0].shape == (1, 8, 8, 1)
+    assert info.inputs[0].shape == (1, 8, 8, 3)
+    assert info.settings is None and not info.inputs[0].normalised_inside
 
 
 @pytest.mark.parametrize(
@@ -147,7 +150,10 @@ def test_describe_rknn_reads_the_onnx_beside_it(tmp_path: Path) -> None:
     [
         (lambda d: d / "missing.onnx", "does not exist"),
         (lambda d: M.corrupt_model(d), "not a valid ONNX model"),
-        (lambda d: M.fake_rknn(d / "alone.onnx"), "put alone.onnx beside it or pass --size"),
+        (
+            lambda d: M.fake_rknn(d / "alone.onnx"),
+            "put alone.onnx beside it or pass preprocess.size",
+        ),
         (lambda d: M.corrupt_model(d, name="m.tflite"), ".rknn or .onnx"),
     ],
 )
@@ -205,7 +211,9 @@ def test_adapter_load_failure_is_a_model_error() -> None:
 
 def test_adapter_init_failure_names_the_core() -> None:
     a = RuntimeAdapter(Scripted(init=-1), core=2, model=Path("m.rknn"))
-    with pytest.raises(InferenceError, match=r"NPU core 2 could not be initialised.*-1.*--cores"):
+    with pytest.raises(
+        InferenceError, match=r"NPU core 2 could not be initialised.*-1.*runtime.cores"
+    ):
         a.init(4)
     b = RuntimeAdapter(Scripted(init=RuntimeError("no npu")), core=None, model=Path("m"))
     with pytest.raises(InferenceError, match="could not be initialised"):
@@ -231,7 +239,7 @@ def test_adapter_drives_the_sim_with_item_faults(tmp_path: Path) -> None:
     first = a.infer(x)
     assert np.shares_memory(first[0], a.infer(x)[0])  # reuse_outputs by default
     a.set_current_item(1)
-    with pytest.raises(InferenceError, match=r"None on core 0.*E RKNN"):
+    with pytest.raises(InferenceError, match=r"None on core 0.*E log lines"):
         a.infer(x)
     assert "batchinfer sim" in a.sdk_version()
     a.release()

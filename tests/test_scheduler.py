@@ -82,8 +82,9 @@ def test_a_none_is_retried_on_a_core_the_item_has_not_tried():
 
 
 def test_a_retry_waits_for_an_untried_core_rather_than_reusing_the_failed_one():
-    s = ready_scheduler(slots=12, cores=(0, 1), max_attempts=3)
-    slots = admit_ready(s, 7)
+    n = 2 * QUEUED_PER_INSTANCE + 1  # both cores full, one item waiting
+    s = ready_scheduler(slots=n + 2, cores=(0, 1), max_attempts=3)
+    slots = admit_ready(s, n)
     sent = s.dispatch(0.0)
     victim = sent[0][0]
     assert s.done(0, victim, "boom") is None
@@ -92,7 +93,7 @@ def test_a_retry_waits_for_an_untried_core_rather_than_reusing_the_failed_one():
     assert victim in s.ready
     s.release(s.done(1, sent[1][0], None).slot)
     assert victim in s.dispatch(0.0).get(1, [])
-    assert len(slots) == 7
+    assert len(slots) == n
 
 
 def test_a_crash_charges_only_the_items_that_were_inferring_and_backs_off():
@@ -278,3 +279,70 @@ def test_time_the_coordinator_was_not_running_is_not_held_against_children():
     assert w.hung(61.1, [c], board((0, 0), (0, 0), (0, 0))) == []
     # ... but time after the pause counts again.
     assert w.hung(63.5, [c], busy)
+
+
+# ------------------------------------------------------------------------ reader scaling
+def test_readers_grow_when_cores_wait_for_busy_readers_and_cpus_are_free():
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 4, start_at=0.0)
+    t = 0.0
+    for _ in range(2):  # the first window after start is a cool-down
+        for _ in range(10):
+            s.sample(starved=True)
+        s.decoded(0.95 * WINDOW_S)  # one reader decoding 95 % of the time
+        t += WINDOW_S
+        change = s.decide(t, readers=1, idle_cpus=lambda: 1.0)
+    assert change == 1
+
+
+def test_readers_do_not_grow_without_a_free_cpu_and_shrink_when_saturated_and_fed():
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 4, start_at=0.0)
+    t = WINDOW_S
+    s.sample(starved=True)
+    s.decide(t, readers=2, idle_cpus=lambda: 0.0)  # cool-down window
+    for _ in range(10):
+        s.sample(starved=True)
+    s.decoded(2 * 0.95 * WINDOW_S)
+    t += WINDOW_S
+    assert s.decide(t, readers=2, idle_cpus=lambda: 0.1) == 0  # starved, but no CPU free
+    for _ in range(10):
+        s.sample(starved=False)  # cores well fed
+    t += WINDOW_S
+    assert s.decide(t, readers=2, idle_cpus=lambda: 0.05) == -1  # saturated: one fewer
+    for _ in range(10):
+        s.sample(starved=False)
+    t += WINDOW_S
+    assert s.decide(t, readers=1, idle_cpus=lambda: 0.05) == 0  # cool-down after a change
+    s.sample(starved=False)
+    t += WINDOW_S
+    assert s.decide(t, readers=1, idle_cpus=lambda: 0.05) == 0  # never below the minimum
+
+
+def test_items_charged_with_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():
+    """Soak: with k=3, a poison item and its neighbour crashed together, went back together,
+    landed on one core together and crashed together again, so the innocent one became an
+    error row. An item that was in a crash is now retried alone on a core."""
+    s = ready_scheduler(slots=20, cores=(0, 1, 2), k=3, max_attempts=3)
+    admit_ready(s, 12)
+    sent = s.dispatch(0.0)
+    poison, innocent = sent[0][0], sent[0][1]
+    indexes = {s.flight(poison).item.index, s.flight(innocent).item.index}
+    s.core_lost(0, indexes, "worker process crashed", 0.0)
+    assert s.flight(poison).crashes == s.flight(innocent).crashes == 1
+    for core in (1, 2):  # cores 1 and 2 still hold their first items
+        assert s.cores[core].inflight
+    # Neither suspect may join a core that has other items in flight ...
+    sent_now = [slot for slots in s.dispatch(1.0).values() for slot in slots]
+    assert poison not in sent_now and innocent not in sent_now
+    # ... but once core 1 is empty, one of them goes there, alone, and nothing joins it.
+    for slot in list(s.cores[1].inflight):
+        s.release(s.done(1, slot, None).slot)
+    again = s.dispatch(2.0)
+    assert again.get(1) in ([poison], [innocent])
+    assert s.dispatch(2.0).get(1) is None, "nothing else goes to a core holding a suspect"
+    alone = again[1][0]
+    s.release(s.done(1, alone, None).slot)  # it was the innocent one, or the poison passed
+    assert s.dispatch(3.0).get(1), "the core takes items again once the suspect is done"

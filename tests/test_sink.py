@@ -537,7 +537,7 @@ def test_model_sha256_streams(tmp_path: Path) -> None:
     data = np.random.default_rng(1).bytes(3 << 20)
     (tmp_path / "m.rknn").write_bytes(data)
     assert model_sha256(tmp_path / "m.rknn", chunk_size=1 << 16) == hashlib.sha256(data).hexdigest()
-    with pytest.raises(ModelError, match="check the --model path"):
+    with pytest.raises(ModelError, match="check the model path"):
         model_sha256(tmp_path / "missing.rknn")
 
 
@@ -591,3 +591,59 @@ def test_error_rows_before_the_first_result_in_a_part_get_null_topk(tmp_path):
     rows = read_predictions(tmp_path).to_pylist()
     assert [r["topk_index"] for r in rows] == [expected[i] for i in range(1500)]
     assert [r["pred"] for r in rows] == [None if e is None else e[0] for e in expected.values()]
+
+
+def test_topk_ties_go_to_the_lower_class_index_also_at_the_kth_place() -> None:
+    # Equal scores at the boundary: argpartition alone picked 8 and 9 here, not 0 and 1.
+    scores = np.zeros(10, np.float32)
+    scores[3] = 1.0
+    index, values = top_k(scores, 3)
+    assert index.tolist() == [3, 0, 1] and values.tolist() == [1.0, 0.0, 0.0]
+
+
+def test_topk_batch_agrees_with_a_stable_sort_row_by_row() -> None:
+    from batchinfer.sink.predictions import top_k_batch
+
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 4, (50, 30)).astype(np.float32)  # many ties
+    scores[5, 7] = np.nan
+    index, values = top_k_batch(scores, 6)
+    for row, idx, val in zip(scores, index, values, strict=True):
+        key = np.where(np.isnan(row), -np.inf, row)
+        expected = np.lexsort((np.arange(row.size), -key))[:6]
+        assert idx.tolist() == expected.tolist()
+        assert np.array_equal(val, row[expected], equal_nan=True)
+
+
+def test_recording_rows_in_batches_counts_exactly_as_one_by_one() -> None:
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(1)
+    rows = [
+        SimpleNamespace(
+            core=int(c), t_done=float(t), latency_ms=float(ms) if ok else None,
+            error=None if ok else "boom",
+        )
+        for c, t, ms, ok in zip(
+            rng.integers(0, 3, 500), 10 + rng.random(500) * 5, rng.random(500) * 3,
+            rng.random(500) > 0.1, strict=True,
+        )
+    ]  # fmt: skip
+    one, batch = CoreStatsRecorder([0, 1, 2], 1), CoreStatsRecorder([0, 1, 2], 1)
+    for rec in (one, batch):
+        rec.mark_dispatch(10.0)
+    for r in rows:
+        one.record(r.core, r.t_done, r.latency_ms, r.error is None)
+    batch.record_rows(rows[:123])
+    batch.record_rows(rows[123:])
+    assert one.table().equals(batch.table())
+    assert one.timeline_table().equals(batch.timeline_table())
+
+
+def test_reading_some_columns_still_gives_rows_in_dataset_order(tmp_path: Path) -> None:
+    with PredictionWriter(tmp_path, rows_per_part=2, ledger=_ledger(tmp_path)) as w:
+        for i in (5, 1, 4, 0, 3, 2):
+            add_row(w, i)
+    assert read_predictions(tmp_path, columns=["id"])["id"].to_pylist() == [
+        f"img/{i}.png" for i in range(6)
+    ]

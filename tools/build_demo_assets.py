@@ -1,19 +1,35 @@
-"""Rebuild the bundled demo assets: the digits array and the three ONNX models.
+"""Rebuild the bundled demo assets: the digits array, the ONNX models, the .rknn files.
 
     python tools/build_demo_assets.py             # extract (scikit-learn), train, export
     python tools/build_demo_assets.py --from-npz  # keep digits.npz, rebuild the models
+    python tools/build_demo_assets.py --rknn      # convert to .rknn (toolkit environment)
 
-Everything is deterministic: the held-out split, the weight initialisation and the
-mini-batch order all come from fixed seeds, and training runs in float64 so that BLAS
-summation order cannot amplify into different weights. Writes into
-``batchinfer/demo/assets/``: digits.npz, digits.onnx, digits-int8.onnx, pool224.onnx and
-MODELS.md (with the accuracies measured here by onnxruntime).
+The first two run in the project's environment. Everything they make is deterministic:
+the held-out split, the weight initialisation and the mini-batch order all come from fixed
+seeds, and training runs in float64 so that BLAS summation order cannot amplify into
+different weights. They write into ``batchinfer/demo/assets/``: digits.npz, digits.onnx,
+digits-int8.onnx, digits-lowcal.onnx, pool224.onnx, the float-input models the .rknn files
+are converted from (digits-convert.onnx, pool224-convert.onnx) and the conversion settings
+of each .rknn (``<model>-<chip>.config.json``).
+
+``--rknn`` runs in the toolkit's environment (tools/toolkit-env.sh): it converts those
+models with rknn-toolkit2 exactly as a user's script would (config, load_onnx, build with
+the calibration list, export_rknn) into ``<model>-<chip>.rknn`` for rk3588, rk3576 and
+rk3566, and measures them with the toolkit backend. The .rknn bytes differ from build to
+build (the toolkit writes addresses into them); their outputs do not.
+
+Every figure measured lands in ``measured.json``, from which MODELS.md is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +37,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from batchinfer import demo
 from batchinfer.demo import ASSETS, to_pixels
 
 SPLIT_SEED = 0
@@ -194,11 +211,9 @@ def _normalisation(weights: MlpWeights) -> tuple[list, list]:
     return nodes, inits
 
 
-def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
-    """Return digits.onnx: uint8 NHWC image in, softmax probabilities out."""
-    image, probs = _image_io([1, 8, 8, 1], 10)
-    nodes, inits = _normalisation(weights)
-    nodes += [
+def _mlp_nodes() -> list[onnx.NodeProto]:
+    """x_norm [1,64] -> MatMul w1 + b1 -> Relu -> MatMul w2 + b2 -> Softmax -> probs."""
+    return [
         helper.make_node("MatMul", ["x_norm", "w1"], ["h_mm"]),
         helper.make_node("Add", ["h_mm", "b1"], ["h_pre"]),
         helper.make_node("Relu", ["h_pre"], ["h"]),
@@ -206,6 +221,13 @@ def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
         helper.make_node("Add", ["l_mm", "b2"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
+
+
+def build_float_model(weights: MlpWeights) -> onnx.ModelProto:
+    """Return digits.onnx: uint8 NHWC image in, softmax probabilities out."""
+    image, probs = _image_io([1, 8, 8, 1], 10)
+    nodes, inits = _normalisation(weights)
+    nodes += _mlp_nodes()
     inits += [_init(k, getattr(weights, k)) for k in ("w1", "b1", "w2", "b2")]
     graph = helper.make_graph(nodes, "digits_mlp", [image], [probs], inits)
     return _finish(graph, "Digits MLP 64-64-10 (float32); see batchinfer/demo/assets/MODELS.md.")
@@ -233,7 +255,11 @@ def _quantise(values: np.ndarray, scale: np.float32, dtype: type) -> np.ndarray:
     return np.clip(np.round(values / scale), info.min, info.max).astype(dtype)
 
 
-def build_int8_model(weights: MlpWeights, act_scales: dict[str, np.float32]) -> onnx.ModelProto:
+def build_int8_model(
+    weights: MlpWeights,
+    act_scales: dict[str, np.float32],
+    doc: str = "Digits MLP 64-64-10, int8 QDQ per-tensor symmetric; see MODELS.md.",
+) -> onnx.ModelProto:
     """Return digits-int8.onnx: the float model as QDQ, int8 per-tensor symmetric.
 
     Weights are int8 initialisers behind DequantizeLinear; biases int32 with the scale
@@ -285,7 +311,34 @@ def build_int8_model(weights: MlpWeights, act_scales: dict[str, np.float32]) -> 
     logits = qdq("logits")
     nodes.append(helper.make_node("Softmax", [logits], ["probs"], axis=-1))
     graph = helper.make_graph(nodes, "digits_mlp_int8", [image], [probs], inits)
-    return _finish(graph, "Digits MLP 64-64-10, int8 QDQ per-tensor symmetric; see MODELS.md.")
+    return _finish(graph, doc)
+
+
+def build_digits_convert(weights: MlpWeights) -> onnx.ModelProto:
+    """Return digits-convert.onnx: the float MLP taking normalised float NCHW [1,1,8,8].
+
+    What a user exports for conversion: the normalisation ((pixel/255 - mean)/std) is not
+    in the graph but in the conversion settings (digits_settings), so the .rknn takes
+    raw uint8 pixels and normalises on the NPU.
+    """
+    image = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, 8, 8])
+    probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 10])
+    nodes = [helper.make_node("Reshape", ["image", "flat_shape"], ["x_norm"]), *_mlp_nodes()]
+    inits = [_init("flat_shape", np.array([1, 64], np.int64))]
+    inits += [_init(k, getattr(weights, k)) for k in ("w1", "b1", "w2", "b2")]
+    graph = helper.make_graph(nodes, "digits_mlp_convert", [image], [probs], inits)
+    return _finish(graph, "Digits MLP 64-64-10 for conversion: normalised float NCHW input.")
+
+
+def digits_settings(weights: MlpWeights, platform: str) -> dict:
+    """The rknn.config() arguments that put digits.onnx's normalisation on the NPU."""
+    # (pixel/255 - mean)/std == (pixel - 255*mean) / (255*std)
+    return {
+        "mean_values": [[round(255.0 * weights.mean, 6)]],
+        "std_values": [[round(255.0 * weights.std, 6)]],
+        "target_platform": platform,
+        "quantized_dtype": "w8a8",
+    }
 
 
 def build_pool224(seed: int = POOL_SEED) -> onnx.ModelProto:
@@ -295,9 +348,7 @@ def build_pool224(seed: int = POOL_SEED) -> onnx.ModelProto:
     cost of microseconds), centred to -1..1 and sent through a fixed random [3,1000]
     linear layer and a softmax.
     """
-    rng = np.random.default_rng(seed)
-    w = rng.standard_normal((3, 1000)) * 2.0
-    b = rng.standard_normal(1000) * 0.1
+    w, b = _pool224_weights(seed)
     # logits = ((m - 127.5) / 127.5) @ w + b, folded into one MatMul and Add.
     w_folded = (w / 127.5).astype(np.float32)
     b_folded = (b - w.sum(axis=0)).astype(np.float32)
@@ -310,16 +361,58 @@ def build_pool224(seed: int = POOL_SEED) -> onnx.ModelProto:
         helper.make_node("Add", ["l_mm", "b"], ["logits"]),
         helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
     ]
-    inits = [
-        _init("starts", np.array([0, 0], np.int64)),
-        _init("ends", np.array([224, 224], np.int64)),
-        _init("axes", np.array([1, 2], np.int64)),
-        _init("steps", np.array([16, 16], np.int64)),
-        _init("w", w_folded),
-        _init("b", b_folded),
-    ]
+    inits = _pool224_inits((1, 2), w_folded, b_folded)
     graph = helper.make_graph(nodes, "pool224", [image], [probs], inits)
     return _finish(graph, "A cheap stand-in for a 224x224 classifier (throughput tests only).")
+
+
+def _pool224_inits(axes: tuple[int, int], w: np.ndarray, b: np.ndarray) -> list[TensorProto]:
+    """Every 16th row and column of the H and W ``axes``, then the [3,1000] layer."""
+    return [
+        _init("starts", np.array([0, 0], np.int64)),
+        _init("ends", np.array([224, 224], np.int64)),
+        _init("axes", np.array(axes, np.int64)),
+        _init("steps", np.array([16, 16], np.int64)),
+        _init("w", w),
+        _init("b", b),
+    ]
+
+
+def _pool224_weights(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((3, 1000)) * 2.0
+    b = rng.standard_normal(1000) * 0.1
+    return w, b
+
+
+def build_pool224_convert(seed: int = POOL_SEED) -> onnx.ModelProto:
+    """Return pool224-convert.onnx: pool224 taking float NCHW [1,3,224,224] in -1..1.
+
+    The centring ((pixel - 127.5) / 127.5) moves to the conversion settings.
+    """
+    w, b = _pool224_weights(seed)
+    image = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, 224, 224])
+    probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 1000])
+    nodes = [
+        helper.make_node("Slice", ["image", "starts", "ends", "axes", "steps"], ["sampled"]),
+        helper.make_node("ReduceMean", ["sampled"], ["means"], axes=[2, 3], keepdims=0),
+        helper.make_node("MatMul", ["means", "w"], ["l_mm"]),
+        helper.make_node("Add", ["l_mm", "b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+    ]
+    inits = _pool224_inits((2, 3), w.astype(np.float32), b.astype(np.float32))
+    graph = helper.make_graph(nodes, "pool224_convert", [image], [probs], inits)
+    return _finish(graph, "pool224 for conversion: float NCHW input centred to -1..1.")
+
+
+def pool224_settings(platform: str) -> dict:
+    """The rknn.config() arguments that put pool224's centring on the NPU."""
+    return {
+        "mean_values": [[127.5, 127.5, 127.5]],
+        "std_values": [[127.5, 127.5, 127.5]],
+        "target_platform": platform,
+        "quantized_dtype": "w8a8",
+    }
 
 
 # --------------------------------------------------------------------------- measuring
@@ -356,77 +449,258 @@ def pool224_latency_us(session, calls: int = 2000) -> float:
     return float(np.median(times) * 1e6)
 
 
+def digits_scores(
+    probs: np.ndarray, labels: np.ndarray, test_index: np.ndarray, reference: np.ndarray
+) -> dict:
+    """Top-1 on the held-out, train and whole sets, and agreement with ``reference``."""
+    train = np.setdiff1d(np.arange(len(labels)), test_index)
+    pred, ref = probs.argmax(1), reference.argmax(1)
+    return {
+        "top1_test": float((pred[test_index] == labels[test_index]).mean()),
+        "top1_train": float((pred[train] == labels[train]).mean()),
+        "top1_all": float((pred == labels).mean()),
+        "agree_all": float((pred == ref).mean()),
+        "flips_all": int((pred != ref).sum()),
+        "mad_test": float(np.abs(probs[test_index] - reference[test_index]).mean()),
+        "max_test": float(np.abs(probs[test_index] - reference[test_index]).max()),
+        "agree_test": float((pred[test_index] == ref[test_index]).mean()),
+    }
+
+
+def measure_onnx(labels: np.ndarray, test_index: np.ndarray, pixels: np.ndarray) -> dict:
+    """The figures MODELS.md gives for the ONNX models, measured with onnxruntime."""
+    probs = {
+        n: run_digits(ort_session(ASSETS / n), pixels)
+        for n in ("digits.onnx", "digits-int8.onnx", "digits-lowcal.onnx")
+    }
+    return {
+        "models": {
+            n: digits_scores(p, labels, test_index, probs["digits.onnx"]) for n, p in probs.items()
+        },
+        "pool224_latency_us": pool224_latency_us(ort_session(ASSETS / "pool224.onnx")),
+    }
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+def convert(stem: str, folder: Path) -> Path:
+    """Convert the demo model ``stem`` in ``folder`` as a user's script does; return the .rknn.
+
+    ``folder`` receives what the demo kit holds beside the .rknn: ``<stem>.onnx``,
+    ``<stem>.config.json``, ``<stem>.dataset.txt`` and the calibration images.
+    """
+    recipe, _ = demo.rknn_stems()[stem]
+    shutil.copyfile(ASSETS / recipe.source, folder / f"{stem}.onnx")
+    shutil.copyfile(ASSETS / f"{stem}.config.json", folder / f"{stem}.config.json")
+    dataset = demo.write_calibration_list(folder, stem)
+    with warnings.catch_warnings():
+        # The toolkit's import and conversion warn (pkg_resources, onnx.mapping): not ours.
+        warnings.simplefilter("ignore")
+        return _convert(stem, folder, dataset)
+
+
+def _convert(stem: str, folder: Path, dataset: Path) -> Path:
+    from rknn.api import RKNN
+
+    from batchinfer.runtime.toolkit import load_settings
+
+    rknn = RKNN(verbose=False)
+    cwd = os.getcwd()
+    os.chdir(folder)  # the calibration list's paths are relative to its folder
+    try:
+        steps = (
+            ("config", lambda: rknn.config(**load_settings(folder / f"{stem}.config.json"))),
+            ("load_onnx", lambda: rknn.load_onnx(model=f"{stem}.onnx")),
+            ("build", lambda: rknn.build(do_quantization=True, dataset=dataset.name)),
+            ("export_rknn", lambda: rknn.export_rknn(f"{stem}.rknn")),
+        )
+        for step, call in steps:
+            if call() != 0:
+                raise SystemExit(f"rknn.{step}() failed for {stem}; see the toolkit's lines above")
+    finally:
+        os.chdir(cwd)
+        rknn.release()
+    return folder / f"{stem}.rknn"
+
+
+def measure_rknn(path: Path, recipe: demo.RknnRecipe) -> dict:
+    """Size, metadata and simulator results of one converted .rknn (toolkit backend)."""
+    from batchinfer.runtime.rknn_file import read_rknn_metadata
+    from batchinfer.runtime.toolkit import RKNNLite
+
+    meta = read_rknn_metadata(path)
+    figures = {
+        "bytes": path.stat().st_size,
+        "platforms": list(meta.platforms),
+        "version": meta.version,
+        "inputs": [[t.name, list(t.shape), t.dtype] for t in meta.inputs],
+        "outputs": [[t.name, list(t.shape), t.dtype] for t in meta.outputs],
+    }
+    rknn = RKNNLite()
+    if rknn.load_rknn(str(path)) != 0 or rknn.init_runtime() != 0:
+        raise SystemExit(f"the toolkit backend could not run {path}")
+    try:
+        if recipe.name.startswith("digits"):
+            images, labels = demo.load_digits()
+            test_index = demo.test_split()
+            probs = np.concatenate(
+                [rknn.inference(inputs=[img.reshape(1, 8, 8, 1)])[0] for img in images]
+            )
+            reference = run_digits(ort_session(ASSETS / "digits.onnx"), images)
+            figures.update(digits_scores(probs, labels, test_index, reference))
+        else:
+            figures.update(_pool224_agreement(rknn))
+    finally:
+        rknn.release()
+    return figures
+
+
+def _pool224_agreement(rknn, n: int = 64) -> dict:
+    """Cosine and top-1 agreement with pool224.onnx on ``n`` seeded uint8 inputs."""
+    session = ort_session(ASSETS / "pool224.onnx")
+    rng = np.random.default_rng(2)
+    cosines, agree = [], 0
+    for _ in range(n):
+        img = rng.integers(0, 256, (1, 224, 224, 3), dtype=np.uint8)
+        q = rknn.inference(inputs=[img])[0].ravel()
+        f = session.run(["probs"], {"image": img})[0].ravel()
+        cosines.append(float(q @ f / (np.linalg.norm(q) * np.linalg.norm(f))))
+        agree += int(q.argmax() == f.argmax())
+    return {
+        "inputs": n,
+        "cos_mean": float(np.mean(cosines)),
+        "cos_min": float(np.min(cosines)),
+        "agree": agree / n,
+    }
+
+
+def convert_all() -> dict:
+    """Convert every demo .rknn into the assets and return their measured figures."""
+    from batchinfer.runtime.toolkit import CACHE_ENV, toolkit_version
+
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")  # measure fresh builds
+        for stem, (recipe, _) in demo.rknn_stems().items():
+            folder = Path(tmp) / stem
+            folder.mkdir()
+            path = convert(stem, folder)
+            figures[stem] = measure_rknn(path, recipe)
+            shutil.copyfile(path, ASSETS / path.name)
+            print(f"{stem:24s} {figures[stem]['bytes']:7d} bytes", flush=True)
+    return {"toolkit": toolkit_version(), "models": figures}
+
+
 # --------------------------------------------------------------------------- main
 
 
-def build_models(images: np.ndarray, labels: np.ndarray, test_index: np.ndarray) -> dict:
-    """Return the three ModelProtos (by file name) trained on the non-held-out digits."""
+def build_all(images: np.ndarray, labels: np.ndarray, test_index: np.ndarray) -> tuple:
+    """Return (ONNX ModelProtos by file name, conversion settings by file name)."""
     pixels = to_pixels(images)
     train = np.setdiff1d(np.arange(len(labels)), test_index)
     weights = train_mlp(pixels[train], labels[train])
     scales = calibrate(weights, pixels[train])
-    return {
+    # The mistake behind digits-lowcal: calibrating on the raw 0..16 values, not on pixels.
+    raw_calibration = images[demo.calibration_indices(labels, test_index)]
+    lowcal_scales = calibrate(weights, raw_calibration)
+    models = {
         "digits.onnx": build_float_model(weights),
         "digits-int8.onnx": build_int8_model(weights, scales),
+        "digits-lowcal.onnx": build_int8_model(
+            weights,
+            lowcal_scales,
+            doc="Digits MLP, int8 QDQ calibrated on raw 0..16 values (poorly); see MODELS.md.",
+        ),
         "pool224.onnx": build_pool224(),
+        "digits-convert.onnx": build_digits_convert(weights),
+        "pool224-convert.onnx": build_pool224_convert(),
     }
+    settings = {}
+    for stem, (recipe, platform) in demo.rknn_stems().items():
+        if recipe.source == "digits-convert.onnx":
+            settings[f"{stem}.config.json"] = digits_settings(weights, platform)
+        else:
+            settings[f"{stem}.config.json"] = pool224_settings(platform)
+    return models, settings
 
 
 def main() -> None:
-    """Extract the digits (unless --from-npz), train, export, measure, write MODELS.md."""
+    """Build the ONNX models (or, with --rknn, the .rknn files), measure, write MODELS.md."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--from-npz", action="store_true", help="reuse digits.npz (no scikit-learn needed)"
     )
+    parser.add_argument(
+        "--rknn",
+        action="store_true",
+        help="convert the committed models to .rknn with rknn-toolkit2 (toolkit environment)",
+    )
     args = parser.parse_args()
+    measured_path = ASSETS / "measured.json"
+    measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
+    if args.rknn:
+        measured["rknn"] = convert_all()
+    else:
+        measured["onnx"] = build_onnx_assets(from_npz=args.from_npz)
+    measured_path.write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
+    (ASSETS / "MODELS.md").write_text(models_md(measured))
+    print(f"wrote {measured_path} and {ASSETS / 'MODELS.md'}")
+
+
+def build_onnx_assets(from_npz: bool) -> dict:
+    """Write digits.npz (unless ``from_npz``), the ONNX models and settings; return figures."""
     ASSETS.mkdir(parents=True, exist_ok=True)
     npz_path = ASSETS / "digits.npz"
-    if not args.from_npz:
+    if not from_npz:
         write_digits_npz(npz_path, *extract_digits())
     with np.load(npz_path) as data:
         images, labels, test_index = data["images"], data["labels"], data["test_index"]
 
     t0 = time.perf_counter()
-    models = build_models(images, labels, test_index)
+    models, settings = build_all(images, labels, test_index)
     train_s = time.perf_counter() - t0
     for name, model in models.items():
         onnx.save(model, ASSETS / name)
-
-    pixels = to_pixels(images)
-    train = np.setdiff1d(np.arange(len(labels)), test_index)
-    probs = {
-        n: run_digits(ort_session(ASSETS / n), pixels) for n in ("digits.onnx", "digits-int8.onnx")
-    }
-    acc = {
-        (n, part): float((p[idx].argmax(1) == labels[idx]).mean())
-        for n, p in probs.items()
-        for part, idx in (("train", train), ("test", test_index))
-    }
-    f, q = probs["digits.onnx"][test_index], probs["digits-int8.onnx"][test_index]
-    mad = float(np.abs(f - q).mean())
-    max_diff = float(np.abs(f - q).max())
-    agree = float((f.argmax(1) == q.argmax(1)).mean())
-    latency = pool224_latency_us(ort_session(ASSETS / "pool224.onnx"))
-
-    (ASSETS / "MODELS.md").write_text(
-        _models_md(len(labels), len(test_index), acc, mad, max_diff, agree, latency, train_s)
-    )
-    for (n, part), a in acc.items():
-        print(f"{n:18s} {part:5s} top-1 {a:.4f}")
-    print(
-        f"int8 vs float (held-out): mean |dp| {mad:.5f}, max {max_diff:.4f}, "
-        f"top-1 agreement {agree:.4f}"
-    )
+    for name, value in settings.items():
+        (ASSETS / name).write_text(settings_json(value))
+    figures = measure_onnx(labels, test_index, to_pixels(images))
+    figures.update(n=len(labels), n_test=len(test_index), train_s=train_s)
+    for name, f in figures["models"].items():
+        print(
+            f"{name:20s} top-1 held-out {f['top1_test']:.4f} all {f['top1_all']:.4f} "
+            f"agreement with float {f['agree_all']:.4f} ({f['flips_all']} flipped)"
+        )
+    latency = figures["pool224_latency_us"]
     print(f"pool224 latency (onnxruntime, 1 thread, median): {latency:.1f} us")
+    return figures
 
 
-def _models_md(n, n_test, acc, mad, max_diff, agree, latency, train_s) -> str:
-    pct = {k: f"{100 * v:.2f} %" for k, v in acc.items()}
+def settings_json(settings: dict) -> str:
+    """A settings file as a person would write it: one key per line."""
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in settings.items()]
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f} %"
+
+
+def models_md(measured: dict) -> str:
+    """MODELS.md from the measured figures (measured.json)."""
+    o = measured["onnx"]
+    m = o["models"]
+    f, q, low = m["digits.onnx"], m["digits-int8.onnx"], m["digits-lowcal.onnx"]
+    n, n_test = o["n"], o["n_test"]
     return f"""# Demo models
 
 Made by `python tools/build_demo_assets.py` (add `--from-npz` to skip the scikit-learn
-extraction and rebuild only the models from `digits.npz`). The build is deterministic:
-same seeds, same weights. Numbers below were measured by that tool with onnxruntime.
+extraction and rebuild only the models from `digits.npz`); the `.rknn` files by
+`python tools/build_demo_assets.py --rknn` in the toolkit's environment
+(`bash tools/toolkit-env.sh`). The ONNX build is deterministic: same seeds, same weights.
+Numbers below were measured by that tool (ONNX models with onnxruntime, `.rknn` files
+with rknn-toolkit2's simulator through the `toolkit` backend) and are kept in
+`measured.json`.
 
 ## Split
 The {n:,} digits are split by a fixed seeded permutation:
@@ -441,28 +715,101 @@ trained and calibrated on the train split only.
 - Graph: Cast -> Reshape [1,64] -> /255 -> (x - mean)/std (scalars from the train pixels)
   -> MatMul 64x{HIDDEN} + bias -> Relu -> MatMul {HIDDEN}x10 + bias -> Softmax.
 - Training: numpy, float64, He init (seed {TRAIN_SEED}), Adam lr {LEARNING_RATE}, batch {BATCH},
-  {EPOCHS} epochs, L2 {WEIGHT_DECAY}, cross-entropy ({train_s:.1f} s for all three models here).
-- Top-1: **{pct[("digits.onnx", "test")]} held-out**, {pct[("digits.onnx", "train")]} train.
+  {EPOCHS} epochs, L2 {WEIGHT_DECAY}, cross-entropy ({o["train_s"]:.1f} s for all the models here).
+- Top-1: **{_pct(f["top1_test"])} held-out**, {_pct(f["top1_train"])} train,
+  {_pct(f["top1_all"])} on all {n:,}.
 
 ## digits-int8.onnx (QDQ int8)
 - Same input/output names and shapes. The float model with int8 per-tensor symmetric
   quantisation as QuantizeLinear/DequantizeLinear: weights int8, biases int32 (scale
   input_scale*weight_scale), activations (normalised input, hidden layer, logits) int8 with
   scales max|x|/127 calibrated on the train images.
-- Top-1: **{pct[("digits-int8.onnx", "test")]} held-out**,
-  {pct[("digits-int8.onnx", "train")]} train.
-- Against the float model on the held-out split: mean |probs difference| {mad:.5f}
-  (max {max_diff:.4f}), top-1 agreement {100 * agree:.2f} %.
+- Top-1: **{_pct(q["top1_test"])} held-out**,
+  {_pct(q["top1_train"])} train.
+- Against the float model on the held-out split: mean |probs difference| {q["mad_test"]:.5f}
+  (max {q["max_test"]:.4f}), top-1 agreement {_pct(q["agree_test"])}; on all {n:,}:
+  agreement {_pct(q["agree_all"])} ({q["flips_all"]} flipped).
+
+## digits-lowcal.onnx (QDQ int8, poorly calibrated)
+- A device model whose quantisation visibly costs accuracy, for accuracy evaluations
+  against digits.onnx. Built exactly like digits-int8.onnx, but its activation scales were
+  calibrated on the {demo.CALIBRATION_PER_CLASS * 10} calibration digits as their raw 0..16
+  values instead of 0..255 pixels (a real conversion mistake: a calibration set that
+  skipped the preprocessing), so the normalised input and the hidden layer clip.
+- Top-1: **{_pct(low["top1_test"])} held-out**, {_pct(low["top1_train"])} train,
+  {_pct(low["top1_all"])} on all {n:,}.
+- Against the float model on all {n:,} digits: top-1 agreement {_pct(low["agree_all"])},
+  **{low["flips_all"]} items flipped**; held-out: mean |probs difference|
+  {low["mad_test"]:.5f} (max {low["max_test"]:.4f}).
 
 ## pool224.onnx (throughput stand-in)
 - Input `image` uint8 [1,224,224,3] NHWC, output `probs` float32 [1,1000].
 - Slice every 16th row and column -> Cast -> ReduceMean over H,W -> [1,3] -> centre to -1..1
   -> MatMul with a fixed random [3,1000] (seed {POOL_SEED}) + bias -> Softmax. Meaningless
   classes; the output depends on the input.
-- onnxruntime 1 thread, median of 2,000 calls: **{latency:.1f} µs** on the build machine.
+- onnxruntime 1 thread, median of 2,000 calls: **{o["pool224_latency_us"]:.1f} µs** on the
+  build machine.
 
-All models: opset {OPSET}, ir_version {IR_VERSION};
+## Models for conversion
+- `digits-convert.onnx`: the float digits MLP taking the normalised image as float NCHW
+  [1,1,8,8] (Reshape -> MatMul ... Softmax): digits.onnx without its normalisation, as a
+  model is exported for conversion. `pool224-convert.onnx`: pool224 taking float NCHW
+  [1,3,224,224] already centred to -1..1.
+- Their normalisation is in the conversion settings instead, `<model>-<chip>.config.json`:
+  the keyword arguments given to `rknn.config()`. digits: `mean_values`
+  255·mean, `std_values` 255·std (so (pixel - 255·mean)/(255·std) = (pixel/255 - mean)/std);
+  pool224: 127.5 and 127.5 per channel; `quantized_dtype` w8a8 (int8); `target_platform`
+  the chip.
+
+{rknn_md(measured.get("rknn"))}
+All ONNX models: opset {OPSET}, ir_version {IR_VERSION};
 `onnx.checker.check_model(full_check=True)` passes.
+"""
+
+
+def rknn_md(rknn: dict | None) -> str:
+    """The MODELS.md section on the .rknn files."""
+    if not rknn:
+        return "## .rknn files\nNot converted yet: `python tools/build_demo_assets.py --rknn`.\n"
+    rows, pool = [], []
+    for stem in demo.rknn_stems():
+        f = rknn["models"][stem]
+        name = f"| `{stem}.rknn` | {f['bytes']:,} | {', '.join(f['platforms'])} |"
+        if "top1_all" in f:
+            rows.append(
+                f"{name} {_pct(f['top1_test'])} | {_pct(f['top1_all'])} | "
+                f"{_pct(f['agree_all'])} ({f['flips_all']} flipped) |"
+            )
+        else:
+            pool.append(f"{name} {f['cos_mean']:.5f} | {f['cos_min']:.5f} | {_pct(f['agree'])} |")
+    table, pool_table = "\n".join(rows), "\n".join(pool)
+    digits = rknn["models"][f"digits-{demo.RKNN_PLATFORMS[0]}"]
+    inp, out = digits["inputs"][0], digits["outputs"][0]
+    return f"""## .rknn files (rknn-toolkit2 {rknn["toolkit"]})
+Converted from the models above with their settings file and calibration list
+(`<model>-<chip>.dataset.txt`, written by `batchinfer demo` with its images under
+`calibration/`: for `digits` the first {demo.CALIBRATION_PER_CLASS} train digits of each
+class as 0..255 pixels; for `digits-lowcal` the same digits as raw 0..16 values, the
+mistake of digits-lowcal.onnx; for `pool224` {demo.POOL224_CALIBRATION} seeded colour
+ramps). `build(do_quantization=True)`: int8, the toolkit's default asymmetric per-layer
+activations and per-channel weights. Each takes raw uint8 NHWC and normalises on the NPU.
+
+Top-1 measured with rknn-toolkit2's simulator (`--backend toolkit`: the NPU's quantised
+numerics, no timing), against the labels and, for agreement, against digits.onnx on all
+1,797 digits; pool224 against pool224.onnx on 64 seeded random images (its classes mean
+nothing, so its argmax is unstable on noise: cosine is the figure to read).
+
+| file | bytes | platforms (from the file) | top-1 held-out | top-1 all | agreement with float |
+|---|---|---|---|---|---|
+{table}
+
+| file | bytes | platforms (from the file) | cosine, mean | cosine, worst | top-1 agreement |
+|---|---|---|---|---|---|
+{pool_table}
+
+The trailing JSON of `digits-{demo.RKNN_PLATFORMS[0]}.rknn` says: input `{inp[0]}`
+{inp[1]} {inp[2]} (the source model's NCHW shape; the runtime takes NHWC), output
+`{out[0]}` {out[1]} {out[2] or "float (not quantised)"}, toolkit version {digits["version"]}.
 """
 
 

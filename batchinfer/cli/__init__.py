@@ -71,9 +71,9 @@ def main() -> None:
 
 
 def _register() -> None:
-    from batchinfer.cli import demo, info, run
+    from batchinfer.cli import bench, demo, eval, info, run
 
-    for module in (run, info, demo):
+    for module in (run, bench, eval, info, demo):
         main.add_command(module.command)
 
 

@@ -15,6 +15,11 @@ import pyarrow as pa
 from batchinfer.engine import events as ev
 from batchinfer.errors import render_fields
 
+# A listing shorter than this says nothing; a longer one a line every LISTING_LINE_EVERY
+# entries in a log (on a terminal: one line, updated).
+LISTING_SHOWN_FROM = 50_000
+LISTING_LINE_EVERY = 200_000
+
 
 class ConsoleObserver:
     """Warnings as ``warning: ...`` lines; a progress bar only when stderr is a terminal.
@@ -27,6 +32,7 @@ class ConsoleObserver:
         self.flag_of = flag_of
         self.progress = progress and sys.stderr.isatty()
         self.bar = None
+        self._listed: int | None = None
 
     def notify(self, event: object) -> None:
         if isinstance(event, ev.RowsDone):
@@ -35,6 +41,8 @@ class ConsoleObserver:
         elif isinstance(event, ev.Warned):
             self.echo(f"warning: {render_fields(event.message, self.flag_of)}")
         elif isinstance(event, ev.Started):
+            if self._listed is not None and sys.stderr.isatty():
+                click.echo("", err=True)  # end the listing's line
             cores = ",".join(str(c) for c in event.cores)
             todo = "?" if event.todo is None else str(event.todo)
             where = f"cores {cores}"
@@ -54,6 +62,18 @@ class ConsoleObserver:
                     file=sys.stderr,
                     smoothing=0.1,
                 )
+
+    def listing(self, count: int) -> None:
+        """Progress of a long dataset listing (called by the library every N entries)."""
+        if self._listed is None and count < LISTING_SHOWN_FROM:
+            return
+        if sys.stderr.isatty():
+            click.echo(f"\rlisting the dataset: {count:,} entries", err=True, nl=False)
+        elif self._listed is None or count - self._listed >= LISTING_LINE_EVERY:
+            click.echo(f"listing the dataset: {count:,} entries", err=True)
+        else:
+            return
+        self._listed = count
 
     def echo(self, text: str) -> None:
         if self.bar is not None:

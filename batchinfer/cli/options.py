@@ -25,6 +25,7 @@ _TOP = {
     "dataset": "DATASET",
     "model": "--model",
     "limit": "--limit",
+    "labels": "--labels",
     "ray": "--ray",
     "ray_data": "--ray-data",
 }

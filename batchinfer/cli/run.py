@@ -29,6 +29,12 @@ def resume_command(argv: list[str], out: Path) -> str:
 )
 @group_options("runtime", "runtime.sim", "preprocess", "output", "reliability")
 @click.option("--limit", type=int, help="Only the first N items of the dataset.")
+@click.option(
+    "--labels",
+    type=click.Path(path_type=Path),
+    help="Class map: one class folder name per line (line 1 is label 0), or JSON (a list of "
+    "names, {name: label}, a Keras class index). Default: the top-level folders, sorted.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
 # -- scale-out on Ray (batchinfer.cluster) ------------------------------------------------
 @click.option(
@@ -50,6 +56,7 @@ def command(
     dataset: Path,
     model: Path,
     limit: int | None,
+    labels: Path | None,
     no_progress: bool,
     ray_address: str | None,
     ray_data: str,
@@ -71,13 +78,14 @@ def command(
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_run)(dataset, model, limit, no_progress, params, ray_address, ray_data)
+    fail_cleanly(_run)(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
 
 
 def _run(
     dataset: Path,
     model: Path,
     limit: int | None,
+    labels: Path | None,
     no_progress: bool,
     params: dict,
     ray_address: str | None = None,
@@ -94,6 +102,7 @@ def _run(
         output=build_group("output", params),
         reliability=build_group("reliability", params),
         limit=limit,
+        labels=labels,
         command=shlex.join(["batchinfer", *sys.argv[1:]]),
     )
     console = ConsoleObserver(flag_of, progress=not no_progress)
@@ -101,18 +110,29 @@ def _run(
         if ray_address is not None:  # scale-out on Ray: the cluster's engine, same outputs
             from batchinfer.cluster import run_on_cluster
 
-            result = run_on_cluster(config, ray_address, [console], data=ray_data)
+            result = run_on_cluster(
+                config, ray_address, [console], data=ray_data, listing=console.listing
+            )
         else:
-            result = run_engine(config, observers=[console])
+            result = run_engine(config, observers=[console], listing=console.listing)
     finally:
         console.close()
     click.echo(format_summary(result.stats))
+    skipped = result.skipped_files
+    if skipped.get("count"):
+        kinds = ", ".join(f"{ext or '(none)'} {n}" for ext, n in skipped["by_extension"].items())
+        first = ", ".join(skipped["first"][:3])
+        more = ", ..." if skipped["count"] > 3 else ""
+        click.echo(
+            f"skipped {skipped['count']} file(s) that are not items ({kinds}): {first}{more}; "
+            "all are listed in the manifest"
+        )
     if result.failed_items:
         click.echo(f"failed items (first {len(result.failed_items)} of {result.errors}):")
         for item_id, error in result.failed_items:
             click.echo(f"  {item_id}: {error}")
         click.echo(f"  every error row is in {result.out / 'predictions'} (column error)")
-    done = f"{result.succeeded} succeeded, {result.errors} errors"
+    done = f"{result.succeeded} succeeded, {result.errors} error{'' if result.errors == 1 else 's'}"
     if result.skipped:
         done += f", {result.skipped} already done (resumed)"
     click.echo(f"{result.status}: {done}; results in {result.out}")

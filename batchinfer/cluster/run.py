@@ -1,6 +1,6 @@
 """The main job on a Ray cluster: plan, connect, claim OUT, run with the cluster's engine.
 
-The same steps as :func:`batchinfer.engine.run` (engine/run.py), with the engine swapped:
+The same steps as :func:`batchinfer.engine.run` (engine/runner.py), with the engine swapped:
 the run folder, its manifest, parts, stats, resume and locking are the single-board ones,
 so a cluster run's output is read, evaluated and resumed like any other (on one board or
 on a cluster). The manifest adds ``cluster``: the address, where the dataset was read and
@@ -9,19 +9,15 @@ the nodes with their cores.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from batchinfer.cluster.connect import NodeInfo, RayConnection, check_shared_dataset
 from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.plan import RunPlan, plan_run
-from batchinfer.engine.run import (
-    RunResult,
-    StopSignals,
-    arrow_system_allocator,
-    run_plan,
-)
+from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
+from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import NoCoreError, UsageError
 from batchinfer.sink.rows import RowSink
@@ -34,6 +30,7 @@ def run_on_cluster(
     observers: Sequence[Observer] = (),
     *,
     data: str = "head",
+    listing: Callable[[int], None] | None = None,
 ) -> RunResult:
     """Run a model over a dataset folder on the NPU cores of a Ray cluster into a run folder.
 
@@ -41,12 +38,13 @@ def run_on_cluster(
     ``local`` or ``local:N`` (N simulated nodes on this machine, stopped at the end).
     ``data``: ``head`` (the dataset is read on this node and its tensors shipped through
     Ray's object store) or ``shared`` (every node mounts it at the same path and reads its
-    share). Raises like :func:`batchinfer.engine.run`; item failures are error rows.
+    share). ``listing`` as for :func:`batchinfer.engine.run`, which this raises like; item
+    failures are error rows.
     """
     if data not in DATA_MODES:
         raise UsageError(f"{{ray_data}} must be one of {', '.join(DATA_MODES)}, not {data!r}.")
     with arrow_system_allocator(), StopSignals() as signals:
-        plan = plan_run(config)
+        plan = plan_run(config, listing=listing)
         with RayConnection(address, plan.backend.cores()) as connection:
             signals.reinstall()  # ray.init set its own SIGTERM handler
             nodes = usable_nodes(connection.nodes(), plan.engine.cores)

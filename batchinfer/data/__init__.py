@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, open_dataset
-from batchinfer.data.preprocess import Preprocess, load_into, preprocess_for
+from batchinfer.data.classes import ClassMap, read_labels_file
+from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, Skipped, open_dataset
+from batchinfer.data.images import DEFAULT_MAX_PIXELS
+from batchinfer.data.preprocess import Preprocess, load_into, parse_background, preprocess_for
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
     "IMAGE_EXTENSIONS",
+    "ClassMap",
     "Dataset",
     "Item",
     "Preprocess",
+    "Skipped",
     "load_into",
     "open_dataset",
+    "parse_background",
     "preprocess_for",
+    "read_labels_file",
 ]

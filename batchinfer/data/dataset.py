@@ -1,30 +1,80 @@
 """Dataset folders, walked as a stream: the coordinator never holds a list of every path.
 
 A dataset is a folder of images or of ``.npy`` tensors, searched recursively. Its order is
-fixed by the names alone (see ``_sorted_entries``), so a run and its ``--resume`` agree on
-every item's index. Memory stays flat whatever the dataset size: ``open_dataset`` counts
-items in one walk, and each iteration is a fresh walk that yields items one at a time.
+fixed by the names alone (see :mod:`batchinfer.data.listing`), so a run and its
+``--resume`` agree on every item's index. ``open_dataset`` lists the folder once to count
+items, find the classes and note skipped files; each iteration lists it again and yields
+items one at a time. Each directory is listed once per walk, in time linear in its size.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
+from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchinfer.data.classes import ClassMap, class_map_from_folders, read_labels_file
+from batchinfer.data.listing import DIR, FILE, Progress, ProgressCallback, walk
 from batchinfer.errors import DatasetError
 
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff"})
+#: File extensions (compared in lower case) read as images. Chosen, not every extension
+#: Pillow registers: single raster pictures (or the first frame of an animation or
+#: multi-page TIFF) that Pillow decodes with its own codecs. Left out on purpose: formats
+#: Pillow only writes (.pdf, .palm), documents and vector art (.eps, .ps, .wmf, .emf),
+#: video and animation containers (.mpg, .fli, .flc), multi-page fax (.dcx), layered or
+#: scientific files (.psd, .fits, .h5, .grib, .bufr), texture/icon/cursor/brush formats
+#: (.dds, .blp, .ftc, .icns, .cur, .gbr), X bitmaps that are C source (.xbm, .xpm), the
+#: float map .pfm, and extensions that usually mean raw dumps elsewhere (.rgb, .raw).
+#: HEIC is not here: Pillow cannot read it without a plugin, so such files are skipped
+#: and counted (see Dataset.skipped).
+IMAGE_EXTENSIONS = frozenset(
+    {
+        # JPEG, and the names cameras, scanners and browsers give it
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".jfif",
+        ".png",
+        ".apng",
+        ".gif",
+        ".bmp",
+        ".dib",
+        ".tif",
+        ".tiff",
+        ".webp",
+        ".avif",  # read by Pillow >= 11.3 wheels; older builds give an error row
+        # Netpbm (scanner and image-processing tools' output)
+        ".ppm",
+        ".pgm",
+        ".pbm",
+        ".pnm",
+        ".tga",
+        ".ico",
+        # JPEG 2000 (archives, scanners, medical imaging)
+        ".jp2",
+        ".j2k",
+        ".j2c",
+        ".jpc",
+        ".jpf",
+        ".jpx",
+        ".qoi",
+        ".pcx",
+        ".sgi",
+        ".ras",
+    }
+)
 NPY_EXTENSIONS = frozenset({".npy"})
 KINDS = ("images", "npy")
 
-#: How many entries of one directory are sorted in memory at a time. A bigger directory
-#: is read in several passes, each taking the next _CHUNK names in order (see
-#: _sorted_entries): memory stays bounded at the cost of re-listing huge flat folders.
-_CHUNK = 16384
+#: How many skipped files are named in :attr:`Skipped.first`.
+SKIPPED_NAMES_KEPT = 10
+#: The key of :attr:`Skipped.by_extension` for FIFOs, sockets and devices.
+NOT_A_FILE = "(not a regular file)"
+#: Default for open_dataset's ``progress_every``.
+PROGRESS_EVERY = 10_000
 
 _WHAT = (
     "a folder of images (.jpg, .png, ...) or of .npy tensors, optionally one subfolder per class"
@@ -50,6 +100,22 @@ class Item:
         return self.id_bytes if self.id_bytes is not None else self.id.encode("utf-8")
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """Files under the dataset root that are not items (hidden entries not counted)."""
+
+    count: int = 0
+    #: lower-case extension ("" for none, NOT_A_FILE for FIFOs and devices) -> count
+    by_extension: dict[str, int] = field(default_factory=dict, hash=False)
+    #: ids (as Item.id shows them) of the first SKIPPED_NAMES_KEPT, in dataset order
+    first: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready record: count, per-extension counts (most first), first names."""
+        ranked = sorted(self.by_extension.items(), key=lambda kv: (-kv[1], kv[0]))
+        return {"count": self.count, "by_extension": dict(ranked), "first": list(self.first)}
+
+
 def display_name(rel: str) -> tuple[str, bytes | None]:
     """(valid UTF-8 text, raw bytes or None) for a name as os.scandir gives it.
 
@@ -66,7 +132,7 @@ def display_name(rel: str) -> tuple[str, bytes | None]:
 
 
 class Dataset:
-    """A dataset folder: its kind, classes and size, and a stream of its Items.
+    """A dataset folder: its kind, class map and size, and a stream of its Items.
 
     Holds no paths: ``len()`` was counted when it was opened and ``iter()`` walks the
     folder again. Picklable (it is only a few small fields), so it can go to a process.
@@ -76,23 +142,36 @@ class Dataset:
         self,
         root: Path,
         kind: str,
-        classes: tuple[str, ...],
-        labels: dict[str, int],
+        class_map: ClassMap,
         count: int,
-        ignored: int,
+        skipped: Skipped,
         listing_sha256: str = "",
     ) -> None:
         self.root = root
         self.kind = kind
-        self.classes = classes
-        #: class folder name -> label index (int(name), or the position in ``classes``)
-        self.labels = labels
-        #: files under root with an extension of neither kind (hidden files not counted)
-        self.ignored = ignored
+        #: the labels used, with where they came from (folders or a labels file)
+        self.class_map = class_map
+        #: files under root that are not items, by extension, with the first few names
+        self.skipped = skipped
         #: sha256 over every item's relative path, in order: the dataset's listing, which
         #: a --resume must find unchanged
         self.listing_sha256 = listing_sha256
         self._count = count
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        """Class names in label order (empty for a dataset without class folders)."""
+        return self.class_map.names
+
+    @property
+    def labels(self) -> dict[str, int]:
+        """Class folder name -> label."""
+        return self.class_map.labels
+
+    @property
+    def ignored(self) -> int:
+        """How many files were skipped (``skipped.count``)."""
+        return self.skipped.count
 
     def __len__(self) -> int:
         return self._count
@@ -100,8 +179,19 @@ class Dataset:
     def __repr__(self) -> str:
         return (
             f"Dataset(root={str(self.root)!r}, kind={self.kind!r}, items={self._count}, "
-            f"classes={len(self.classes)}, ignored={self.ignored})"
+            f"classes={len(self.classes)}, skipped={self.skipped.count})"
         )
+
+    def manifest_json(self) -> dict[str, object]:
+        """What a run's manifest records about its dataset."""
+        return {
+            "root": str(self.root),
+            "kind": self.kind,
+            "items": self._count,
+            "listing_sha256": self.listing_sha256,
+            "classes": self.class_map.to_json(),
+            "skipped": self.skipped.to_json(),
+        }
 
     def __iter__(self) -> Iterator[Item]:
         return self.iter_from()
@@ -114,53 +204,90 @@ class Dataset:
         the listing has not changed (``listing_sha256``).
         """
         root = str(self.root)
+        labels = self.labels
         index = 0
-        for rel, kind in _walk(root):
-            if kind != self.kind:
+        for rel, entry_type in walk(root):
+            if entry_type == DIR or _kind_of(rel, entry_type) != self.kind:
                 continue
             if skip is None or not skip(os.fsencode(rel)):
-                label_name = rel.split("/", 1)[0] if "/" in rel and self.labels else None
+                label_name = rel.split("/", 1)[0] if "/" in rel and labels else None
                 id_text, id_bytes = display_name(rel)
                 yield Item(
                     index=index,
                     path=os.path.join(root, *rel.split("/")),
                     id=id_text,
-                    label=None if label_name is None else self.labels.get(label_name),
+                    label=None if label_name is None else labels.get(label_name),
                     label_name=None if label_name is None else display_name(label_name)[0],
                     id_bytes=id_bytes,
                 )
             index += 1
 
 
-def open_dataset(root: Path | str) -> Dataset:
-    """Return the Dataset at ``root`` after one counting walk; DatasetError if it is unusable.
+def open_dataset(
+    root: Path | str,
+    *,
+    labels_file: Path | str | None = None,
+    progress: ProgressCallback | None = None,
+    progress_every: int = PROGRESS_EVERY,
+) -> Dataset:
+    """Return the Dataset at ``root`` after one listing; DatasetError if it is unusable.
 
     Kind: images (any of IMAGE_EXTENSIONS, any case) or ``.npy``; a folder holding both is
-    refused. Labels: when items sit in the root's subfolders, each subfolder holding items
-    is a class; its label is ``int(name)`` if every class name is a non-negative integer,
-    else its position among the sorted class names. Items directly in the root then have
-    no label. Hidden files and folders (leading '.') are skipped; other files are counted
-    in ``ignored``.
+    refused. Other files are skipped and counted (:attr:`Dataset.skipped`); hidden files
+    and folders (leading '.') are neither walked nor counted.
+
+    Labels: when items sit in the root's subfolders, every visible top-level folder is a
+    class, empty or not (see :mod:`batchinfer.data.classes`), and items directly in the
+    root have no label. ``labels_file`` gives the class map instead (formats: see
+    :func:`~batchinfer.data.classes.read_labels_file`); a folder holding items that the
+    file does not name is refused, since its items could only get no label or a wrong one.
+
+    ``progress(count)`` is called with the number of entries listed so far every
+    ``progress_every`` entries and once at the end.
     """
     path = Path(os.path.abspath(root))
     if not path.exists():
         raise DatasetError(f"The dataset folder {path} does not exist; pass {_WHAT}.")
     if not path.is_dir():
         raise DatasetError(f"The dataset {path} is a file, not a folder; pass {_WHAT}.")
+    given_map = None if labels_file is None else read_labels_file(labels_file)
 
     counts = {"images": 0, "npy": 0}
     listings = {"images": hashlib.sha256(), "npy": hashlib.sha256()}
-    ignored = 0
-    # Top-level subfolders holding items, per kind: few, so a set is fine.
-    class_dirs: dict[str, set[str]] = {"images": set(), "npy": set()}
-    for rel, kind in _walk(str(path)):
+    # Top-level folders (few, so sets are fine): all of them, and those holding items.
+    folders: set[str] = set()
+    folders_with_items: dict[str, set[str]] = {"images": set(), "npy": set()}
+    skipped_extensions: Counter[str] = Counter()
+    skipped_first: list[str] = []
+    counter = Progress(progress, progress_every)
+    # Names wait in batches to be hashed: one encode and one update per batch, not per name.
+    pending: dict[str, list[str]] = {"images": [], "npy": []}
+    for rel, entry_type in walk(str(path), counter):
+        if entry_type == DIR:
+            if "/" not in rel:
+                folders.add(rel)
+            continue
+        kind = _kind_of(rel, entry_type)
         if kind is None:
-            ignored += 1
+            skipped_extensions[_skip_key(rel, entry_type)] += 1
+            if len(skipped_first) < SKIPPED_NAMES_KEPT:
+                skipped_first.append(display_name(rel)[0])
             continue
         counts[kind] += 1
-        listings[kind].update(os.fsencode(rel) + b"\0")
+        batch = pending[kind]
+        batch.append(rel)
+        if len(batch) == 4096:
+            _hash_names(listings[kind], batch)
         if "/" in rel:
-            class_dirs[kind].add(rel.split("/", 1)[0])
+            folders_with_items[kind].add(rel[: rel.index("/")])
+    for kind, batch in pending.items():
+        _hash_names(listings[kind], batch)
+    counter.finish()
+    skipped = Skipped(
+        count=sum(skipped_extensions.values()),
+        by_extension=dict(skipped_extensions),
+        first=tuple(skipped_first),
+    )
 
     if counts["images"] and counts["npy"]:
         raise DatasetError(
@@ -169,131 +296,65 @@ def open_dataset(root: Path | str) -> Dataset:
         )
     kind = "images" if counts["images"] else "npy"
     if not counts[kind]:
-        others = f" (only {ignored} other files)" if ignored else ""
+        others = f" (only {skipped.count} other files)" if skipped.count else ""
         raise DatasetError(f"The dataset folder {path} holds no items{others}; it must be {_WHAT}.")
-    classes = tuple(sorted(class_dirs[kind]))
+    if given_map is not None:
+        _check_covered(given_map, folders_with_items[kind], path)
+        class_map = given_map
+    else:
+        class_map = class_map_from_folders(folders if folders_with_items[kind] else (), path)
     return Dataset(
         root=path,
         kind=kind,
-        classes=classes,
-        labels=_label_indexes(path, classes),
+        class_map=class_map,
         count=counts[kind],
-        ignored=ignored,
+        skipped=skipped,
         listing_sha256=listings[kind].hexdigest(),
     )
 
 
-def _label_indexes(root: Path, classes: tuple[str, ...]) -> dict[str, int]:
-    """Map class names to label indexes: int(name) when all are integers, else positions."""
-    if classes and all(re.fullmatch(r"[0-9]+", name) for name in classes):
-        labels = {name: int(name) for name in classes}
-        if len(set(labels.values())) < len(labels):
-            seen: dict[int, str] = {}
-            for name, value in labels.items():
-                if value in seen:
-                    raise DatasetError(
-                        f"The class folders {seen[value]!r} and {name!r} in {root} both mean "
-                        f"label {value}; rename or merge one of them."
-                    )
-                seen[value] = name
-        return labels
-    return {name: i for i, name in enumerate(classes)}
+def _check_covered(class_map: ClassMap, folders: set[str], root: Path) -> None:
+    missing = sorted(folders - class_map.labels.keys())
+    if missing:
+        shown = ", ".join(repr(display_name(name)[0]) for name in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise DatasetError(
+            f"{len(missing)} class folder(s) of {root} hold items but are not in the labels "
+            f"file {class_map.file}: {shown}{more}; add them to the file or move them out "
+            "of the dataset."
+        )
 
 
-def _kind_of(name: str) -> str | None:
-    ext = os.path.splitext(name)[1].lower()
-    if ext in IMAGE_EXTENSIONS:
-        return "images"
-    if ext in NPY_EXTENSIONS:
-        return "npy"
-    return None
+def _hash_names(listing: hashlib._Hash, names: list[str]) -> None:
+    """Add each name's bytes and a NUL to ``listing``, then empty ``names``."""
+    if names:
+        names.append("")  # a NUL after the last name too
+        listing.update(os.fsencode("\0".join(names)))
+        names.clear()
 
 
-def _walk(root: str) -> Iterator[tuple[str, str | None]]:
-    """Yield (POSIX path relative to root, kind or None) for every visible file, in order."""
-    try:
-        top = os.stat(root)
-    except OSError as exc:
-        raise _unreadable(root, exc) from exc
-    yield from _walk_dir(root, "", frozenset({(top.st_dev, top.st_ino)}))
+_KIND_BY_EXTENSION = {
+    **dict.fromkeys(IMAGE_EXTENSIONS, "images"),
+    **dict.fromkeys(NPY_EXTENSIONS, "npy"),
+}
 
 
-def _walk_dir(
-    directory: str, rel: str, ancestors: frozenset[tuple[int, int]]
-) -> Iterator[tuple[str, str | None]]:
-    # ``ancestors`` holds the (device, inode) of every directory on the way down: a
-    # symlink back to one of them would loop forever, so it is not entered. Symlinks
-    # elsewhere are followed (a dataset assembled from links is a normal thing to do).
-    for name, entry_type in _sorted_entries(directory):
-        child_rel = f"{rel}/{name}" if rel else name
-        if entry_type == _DIR:
-            child = os.path.join(directory, name)
-            try:
-                st = os.stat(child)
-            except OSError as exc:
-                raise _unreadable(child, exc) from exc
-            key = (st.st_dev, st.st_ino)
-            if key not in ancestors:
-                yield from _walk_dir(child, child_rel, ancestors | {key})
-        elif entry_type == _FILE:
-            yield child_rel, _kind_of(name)
-        else:
-            # A fifo or device named like an image would block or mislead a reader.
-            yield child_rel, None
+def _extension(rel: str) -> str:
+    """The lower-case extension of the last name in ``rel`` ("" for none).
 
-
-_DIR, _FILE, _OTHER = "dir", "file", "other"
-
-
-def _sorted_entries(directory: str) -> Iterator[tuple[str, str]]:
-    """Yield (name, _DIR | _FILE | _OTHER) for the visible entries of ``directory``, by name.
-
-    Files and folders are interleaved by name. At most 2 * _CHUNK entries are held at
-    once: each pass lists the directory and keeps the _CHUNK smallest names after the
-    last one yielded, so a flat folder of a million files does not become a million
-    strings in memory. No directory handle stays open while the caller works.
+    What os.path.splitext gives, for the names a walk yields (never starting with '.').
     """
-    last: str | None = None
-    while True:
-        chunk: list[tuple[str, str]] = []
-        dropped = False
-        try:
-            with os.scandir(directory) as it:
-                for entry in it:
-                    name = entry.name
-                    if name.startswith(".") or (last is not None and name <= last):
-                        continue
-                    chunk.append((name, _entry_type(entry)))
-                    if len(chunk) >= 2 * _CHUNK:
-                        chunk.sort()
-                        del chunk[_CHUNK:]
-                        dropped = True
-        except OSError as exc:
-            raise _unreadable(directory, exc) from exc
-        chunk.sort()
-        more = dropped or len(chunk) > _CHUNK
-        del chunk[_CHUNK:]
-        yield from chunk
-        if not more:
-            return
-        last = chunk[-1][0]
+    dot = rel.rfind(".")
+    return rel[dot:].lower() if dot > rel.rfind("/") else ""
 
 
-def _entry_type(entry: os.DirEntry[str]) -> str:
-    # is_dir()/is_file() follow symlinks. A broken symlink counts as a file: reading it
-    # fails and makes an error row, which is better than a silent skip.
-    try:
-        if entry.is_dir():
-            return _DIR
-        if entry.is_file() or entry.is_symlink():
-            return _FILE
-    except OSError:
-        return _FILE
-    return _OTHER
+def _kind_of(rel: str, entry_type: str) -> str | None:
+    if entry_type != FILE:
+        return None  # a FIFO or device named like an image would block or mislead a reader
+    return _KIND_BY_EXTENSION.get(_extension(rel))
 
 
-def _unreadable(path: str, exc: OSError) -> DatasetError:
-    reason = exc.strerror or str(exc)
-    return DatasetError(
-        f"Cannot read {path} ({reason}); fix its permissions or move it out of the dataset."
-    )
+def _skip_key(rel: str, entry_type: str) -> str:
+    if entry_type != FILE:
+        return NOT_A_FILE
+    return display_name(_extension(rel))[0]

@@ -3,6 +3,8 @@
 Readers call :func:`load_into` with an ndarray view over a shared-memory slot; the
 tensor is written there, with as few full-size copies as the format allows:
 
+- images are decoded by :func:`batchinfer.data.images.decode_image` (pixel limit, EXIF
+  orientation, reduced-size JPEG decoding, transparency, 16-bit scaling, resize);
 - uint8 NHWC rgb/gray images: Pillow's pixels are copied once into the slot;
 - other layouts, colours and integer dtypes: the same single copy, through a strided view;
 - float dtypes with mean/std: ``(x - mean) / std`` computed into the slot
@@ -17,6 +19,7 @@ before any item is read.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from collections.abc import Sequence
@@ -24,8 +27,9 @@ from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
 import numpy as np
-from PIL import Image, ImageFile
+from PIL import ImageColor
 
+from batchinfer.data.images import DEFAULT_MAX_PIXELS, decode_image
 from batchinfer.errors import InputError, UsageError
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
 
@@ -49,6 +53,18 @@ class Preprocess:
     ``mean`` and ``std`` are per channel, in pixel units (0..255) like RKNN's
     mean_values/std_values, and apply only to float dtypes. Other shapes only take
     ``.npy`` tensors. Validated on construction (UsageError).
+
+    How images are decoded (see :mod:`batchinfer.data.images`):
+
+    - ``exif_orientation``: apply the EXIF Orientation tag as image viewers do.
+    - ``background``: (r, g, b) that transparent images are composited over (default
+      white, as browsers and viewers show them); None drops alpha like Pillow's
+      ``convert("RGB")`` (what torchvision's default loader does). A string such as
+      "white", "#808080" or "0,0,0" is parsed by :func:`parse_background`.
+    - ``max_pixels``: images with more pixels (width × height, from the header) are error
+      rows; None for no limit. Default: Pillow's decompression-bomb threshold.
+    - ``jpeg_draft``: decode large JPEGs at 1/2, 1/4 or 1/8 scale when the model input
+      is that much smaller (faster, far less memory; off reproduces a full decode).
     """
 
     shape: tuple[int, ...]
@@ -58,6 +74,10 @@ class Preprocess:
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
     resize: Literal["stretch"] = "stretch"
+    exif_orientation: bool = True
+    background: tuple[int, int, int] | None = (255, 255, 255)
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    jpeg_draft: bool = True
 
     def __post_init__(self) -> None:
         shape = tuple(self.shape)
@@ -74,6 +94,19 @@ class Preprocess:
             raise UsageError(f"Unknown color {self.color!r}; use one of {', '.join(COLORS)}.")
         if self.resize not in RESIZE_MODES:
             raise UsageError(f"Unknown resize mode {self.resize!r}; use 'stretch'.")
+        object.__setattr__(self, "background", _background(self.background))
+        if self.max_pixels is not None:
+            if isinstance(self.max_pixels, bool) or not isinstance(
+                self.max_pixels, int | np.integer
+            ):
+                raise UsageError(
+                    f"{{preprocess.max_pixels}} {self.max_pixels!r} is not a whole number."
+                )
+            if self.max_pixels < 1:
+                raise UsageError(
+                    f"{{preprocess.max_pixels}} must be at least 1, not {self.max_pixels}."
+                )
+            object.__setattr__(self, "max_pixels", int(self.max_pixels))
         if self.is_image:
             self._check_image_spec()
         elif self.mean is not None or self.std is not None:
@@ -93,7 +126,7 @@ class Preprocess:
             want = "gray" if channels == 1 else "rgb or bgr"
             raise UsageError(
                 f"Color {self.color} does not fit an input with {channels} channel(s); "
-                f"use --color {want}."
+                f"use {{preprocess.color}} {want}."
             )
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -108,12 +141,15 @@ class Preprocess:
                     f"channel(s); give 1 or {channels} values."
                 )
             if name == "std" and not all(v != 0 and math.isfinite(v) for v in value):
-                raise UsageError(f"--std {value} has a zero or non-finite value; fix it.")
+                raise UsageError(
+                    f"{{preprocess.std}} {value} has a zero or non-finite value; fix it."
+                )
             object.__setattr__(self, name, value)
         if (self.mean is not None or self.std is not None) and not self.is_float:
             raise UsageError(
-                f"mean/std need a float input, but this one is {self.dtype} (such models "
-                "normalise inside); drop --mean/--std or pass --dtype float32."
+                "{preprocess.mean}/{preprocess.std} give fractional values, which a "
+                f"{self.dtype} input cannot hold; drop them (an integer input takes raw 0..255 "
+                "pixels and the model normalises inside its graph)."
             )
 
     @property
@@ -166,8 +202,8 @@ class Preprocess:
             )
         if self.dtype in _NOT_FOR_IMAGES:
             raise UsageError(
-                f"Images are 0..255 pixels and cannot be fed as {self.dtype}; pass --dtype "
-                "uint8 or float32."
+                f"Images are 0..255 pixels and cannot be fed as {self.dtype}; pass "
+                "{preprocess.dtype} uint8 or float32."
             )
 
     def _require_image(self) -> None:
@@ -188,6 +224,10 @@ def preprocess_for(
     dtype_override: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    exif_orientation: bool = True,
+    background: tuple[int, int, int] | str | None = (255, 255, 255),
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    jpeg_draft: bool = True,
 ) -> Preprocess:
     """Return the Preprocess for a model input of ``shape``/``dtype``, with overrides.
 
@@ -197,9 +237,13 @@ def preprocess_for(
     the shape: last if it is 1 or 3 (NHWC, the default and what RKNN reports), else axis
     1 if that is 1 or 3 (NCHW, as ONNX models usually are). ``layout`` picks the buffer
     layout (default: the model's); ``size`` = (height, width) overrides the model's;
-    ``color`` defaults to gray for 1 channel, rgb for 3. Raises UsageError for
-    combinations that cannot work.
+    ``color`` defaults to gray for 1 channel, rgb for 3. ``mean``/``std`` are refused for
+    a model whose own input is an integer type: it takes raw pixels and normalises inside.
+    The decoding switches are Preprocess's. Raises UsageError for combinations that
+    cannot work.
     """
+    if mean is not None or std is not None:
+        _check_normalisation(dtype, dtype_override)
     dims: list[int | None] = [_static(d) for d in shape]
     if not dims:
         raise UsageError("The model input is a scalar; batchinfer feeds tensors of rank 1 or more.")
@@ -235,8 +279,8 @@ def preprocess_for(
     else:
         if size is not None:
             raise UsageError(
-                f"--size applies to image inputs, and the model input {tuple(shape)} is not "
-                "one; drop --size."
+                "{preprocess.size} applies to image inputs, and the model input "
+                f"{tuple(shape)} is not one; drop {{preprocess.size}}."
             )
         if any(d is None for d in dims):
             raise UsageError(f"The model input {tuple(shape)} has a dynamic dimension.")
@@ -250,7 +294,67 @@ def preprocess_for(
         color=color or default_color,  # type: ignore[arg-type]
         mean=None if mean is None else tuple(mean),
         std=None if std is None else tuple(std),
+        exif_orientation=exif_orientation,
+        background=background,  # type: ignore[arg-type]  # parsed by Preprocess
+        max_pixels=max_pixels,
+        jpeg_draft=jpeg_draft,
     )
+
+
+def _check_normalisation(model_dtype: object, dtype_override: str | None) -> None:
+    """Refuse --mean/--std where they would normalise twice or be cut to integers."""
+    try:
+        model = np.dtype(model_dtype)  # type: ignore[call-overload]
+        override = None if dtype_override is None else np.dtype(dtype_override)
+    except TypeError:
+        return  # an unknown dtype: Preprocess says so
+    if model.kind in "iub":
+        raise UsageError(
+            f"The model's input is {model.name}, so it takes raw 0..255 pixels and does any "
+            "normalisation inside its graph; drop --mean/--std, which would normalise twice."
+        )
+    if override is not None and override.kind in "iub":
+        raise UsageError(
+            "{preprocess.mean}/{preprocess.std} give fractional values, which "
+            f"{{preprocess.dtype}} {override.name} cannot hold; drop {{preprocess.dtype}} to "
+            f"feed the model's {model.name} input."
+        )
+
+
+def parse_background(text: str) -> tuple[int, int, int] | None:
+    """Parse a background colour: "none", a colour name ("white"), "#rrggbb" or "r,g,b".
+
+    For CLI flags and job files; UsageError if it is none of those.
+    """
+    value = text.strip().lower()
+    if value == "none":
+        return None
+    try:
+        if value.count(",") == 2:
+            return _background(tuple(int(part) for part in value.split(",")))
+        return ImageColor.getrgb(value)[:3]  # type: ignore[return-value]
+    except ValueError as exc:
+        raise UsageError(
+            f"{{preprocess.background}} {text!r} is not a colour; {_BACKGROUND_FORMS}."
+        ) from exc
+
+
+_BACKGROUND_FORMS = "use none, a name (white, black), #rrggbb or r,g,b with values 0..255"
+
+
+def _background(value: object) -> tuple[int, int, int] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return parse_background(value)
+    if (
+        isinstance(value, Sequence)
+        and len(value) == 3
+        and all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in value)
+        and all(0 <= v <= 255 for v in value)
+    ):
+        return (int(value[0]), int(value[1]), int(value[2]))
+    raise UsageError(f"{{preprocess.background}} {value!r} is not a colour; {_BACKGROUND_FORMS}.")
 
 
 def _static(dim: int | str | None) -> int | None:
@@ -278,11 +382,14 @@ def _image_size(
 ) -> tuple[int, int]:
     if size is not None:
         if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
-            raise UsageError(f"--size {size} is not (height, width) in positive pixels.")
+            raise UsageError(
+                f"{{preprocess.size}} {size} is not (height, width) in positive pixels."
+            )
         return size[0], size[1]
     if h is None or w is None:
         raise UsageError(
-            f"The model input {tuple(shape)} has a dynamic height or width; pass --size H,W."
+            f"The model input {tuple(shape)} has a dynamic height or width; pass "
+            "{preprocess.size} H,W."
         )
     return h, w
 
@@ -322,7 +429,9 @@ def load_into(
     spec.validate_for(kind)
     label = name or path
     if kind == "images":
-        _write_pixels(_decode_image(path, spec, label), spec, out)
+        with _open(path, label) as f:
+            pixels = decode_image(f, spec, label)
+        _write_pixels(pixels, spec, out)
     elif kind == "npy":
         _read_npy(path, spec, out, label)
     else:
@@ -340,54 +449,15 @@ def _open(path: str, label: str) -> BinaryIO:
     return f
 
 
-def _decode_image(path: str, spec: Preprocess, label: str) -> np.ndarray:
-    """Return the image's pixels at spec.size as uint8 (H, W, 3) or (H, W)."""
-    # A truncated file must fail, not come back padded with grey.
-    if ImageFile.LOAD_TRUNCATED_IMAGES:
-        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; batchinfer needs it off")
-    height, width = spec.size
-    mode = "L" if spec.color == "gray" else "RGB"
-    with _open(path, label) as f:
-        try:
-            img = Image.open(f)
-        except Image.UnidentifiedImageError as exc:
-            raise InputError(f"Cannot read {label}: it is not an image Pillow can decode.") from exc
-        except Exception as exc:  # Pillow raises many types for a damaged header
-            raise InputError(f"Cannot read {label}: {_pil_reason(exc)}.") from exc
-        with img:
-            try:
-                if img.format == "JPEG" and img.size != (width, height):
-                    # Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the result is still
-                    # at least the target size: much less work for large photos.
-                    img.draft(mode, (width, height))
-                img.load()
-                pixels = _to_mode(img, mode)
-                if pixels.size != (width, height):
-                    pixels = pixels.resize((width, height), Image.Resampling.BILINEAR)
-                return np.asarray(pixels)
-            except Exception as exc:  # truncated data, bad chunks, decompression bombs
-                raise InputError(f"Cannot read {label}: {_pil_reason(exc)}.") from exc
-
-
-def _to_mode(img: Image.Image, mode: str) -> Image.Image:
-    if img.mode == mode:
-        return img
-    if img.mode == "P" and "transparency" in img.info:
-        # Pillow warns when a palette image with transparency goes straight to RGB/L.
-        img = img.convert("RGBA")
-    return img.convert(mode)
-
-
-def _pil_reason(exc: Exception) -> str:
-    text = str(exc).strip().rstrip(".") or type(exc).__name__
-    if "truncated" in text.lower():
-        return f"the file is truncated (PIL: {text})"
-    return f"it is not a valid image (PIL: {text})"
-
-
 def _write_pixels(pixels: np.ndarray, spec: Preprocess, out: np.ndarray) -> None:
-    """Write uint8 pixels (H, W[, 3]) into out[0] in spec's layout, colour and dtype."""
+    """Write pixels (H, W[, 3]) into out[0] in spec's layout, colour and dtype.
+
+    ``pixels`` are uint8, or float32 0..255 (high bit depth, float inputs only); a gray
+    (H, W) image for an rgb/bgr spec is broadcast to three channels without a copy.
+    """
     src = pixels
+    if src.ndim == 2 and spec.color != "gray":
+        src = np.broadcast_to(src[..., None], (*src.shape, 3))
     if spec.color == "bgr":
         src = src[..., ::-1]
     if len(spec.shape) == 4:
@@ -397,7 +467,9 @@ def _write_pixels(pixels: np.ndarray, spec: Preprocess, out: np.ndarray) -> None
             src = src.transpose(2, 0, 1)
     dst = out[0]
     if spec.mean is None and spec.std is None:
-        np.copyto(dst, src, casting="safe")  # exact: validate_for refused int8 and bool
+        # uint8 into any accepted dtype is exact (validate_for refused int8 and bool);
+        # float32 pixels only come for float inputs (float16 rounds, as it must).
+        np.copyto(dst, src, casting="safe" if src.dtype == np.uint8 else "same_kind")
         return
     channel_axis = (-1 if spec.layout == "nhwc" else -3) if len(spec.shape) == 4 else None
     mean = _per_channel(spec.mean, channel_axis)
@@ -428,25 +500,46 @@ def _per_channel(values: tuple[float, ...] | None, axis: int | None) -> np.ndarr
     return array.reshape((-1, 1, 1)) if axis == -3 else array
 
 
-def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
-    fmt = np.lib.format
-    with _open(path, label) as f:
+# Parsed .npy headers by their bytes: a dataset's tensors usually share one header, and
+# numpy parses it with ast.literal_eval, which cost more than reading the data itself.
+_NPY_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}
+_NPY_HEADERS_KEPT = 64
+
+
+def _npy_header(f: BinaryIO, label: str) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran_order, dtype) of the .npy file ``f``, which is left at its data."""
+    lead = f.read(10)  # magic (6), version (2), header length (2 in version 1.0)
+    if len(lead) < 10 or lead[:6] != b"\x93NUMPY":
+        raise InputError(f"Cannot read {label}: it is not a .npy file.")
+    version = (lead[6], lead[7])
+    if version == (1, 0):
+        size_bytes = lead[8:10]
+    elif version == (2, 0):
+        size_bytes = lead[8:10] + f.read(2)
+    else:
+        raise InputError(
+            f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
+            "not supported; save it with numpy.save of a plain numeric array."
+        )
+    header = f.read(int.from_bytes(size_bytes, "little"))
+    key = bytes(lead[6:8]) + header
+    parsed = _NPY_HEADERS.get(key)
+    if parsed is None:
+        fmt = np.lib.format
+        reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         try:
-            version = fmt.read_magic(f)
-        except ValueError as exc:
-            raise InputError(f"Cannot read {label}: it is not a .npy file.") from exc
-        try:
-            if version == (1, 0):
-                shape, fortran_order, dtype = fmt.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran_order, dtype = fmt.read_array_header_2_0(f)
-            else:
-                raise InputError(
-                    f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
-                    "not supported; save it with numpy.save of a plain numeric array."
-                )
+            shape, fortran_order, dtype = reader(io.BytesIO(size_bytes + header))
         except (ValueError, SyntaxError, KeyError, TypeError) as exc:
             raise InputError(f"Cannot read {label}: its .npy header is damaged ({exc}).") from exc
+        parsed = (tuple(shape), bool(fortran_order), dtype)
+        if len(_NPY_HEADERS) < _NPY_HEADERS_KEPT:
+            _NPY_HEADERS[key] = parsed
+    return parsed
+
+
+def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
+    with _open(path, label) as f:
+        shape, fortran_order, dtype = _npy_header(f, label)
         if dtype.hasobject:
             raise InputError(
                 f"Cannot read {label}: it holds Python objects, which batchinfer never "
@@ -458,10 +551,7 @@ def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
             if dtype.byteorder not in "=|" and dtype.newbyteorder("=") == target:
                 swap = True  # same type in the other byte order: fix after reading
             else:
-                raise InputError(
-                    f"{label} has dtype {_dtype_text(dtype)} but the model takes {target.name}; "
-                    "convert it or pass --dtype."
-                )
+                raise InputError(_dtype_mismatch(label, dtype, target))
         shape = tuple(shape)
         if shape != spec.shape and not (spec.shape[0] == 1 and shape == spec.shape[1:]):
             raise InputError(
@@ -492,6 +582,21 @@ def _read_exact(f: BinaryIO, array: np.ndarray, label: str) -> None:
                 "bytes); write it again."
             )
         total += n
+
+
+def _dtype_mismatch(label: str, dtype: np.dtype, target: np.dtype) -> str:
+    native = dtype.newbyteorder("=") if dtype.byteorder not in "=|" else dtype
+    save = f"save the tensors as {target.name} (numpy.save(path, x.astype('{target.name}')))"
+    if dtype.fields is None and native.name in SUPPORTED_DTYPES:
+        # The runtime converts a supported dtype to the model's, so feeding as-is works too.
+        return (
+            f"{label} has dtype {_dtype_text(dtype)} but the input takes {target.name}; "
+            f"{save}, or pass {{preprocess.dtype}} {native.name} to feed them as they are."
+        )
+    return (
+        f"{label} has dtype {_dtype_text(dtype)}, which RKNNLite does not take, and the "
+        f"input takes {target.name}; {save}."
+    )
 
 
 def _dtype_text(dtype: np.dtype) -> str:

@@ -1,8 +1,9 @@
-"""The bundled demo: 1,797 real handwritten digits, three small ONNX models, a first-run kit.
+"""The bundled demo: 1,797 real handwritten digits, small models, a first-run kit.
 
-The assets (``assets/``) are made by ``tools/build_demo_assets.py``; see
-``assets/MODELS.md`` for the models and their measured accuracies and
-``assets/ATTRIBUTION.md`` for the data's source and licence.
+The assets (``assets/``) are made by ``tools/build_demo_assets.py``: four ONNX models and
+real ``.rknn`` files converted by rknn-toolkit2 for three chips, each with the conversion
+settings it was made with. See ``assets/MODELS.md`` for the models and their measured
+accuracies and ``assets/ATTRIBUTION.md`` for the data's source and licence.
 """
 
 from __future__ import annotations
@@ -16,19 +17,53 @@ import numpy as np
 from batchinfer.errors import OutputExistsError, UsageError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-MODEL_NAMES = ("digits.onnx", "digits-int8.onnx", "pool224.onnx")
+MODEL_NAMES = ("digits.onnx", "digits-int8.onnx", "digits-lowcal.onnx", "pool224.onnx")
 DIGIT_COUNT = 1797
+
+#: Chips the demo's .rknn files are converted for.
+RKNN_PLATFORMS = ("rk3588", "rk3576", "rk3566")
+
+
+@dataclass(frozen=True)
+class RknnRecipe:
+    """How one demo model becomes .rknn files: its float-input ONNX and calibration set.
+
+    ``source`` takes normalised float NCHW input, as models exported for conversion do;
+    the normalisation is in the conversion settings (``<stem>.config.json``) instead.
+    """
+
+    name: str
+    source: str  # file in assets/
+    calibration: str  # a name known to calibration_images()
+
+
+RKNN_RECIPES = (
+    RknnRecipe("digits", "digits-convert.onnx", "digits"),
+    # The same float model, calibrated on the raw 0..16 values instead of 0..255 pixels.
+    RknnRecipe("digits-lowcal", "digits-convert.onnx", "digits-raw"),
+    RknnRecipe("pool224", "pool224-convert.onnx", "pool224"),
+)
+CALIBRATION_PER_CLASS = 10  # digits calibration: the first 10 train images of each class
+POOL224_CALIBRATION = 8
 
 __all__ = [
     "ASSETS",
     "MODEL_NAMES",
+    "RKNN_PLATFORMS",
+    "RKNN_RECIPES",
     "DemoKit",
+    "RknnRecipe",
+    "calibration_images",
+    "calibration_indices",
     "load_digits",
     "make_npy_dataset",
     "model_path",
+    "rknn_stems",
     "test_split",
     "to_pixels",
+    "write_calibration_list",
     "write_demo",
+    "write_rknn_model",
 ]
 
 
@@ -38,7 +73,8 @@ class DemoKit:
 
     root: Path
     dataset: Path  # dataset/<label>/<nnnn>.png
-    models: dict[str, Path]  # "digits", "digits-int8", "pool224" -> .onnx path
+    models: dict[str, Path]  # "digits", "digits-int8", "digits-lowcal", "pool224" -> .onnx
+    rknn: dict[str, Path]  # "digits-rk3588", ... -> .rknn (with .onnx, .config.json beside)
     readme: Path
     count: int  # images written
 
@@ -87,6 +123,77 @@ def model_path(name: str) -> Path:
     return ASSETS / file_name
 
 
+def rknn_stems() -> dict[str, tuple[RknnRecipe, str]]:
+    """Every demo .rknn by file stem ("digits-rk3588") -> (its recipe, its platform)."""
+    return {f"{r.name}-{p}": (r, p) for r in RKNN_RECIPES for p in RKNN_PLATFORMS}
+
+
+def calibration_indices(labels: np.ndarray, test_index: np.ndarray) -> np.ndarray:
+    """The digits calibrated on: the first CALIBRATION_PER_CLASS train indices of each class."""
+    train = np.setdiff1d(np.arange(len(labels)), test_index)
+    return np.concatenate([train[labels[train] == c][:CALIBRATION_PER_CLASS] for c in range(10)])
+
+
+def calibration_images(name: str) -> list[tuple[str, np.ndarray]]:
+    """The calibration set ``name`` as (file name, uint8 image) pairs, always the same.
+
+    ``digits``: the first CALIBRATION_PER_CLASS train images of each class, as 0..255
+    pixels (8x8). ``digits-raw``: the same images as their raw 0..16 values, the mistake
+    behind digits-lowcal. ``pool224``: POOL224_CALIBRATION seeded colour ramps (224x224x3).
+    """
+    if name in ("digits", "digits-raw"):
+        raw, labels = load_digits(raw=True)
+        images = raw if name == "digits-raw" else to_pixels(raw)
+        return [(f"{i:04d}.png", images[i]) for i in calibration_indices(labels, test_split())]
+    if name == "pool224":
+        rng = np.random.default_rng(1)
+        ramp = np.add.outer(np.arange(224), np.arange(224))[..., None]
+        out = []
+        for i in range(POOL224_CALIBRATION):
+            base, slope = rng.integers(0, 256, 3), rng.uniform(-0.5, 0.5, 3)
+            image = np.clip(base + ramp * slope, 0, 255).astype(np.uint8)
+            out.append((f"{i:04d}.png", image))
+        return out
+    raise UsageError(f"There is no calibration set {name!r}; use digits, digits-raw or pool224.")
+
+
+def write_rknn_model(models_dir: Path, stem: str) -> Path:
+    """Write the demo .rknn ``stem`` into ``models_dir`` with what converts and runs it.
+
+    Beside ``<stem>.rknn``: ``<stem>.onnx`` (the float model it was converted from, which
+    the sim and toolkit backends run), ``<stem>.config.json`` (the keyword arguments given
+    to ``rknn.config()``) and ``<stem>.dataset.txt`` (the calibration list given to
+    ``rknn.build()``, paths relative to the list), whose images go to
+    ``calibration/<set>/``. Returns the .rknn path.
+    """
+    recipe, _ = rknn_stems()[stem]
+    models_dir = Path(models_dir)
+    shutil.copyfile(ASSETS / f"{stem}.rknn", models_dir / f"{stem}.rknn")
+    shutil.copyfile(ASSETS / recipe.source, models_dir / f"{stem}.onnx")
+    shutil.copyfile(ASSETS / f"{stem}.config.json", models_dir / f"{stem}.config.json")
+    write_calibration_list(models_dir, stem)
+    return models_dir / f"{stem}.rknn"
+
+
+def write_calibration_list(models_dir: Path, stem: str) -> Path:
+    """Write ``<stem>.dataset.txt`` and its images (``calibration/<set>/``); return the list."""
+    from PIL import Image  # only the kit needs Pillow
+
+    recipe, _ = rknn_stems()[stem]
+    models_dir = Path(models_dir)
+    folder = models_dir / "calibration" / recipe.calibration
+    lines = []
+    for file_name, image in calibration_images(recipe.calibration):
+        path = folder / file_name
+        if not path.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image).save(path)
+        lines.append(path.relative_to(models_dir).as_posix())
+    dataset = models_dir / f"{stem}.dataset.txt"
+    dataset.write_text("\n".join(lines) + "\n")
+    return dataset
+
+
 def _claim(target: Path, overwrite: bool, owned: tuple[str, ...]) -> None:
     """Make ``target`` an empty-enough directory, or refuse (see write_demo)."""
     if target.exists() and not target.is_dir():
@@ -131,9 +238,12 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     for name in MODEL_NAMES:
         shutil.copyfile(ASSETS / name, models_dir / name)
         models[name.removesuffix(".onnx")] = models_dir / name
+    rknn = {stem: write_rknn_model(models_dir, stem) for stem in rknn_stems()}
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
-    return DemoKit(root=target, dataset=dataset, models=models, readme=readme, count=len(images))
+    return DemoKit(
+        root=target, dataset=dataset, models=models, rknn=rknn, readme=readme, count=len(images)
+    )
 
 
 _README = """\
@@ -143,15 +253,27 @@ batchinfer demo kit
 dataset/            the 1,797 handwritten digits of the UCI "Optical Recognition of
                     Handwritten Digits" set (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0),
                     as 8x8 grayscale PNGs: dataset/<label>/<index>.png
-models/digits.onnx        a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
-models/digits-int8.onnx   the same model quantised to int8 (stands in for an NPU model)
-models/pool224.onnx       a near-free [1,224,224,3] model for throughput tests
+models/digits.onnx          a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
+models/digits-int8.onnx     the same model quantised to int8 (stands in for an NPU model)
+models/digits-lowcal.onnx   int8 too, but calibrated on the raw 0..16 values instead of the
+                            0..255 pixels: it visibly loses accuracy (a device model to
+                            evaluate against digits.onnx)
+models/pool224.onnx         a near-free [1,224,224,3] model for throughput tests
+
+models/<model>-<chip>.rknn  real NPU models converted by rknn-toolkit2 2.5.0 for rk3588,
+                            rk3576 and rk3566 (int8; they take uint8 NHWC and normalise
+                            inside). Beside each: <same>.onnx (the float model it was
+                            converted from, which --backend sim and toolkit run),
+                            <same>.config.json (what was passed to rknn.config) and
+                            <same>.dataset.txt (the calibration images, in calibration/).
 
 Try:
 
   batchinfer info {dir}/models/digits.onnx
   batchinfer run {dir}/dataset --model {dir}/models/digits.onnx --cores 0,1,2
   batchinfer run {dir}/dataset --model {dir}/models/digits.onnx --cores 0,1,2 --backend sim
+  batchinfer info {dir}/models/digits-rk3588.rknn
+  batchinfer run {dir}/dataset --model {dir}/models/digits-rk3588.rknn   (on an RK3588 board)
 
 The models' accuracies and how they were made: MODELS.md in the batchinfer package
 (batchinfer/demo/assets/), rebuilt by `python tools/build_demo_assets.py`.

@@ -1,7 +1,8 @@
 """What every child process (reader, core worker) does first, and how it reports failure.
 
-- Ctrl-C goes to the whole process group; only the coordinator decides what it means, so
-  children ignore SIGINT and die of SIGTERM.
+- Ctrl-C and a closed terminal go to the whole process group; only the coordinator decides
+  what they mean, so children ignore SIGINT and SIGHUP (started by the ``batchinfer``
+  command they ignore them from their first instruction: see engine/signals.py).
 - A child must never outlive the coordinator, even blocked in a read of a hanging file:
   on Linux the kernel sends it SIGKILL when the coordinator dies (PR_SET_PDEATHSIG).
 - A child whose coordinator is gone exits quietly (no BrokenPipeError traceback).
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import signal
 import sys
 import traceback
@@ -35,9 +37,14 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
+# Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.
+_TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
+
+
 def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
     """Signals, parent-death signal and CPU affinity for a freshly spawned child."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in _TERMINAL_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent(parent_pid)
     pin_current_process(cpus)
@@ -55,3 +62,9 @@ def report_failure(conn: Connection, exc: BaseException) -> None:
     """Send ("failed", traceback text) for an exception the child cannot go on after."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     send_or_exit(conn, ("failed", text))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds this process has used so far, every thread, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

@@ -19,33 +19,9 @@ import numpy as np
 from batchinfer.engine.events import RowsDone
 from batchinfer.engine.scheduler import Finished, Scheduler
 from batchinfer.engine.slots import SlotRegion
+from batchinfer.sink.predictions import top_k_batch
 from batchinfer.sink.rows import Row, RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
-
-
-def top_k_batch(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``k`` best classes of each row of ``scores`` (n, C) and their scores, best first.
-
-    Ties go to the lower class index; NaN scores rank last (as :func:`sink.predictions.top_k`).
-    """
-    n, c = scores.shape
-    k = min(k, c)
-    key = scores.astype(np.float64, copy=True)
-    key[np.isnan(key)] = -np.inf
-    if k < c:
-        candidates = np.argpartition(-key, k - 1, axis=1)[:, :k]
-    else:
-        candidates = np.broadcast_to(np.arange(c), (n, c))
-    values = np.take_along_axis(key, candidates, axis=1)
-    order = np.lexsort((candidates, -values), axis=1)
-    index = np.take_along_axis(candidates, order, axis=1)
-    if k < c:
-        # argpartition picks arbitrarily among values tied at the k-th place: redo such rows.
-        kth = np.take_along_axis(key, index[:, -1:], axis=1)
-        tied = (key >= kth).sum(axis=1) > k
-        for r in np.flatnonzero(tied):
-            index[r] = np.lexsort((np.arange(c), -key[r]))[:k]
-    return index.astype(np.int32), np.take_along_axis(scores, index, axis=1).astype(np.float32)
 
 
 class Collector:
@@ -92,9 +68,7 @@ class Collector:
         now = self.clock()
         rows = self._success_rows() + [self._error_row(f, now) for f in self._errors]
         self.sink.write(rows)
-        for row in rows:
-            core = row.core if row.node is None else (row.node, row.core)
-            self.stats.record(core, row.t_done, row.latency_ms, row.error is None)
+        self.stats.record_rows(rows)
         self.notify(RowsDone(rows, now))
         for slot, *_ in self._successes:
             self.scheduler.release(slot)

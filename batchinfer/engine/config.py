@@ -39,6 +39,7 @@ class RunConfig:
     output: OutputOptions = field(default_factory=OutputOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
     limit: int | None = None  # only the first N items of the dataset
+    labels: Path | None = None  # a class map file (see batchinfer.data.classes)
     command: str | None = None  # the command line, for the manifest
 
     def to_json(self) -> dict[str, Any]:

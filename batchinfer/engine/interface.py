@@ -21,10 +21,11 @@ class EnginePlan:
     instances_per_core: int
     preprocess: Preprocess
     slots: int
-    readers: int
+    readers: int  # to start with
     cpus: tuple[int, ...] | None
     reliability: ReliabilityOptions
     topk: int
+    max_readers: int = 0  # more than ``readers``: grown while running (reader_scaling.py)
 
 
 @dataclass
@@ -40,3 +41,5 @@ class EngineResult:
     retired_cores: list[int]
     backend: dict[str, Any] = field(default_factory=dict)
     collect_s: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by role
+    peak_rss_mb: float = 0.0  # the coordinator's, while the engine ran

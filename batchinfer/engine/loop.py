@@ -21,6 +21,7 @@ from batchinfer.engine.collector import Collector
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pool import Child, ChildPool, Exited, Message
+from batchinfer.engine.reader_scaling import ReaderScaler
 from batchinfer.engine.scheduler import (
     CoreLoss,
     ReaderDeathsExceeded,
@@ -33,6 +34,7 @@ from batchinfer.engine.slots import (
 )
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.spawn import start_reader, start_worker
+from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
 from batchinfer.options import ReliabilityOptions
@@ -42,6 +44,7 @@ from batchinfer.sink.stats import CoreStatsRecorder
 log = logging.getLogger("batchinfer")
 
 _TICK_S = 0.1
+_CHECK_EVERY_S = 0.05
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -171,6 +174,7 @@ class Engine(EngineLoop):
         self.clock = clock
         self.rel = plan.reliability
         readers = plan.readers if source.needs_reader else 0
+        self._max_readers = max(readers, plan.max_readers) if source.needs_reader else 0
         self.scheduler = Scheduler(
             plan.slots, plan.cores, plan.instances_per_core, readers, self.rel.max_attempts
         )
@@ -179,14 +183,19 @@ class Engine(EngineLoop):
         self.pool = ChildPool(clock)
         self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, _TICK_S)
         self.canary = Canary()
+        self.usage = Usage()
         self.warnings: list[str] = []
         self.sdk_versions: dict[int, str | None] = {}
         self.stop_reason: str | None = None
         self.hard_stop = False
         self._drain_until = 0.0
+        self._next_check = 0.0
         self._items = iter(())  # type: ignore[var-annotated]
         self._exhausted = False
         self._readers_n = readers
+        self.scaler = (
+            ReaderScaler(1, self._max_readers, clock()) if self._max_readers > readers else None
+        )
         self.backend = plan.backend
         self.inputs: SlotRegion | None = None
         self.outputs: SlotRegion | None = None
@@ -210,6 +219,8 @@ class Engine(EngineLoop):
             retired_cores=[c for c, s in self.scheduler.cores.items() if s.state == "retired"],
             backend=self.backend.describe(),
             collect_s=self.collector.collect_s,
+            cpu_s=self.usage.cpu_by_role(),
+            peak_rss_mb=self.usage.peak_rss_mb,
         )
 
     def _reader_deaths(self, e: ReaderDeathsExceeded) -> RunFailedError:
@@ -222,7 +233,7 @@ class Engine(EngineLoop):
     def _setup(self) -> None:
         plan = self.plan
         self.memory = RunMemory(
-            plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._readers_n
+            plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._max_readers
         )
         self.inputs, self.board = self.memory.inputs, self.memory.board
         for core in self.plan.cores:
@@ -253,6 +264,7 @@ class Engine(EngineLoop):
             self._turn()
         for message in self.canary.settle():
             self.warn(message)
+        self.usage.started()
         if not self.scheduler.alive_cores():
             reasons = "; ".join(self.warnings) or "every worker exited during start-up"
             raise NoCoreError(f"no NPU core could be started: {reasons}")
@@ -278,13 +290,48 @@ class Engine(EngineLoop):
         if self.hard_stop:
             raise _HardStop
         now = self.clock()
+        if now < self._next_check:
+            return
+        # Hangs and restarts are checked a few times a second, not on every turn: at
+        # thousands of items a second a turn comes every millisecond.
+        self._next_check = now + _CHECK_EVERY_S
         live = self.pool.live()
+        self.usage.sample(now)
         if self.watchdog.tick(now, live):
             self._drain_until = max(self._drain_until, now + self.rel.drain_timeout_s)
         for child, reason in self.watchdog.hung(now, live, self.board.snapshot()):
             self.pool.kill(child, reason)
         for core in self.scheduler.restarts_due(now):
             self._start_worker(core)
+        if self.scaler is not None and not self.scheduler.stopping:
+            self._scale_readers(now)
+
+    def _scale_readers(self, now: float) -> None:
+        """Grow or shrink the readers from what the run measures (reader_scaling.py)."""
+        s = self.scheduler
+        if not self._exhausted:
+            room = any(
+                c.state == "ready" and len(c.inflight) < c.capacity for c in s.cores.values()
+            )
+            self.scaler.sample(starved=room and not s.ready)
+        for reader in list(s.closing):
+            child = self._child("reader", reader)
+            if child is not None and not s.held_by_reader(reader) and not child.killed_for:
+                child.killed_for = "stopped: fewer readers are enough"
+                self.pool.send(child, ("stop",))
+        open_readers = s.open_readers()
+        change = self.scaler.decide(now, len(open_readers), self.usage.idle_cpus)
+        if change > 0:
+            # A stopped reader's number (and board row) is used again; else a new one, up
+            # to the rows the board has.
+            free = [r for r in sorted(s.closing) if self._child("reader", r) is None]
+            if free or len(s.unsent) < self._max_readers:
+                reader = free[0] if free else s.add_reader()
+                s.closing.discard(reader)
+                self._start_reader(reader)
+                log.info("reader %d started: decoding was the bottleneck", reader)
+        elif change < 0 and len(open_readers) > 1:
+            s.close_reader(open_readers[-1])
 
     def _admit(self) -> None:
         now = self.clock()
@@ -306,7 +353,7 @@ class Engine(EngineLoop):
             if not self.scheduler.held_by_reader(reader) - len(slots):
                 child.last_progress = now  # it was idle: its clock starts now
             items = [self.scheduler.flight(s).item for s in slots]
-            tasks = [(s, it.index, it.path) for s, it in zip(slots, items, strict=True)]
+            tasks = [(s, it.index, it.path, it.id) for s, it in zip(slots, items, strict=True)]
             self.pool.send(child, ("read", tasks))
         for core, slots in self.scheduler.dispatch(now).items():
             child = self._child("worker", core)
@@ -329,6 +376,9 @@ class Engine(EngineLoop):
         child.last_progress = now
         kind = msg[0]
         if kind == "loaded":
+            child.cpu_s = msg[2]
+            if self.scaler is not None:
+                self.scaler.decoded(sum(m[2] for m in msg[1]) / 1e3)
             for slot, _index, read_ms, error in msg[1]:
                 finished = self.scheduler.loaded(slot, read_ms, error, now)
                 if finished is not None:
@@ -342,11 +392,12 @@ class Engine(EngineLoop):
                     self.collector.success(slot, child.key, instance, t0, t1)
                 else:
                     self.collector.error(finished)
-            child.busy_s = msg[2]
+            child.busy_s, child.cpu_s = msg[2], msg[3]
             self.stats.set_busy(child.key, msg[2])
         elif kind == "ready":
             child.state, child.deadline = "ready", None
             pid = msg[1] if child.kind == "reader" else msg[1]["pid"]
+            child.cpu_s = child.cpu_at_ready = msg[2] if child.kind == "reader" else msg[1]["cpu_s"]
             self.notify(ev.ChildReady(child.kind, child.key, pid))
             if child.kind == "worker":
                 self._on_worker_ready(child, msg[1])
@@ -392,6 +443,7 @@ class Engine(EngineLoop):
     # ------------------------------------------------------------------ deaths
     def _on_exit(self, event: Exited) -> None:
         child = event.child
+        self.usage.child_gone(child)
         died = "died" if child.kind == "reader" else "worker process crashed"
         what = child.killed_for or f"{died} (exit code {event.exitcode})"
         rows = self._board_rows(child)
@@ -414,6 +466,8 @@ class Engine(EngineLoop):
         return self.scheduler.held_by_reader(child.key)
 
     def _on_reader_exit(self, child: Child, working: list, what: str) -> None:
+        if child.key in self.scheduler.closing and not self.scheduler.held_by_reader(child.key):
+            return  # stopped because fewer readers are enough: nothing to redo
         culprit = None
         if working:
             index = working[0][0]
@@ -430,18 +484,23 @@ class Engine(EngineLoop):
     def _on_worker_exit(self, child: Child, charged: set[int], what: str) -> None:
         if self.scheduler.cores[child.key].state == "retired":
             return  # init_failed or failed already said why
-        self.stats.add_busy(child.key, child.busy_s)  # carried over; add_restart zeroes it
-        self.stats.add_restart(child.key)
+        self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
+        self.stats.set_busy(child.key, 0.0)
         loss: CoreLoss = self.scheduler.core_lost(child.key, charged, what, self.clock())
         for finished in loss.finished:
             self.collector.error(finished)
+        if self.scheduler.stopping:
+            # Stopping: nothing is restarted, and the items it held are left for a resume.
+            self.warn(f"core {child.key}: {what} while the run was stopping; not restarted.")
+            return
+        self.stats.add_restart(child.key)
         if loss.restart_at is None:
             self.warn(
                 f"core {child.key} retired after {self.scheduler.cores[child.key].crashes_in_row} "
                 f"crashes in a row (last: {what}); the run goes on with the other cores."
             )
             self.notify(ev.CoreRetired(child.key, what))
-        elif not self.scheduler.stopping:
+        else:
             delay = loss.restart_at - self.clock()
             blame = " (blamed on the item, not the core)" if loss.blamed_items else ""
             self.warn(f"core {child.key}: {what}{blame}; restarting it in {delay:.2g} s.")
@@ -450,6 +509,8 @@ class Engine(EngineLoop):
     # ------------------------------------------------------------------ shutdown
     def _close(self) -> None:
         """Shutdown steps 3-4 of the NOTE in slots.py; the sink is closed by the caller."""
+        for child in self.pool.live():
+            self.usage.child_gone(child)  # its last report: stopped children send no more
         self.pool.close(self.hard_stop, _JOIN_TIMEOUT_S)
         if self.memory is not None:
             self.memory.close()

@@ -7,6 +7,7 @@ plan, then one row per reader. Creation and removal follow the NOTE in slots.py.
 from __future__ import annotations
 
 from batchinfer.data.preprocess import Preprocess
+from batchinfer.engine.janitor import Janitor
 from batchinfer.engine.slots import (
     BoardSpec,
     RegionSpec,
@@ -34,11 +35,15 @@ class RunMemory:
         self.cores = cores
         self.instances = instances
         self.token = new_run_token()
-        self.owner: RunOwner | None = RunOwner(self.token)
+        self.janitor: Janitor | None = Janitor()
+        self.owner: RunOwner | None = None
         self.inputs: SlotRegion | None = None
         self.board: StatusBoard | None = None
         self.outputs: SlotRegion | None = None
         try:
+            for role in ("owner", "in", "board", "out"):  # before they exist: no gap
+                self.janitor.watch(segment_name(self.token, role))
+            self.owner = RunOwner(self.token)
             layout = TensorLayout((preprocess.shape,), (preprocess.dtype,))
             self.inputs = SlotRegion.create(
                 RegionSpec(segment_name(self.token, "in"), slots, layout)
@@ -74,4 +79,6 @@ class RunMemory:
             self.board.close(unlink=True)
         if self.owner is not None:
             self.owner.close()
-        self.inputs = self.outputs = self.board = self.owner = None
+        if self.janitor is not None:
+            self.janitor.close()
+        self.inputs = self.outputs = self.board = self.owner = self.janitor = None

@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from batchinfer.data.dataset import Dataset, open_dataset
-from batchinfer.data.preprocess import Preprocess, preprocess_for
+from batchinfer.data.preprocess import Preprocess, parse_background, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ReliabilityOptions, RuntimeOptions
 from batchinfer.runtime import describe_model
@@ -150,21 +152,27 @@ def plan_engine(
         dtype_override=pre.dtype,
         mean=pre.mean,
         std=pre.std,
+        exif_orientation=pre.exif_orientation,
+        background=parse_background(pre.background),
+        max_pixels=None if pre.max_pixels == "none" else pre.max_pixels,
+        jpeg_draft=pre.jpeg_draft,
     )
     _check_size(shape, preprocess, pre.size)
     if kind:
         preprocess.validate_for(kind)
     cpus = resolve_affinity(rt.cpu_affinity)
-    readers = rt.readers
-    if readers is None:
-        readers = max(1, min(4, (os.cpu_count() or 2) // 2))
+    readers, max_readers = rt.readers, rt.readers
+    if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
+        usable = len(cpus) if cpus else len(os.sched_getaffinity(0))
+        readers, max_readers = max(1, usable // 2), max(1, usable)
     _at_least(readers, 1, "runtime.readers")
-    # Each instance holds up to three slots in its worker (scheduler.QUEUED_PER_INSTANCE);
-    # one more per instance waits READY, so a finished item is replaced at once; two per
-    # reader are being decoded.
+    # Each instance holds up to QUEUED_PER_INSTANCE slots in its worker; one more per
+    # instance waits READY, so a finished item is replaced at once; two per reader are
+    # being decoded.
     slots = rt.slots
     if slots is None:
-        slots = len(cores) * rt.instances_per_core * 4 + readers * 2
+        per_instance = QUEUED_PER_INSTANCE + 1
+        slots = len(cores) * rt.instances_per_core * per_instance + max_readers * 2
     _at_least(slots, 2, "runtime.slots")
     return EnginePlan(
         backend=backend,
@@ -173,13 +181,14 @@ def plan_engine(
         preprocess=preprocess,
         slots=slots,
         readers=readers,
+        max_readers=max_readers,
         cpus=cpus,
         reliability=config.reliability,
         topk=out.topk,
     )
 
 
-def _runtime_files(model: Path) -> dict[str, str]:
+def runtime_files(model: Path) -> dict[str, str]:
     """sha256 of the files a runtime reads beside a .rknn (its .onnx, conversion settings)."""
     if model.suffix.lower() != ".rknn":
         return {}
@@ -187,11 +196,12 @@ def _runtime_files(model: Path) -> dict[str, str]:
     return {p.name: model_sha256(p) for p in beside if p.is_file()}
 
 
-def plan_run(config: RunConfig) -> RunPlan:
+def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) -> RunPlan:
     """Check ``config`` against the machine, model, dataset and OUT; changes nothing.
 
     Raises a UsageError (exit 2) for anything wrong with the invocation, including an OUT
-    this run may not use and a resume whose settings differ from the run's.
+    this run may not use and a resume whose settings differ from the run's. ``listing``
+    is called with the number of entries listed so far while a big dataset is listed.
     """
     out = config.output
     if out.resume and out.out is None:
@@ -213,12 +223,14 @@ def plan_run(config: RunConfig) -> RunPlan:
         )
     backend = make_backend(model, config.runtime)
     shape, dtype = model_input(model, config)
-    dataset = open_dataset(Path(config.dataset).expanduser())
+    dataset = open_dataset(
+        Path(config.dataset).expanduser(), labels_file=config.labels, progress=listing
+    )
     engine = plan_engine(config, backend, shape, dtype, dataset.kind)
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,
-        runtime_files=_runtime_files(model),
+        runtime_files=runtime_files(model),
         backend=backend.name,
         preprocess={
             k: list(v) if isinstance(v, tuple) else v
@@ -229,6 +241,7 @@ def plan_run(config: RunConfig) -> RunPlan:
         dataset_root=str(dataset.root),
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
+        class_map={k: v for k, v in dataset.class_map.to_json().items() if k != "file"},
     )
     if out.resume and folder.manifest is not None:
         check_resume_fingerprint(folder, fingerprint)

@@ -16,7 +16,7 @@ import contextlib
 import multiprocessing as mp
 import select
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -39,7 +39,9 @@ class Child:
     last_progress: float = 0.0
     killed_for: str | None = None
     busy_s: float = 0.0  # workers: this incarnation's cumulative busy seconds, as reported
-    warned: set[str] = field(default_factory=set)
+    cpu_s: float = 0.0  # this incarnation's CPU seconds, as last reported
+    cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
+    readable: Any = None  # a poll object on ``results`` alone: "is another message there?"
 
     @property
     def name(self) -> str:
@@ -85,6 +87,10 @@ class ChildPool:
         child = Child(
             kind, key, proc, task_w, res_r, now, now + timeout_s, phase, last_progress=now
         )
+        # Connection.poll() builds a selector on every call (tens of µs): a poll object made
+        # once answers the same question for the cost of one system call.
+        child.readable = select.poll()
+        child.readable.register(res_r.fileno(), select.POLLIN)
         self.children.append(child)
         for fd, sentinel in ((res_r.fileno(), False), (proc.sentinel, True)):
             self._fds[fd] = (sentinel, child)
@@ -132,7 +138,7 @@ class ChildPool:
     def _drain(child: Child) -> list[Message]:
         out = []
         with contextlib.suppress(EOFError, OSError):
-            while child.results.poll():
+            while child.readable.poll(0):
                 out.append(Message(child, child.results.recv()))
         return out
 

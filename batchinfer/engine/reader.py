@@ -1,10 +1,12 @@
 """Reader processes: decode and preprocess dataset items straight into input slots.
 
 Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
-  reader -> coordinator  ("ready", pid)                          imports done, segments mapped
-                         ("loaded", [(slot, index, read_ms, error or None), ...])
+  reader -> coordinator  ("ready", pid, cpu_s)                   imports done, segments mapped
+                         ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
+                         cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          ("failed", traceback)                    start-up failed; then exit
-  coordinator -> reader  ("read", [(slot, index, path), ...])     decode these, in order
+  coordinator -> reader  ("read", [(slot, index, path, id), ...]) decode these, in order;
+                                                                  id names the file in errors
                          ("stop",)
 Results go back in batches: after the last item of a task, or as soon as the oldest unsent
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from batchinfer.data.preprocess import Preprocess, load_into
-from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -59,7 +61,7 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
     except BaseException as exc:
         report_failure(results, exc)
         return
-    send_or_exit(results, ("ready", os.getpid()))
+    send_or_exit(results, ("ready", os.getpid(), cpu_seconds()))
     try:
         _serve(spec, inputs, board, tasks, results)
     finally:
@@ -84,16 +86,16 @@ def _serve(
             return
         done: list[tuple] = []
         first_unsent = 0.0
-        for slot, index, path in msg[1]:
+        for slot, index, path, item_id in msg[1]:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
             error = None
             try:
-                load_into(path, spec.preprocess, inputs[slot][0], spec.kind)
+                load_into(path, spec.preprocess, inputs[slot][0], spec.kind, name=item_id)
             except InputError as e:
                 error = str(e)
             except Exception as e:  # a decoder bug must not kill the run: it is this item's error
-                error = f"cannot read {path}: {type(e).__name__}: {e}"
+                error = f"cannot read {item_id}: {type(e).__name__}: {e}"
             board.finish(row)
             t1 = time.perf_counter()
             if not done:
@@ -102,7 +104,7 @@ def _serve(
             # Slow items go back one by one (a message is cheap next to their decode); fast
             # ones in batches, none of them waiting more than _SEND_AFTER_S.
             if t1 - first_unsent >= _SEND_AFTER_S or t1 - t0 >= _SEND_AFTER_S:
-                send_or_exit(results, ("loaded", done))
+                send_or_exit(results, ("loaded", done, cpu_seconds()))
                 done = []
         if done:
-            send_or_exit(results, ("loaded", done))
+            send_or_exit(results, ("loaded", done, cpu_seconds()))

@@ -16,6 +16,9 @@ Failure policy:
   count against the core. Otherwise the core's count of crashes in a row goes up; a success
   on the core resets it. After ``MAX_CRASHES_IN_ROW`` the core is retired; before that it
   restarts after a back-off (``BACKOFF_S``).
+- An item that was in a crash is a *suspect*: it is retried alone, on a core with nothing
+  else in flight, and nothing joins that core until it is done, so a poison item can never
+  take an innocent neighbour down with it a second time.
 - ``inference()`` returning None (or raising) charges one attempt; the retry goes to a core
   the item has not tried while one is alive, even if it has to wait for room there.
 - An item that failed ``max_attempts`` times is due as an error row naming each failure.
@@ -44,9 +47,10 @@ from batchinfer.data.dataset import Item
 MAX_CRASHES_IN_ROW = 3
 BACKOFF_S = (0.25, 1.0, 4.0)
 MAX_READER_DEATHS = 10
-# Items a worker holds per instance: one in inference and two queued behind it, so an
-# instance never waits for the coordinator between two inferences.
-QUEUED_PER_INSTANCE = 3
+# Items a worker holds per instance: one in inference and the rest queued behind it, so an
+# instance never waits for the coordinator between two inferences, even while the worker
+# holds finished results back for a moment to send several in one message (worker.py).
+QUEUED_PER_INSTANCE = 6
 
 FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
 
@@ -76,6 +80,7 @@ class CoreState:
     crashes_in_row: int = 0
     restart_at: float | None = None
     restarts: int = 0
+    suspect: int | None = None  # the slot of a suspect it is inferring alone
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,7 @@ class Scheduler:
         self.max_attempts = max_attempts
         self.unsent: list[list[int]] = [[] for _ in range(readers)]
         self.reading: list[deque[int]] = [deque() for _ in range(readers)]
+        self.closing: set[int] = set()  # readers being stopped: no new reads for them
         self.reader_deaths = 0
         self.stopping = False
         self.physical = physical or (lambda core: core)
@@ -164,10 +170,21 @@ class Scheduler:
             self.ready.append(slot)
         return slot
 
+    def add_reader(self) -> int:
+        """A new reader takes reads from now on; returns its number."""
+        self.unsent.append([])
+        self.reading.append(deque())
+        return len(self.unsent) - 1
+
+    def close_reader(self, reader: int) -> None:
+        """Reader ``reader`` gets no new reads (it is stopped once it holds none)."""
+        self.closing.add(reader)
+
+    def open_readers(self) -> list[int]:
+        return [r for r in range(len(self.unsent)) if r not in self.closing]
+
     def _assign_reader(self, slot: int) -> None:
-        reader = min(
-            range(len(self.unsent)), key=lambda r: len(self.unsent[r]) + len(self.reading[r])
-        )
+        reader = min(self.open_readers(), key=lambda r: len(self.unsent[r]) + len(self.reading[r]))
         self.flight(slot).reader = reader
         self.unsent[reader].append(slot)
 
@@ -237,7 +254,7 @@ class Scheduler:
             open_cores = [
                 c
                 for c in self.cores.values()
-                if c.state == "ready" and len(c.inflight) < c.capacity
+                if c.state == "ready" and len(c.inflight) < c.capacity and c.suspect is None
             ]
             if not open_cores:
                 break
@@ -249,12 +266,20 @@ class Scheduler:
             flight = self.flight(slot)
             flight.state, flight.core, flight.t_dispatched = INFERRING, core.core, now
             core.inflight.add(slot)
+            if flight.crashes:
+                core.suspect = slot
             out.setdefault(core.core, []).append(slot)
         self.ready.extendleft(reversed(waiting))
         return out
 
     def _pick_core(self, flight: Flight, open_cores: list[CoreState]) -> CoreState | None:
-        """The least loaded open core; a retry waits for a core it has not tried."""
+        """The least loaded open core; a retry waits for a core it has not tried (on a
+        cluster, another physical core); a suspect (an item that was in a crash) waits for an
+        empty core."""
+        if flight.crashes:
+            open_cores = [c for c in open_cores if not c.inflight]
+            if not open_cores:
+                return None
         if not flight.cores_tried:
             return min(open_cores, key=lambda c: len(c.inflight))
         tried = {self.physical(c) for c in flight.cores_tried}
@@ -271,6 +296,8 @@ class Scheduler:
         """A worker finished ``slot``: success, or a failure to retry (None) or to write."""
         state = self.cores[core]
         state.inflight.discard(slot)
+        if state.suspect == slot:
+            state.suspect = None
         flight = self.flight(slot)
         flight.cores_tried.append(core)
         if error is None:
@@ -335,6 +362,7 @@ class Scheduler:
         return CoreLoss(finished, state.restart_at, reason, blamed_items)
 
     def _requeue(self, state: CoreState) -> None:
+        state.suspect = None
         for slot in sorted(state.inflight, reverse=True):
             flight = self.flight(slot)
             if self.stopping:

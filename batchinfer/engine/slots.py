@@ -33,13 +33,14 @@ Rules that make this safe:
    items that were being worked on (charged one attempt) from the ones only queued (not
    charged).
 3. Only the coordinator creates and unlinks segments (:func:`create_segment`). Children map
-   them by name with :func:`attach`, which bypasses Python's resource tracker (otherwise the
-   tracker would unlink a segment when the child exits). The coordinator registers its
-   segments with its tracker, so even a SIGKILLed coordinator loses nothing: the tracker
-   unlinks them. Each run also holds an ``flock`` on its own ``…-owner`` segment for as long
-   as it lives; :func:`sweep_dead_segments` removes the segments of runs whose owner lock
-   nobody holds. A lock, not a pid: across PID namespaces (containers sharing /dev/shm)
-   every pid of another namespace looks dead, and a live run's segments must survive that.
+   them by name with :func:`attach`, outside Python's resource tracker (which would unlink a
+   segment when the child exits). A SIGKILLed coordinator loses nothing: its janitor process
+   (janitor.py) unlinks the run's segments when the coordinator is gone. Each run also holds
+   an ``flock`` on its own ``…-owner`` segment for as long as it lives;
+   :func:`sweep_dead_segments` removes the segments of runs whose owner lock nobody holds
+   (should a janitor have died too). A lock, not a pid: across PID namespaces (containers
+   sharing /dev/shm) every pid of another namespace looks dead, and a live run's segments
+   must survive that.
 4. Space is reserved when a segment is created (``posix_fallocate``), so a /dev/shm too small
    for the slots is one clear error at start, never a SIGBUS in a reader later.
 
@@ -66,7 +67,6 @@ import os
 import re
 import secrets
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 
 import numpy as np
 import psutil
@@ -88,6 +88,11 @@ def _aligned(n: int) -> int:
 def new_run_token() -> str:
     """A short random token that, with our pid, names this run's segments."""
     return secrets.token_hex(4)
+
+
+def owner_name(token: str) -> str:
+    """The name of the run's owner segment."""
+    return segment_name(token, _OWNER)
 
 
 def segment_name(token: str, role: str) -> str:
@@ -157,8 +162,6 @@ class Segment:
 
         with contextlib.suppress(FileNotFoundError):
             _posixshmem.shm_unlink("/" + self.name)
-        with contextlib.suppress(Exception):
-            resource_tracker.unregister("/" + self.name, "shared_memory")
 
 
 def create_segment(name: str, size: int) -> Segment:
@@ -171,7 +174,6 @@ def create_segment(name: str, size: int) -> Segment:
             f"shared memory segment {name} could not be created ({e.strerror}); free {SHM_DIR} "
             "or run with fewer slots ({runtime.slots})."
         ) from e
-    resource_tracker.register("/" + name, "shared_memory")
     segment = None
     try:
         os.ftruncate(fd, size)
@@ -196,15 +198,13 @@ def create_segment(name: str, size: int) -> Segment:
 
             with contextlib.suppress(OSError):
                 _posixshmem.shm_unlink("/" + name)
-            with contextlib.suppress(Exception):
-                resource_tracker.unregister("/" + name, "shared_memory")
 
 
 class RunOwner:
     """The ``…-owner`` segment this run holds an flock on while it lives (NOTE, rule 3)."""
 
     def __init__(self, token: str) -> None:
-        self.segment = create_segment(segment_name(token, _OWNER), _ALIGN)
+        self.segment = create_segment(owner_name(token), _ALIGN)
         self._fd = _shm_open(self.segment.name, os.O_RDWR)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 

@@ -9,9 +9,11 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
   coordinator -> worker  ("attach", outputs RegionSpec) once, before any task
                          ("infer", [(slot, index), ...])
                          ("stop",)                      finish queued work, release, exit
-  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error), ...], busy_s)
+  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error), ...], busy_s,
+                          cpu_s)
                          error None: outputs are in the slot's output region; else one sentence.
-                         busy_s: cumulative seconds during which some instance was in inference().
+                         busy_s: cumulative seconds during which some instance was in inference();
+                         cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue; results leave in batches through one
 sender thread (whatever finished while the last message was being sent), so an instance goes
 straight from one inference to the next. While an instance infers, its row on the status
@@ -33,11 +35,17 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from batchinfer.engine.canary import canary_input
-from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
+from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import BatchinferError, InferenceError
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
+
+# Results per message and how long one may wait for others (see sender_loop).
+BATCH_MAX = 16
+BATCH_WAIT_S = 0.002
+REFILL_AT = QUEUED_PER_INSTANCE // 2
 
 # Python-side reference cycles pile up in long inference loops on the real runtime
 # (~42 kB per call, airockchip/rknn-toolkit2#42); a periodic collection keeps memory flat.
@@ -85,6 +93,9 @@ class _BusyClock:
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a core worker process."""
     setup_child(spec.parent_pid, spec.cpus)
+    # The emulated runtimes' own log lines (start-up I and W lines, per instance) stay out of
+    # the run's console, as deployed clients lower rknn_log; errors still show.
+    os.environ.setdefault("BATCHINFER_RKNN_LOG_LEVEL", "ERROR")
     adapters: list[RuntimeAdapter] = []
     try:
         try:
@@ -108,6 +119,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
             "canary": [np.asarray(o) for o in outs],
             "pid": os.getpid(),
+            "cpu_s": cpu_seconds(),  # start-up's share, kept apart from the run's
         }
         send_or_exit(results, ("ready", info))
         try:
@@ -151,19 +163,35 @@ def _serve(
     busy = _BusyClock()
 
     def sender_loop() -> None:
-        while (first := outbox.get()) is not None:
+        # Batching: while this worker still has at least REFILL_AT items queued per instance,
+        # results wait (at most BATCH_WAIT_S) for company, so one message carries several;
+        # once the queue runs low they go at once, so the coordinator can refill it before
+        # an instance runs dry.
+        low_water = REFILL_AT * spec.instances
+        end = False
+        while not end and (first := outbox.get()) is not None:
             batch = [first]
-            end = False
+            deadline = time.monotonic() + BATCH_WAIT_S
+            while len(batch) < BATCH_MAX and work.qsize() >= low_water:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    item = outbox.get(timeout=remaining)
+                except queue.Empty:
+                    break
+                if item is None:
+                    end = True
+                    break
+                batch.append(item)
             with contextlib.suppress(queue.Empty):
-                while True:
+                while not end:  # whatever else is already there goes too
                     item = outbox.get_nowait()
                     if item is None:
                         end = True
-                        break
-                    batch.append(item)
-            send_or_exit(results, ("done", batch, busy.total))
-            if end:
-                return
+                    else:
+                        batch.append(item)
+            send_or_exit(results, ("done", batch, busy.total, cpu_seconds()))
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance

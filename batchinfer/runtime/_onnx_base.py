@@ -1,63 +1,63 @@
 """RKNNLite's shape on top of ONNX Runtime: the base of the ``onnx`` and ``sim`` runtimes.
 
-Everything here mirrors rknn-toolkit-lite2 2.5.0 as described in
-docs/rknnlite-contract.md: methods return 0/-1 or None instead of raising (except
-``load_rknn(None)``, which raises TypeError like the real one), problems are written as
-``E RKNN: [time] ...`` / ``W RKNN: [time] ...`` lines to stderr (or ``verbose_file``),
-and a bad model fails in ``init_runtime``, not in ``load_rknn``.
+Everything here mirrors rknn-toolkit-lite2 2.5.0 as batchinfer/runtime/CONTRACT.md
+describes it (read from the wheel's ``rknnlite/api/rknn_lite.py`` and the strings of its
+compiled modules): methods return 0/-1 or None instead of raising (except
+``load_rknn(None)``, TypeError, and ``list_support_target_platform`` of a missing file,
+ValueError, as in the wheel), lines go through ``self.rknn_log.logger``, and a bad model
+fails in ``init_runtime``, not in ``load_rknn``. The public attributes of the real object
+exist: ``rknn_log``, ``rknn_runtime`` (None until ``init_runtime`` succeeds, then an
+:class:`~batchinfer.runtime._emulated_runtime.EmulatedRuntime`), ``rknn_data``,
+``rknn_user_key``, ``target``, ``root_dir``, ``load_model_in_npu``, ``verbose``.
 
-Subclasses adjust three hooks: ``_apply_core_mask`` (chip rules), ``_execute`` (how a
-call spends time) and ``_sdk_text`` (what get_sdk_version names).
+``async_mode=True`` follows Rockchip's description (toolkit2 API reference, init_runtime;
+rknn_api.h, RKNN_FLAG_ASYNC_MASK): each call returns the previous frame's outputs. The
+first call has no previous frame and returns its own [guess]. The same documents mark the
+mode "not supported yet", so a board may well answer synchronously: a script that works
+on both must not depend on either.
+
+Subclasses adjust the hooks: ``_announce`` (lines at construction), ``_before_init`` /
+``_after_init`` / ``_apply_core_mask`` (chip rules, board lines), ``_execute`` (how a call
+spends time), ``_after_release`` and ``_versions`` (what get_sdk_version names).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import re
-import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
+from batchinfer.runtime import graph
+from batchinfer.runtime._emulated_runtime import EmulatedRuntime, InputRejected
+from batchinfer.runtime._rknn_log import RKNNLog
+from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import (
     ORT_DTYPES,
-    concrete_dims,
+    InputSpec,
+    input_specs,
     onnx_beside,
-    onnx_layout,
     open_session,
-    rknn_view,
 )
+from batchinfer.runtime.rknn_file import read_rknn_metadata
 
 #: Platforms list_support_target_platform() prints when given no model (rknn-toolkit-lite2 2.5.0).
 SUPPORTED_PLATFORMS = {"RKNPU2": ["RK3562", "RK3566", "RK3568", "RK3576", "RK3588", "RV1126B"]}
+#: The version this runtime's interface follows.
+RKNN_API_VERSION = "2.5.0"
+# The banner get_sdk_version() returns (Toolkit Lite2 manual, get_sdk_version).
+_RULE = "=" * 46
 
-_NHWC_TO_NCHW = (0, 3, 1, 2)
-_NCHW_TO_NHWC = (0, 2, 3, 1)
-
-
-@dataclass(frozen=True)
-class _InputSpec:
-    """One ONNX input: its dims (dynamic = -1, batch 1), numpy dtype and 4-D layout."""
-
-    name: str
-    dims: tuple[int, ...]
-    dtype: np.dtype
-    layout: str | None  # "nchw"/"nhwc" for 4-D inputs, else None
-
-    @property
-    def rknn_shape(self) -> tuple[int, ...]:
-        return rknn_view(self.dims, self.layout)
+Deliver = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
-class _InferenceRejected(Exception):
-    """An input problem: inference() logs the message and returns None."""
+def sdk_banner(api: str, drv: str) -> str:
+    """get_sdk_version()'s text: a rule, ``RKNN VERSION:``, ``  API: ..``, ``  DRV: ..``, a rule."""
+    return f"{_RULE}\nRKNN VERSION:\n  API: {api}\n  DRV: {drv}\n{_RULE}"
 
 
 class OnnxRKNNBase:
@@ -73,54 +73,61 @@ class OnnxRKNNBase:
 
     def __init__(self, verbose: bool = False, verbose_file: str | None = None) -> None:
         # Like RKNNLite's constructor: no native state, so the object is safe to fork.
+        self.target = "simulator"
         self.verbose = verbose
+        if verbose_file is not None:
+            folder = os.path.dirname(verbose_file)
+            if folder != "" and not os.path.exists(folder):
+                verbose_file = None  # dropped silently, as the real constructor does
         self.verbose_file = verbose_file
+        self.rknn_log = RKNNLog(verbose, verbose_file)
+        self._announce()
+        if verbose:
+            if verbose_file is None:
+                self.rknn_log.w("Verbose file path is invalid, debug info will not dump to file.")
+            else:
+                self.rknn_log.d(f"Save log info to: {verbose_file}")
+        self.rknn_data: bytes | None = None
+        self.rknn_user_key: bytes | None = None
+        self.load_model_in_npu = False
+        self.rknn_runtime: EmulatedRuntime | None = None
+        self.root_dir = str(Path(__file__).resolve().parent)
         self.core_mask: int | None = None
         self._model_path: Path | None = None
-        self._model_bytes: bytes | None = None
-        self._session: Any = None
-        self._inputs: tuple[_InputSpec, ...] = ()
-        self._output_names: tuple[str, ...] = ()
+        self._async = False
+        self._pending: list[np.ndarray] | None = None
         self._staging: list[np.ndarray] | None = None
         self._frame_id = 0
         self._call_started = 0.0
 
-    # ---------------------------------------------------------------- logging
-    def _log(self, level: str, message: str) -> None:
-        """Write one RKNNLite-style log line (``E``/``W``/``I``/``D``); I/D only when verbose."""
-        if level in ("I", "D") and not self.verbose:
-            return
-        stamp = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
-        line = f"{level} RKNN: [{stamp}] {message}\n"
-        if self.verbose_file:
-            try:
-                with open(self.verbose_file, "a", encoding="utf-8") as fh:
-                    fh.write(line)
-            except OSError:
-                sys.stderr.write(line)
-            if level in ("E", "W"):
-                sys.stderr.write(line)
-        else:
-            sys.stderr.write(line)
-
     # ---------------------------------------------------------------- lifecycle
     def load_rknn(self, path: str, key_path: str | None = None) -> int:
-        """0 when the model file was read, -1 when it is missing; TypeError for None."""
-        if path is None:
+        """0 when the model file was read, -1 when it (or ``key_path``) is missing."""
+        if path is None:  # os.path.exists(None) raises in the real one too
             raise TypeError("load_rknn() path must be str, bytes or os.PathLike, not NoneType")
-        path_str = os.fspath(path)
-        if path_str == "" or not os.path.exists(path_str):
-            self._log("E", f"load_rknn: The model file '{path_str}' does not exist!")
+        if not os.path.exists(path):
+            shown = "None" if path == "" else os.fspath(path)
+            self.rknn_log.e(f"Invalid RKNN model path: {shown}", False)
             return -1
         try:
-            data = Path(path_str).read_bytes()
-        except OSError as exc:
-            self._log("E", f"load_rknn: Cannot read the model file '{path_str}': {exc}")
+            self.rknn_data = Path(path).read_bytes()
+        except OSError:
+            self.rknn_log.e(f"Catch exception when loading RKNN model [{path}]!", False)
             return -1
         # Like RKNNLite, nothing is parsed here: a bad model fails in init_runtime.
-        self._model_path = Path(path_str)
-        self._model_bytes = data
-        self._log("I", f"load_rknn: loaded {path_str} ({len(data)} bytes)")
+        self._model_path = Path(path)
+        self._loaded(self._model_path)
+        self.rknn_user_key = None
+        if key_path is not None:
+            # The real one has read the model already and keeps it: only the key is missing.
+            if not os.path.exists(key_path):
+                self.rknn_log.e(f"Invalid key envelope path: {key_path}", False)
+                return -1
+            try:
+                self.rknn_user_key = Path(key_path).read_bytes()
+            except OSError:
+                self.rknn_log.e(f"Catch exception when loading key envelope [{key_path}]!", False)
+                return -1
         return 0
 
     def init_runtime(
@@ -130,99 +137,136 @@ class OnnxRKNNBase:
         async_mode: bool = False,
         core_mask: int = C.NPU_CORE_AUTO,
     ) -> int:
-        """0 when the runtime is ready, -1 with an E log line when it is not."""
-        if self._model_path is None or self._model_bytes is None:
-            self._log(
-                "E",
-                "init_runtime: Model is not loaded yet, this interface should be called "
-                "after load_rknn!",
+        """0 when the runtime is ready, -1 with E lines when it is not."""
+        self.rknn_log.d(f"target set by user is: {target}")
+        if self.rknn_data is None or self._model_path is None:
+            self.rknn_log.e(
+                "Model is not loaded yet, this interface should be called after load_rknn!", False
             )
             return -1
         self.release()  # RKNNLite releases the old runtime first.
         if target is not None:
-            self._log(
-                "E",
-                f"init_runtime: target={target!r} selects remote (adb) mode, which this "
-                "runtime does not support; call init_runtime() without target.",
+            self.rknn_log.e(
+                f"target={target!r} selects remote (adb) mode, which {type(self).__module__} "
+                "does not support; call init_runtime() without target.",
+                False,
             )
             return -1
         if not self._before_init(core_mask):
             self.release()
             return -1
-        source = self._onnx_source()
-        if source is None:
-            self.release()
-            return -1
         try:
-            session = open_session(*source)
+            runtime = self._build_runtime()
         except ModelError as exc:
-            self._log("E", f"init_runtime: RKNN_ERR_MODEL_INVALID: {exc}")
+            self.rknn_log.e("Catch exception when init runtime!", False)
+            self.rknn_log.e(
+                f"Exception: RKNN init failed. error code: RKNN_ERR_MODEL_INVALID ({exc})", False
+            )
             self.release()
             return -1
-        inputs = []
-        for arg in session.get_inputs():
-            dims = concrete_dims(arg.shape)
-            dtype_name = ORT_DTYPES.get(arg.type)
-            if dtype_name is None:
-                self._log("E", f"init_runtime: input '{arg.name}' has unsupported type {arg.type}")
-                self.release()
-                return -1
-            inputs.append(_InputSpec(arg.name, dims, np.dtype(dtype_name), onnx_layout(dims)))
-        self._session = session
-        self._inputs = tuple(inputs)
-        self._output_names = tuple(o.name for o in session.get_outputs())
+        self.rknn_runtime = runtime
+        self._async = bool(async_mode)
         self._frame_id = 0
         # The real runtime stays alive when only the core mask fails: so does this one.
-        return 0 if self._apply_core_mask(core_mask) else -1
+        ret = 0 if self._apply_core_mask(core_mask) else -1
+        self._after_init(runtime)
+        return ret
 
     def release(self) -> None:
         """Drop the runtime; keeps the model bytes, so init_runtime can run again. Idempotent."""
-        self._session = None
-        self._inputs = ()
-        self._output_names = ()
+        if self.rknn_runtime is not None:
+            self.rknn_runtime.release()
+            self.rknn_runtime = None
+        self._pending = None
         self._staging = None
         self._after_release()
 
+    def _build_runtime(self) -> EmulatedRuntime:
+        """Session, interface and native types of the loaded model; ModelError if unusable."""
+        model_path = self._model_path
+        assert model_path is not None
+        onnx_path, onnx_bytes = self._onnx_source(model_path)
+        session = open_session(onnx_path, onnx_bytes)
+        converted = model_path.suffix.lower() != ".onnx"
+        settings = ConversionSettings.load_beside(model_path) if converted else None
+        self._check_settings(settings)
+        specs = input_specs(session, converted, settings, where=str(model_path))
+        outputs = [(o.name, ORT_DTYPES.get(o.type, "float32")) for o in session.get_outputs()]
+        native_in = [graph.default_native(s.onnx_dtype) for s in specs]
+        native_out = [graph.default_native(dtype) for _, dtype in outputs]
+        if graph.mentions_quantisation(onnx_bytes):
+            if graph.onnx_available():
+                native_in, native_out = graph.native_types(
+                    graph.load_graph(onnx_bytes), [(s.name, s.onnx_dtype) for s in specs], outputs
+                )
+            else:
+                self.rknn_log.w(
+                    f"{onnx_path.name} is quantised, but {graph.ONNX_MISSING}; its int8 inputs "
+                    "and outputs are reported as float16 by get_tensor_attr."
+                )
+        self._prepare(onnx_path, onnx_bytes, specs)
+        api, drv = self._versions()
+        return EmulatedRuntime(
+            self.rknn_log, session, specs, native_in, native_out, (sdk_banner(api, drv), api, drv)
+        )
+
+    def _onnx_source(self, model_path: Path) -> tuple[Path, bytes]:
+        """The ONNX model to run: the loaded file, or the .onnx beside a loaded .rknn."""
+        if model_path.suffix.lower() == ".onnx":
+            assert self.rknn_data is not None
+            return model_path, self.rknn_data
+        onnx_path = onnx_beside(model_path)
+        if onnx_path is None:
+            raise ModelError(
+                f"{type(self).__module__} runs ONNX models: put "
+                f"{model_path.with_suffix('.onnx').name} (the model {model_path.name} was "
+                f"converted from) in {model_path.parent}"
+            )
+        try:
+            return onnx_path, onnx_path.read_bytes()
+        except OSError as exc:
+            raise ModelError(f"Cannot read {onnx_path}: {exc}") from exc
+
     # ---------------------------------------------------------------- queries
     def get_sdk_version(self) -> str | None:
-        """A multi-line str naming the runtime (API) and driver (DRV); None when not initialised."""
-        if self._session is None:
-            self._log(
-                "E",
-                "get_sdk_version: Runtime environment is not inited, please call "
-                "init_runtime to init it first!",
+        """The ``RKNN VERSION:`` banner (API and DRV lines); None when not initialised."""
+        text = self._sdk_banner()
+        if text is None:
+            self.rknn_log.e(
+                "Runtime environment is not inited, please call init_runtime to init it first!",
+                False,
             )
-            return None
-        return self._sdk_text()
+        return text
 
-    def list_support_target_platform(self, rknn_model: str | None = None) -> dict | None:
-        """Prints and returns the platforms; None (with an E line) for a missing model path."""
+    def list_support_target_platform(self, rknn_model: str | None = None) -> dict:
+        """Prints and returns the platforms; ValueError (after an E line) for a missing file.
+
+        The wheel logs with its logger's default ``throw``, which raises ValueError, although
+        the manual says None: a script must handle both.
+        """
+        if rknn_model is not None and not os.path.exists(rknn_model):
+            self.rknn_log.e(f"The model {rknn_model} does not exist.")
         if rknn_model is None:
             result: dict = {k: list(v) for k, v in SUPPORTED_PLATFORMS.items()}
-            print("*" * 48)
+            self.rknn_log.p("*" * 48)
             for kind, chips in result.items():
-                print(f"{kind}: {chips}")
-            print("*" * 48)
+                self.rknn_log.p(f"{kind}: {chips}")
+            self.rknn_log.p("*" * 48)
             return result
-        path = os.fspath(rknn_model)
-        if path == "" or not os.path.isfile(path):
-            self._log("E", f"list_support_target_platform: The model '{path}' does not exist!")
-            return None
-        filled = _filled_platforms(Path(path))
+        filled = _filled_platforms(Path(rknn_model))
         supported = filled if filled else list(SUPPORTED_PLATFORMS["RKNPU2"])
         result = {"filled_target_platform": filled, "support_target_platform": supported}
-        print("*" * 48)
-        print(f"Target platforms filled in RKNN model:         {filled}")
-        print(f"Target platforms supported by this RKNN model: {supported}")
-        print("*" * 48)
+        self.rknn_log.p("*" * 48)
+        self.rknn_log.p(f"Target platforms filled in RKNN model:         {filled}")
+        self.rknn_log.p(f"Target platforms supported by this RKNN model: {supported}")
+        self.rknn_log.p("*" * 48)
         return result
 
     def list_devices(self) -> tuple[list, list]:
         """(adb_devices, ntb_devices): always empty, remote mode does not exist here."""
-        print("*" * 48)
-        print("all device(s) with adb mode:\n[]")
-        print("all device(s) with ntb mode:\n[]")
-        print("*" * 48)
+        self.rknn_log.p("*" * 25)
+        self.rknn_log.p("None devices connected.")
+        self.rknn_log.p("*" * 25)
         return [], []
 
     # ---------------------------------------------------------------- inference
@@ -237,35 +281,42 @@ class OnnxRKNNBase:
     ) -> list | None:
         """The outputs as float32 arrays in model order (+ frame id), or None; never raises."""
         self._call_started = time.monotonic()  # input conversion is host-side work too
-        try:
-            if self._session is None:
-                self._log(
-                    "E",
-                    "inference: Runtime environment is not inited, please call "
-                    "init_runtime to init it first!",
-                )
-                return None
-            feeds = self._prepare_feeds(inputs, data_type, data_format, inputs_pass_through)
-            outputs = self._execute(feeds, reuse_outputs)
-            if outputs is None:
-                return None
-        except _InferenceRejected as exc:
-            self._log("E", f"inference: {exc}")
+        runtime = self.rknn_runtime
+        if runtime is None:
+            self.rknn_log.e(
+                "Runtime environment is not inited, please call init_runtime to init it first!",
+                False,
+            )
             return None
+        try:
+            feeds = runtime.set_inputs(inputs, data_type, data_format, inputs_pass_through)
+        except Exception as exc:  # InputRejected, or a TypeError from a wildly wrong argument
+            self.rknn_log.e("Catch exception when setting inputs.", False)
+            self.rknn_log.e(
+                f"Exception: {exc}" if isinstance(exc, InputRejected) else repr(exc), False
+            )
+            return None
+        try:
+            outputs = self._execute(runtime, feeds, lambda raw: self._deliver(raw, reuse_outputs))
         except Exception as exc:  # never raise, like RKNNLite
-            self._log("E", f"inference: Catch exception when running the model: {exc}")
+            self.rknn_log.e("Catch exception when running RKNN model.", False)
+            self.rknn_log.e(f"Exception: {exc}", False)
+            return None
+        if outputs is None:
             return None
         self._frame_id += 1
         if get_frame_id:
             outputs.append(self._frame_id)
         return outputs
 
-    def _run_session(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        """The raw ONNX Runtime outputs for ``feeds``."""
-        return self._session.run(list(self._output_names), feeds)
-
     def _deliver(self, raw: list[np.ndarray], reuse_outputs: bool) -> list:
-        """float32 outputs: views of staging buffers when reusing, else owned arrays."""
+        """float32 outputs (the previous frame's in async mode): staging views or owned arrays."""
+        if self._async:
+            current = [np.array(r, dtype=np.float32) for r in raw]
+            previous, self._pending = self._pending, current
+            raw = previous if previous is not None else current
+            if not reuse_outputs:
+                return [r.copy() for r in raw]
         if not reuse_outputs:
             # ORT's arrays are fresh per call; astype copies only when the dtype differs.
             return [np.asarray(r, dtype=np.float32) for r in raw]
@@ -277,177 +328,58 @@ class OnnxRKNNBase:
             np.copyto(buf, r, casting="unsafe")
         return [buf[...] for buf in self._staging]
 
-    def _prepare_feeds(
-        self,
-        inputs: Any,
-        data_type: Any,
-        data_format: Any,
-        pass_through: Any,
-    ) -> dict[str, np.ndarray]:
-        """The ONNX feeds for RKNN-view inputs; _InferenceRejected says what is wrong."""
-        if not isinstance(inputs, list):
-            self._log("W", f"inference: inputs should be a list, but got {type(inputs).__name__}")
-            inputs = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
-        n = len(self._inputs)
-        if len(inputs) != n:
-            raise _InferenceRejected(
-                f"The model needs {n} inputs, but {len(inputs)} inputs were given."
-            )
-        types = _per_input(data_type, n, "data_type")
-        formats = _per_input(data_format, n, "data_format")
-        flags = _per_input(pass_through, n, "inputs_pass_through")
-        feeds = {}
-        for i, (spec, arr) in enumerate(zip(self._inputs, inputs, strict=True)):
-            feeds[spec.name] = self._convert_input(i, spec, arr, types[i], formats[i], flags[i])
-        return feeds
-
-    def _convert_input(
-        self,
-        i: int,
-        spec: _InputSpec,
-        arr: Any,
-        data_type: str | None,
-        data_format: str | None,
-        pass_through: Any,
-    ) -> np.ndarray:
-        """One input converted to what the ONNX graph takes (dtype, layout)."""
-        if not isinstance(arr, np.ndarray):
-            raise _InferenceRejected(
-                f"The input[{i}] must be a numpy.ndarray, but got {type(arr).__name__}."
-            )
-        dtype = arr.dtype.name
-        if dtype not in C.SUPPORTED_DTYPES:
-            raise _InferenceRejected(
-                f"The input[{i}] dtype {dtype} is not supported; convert it to one of "
-                f"{', '.join(C.SUPPORTED_DTYPES)} (float64 is a common mistake: use float32)."
-            )
-        if data_type is not None and data_type != dtype:
-            raise _InferenceRejected(
-                f"The input[{i}] data_type '{data_type}' does not match the array dtype "
-                f"'{dtype}'; nothing is converted, pass data_type='{dtype}' or convert the array."
-            )
-        if data_format is not None and data_format not in ("nhwc", "nchw"):
-            raise _InferenceRejected(
-                f"The input[{i}] data_format '{data_format}' is invalid; use 'nhwc' or 'nchw'."
-            )
-        rank = len(spec.dims)
-        if arr.ndim != rank:
-            raise _InferenceRejected(
-                f"The input[{i}] need {rank}dims input, but {arr.ndim}dims input buffer feed "
-                "(did you forget the batch axis? use np.expand_dims(x, 0))."
-            )
-        if pass_through not in (None, 0, 1, False, True):
-            raise _InferenceRejected(
-                f"inputs_pass_through[{i}] is {pass_through!r}; use 0 or 1 per input."
-            )
-        if pass_through:
-            # Sent as is: must already be exactly what the graph takes.
-            if arr.dtype != spec.dtype or not _shape_fits(arr.shape, spec.dims):
-                raise _InferenceRejected(
-                    f"The input[{i}] is pass-through, so it must already be "
-                    f"{spec.dtype.name} {_fmt(spec.dims)} ({spec.layout or 'as the model'}), "
-                    f"but got {dtype} {_fmt(arr.shape)}."
-                )
-            return arr
-        data = arr
-        if rank == 4:
-            fmt = data_format or "nhwc"
-            if spec.layout == "nchw" and fmt == "nhwc":
-                data = arr.transpose(_NHWC_TO_NCHW)
-            elif spec.layout == "nhwc" and fmt == "nchw":
-                self._log(
-                    "W",
-                    f"inference: The input[{i}] is NCHW data for an NHWC model input; "
-                    "it will be transposed to NHWC.",
-                )
-                data = arr.transpose(_NCHW_TO_NHWC)
-        if not _shape_fits(data.shape, spec.dims):
-            given = data.shape if rank != 4 else rknn_view(data.shape, spec.layout)
-            raise _InferenceRejected(
-                f"The input[{i}] shape {_fmt(given)} does not match the model input "
-                f"{_fmt(spec.rknn_shape)}" + (" (NHWC)." if rank == 4 else ".")
-            )
-        # A real NPU converts/quantises internally; here ONNX Runtime needs its own dtype.
-        return np.ascontiguousarray(data, dtype=spec.dtype)
-
     # ---------------------------------------------------------------- hooks
+    def _announce(self) -> None:
+        """Lines the constructor writes (the sim writes the wheel's version line)."""
+
+    def _loaded(self, path: Path) -> None:
+        """The model file at ``path`` was read (the sim picks the chip it was made for)."""
+
+    def _check_settings(self, settings: ConversionSettings | None) -> None:
+        """ModelError when the conversion settings cannot run here (the sim checks the chip)."""
+
+    def _prepare(self, onnx_path: Path, onnx_bytes: bytes, specs: tuple[InputSpec, ...]) -> None:
+        """Work out per-model settings before the runtime is made; ModelError if impossible."""
+
     def _before_init(self, core_mask: int) -> bool:
         """False (after logging) to fail init_runtime before the session is built."""
         return True
 
+    def _after_init(self, runtime: EmulatedRuntime) -> None:
+        """Lines the runtime writes once it is up (the sim writes librknnrt's)."""
+
     def _apply_core_mask(self, core_mask: int) -> bool:
         """Record the core mask; False (after logging) when init_runtime must return -1."""
         if core_mask not in C.VALID_CORE_MASKS:
-            self._log("E", f"init_runtime: The core mode {core_mask} is not supported currently.")
+            self.rknn_log.e(f"The core mode {core_mask} is not supported currently.", False)
             self.core_mask = C.NPU_CORE_AUTO
             return False
         self.core_mask = core_mask
         return True
 
-    def _execute(self, feeds: dict[str, np.ndarray], reuse_outputs: bool) -> list | None:
+    def _execute(
+        self, runtime: EmulatedRuntime, feeds: dict[str, np.ndarray], deliver: Deliver
+    ) -> list | None:
         """Run one call and deliver its outputs; None (after logging) for a failed call."""
-        return self._deliver(self._run_session(feeds), reuse_outputs)
+        return deliver(runtime.run(feeds))
 
     def _after_release(self) -> None:
-        """Drop whatever a subclass holds besides the session."""
+        """Drop whatever a subclass holds besides the runtime."""
 
-    def _sdk_text(self) -> str:
+    def _versions(self) -> tuple[str, str]:
+        """(API, DRV) texts for the get_sdk_version banner."""
         raise NotImplementedError
 
-    def _onnx_source(self) -> tuple[Path, bytes] | None:
-        """The ONNX model to run: the loaded file, or the .onnx beside a loaded .rknn."""
-        model_path = self._model_path
-        if model_path is None or self._model_bytes is None:
-            return None
-        if model_path.suffix.lower() == ".onnx":
-            return model_path, self._model_bytes
-        onnx_path = onnx_beside(model_path)
-        if onnx_path is None:
-            self._log(
-                "E",
-                f"init_runtime: {type(self).__module__} runs ONNX models: put "
-                f"{model_path.with_suffix('.onnx').name} (the model {model_path.name} was "
-                f"converted from) in {model_path.parent}.",
-            )
-            return None
-        try:
-            return onnx_path, onnx_path.read_bytes()
-        except OSError as exc:
-            self._log("E", f"init_runtime: Cannot read {onnx_path}: {exc}")
-            return None
-
-
-def _per_input(value: Any, n: int, what: str) -> list:
-    """``value`` spread over n inputs: a scalar applies to all, a list must have n items."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise _InferenceRejected(f"{what} has {len(value)} items but the model has {n} inputs.")
-        return list(value)
-    return [value] * n
-
-
-def _shape_fits(shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    return len(shape) == len(dims) and all(
-        d < 0 or d == s for s, d in zip(shape, dims, strict=True)
-    )
-
-
-def _fmt(shape: tuple[int, ...]) -> str:
-    return "[" + ",".join("?" if d < 0 else str(d) for d in shape) + "]"
+    def _sdk_banner(self) -> str | None:
+        """get_sdk_version()'s text, None when not initialised (a backend without
+        ``rknn_runtime`` overrides this)."""
+        return None if self.rknn_runtime is None else self.rknn_runtime.get_sdk_version()[0]
 
 
 def _filled_platforms(path: Path) -> list[str]:
-    """Target platforms written into an .rknn file's JSON header; [] when none is found."""
-    if path.suffix.lower() != ".rknn":
-        return []
+    """Target platforms named in the JSON document that ends an .rknn file; [] when none."""
     try:
-        head = path.read_bytes()[: 1 << 20].decode("latin-1")
-    except OSError:
+        meta = read_rknn_metadata(path)
+    except ModelError:
         return []
-    match = re.search(r'"target_platform"\s*:\s*(\[[^\]]*\])', head)
-    if not match:
-        return []
-    try:
-        return [str(p).upper() for p in json.loads(match.group(1))]
-    except ValueError:
-        return []
+    return [p.upper() for p in meta.platforms] if meta else []

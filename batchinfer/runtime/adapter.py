@@ -57,7 +57,9 @@ class RuntimeAdapter:
                 f"{self._hint()}."
             ) from exc
         if ret != 0:
-            leave_out = "" if self.core is None else f"leave core {self.core} out of --cores, or "
+            leave_out = (
+                "" if self.core is None else f"leave core {self.core} out of {{runtime.cores}}, or "
+            )
             raise InferenceError(
                 f"{self._where} could not be initialised (init_runtime returned {ret}); "
                 f"{leave_out}{self._hint()}."
@@ -73,8 +75,7 @@ class RuntimeAdapter:
         if outputs is None:
             core = "the NPU" if self.core is None else f"core {self.core}"
             raise InferenceError(
-                f"Inference returned None on {core}; the runtime's 'E RKNN' log lines above "
-                "say why."
+                f"Inference returned None on {core}; the runtime's E log lines above say why."
             )
         return outputs
 

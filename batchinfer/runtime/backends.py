@@ -22,10 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from batchinfer.errors import ConfigError, RuntimeUnavailableError, UsageError
+from batchinfer.errors import BatchinferError, ConfigError, RuntimeUnavailableError, UsageError
 from batchinfer.options import BACKEND_NAMES, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
-from batchinfer.runtime.constants import CHIP_CORES, core_mask
+from batchinfer.runtime.constants import (
+    CHIP_CORES,
+    MULTI_CORE_CHIPS,
+    NPU_CORE_AUTO,
+    core_mask,
+)
 
 NAMES = BACKEND_NAMES
 
@@ -69,11 +74,15 @@ class Backend:
         return self.runtime_class()()
 
     def instance(self, core: int | None) -> RuntimeAdapter:
-        """A runtime with the model loaded and initialised on ``core`` (None: any core)."""
+        """A runtime with the model loaded and initialised on ``core`` (None: any core).
+
+        On a one-core chip the mask is NPU_CORE_AUTO: those chips refuse any other.
+        """
         adapter = RuntimeAdapter(self.new_runtime(), core=core, model=self.model, hint=self.hint)
         adapter.load()
+        multi = self.chip() in MULTI_CORE_CHIPS
         try:
-            adapter.init(0 if core is None else core_mask(core))
+            adapter.init(core_mask(core) if core is not None and multi else NPU_CORE_AUTO)
         except BaseException:
             adapter.release()
             raise
@@ -92,6 +101,20 @@ def detect_chip(root: Path = Path("/")) -> str | None:
         for chip in CHIP_CORES:
             if f"rockchip,{chip}" in compatible:
                 return chip
+    return None
+
+
+def rknn_chip(model: Path) -> str | None:
+    """The chip a .rknn file was converted for (its own metadata), when it names a known one."""
+    from batchinfer.runtime.rknn_file import read_rknn_metadata
+
+    if Path(model).suffix.lower() != ".rknn":
+        return None
+    with contextlib.suppress(BatchinferError, OSError):
+        meta = read_rknn_metadata(model)
+        for platform in meta.platforms if meta is not None else ():
+            if platform.lower() in CHIP_CORES:
+                return platform.lower()
     return None
 
 
@@ -137,6 +160,35 @@ class OnnxBackend(Backend):
         return RKNNLite
 
 
+# --------------------------------------------------------------------------- toolkit
+@dataclass(frozen=True)
+class ToolkitBackend(Backend):
+    """rknn-toolkit2's simulator: the NPU's quantised numerics on x86, without timing.
+
+    Needs rknn-toolkit2 (its own environment: README "Real RKNN on x86"); the chip is the
+    one the .rknn was converted for.
+    """
+
+    name: ClassVar[str] = "toolkit"
+    hint: ClassVar[str] = "check the E lines above and rknn-toolkit2's environment"
+
+    def chip(self) -> str:
+        return rknn_chip(self.model) or "rk3588"
+
+    def check(self) -> None:
+        from batchinfer.runtime.toolkit import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise RuntimeUnavailableError(reason)
+
+    def runtime_class(self) -> type:
+        self.check()
+        from batchinfer.runtime.toolkit import RKNNLite
+
+        return RKNNLite
+
+
 # --------------------------------------------------------------------------- sim
 _SIM_STATE_PREFIX = "batchinfer-sim-run-"
 _SIM_OWNER = "owner.lock"
@@ -169,7 +221,9 @@ class SimBackend(Backend):
         )
 
     def chip(self) -> str:
-        return (self.options.chip or os.environ.get("BATCHINFER_SIM_CHIP") or "rk3588").lower()
+        # As the emulator does: the chip asked for, else the one a .rknn was made for.
+        chip = self.options.chip or os.environ.get("BATCHINFER_SIM_CHIP") or rknn_chip(self.model)
+        return (chip or "rk3588").lower()
 
     def check(self) -> None:
         chip = self.chip()
@@ -289,6 +343,7 @@ _CLASSES: dict[str, type[Backend]] = {
     "rknnlite": RknnliteBackend,
     "onnx": OnnxBackend,
     "sim": SimBackend,
+    "toolkit": ToolkitBackend,
 }
 
 

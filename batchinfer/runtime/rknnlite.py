@@ -32,7 +32,8 @@ def unavailable_reason(
     if machine.lower() not in _ARM64:
         return (
             f"The rknnlite backend (rknn-toolkit-lite2) exists only for aarch64 boards and this "
-            f"machine is {machine}; use --backend onnx or --backend sim on this machine."
+            f"machine is {machine}; use {{runtime.backend}} onnx or {{runtime.backend}} sim on "
+            "this machine."
         )
     if has_wheel is None:
         has_wheel = importlib.util.find_spec("rknnlite") is not None

@@ -4,12 +4,22 @@ A script written for the real runtime runs with only its import changed::
 
     from batchinfer.runtime.sim import RKNNLite   # was: from rknnlite.api import RKNNLite
 
-It honours the RKNNLite contract (see _onnx_base and docs/rknnlite-contract.md),
-computes real outputs with ONNX Runtime, and adds what a board has and a CPU lacks:
+It honours the RKNNLite contract (batchinfer/runtime/CONTRACT.md), computes real outputs
+with ONNX Runtime (applying the normalisation a ``.rknn`` carries, from its
+``<stem>.config.json``), and adds what a board has and a CPU lacks:
+
+Board lines
+    The wheel's ``W rknn-toolkit-lite2 version: 2.5.0`` at construction; at init
+    librknnrt's ``I RKNN:`` runtime, driver and model lines, and for a static-shape model
+    the two dynamic-range warnings every board prints. All go through
+    ``self.rknn_log.logger``. A ``.rknn`` whose settings name another ``target_platform``
+    fails init with RKNN_ERR_TARGET_PLATFORM_UNMATCH, as on a board.
 
 Core-mask rules per chip
     ``chip`` rk3588 (3 cores, default), rk3576 (2), rk3566 and the other one-core chips.
-    See :func:`resolve_core_mask`.
+    See :func:`resolve_core_mask`. When no chip is given (argument or
+    BATCHINFER_SIM_CHIP), a loaded ``.rknn`` sets it: the ``target_platform`` of its
+    settings, else the first platform its own metadata names.
 
 Time model
     Each ``inference`` call first spends ``host_ms`` on its own (a sleep that releases
@@ -24,7 +34,9 @@ Time model
     for the last 0.1 ms), so a call ends close to it and no overshoot piles up
     (``tools/bench_sim.py`` compares the emulator with this model).
     So k instances on one core reach at most ``min(k / (host_ms + npu_ms), 1 / npu_ms)``
-    calls per second.
+    calls per second. ``npu_ms="estimate"`` derives npu_ms per model from its ONNX graph
+    (:mod:`batchinfer.runtime.timing`): an estimate, labelled so in get_sdk_version and
+    the init line.
     Multi-core masks (NPU_CORE_0_1, NPU_CORE_0_1_2, NPU_CORE_ALL) model RKNN's
     multi-core split ideally: the call holds every core of its mask from a common start
     for ``npu_ms / ncores``. One instance on three cores therefore gains only on the NPU
@@ -44,8 +56,8 @@ Faults (for tests of the engine)
     an extra method the real RKNNLite does not have.
 
 Settings come from keyword arguments or the environment: ``BATCHINFER_SIM_CHIP``
-(rk3588), ``BATCHINFER_SIM_NPU_MS`` (2.0), ``BATCHINFER_SIM_HOST_MS`` (4.0, so one
-instance keeps its core a third busy, as on real boards), ``BATCHINFER_SIM_FAULTS``
+(rk3588), ``BATCHINFER_SIM_NPU_MS`` (2.0, or ``estimate``), ``BATCHINFER_SIM_HOST_MS``
+(4.0, so one instance keeps its core a third busy, as on real boards), ``BATCHINFER_SIM_FAULTS``
 (specs separated by ';'), ``BATCHINFER_SIM_STATE`` (default
 ``{tempdir}/batchinfer-sim-{uid}/``). Counters persist per state_dir: use a fresh one
 per run when faults must fire again.
@@ -55,7 +67,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import fcntl
+import logging
 import mmap
 import os
 import re
@@ -65,6 +79,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -72,10 +87,21 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 
-from batchinfer.errors import UsageError
+from batchinfer.errors import ModelError, UsageError
 from batchinfer.runtime import constants as C
-from batchinfer.runtime._onnx_base import OnnxRKNNBase
+from batchinfer.runtime import graph, timing
+from batchinfer.runtime._emulated_runtime import EmulatedRuntime
+from batchinfer.runtime._onnx_base import RKNN_API_VERSION, Deliver, OnnxRKNNBase
+from batchinfer.runtime.conversion import ConversionSettings
+from batchinfer.runtime.model_info import InputSpec
 from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
+from batchinfer.runtime.rknn_file import read_rknn_metadata
+
+#: The rknpu driver version the emulated board reports (a current RK3588 BSP's).
+DRIVER_VERSION = "0.9.8"
+ESTIMATE = timing.ESTIMATE  # the npu_ms value that asks for the per-model estimate
+# Chips that run each other's models (one .rknn serves RK3566 and RK3568).
+_SAME_NPU = {"rk3566": "rk3568", "rk3568": "rk3566"}
 
 FAULT_KINDS = ("crash", "hang", "none", "init", "skew")
 # Faults that hold for every call on a core rather than firing at one call.
@@ -160,15 +186,18 @@ class SimSettings:
     """The emulated board: chip, per-call NPU and host time, faults, state folder."""
 
     chip: str = _DEFAULTS["chip"]
-    npu_ms: float = _DEFAULTS["npu_ms"]
+    npu_ms: float | str = _DEFAULTS["npu_ms"]  # milliseconds, or ESTIMATE
     host_ms: float = _DEFAULTS["host_ms"]
     faults: tuple[Fault, ...] = ()
     state_dir: Path = field(default_factory=default_state_dir)
+    #: True when the chip was asked for (argument or BATCHINFER_SIM_CHIP); otherwise the
+    #: emulator takes the chip a loaded .rknn was converted for.
+    chip_given: bool = False
 
     @classmethod
     def from_env(cls, **overrides: object) -> SimSettings:
         """Settings from BATCHINFER_SIM_* env vars, with non-None ``overrides`` winning."""
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"chip_given"}
         unknown = set(overrides) - names
         if unknown:
             raise UsageError(
@@ -185,9 +214,9 @@ class SimSettings:
         if chip not in C.CHIP_CORES:
             raise UsageError(
                 f"Sim chip {chip!r} is unknown; use one of {', '.join(C.CHIP_CORES)} "
-                f"(--sim-chip or {_ENV['chip']})."
+                f"({{runtime.sim.chip}} or {_ENV['chip']})."
             )
-        npu_ms = _milliseconds(raw.get("npu_ms", _DEFAULTS["npu_ms"]), "npu_ms")
+        npu_ms = _npu_ms(raw.get("npu_ms", _DEFAULTS["npu_ms"]))
         host_ms = _milliseconds(raw.get("host_ms", _DEFAULTS["host_ms"]), "host_ms")
         faults = _parse_faults(raw.get("faults"))  # type: ignore[arg-type]
         for fault in faults:
@@ -198,7 +227,18 @@ class SimSettings:
                 )
         state = raw.get("state_dir")
         state_dir = Path(state) if state is not None else default_state_dir()  # type: ignore[arg-type]
-        return cls(chip, npu_ms, host_ms, faults, state_dir)
+        return cls(chip, npu_ms, host_ms, faults, state_dir, chip_given="chip" in raw)
+
+
+def _npu_ms(value: object) -> float | str:
+    if isinstance(value, str) and value.strip().lower() == ESTIMATE:
+        if not graph.onnx_available():
+            raise UsageError(
+                f"Sim npu_ms={ESTIMATE!r} reads the model's graph, but {graph.ONNX_MISSING}, "
+                "or give npu_ms in milliseconds."
+            )
+        return ESTIMATE
+    return _milliseconds(value, "npu_ms")
 
 
 def _milliseconds(value: object, name: str) -> float:
@@ -208,8 +248,9 @@ def _milliseconds(value: object, name: str) -> float:
         ms = -1.0
     if not ms >= 0.0 or ms == float("inf"):
         raise UsageError(
-            f"Sim {name}={value!r} is not a duration; give milliseconds >= 0, e.g. 2.0 "
-            f"({_ENV[name]})."
+            f"Sim {name}={value!r} is not a duration; give milliseconds >= 0, e.g. 2.0"
+            + (f" or {ESTIMATE!r}" if name == "npu_ms" else "")
+            + f" ({_ENV[name]})."
         )
     return ms
 
@@ -222,17 +263,26 @@ def resolve_core_mask(chip: str, mask: int) -> tuple[tuple[int, ...], list[str]]
         return (), []
     if chip not in C.MULTI_CORE_CHIPS:
         names = [c.upper() for c in C.MULTI_CORE_CHIPS]
-        raise ValueError(f"The core_mask is only supported by {names}, not {chip.upper()}.")
+        raise ValueError(
+            f"The core_mask is only supported by {names}. Please do not set this parameter "
+            f"on other platforms. (This is {chip.upper()}.)"
+        )
     if mask not in C.VALID_CORE_MASKS:
         raise ValueError(f"The core mode {mask} is not supported currently.")
     warnings = []
     if mask == C.NPU_CORE_ALL:
         mask = (1 << ncores) - 1
     elif chip == "rk3576" and mask == C.NPU_CORE_2:
-        warnings.append("RK3576 has no NPU_CORE_2; NPU_CORE_0 is used instead.")
+        warnings.append(
+            'The RK3576 platform has only two NPU cores. "NPU_CORE_2" is not supported and '
+            'will be automatically replaced with "NPU_CORE_0".'
+        )
         mask = C.NPU_CORE_0
     elif chip == "rk3576" and mask == C.NPU_CORE_0_1_2:
-        warnings.append("RK3576 has no NPU_CORE_0_1_2; NPU_CORE_0_1 is used instead.")
+        warnings.append(
+            'The RK3576 platform has only two NPU cores. "NPU_CORE_0_1_2" is not supported '
+            'and will be automatically replaced with "NPU_CORE_0_1".'
+        )
         mask = C.NPU_CORE_0_1
     return tuple(c for c in range(ncores) if mask & (1 << c)), warnings
 
@@ -278,6 +328,9 @@ class _Board:
         except BaseException:
             os.close(self._fd)
             raise
+        # An RKNNLite dropped without release() must not keep the descriptor: close it
+        # when this object goes away (200 forgotten instances hit "too many open files").
+        self._closer = weakref.finalize(self, _close_board, self._mm, self._fd)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -309,8 +362,29 @@ class _Board:
         return inits if init else calls
 
     def close(self) -> None:
-        self._mm.close()
-        os.close(self._fd)
+        self._closer()
+
+
+def _model_chip(path: Path) -> str | None:
+    """The chip an .rknn was converted for: its settings' target_platform, else its own
+    metadata's first platform; None when neither names a chip the emulator knows."""
+    if path.suffix.lower() != ".rknn":
+        return None
+    try:
+        settings = ConversionSettings.load_beside(path)
+        meta = None if settings and settings.target_platform else read_rknn_metadata(path)
+    except ModelError:
+        return None  # init_runtime says what is wrong with the files
+    named = settings.target_platform if settings and settings.target_platform else None
+    if named is None and meta is not None and meta.platforms:
+        named = meta.platforms[0]
+    chip = (named or "").lower()
+    return chip if chip in C.CHIP_CORES else None
+
+
+def _close_board(mm: mmap.mmap, fd: int) -> None:
+    mm.close()
+    os.close(fd)
 
 
 # ---------------------------------------------------------------- timing helpers
@@ -353,17 +427,20 @@ class RKNNLite(OnnxRKNNBase):
         verbose_file: str | None = None,
         *,
         chip: str | None = None,
-        npu_ms: float | None = None,
+        npu_ms: float | str | None = None,
         host_ms: float | None = None,
         faults: str | Iterable[str | Fault] | None = None,
         state_dir: str | Path | None = None,
     ) -> None:
-        super().__init__(verbose, verbose_file)
         self.settings = SimSettings.from_env(
             chip=chip, npu_ms=npu_ms, host_ms=host_ms, faults=faults, state_dir=state_dir
         )
+        super().__init__(verbose, verbose_file)
         #: Cores this runtime is pinned to after init_runtime; () = NPU_CORE_AUTO.
         self.cores: tuple[int, ...] = ()
+        #: NPU milliseconds per call for the loaded model (settings.npu_ms, or its estimate).
+        self.npu_ms: float | None = None
+        self._estimate: timing.Estimate | None = None
         self._board: _Board | None = None
         self._current_item: int | None = None
 
@@ -375,15 +452,48 @@ class RKNNLite(OnnxRKNNBase):
         self._current_item = index
 
     # ---------------------------------------------------------------- hooks
+    def _announce(self) -> None:
+        self.rknn_log.w(f"rknn-toolkit-lite2 version: {RKNN_API_VERSION}")
+
+    def _loaded(self, path: Path) -> None:
+        chip = None if self.settings.chip_given else _model_chip(path)
+        if chip is not None and chip != self.settings.chip:
+            self.settings = dataclasses.replace(self.settings, chip=chip)
+
+    def _check_settings(self, settings: ConversionSettings | None) -> None:
+        wanted = (settings.target_platform or "").lower() if settings else ""
+        chip = self.settings.chip
+        if wanted and wanted not in (chip, _SAME_NPU.get(chip)):
+            self.rknn_log.native(
+                logging.ERROR,
+                f"The target platform of the model ({wanted}) does not match the current "
+                f"platform ({chip}), RKNN_ERR_TARGET_PLATFORM_UNMATCH",
+            )
+            raise ModelError(
+                f"{settings.path} says target_platform {wanted!r}, but the emulated chip is "
+                f"{chip}; convert for {chip} or set BATCHINFER_SIM_CHIP={wanted}"
+            )
+
+    def _prepare(self, onnx_path: Path, onnx_bytes: bytes, specs: tuple[InputSpec, ...]) -> None:
+        if self.settings.npu_ms != ESTIMATE:
+            self.npu_ms, self._estimate = float(self.settings.npu_ms), None
+            return
+        shapes = {s.name: s.to_onnx(s.shape) for s in specs}
+        try:
+            self._estimate = timing.estimate(onnx_bytes, shapes)
+        except (ImportError, ValueError) as exc:
+            raise ModelError(f"cannot estimate npu_ms for {onnx_path.name}: {exc}") from exc
+        self.npu_ms = self._estimate.npu_ms
+
     def _before_init(self, core_mask: int) -> bool:
         _tight_timer_slack()
         try:
             self._board = _Board(self.settings.state_dir, self.settings.chip)
         except OSError as exc:
-            self._log(
-                "E",
-                f"init_runtime: cannot open the sim board in {self.settings.state_dir} "
-                f"({exc}); set BATCHINFER_SIM_STATE to a writable folder.",
+            self.rknn_log.e(
+                f"cannot open the sim board in {self.settings.state_dir} ({exc}); set "
+                "BATCHINFER_SIM_STATE to a writable folder.",
+                False,
             )
             return False
         try:
@@ -397,13 +507,40 @@ class RKNNLite(OnnxRKNNBase):
             counts = {c: self._board.count(c, init=True) for c in cores}
         for fault in init_faults:
             if fault.core in counts and fault.call in (None, counts[fault.core]):
-                self._log(
-                    "E",
-                    f"init_runtime: RKNN_ERR_DEVICE_UNAVAILABLE: NPU core {fault.core} "
-                    f"failed to initialise (injected fault {fault}).",
+                self.rknn_log.native(
+                    logging.ERROR,
+                    f"RKNN_ERR_DEVICE_UNAVAILABLE: NPU core {fault.core} failed to initialise "
+                    f"(injected fault {fault}).",
                 )
+                self.rknn_log.e("Catch exception when init runtime!", False)
                 return False
         return True
+
+    def _after_init(self, runtime: EmulatedRuntime) -> None:
+        s = self.settings
+        log = self.rknn_log
+        dynamic = any(spec.shapes is not None for spec in runtime.inputs)
+        api, drv = runtime.get_sdk_version()[1:]
+        log.native(logging.INFO, f"RKNN Runtime Information, librknnrt version: {api}")
+        log.native(logging.INFO, f"RKNN Driver Information, version: {drv}")
+        log.native(
+            logging.INFO,
+            f"RKNN Model Information, version: 6, toolkit version: none (emulated), target: "
+            f"RKNPU v2, target platform: {s.chip}, framework name: ONNX, framework layout: "
+            f"NCHW, model inference type: {'dynamic_shape' if dynamic else 'static_shape'}",
+        )
+        if self._estimate is not None:
+            log.native(logging.INFO, f"batchinfer sim: {self._estimate.describe()}")
+        if not dynamic:  # what every board prints for a static-shape model
+            log.native(
+                logging.WARNING,
+                "query RKNN_QUERY_INPUT_DYNAMIC_RANGE error, rknn model is static shape type, "
+                "please export rknn with dynamic_shapes",
+            )
+            log.w(
+                "Query dynamic range failed. Ret code: RKNN_ERR_MODEL_INVALID. (If it is a "
+                "static shape RKNN model, please ignore the above warning message.)"
+            )
 
     @property
     def _skewed(self) -> bool:
@@ -413,11 +550,11 @@ class RKNNLite(OnnxRKNNBase):
         try:
             cores, warnings = resolve_core_mask(self.settings.chip, core_mask)
         except ValueError as exc:
-            self._log("E", f"init_runtime: {exc}")
+            self.rknn_log.e(str(exc), False)
             self.core_mask, self.cores = C.NPU_CORE_AUTO, ()
             return False
         for warning in warnings:
-            self._log("W", f"init_runtime: {warning}")
+            self.rknn_log.w(warning)
         self.core_mask, self.cores = core_mask, cores
         return True
 
@@ -427,15 +564,21 @@ class RKNNLite(OnnxRKNNBase):
             self._board = None
         self.cores = ()
 
-    def _sdk_text(self) -> str:
+    def _versions(self) -> tuple[str, str]:
         s = self.settings
+        if self._estimate is not None:
+            npu = f"npu_ms={self._estimate.npu_ms:.3g} (an estimate from the graph)"
+        else:
+            npu = f"npu_ms={self.npu_ms:g}"
         return (
-            f"API: 2.5.0 (batchinfer sim, onnxruntime {onnxruntime.__version__})\n"
-            f"DRV: rknpu sim (emulated {s.chip}, {C.CHIP_CORES[s.chip]} core(s), "
-            f"npu_ms={s.npu_ms:g}, host_ms={s.host_ms:g})"
+            f"{RKNN_API_VERSION} (batchinfer sim, onnxruntime {onnxruntime.__version__})",
+            f"{DRIVER_VERSION} (emulated {s.chip}, {C.CHIP_CORES[s.chip]} core(s), {npu}, "
+            f"host_ms={s.host_ms:g})",
         )
 
-    def _execute(self, feeds: dict[str, np.ndarray], reuse_outputs: bool) -> list | None:
+    def _execute(
+        self, runtime: EmulatedRuntime, feeds: dict[str, np.ndarray], deliver: Deliver
+    ) -> list | None:
         # The host phase starts when inference() was entered, so the emulator's own input
         # checks are part of host_ms rather than time on top of host_ms + npu_ms.
         host_done = self._call_started + self.settings.host_ms / 1000.0
@@ -447,13 +590,13 @@ class RKNNLite(OnnxRKNNBase):
         fired, end = self._reserve(host_done)
         if fired is not None:
             return self._fire(fired)
-        outputs = self._run_session(feeds)
+        outputs = runtime.run(feeds)
         if self._skewed:
             # A small, deterministic per-core difference (airockchip/rknn-toolkit2#228).
             outputs = [o + np.float32(0.01) * (np.abs(o).max() or 1) for o in outputs]
         # Outputs are staged while the emulated NPU still holds the core, so the call
         # returns at its deadline rather than after our own copying.
-        outputs = self._deliver(outputs, reuse_outputs)
+        outputs = deliver(outputs)
         _sleep_until(end)
         return outputs
 
@@ -464,7 +607,7 @@ class RKNNLite(OnnxRKNNBase):
         core frees, whichever is later, never before either.
         """
         board = self._board
-        assert board is not None  # init_runtime succeeded, so the board is open
+        assert board is not None and self.npu_ms is not None  # init_runtime succeeded
         ncores = C.CHIP_CORES[self.settings.chip]
         with board.locked():
             now = time.monotonic()
@@ -480,20 +623,24 @@ class RKNNLite(OnnxRKNNBase):
             if fired is not None:
                 return fired, now
             start = max([min(now, earliest)] + [board.busy_until(c, now) for c in cores])
-            end = start + self.settings.npu_ms / 1000.0 / len(cores)
+            end = start + self.npu_ms / 1000.0 / len(cores)
             for core in cores:
                 board.set_busy_until(core, end)
         return None, end
 
     def _fire(self, fault: Fault) -> None:
         """Act out an inference fault; returns (None) only for ``none``."""
+        log = self.rknn_log
         if fault.kind == "crash":
-            self._log("E", f"inference: injected fault {fault}: the process dies now.")
+            log.e(f"injected fault {fault}: the process dies now.", False)
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         if fault.kind == "hang":
-            self._log("W", f"inference: injected fault {fault}: this call never returns.")
+            log.e(f"injected fault {fault}: this call never returns.", False)
             sys.stderr.flush()
             threading.Event().wait()
-        self._log("E", f"inference: failed to submit!, RKNN_ERR_FAIL (injected fault {fault}).")
+        log.native(
+            logging.ERROR, f"failed to submit!, op id: 0, RKNN_ERR_FAIL (injected fault {fault})."
+        )
+        log.e("Catch exception when running RKNN model.", False)
         return None

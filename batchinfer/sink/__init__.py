@@ -1,33 +1,37 @@
-"""Output writers: prediction parts, core stats, timeline, manifest, and --resume state.
+"""Output writers: rows, prediction parts, the run folder, stats, manifest, resume state.
 
-See design.md "Output" for the folder layout. Everything here writes atomically
-(tmp file, fsync, rename) and raises OutputWriteError when the disk refuses.
+README "Output" describes the folder layout. Everything here writes atomically (tmp file,
+fsync, rename) and raises OutputWriteError when the disk refuses. Names are imported on
+first use, so a module that needs one writer does not import them all.
 """
 
 from __future__ import annotations
 
-from batchinfer.sink.manifest import RunManifest, model_sha256, read_manifest, write_manifest
-from batchinfer.sink.predictions import PredictionWriter, prediction_schema, top_k
-from batchinfer.sink.resume import ResumeState, prepare_resume
-from batchinfer.sink.stats import (
-    CoreStatsRecorder,
-    LatencyHistogram,
-    write_core_stats,
-    write_timeline,
-)
+import importlib
 
-__all__ = [
-    "CoreStatsRecorder",
-    "LatencyHistogram",
-    "PredictionWriter",
-    "ResumeState",
-    "RunManifest",
-    "model_sha256",
-    "prediction_schema",
-    "prepare_resume",
-    "read_manifest",
-    "top_k",
-    "write_core_stats",
-    "write_manifest",
-    "write_timeline",
-]
+_WHERE = {
+    "RunManifest": "batchinfer.sink.manifest",
+    "model_sha256": "batchinfer.sink.manifest",
+    "read_manifest": "batchinfer.sink.manifest",
+    "write_manifest": "batchinfer.sink.manifest",
+    "PredictionWriter": "batchinfer.sink.predictions",
+    "prediction_schema": "batchinfer.sink.predictions",
+    "top_k": "batchinfer.sink.predictions",
+    "ResumeState": "batchinfer.sink.resume",
+    "prepare_resume": "batchinfer.sink.resume",
+    "CoreStatsRecorder": "batchinfer.sink.stats",
+    "LatencyHistogram": "batchinfer.sink.stats",
+    "write_core_stats": "batchinfer.sink.stats",
+    "write_timeline": "batchinfer.sink.stats",
+    "Row": "batchinfer.sink.rows",
+    "MemorySink": "batchinfer.sink.rows",
+    "NullSink": "batchinfer.sink.rows",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(name)

@@ -27,6 +27,7 @@ _LABELS = {
     "dataset_root": "dataset folder",
     "dataset_items": "number of dataset items",
     "dataset_listing_sha256": "dataset listing (the items' names, sha256)",
+    "class_map": "class map (labels)",
 }
 
 
@@ -41,6 +42,7 @@ def run_fingerprint(
     dataset_root: str,
     dataset_items: int,
     dataset_listing_sha256: str,
+    class_map: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fingerprint as a JSON-able dict (stored in the manifest)."""
     return {
@@ -53,6 +55,7 @@ def run_fingerprint(
         "dataset_root": dataset_root,
         "dataset_items": dataset_items,
         "dataset_listing_sha256": dataset_listing_sha256,
+        "class_map": class_map,
     }
 
 

@@ -164,6 +164,6 @@ def model_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
                 digest.update(chunk)
     except OSError as exc:
         raise ModelError(
-            f"Model file {path} cannot be read ({exc.strerror or exc}); check the --model path."
+            f"Model file {path} cannot be read ({exc.strerror or exc}); check the {{model}} path."
         ) from None
     return digest.hexdigest()

@@ -116,23 +116,45 @@ def prediction_schema(
     return pa.schema(fields, metadata=metadata)
 
 
+def top_k_batch(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best classes of each row of ``scores`` (n, C), and their scores, best first.
+
+    Ties go to the lower class index; NaN scores rank last. One vectorised pass for a batch
+    of rows: the engine's collector calls it once per batch of results.
+    """
+    n, c = scores.shape
+    k = min(k, c)
+    if k <= 0:
+        return np.empty((n, 0), np.int32), np.empty((n, 0), np.float32)
+    key = scores
+    nan = np.isnan(key)
+    if nan.any():
+        key = np.where(nan, -np.inf, key)
+    rows = np.arange(n)[:, None]
+    if k < c:
+        # After argpartition at C-k, the last k positions hold the k largest (unordered).
+        candidates = np.argpartition(key, c - k, axis=1)[:, c - k :]
+    else:
+        candidates = np.broadcast_to(np.arange(c), (n, c))
+    values = key[rows, candidates]
+    index = candidates[rows, np.lexsort((candidates, -values), axis=1)]
+    if k < c:
+        # argpartition chooses arbitrarily among values tied at the k-th place: such rows
+        # are sorted whole, so the lower class indexes win.
+        kth = key[np.arange(n), index[:, -1]]
+        for r in np.flatnonzero(np.count_nonzero(key >= kth[:, None], axis=1) > k):
+            index[r] = np.lexsort((np.arange(c), -key[r].astype(np.float64)))[:k]
+    return index.astype(np.int32), scores[rows, index].astype(np.float32)
+
+
 def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` best classes of ``scores`` (flattened) and their scores, best first.
 
     Ties go to the lower class index; NaN scores rank last.
     """
-    x = np.asarray(scores).reshape(-1)
-    n = x.size
-    k = min(k, n)
-    if k <= 0:
-        return np.empty(0, np.int32), np.empty(0, np.float32)
-    key = x.astype(np.float64, copy=False)
-    if np.isnan(key).any():
-        key = np.where(np.isnan(key), -np.inf, key)
-    # After argpartition at n-k, the last k positions hold the k largest (unordered).
-    candidates = np.argpartition(key, n - k)[n - k :] if k < n else np.arange(n)
-    order = candidates[np.lexsort((candidates, -key[candidates]))][:k]
-    return order.astype(np.int32), x[order].astype(np.float32)
+    x = np.asarray(scores).reshape(1, -1)
+    index, values = top_k_batch(x, k)
+    return index[0], values[0]
 
 
 class _Column:
@@ -156,13 +178,23 @@ class _Column:
             values[: self.n], valid[: self.n] = self.values[: self.n], self.valid[: self.n]
         self.values, self.valid = values, valid
 
-    def append(self, value) -> None:
-        if self.n == len(self.valid):
-            self._grow(2 * self.n)
-        if value is not None:
-            self.values[self.n] = value
-            self.valid[self.n] = True
-        self.n += 1
+    def extend(self, values: list) -> None:
+        """Append values (None: null) in one go."""
+        m = len(values)
+        if self.n + m > len(self.valid):
+            self._grow(max(2 * len(self.valid), self.n + m))
+        valid = [v is not None for v in values]
+        at = slice(self.n, self.n + m)
+        if all(valid):
+            self.values[at] = np.stack(values) if self.width else values
+            self.valid[at] = True
+        else:
+            where = np.flatnonzero(valid) + self.n
+            present = [v for v in values if v is not None]
+            if present:
+                self.values[where] = np.stack(present) if self.width else present
+            self.valid[at] = valid
+        self.n += m
 
     def arrow(self, value_type: pa.DataType) -> pa.Array:
         values, mask = self.values[: self.n], ~self.valid[: self.n]
@@ -288,46 +320,57 @@ class PredictionWriter:
         On an error row the outputs are ignored: pred, top-k and saved outputs are null.
         If a triggered write fails, OutputWriteError is raised and the rows stay buffered.
         """
-        for row in rows:
-            self._append(row)
+        if self._closed:
+            raise ValueError("PredictionWriter is closed")
+        done = 0
+        while done < len(rows):
+            chunk = rows[done : done + self.rows_per_part - self._rows]
+            self._extend(chunk)
+            done += len(chunk)
+            if self.rows_buffered >= self.rows_per_part or self._bytes >= self.max_buffer_bytes:
+                self.flush()
+        self._adds_since_clock += len(rows)
+        if self._adds_since_clock >= _CLOCK_EVERY:
+            self._adds_since_clock = 0
+            if self.rows_buffered and self._clock() - self._last_write >= self.flush_interval_s:
+                self.flush()
 
     def open(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
         """RowSink: nothing to do, the schema was fixed when the writer was made."""
 
-    def _append(self, row: Row) -> None:
-        if self._closed:
-            raise ValueError("PredictionWriter is closed")
-        # Everything that can raise runs before the first append, so a refused row
-        # leaves the column buffers the same length.
-        ok = row.error is None
-        saved = self._saved_outputs(row.outputs if ok else None)
-        idx = row.topk_index if ok else None
-        if idx is not None and self._topk_index is not None and idx.size != self._topk_index.width:
-            raise ValueError(f"row {row.index} has {idx.size} top-k classes, earlier rows fewer")
-        values = (row.index, row.id, row.id_bytes, row.label, row.label_name, row.node, row.core)
-        values += (row.instance, row.attempt, row.latency_ms, row.read_ms, row.wait_ms, row.error)
-        for name, value in zip(_SCALAR_COLUMNS, values, strict=True):
-            self._cols[name].append(value)
-        self._pred.append(row.pred if ok else None)
-        if idx is not None and self._topk_index is None:  # earlier rows had none: null
-            self._topk_index = _Column("int32", idx.size, nulls=self._rows)
-            self._topk_score = _Column("float32", idx.size, nulls=self._rows)
+    def _extend(self, rows: list[Row]) -> None:
+        """Append ``rows`` to the column buffers, all columns at once."""
+        # Everything that can raise runs before the first append, so refused rows leave the
+        # column buffers the same length.
+        ok = [r.error is None for r in rows]
+        saved = [
+            self._saved_outputs(r.outputs if good else None)
+            for r, good in zip(rows, ok, strict=True)
+        ]
+        topk = [r.topk_index if good else None for r, good in zip(rows, ok, strict=True)]
+        widths = {t.size for t in topk if t is not None}
         if self._topk_index is not None:
-            self._topk_index.append(idx)
-            self._topk_score.append(row.topk_score if idx is not None else None)
-        self._rows += 1
-        self._errors += not ok
-        for column, flat in zip(self._saved, saved, strict=True):
-            column.append(flat)
-            self._bytes += 0 if flat is None else flat.nbytes
-
-        self._adds_since_clock += 1
-        if self.rows_buffered >= self.rows_per_part or self._bytes >= self.max_buffer_bytes:
-            self.flush()
-        elif self._adds_since_clock >= _CLOCK_EVERY:
-            self._adds_since_clock = 0
-            if self._clock() - self._last_write >= self.flush_interval_s:
-                self.flush()
+            widths.add(self._topk_index.width)
+        if len(widths) > 1:
+            raise ValueError(f"rows have top-k of different widths {sorted(widths)}")
+        for name in _SCALAR_COLUMNS:
+            self._cols[name].extend([getattr(r, name) for r in rows])
+        self._pred.extend([r.pred if good else None for r, good in zip(rows, ok, strict=True)])
+        if widths and self._topk_index is None:  # earlier rows had none: null
+            (width,) = widths
+            self._topk_index = _Column("int32", width, nulls=self._rows)
+            self._topk_score = _Column("float32", width, nulls=self._rows)
+        if self._topk_index is not None:
+            self._topk_index.extend(topk)
+            self._topk_score.extend(
+                [r.topk_score if t is not None else None for r, t in zip(rows, topk, strict=True)]
+            )
+        self._rows += len(rows)
+        self._errors += ok.count(False)
+        for i, column in enumerate(self._saved):
+            flats = [row_saved[i] for row_saved in saved]
+            column.extend(flats)
+            self._bytes += sum(f.nbytes for f in flats if f is not None)
 
     def flush(self) -> Path | None:
         """Write the buffered rows as the next part; returns its path (None if nothing to write).
@@ -395,13 +438,10 @@ class PredictionWriter:
     # -- internals --------------------------------------------------------------------
 
     def _reset_buffers(self) -> None:
-        self._cols: dict[str, _Column | list] = {
-            f.name: []
-            if pa.types.is_string(f.type) or pa.types.is_binary(f.type)
-            else _Column(f.type.to_pandas_dtype())
-            for f in _BASE_FIELDS[: len(_SCALAR_COLUMNS)]
-        }
-        self._pred = _Column("int64")
+        # Scalar columns are plain lists until the part is written: appending a batch of rows
+        # to a list is cheap, and a part holds at most rows_per_part of them (a few MB).
+        self._cols: dict[str, list] = {name: [] for name in _SCALAR_COLUMNS}
+        self._pred: list[int | None] = []
         # Top-k width is known at the first row that has one (k = min(topk, classes)).
         self._topk_index: _Column | None = None
         self._topk_score: _Column | None = None
@@ -444,10 +484,9 @@ class PredictionWriter:
         for f in self.schema:
             if f.name in self._cols:
                 col = self._cols[f.name]
-                arrays.append(
-                    _text_array(col, f.type) if isinstance(col, list) else col.arrow(f.type)
-                )
-        arrays.append(self._pred.arrow(pa.int64()))
+                text = pa.types.is_string(f.type) or pa.types.is_binary(f.type)
+                arrays.append(_text_array(col, f.type) if text else pa.array(col, type=f.type))
+        arrays.append(pa.array(self._pred, type=pa.int64()))
         for col, value_type in ((self._topk_index, pa.int32()), (self._topk_score, pa.float32())):
             if col is None:
                 arrays.append(pa.nulls(self._rows, pa.list_(value_type)))

@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -79,6 +79,23 @@ class LatencyHistogram:
         self.n += 1
         self.min = min(self.min, ms)
         self.max = max(self.max, ms)
+
+    def add_many(self, ms: np.ndarray) -> None:
+        """Count many latencies at once (NaN and negatives ignored, as in :meth:`add`)."""
+        ms = np.asarray(ms, dtype=np.float64)
+        ms = ms[ms >= 0]
+        if not ms.size:
+            return
+        bucket = np.empty(ms.size, np.int64)
+        low, high = ms < HIST_LO_MS, ms >= HIST_HI_MS
+        mid = ~(low | high)
+        bucket[low], bucket[high] = 0, _N_BUCKETS - 1
+        logs = np.log(ms[mid] / HIST_LO_MS) / _LOG_RATIO
+        bucket[mid] = 1 + np.minimum(logs.astype(np.int64), _N_LOG - 1)
+        np.add.at(self.counts, bucket, 1)
+        self.n += int(ms.size)
+        self.min = min(self.min, float(ms.min()))
+        self.max = max(self.max, float(ms.max()))
 
     def merge(self, other: LatencyHistogram) -> None:
         """Add ``other``'s counts to this histogram."""
@@ -179,6 +196,46 @@ class CoreStatsRecorder:
         slot[0] += 1
         if not ok:
             slot[1] += 1
+
+    def record_rows(self, rows: Sequence[Any]) -> None:
+        """Count a batch of completed rows (anything with core, t_done, latency_ms, error;
+        and node, on a cluster).
+
+        The same counts as :meth:`record` row by row; latencies go to the histograms in
+        one call per core.
+        """
+        if not rows:
+            return
+        if self._t0 is None:
+            self._t0 = min(r.t_done for r in rows)
+        t0, timeline = self._t0, self._timeline
+        latencies: dict[CoreKey, list[float]] = {}
+        for r in rows:
+            node = getattr(r, "node", None)
+            key = r.core if r.core is None or node is None else (node, r.core)
+            c = self._core(key)
+            t, ok = r.t_done, r.error is None
+            c.items += 1
+            if not ok:
+                c.errors += 1
+            if r.latency_ms is not None:
+                latencies.setdefault(key, []).append(r.latency_ms)
+            if c.last_done is None or t > c.last_done:
+                c.last_done = t
+            if self._t_last is None or t > self._t_last:
+                self._t_last = t
+            where = None if key is None else _where(key)
+            slot = timeline.setdefault((where, max(0, int(t - t0))), [0, 0])
+            slot[0] += 1
+            if not ok:
+                slot[1] += 1
+        for core, values in latencies.items():
+            hist = self._core(core).latency
+            if len(values) > 8:
+                hist.add_many(np.asarray(values))
+            else:
+                for ms in values:
+                    hist.add(float(ms))
 
     def add_restart(self, core: CoreKey) -> None:
         """Count a restart of ``core``'s worker; its live busy value starts again at 0."""

@@ -6,18 +6,13 @@
 The same steps run a plan on a Ray cluster (batchinfer.cluster): :func:`run_plan` takes
 the engine to use (``make_engine``) and extra manifest fields.
 
-Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call. Before the engine
-exists they raise RunInterrupted (nothing has started); then they ask the engine to stop,
-which only sets flags, so a signal never cuts a row, a part or the manifest in half.
+Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call (engine/signals.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import resource
-import signal
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +21,12 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.events import Observer
+from batchinfer.engine.events import Observer, RowsDone
 from batchinfer.engine.interface import EngineResult
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
+from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
-from batchinfer.errors import RunInterrupted
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, claim
 from batchinfer.sink.rows import RowSink
@@ -52,37 +47,7 @@ class RunResult:
     stats: pa.Table  # this invocation's core_stats rows
     warnings: list[str] = field(default_factory=list)
     failed_items: list[tuple[str, str]] = field(default_factory=list)  # (id, error), first few
-
-
-class StopSignals:
-    """SIGINT, SIGTERM and SIGHUP for the duration of a call (main thread only)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.engine: RunEngine | None = None
-        self._old: dict = {}
-
-    def _handler(self, signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        if self.engine is None:
-            raise RunInterrupted(f"interrupted by {name} before the run started")
-        self.engine.request_stop(f"interrupted by {name}")
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handler) for s in self.SIGNALS}
-        return self
-
-    def reinstall(self) -> None:
-        """Take the signals back from a library that set its own meanwhile (Ray does)."""
-        if self._old:
-            for s in self.SIGNALS:
-                signal.signal(s, self._handler)
-
-    def __exit__(self, *exc_info: object) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
+    skipped_files: dict[str, Any] = field(default_factory=dict)  # files that are not items
 
 
 @contextlib.contextmanager
@@ -102,9 +67,13 @@ def arrow_system_allocator() -> Iterator[None]:
         pa.set_memory_pool(previous)
 
 
-def _peak_rss_mb() -> float:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _per_item(cpu_s: dict[str, float], items: int) -> dict[str, float] | None:
+    """CPU milliseconds per item by role, and in total (start-up, a fixed cost, left out)."""
+    if not items or not cpu_s:  # nothing run, or an engine that does not count CPU
+        return None
+    per = {role: round(1e3 * s / items, 4) for role, s in cpu_s.items() if role != "startup"}
+    per["total"] = round(sum(per.values()), 4)
+    return per
 
 
 def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
@@ -116,11 +85,7 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
         "model_sha256": plan.model_sha256,
         "fingerprint": plan.fingerprint,
         "backend": plan.backend.name,
-        "dataset": {
-            "root": str(plan.dataset.root),
-            "kind": plan.dataset.kind,
-            "items": len(plan.dataset),
-        },
+        "dataset": plan.dataset.manifest_json(),
         "preprocess": plan.preprocess_json(),
         "cores": list(engine.cores),
         "instances_per_core": engine.instances_per_core,
@@ -153,14 +118,19 @@ def _board_engine(
     return Engine(plan.engine, source, sink, observers, stats=stats)
 
 
-def run(config: RunConfig, observers: Sequence[Observer] = ()) -> RunResult:
+def run(
+    config: RunConfig,
+    observers: Sequence[Observer] = (),
+    listing: Callable[[int], None] | None = None,
+) -> RunResult:
     """Run a model over a dataset folder on the NPU cores into a run folder.
 
     Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
-    before or while it runs; item failures are error rows, not exceptions.
+    before or while it runs; item failures are error rows, not exceptions. ``listing`` is
+    called with the number of entries listed so far while a big dataset is listed.
     """
     with arrow_system_allocator(), StopSignals() as signals:
-        plan = plan_run(config)
+        plan = plan_run(config, listing=listing)
         return run_plan(plan, signals, observers)
 
 
@@ -233,7 +203,9 @@ def _run(
             "retired_cores": result.retired_cores,
             "warnings": result.warnings,
             "timings": {"collect_s": round(result.collect_s, 4)},
-            "coordinator_peak_rss_mb": round(_peak_rss_mb(), 1),
+            "cpu_s": result.cpu_s,
+            "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
+            "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
         },
     )
     if error is not None:
@@ -248,6 +220,7 @@ def _run(
         stats=stats.table(),
         warnings=result.warnings,
         failed_items=failed.items,
+        skipped_files=plan.dataset.skipped.to_json(),
     )
 
 
@@ -260,8 +233,6 @@ class _FirstFailures:
         self.items: list[tuple[str, str]] = []
 
     def notify(self, event: object) -> None:
-        from batchinfer.engine.events import RowsDone
-
         if isinstance(event, RowsDone) and len(self.items) < self.KEEP:
             for row in event.rows:
                 if row.error is not None and len(self.items) < self.KEEP:

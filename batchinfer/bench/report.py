@@ -1,0 +1,204 @@
+"""Bench results as text for a terminal, made from their JSON (so a saved file prints the
+same way as a fresh run)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchinfer.bench.conditions import describe
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """Fixed-width columns: the first left-aligned, the others right-aligned."""
+    widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(
+            [
+                cells[0].ljust(widths[0]),
+                *(x.rjust(w) for x, w in zip(cells[1:], widths[1:], strict=True)),
+            ]
+        )
+        for cells in [header, *rows]
+    )
+
+
+def _heading(d: dict[str, Any]) -> str:
+    c = d.get("config") or {}
+    model = str(c.get("model", "?")).rsplit("/", 1)[-1]
+    source = c.get("source") or {}
+    if source.get("kind") == "dataset":
+        inputs = f"dataset {source.get('root')} ({source.get('items')} items, repeated as needed)"
+    else:
+        shape = "x".join(str(x) for x in (c.get("input") or {}).get("shape", []))
+        inputs = f"synthetic inputs {shape} {(c.get('input') or {}).get('dtype', '')}".rstrip()
+    cores = ",".join(str(x) for x in c.get("cores", []))
+    return (
+        f"bench: {model}, cores {cores}, {c.get('instances_per_core')} instance(s) per core, "
+        f"{inputs}\nfigures: {d.get('label')}"
+    )
+
+
+def _verdict(d: dict[str, Any]) -> list[str]:
+    lines = ["VALID" if d.get("valid") else "INVALID"]
+    lines += [f"  - {r}" for r in d.get("reasons") or []]
+    return lines
+
+
+def _windows(d: dict[str, Any]) -> str:
+    c = d.get("config") or {}
+    rates = " ".join(f"{w['samples_per_s']:.0f}" for w in d.get("windows") or [])
+    s = d.get("stability") or {}
+    if s.get("spread") is not None:
+        judged = (
+            f"last {s['windows']} within {s['spread']:.1%} of their mean "
+            f"({s['tolerance']:.0%} allowed)"
+        )
+    else:
+        judged = "too few windows to judge stability"
+    return f"windows (samples/s, {c.get('window_s', 0):g} s each): {rates or 'none'}; {judged}"
+
+
+def _cores(d: dict[str, Any]) -> str:
+    rows = []
+    for c in d.get("cores") or []:
+        rows.append(
+            (
+                str(c["core"]),
+                _fmt(c["samples_per_s"], ".1f"),
+                _fmt(100 * c["utilization"], ".0f"),
+                _fmt(100 * c["instances_busy"], ".0f"),
+                _fmt(None if c.get("npu_load") is None else 100 * c["npu_load"], ".0f"),
+                _fmt(c["p50_ms"], ".2f"),
+                _fmt(c["p99_ms"], ".2f"),
+            )
+        )
+    lat = d.get("latency_ms") or {}
+    rows.append(
+        (
+            "all",
+            _fmt(d.get("samples_per_s"), ".1f"),
+            "",
+            "",
+            "",
+            _fmt(lat.get("p50"), ".2f"),
+            _fmt(lat.get("p99"), ".2f"),
+        )
+    )
+    header = ("core", "samples/s", "util %", "instances busy %", "NPU load %", "p50 ms", "p99 ms")
+    return table(header, rows)
+
+
+def _latency(d: dict[str, Any]) -> str:
+    lat = d.get("latency_ms") or {}
+    names = (
+        ("min", "min"),
+        ("mean", "mean"),
+        ("p50", "p50"),
+        ("p90", "p90"),
+        ("p95", "p95"),
+        ("p99", "p99"),
+        ("p999", "p99.9"),
+        ("max", "max"),
+    )
+    return "latency ms: " + "  ".join(f"{label} {_fmt(lat.get(k), '.2f')}" for k, label in names)
+
+
+def _cpu(d: dict[str, Any]) -> list[str]:
+    cpu = d.get("cpu")
+    if not cpu:
+        return ["CPU: not measured (the measurement did not start)"]
+
+    def role(name: str) -> str:
+        procs = sorted((p for p in cpu["processes"] if p["role"] == name), key=lambda p: p["key"])
+        if not procs:
+            return "none"
+        use = ", ".join(f"{p['key']}: {p['cpu']:.2f}" for p in procs)
+        rss = "/".join(_fmt(p.get("peak_rss_mb"), ".0f") for p in procs)
+        return f"{use} (peak RSS {rss} MB)"
+
+    coord = [p for p in cpu["processes"] if p["role"] == "coordinator"]
+    coordinator = (
+        f"{coord[0]['cpu']:.2f} (peak RSS {_fmt(coord[0].get('peak_rss_mb'), '.0f')} MB)"
+        if coord
+        else "-"
+    )
+    warm = cpu.get("others_during_warmup")
+    runnable = cpu.get("runnable")
+    return [
+        "CPU use by role (in CPUs, 1.0 = one CPU busy all the time; over the measurement):",
+        f"  coordinator  {coordinator}",
+        f"  core workers {role('worker')}",
+        f"  readers      {role('reader')}",
+        f"  all of ours {cpu['ours']:.2f}, other processes {cpu['others']:.2f}"
+        + (f" (during the warm-up {warm:.2f})" if warm is not None else "")
+        + f", machine {cpu['machine']:.2f} of {cpu['cpus']} CPUs busy"
+        + (f", {runnable:.1f} tasks runnable on average" if runnable is not None else ""),
+    ]
+
+
+def format_result(d: dict[str, Any]) -> str:
+    """A single run's report (``d``: its JSON)."""
+    c = d.get("config") or {}
+    cond = d.get("conditions") or {}
+    dg = d.get("diagnosis") or {}
+    lines = [
+        _heading(d),
+        "",
+        *_verdict(d),
+        f"measured {d.get('measured_s', 0):.1f} s after a {c.get('warmup_s', 0):g} s warm-up: "
+        f"{d.get('samples', 0):,} samples, {d.get('samples_per_s', 0):,.1f} samples/s"
+        + (f", {d['errors']} errors" if d.get("errors") else ""),
+        _windows(d),
+        "",
+        _cores(d),
+        "",
+        _latency(d),
+        "",
+        *_cpu(d),
+        "",
+        f"conditions before: {describe(cond.get('before'))}",
+        f"conditions after:  {describe(cond.get('after'))}",
+        "",
+        f"diagnosis: {dg.get('summary', '-')}",
+        f"advice: {dg.get('advice', '-')}",
+    ]
+    return "\n".join(lines)
+
+
+def format_sweep(d: dict[str, Any]) -> str:
+    """A sweep's table and recommendation (``d``: its JSON)."""
+    kind = d.get("sweep_of")
+    rows = []
+    for e in d.get("sweep") or []:
+        rel = e.get("efficiency") if kind == "cores" else e.get("relative")
+        rows.append(
+            (
+                e["name"],
+                _fmt(e["samples_per_s"], ".1f"),
+                _fmt(e.get("relative"), ".2f") + "x",
+                _fmt(None if rel is None else 100 * rel, ".0f") + " %" if kind == "cores" else "",
+                _fmt(e.get("p99_ms"), ".2f"),
+                e.get("bound", "-"),
+                "VALID" if e.get("valid") else "INVALID",
+            )
+        )
+    eff = "scaling efficiency" if kind == "cores" else ""
+    header = ("setting", "samples/s", "vs first", eff, "p99 ms", "bound", "verdict")
+    if kind != "cores":
+        header = tuple(h for h in header if h)
+        rows = [tuple(x for i, x in enumerate(r) if i != 3) for r in rows]
+    rec = d.get("recommendation") or {}
+    lines = [
+        f"sweep of {kind}: {d.get('label')}",
+        table(header, rows),
+        "",
+        *[f"INVALID {r}" for r in d.get("reasons") or []],
+        f"recommendation: {rec.get('reason', '-')}",
+    ]
+    if d.get("interrupted"):
+        lines.append("the sweep was interrupted; settings after the last row were not run.")
+    return "\n".join(lines)

@@ -1,0 +1,320 @@
+"""One benchmark run: the engine with a synthetic (or repeated dataset) source, a null
+sink and the measuring observer; then the figures, the verdict and the diagnosis.
+
+    plan (reads only) ─► conditions before ─► Engine(source, NullSink, BenchObserver).run()
+      ─► conditions after ─► figures ─► verdict ─► diagnosis ─► BenchResult
+
+Without a dataset, tensors of the model's input shape are written once into the slots
+(:class:`SyntheticSource`): no readers run and only the inference path is measured. With
+one, readers decode its files as in ``run`` (end to end), and the dataset is read again
+from its first item whenever it ends before the measurement does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.metadata
+import platform
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import batchinfer
+from batchinfer.bench.conditions import Probe, condition_reasons, npu_load, probe
+from batchinfer.bench.cpu import CpuSampler, cpu_use, reset_peak_rss, usable_cpus
+from batchinfer.bench.diagnosis import Evidence, diagnose
+from batchinfer.bench.figures import figures
+from batchinfer.bench.measure import BenchObserver
+from batchinfer.bench.options import BenchOptions, check_bench
+from batchinfer.bench.result import BenchResult
+from batchinfer.bench.verdict import Measured, judge
+from batchinfer.data.dataset import Dataset, Item, open_dataset
+from batchinfer.engine.config import RunConfig
+from batchinfer.engine.events import Observer
+from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.loop import Engine
+from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.sources import DatasetSource, SyntheticSource
+from batchinfer.errors import ModelError
+from batchinfer.hostinfo import host_facts
+from batchinfer.options import PreprocessOptions, ReliabilityOptions, RuntimeOptions
+from batchinfer.runtime.backends import make_backend
+from batchinfer.sink.manifest import model_sha256
+from batchinfer.sink.rows import NullSink
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark: the model, the runtime settings, the measurement, the inputs."""
+
+    model: Path
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    bench: BenchOptions = field(default_factory=BenchOptions)
+    dataset: Path | None = None  # None: synthetic inputs, inference path only
+    preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
+    reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    command: str | None = None
+
+
+class RepeatedDataset(DatasetSource):
+    """A dataset folder's items, read again from the first whenever it ends, until
+    :meth:`finish`. Indexes keep counting up, so each pass's items are new items."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        super().__init__(dataset)
+        self._finished = False
+        self.passes = 0
+
+    @property
+    def total(self) -> int | None:
+        return None
+
+    def finish(self) -> None:
+        self._finished = True
+
+    def __iter__(self) -> Iterator[Item]:
+        index = 0
+        while not self._finished:
+            for item in self.dataset.iter_from():
+                if self._finished:
+                    return
+                yield dataclasses.replace(item, index=index)
+                index += 1
+            self.passes += 1
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked benchmark, ready to run (planning only reads)."""
+
+    config: BenchConfig
+    model: Path
+    plan: EnginePlan
+    dataset: Dataset | None
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def prepare(config: BenchConfig) -> Prepared:
+    """Check ``config`` against the model, the backend and the dataset; changes nothing."""
+    check_bench(config.bench)
+    model = Path(config.model).expanduser().resolve()
+    if not model.is_file():
+        raise ModelError(f"model file {model} does not exist; pass the path of a .rknn or .onnx.")
+    run_config = RunConfig(
+        dataset=config.dataset or Path("."),
+        model=model,
+        runtime=config.runtime,
+        preprocess=config.preprocess,
+        reliability=config.reliability,
+    )
+    backend = make_backend(model, config.runtime)
+    shape, dtype = model_input(model, run_config)
+    dataset = open_dataset(Path(config.dataset).expanduser()) if config.dataset else None
+    plan = plan_engine(run_config, backend, shape, dtype, dataset.kind if dataset else "")
+    return Prepared(config, model, plan, dataset, tuple(shape), str(dtype))
+
+
+def label(backend: dict[str, Any]) -> str:
+    """What the figures are: a board's, the emulator's, or the CPU's."""
+    name = backend.get("name")
+    if name == "sim":
+        return (
+            f"emulated NPU (batchinfer sim, {backend.get('chip')}: npu {backend.get('npu_ms'):g} "
+            f"ms, host {backend.get('host_ms'):g} ms per call): emulator figures, not a board's"
+        )
+    if name == "onnx":
+        return "ONNX Runtime on the CPU: no NPU involved"
+    return f"real NPU (rknnlite on {backend.get('chip')})"
+
+
+def _versions(sdk: dict[int, str | None]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "batchinfer": batchinfer.__version__,
+        "python": platform.python_version(),
+    }
+    for package in ("numpy", "onnxruntime", "rknn-toolkit-lite2"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[package] = importlib.metadata.version(package)
+    texts = sorted({(v or "").strip() for v in sdk.values() if v})
+    if texts:
+        out["runtime_sdk"] = texts
+    driver = host_facts().get("npu", {}).get("driver")
+    if driver:
+        out["npu_driver"] = driver
+    return out
+
+
+def _config_json(p: Prepared) -> dict[str, Any]:
+    c, plan = p.config, p.plan
+    b = c.bench
+    return {
+        "command": c.command,
+        "model": str(p.model),
+        "model_sha256": model_sha256(p.model),
+        "input": {"shape": list(p.shape), "dtype": p.dtype},
+        "backend": plan.backend.name,
+        "cores": list(plan.cores),
+        "instances_per_core": plan.instances_per_core,
+        "slots": plan.slots,
+        "readers": plan.readers if p.dataset is not None else 0,
+        "cpu_affinity": list(plan.cpus) if plan.cpus else None,
+        "source": (
+            {"kind": "dataset", "root": str(p.dataset.root), "items": len(p.dataset)}
+            if p.dataset is not None
+            else {"kind": "synthetic"}
+        ),
+        "duration_s": b.duration_s,
+        "warmup_s": b.warmup_s,
+        "min_samples": b.min_samples,
+        "max_duration_s": b.limit_s,
+        "window_s": b.window_s,
+        "cpus": usable_cpus(),
+    }
+
+
+def run_bench(
+    prepared: Prepared,
+    observers: Sequence[Observer] = (),
+    read_conditions: Probe | None = None,
+    signals: StopSignals | None = None,
+) -> BenchResult:
+    """Run one benchmark and judge it; a run that could not proceed raises its error.
+
+    ``signals``: the caller's :class:`StopSignals` (a sweep shares one); without it, one is
+    installed for this run, so Ctrl-C stops the measurement and keeps what it measured.
+    """
+    if signals is None:
+        with StopSignals() as own:
+            return run_bench(prepared, observers, read_conditions, own)
+    read_conditions = read_conditions or probe()
+    plan = prepared.plan
+    source = RepeatedDataset(prepared.dataset) if prepared.dataset else SyntheticSource()
+    before = read_conditions()
+    reset_peak_rss()
+    sampler = CpuSampler(clock=time.monotonic)
+    observer = BenchObserver(prepared.config.bench, sampler, read_conditions, source.finish)
+    engine = Engine(plan, source, NullSink(), [observer, *observers])
+    signals.engine = engine
+    try:
+        outcome = engine.run()
+    finally:
+        signals.engine = None
+    after = read_conditions()
+    if outcome.status == "failed" and outcome.error is not None:
+        raise outcome.error
+    if observer.phase != "done":
+        observer.end_early(
+            "interrupted" if outcome.status == "interrupted" else "the run ended early"
+        )
+    result = _judge(prepared, observer, outcome.backend, outcome.sdk_versions, before, after)
+    result.interrupted = outcome.status == "interrupted"
+    return result
+
+
+def _judge(
+    prepared: Prepared,
+    obs: BenchObserver,
+    backend: dict[str, Any],
+    sdk: dict[int, str | None],
+    before: dict,
+    after: dict,
+) -> BenchResult:
+    opts = prepared.config.bench
+    plan = prepared.plan
+    samples = obs.log.freeze()
+    t_start = obs.t_start if obs.t_start is not None else 0.0
+    t_end = obs.t_end if obs.t_end is not None else t_start
+    npu_ms = backend.get("npu_ms") if backend.get("name") == "sim" else None
+    fig = figures(
+        samples,
+        t_start,
+        t_end,
+        opts.window_s,
+        plan.cores,
+        plan.instances_per_core,
+        npu_ms if isinstance(npu_ms, (int, float)) else None,
+    )
+    cpus = usable_cpus()
+    use = None
+    if obs.cpu_start is not None and obs.cpu_end is not None:
+        use = cpu_use(obs.cpu, obs.cpu_start, obs.cpu_end, cpus, obs.runnable)
+    other_start = None
+    if obs.cpu_started is not None and obs.cpu_start is not None and opts.warmup_s >= 0.5:
+        other_start = cpu_use(obs.cpu, obs.cpu_started, obs.cpu_start, cpus).others
+    errors = [t for t in obs.error_times if t_start <= t < t_end]
+    first = next((e for t, e in obs.first_errors if t_start <= t < t_end), None)
+    verdict = judge(
+        opts,
+        Measured(
+            measured_s=fig.measured_s,
+            samples=fig.samples,
+            errors=len(errors),
+            rates=fig.rates,
+            stopped=obs.stopped,
+            other_cpus_start=other_start,
+            other_cpus=None if use is None else use.others,
+            first_error=first,
+            failures=obs.failures,
+            condition_reasons=condition_reasons(obs.readings),
+        ),
+    )
+    if fig.cores and fig.cores[0].npu_load is not None:
+        loads: dict[int, float] | None = {c.core: c.npu_load for c in fig.cores}
+        source = "emulator time model (calls x npu_ms)"
+    else:
+        loads, source = npu_load(obs.readings)
+        if loads is not None:
+            loads = {c: v for c, v in loads.items() if c < 0 or c in plan.cores}
+    diagnosis = diagnose(
+        Evidence(
+            cpus=cpus,
+            instances_per_core=plan.instances_per_core,
+            utilization={c.core: c.utilization for c in fig.cores},
+            instances_busy={c.core: c.instances_busy for c in fig.cores},
+            npu_load=loads,
+            npu_load_source=source,
+            coordinator_cpu=sum(p.cpu for p in use.role("coordinator")) if use else 0.0,
+            reader_cpu=[p.cpu for p in use.role("reader")] if use else [],
+            worker_cpu=[p.cpu for p in use.role("worker")] if use else [],
+            other_cpus=use.others if use else 0.0,
+            machine_cpus=use.machine if use else 0.0,
+            runnable=use.runnable if use else None,
+            wait_p50_ms=fig.wait_p50_ms,
+            latency_p50_ms=fig.latency_ms["p50"],
+            read_p50_ms=fig.read_p50_ms,
+            samples_per_s=fig.samples_per_s,
+            backend=backend.get("name", ""),
+        )
+    )
+    return BenchResult(
+        label=label(backend),
+        backend=backend,
+        verdict=verdict,
+        diagnosis=diagnosis,
+        figures=fig,
+        cpu=use,
+        other_cpus_start=other_start,
+        errors=len(errors),
+        config=_config_json(prepared),
+        versions=_versions(sdk),
+        conditions={"before": before, "after": after, "during": obs.readings},
+        samples=samples,
+        t_started=obs.t_started,
+        t_start=obs.t_start,
+        t_end=obs.t_end,
+        stopped=obs.stopped,
+    )
+
+
+def bench(
+    config: BenchConfig,
+    observers: Sequence[Observer] = (),
+    read_conditions: Callable[[], dict] | None = None,
+) -> BenchResult:
+    """Plan and run one benchmark (see :func:`prepare` and :func:`run_bench`)."""
+    return run_bench(prepare(config), observers, read_conditions)

@@ -1,0 +1,133 @@
+"""SIGINT, SIGTERM and SIGHUP during a run: stop cleanly, and never kill a child.
+
+Ctrl-C and a closed terminal reach the whole process group: the coordinator and every
+reader and core worker. Only the coordinator decides what they mean (drain, then stop),
+so children must ignore them from their very first instruction: a child that is still
+importing when Ctrl-C comes would otherwise die with a traceback and count as a crash.
+A signal ignored when a process starts stays ignored in it (exec keeps SIG_IGN, and Python
+installs its SIGINT handler only over SIG_DFL), so the coordinator must hold them ignored
+whenever it starts a child. But an ignored signal is lost to the coordinator itself...
+
+... unless it is blocked. A process that owns its signals (the ``batchinfer`` command) uses
+a :class:`SignalRouter`: it blocks the three signals in the main thread before any other
+thread exists (every thread then inherits the blocked mask, native library threads
+included), sets SIGINT and SIGHUP to ignored for good (so children start immune), and
+takes the signals with ``sigwaitinfo`` in one thread of its own (a blocked signal is never
+discarded, even while ignored). That thread hands each signal to the current route.
+
+A library caller that did not install a router gets Python handlers for the duration of
+the call instead (:class:`StopSignals` does either); its children are immune once they
+have started, not while they import.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+from collections.abc import Callable
+
+from batchinfer.errors import RunInterrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_IGNORED = (signal.SIGINT, signal.SIGHUP)
+
+
+def _raise_in_main_thread(exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in the main thread at its next bytecode (from another thread)."""
+    ident = threading.main_thread().ident
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+
+
+class SignalRouter:
+    """Takes SIGINT/SIGTERM/SIGHUP in a thread of its own (see the module docstring)."""
+
+    _installed: SignalRouter | None = None
+
+    def __init__(self) -> None:
+        self._route: Callable[[int], None] | None = None
+
+    @classmethod
+    def install(cls) -> SignalRouter:
+        """Install the process's router (once; call it first, from the main thread)."""
+        if cls._installed is None:
+            router = cls()
+            # multiprocessing's resource tracker, when it starts, *unblocks* SIGINT and
+            # SIGTERM in the calling thread: start it now, then block.
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+            signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            for s in _IGNORED:
+                signal.signal(s, signal.SIG_IGN)
+            threading.Thread(target=router._wait, name="batchinfer-signals", daemon=True).start()
+            cls._installed = router
+        return cls._installed
+
+    @classmethod
+    def current(cls) -> SignalRouter | None:
+        return cls._installed
+
+    def route(self, handler: Callable[[int], None] | None) -> None:
+        """Send signals to ``handler(signum)`` (called in the router's thread); None: the
+        default, KeyboardInterrupt in the main thread."""
+        self._route = handler
+
+    def _wait(self) -> None:
+        while True:
+            info = signal.sigwaitinfo(SIGNALS)
+            handler = self._route
+            if handler is not None:
+                handler(info.si_signo)
+            else:
+                _raise_in_main_thread(KeyboardInterrupt)
+
+
+class StopSignals:
+    """What SIGINT, SIGTERM and SIGHUP do during one run (set ``engine`` once it exists).
+
+    Before the engine exists (planning, listing the dataset) a signal raises RunInterrupted
+    in the main thread: nothing has started. Once it exists, a signal only calls its
+    ``request_stop``, which sets flags the loop acts on between events, so a signal never
+    cuts a row, a part or the manifest in half.
+    """
+
+    def __init__(self) -> None:
+        self.engine = None
+        self._old: dict = {}
+        self._router = SignalRouter.current()
+
+    def _dispatch(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.engine is None:
+            if self._router is not None:
+                _raise_in_main_thread(RunInterrupted)
+                return
+            raise RunInterrupted(f"interrupted by {name} before the run started")
+        self.engine.request_stop(f"interrupted by {name}")
+
+    def _handler(self, signum: int, _frame: object) -> None:
+        self._dispatch(signum)
+
+    def __enter__(self) -> StopSignals:
+        if self._router is not None:
+            self._router.route(self._dispatch)
+        elif threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._handler) for s in SIGNALS}
+        return self
+
+    def reinstall(self) -> None:
+        """Take the signals back from a library that set its own meanwhile (ray.init does)."""
+        if self._router is not None:
+            for s in _IGNORED:  # children started from now on must still start immune
+                signal.signal(s, signal.SIG_IGN)
+            self._router.route(self._dispatch)
+        elif self._old:
+            for s in SIGNALS:
+                signal.signal(s, self._handler)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._router is not None:
+            self._router.route(None)
+        for s, h in self._old.items():
+            signal.signal(s, h)

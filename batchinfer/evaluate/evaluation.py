@@ -1,0 +1,519 @@
+"""One evaluation of a job: plan both sides, run them, score, gate, record, report.
+
+    load_job ─► open the dataset, class map ─► plan device and reference (exit 2 on any
+    problem, nothing has run) ─► lock the job's output folders ─► reference (cache or run)
+    ─► device run ─► baseline ─► metrics ─► gates ─► evals/<id>/ record ─► history row
+    ─► baseline (--update-baseline) ─► report and summary ─► unlock
+
+Exit codes (:attr:`Evaluation.exit_code` and the errors' own): 0 every gate passed, 1 a
+gate failed, 2 the job file is wrong, 3 the evaluation could not run, 130 interrupted
+(nothing recorded). The lock is an ``flock`` on ``.batchinfer.lock`` in every folder the
+job writes to (the engine's OUT lock): a second evaluation of the same job, or of another
+job sharing a folder, is refused at once (exit 3), and the kernel drops the lock however
+its holder ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.engine.events import Observer
+from batchinfer.engine.runner import arrow_system_allocator
+from batchinfer.engine.signals import StopSignals
+from batchinfer.errors import (
+    BatchinferError,
+    OutputLockedError,
+    OutputWriteError,
+    RunFailedError,
+    render_fields,
+)
+from batchinfer.evaluate.baseline import Baseline, read_baseline, write_baseline
+from batchinfer.evaluate.files import write_bytes, write_json, write_table
+from batchinfer.evaluate.gates import Verdict, check_gates
+from batchinfer.evaluate.history import append_history, history_row
+from batchinfer.evaluate.job import Job
+from batchinfer.evaluate.metrics import (
+    CustomMetric,
+    CustomMetricError,
+    EvalInputs,
+    builtin_metrics,
+    class_counts,
+    confusion_matrix,
+    load_custom,
+    score,
+)
+from batchinfer.evaluate.runs import SideRun, plan_side, reference_results, run_side
+from batchinfer.evaluate.summary import markdown_summary
+from batchinfer.hostinfo import host_facts
+from batchinfer.sink.outdir import OutLock, lock_holder
+
+log = logging.getLogger("batchinfer")
+
+RECORD = "result.json"
+ITEMS = "items.parquet"
+
+
+class EvalLockedError(RunFailedError):
+    """Another evaluation holds one of the job's output folders (exit 3: nothing ran)."""
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation found and wrote."""
+
+    job: Job
+    eval_id: str
+    verdict: Verdict
+    metrics: dict[str, float]
+    record: dict[str, Any]
+    record_dir: Path
+    report: Path | None
+    summary: str
+    baseline: dict[str, Any] | None  # the record of the baseline accepted now, if any
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict.passed else 1
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+# --------------------------------------------------------------------------- class map
+def class_map(job: Job, dataset: Dataset) -> tuple[tuple[str, ...], dict[str, int] | None, dict]:
+    """(class names by index, folder -> class when a labels file says so, how it was made)."""
+    labels_file = job.dataset.labels
+    if labels_file is None:
+        inverse = {index: name for name, index in dataset.labels.items()}
+        n = max(inverse) + 1 if inverse else 0
+        return tuple(inverse.get(i, str(i)) for i in range(n)), None, {"source": "folders"}
+    try:
+        text = labels_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise job.error(f"dataset.labels {labels_file} cannot be read ({exc}).") from None
+    names = [line.strip() for line in text.rstrip("\n").split("\n")]
+    if not names or "" in names:
+        line = names.index("") + 1 if "" in names else 1
+        raise job.error(
+            f"dataset.labels {labels_file} has an empty line ({line}); write one class name "
+            "per line, line n naming class n."
+        )
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise job.error(f"dataset.labels {labels_file} names {duplicates[0]!r} twice.")
+    relabel = {}
+    for folder in dataset.classes:
+        if folder in names:
+            relabel[folder] = names.index(folder)
+        elif folder.isdigit() and int(folder) < len(names):
+            relabel[folder] = int(folder)
+        else:
+            raise job.error(
+                f"dataset.labels: the class folder {folder!r} is neither a name in "
+                f"{labels_file} nor a class number below {len(names)}; add it to the file "
+                "or rename the folder."
+            )
+    source = {
+        "source": "labels file",
+        "path": str(labels_file),
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+    }
+    return tuple(names), relabel, source
+
+
+# --------------------------------------------------------------------------- the lock
+@contextlib.contextmanager
+def output_locks(job: Job, command: str) -> Iterator[None]:
+    """Hold the lock of every folder the job writes to, or refuse at once (exit 3)."""
+    held: list[OutLock] = []
+    try:
+        for folder in job.outputs.folders():
+            lock = OutLock(folder, command=command)
+            try:
+                lock.acquire()
+            except OutputLockedError:
+                holder = lock_holder(folder) or {}
+                who = ", ".join(
+                    f"{k} {holder[k]}" for k in ("pid", "host", "started_at") if holder.get(k)
+                )
+                what = f" ({who}: {holder['command']})" if holder.get("command") else ""
+                raise EvalLockedError(
+                    f"{folder} is in use by another evaluation{what}; it was not started "
+                    "again. Wait for that one to finish (or give this job other output "
+                    "folders)."
+                ) from None
+            except OutputWriteError as exc:
+                raise OutputWriteError(
+                    f"cannot lock {folder} ({exc.__cause__ or exc}); fix the permissions of "
+                    f"{job.path}'s output folders."
+                ) from None
+            held.append(lock)
+        yield
+    finally:
+        for lock in reversed(held):
+            lock.release()
+
+
+# --------------------------------------------------------------------------- evaluate
+def evaluate(
+    job: Job,
+    *,
+    update_baseline: bool = False,
+    observers: Callable[[str], Sequence[Observer]] | None = None,
+    command: str | None = None,
+    clock: Callable[[], dt.datetime] = now_utc,
+) -> Evaluation:
+    """Run ``job`` once (see the module docstring); raises a BatchinferError when it cannot.
+
+    ``observers(side)`` gives the engine observers for the ``device`` or ``reference`` run
+    (observers with a ``close()`` are closed after their run).
+    """
+    observers = observers or (lambda side: ())
+    command = command or f"batchinfer eval {job.path}"
+    registry = builtin_metrics(job.metrics.topk)
+    custom = []
+    for spec in job.metrics.custom:
+        try:
+            custom.append(load_custom(spec, job.folder))
+        except CustomMetricError as exc:
+            raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
+    with arrow_system_allocator(), StopSignals() as signals:
+        try:
+            dataset = open_dataset(job.dataset.path)  # type: ignore[arg-type]
+        except BatchinferError as exc:
+            raise job.error(f"dataset.path: {exc}", "dataset.path") from None
+        classes, relabel, class_source = class_map(job, dataset)
+        device_plan = plan_side(job, "device", job.device, dataset)
+        reference_plan = None
+        if job.reference is not None:
+            reference_plan = plan_side(job, "reference", job.reference, dataset)
+        with output_locks(job, command):
+            reference = None
+            if reference_plan is not None:
+                reference = reference_results(
+                    job, reference_plan, dataset, relabel, signals, observers
+                )
+            log.info(
+                f"device: {device_plan.model.name} on {device_plan.engine.backend.name}, "
+                f"cores {','.join(map(str, device_plan.engine.cores))}"
+            )
+            device = run_side(job, device_plan, dataset, relabel, signals, observers("device"))
+            if reference is not None:  # the same items; the class map is today's
+                reference.items.label = device.items.label.copy()
+            baseline = read_baseline(job.outputs.baseline)
+            inputs = EvalInputs(
+                device.items,
+                reference.items if reference is not None else None,
+                baseline.items if baseline is not None else None,
+                classes,
+                job.metrics.topk,
+                device.core_stats,
+            )
+            metrics = _score(job, inputs, registry, custom)
+            verdict = check_gates(
+                job.gates, metrics, baseline.metrics if baseline else None, _worst_of(inputs)
+            )
+            date = clock()
+            eval_id, record_dir = _record_dir(job, date)
+            record = _record(
+                job,
+                eval_id,
+                date,
+                inputs,
+                metrics,
+                verdict,
+                dataset,
+                classes,
+                class_source,
+                (device_plan, device),
+                (reference_plan, reference),
+                baseline,
+            )
+            record["items_file"] = str(record_dir / ITEMS)
+            items_table = _items_table(inputs)
+            write_table(record_dir / ITEMS, items_table)
+            write_json(record_dir / RECORD, record)
+            history = append_history(job.outputs.history, _history_row(record, inputs))
+            accepted = None
+            if update_baseline:
+                accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
+                log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
+            report = _write_report(job, record, history, record_dir)
+            summary = markdown_summary(record, report)
+            write_bytes(job.outputs.summary, summary.encode())
+    return Evaluation(job, eval_id, verdict, metrics, record, record_dir, report, summary, accepted)
+
+
+def _score(
+    job: Job, inputs: EvalInputs, registry: dict, custom: list[CustomMetric]
+) -> dict[str, float]:
+    try:
+        metrics = score(inputs, registry, custom)
+    except CustomMetricError as exc:
+        raise job.error(f"metrics.custom {exc}.", "metrics.custom") from None
+    for gate in job.gates:
+        if gate.metric not in registry and gate.metric not in metrics:
+            produced = sorted(k for k in metrics if k not in registry and "." not in k)
+            raise job.error(
+                f"gates.{gate.metric}: no metric of that name was computed (custom metrics "
+                f"gave: {', '.join(produced) or 'nothing'}); fix the gate's name.",
+                f"gates.{gate.metric}",
+            )
+    return metrics
+
+
+def _worst_of(inputs: EvalInputs) -> dict[str, str]:
+    """Which core or item each "worst" metric comes from, for the verdict."""
+    notes = {}
+    for metric, key in (
+        ("core_top1_min", "top1"),
+        ("core_agreement_min", "agreement"),
+        ("core_cosine_min", "cosine_mean"),
+    ):
+        rows = [r for r in inputs.per_core if r[key] is not None]
+        if len(rows) > 1:
+            notes[metric] = f"worst core {min(rows, key=lambda r: r[key])['core']}"
+    cosine = inputs.cosine
+    if not np.isnan(cosine).all():
+        notes["cosine_min"] = f"worst item {inputs.device.id[int(np.nanargmin(cosine))]}"
+    return notes
+
+
+def _record_dir(job: Job, date: dt.datetime) -> tuple[str, Path]:
+    stamp = date.astimezone(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    eval_id, n = stamp, 1
+    while (job.outputs.evals / eval_id).exists():
+        n += 1
+        eval_id = f"{stamp}-{n}"
+    return eval_id, job.outputs.evals / eval_id
+
+
+def _items_table(inputs: EvalInputs) -> pa.Table:
+    """Per-item results of the evaluation (no raw outputs): what a baseline keeps."""
+    d, r = inputs.device, inputs.reference
+    table = d.to_table(with_outputs=False)
+    table = table.append_column("correct", pa.array(d.correct))
+    if r is not None:
+        table = table.append_column("ref_pred", pa.array(r.pred))
+        table = table.append_column("agree", pa.array(inputs.agree))
+        table = table.append_column("cosine", pa.array(inputs.cosine, from_pandas=True))
+    return table
+
+
+def _none_if_nan(value: float) -> float | None:
+    return None if value is None or not np.isfinite(value) else float(value)
+
+
+def _worst(inputs: EvalInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]:
+    """The ``n`` worst items: against a reference, disagreements then lowest cosine;
+    without one, the most confident mistakes."""
+    d = inputs.device
+    if n == 0:
+        return []
+    if inputs.reference is not None:
+        cos = inputs.cosine
+        candidates = np.flatnonzero(~np.isnan(cos))
+        order = sorted(candidates.tolist(), key=lambda i: (bool(inputs.agree[i]), cos[i]))
+    else:
+        wrong = np.flatnonzero(d.ok & d.labelled & ~d.correct)
+        flat = d.flat_outputs()
+        confidence = flat[wrong].max(axis=1) if flat.shape[1] else np.zeros(len(wrong))
+        order = [int(wrong[i]) for i in np.argsort(-confidence, kind="stable")]
+    out = []
+    for i in order[:n]:
+        ref_pred = int(inputs.reference.pred[i]) if inputs.reference is not None else None
+        out.append(
+            {
+                "index": int(d.index[i]),
+                "id": d.id[i],
+                "path": str(dataset.root / d.id[i]),
+                "label": int(d.label[i]),
+                "pred": int(d.pred[i]),
+                "ref_pred": ref_pred,
+                "cosine": _none_if_nan(float(inputs.cosine[i])),
+                "core": int(d.core[i]),
+            }
+        )
+    return out
+
+
+def _side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
+    if plan is None or run is None:
+        return None
+    api, drv = run.versions
+    result = run.result
+    engine = plan.engine
+    return {
+        "model": str(plan.model),
+        "model_sha256": plan.model_sha256,
+        "backend": engine.backend.name,
+        "backend_settings": result.backend if result else None,
+        "runtime_version": api,
+        "driver_version": drv,
+        "cores": list(engine.cores),
+        "instances_per_core": engine.instances_per_core,
+        "preprocess": plan.fingerprint["preprocess"],
+        "cached": run.cached,
+        "warnings": [] if result is None else list(result.warnings),
+        "retired_cores": [] if result is None else list(result.retired_cores),
+        "core_stats": run.core_stats,
+    }
+
+
+def _record(
+    job: Job,
+    eval_id: str,
+    date: dt.datetime,
+    inputs: EvalInputs,
+    metrics: dict[str, float],
+    verdict: Verdict,
+    dataset: Dataset,
+    classes: tuple[str, ...],
+    class_source: dict,
+    device: tuple[Any, SideRun],
+    reference: tuple[Any, SideRun | None],
+    baseline: Baseline | None,
+) -> dict[str, Any]:
+    d = inputs.device
+    n_classes = inputs.n_classes
+    names = [classes[i] if i < len(classes) else str(i) for i in range(n_classes)]
+    total, correct, errors = class_counts(d, n_classes)
+    flips = inputs.flips
+    device_facts = _side_facts(*device)
+    assert device_facts is not None
+    render = job.key_of("device")
+    device_facts["warnings"] = [render_fields(w, render) for w in device_facts["warnings"]]
+    error_rows = [
+        {"id": d.id[i], "error": d.error[i], "core": int(d.core[i])}
+        for i in np.flatnonzero(~d.ok)[:100]
+    ]
+    return {
+        "eval_id": eval_id,
+        "date": date.astimezone(dt.timezone.utc).isoformat(),
+        "job": job.name,
+        "job_file": str(job.path),
+        "job_sha256": job.sha256,
+        "verdict": verdict.word,
+        "gates": [
+            {
+                "metric": g.metric,
+                "check": g.check,
+                "value": g.value,
+                "limit": g.limit,
+                "passed": g.passed,
+                "note": g.note,
+                "line": g.line(),
+            }
+            for g in verdict.gates
+        ],
+        "metrics": metrics,
+        "model": device_facts["model"],
+        "model_sha256": device_facts["model_sha256"],
+        "device": device_facts,
+        "reference": _side_facts(*reference),
+        "dataset": {
+            "path": str(dataset.root),
+            "items": len(dataset),
+            "evaluated": len(d),
+            "labelled": int(d.labelled.sum()),
+            "listing_sha256": dataset.listing_sha256,
+            "limit": job.dataset.limit,
+        },
+        "classes": names,
+        "class_map": class_source,
+        "per_class": [
+            {
+                "class": i,
+                "name": names[i],
+                "items": int(total[i]),
+                "correct": int(correct[i]),
+                "errors": int(errors[i]),
+                "top1": float(correct[i] / total[i]) if total[i] else None,
+            }
+            for i in range(n_classes)
+        ],
+        "confusion": confusion_matrix(d, n_classes).tolist(),
+        "per_core": inputs.per_core,
+        "worst": _worst(inputs, dataset, job.metrics.worst),
+        "errors": error_rows,
+        "flipped": None
+        if flips is None
+        else {
+            "lost": flips.lost,
+            "gained": flips.gained,
+            "compared": flips.compared,
+            "mcnemar": {
+                "lost": flips.test.lost,
+                "gained": flips.test.gained,
+                "statistic": flips.test.statistic,
+                "p_value": flips.test.p_value,
+                "method": flips.test.method,
+            },
+        },
+        "baseline": None
+        if baseline is None
+        else {
+            k: baseline.record.get(k)
+            for k in ("eval_id", "accepted_by", "accepted_at", "model_sha256", "git_commit")
+        },
+        "gate_limits": [{k: v for k, v in vars(g).items() if v is not None} for g in job.gates],
+        "host": host_facts(),
+    }
+
+
+def _history_row(record: dict[str, Any], inputs: EvalInputs) -> pa.Table:
+    device, reference = record["device"], record["reference"]
+    facts = {
+        "date": dt.datetime.fromisoformat(record["date"]),
+        "eval_id": record["eval_id"],
+        "job": record["job"],
+        "job_file": record["job_file"],
+        "model": device["model"],
+        "model_sha256": device["model_sha256"],
+        "backend": device["backend"],
+        "runtime_version": device["runtime_version"],
+        "driver_version": device["driver_version"],
+        "reference_model_sha256": reference["model_sha256"] if reference else None,
+        "items": len(inputs.device),
+        "verdict": record["verdict"],
+        "failed_gates": [g["line"] for g in record["gates"] if g["passed"] is False],
+        "baseline_eval_id": (record["baseline"] or {}).get("eval_id"),
+        "host": record["host"].get("node"),
+        "per_class_top1": [c["top1"] for c in record["per_class"]],
+    }
+    return history_row(facts, record["metrics"])
+
+
+def _write_report(
+    job: Job, record: dict[str, Any], history: pa.Table, record_dir: Path
+) -> Path | None:
+    """The HTML report (in the record folder and at the job's report path), if matplotlib is."""
+    try:
+        from batchinfer.evaluate.report import html_report
+    except ImportError as exc:
+        log.warning(
+            f"no HTML report: {exc.name or 'matplotlib'} is not installed (pip install "
+            "'batchinfer[plot]'); the summary and history are written."
+        )
+        return None
+    from batchinfer.evaluate.history import job_history
+
+    page = html_report(record, job_history(history, job.name)).encode()
+    write_bytes(record_dir / "report.html", page)
+    write_bytes(job.outputs.report, page)
+    return job.outputs.report
+
+
+__all__ = ["EvalLockedError", "Evaluation", "class_map", "evaluate", "now_utc"]

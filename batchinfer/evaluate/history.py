@@ -1,0 +1,96 @@
+"""The history table: one row per evaluation, appended, in one Parquet file.
+
+Columns: ``date`` (UTC), ``eval_id``, ``job``, ``job_file``, ``model``, ``model_sha256``,
+``backend``, ``runtime_version``, ``driver_version``, ``reference_model_sha256``,
+``items``, ``verdict`` (pass/fail), ``failed_gates``, ``baseline_eval_id``, ``host``,
+``per_class_top1`` (a list, in class order), then one float column per metric (names as in
+the job file's gates: ``top1``, ``cosine_mean``, ``reference.top1``, custom names, ...).
+A metric that a later job adds becomes a new column, null in older rows.
+
+Appending rewrites the file (read, concatenate, write a tmp file, rename): a nightly table
+is small, and a reader never sees half a row. The evaluation lock keeps two writers apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchinfer.errors import RunFailedError
+from batchinfer.evaluate.files import write_table
+
+_FIXED = pa.schema(
+    [
+        ("date", pa.timestamp("us", tz="UTC")),
+        ("eval_id", pa.string()),
+        ("job", pa.string()),
+        ("job_file", pa.string()),
+        ("model", pa.string()),
+        ("model_sha256", pa.string()),
+        ("backend", pa.string()),
+        ("runtime_version", pa.string()),
+        ("driver_version", pa.string()),
+        ("reference_model_sha256", pa.string()),
+        ("items", pa.int64()),
+        ("verdict", pa.string()),
+        ("failed_gates", pa.list_(pa.string())),
+        ("baseline_eval_id", pa.string()),
+        ("host", pa.string()),
+        ("per_class_top1", pa.list_(pa.float64())),
+    ]
+)
+FIXED_COLUMNS = tuple(_FIXED.names)
+
+
+def history_row(facts: Mapping[str, Any], metrics: Mapping[str, float]) -> pa.Table:
+    """One evaluation as a one-row table (``facts`` has the fixed columns)."""
+    clash = sorted(set(metrics) & set(FIXED_COLUMNS))
+    if clash:  # custom metric names are checked against these; this is a safety net
+        raise RunFailedError(f"metric names {clash} clash with history columns; rename them.")
+    fields = list(_FIXED) + [pa.field(name, pa.float64()) for name in metrics]
+    values = {name: [facts.get(name)] for name in FIXED_COLUMNS}
+    values.update({name: [float(v)] for name, v in metrics.items()})
+    return pa.Table.from_pydict(values, schema=pa.schema(fields))
+
+
+def read_history(path: Path) -> pa.Table | None:
+    """The history table, or None when there is none yet."""
+    if not path.exists():
+        return None
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise RunFailedError(
+            f"the history table {path} cannot be read ({exc}); restore it or move it aside "
+            "(a new one is then started)."
+        ) from None
+
+
+def append_history(path: Path, row: pa.Table) -> pa.Table:
+    """Append ``row`` to the table at ``path``; returns the whole table."""
+    old = read_history(path)
+    if old is None:
+        table = row
+    else:
+        try:
+            table = pa.concat_tables([old, row], promote_options="permissive")
+        except pa.ArrowException as exc:
+            raise RunFailedError(
+                f"the history table {path} has columns this evaluation cannot append to "
+                f"({exc}); move it aside (a new one is then started)."
+            ) from None
+    write_table(path, table)
+    return table
+
+
+def job_history(table: pa.Table | None, job: str, limit: int = 60) -> list[dict[str, Any]]:
+    """The last ``limit`` rows of ``job`` as dicts, oldest first."""
+    if table is None or table.num_rows == 0:
+        return []
+    rows = [r for r in table.to_pylist() if r.get("job") == job]
+    rows.sort(key=lambda r: r["date"])
+    return rows[-limit:]

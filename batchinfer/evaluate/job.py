@@ -1,0 +1,413 @@
+"""Job files: one nightly accuracy evaluation, as a TOML file, read and checked on load.
+
+A job names the device model and its runtime settings, the dataset, an optional float
+reference model with its own runtime and preprocessing, the metrics, the gates and where
+the outputs go (jobs/README.md has every key). The runtime, preprocessing and
+reliability tables are the option groups of :mod:`batchinfer.options`, read with
+:func:`~batchinfer.options.from_mapping`, so their keys, types and defaults are the CLI's.
+
+Every problem is one :class:`JobError` line that names the job file and the key, with
+field names rendered as the job file's keys (``device.runtime.cores``, not ``--cores``).
+Relative paths resolve against the job file's folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from batchinfer.errors import BatchinferError, ConfigError
+from batchinfer.evaluate.metrics import Metric, builtin_metrics
+from batchinfer.options import (
+    PreprocessOptions,
+    ReliabilityOptions,
+    RuntimeOptions,
+    from_mapping,
+    option,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+class JobError(ConfigError):
+    """A job file is wrong (exit 2); the message names the file and the key."""
+
+
+# --------------------------------------------------------------------------- the tables
+@dataclass(frozen=True)
+class ModelSettings:
+    """``[device]`` and ``[reference]``: a model and how it runs."""
+
+    model: Path | None = option(None, "The model file (.rknn or .onnx).", path=True)
+    runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
+    preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
+    reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+
+
+@dataclass(frozen=True)
+class DatasetSettings:
+    """``[dataset]``: the items and their classes."""
+
+    path: Path | None = option(
+        None, "The dataset folder (images or .npy; class subfolders give labels).", path=True
+    )
+    labels: Path | None = option(
+        None,
+        "Class names, one per line (line n is class n); default: the class folder names.",
+        path=True,
+    )
+    limit: int | None = option(None, "Only the first N items of the dataset.")
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """``[metrics]``: what is scored beyond the built-in metrics."""
+
+    topk: int = option(5, "k of the top-k accuracy (classes kept per item).")
+    worst: int = option(12, "How many worst items the report and summary name.")
+    custom: tuple[str, ...] = option(
+        (),
+        "Custom metrics, 'module:function' or 'file.py:function' (relative to the job "
+        "file); the function gets the rows and returns {name: value}.",
+    )
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """``[gates.METRIC]``: the limits one metric must meet."""
+
+    min: float | None = option(None, "Absolute floor: the metric must be at least this.")
+    max: float | None = option(None, "Absolute ceiling (for counts such as errors).")
+    max_drop: float | None = option(
+        None, "At most this much below the baseline's value (the last accepted run)."
+    )
+    alpha: float | None = option(
+        None,
+        "With max_drop on top1: a drop fails only when McNemar's test on per-item "
+        "correctness finds it significant at this level (e.g. 0.05).",
+    )
+    min_ratio_to_reference: float | None = option(
+        None, "At least this share of the float reference's value (e.g. 0.99)."
+    )
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """``[output]``: where the evaluation writes (one folder unless said otherwise)."""
+
+    dir: Path | None = option(
+        None, "The job's output folder (default: eval/<name> beside the job file).", path=True
+    )
+    history: Path | None = option(None, "History table (default: <dir>/history.parquet).")
+    baseline: Path | None = option(None, "Baseline folder (default: <dir>/baseline).")
+    report: Path | None = option(None, "HTML report (default: <dir>/report.html).")
+    summary: Path | None = option(None, "Markdown summary (default: <dir>/summary.md).")
+    cache: Path | None = option(None, "Reference cache folder (default: <dir>/cache).")
+
+
+# --------------------------------------------------------------------------- the job
+@dataclass(frozen=True)
+class Gate:
+    """The limits on one metric (``[gates.METRIC]``)."""
+
+    metric: str
+    min: float | None = None
+    max: float | None = None
+    max_drop: float | None = None
+    alpha: float | None = None
+    min_ratio_to_reference: float | None = None
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Resolved output locations."""
+
+    dir: Path
+    history: Path
+    baseline: Path
+    report: Path
+    summary: Path
+    cache: Path
+
+    @property
+    def evals(self) -> Path:
+        """Per-evaluation records: ``evals/<id>/items.parquet`` and ``result.json``."""
+        return self.dir / "evals"
+
+    def folders(self) -> list[Path]:
+        """Every folder an evaluation writes into (each gets the lock)."""
+        folders = {self.dir, self.history.parent, self.baseline, self.report.parent}
+        folders |= {self.summary.parent, self.cache}
+        return sorted(folders)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A loaded, checked job file."""
+
+    path: Path  # as the user named it (messages show this)
+    name: str
+    device: ModelSettings
+    reference: ModelSettings | None
+    dataset: DatasetSettings
+    metrics: MetricsSettings
+    gates: tuple[Gate, ...]
+    outputs: Outputs
+    sha256: str  # of the job file's bytes
+
+    @property
+    def folder(self) -> Path:
+        return Path(os.path.abspath(self.path)).parent
+
+    def error(self, message: str, *fields: str) -> JobError:
+        """A JobError about this job file (the message names the key)."""
+        return JobError(f"{self.path}: {message}", *fields)
+
+    def key_of(self, side: str) -> Callable[[str], str]:
+        """Render the engine's field names as this job's keys for ``side`` (device/reference)."""
+        return lambda name: job_key(side, name)
+
+    def in_job(self, error: BatchinferError, side: str) -> BatchinferError:
+        """``error`` (same class and exit code) with the file named and job keys for fields."""
+        return reraise_in_job(error, self.path, self.key_of(side))
+
+
+_SIDE_GROUPS = ("runtime", "preprocess", "reliability")
+_FLAT = {"output.topk": "metrics.topk", "dataset": "dataset.path", "limit": "dataset.limit"}
+
+
+def job_key(side: str, name: str) -> str:
+    """The job file's key for an engine field (``runtime.cores`` -> ``device.runtime.cores``)."""
+    if name.split(".")[0] in _SIDE_GROUPS or name == "model":
+        return f"{side}.{name}"
+    return _FLAT.get(name, name)
+
+
+def reraise_in_job(error: BatchinferError, job: Path, name: Callable[[str], str]) -> Any:
+    """A copy of ``error`` whose message starts with the job file and names job keys."""
+    text = error.render(name)
+    if not text.startswith(f"{job}:"):
+        text = f"{job}: {text}"
+    new = copy.copy(error)
+    new.args = (text,)
+    return new
+
+
+_TOP = ("name", "device", "reference", "dataset", "metrics", "gates", "output")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def _unknown(job: Path, key: str, known: tuple[str, ...] | list[str], where: str = "") -> JobError:
+    full = f"{where}.{key}" if where else key
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {(where + '.') if where else ''}{close[0]}?" if close else ""
+    listed = ", ".join(known)
+    return JobError(f"{job}: {full} is not a key of {where or 'a job file'} ({listed}){hint}", full)
+
+
+def _table(job: Path, data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise JobError(f"{job}: {key} must be a table ([{key}]), not {value!r}.", key)
+    return value
+
+
+def load_job(path: Path | str) -> Job:
+    """Read and check the job file at ``path``; JobError (exit 2) naming file and key.
+
+    Gates are checked against the metric registry (metrics.py), so that a gate on an
+    unknown metric is refused here, before anything runs.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise JobError(
+            f"job file {path} cannot be read ({exc.strerror or exc}); pass the path of a "
+            "TOML job file such as jobs/digits.toml."
+        ) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise JobError(f"{path}: not valid TOML ({exc}); fix the file.") from None
+
+    folder = Path(os.path.abspath(path)).parent
+
+    def resolve(p: Path) -> Path:
+        return Path(os.path.abspath(folder / p.expanduser()))
+
+    for key in data:
+        if key not in _TOP:
+            raise _unknown(path, key, _TOP)
+    try:
+        name = data.get("name", path.stem)
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+            raise ConfigError(
+                f"{{name}} must be a short name of letters, digits, '.', '_' or '-', not {name!r}.",
+                "name",
+            )
+        device = from_mapping(ModelSettings, _table(path, data, "device"), "device", resolve)
+        reference = None
+        if "reference" in data:
+            reference = from_mapping(
+                ModelSettings, _table(path, data, "reference"), "reference", resolve
+            )
+        dataset = from_mapping(DatasetSettings, _table(path, data, "dataset"), "dataset", resolve)
+        metrics = from_mapping(MetricsSettings, _table(path, data, "metrics"), "metrics", resolve)
+        output = from_mapping(OutputSettings, _table(path, data, "output"), "output", resolve)
+        gates_table = _table(path, data, "gates")
+        gates = []
+        for metric, table in gates_table.items():
+            settings = from_mapping(GateSettings, table, f"gates.{metric}", resolve)
+            gates.append(Gate(metric, **dataclasses.asdict(settings)))
+    except JobError:
+        raise
+    except ConfigError as exc:
+        raise JobError(f"{path}: {exc}", *exc.fields) from None
+
+    job = Job(
+        path=path,
+        name=name,
+        device=device,
+        reference=reference,
+        dataset=dataset,
+        metrics=metrics,
+        gates=(),
+        outputs=_outputs(output, folder, name),
+        sha256=hashlib.sha256(raw).hexdigest(),
+    )
+    _check_files(job)
+    _check_metrics(job)
+    gates = _check_gates(job, gates, builtin_metrics(metrics.topk))
+    return dataclasses.replace(job, gates=tuple(gates))
+
+
+def _outputs(output: OutputSettings, folder: Path, name: str) -> Outputs:
+    base = output.dir or Path(os.path.abspath(folder / "eval" / name))
+    return Outputs(
+        dir=base,
+        history=output.history or base / "history.parquet",
+        baseline=output.baseline or base / "baseline",
+        report=output.report or base / "report.html",
+        summary=output.summary or base / "summary.md",
+        cache=output.cache or base / "cache",
+    )
+
+
+def _missing(job: Job, key: str, path: Path, what: str) -> JobError:
+    return job.error(
+        f"{key} {path} does not exist; it must be {what} (relative paths are relative to "
+        f"the job file's folder, {job.folder}).",
+        key,
+    )
+
+
+def _check_files(job: Job) -> None:
+    sides = [("device", job.device)] + ([("reference", job.reference)] if job.reference else [])
+    for side, settings in sides:
+        if settings.model is None:
+            raise job.error(f"{side}.model is missing; name the .rknn or .onnx file.", "model")
+        if not settings.model.is_file():
+            raise _missing(job, f"{side}.model", settings.model, "a .rknn or .onnx file")
+    ds = job.dataset
+    if ds.path is None:
+        raise job.error("dataset.path is missing; name the dataset folder.", "dataset.path")
+    if not ds.path.is_dir():
+        raise _missing(job, "dataset.path", ds.path, "a folder of images or .npy tensors")
+    if ds.labels is not None and not ds.labels.is_file():
+        raise _missing(job, "dataset.labels", ds.labels, "a text file with one class per line")
+    if ds.limit is not None and ds.limit < 1:
+        raise job.error(f"dataset.limit must be at least 1, not {ds.limit}.", "dataset.limit")
+
+
+def _check_metrics(job: Job) -> None:
+    m = job.metrics
+    if m.topk < 1:
+        raise job.error(f"metrics.topk must be at least 1, not {m.topk}.", "metrics.topk")
+    if m.worst < 0:
+        raise job.error(f"metrics.worst must be 0 or more, not {m.worst}.", "metrics.worst")
+    for spec in m.custom:
+        target, _, function = spec.rpartition(":")
+        if not target or not function.isidentifier():
+            raise job.error(
+                f"metrics.custom {spec!r} is not 'module:function' or 'file.py:function'.",
+                "metrics.custom",
+            )
+        if target.endswith(".py"):
+            file = Path(os.path.abspath(job.folder / target))
+            if not file.is_file():
+                raise _missing(job, "metrics.custom", file, "a Python file")
+
+
+def _check_gates(job: Job, gates: list[Gate], builtin: Mapping[str, Metric]) -> list[Gate]:
+    """Gates checked against the metric registry; an ``errors`` gate (max 0) is always there."""
+    for gate in gates:
+        key = f"gates.{gate.metric}"
+        limits = {f.name for f in dataclasses.fields(GateSettings)}
+        if all(getattr(gate, name) is None for name in limits):
+            raise job.error(f"{key} sets no limit; give one of {', '.join(sorted(limits))}.", key)
+        metric = builtin.get(gate.metric)
+        if metric is None and not job.metrics.custom:
+            known = sorted(builtin)
+            close = difflib.get_close_matches(gate.metric, known, n=1, cutoff=0.6)
+            hint = f"; did you mean gates.{close[0]}?" if close else ""
+            raise job.error(
+                f"{key}: there is no metric {gate.metric!r} (metrics: {', '.join(known)}){hint}",
+                key,
+            )
+        needs = metric.needs if metric is not None else ""
+        if needs == "reference" and job.reference is None:
+            raise job.error(
+                f"{key}: {gate.metric} compares with the float reference, and the job has no "
+                "[reference]; add one, or drop the gate.",
+                key,
+            )
+        if gate.min_ratio_to_reference is not None:
+            if job.reference is None:
+                raise job.error(
+                    f"{key}.min_ratio_to_reference needs a [reference] model; add one, or "
+                    "drop the limit.",
+                    f"{key}.min_ratio_to_reference",
+                )
+            if metric is not None and not metric.comparable:
+                raise job.error(
+                    f"{key}.min_ratio_to_reference: the reference has no {gate.metric} of "
+                    "its own; use it on an accuracy metric (top1, top5, class_top1_min) or "
+                    "a custom metric.",
+                    f"{key}.min_ratio_to_reference",
+                )
+        if gate.alpha is not None:
+            if gate.metric != "top1" or gate.max_drop is None:
+                raise job.error(
+                    f"{key}.alpha applies to gates.top1 with max_drop (McNemar's test is on "
+                    "per-item top-1 correctness); move it there, or drop it.",
+                    f"{key}.alpha",
+                )
+            if not 0 < gate.alpha < 1:
+                raise job.error(
+                    f"{key}.alpha must be between 0 and 1, not {gate.alpha}.", f"{key}.alpha"
+                )
+        if gate.max_drop is not None and gate.max_drop < 0:
+            raise job.error(
+                f"{key}.max_drop must be 0 or more, not {gate.max_drop}.", f"{key}.max_drop"
+            )
+        if gate.max_drop is not None and metric is not None and metric.better != "higher":
+            raise job.error(
+                f"{key}.max_drop: lower is better for {gate.metric}; use max instead.",
+                f"{key}.max_drop",
+            )
+    if not any(g.metric == "errors" for g in gates):
+        gates.append(Gate("errors", max=0))
+    return gates

@@ -1,0 +1,243 @@
+"""The device model and the float reference, each through the engine, into ItemResults.
+
+Each side is planned like a main run (``plan_engine``: the same checks and defaults), then
+run as ``Engine(DatasetSource, MemorySink(keep_outputs=True))``: rows stay in memory,
+outputs included, because cosine similarity needs them. Memory is about items x output
+size x 4 bytes per side (1,797 x 10 floats for the demo; 50,000 x 1,000 is 200 MB).
+
+The reference rarely changes, so its results are cached in the job's cache folder under
+a fingerprint of everything that decides them: the model file (and the files a runtime
+reads beside a .rknn), the backend, the preprocessing, top-k, the dataset folder, its
+listing (every item's name in order), every item's size and modification time, and the
+item limit. A reference run with error rows is not cached (its next run may succeed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchinfer.data.dataset import Dataset
+from batchinfer.engine import Engine, RunConfig
+from batchinfer.engine.events import Observer
+from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.plan import model_input, plan_engine, runtime_files
+from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.sources import DatasetSource
+from batchinfer.errors import BatchinferError, RunInterrupted
+from batchinfer.evaluate.files import write_table
+from batchinfer.evaluate.items import ItemResults
+from batchinfer.evaluate.job import Job, ModelSettings
+from batchinfer.options import OutputOptions
+from batchinfer.runtime.backends import make_backend
+from batchinfer.sink.fingerprint import run_fingerprint
+from batchinfer.sink.manifest import model_sha256
+from batchinfer.sink.rows import MemorySink
+from batchinfer.sink.stats import CoreStatsRecorder
+
+log = logging.getLogger("batchinfer")
+
+#: Bump when the cache file's layout changes: older caches are then not used.
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SidePlan:
+    """One side (``device`` or ``reference``), planned: nothing has run yet."""
+
+    side: str
+    model: Path
+    model_sha256: str
+    engine: EnginePlan
+    fingerprint: dict[str, Any]
+
+
+@dataclass
+class SideRun:
+    """One side's results."""
+
+    items: ItemResults
+    result: EngineResult | None  # None: the reference came from the cache
+    core_stats: list[dict[str, Any]]
+    cached: bool = False
+
+    @property
+    def versions(self) -> tuple[str | None, str | None]:
+        """(runtime API version, driver version) as the runtime reported them."""
+        if self.result is None:
+            return None, None
+        texts = [t for t in self.result.sdk_versions.values() if t]
+        return sdk_versions(texts[0]) if texts else (None, None)
+
+
+def sdk_versions(text: str) -> tuple[str | None, str | None]:
+    """The ``API:`` and ``DRV:`` parts of a get_sdk_version() banner."""
+    api = drv = None
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("API:") and api is None:
+            api = line[4:].strip()
+        elif line.startswith("DRV:"):
+            drv = line[4:].strip() if drv is None else f"{drv}; {line[4:].strip()}"
+    return api, drv
+
+
+def dataset_stat_sha256(dataset: Dataset, limit: int | None) -> str:
+    """sha256 over every item's name, size and mtime: a cheap "has any file changed"."""
+    digest = hashlib.sha256()
+    for item in dataset:
+        if limit is not None and item.index >= limit:
+            break
+        try:
+            st = os.stat(item.path)
+            digest.update(item.key + f"\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        except OSError:
+            digest.update(item.key + b"\0missing\0")
+    return digest.hexdigest()
+
+
+def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) -> SidePlan:
+    """Check one side's model and settings (JobError-style messages with the job's keys)."""
+    assert settings.model is not None  # load_job checked it
+    config = RunConfig(
+        dataset=dataset.root,
+        model=settings.model,
+        runtime=settings.runtime,
+        preprocess=settings.preprocess,
+        output=OutputOptions(topk=job.metrics.topk),
+        reliability=settings.reliability,
+        limit=job.dataset.limit,
+    )
+    try:
+        backend = make_backend(settings.model, settings.runtime)
+        shape, dtype = model_input(settings.model, config)
+        engine = plan_engine(config, backend, shape, dtype, dataset.kind)
+        sha = model_sha256(settings.model)
+    except BatchinferError as exc:
+        raise job.in_job(exc, side) from None
+    preprocess = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in dataclasses.asdict(engine.preprocess).items()
+    }
+    fingerprint = run_fingerprint(
+        model_sha256=sha,
+        runtime_files=runtime_files(settings.model),
+        backend=backend.name,
+        preprocess=preprocess,
+        topk=job.metrics.topk,
+        save_outputs=True,
+        dataset_root=str(dataset.root),
+        dataset_items=len(dataset),
+        dataset_listing_sha256=dataset.listing_sha256,
+    )
+    fingerprint["limit"] = job.dataset.limit
+    if side == "reference":  # cached: a file replaced under the same name must count
+        fingerprint["dataset_stat_sha256"] = dataset_stat_sha256(dataset, job.dataset.limit)
+    if backend.name == "sim":  # emulated faults change outputs (skew)
+        fingerprint["sim_faults"] = list(settings.runtime.sim.faults)
+    return SidePlan(side, settings.model, sha, engine, fingerprint)
+
+
+def run_side(
+    job: Job,
+    plan: SidePlan,
+    dataset: Dataset,
+    relabel: dict[str, int] | None,
+    signals: StopSignals,
+    observers: Sequence[Observer],
+) -> SideRun:
+    """Run one side over the dataset through the engine; raises if the run did not complete."""
+    engine_plan = plan.engine
+    sink = MemorySink(keep_outputs=True)
+    stats = CoreStatsRecorder(engine_plan.cores, engine_plan.instances_per_core)
+    engine = Engine(
+        engine_plan, DatasetSource(dataset, limit=job.dataset.limit), sink, observers, stats=stats
+    )
+    signals.engine = engine
+    try:
+        result = engine.run()
+    finally:
+        signals.engine = None
+        for observer in observers:
+            close = getattr(observer, "close", None)
+            if callable(close):
+                close()
+    if result.status == "failed":
+        assert result.error is not None
+        raise job.in_job(result.error, plan.side) from None
+    if result.status == "interrupted":
+        raise RunInterrupted(
+            f"interrupted during the {plan.side} run; nothing was recorded (no history row, "
+            "no report)."
+        )
+    shapes = [shape for shape, _ in sink.output_shapes]
+    items = ItemResults.from_rows(sink.rows, shapes, job.metrics.topk, relabel)
+    return SideRun(items, result, stats.table().to_pylist())
+
+
+# --------------------------------------------------------------------------- the cache
+def cache_key(fingerprint: dict[str, Any]) -> str:
+    text = json.dumps({"format": CACHE_FORMAT, **fingerprint}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cache_path(folder: Path, fingerprint: dict[str, Any]) -> Path:
+    return folder / f"reference-{cache_key(fingerprint)[:20]}.parquet"
+
+
+def load_cached(folder: Path, fingerprint: dict[str, Any]) -> ItemResults | None:
+    """The cached reference results for ``fingerprint``, or None (absent, other, unreadable)."""
+    path = cache_path(folder, fingerprint)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException):
+        return None
+    meta = table.schema.metadata or {}
+    if meta.get(b"batchinfer.cache_key", b"").decode() != cache_key(fingerprint):
+        return None
+    return ItemResults.from_table(table)
+
+
+def store_cached(folder: Path, fingerprint: dict[str, Any], items: ItemResults) -> Path:
+    table = items.to_table(with_outputs=True)
+    meta = dict(table.schema.metadata or {})
+    meta[b"batchinfer.cache_key"] = cache_key(fingerprint).encode()
+    meta[b"batchinfer.fingerprint"] = json.dumps(fingerprint).encode()
+    path = cache_path(folder, fingerprint)
+    write_table(path, table.replace_schema_metadata(meta))
+    return path
+
+
+def reference_results(
+    job: Job,
+    plan: SidePlan,
+    dataset: Dataset,
+    relabel: dict[str, int] | None,
+    signals: StopSignals,
+    observers: Callable[[str], Sequence[Observer]],
+) -> SideRun:
+    """The reference's results: from the cache when its fingerprint matches, else a run."""
+    cached = load_cached(job.outputs.cache, plan.fingerprint)
+    if cached is not None:
+        log.info(f"reference: {plan.model.name} from the cache (same model, dataset, settings)")
+        return SideRun(cached, None, [], cached=True)
+    log.info(f"reference: {plan.model.name} on {plan.engine.backend.name}")
+    run = run_side(job, plan, dataset, relabel, signals, observers("reference"))
+    if run.items.ok.all():
+        store_cached(job.outputs.cache, plan.fingerprint, run.items)
+    else:
+        log.warning(
+            f"reference: {int((~run.items.ok).sum())} items failed, so its results are not "
+            "cached; they are compared only where both models have a result."
+        )
+    return run

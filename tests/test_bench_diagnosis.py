@@ -1,0 +1,137 @@
+"""What limited a run, from synthetic evidence: each bound, with the numbers that show it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from batchinfer.bench.diagnosis import Evidence, busy_processes, diagnose
+from batchinfer.errors import render_fields
+
+# A quiet 2-CPU machine; three cores, one instance each, everything moderate.
+BASE = Evidence(
+    cpus=2,
+    instances_per_core=1,
+    utilization={0: 0.5, 1: 0.5, 2: 0.5},
+    instances_busy={0: 0.5, 1: 0.5, 2: 0.5},
+    npu_load={0: 0.5, 1: 0.5, 2: 0.5},
+    npu_load_source="emulator time model",
+    coordinator_cpu=0.3,
+    reader_cpu=[],
+    worker_cpu=[0.1, 0.1, 0.1],
+    other_cpus=0.05,
+    machine_cpus=0.7,
+    wait_p50_ms=6.0,
+    latency_p50_ms=2.0,
+    runnable=1.2,
+)
+
+
+def flags(text: str) -> str:
+    return render_fields(text, lambda f: "--" + f.rsplit(".", 1)[-1].replace("_", "-"))
+
+
+def test_cores_busy_95_percent_is_npu_bound_with_the_load_per_core():
+    d = diagnose(
+        replace(
+            BASE,
+            npu_load={0: 0.99, 1: 0.97, 2: 0.98},
+            instances_busy={0: 0.99, 1: 0.99, 2: 0.99},
+        )
+    )
+    assert d.bound == "npu" and d.saturated
+    assert "busy 98 % of the time (core 0 99 %, core 1 97 %, core 2 98 %" in d.summary
+    assert d.numbers["npu_load"] == 0.98
+
+
+def test_instances_always_in_inference_with_an_idle_npu_are_host_bound_and_k_is_suggested():
+    d = diagnose(
+        replace(
+            BASE,
+            npu_load={0: 0.25, 1: 0.25, 2: 0.25},
+            instances_busy={0: 0.99, 1: 0.99, 2: 0.99},
+            latency_p50_ms=8.0,
+        )
+    )
+    assert d.bound == "host"
+    assert "inside inference() 99 % of the time but the NPU only 25 %" in d.summary
+    assert "--instances-per-core 4 (k / NPU load = 1/0.25)" in flags(d.advice)
+
+
+def test_host_bound_suggests_at_least_one_more_instance():
+    d = diagnose(replace(BASE, npu_load={0: 0.9}, instances_busy={0: 0.98}, utilization={0: 1}))
+    assert d.bound == "host"
+    assert "--instances-per-core 2 " in flags(d.advice)
+
+
+def test_without_an_npu_load_the_diagnosis_says_it_cannot_tell_npu_from_host():
+    d = diagnose(
+        replace(BASE, npu_load=None, npu_load_source=None, instances_busy={0: 0.99, 1: 0.99})
+    )
+    assert d.bound == "host"
+    assert "NPU load could not be read" in d.summary
+    assert "instances sweep" in d.advice
+
+
+def test_busy_instances_whose_workers_wait_for_cpu_on_a_full_machine_are_cpu_starved():
+    d = diagnose(
+        replace(
+            BASE,
+            instances_busy={0: 0.99, 1: 0.99, 2: 0.99},
+            worker_cpu=[0.7, 0.7, 0.6],
+            machine_cpus=1.98,
+            runnable=4.5,
+        )
+    )
+    assert d.bound == "cpu"
+    assert "on 2 CPUs, 99 % busy" in d.summary
+
+
+def test_idle_cores_on_a_machine_with_more_runnable_tasks_than_cpus_are_cpu_starved():
+    d = diagnose(replace(BASE, machine_cpus=1.95, runnable=5.8, other_cpus=1.2))
+    assert d.bound == "cpu"
+    assert "5.8 tasks running or waiting for a CPU" in d.summary
+    assert d.numbers["busy_processes"] == 6
+
+
+def test_busy_processes_count_ours_at_half_a_cpu_and_others_in_whole_cpus():
+    e = replace(BASE, coordinator_cpu=0.6, reader_cpu=[0.9, 0.4], other_cpus=1.4, runnable=None)
+    assert busy_processes(e) == 2 + 1
+    assert busy_processes(replace(e, runnable=4.6)) == 5
+
+
+def test_saturated_readers_with_an_empty_ready_queue_are_decode_bound():
+    d = diagnose(
+        replace(
+            BASE,
+            reader_cpu=[0.97],
+            utilization={0: 0.1, 1: 0.1, 2: 0.1},
+            instances_busy={0: 0.1, 1: 0.1, 2: 0.1},
+            wait_p50_ms=0.3,
+            read_p50_ms=45.0,
+            machine_cpus=1.3,
+            runnable=1.5,
+        )
+    )
+    assert d.bound == "decode"
+    assert "1 reader(s) used 0.97 CPUs (decode p50 45.00 ms per item)" in d.summary
+    assert "inputs waited 0.30 ms (p50)" in d.summary
+    assert "--readers" in flags(d.advice) and "--cpu-affinity" in flags(d.advice)
+
+
+def test_saturated_readers_whose_inputs_queue_for_cores_are_not_decode_bound():
+    d = diagnose(replace(BASE, reader_cpu=[0.97], wait_p50_ms=6.0, latency_p50_ms=2.0))
+    assert not d.saturated and d.summary.startswith("nothing was saturated")
+
+
+def test_a_saturated_coordinator_is_coordinator_bound():
+    d = diagnose(replace(BASE, coordinator_cpu=0.96, machine_cpus=1.4))
+    assert d.bound == "coordinator"
+    assert "coordinator used 0.96 CPUs" in d.summary
+
+
+def test_nothing_saturated_names_the_most_loaded_and_says_so():
+    d = diagnose(replace(BASE, reader_cpu=[0.7], instances_busy={0: 0.6, 1: 0.6, 2: 0.6}))
+    assert not d.saturated
+    assert d.bound == "decode"  # readers at 0.70 beat instances at 0.60 and the coordinator
+    assert d.summary.startswith("nothing was saturated")
+    assert d.to_json()["saturated"] is False

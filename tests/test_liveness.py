@@ -1,0 +1,265 @@
+"""Liveness: no run hangs, stalls or gives up on good items, whatever children, the machine
+or neighbouring runs do (frozen processes, poison items, kill -9, Ctrl-Z, /dev/shm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow.parquet as pq
+import pytest
+from runs import config, fast_sim
+
+from batchinfer import run
+from batchinfer.engine import events as ev
+from batchinfer.engine.slots import (
+    SEGMENT_PREFIX,
+    SHM_DIR,
+    RunOwner,
+    create_segment,
+    free_space,
+    segment_name,
+    sweep_dead_segments,
+)
+from batchinfer.errors import SharedMemoryError
+from batchinfer.results import read_predictions
+
+
+class _StopWorkerAfter:
+    """SIGSTOPs core ``core``'s worker once ``n`` rows are done: frozen, not dead."""
+
+    def __init__(self, core: int, n: int) -> None:
+        self.core, self.n, self.done, self.pids, self.stopped = core, n, 0, {}, []
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.ChildReady) and event.kind == "worker":
+            self.pids[event.key] = event.pid
+        elif isinstance(event, ev.RowsDone):
+            self.done += len(event.rows)
+            if self.done >= self.n and not self.stopped:
+                self.stopped.append(self.pids[self.core])
+                os.kill(self.pids[self.core], signal.SIGSTOP)
+
+
+def test_a_frozen_worker_is_detected_and_its_items_done_elsewhere(demo_kit, tmp_path):
+    freezer = _StopWorkerAfter(core=1, n=60)
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(npu_ms=1.0),
+        inference_timeout_s=1.0,
+        limit=300,
+        out=tmp_path / "o",
+    )
+    result = run(cfg, observers=[freezer])
+    assert freezer.stopped
+    table = read_predictions(result.out)
+    assert sorted(table["index"].to_pylist()) == list(range(300))
+    assert table["error"].null_count == 300
+    killed = [w for w in result.warnings if w.startswith("core 1:")]
+    assert killed and ("frozen or stopped" in killed[0] or "hung for more than 1 s" in killed[0])
+
+
+def test_one_poison_item_costs_one_error_row_and_no_core(demo_kit, tmp_path):
+    """`--cores 0 --max-attempts 3 --sim-fault crash:item=5` retired the only core, exit 3."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim("crash:item=5"),
+        cores=(0,),
+        max_attempts=3,
+        limit=40,
+        out=tmp_path / "o",
+    )
+    result = run(cfg)
+    assert (result.status, result.errors, result.succeeded) == ("complete", 1, 39)
+    (row,) = [r for r in read_predictions(result.out).to_pylist() if r["error"] is not None]
+    assert row["index"] == 5 and row["attempt"] == 3 and row["error"].count("crashed") == 3
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["retired_cores"] == []
+    assert any("blamed on the item" in w for w in result.warnings)
+
+
+def test_shared_memory_is_reserved_when_created_so_a_shortage_fails_at_once():
+    free = free_space()
+    if free is None:
+        pytest.skip("no /dev/shm here")
+    name = segment_name("0bad5eed", "in")
+    with pytest.raises(SharedMemoryError, match=r"runtime\.slots") as info:
+        create_segment(name, free + (1 << 30))  # ftruncate alone would accept this
+    assert info.value.exit_code == 3
+    assert name not in os.listdir(SHM_DIR), "a refused segment leaves nothing behind"
+
+
+def test_the_sweep_judges_runs_by_their_owner_lock_not_by_their_pid():
+    # A live run whose pid looks dead from here (another PID namespace): its owner lock is
+    # held, so its segments stay. A run whose pid is alive (ours) but whose lock nobody
+    # holds is gone, so its segments go.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live_token, gone_token = "0a11be11", "0dead0ff"
+    owner = RunOwner(live_token)  # holds the lock, named with our pid
+    theirs = Path(SHM_DIR) / f"{SEGMENT_PREFIX}-{dead.pid}-{live_token}-in"
+    gone = [Path(SHM_DIR) / segment_name(gone_token, role) for role in ("owner", "in")]
+    try:
+        # Rename the live run's owner as if it were the other namespace's pid.
+        os.rename(
+            Path(SHM_DIR) / owner.segment.name, Path(SHM_DIR) / theirs.name.replace("-in", "-owner")
+        )
+        theirs.write_bytes(b"\0" * 64)
+        for path in gone:
+            path.write_bytes(b"\0" * 64)
+        swept = sweep_dead_segments()
+        assert theirs.exists(), "a live run's segment survives although its pid looks dead"
+        assert all(p.name in swept and not p.exists() for p in gone)
+    finally:
+        owner_path = Path(SHM_DIR) / theirs.name.replace("-in", "-owner")
+        os.close(owner._fd)
+        for path in [theirs, owner_path, *gone]:
+            path.unlink(missing_ok=True)
+
+
+def _wchan(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return ""
+
+
+def _cli(*args: str, **popen) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchinfer", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+def test_kill_9_of_the_coordinator_while_a_reader_is_blocked_leaves_nothing(demo_kit, tmp_path):
+    data = tmp_path / "data"
+    (data / "0").mkdir(parents=True)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (data / "0" / "blocks.png").symlink_to(fifo)  # open() blocks for ever
+    proc = _cli(
+        str(data), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--out", str(tmp_path / "o"), "--readers", "1", "--no-progress",
+    )  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("started:"):
+            break
+    family = psutil.Process(proc.pid).children(recursive=True)
+    deadline = time.monotonic() + 30
+    # No event says "the reader is blocked in open()": the kernel says where it waits.
+    while "wait_for_partner" not in [_wchan(p.pid) for p in family]:
+        assert time.monotonic() < deadline, "no reader blocked on the FIFO"
+        time.sleep(0.05)
+    proc.kill()
+    _, err = proc.communicate(timeout=30)
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"outlived the coordinator: {[p.cmdline() for p in alive]}"
+    assert "Traceback" not in err and "leaked" not in err and "BrokenPipe" not in err
+    assert not [n for n in os.listdir(SHM_DIR) if f"-{proc.pid}-" in n]
+
+
+def test_ctrl_z_longer_than_the_timeout_kills_nobody(demo_kit, tmp_path):
+    out = tmp_path / "o"
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "2", "--sim-host-ms", "0", "--inference-timeout-s", "1",
+        "--out", str(out), "--no-progress", "--limit", "900",
+        start_new_session=True,
+    )  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("started:"):
+            break
+    os.killpg(proc.pid, signal.SIGSTOP)  # what Ctrl-Z does to the foreground job
+    time.sleep(3.0)  # the pause itself is what is tested: three times the timeout
+    os.killpg(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "killed" not in err and "restarting" not in err
+    stats = json.loads((out / "manifest.json").read_text())
+    assert stats["counts"]["succeeded"] == 900
+
+
+class _InterruptAfter:
+    """Sends this process SIGINT (as a terminal's Ctrl-C would) once ``n`` rows are done."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.done, self.sent = n, 0, False
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.RowsDone):
+            self.done += len(event.rows)
+            if self.done >= self.n and not self.sent:
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_restart(
+    demo_kit, tmp_path
+):
+    """Soak: a hung worker killed during the drain after Ctrl-C showed up as a restart in
+    core_stats, and nothing said it was killed."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim("hang:core=0:call=5", npu_ms=1.0),
+        inference_timeout_s=1.0,
+        limit=400,
+        out=tmp_path / "o",
+    )
+    result = run(cfg, observers=[_InterruptAfter(40)])
+    assert result.status == "interrupted"
+    said = [w for w in result.warnings if w.startswith("core 0:")]
+    assert said and said[-1].endswith("while the run was stopping; not restarted.")
+    stats = {r["core"]: r for r in pq.read_table(result.out / "core_stats.parquet").to_pylist()}
+    assert stats[0]["restarts"] == 0
+
+
+def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path):
+    """Soak: a child died of a Ctrl-C that came while it was still importing (before it
+    could ignore SIGINT), with a traceback and a 'crashed' worker."""
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--out", str(tmp_path / "o"), "--no-progress",
+        start_new_session=True,
+    )  # fmt: skip
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    # No event says "a child is importing": look for a spawned interpreter that has been
+    # running for a moment (the coordinator is done starting it; it is still importing).
+    while not any(
+        "spawn_main" in _cmdline(c) and time.time() - c.create_time() > 0.05 for c in _children(me)
+    ):
+        assert proc.poll() is None and time.monotonic() < deadline, "no child started"
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "crashed" not in err and "KeyboardInterrupt" not in err
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _cmdline(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""

@@ -1,0 +1,169 @@
+"""The toolkit backend's parts that need no rknn-toolkit2: what it reads, the fingerprint,
+the build cache's lock, and what it says where the toolkit is missing.
+
+The parts that run rknn-toolkit2 are in test_toolkit_sim.py (``toolkit`` marker).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import models as M  # tests/ is on sys.path under pytest (no tests/__init__.py)
+import pytest
+
+from batchinfer import demo
+from batchinfer.errors import RuntimeUnavailableError
+from batchinfer.runtime import runtime_class
+from batchinfer.runtime import toolkit as T
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    """A folder holding the demo's digits-rk3566 with everything the toolkit reads."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    demo.write_rknn_model(folder, "digits-rk3566")
+    return folder
+
+
+def test_toolkit_model_reads_the_files_beside_the_rknn(model_dir: Path) -> None:
+    model = T.toolkit_model(model_dir / "digits-rk3566.rknn")
+    assert model.onnx == model_dir / "digits-rk3566.onnx"
+    assert model.settings == json.loads((model_dir / "digits-rk3566.config.json").read_text())
+    assert model.platform == "rk3566"
+    assert len(model.dataset) == 10 * demo.CALIBRATION_PER_CLASS
+    # Relative paths in the list are relative to the list's folder, not to the cwd.
+    assert model.dataset[0] == (model_dir / "calibration" / "digits" / "0000.png",)
+    assert all(f.is_file() for sample in model.dataset for f in sample)
+    # An .onnx works too: the same files beside it.
+    assert T.toolkit_model(model_dir / "digits-rk3566.onnx").settings == model.settings
+
+
+@pytest.mark.parametrize(
+    ("remove", "message"),
+    [
+        ("digits-rk3566.onnx", "put digits-rk3566.onnx beside it"),
+        ("digits-rk3566.config.json", "needs digits-rk3566.config.json beside"),
+        ("digits-rk3566.dataset.txt", "needs digits-rk3566.dataset.txt beside"),
+        ("calibration/digits/0012.png", r"0012\.png \(line 22 of .*dataset\.txt\) does not exist"),
+    ],
+)
+def test_a_missing_file_is_named(model_dir: Path, remove: str, message: str) -> None:
+    (model_dir / remove).unlink()
+    with pytest.raises(T.ToolkitError, match=message):
+        T.toolkit_model(model_dir / "digits-rk3566.rknn")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "hold a list, not a JSON object"),
+    ],
+)
+def test_bad_settings_are_named(model_dir: Path, content: str, message: str) -> None:
+    (model_dir / "digits-rk3566.config.json").write_text(content)
+    with pytest.raises(T.ToolkitError, match=message):
+        T.toolkit_model(model_dir / "digits-rk3566.rknn")
+
+
+def test_an_empty_calibration_list_is_refused(model_dir: Path) -> None:
+    (model_dir / "digits-rk3566.dataset.txt").write_text("\n  \n")
+    with pytest.raises(T.ToolkitError, match="is empty"):
+        T.toolkit_model(model_dir / "digits-rk3566.rknn")
+
+
+def test_a_missing_target_platform_comes_from_the_rknn(model_dir: Path) -> None:
+    settings_path = model_dir / "digits-rk3566.config.json"
+    settings = json.loads(settings_path.read_text())
+    del settings["target_platform"]
+    settings_path.write_text(json.dumps(settings))
+    assert T.toolkit_model(model_dir / "digits-rk3566.rknn").platform == "rk3566"
+    # An .rknn that names no platform, and settings that name none: say what to add.
+    (model_dir / "digits-rk3566.rknn").write_bytes(M.rknn_bytes({"version": "2.5.0"}))
+    with pytest.raises(T.ToolkitError, match='"target_platform": "rk3588"'):
+        T.toolkit_model(model_dir / "digits-rk3566.rknn")
+
+
+def test_the_fingerprint_follows_content_not_paths(model_dir: Path, tmp_path: Path) -> None:
+    base = T.fingerprint(T.toolkit_model(model_dir / "digits-rk3566.rknn"), "2.5.0")
+    moved = shutil.copytree(model_dir, tmp_path / "elsewhere")
+    assert T.fingerprint(T.toolkit_model(moved / "digits-rk3566.rknn"), "2.5.0") == base
+    assert T.fingerprint(T.toolkit_model(moved / "digits-rk3566.rknn"), "2.5.1") != base
+
+    def changed(edit) -> str:
+        folder = shutil.copytree(model_dir, tmp_path / f"edit{len(list(tmp_path.iterdir()))}")
+        edit(folder)
+        return T.fingerprint(T.toolkit_model(folder / "digits-rk3566.rknn"), "2.5.0")
+
+    def settings(folder: Path) -> None:
+        path = folder / "digits-rk3566.config.json"
+        path.write_text(path.read_text().replace("w8a8", "w8a16"))
+
+    def one_image(folder: Path) -> None:
+        (folder / "calibration" / "digits" / "0000.png").write_bytes(
+            (folder / "calibration" / "digits" / "0012.png").read_bytes()
+        )
+
+    def fewer_samples(folder: Path) -> None:
+        path = folder / "digits-rk3566.dataset.txt"
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+
+    def onnx(folder: Path) -> None:
+        shutil.copyfile(demo.ASSETS / "digits.onnx", folder / "digits-rk3566.onnx")
+
+    fingerprints = {changed(e) for e in (settings, one_image, fewer_samples, onnx)}
+    assert base not in fingerprints and len(fingerprints) == 4
+
+
+def test_cache_root_honours_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(T.CACHE_ENV, "/srv/cache/tk")
+    assert T.cache_root() == Path("/srv/cache/tk")
+    monkeypatch.delenv(T.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert T.cache_root() == Path("/xdg/batchinfer/toolkit")
+
+
+def test_concurrent_requests_build_once_and_reuse_the_entry(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(T.CACHE_ENV, str(tmp_path / "cache"))
+    builds = []
+
+    def fake_build(model: T.ToolkitModel, entry: Path, key: str) -> None:
+        builds.append(key)
+        time.sleep(0.2)  # long enough for the other threads to reach the lock
+        entry.mkdir()
+        (entry / T._DONE).write_text("{}")
+
+    monkeypatch.setattr(T, "_build", fake_build)
+    model = T.toolkit_model(model_dir / "digits-rk3566.rknn")
+    entries: list[Path] = []
+    threads = [
+        threading.Thread(target=lambda: entries.append(T.ensure_build(model))) for _ in range(4)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1 and len(set(entries)) == 1
+    assert entries[0].parent == tmp_path / "cache"
+    assert T.ensure_build(model) == entries[0] and len(builds) == 1
+
+
+def test_without_the_toolkit_the_backend_says_how_to_get_it(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setattr(T.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RuntimeUnavailableError, match=r"bash tools/toolkit-env\.sh"):
+        runtime_class("toolkit")
+    r = T.RKNNLite()
+    assert r.load_rknn(str(model_dir / "digits-rk3566.rknn")) == 0
+    assert r.init_runtime() == -1
+    assert "rknn-toolkit2, which is not installed" in capsys.readouterr().err
+    assert r.get_sdk_version() is None
+    assert r.inference(inputs=[]) is None
