@@ -475,10 +475,10 @@ def test_timeline_counts() -> None:
         rec.record(core, t, 1.0 if core is not None else None, ok)
     rows = rec.timeline_table().to_pylist()
     assert rows == [
-        {"invocation": 0, "core": 0, "second": 0, "completed": 2, "errors": 1},
-        {"invocation": 0, "core": 1, "second": 0, "completed": 1, "errors": 0},
-        {"invocation": 0, "core": None, "second": 2, "completed": 1, "errors": 1},
-        {"invocation": 0, "core": 0, "second": 2, "completed": 1, "errors": 0},
+        {"invocation": 0, "node": None, "core": 0, "second": 0, "completed": 2, "errors": 1},
+        {"invocation": 0, "node": None, "core": 1, "second": 0, "completed": 1, "errors": 0},
+        {"invocation": 0, "node": None, "core": None, "second": 2, "completed": 1, "errors": 1},
+        {"invocation": 0, "node": None, "core": 0, "second": 2, "completed": 1, "errors": 0},
     ]
     assert sum(r["completed"] for r in rows) == rec.table().to_pylist()[-1]["items"]
 

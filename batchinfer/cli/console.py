@@ -45,8 +45,11 @@ class ConsoleObserver:
                 click.echo("", err=True)  # end the listing's line
             cores = ",".join(str(c) for c in event.cores)
             todo = "?" if event.todo is None else str(event.todo)
+            where = f"cores {cores}"
+            if event.nodes:
+                where += f" of {len(event.nodes)} nodes ({', '.join(event.nodes)})"
             self.echo(
-                f"started: {todo} items on cores {cores} ({event.backend}, "
+                f"started: {todo} items on {where} ({event.backend}, "
                 f"{event.instances_per_core} instance(s) per core)"
             )
             if self.progress:  # after start-up, so its rate counts only the run itself
@@ -89,16 +92,22 @@ def _fmt(value: float | int | None, spec: str) -> str:
 
 
 def format_summary(table: pa.Table) -> str:
-    """A fixed-width per-core summary for the terminal, the total row last (core "all")."""
+    """A fixed-width per-core summary for the terminal, the total row last (core "all").
+
+    On a cluster a core is shown as ``node/core``.
+    """
     header = ("core", "items", "errors", "restarts", "items/s", "util %", "p50 ms", "p99 ms")
     lines = []
     rows = table.to_pylist()
-    rows.sort(key=lambda r: (r["core"] is None, r["core"] or 0))
+    rows.sort(key=lambda r: (r["core"] is None, r.get("node") or "", r["core"] or 0))
     for r in rows:
         util = None if r["utilization"] is None else 100 * r["utilization"]
+        name = "all" if r["core"] is None else str(r["core"])
+        if r.get("node") is not None and r["core"] is not None:
+            name = f"{r['node']}/{r['core']}"
         lines.append(
             (
-                "all" if r["core"] is None else str(r["core"]),
+                name,
                 str(r["items"]),
                 str(r["errors"]),
                 str(r["restarts"]),

@@ -21,7 +21,14 @@ from batchinfer.options import GROUPS, options_fields
 # Flags that are not the group's field name with dashes (beyond metadata "flag").
 _PREFIX = {"runtime.sim": "--sim-"}
 # Top-level settings of a run that belong to no group.
-_TOP = {"dataset": "DATASET", "model": "--model", "limit": "--limit", "labels": "--labels"}
+_TOP = {
+    "dataset": "DATASET",
+    "model": "--model",
+    "limit": "--limit",
+    "labels": "--labels",
+    "ray": "--ray",
+    "ray_data": "--ray-data",
+}
 
 
 def _flag(group: str, f: dataclasses.Field) -> str:

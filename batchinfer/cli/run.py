@@ -36,12 +36,30 @@ def resume_command(argv: list[str], out: Path) -> str:
     "names, {name: label}, a Keras class index). Default: the top-level folders, sorted.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
+# -- scale-out on Ray (batchinfer.cluster) ------------------------------------------------
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run on a Ray cluster: auto or HOST:PORT (a running cluster; run this on its head "
+    "node), local or local:N (N simulated nodes on this machine). Needs batchinfer[ray].",
+)
+@click.option(
+    "--ray-data",
+    type=click.Choice(["head", "shared"]),
+    default="head",
+    show_default=True,
+    help="With --ray: the dataset is on this node only (read here, tensors shipped to the "
+    "nodes), or on storage every node mounts at the same path (each node reads).",
+)
 def command(
     dataset: Path,
     model: Path,
     limit: int | None,
     labels: Path | None,
     no_progress: bool,
+    ray_address: str | None,
+    ray_data: str,
     **params,
 ) -> None:
     """Run MODEL over every item of DATASET on the NPU cores; results go to Parquet.
@@ -53,13 +71,14 @@ def command(
       batchinfer run images/ --model resnet18.rknn --cores 0,1,2 -k 3
       batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --sim-npu-ms 2
       batchinfer run images/ --model m.rknn --out runs/night --resume
+      batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --ray local:3
 
     Exit codes: 0 all items succeeded, 1 some items are error rows, 2 usage error,
     3 the run could not proceed, 130 interrupted (continue with --resume).
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_run)(dataset, model, limit, labels, no_progress, params)
+    fail_cleanly(_run)(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
 
 
 def _run(
@@ -69,6 +88,8 @@ def _run(
     labels: Path | None,
     no_progress: bool,
     params: dict,
+    ray_address: str | None = None,
+    ray_data: str = "head",
 ) -> None:
     from batchinfer.engine import RunConfig
     from batchinfer.engine import run as run_engine
@@ -86,7 +107,14 @@ def _run(
     )
     console = ConsoleObserver(flag_of, progress=not no_progress)
     try:
-        result = run_engine(config, observers=[console], listing=console.listing)
+        if ray_address is not None:  # scale-out on Ray: the cluster's engine, same outputs
+            from batchinfer.cluster import run_on_cluster
+
+            result = run_on_cluster(
+                config, ray_address, [console], data=ray_data, listing=console.listing
+            )
+        else:
+            result = run_engine(config, observers=[console], listing=console.listing)
     finally:
         console.close()
     click.echo(format_summary(result.stats))

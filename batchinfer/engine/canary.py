@@ -8,6 +8,8 @@ happened to start first. A core that restarts later is compared with that majori
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 # Canary outputs of two cores agree when they differ by at most this share of their range.
@@ -34,7 +36,8 @@ def canary_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 class Canary:
     """Collects each core's canary outputs and says which cores disagree."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: Callable[[int], str] | None = None) -> None:
+        self.name = name or (lambda core: f"core {core}")  # how warnings call a core
         self._pending: dict[int, list[np.ndarray]] = {}
         self.reference: tuple[int, list[np.ndarray]] | None = None
 
@@ -69,8 +72,8 @@ class Canary:
         if diff <= CANARY_RTOL:
             return []
         return [
-            f"core {core} gives different outputs from core {ref_core} for the same canary "
-            f"input (largest difference {diff:.2%} of the output range); some models do on "
+            f"{self.name(core)} gives different outputs from {self.name(ref_core)} for the same "
+            f"canary input (largest difference {diff:.2%} of the output range); some models do on "
             "real boards (airockchip/rknn-toolkit2#228): check this core's rows before "
             "trusting them, or leave it out of {runtime.cores}."
         ]

@@ -4,6 +4,9 @@ Results arrive in batches (a worker's ``done`` message holds whatever finished m
 the collector turns each batch into rows with one vectorised top-k, gives them to the sink,
 the per-core statistics and the observers, and only then frees their slots (the rows'
 outputs are views of the slots' output regions until the sink has taken them).
+
+The scheduler's cores are core numbers on one board; a cluster driver (batchinfer.cluster)
+schedules on keys of its own and gives ``place``, which says which node and core a key is.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ class Collector:
         notify: Callable[[object], None],
         topk: int,
         clock: Callable[[], float] = time.monotonic,
+        place: Callable[[int], tuple[str | None, int]] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.place = place or (lambda core: (None, core))
         self.sink = sink
         self.stats = stats
         self.notify = notify
@@ -92,9 +97,10 @@ class Collector:
             else:
                 preds = np.argmax(scores, axis=1).tolist()
         rows = []
-        for i, (slot, core, instance, t0, t1) in enumerate(self._successes):
+        for i, (slot, key, instance, t0, t1) in enumerate(self._successes):
             flight = self.scheduler.flight(slot)
             item = flight.item
+            node, core = self.place(key)
             rows.append(
                 Row(
                     index=item.index,
@@ -114,6 +120,7 @@ class Collector:
                     topk_score=None if topk_score is None else topk_score[i],
                     outputs=views[i],
                     t_done=t1,
+                    node=node,
                 )
             )
         return rows
@@ -121,13 +128,14 @@ class Collector:
     def _error_row(self, f: Finished, now: float) -> Row:
         flight = self.scheduler.flight(f.slot)
         item = flight.item
+        node, core = (None, None) if f.core is None else self.place(f.core)
         return Row(
             index=item.index,
             id=item.id,
             id_bytes=item.id_bytes,
             label=item.label,
             label_name=item.label_name,
-            core=f.core,
+            core=core,
             instance=None,
             attempt=f.attempt,
             latency_ms=None,
@@ -135,4 +143,5 @@ class Collector:
             wait_ms=None,
             error=f.error,
             t_done=now,
+            node=node,
         )

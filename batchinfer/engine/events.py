@@ -5,6 +5,9 @@ lines, bench's windowed throughput, a test that waits for a row. An observer is 
 with ``notify(event)``; it runs in the engine's loop, so it must be quick and must not
 raise (an exception from an observer stops the run as a failure).
 
+On a cluster (batchinfer.cluster) the same events come from the Ray driver: a core is then
+a core of one node, named by ``node`` (None on one board).
+
 Messages (``Warned.message``) name settings as ``{group.setting}``; render them with
 :func:`batchinfer.errors.render_fields`.
 """
@@ -30,16 +33,19 @@ class Started:
     backend: str
     instances_per_core: int
     t: float
+    nodes: tuple[str, ...] = ()  # the cluster's nodes; () on one board
 
 
 @dataclass(frozen=True)
 class ChildReady:
     """A reader or core worker process is up (``kind`` "reader" or "worker", ``key`` its
-    number or core); observers that account CPU by role use the pid."""
+    number or core; on a cluster "actor", a runtime instance on core ``key`` of ``node``, its
+    pid on that node); observers that account CPU by role use the pid."""
 
     kind: str
     key: int
     pid: int
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ class Dispatched:
     core: int
     count: int
     t: float
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,7 @@ class Restarted:
     core: int
     reason: str
     delay_s: float
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class CoreRetired:
 
     core: int
     reason: str
+    node: str | None = None
 
 
 @dataclass(frozen=True)

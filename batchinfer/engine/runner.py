@@ -3,6 +3,9 @@
     plan_run (reads only) → claim OUT (lock, clear or verify) → RunFolder.begin (manifest)
       → Engine(DatasetSource, RunFolder sink, observers).run() → RunFolder.finish
 
+The same steps run a plan on a Ray cluster (batchinfer.cluster): :func:`run_plan` takes
+the engine to use (``make_engine``) and extra manifest fields.
+
 Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call (engine/signals.py).
 """
 
@@ -13,18 +16,20 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer, RowsDone
+from batchinfer.engine.interface import EngineResult
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
-from batchinfer.engine.sources import DatasetSource
+from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, claim
+from batchinfer.sink.rows import RowSink
 from batchinfer.sink.run_folder import RunFolder
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -64,7 +69,7 @@ def arrow_system_allocator() -> Iterator[None]:
 
 def _per_item(cpu_s: dict[str, float], items: int) -> dict[str, float] | None:
     """CPU milliseconds per item by role, and in total (start-up, a fixed cost, left out)."""
-    if not items:
+    if not items or not cpu_s:  # nothing run, or an engine that does not count CPU
         return None
     per = {role: round(1e3 * s / items, 4) for role, s in cpu_s.items() if role != "startup"}
     per["total"] = round(sum(per.values()), 4)
@@ -92,6 +97,27 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
     }
 
 
+class RunEngine(Protocol):
+    """What :func:`run_plan` needs of an engine (:class:`Engine`, or the cluster's)."""
+
+    stats: CoreStatsRecorder
+
+    def run(self) -> EngineResult: ...
+
+    def request_stop(self, reason: str) -> None: ...
+
+
+#: Makes the engine of a run: (plan, source, sink, observers, invocation) -> engine.
+EngineFactory = Callable[[RunPlan, ItemSource, RowSink, list, int], RunEngine]
+
+
+def _board_engine(
+    plan: RunPlan, source: ItemSource, sink: RowSink, observers: list, invocation: int
+) -> Engine:
+    stats = CoreStatsRecorder(plan.engine.cores, plan.engine.instances_per_core, invocation)
+    return Engine(plan.engine, source, sink, observers, stats=stats)
+
+
 def run(
     config: RunConfig,
     observers: Sequence[Observer] = (),
@@ -105,15 +131,32 @@ def run(
     """
     with arrow_system_allocator(), StopSignals() as signals:
         plan = plan_run(config, listing=listing)
-        lock = OutLock(plan.out.path, command=config.command)
-        try:
-            return _run(plan, signals, observers, lock)
-        finally:
-            lock.release()
+        return run_plan(plan, signals, observers)
+
+
+def run_plan(
+    plan: RunPlan,
+    signals: StopSignals,
+    observers: Sequence[Observer] = (),
+    make_engine: EngineFactory = _board_engine,
+    fields: dict[str, Any] | None = None,
+) -> RunResult:
+    """Claim OUT and run ``plan`` with the engine ``make_engine`` makes; ``fields`` go
+    into the manifest too. Called inside :class:`StopSignals` (and the Arrow allocator)."""
+    lock = OutLock(plan.out.path, command=plan.config.command)
+    try:
+        return _run(plan, signals, observers, lock, make_engine, fields or {})
+    finally:
+        lock.release()
 
 
 def _run(
-    plan: RunPlan, signals: StopSignals, observers: Sequence[Observer], lock: OutLock
+    plan: RunPlan,
+    signals: StopSignals,
+    observers: Sequence[Observer],
+    lock: OutLock,
+    make_engine: EngineFactory,
+    fields: dict[str, Any],
 ) -> RunResult:
     out = plan.config.output
     folder, continued, done = claim(
@@ -125,7 +168,7 @@ def _run(
     run_folder = RunFolder.begin(
         folder.path,
         continued,
-        _manifest_fields(plan),
+        {**_manifest_fields(plan), **fields},
         topk=out.topk,
         save_outputs=out.save_outputs,
         part_rows=out.part_rows,
@@ -137,11 +180,9 @@ def _run(
         limit=limit,
         todo=n - skipped,
     )
-    stats = CoreStatsRecorder(
-        plan.engine.cores, plan.engine.instances_per_core, run_folder.invocation
-    )
     failed = _FirstFailures()
-    engine = Engine(plan.engine, source, run_folder, [failed, *observers], stats=stats)
+    engine = make_engine(plan, source, run_folder, [failed, *observers], run_folder.invocation)
+    stats = engine.stats
     signals.engine = engine
     result = engine.run()
     counts = dict(result.counts)

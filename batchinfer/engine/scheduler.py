@@ -29,12 +29,17 @@ Failure policy:
   is for a broken machine (the OOM killer), not for bad files.
 - After a stop request nothing new is admitted or dispatched; items that come back with
   attempts left are released without a row, so --resume runs them.
+
+The scheduler's "cores" are keys: core numbers on one board. A cluster driver
+(batchinfer.cluster) schedules one key per runtime instance (a Ray actor), several of
+which share a physical core; it passes ``physical(key)``, so that "another core" for a
+retry means another physical core there too, and ``name(key)`` for the failure texts.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from batchinfer.data.dataset import Item
@@ -112,6 +117,8 @@ class Scheduler:
         instances_per_core: int,
         readers: int,
         max_attempts: int,
+        physical: Callable[[int], Hashable] | None = None,
+        name: Callable[[int], str] | None = None,
     ) -> None:
         self.flights: list[Flight | None] = [None] * slots
         self.free: deque[int] = deque(range(slots))
@@ -124,6 +131,8 @@ class Scheduler:
         self.closing: set[int] = set()  # readers being stopped: no new reads for them
         self.reader_deaths = 0
         self.stopping = False
+        self.physical = physical or (lambda core: core)
+        self.name = name or (lambda core: f"core {core}")
 
     # ------------------------------------------------------------------ queries
     def flight(self, slot: int) -> Flight:
@@ -264,17 +273,21 @@ class Scheduler:
         return out
 
     def _pick_core(self, flight: Flight, open_cores: list[CoreState]) -> CoreState | None:
-        """The least loaded open core; a retry waits for a core it has not tried; a suspect
-        (an item that was in a crash) waits for an empty core."""
+        """The least loaded open core; a retry waits for a core it has not tried (on a
+        cluster, another physical core); a suspect (an item that was in a crash) waits for an
+        empty core."""
         if flight.crashes:
             open_cores = [c for c in open_cores if not c.inflight]
             if not open_cores:
                 return None
-        fresh = [c for c in open_cores if c.core not in flight.cores_tried]
+        if not flight.cores_tried:
+            return min(open_cores, key=lambda c: len(c.inflight))
+        tried = {self.physical(c) for c in flight.cores_tried}
+        fresh = [c for c in open_cores if self.physical(c.core) not in tried]
         if fresh:
             return min(fresh, key=lambda c: len(c.inflight))
-        if flight.cores_tried and any(
-            c.state != "retired" and c.core not in flight.cores_tried for c in self.cores.values()
+        if any(
+            c.state != "retired" and self.physical(c.core) not in tried for c in self.cores.values()
         ):
             return None
         return min(open_cores, key=lambda c: len(c.inflight))
@@ -291,7 +304,7 @@ class Scheduler:
             state.crashes_in_row = 0
             flight.state = DONE
             return Finished(slot, None, attempt=len(flight.failures) + 1, core=core)
-        return self._fail(slot, f"core {core}: {error}", core)
+        return self._fail(slot, f"{self.name(core)}: {error}", core)
 
     def _fail(self, slot: int, failure: str, core: int | None) -> Finished | None:
         flight = self.flight(slot)
@@ -334,7 +347,7 @@ class Scheduler:
             blamed_items |= flight.crashes > 0
             flight.crashes += 1
             flight.cores_tried.append(core)
-            result = self._fail(slot, f"core {core}: {reason}", core)
+            result = self._fail(slot, f"{self.name(core)}: {reason}", core)
             if result is not None:
                 finished.append(result)
         self._requeue(state)

@@ -116,6 +116,16 @@ class StopSignals:
             self._old = {s: signal.signal(s, self._handler) for s in SIGNALS}
         return self
 
+    def reinstall(self) -> None:
+        """Take the signals back from a library that set its own meanwhile (ray.init does)."""
+        if self._router is not None:
+            for s in _IGNORED:  # children started from now on must still start immune
+                signal.signal(s, signal.SIG_IGN)
+            self._router.route(self._dispatch)
+        elif self._old:
+            for s in SIGNALS:
+                signal.signal(s, self._handler)
+
     def __exit__(self, *exc_info: object) -> None:
         if self._router is not None:
             self._router.route(None)

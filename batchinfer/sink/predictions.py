@@ -44,6 +44,8 @@ _BASE_FIELDS = [
     pa.field("id_bytes", pa.binary()),
     pa.field("label", pa.int64()),
     pa.field("label_name", pa.string()),
+    # The cluster node that ran the item (batchinfer.cluster); null on one board.
+    pa.field("node", pa.string()),
     pa.field("core", pa.int16()),
     pa.field("instance", pa.int16()),
     pa.field("attempt", pa.int16()),
@@ -55,9 +57,11 @@ _BASE_FIELDS = [
     pa.field("topk_index", pa.list_(pa.int32())),
     pa.field("topk_score", pa.list_(pa.float32())),
 ]
-_DICTIONARY_COLUMNS = ["label_name", "error"]
+_DICTIONARY_COLUMNS = ["label_name", "node", "error"]
 # Scalar columns filled straight from add()'s keyword arguments, in schema order.
-_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS[:12]]
+_SCALAR_COLUMNS = [
+    f.name for f in _BASE_FIELDS if f.name not in ("pred", "topk_index", "topk_score")
+]
 
 
 def part_name(number: int) -> str:

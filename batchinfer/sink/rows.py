@@ -40,6 +40,7 @@ class Row:
     topk_score: np.ndarray | None = None
     outputs: list[np.ndarray] | None = None  # views: valid only during RowSink.write
     t_done: float = 0.0  # time.monotonic() when the row became due (not written to Parquet)
+    node: str | None = None  # the cluster node that ran it (None on one board)
 
 
 class RowSink(Protocol):

@@ -14,6 +14,9 @@ one. Below 1 µs or above 1 h it is the exact min or max. ``max_ms`` is always e
 The timeline holds one counter pair per (core, second) that saw a completion, so it
 grows with the run's duration, not with its item count.
 
+A core is a core number on one board, or a ``(node, core)`` pair on a cluster
+(batchinfer.cluster); both files have a ``node`` column, null on one board.
+
 Both files label their rows with ``invocation``: 0 for the run itself, 1 for its first
 ``--resume``, and so on. A resume appends its own rows and keeps the earlier ones, so the
 files describe the whole run, one invocation at a time (percentiles and rates of different
@@ -26,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +48,9 @@ _N_LOG = math.ceil(math.log(HIST_HI_MS / HIST_LO_MS) / _LOG_RATIO)
 # Bucket 0: below LO; 1.._N_LOG: log buckets; _N_LOG + 1: at or above HI.
 _N_BUCKETS = _N_LOG + 2
 PERCENTILES = (50, 90, 99)
+
+#: A core: its number on one board, or (node, number) on a cluster.
+CoreKey: TypeAlias = "int | tuple[str | None, int]"
 
 CORE_STATS_FILE = "core_stats.parquet"
 TIMELINE_FILE = "timeline.parquet"
@@ -140,7 +146,7 @@ class CoreStatsRecorder:
 
     def __init__(
         self,
-        cores: Sequence[int],
+        cores: Sequence[CoreKey],
         instances_per_core: int,
         invocation: int = 0,
         percentiles: Sequence[float] = PERCENTILES,
@@ -148,25 +154,29 @@ class CoreStatsRecorder:
         self.instances_per_core = instances_per_core
         self.invocation = invocation
         self.percentiles = tuple(percentiles)
-        self._cores: dict[int, _CoreCounters] = {int(c): _CoreCounters() for c in cores}
+        self._cores: dict[tuple[str | None, int], _CoreCounters] = {
+            _where(c): _CoreCounters() for c in cores
+        }
         # Items that never reached a core (input errors): total row only.
         self._no_core = _CoreCounters()
         self._t0: float | None = None
         self._t_last: float | None = None
-        self._timeline: dict[tuple[int | None, int], list[int]] = {}
+        self._timeline: dict[tuple[tuple[str | None, int] | None, int], list[int]] = {}
 
-    def _core(self, core: int | None) -> _CoreCounters:
+    def _core(self, core: CoreKey | None) -> _CoreCounters:
         if core is None:
             return self._no_core
         # A core that was not announced still gets its row rather than being lost.
-        return self._cores.setdefault(int(core), _CoreCounters())
+        return self._cores.setdefault(_where(core), _CoreCounters())
 
     def mark_dispatch(self, t: float) -> None:
         """Note the first dispatch time (time.monotonic scale); later calls are ignored."""
         if self._t0 is None:
             self._t0 = t
 
-    def record(self, core: int | None, t_done: float, latency_ms: float | None, ok: bool) -> None:
+    def record(
+        self, core: CoreKey | None, t_done: float, latency_ms: float | None, ok: bool
+    ) -> None:
         """Count one completed item (``core`` None when it never reached a core)."""
         if self._t0 is None:  # no mark_dispatch: the first completion starts the clock
             self._t0 = t_done
@@ -179,15 +189,17 @@ class CoreStatsRecorder:
         c.last_done = t_done if c.last_done is None else max(c.last_done, t_done)
         self._t_last = t_done if self._t_last is None else max(self._t_last, t_done)
         second = max(0, int(t_done - self._t0))
-        slot = self._timeline.get((core, second))
+        key = None if core is None else _where(core)
+        slot = self._timeline.get((key, second))
         if slot is None:
-            slot = self._timeline[(core, second)] = [0, 0]
+            slot = self._timeline[(key, second)] = [0, 0]
         slot[0] += 1
         if not ok:
             slot[1] += 1
 
     def record_rows(self, rows: Sequence[Any]) -> None:
-        """Count a batch of completed rows (anything with core, t_done, latency_ms, error).
+        """Count a batch of completed rows (anything with core, t_done, latency_ms, error;
+        and node, on a cluster).
 
         The same counts as :meth:`record` row by row; latencies go to the histograms in
         one call per core.
@@ -197,20 +209,23 @@ class CoreStatsRecorder:
         if self._t0 is None:
             self._t0 = min(r.t_done for r in rows)
         t0, timeline = self._t0, self._timeline
-        latencies: dict[int | None, list[float]] = {}
+        latencies: dict[CoreKey, list[float]] = {}
         for r in rows:
-            c = self._core(r.core)
+            node = getattr(r, "node", None)
+            key = r.core if r.core is None or node is None else (node, r.core)
+            c = self._core(key)
             t, ok = r.t_done, r.error is None
             c.items += 1
             if not ok:
                 c.errors += 1
             if r.latency_ms is not None:
-                latencies.setdefault(r.core, []).append(r.latency_ms)
+                latencies.setdefault(key, []).append(r.latency_ms)
             if c.last_done is None or t > c.last_done:
                 c.last_done = t
             if self._t_last is None or t > self._t_last:
                 self._t_last = t
-            slot = timeline.setdefault((r.core, max(0, int(t - t0))), [0, 0])
+            where = None if key is None else _where(key)
+            slot = timeline.setdefault((where, max(0, int(t - t0))), [0, 0])
             slot[0] += 1
             if not ok:
                 slot[1] += 1
@@ -222,27 +237,27 @@ class CoreStatsRecorder:
                 for ms in values:
                     hist.add(float(ms))
 
-    def add_restart(self, core: int) -> None:
+    def add_restart(self, core: CoreKey) -> None:
         """Count a restart of ``core``'s worker; its live busy value starts again at 0."""
         c = self._core(core)
         c.restarts += 1
         c.busy_current = 0.0
 
-    def set_busy(self, core: int, busy_s: float) -> None:
+    def set_busy(self, core: CoreKey, busy_s: float) -> None:
         """Set the live worker's cumulative busy seconds on ``core`` (as it reports them)."""
         self._core(core).busy_current = float(busy_s)
 
-    def add_busy(self, core: int, seconds: float) -> None:
+    def add_busy(self, core: CoreKey, seconds: float) -> None:
         """Add busy seconds carried over from a worker incarnation of ``core`` that died."""
         self._core(core).busy_carried += float(seconds)
 
     def table(self) -> pa.Table:
         """One row per core, then a total row with core null (see core_stats.parquet)."""
         rows = []
-        for core in sorted(self._cores):
-            c = self._cores[core]
+        for key in sorted(self._cores, key=_order):
+            c = self._cores[key]
             wall = self._wall(c.last_done)
-            rows.append(self._row(core, self.instances_per_core, c, c.latency, c.busy_s, wall))
+            rows.append(self._row(key, self.instances_per_core, c, c.latency, c.busy_s, wall))
 
         total = _CoreCounters()
         latency = LatencyHistogram()
@@ -271,11 +286,12 @@ class CoreStatsRecorder:
 
     def timeline_table(self) -> pa.Table:
         """Completions and errors per core per second since the first dispatch."""
-        keys = sorted(self._timeline, key=lambda k: (k[1], -1 if k[0] is None else k[0]))
+        keys = sorted(self._timeline, key=lambda k: (k[1], (0,) if k[0] is None else _order(k[0])))
         return pa.table(
             {
                 "invocation": pa.array([self.invocation] * len(keys), pa.int16()),
-                "core": pa.array([k[0] for k in keys], pa.int16()),
+                "node": pa.array([None if k[0] is None else k[0][0] for k in keys], pa.string()),
+                "core": pa.array([None if k[0] is None else k[0][1] for k in keys], pa.int16()),
                 "second": pa.array([k[1] for k in keys], pa.int32()),
                 "completed": pa.array([self._timeline[k][0] for k in keys], pa.int64()),
                 "errors": pa.array([self._timeline[k][1] for k in keys], pa.int64()),
@@ -289,7 +305,7 @@ class CoreStatsRecorder:
 
     def _row(
         self,
-        core: int | None,
+        key: tuple[str | None, int] | None,
         instances: int,
         c: _CoreCounters,
         latency: LatencyHistogram,
@@ -297,7 +313,8 @@ class CoreStatsRecorder:
         wall: float | None,
     ) -> dict:
         row = {
-            "core": core,
+            "node": None if key is None else key[0],
+            "core": None if key is None else key[1],
             "instances": instances,
             "items": c.items,
             "errors": c.errors,
@@ -313,6 +330,17 @@ class CoreStatsRecorder:
         return row
 
 
+def _where(core: CoreKey) -> tuple[str | None, int]:
+    """A core as (node, number); node None on one board."""
+    if isinstance(core, tuple):
+        return core[0], int(core[1])
+    return None, int(core)
+
+
+def _order(key: tuple[str | None, int]) -> tuple:
+    return (key[0] is not None, key[0] or "", key[1])
+
+
 def percentile_column(q: float) -> str:
     """The column of percentile ``q``: 50 -> p50_ms, 99.9 -> p99_9_ms."""
     return f"p{q:g}_ms".replace(".", "_")
@@ -323,6 +351,7 @@ def core_stats_schema(percentiles: Sequence[float] = PERCENTILES) -> pa.Schema:
     return pa.schema(
         [
             pa.field("invocation", pa.int16()),
+            pa.field("node", pa.string()),
             pa.field("core", pa.int16()),
             pa.field("instances", pa.int16()),
             pa.field("items", pa.int64()),
@@ -395,6 +424,9 @@ def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> p
     if "invocation" not in earlier.column_names:
         return table
     earlier = earlier.filter(pc.less(earlier["invocation"], recorder.invocation))
+    for f in table.schema:  # a column earlier runs did not write (e.g. node) is null there
+        if f.name not in earlier.column_names:
+            earlier = earlier.append_column(f.name, pa.nulls(earlier.num_rows, f.type))
     return pa.concat_tables([earlier.select(table.column_names).cast(table.schema), table])
 
 

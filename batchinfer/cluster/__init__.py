@@ -1,0 +1,35 @@
+"""Scale-out on Ray: the same run over a fleet of boards.
+
+Each node (board) declares its NPU cores as Ray custom resources (connect.py); a Ray actor
+holds one runtime instance pinned to one core (actors.py); the driver (driver.py) runs the
+engine's scheduler, failure policy and collector over Ray, so items keep the single-board
+semantics (an error row per bad item, retries on another core, exactly one row each);
+run.py writes the same run folder as a single-board run.
+
+    from batchinfer.cluster import run_on_cluster
+    result = run_on_cluster(config, "local:3")          # or "auto" on a cluster's head node
+
+For bench and eval: :class:`ClusterEngine` takes any item source, row sink and observers,
+like :class:`batchinfer.engine.Engine` (README, "Scale-out on Ray").
+"""
+
+from batchinfer.cluster.connect import (
+    NodeInfo,
+    RayConnection,
+    core_resource,
+    node_resources,
+)
+from batchinfer.cluster.driver import CALL_ITEMS, DATA_MODES, ClusterEngine
+from batchinfer.cluster.run import run_on_cluster, usable_nodes
+
+__all__ = [
+    "CALL_ITEMS",
+    "DATA_MODES",
+    "ClusterEngine",
+    "NodeInfo",
+    "RayConnection",
+    "core_resource",
+    "node_resources",
+    "run_on_cluster",
+    "usable_nodes",
+]

@@ -1,0 +1,179 @@
+"""What runs on the nodes: core actors, node hosts and read tasks (plain code; driver.py
+makes Ray actors and tasks of them, so importing this module needs no Ray).
+
+Protocol (the driver's side: driver.py):
+  NodeHost, one per node    begin(model_files) -> the node's per-run backend
+                              model_files: {file name: bytes} of the model and the files a
+                              runtime reads beside it; a node that has no identical copy
+                              at the model's path gets one in a private temp folder
+                            end()      undo begin (the emulator's board folder and the
+                              model's copy go)
+  CoreActor, one per        start(shape, dtype) -> info | {"init_failed": message}
+  runtime instance            the instance is made and runs the canary; called again after
+                              Ray restarted the actor (a new process: a new instance)
+                            infer(indexes, *inputs)
+                              -> [(t_start, t_end, before_return_s, error, outputs)]
+                              one call, a few items, inferred in order; error None: outputs
+                              are the model's outputs; else one sentence. t_start, t_end:
+                              inside inference(), on the node's monotonic clock (shared by
+                              the node's actors, not the driver's); before_return_s: how
+                              long before the call returned the item was done.
+  read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
+                              meta: [(read_ms, error)] per item; an array per item (None for
+                              an error), each its own object, so each goes to whichever
+                              node infers it.
+  node check task           dataset_visible(paths) -> None or what is missing
+A node's actors get its host's backend, so every instance of a node shares the node's
+emulated board (the sim's state folder) and no two nodes share one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batchinfer.data.preprocess import Preprocess, load_into
+from batchinfer.engine.canary import canary_input
+from batchinfer.errors import BatchinferError, InferenceError, InputError
+from batchinfer.runtime.adapter import RuntimeAdapter
+from batchinfer.runtime.backends import Backend
+
+
+class NodeHost:
+    """The per-run set-up of one node (the backend's for_run/end_run), for as long as the run."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.run_backend: Backend | None = None
+        self.model_copy: str | None = None
+
+    def begin(self, model_files: dict[str, bytes]) -> Backend:
+        backend = self.backend
+        if not _same_files(backend.model.parent, model_files):
+            self.model_copy = tempfile.mkdtemp(prefix="batchinfer-model-")
+            for name, data in model_files.items():
+                (Path(self.model_copy) / name).write_bytes(data)
+            backend = dataclasses.replace(backend, model=Path(self.model_copy) / backend.model.name)
+        backend.sweep()
+        self.run_backend = backend.for_run()
+        return self.run_backend
+
+    def end(self) -> None:
+        if self.run_backend is not None:
+            self.run_backend.end_run()
+            self.run_backend = None
+        if self.model_copy is not None:
+            shutil.rmtree(self.model_copy, ignore_errors=True)
+            self.model_copy = None
+
+
+def model_files(model: Path) -> dict[str, bytes]:
+    """The model file and the files a runtime reads beside it (a .rknn's .onnx and
+    .config.json), by name: what a node without the model gets."""
+    model = Path(model)
+    names = [model.name]
+    if model.suffix.lower() == ".rknn":
+        names += [model.stem + ".onnx", model.stem + ".config.json"]
+    return {n: (model.parent / n).read_bytes() for n in names if (model.parent / n).is_file()}
+
+
+def _same_files(folder: Path, files: dict[str, bytes]) -> bool:
+    """True when ``folder`` holds every one of ``files`` with the same bytes."""
+    for name, data in files.items():
+        digest = hashlib.sha256()
+        try:
+            with open(folder / name, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:
+            return False
+        if digest.digest() != hashlib.sha256(data).digest():
+            return False
+    return True
+
+
+class CoreActor:
+    """One runtime instance on one NPU core of one node."""
+
+    def __init__(self, backend: Backend, core: int, input_layout: str) -> None:
+        self.backend = backend
+        self.core = core
+        self.input_layout = input_layout
+        self.adapter: RuntimeAdapter | None = None
+
+    def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+        """Make the instance and infer the canary; what the driver needs to know."""
+        if self.adapter is None:
+            try:
+                self.adapter = self.backend.instance(self.core)
+            except (BatchinferError, OSError) as e:
+                return {"init_failed": str(e)}
+        try:
+            outs = self.adapter.infer(
+                [canary_input(shape, dtype)], data_format=self.input_layout, reuse_outputs=False
+            )
+        except InferenceError as e:
+            return {"init_failed": f"the canary inference failed: {e}"}
+        return {
+            "sdk_version": self.adapter.sdk_version(),
+            "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
+            "canary": [np.asarray(o) for o in outs],
+            "pid": os.getpid(),
+        }
+
+    def infer(self, indexes: list[int], *inputs: np.ndarray) -> list[tuple]:
+        """Infer each input in order (see the module docstring)."""
+        assert self.adapter is not None, "start() comes first"
+        results = []
+        for index, x in zip(indexes, inputs, strict=True):
+            self.adapter.set_current_item(index)
+            t0 = time.monotonic()
+            error, outs = None, None
+            try:
+                outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
+            except InferenceError:
+                error = "inference() returned None"
+            except Exception as e:  # report, never vanish: the driver decides what follows
+                error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
+            results.append((t0, time.monotonic(), error, outs))
+        end = time.monotonic()
+        return [(t0, t1, end - t1, e, o) for t0, t1, e, o in results]
+
+    def stop(self) -> None:
+        if self.adapter is not None:
+            self.adapter.release()
+            self.adapter = None
+
+
+def read_items(items: list[tuple[int, str]], preprocess: Preprocess, kind: str) -> tuple:
+    """Decode ``items`` ((index, path)): (meta, *arrays); see the module docstring."""
+    meta, arrays = [], []
+    for _index, path in items:
+        t0 = time.perf_counter()
+        out = np.empty(preprocess.shape, np.dtype(preprocess.dtype))
+        error = None
+        try:
+            load_into(path, preprocess, out, kind)
+        except InputError as e:
+            error = str(e)
+        except Exception as e:  # a decoder bug must not kill the run: it is this item's error
+            error = f"cannot read {path}: {type(e).__name__}: {e}"
+        meta.append(((time.perf_counter() - t0) * 1e3, error))
+        arrays.append(None if error is not None else out)
+    return (meta, *arrays)
+
+
+def dataset_visible(paths: list[str]) -> str | None:
+    """None when every path is a readable file on this node; else the first that is not."""
+    for path in paths:
+        if not os.access(path, os.R_OK):
+            return path
+    return None

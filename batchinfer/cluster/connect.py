@@ -1,0 +1,232 @@
+"""Connecting to Ray, and the NPU cores each node declares.
+
+Every node of a batchinfer cluster declares its NPU cores as Ray custom resources, one
+resource per core, one unit each::
+
+    ray start --head --resources='{"npu_core_0": 1, "npu_core_1": 1, "npu_core_2": 1}'
+
+An actor holding one runtime instance on core c asks for ``1/K`` of ``npu_core_c`` (K
+instances per core), so Ray itself never puts more than K instances on a core, whoever
+starts them. A node's name (the ``node`` column of the outputs) is its Ray node name
+(``ray start --node-name``, by default its IP address), made unique with its node id.
+
+Addresses (``--ray``): an existing cluster (``auto``, ``HOST:PORT``; run batchinfer on its
+head node), ``local`` (one node on this machine) or ``local:N`` (N simulated nodes on this
+machine, started with ``ray.cluster_utils.Cluster`` for trying things out and for tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from batchinfer.data.dataset import Dataset
+from batchinfer.errors import RunFailedError, RuntimeUnavailableError, UsageError
+
+RESOURCE_PREFIX = "npu_core_"
+_RESOURCE_RE = re.compile(rf"^{RESOURCE_PREFIX}(\d+)$")
+#: CPUs each simulated node of ``local:N`` declares (for read tasks; actors take none).
+LOCAL_NODE_CPUS = 2
+# Simulated nodes are processes on this machine: a node that is removed is found dead
+# within ~1.5 s instead of Ray's default ~15 s (health checks every 3 s, 5 misses).
+_LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+
+
+def core_resource(core: int) -> str:
+    """The Ray resource that stands for NPU core ``core`` of a node."""
+    return f"{RESOURCE_PREFIX}{core}"
+
+
+def node_resources(cores: Sequence[int]) -> dict[str, float]:
+    """The resources a node with these NPU cores declares (``ray start --resources``)."""
+    return {core_resource(c): 1.0 for c in cores}
+
+
+def import_ray() -> Any:
+    """The ray module, or RuntimeUnavailableError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeUnavailableError(
+            "Ray is not installed, so {ray} cannot run; install it with "
+            "pip install 'batchinfer[ray]' (on every node of the cluster)."
+        ) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node that offers NPU cores."""
+
+    name: str  # the ``node`` column of the outputs
+    node_id: str  # Ray's node id (hex)
+    address: str  # its IP address
+    cores: tuple[int, ...]  # NPU cores it declares
+
+
+def npu_nodes(nodes: list[dict[str, Any]]) -> list[NodeInfo]:
+    """The live nodes of ``ray.nodes()`` that declare NPU cores, in a stable order."""
+    found = []
+    for node in nodes:
+        if not node.get("Alive"):
+            continue
+        cores = sorted(
+            int(m.group(1))
+            for key in node.get("Resources", {})
+            if (m := _RESOURCE_RE.match(key)) is not None
+        )
+        if cores:
+            found.append((node, tuple(cores)))
+    names = [n.get("NodeName") or n.get("NodeManagerAddress") or "node" for n, _ in found]
+    infos = []
+    for (node, cores), name in zip(found, names, strict=True):
+        if names.count(name) > 1:  # several nodes behind one address (or simulated ones)
+            name = f"{name}-{node['NodeID'][:6]}"
+        infos.append(NodeInfo(name, node["NodeID"], node.get("NodeManagerAddress", ""), cores))
+    return sorted(infos, key=lambda n: n.name)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """("local", N) for ``local``/``local:N``; ("remote", 0) for anything else."""
+    if address == "local":
+        return "local", 1
+    if address.startswith("local:"):
+        try:
+            n = int(address.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise UsageError(
+                f"{{ray}} {address!r} is not a number of simulated nodes; pass e.g. local:3."
+            )
+        return "local", n
+    if not address.strip():
+        raise UsageError("{ray} is empty; pass auto, HOST:PORT, local or local:N.")
+    return "remote", 0
+
+
+class RayConnection:
+    """The Ray cluster a run uses, as a context manager.
+
+    ``local:N`` starts N simulated nodes on this machine (named node0, node1, ...; node0 is
+    the head), each declaring ``cores``; they are stopped on exit with every process they
+    started. Otherwise ``ray.init(address)`` connects to a running cluster. When this
+    process is already connected to Ray (a caller's ``ray.init``), that connection is used
+    and left open, whatever ``address`` says.
+    """
+
+    def __init__(self, address: str, cores: Sequence[int], log_to_driver: bool = True) -> None:
+        self.address = address
+        self.kind, self.local_nodes = parse_address(address)
+        self.cores = tuple(cores)
+        self.log_to_driver = log_to_driver
+        self.cluster: Any = None  # ray.cluster_utils.Cluster for local:N
+        self._connected_here = False
+        self.ray = None
+
+    def __enter__(self) -> RayConnection:
+        ray = self.ray = import_ray()
+        if ray.is_initialized():
+            return self
+        try:
+            if self.kind == "local":
+                self.cluster = start_local_cluster(self.local_nodes, self.cores)
+                address = self.cluster.address
+            else:
+                address = self.address
+            ray.init(
+                address=address,
+                log_to_driver=self.log_to_driver,
+                logging_level=logging.WARNING,
+                configure_logging=True,
+            )
+            self._connected_here = True
+        except BaseException as exc:
+            self.__exit__(None, None, None)
+            if isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
+                raise RunFailedError(
+                    f"cannot connect to the Ray cluster at {{ray}} {self.address} ({exc}); "
+                    "start it first (ray start --head on the head node) or pass local:N."
+                ) from exc
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._connected_here:
+            with contextlib.suppress(Exception):
+                self.ray.shutdown()
+            self._connected_here = False
+        if self.cluster is not None:
+            stop_local_cluster(self.cluster)
+            self.cluster = None
+
+    def nodes(self) -> list[NodeInfo]:
+        """The nodes that declare NPU cores, now."""
+        return npu_nodes(self.ray.nodes())
+
+    def driver_node_id(self) -> str:
+        """The node this process is connected through (where a head-only dataset is read)."""
+        return self.ray.get_runtime_context().get_node_id()
+
+
+def start_local_cluster(n: int, cores: Sequence[int]) -> Any:
+    """N simulated nodes on this machine (ray.cluster_utils.Cluster), each with ``cores``."""
+    from ray.cluster_utils import Cluster
+
+    common = {
+        "num_cpus": LOCAL_NODE_CPUS,
+        "resources": node_resources(cores),
+        "include_dashboard": False,
+    }
+    cluster = Cluster(shutdown_at_exit=True)
+    try:
+        cluster.add_node(node_name="node0", _system_config=_LOCAL_SYSTEM_CONFIG, **common)
+        for i in range(1, n):
+            cluster.add_node(node_name=f"node{i}", wait=False, **common)
+        cluster.wait_for_nodes()
+    except BaseException:
+        stop_local_cluster(cluster)
+        raise
+    return cluster
+
+
+def stop_local_cluster(cluster: Any) -> None:
+    """Stop every node of a local cluster, the head last (call ray.shutdown() first).
+
+    ``Cluster.shutdown`` removes the worker nodes only; the head's processes would live
+    until this process exits.
+    """
+    cluster.shutdown()
+    if cluster.head_node is not None:
+        cluster.remove_node(cluster.head_node)
+
+
+def check_shared_dataset(nodes: Sequence[NodeInfo], dataset: Dataset, timeout_s: float) -> None:
+    """UsageError unless every node reads the dataset's first item at the same path."""
+    ray = import_ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
+
+    first = next(iter(dataset.iter_from()), None)
+    if first is None:
+        return
+    from batchinfer.cluster.actors import dataset_visible
+
+    check = ray.remote(num_cpus=0, max_retries=0)(dataset_visible)
+    refs = {
+        n.name: check.options(scheduling_strategy=Affinity(n.node_id, soft=False)).remote(
+            [first.path]
+        )
+        for n in nodes
+    }
+    for name, ref in refs.items():
+        missing = ray.get(ref, timeout=timeout_s)
+        if missing is not None:
+            raise UsageError(
+                f"node {name} cannot read {missing}, so the dataset is not on storage every "
+                "node mounts at the same path; mount it there, or pass {ray_data} head to "
+                "read it on this node only."
+            )

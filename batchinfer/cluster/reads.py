@@ -1,0 +1,149 @@
+"""Read lanes: Ray read tasks standing in for the engine's reader processes.
+
+The scheduler hands items to readers (``take_reads``); on a cluster a reader is a lane that
+runs one read task (up to READ_ITEMS items, actors.read_items) at a time, where its
+scheduling strategy puts it: on the head (dataset on the head only), on a node (shared
+storage), or anywhere. A task that fails (its worker died, or it ran past the decode
+timeout for each item it holds and was cancelled) is a reader death: a one-item task's
+item is charged an attempt, a larger task's items are read alone next time, so that a
+second death names its file (scheduler.reader_lost). Files that cannot be decoded are
+error rows at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchinfer.cluster.actors import read_items
+from batchinfer.data.preprocess import Preprocess
+from batchinfer.engine.scheduler import Finished, Scheduler
+
+#: Items per read task at most.
+READ_ITEMS = 8
+
+
+@dataclass
+class ReadTask:
+    meta: Any
+    arrays: list[Any]
+    slots: list[int]
+    t_sent: float
+    cancel_reason: str | None = None
+
+
+@dataclass
+class Lane:
+    index: int
+    strategy: Any  # Ray scheduling strategy of its tasks
+    node_id: str | None  # the node it reads on, when there is one
+    queue: deque[int] = field(default_factory=deque)
+    task: ReadTask | None = None
+
+
+class ReadLanes:
+    """The read lanes of a run (see the module docstring)."""
+
+    def __init__(
+        self,
+        ray: Any,
+        scheduler: Scheduler,
+        lanes: list[tuple[Any, str | None]],
+        preprocess: Preprocess,
+        kind: str,
+        decode_timeout_s: float,
+    ) -> None:
+        self.ray = ray
+        self.scheduler = scheduler
+        self.lanes = [Lane(i, strategy, node) for i, (strategy, node) in enumerate(lanes)]
+        self.preprocess = preprocess
+        self.kind = kind
+        self.decode_timeout_s = decode_timeout_s
+        self.alone: set[int] = set()  # items to read alone (they were in a task that died)
+        self._task = ray.remote(num_cpus=1, max_retries=0)(read_items) if lanes else None
+
+    def send(self, now: float) -> list[tuple[Lane, ReadTask]]:
+        """Give the lanes what the scheduler wants read; the tasks started on idle lanes
+        (the driver waits for each one's ``meta``)."""
+        for lane, slots in self.scheduler.take_reads().items():
+            self.lanes[lane].queue.extend(slots)
+        return [
+            (lane, self._submit(lane, now)) for lane in self.lanes if not lane.task and lane.queue
+        ]
+
+    def _submit(self, lane: Lane, now: float) -> ReadTask:
+        batch: list[int] = []
+        while lane.queue and len(batch) < READ_ITEMS:
+            alone = self.scheduler.flight(lane.queue[0]).item.index in self.alone
+            if alone and batch:
+                break
+            batch.append(lane.queue.popleft())
+            if alone:
+                break
+        items = [(f.item.index, f.item.path) for f in map(self.scheduler.flight, batch)]
+        refs = self._task.options(  # type: ignore[union-attr]
+            num_returns=len(batch) + 1, scheduling_strategy=lane.strategy
+        ).remote(items, self.preprocess, self.kind)
+        lane.task = ReadTask(refs[0], refs[1:], batch, now)
+        return lane.task
+
+    def done(
+        self, lane: Lane, task: ReadTask, meta: list, now: float
+    ) -> tuple[list[tuple[int, Any]], list[Finished]]:
+        """A task's results: (slot, its tensor's object) of the items now ready, and the
+        error rows now due (files that cannot be decoded)."""
+        if lane.task is not task:
+            return [], []
+        lane.task = None
+        ready, errors = [], []
+        for slot, (read_ms, error), array in zip(task.slots, meta, task.arrays, strict=True):
+            if error is None:
+                ready.append((slot, array))
+            finished = self.scheduler.loaded(slot, read_ms, error, now)
+            if finished is not None:
+                errors.append(finished)
+        return ready, errors
+
+    def failed(self, lane: Lane, task: ReadTask, exc: Exception, node_gone: bool) -> list[Finished]:
+        """A task died or was cancelled: error rows now due (see the module docstring)."""
+        if lane.task is not task:
+            return []
+        what = task.cancel_reason or f"died ({type(exc).__name__})"
+        culprit = None
+        if len(task.slots) == 1 and not node_gone:
+            culprit = task.slots[0]
+        else:  # whose fault it was is unknown (or it was the node's): read them one by one
+            self.alone.update(self.scheduler.flight(s).item.index for s in task.slots)
+        lane.task = None
+        lane.queue.clear()  # reader_lost hands every slot of this lane out again
+        return self.scheduler.reader_lost(lane.index, culprit, what)
+
+    def check_hangs(self, now: float) -> None:
+        limit = self.decode_timeout_s
+        for lane in self.lanes:
+            task = lane.task
+            if task is None or task.cancel_reason is not None:
+                continue
+            if now - task.t_sent > limit * len(task.slots):
+                task.cancel_reason = (
+                    f"was stuck for more than {limit * len(task.slots):g} s (the decode timeout)"
+                )
+                with contextlib.suppress(Exception):
+                    self.ray.cancel(task.meta, force=True)
+
+    def shift(self, gap: float) -> None:
+        """The driver was not running for ``gap`` seconds: not held against the tasks."""
+        for lane in self.lanes:
+            if lane.task is not None:
+                lane.task.t_sent += gap
+
+    def forget(self, live: set[int]) -> None:
+        self.alone &= live
+
+    def cancel(self) -> None:
+        for lane in self.lanes:
+            if lane.task is not None:
+                with contextlib.suppress(Exception):
+                    self.ray.cancel(lane.task.meta, force=True)

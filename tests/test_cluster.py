@@ -1,0 +1,291 @@
+"""Runs on a local Ray cluster: several simulated nodes on this machine (ray.cluster_utils),
+each with three emulated NPU cores and its own emulated board.
+
+One cluster serves the whole module (starting one costs ~10 s here). Its processes (the
+raylets, GCS, and the worker processes Ray keeps for actors and tasks) are children of
+this test process that outlive each test by design, so this module's leak guard leaves
+the cluster's descendants alone and checks everything else as conftest's guard does; the
+fixture then checks, once the cluster is stopped, that not one process of it is left.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from conftest import _children, _our_segments
+from runs import config, fast_sim
+from test_cli import invoke, run_args
+
+ray = pytest.importorskip("ray")
+
+from batchinfer import run  # noqa: E402
+from batchinfer.cluster import ClusterEngine, run_on_cluster  # noqa: E402
+from batchinfer.cluster.connect import (  # noqa: E402
+    LOCAL_NODE_CPUS,
+    node_resources,
+    npu_nodes,
+    start_local_cluster,
+    stop_local_cluster,
+)
+from batchinfer.engine import events as ev  # noqa: E402
+from batchinfer.engine.plan import model_input, plan_engine  # noqa: E402
+from batchinfer.engine.sources import ArraySource, SyntheticSource  # noqa: E402
+from batchinfer.results import read_run  # noqa: E402
+from batchinfer.runtime.backends import make_backend  # noqa: E402
+from batchinfer.sink.rows import MemorySink  # noqa: E402
+
+CORES = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two simulated nodes, node0 (the head) and node1, each declaring cores 0-2."""
+    before = set(_children())
+    local = start_local_cluster(2, CORES)
+    ray.init(address=local.address, log_to_driver=False)
+    try:
+        yield local
+    finally:
+        ray.shutdown()
+        stop_local_cluster(local)
+        left = [psutil.Process(p) for p in set(_children()) - before if psutil.pid_exists(p)]
+        _, alive = psutil.wait_procs(left, timeout=10)
+        for p in alive:
+            p.kill()
+        assert not alive, f"the Ray cluster left processes behind: {alive}"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """conftest's guard, except for the module cluster's processes (see the docstring)."""
+    segments, children = _our_segments(), set(_children())
+    yield
+    cluster_pids = set()
+    for pid in children:
+        try:
+            cluster_pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            continue
+    leaked = {p: c for p, c in _children().items() if p not in children | cluster_pids}
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in leaked], timeout=2)
+    for p in alive:
+        p.kill()
+    new_segments = _our_segments() - segments
+    for name in new_segments:
+        os.unlink(os.path.join("/dev/shm", name))
+    assert not alive, f"test left processes behind: {leaked}"
+    assert not new_segments, f"test left shared-memory segments behind: {new_segments}"
+
+
+def _digits(demo_kit, tmp_path, *faults: str, **settings):
+    settings.setdefault("out", tmp_path / "o")
+    return config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(*faults),
+        **settings,
+    )
+
+
+def _exactly_once(out: Path, n: int):
+    table = read_run(out).predictions()
+    assert sorted(table["index"].to_pylist()) == list(range(n))
+    return table
+
+
+class _Watch:
+    """Keeps the events; calls ``act(self)`` after each batch of rows."""
+
+    def __init__(self, act=None) -> None:
+        self.events: list = []
+        self.rows: list = []
+        self.act = act
+
+    def notify(self, event: object) -> None:
+        self.events.append(event)
+        if isinstance(event, ev.RowsDone):
+            self.rows += event.rows
+            if self.act is not None:
+                self.act(self)
+
+    def of(self, kind: type) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+def test_digits_on_two_nodes_give_the_single_board_predictions(cluster, demo_kit, tmp_path):
+    one = run(_digits(demo_kit, tmp_path / "one", limit=400))
+    out = tmp_path / "many"
+    args = run_args(demo_kit.dataset, demo_kit.models["digits"], out, "--limit", "400")
+    result = invoke(*args, "--ray", cluster.address)
+    assert result.exit_code == 0, result.output
+    assert "started: 400 items on cores 0,1,2 of 2 nodes (node0, node1)" in result.stderr
+    assert f"complete: 400 succeeded, 0 errors; results in {out}" in result.stdout
+    assert {"node0/0", "node1/2", "all"} <= {ln.split()[0] for ln in result.stdout.splitlines()}
+    a = read_run(one.out).predictions()
+    b = _exactly_once(out, 400)
+    assert b["pred"].to_pylist() == a["pred"].to_pylist()
+    assert set(a["node"].to_pylist()) == {None}
+    assert {(r["node"], r["core"]) for r in b.to_pylist()} == {
+        (n, c) for n in ("node0", "node1") for c in CORES
+    }
+    stats = read_run(out).core_stats().to_pylist()
+    per_core = {(r["node"], r["core"]): r["items"] for r in stats if r["core"] is not None}
+    assert sum(per_core.values()) == 400 and len(per_core) == 6
+    assert stats[-1]["node"] is None and stats[-1]["items"] == 400
+    manifest = read_run(out).manifest
+    assert manifest.status == "complete"
+    assert [n["name"] for n in manifest.raw["cluster"]["nodes"]] == ["node0", "node1"]
+
+    # The cluster's run folder is an ordinary one: one board resumes it with 50 more items.
+    again = run(_digits(demo_kit, tmp_path / "many", limit=450, resume=True, out=out))
+    assert (again.skipped, again.succeeded, again.errors) == (400, 50, 0)
+    rows = _exactly_once(out, 450).to_pylist()
+    assert {r["node"] for r in rows[400:]} == {None} and rows[0]["node"] is not None
+    stats = read_run(out).core_stats(invocation=None).to_pylist()
+    assert {r["invocation"] for r in stats if r["node"] is not None} == {0}
+    assert {r["invocation"] for r in stats if r["core"] is not None and r["node"] is None} == {1}
+
+
+def test_an_actor_killed_mid_run_is_restarted_and_loses_no_item(cluster, demo_kit):
+    """Through the engine hook (bench's way): synthetic items until the victim is back. Two
+    instances per core: only the killed one is restarted, and it takes items again."""
+    plan, nodes = _plan(demo_kit, cores=(0, 1), instances_per_core=2)
+    source, sink = SyntheticSource(), MemorySink()
+    state: dict = {}
+
+    def act(watch: _Watch) -> None:
+        if "victim" not in state:
+            if len(watch.rows) >= 60:
+                state["victim"] = victim = watch.of(ev.ChildReady)[-1]
+                state["ready"] = len(watch.of(ev.ChildReady))
+                os.kill(victim.pid, signal.SIGKILL)
+            return
+        if "back" not in state and len(watch.of(ev.ChildReady)) > state["ready"]:
+            state["back"] = len(watch.rows)
+        if watch.of(ev.CoreRetired) or len(watch.rows) >= state.get("back", 1e9) + 100:
+            source.finish()
+
+    watch = _Watch(act)
+    result = ClusterEngine(plan, source, sink, nodes, [watch]).run()
+    victim = state["victim"]
+    assert (result.status, result.counts["errors"]) == ("complete", 0)
+    assert sorted(r.index for r in sink.rows) == list(range(len(sink.rows)))  # exactly once
+    assert not watch.of(ev.CoreRetired)
+    assert [(e.node, e.core) for e in watch.of(ev.Restarted)] == [(victim.node, victim.key)]
+    (again,) = watch.of(ev.ChildReady)[state["ready"] :]  # Ray restarted that actor only
+    assert (again.node, again.key) == (victim.node, victim.key) and again.pid != victim.pid
+    after = {(r.node, r.core, r.instance) for r in watch.rows[state["back"] :]}
+    assert {(victim.node, victim.key, i) for i in (0, 1)} <= after  # both instances serve
+    stats = {(r["node"], r["core"]): r for r in result.stats.table().to_pylist()}
+    assert stats[(victim.node, victim.key)]["restarts"] == 1
+
+
+def test_a_node_that_leaves_mid_run_takes_no_item_with_it(cluster, demo_kit, tmp_path):
+    extra = cluster.add_node(
+        node_name="extra", num_cpus=LOCAL_NODE_CPUS, resources=node_resources(CORES)
+    )
+    removed = []
+
+    def remove(watch: _Watch) -> None:
+        if not removed and sum(r.node == "extra" for r in watch.rows) >= 20:
+            cluster.remove_node(extra)
+            removed.append(len(watch.rows))
+
+    watch = _Watch(remove)
+    result = run_on_cluster(_digits(demo_kit, tmp_path, limit=900), cluster.address, [watch])
+    assert removed and removed[0] < 900, "the node left before the run ended"
+    assert (result.status, result.errors) == ("complete", 0)
+    table = _exactly_once(result.out, 900)
+    assert {"node0", "node1", "extra"} <= set(table["node"].to_pylist())
+    assert any("node extra left the cluster" in w for w in result.warnings)
+    assert {e.core for e in watch.of(ev.CoreRetired) if e.node == "extra"} == set(CORES)
+
+
+def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, tmp_path):
+    """init, crash, hang, None and a poison item on every node (each node is a board), and
+    broken files, with the dataset on shared storage (read on the nodes)."""
+    data = tmp_path / "data"
+    for path in sorted(demo_kit.dataset.glob("*/*.png"))[:200]:
+        (data / path.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, data / path.parent.name / path.name)
+    (data / "0" / "empty.png").write_bytes(b"")
+    (data / "0" / "text.png").write_text("not an image")
+    # Early calls, so that every board's cores 0 and 1 reach them (call 1 is the canary).
+    faults = ["init:core=2", "crash:core=1:call=8", "hang:core=0:call=6",
+              "none:core=0:call=3", "crash:item=100"]  # fmt: skip
+    cfg = config(
+        dataset=data, model=demo_kit.models["digits"], backend="sim", sim=fast_sim(*faults),
+        out=tmp_path / "o", timeout_s=3.0,  # a crash is noticed within it on a loaded machine
+    )  # fmt: skip
+    result = run_on_cluster(cfg, cluster.address, data="shared")
+    assert result.status == "complete"
+    table = _exactly_once(result.out, 202)
+    errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
+    bad = errors.pop(table["id"][100].as_py())
+    inputs = {i: errors.pop(i) for i in ("0/empty.png", "0/text.png")}
+    assert all(r["attempt"] == 0 and r["core"] is None for r in inputs.values())
+    # Each board fires each fault once, so an item may be unlucky twice (hung on one board,
+    # then hung or None on the other): then it is an error row, as on one board.
+    injected = ("hung for more than", "returned None", "crashed")
+    for row in errors.values():
+        parts = row["error"].replace("; actor killed", "").split("; ")
+        assert row["attempt"] == 2 and all(any(f in p for f in injected) for p in parts), row
+    assert result.errors == 3 + len(errors)
+    assert bad["attempt"] == 2 and bad["pred"] is None
+    failures = bad["error"].split("; ")
+    assert len(failures) == 2 and all("crashed" in f for f in failures), bad["error"]
+    assert len({f.split(":")[0] for f in failures}) == 2  # two different cores
+    assert {r["core"] for r in table.to_pylist() if r["error"] is None} == {0, 1}
+    assert sum("core 2 of node" in w and "retired" in w for w in result.warnings) == 2
+    assert sum("hung for more than" in w for w in result.warnings) == 2  # once per board
+    stats = {(r["node"], r["core"]): r for r in read_run(result.out).core_stats().to_pylist()}
+    for node in ("node0", "node1"):
+        assert stats[(node, 1)]["restarts"] >= 1  # the crash at call 8 of its board
+        assert stats[(node, 0)]["restarts"] >= 1  # the hang
+    assert read_run(result.out).manifest.raw["cluster"]["data"] == "shared"
+
+
+@pytest.mark.slow
+def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
+    """The hook for eval: tensors in memory, a memory sink; each node its own board, two
+    instances (actors) on its core 0."""
+    plan, nodes = _plan(demo_kit, cores=(0,), instances_per_core=2)
+    rng = np.random.default_rng(0)
+    shape, dtype = plan.preprocess.shape, plan.preprocess.dtype
+    arrays = [rng.integers(0, 255, shape).astype(dtype) for _ in range(50)]
+    sink = MemorySink(keep_outputs=True)
+    engine = ClusterEngine(plan, ArraySource(arrays), sink, nodes)
+    result = engine.run()
+    assert result.status == "complete" and result.counts["succeeded"] == 50
+    rows = sink.sorted_rows()
+    assert [r.index for r in rows] == list(range(50))
+    assert {(r.node, r.core, r.instance) for r in rows} == {
+        (n, 0, i) for n in ("node0", "node1") for i in (0, 1)
+    }
+    for r in result.stats.table().to_pylist()[:2]:  # one core's busy time is a union
+        assert 0 < r["utilization"] <= 1 and r["instances"] == 2
+    reference = plan.backend.instance(None)
+    try:
+        for r in rows[:5]:
+            expected = reference.infer([arrays[r.index]], data_format=plan.preprocess.layout)
+            np.testing.assert_allclose(r.outputs[0], expected[0], rtol=1e-5)
+    finally:
+        reference.release()
+    boards = {b.state_dir for b in engine.backends.values()}
+    assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
+
+
+def _plan(demo_kit, cores=CORES, instances_per_core=1):
+    cfg = config(dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+                 sim=fast_sim(npu_ms=2), cores=cores, startup_timeout_s=60.0,
+                 instances_per_core=instances_per_core)  # fmt: skip
+    backend = make_backend(cfg.model, cfg.runtime)
+    shape, dtype = model_input(cfg.model, cfg)
+    return plan_engine(cfg, backend, shape, dtype, kind=""), npu_nodes(ray.nodes())
