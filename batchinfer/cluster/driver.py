@@ -59,7 +59,7 @@ from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
 from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.loop import EngineLoop, _HardStop
+from batchinfer.engine.run_loop import EngineLoop, HardStop
 from batchinfer.engine.scheduler import (
     QUEUED_PER_INSTANCE,
     ReaderDeathsExceeded,
@@ -417,7 +417,7 @@ class ClusterEngine(EngineLoop):
         self.collector.flush()
         self._forget_released()
         if self.hard_stop:
-            raise _HardStop
+            raise HardStop
         now = self.clock()
         self._not_held_against(now)
         self._check_hangs(now)
