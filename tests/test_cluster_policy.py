@@ -176,3 +176,26 @@ def test_a_cores_busy_time_is_the_union_of_its_instances_intervals():
     assert union.seconds(idle={1}) == 2.5  # instance 1 is idle: nothing earlier can come
     union.add(1, [(2.5, 4.0)])
     assert union.seconds(idle=set(), final=True) == 3.5
+
+
+def test_a_core_actor_keeps_its_runtimes_start_up_lines_out_of_the_console(
+    demo_kit, monkeypatch, capfd
+):
+    # Ray forwards every actor's stderr to the driver's console: without this, each of the
+    # cluster's instances printed the emulated runtime's I and W start-up lines.
+    from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
+    from batchinfer.options import RuntimeOptions, SimOptions
+    from batchinfer.runtime.backends import make_backend
+
+    monkeypatch.delenv("BATCHINFER_RKNN_LOG_LEVEL", raising=False)  # unset again after
+    model = demo_kit.models["digits"]
+    backend = make_backend(model, RuntimeOptions(backend="sim", sim=SimOptions(npu_ms=0.1)))
+    host = NodeHost(backend)
+    actor = CoreActor(host.begin(model_files(model)), 0, "nhwc")
+    try:
+        capfd.readouterr()
+        assert "init_failed" not in actor.start((1, 8, 8, 1), "uint8")
+        assert "RKNN" not in capfd.readouterr().err
+    finally:
+        actor.adapter.release()
+        host.end()

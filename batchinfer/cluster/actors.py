@@ -43,6 +43,7 @@ import numpy as np
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.engine.canary import canary_input
 from batchinfer.errors import BatchinferError, InferenceError, InputError
+from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 
@@ -112,6 +113,7 @@ class CoreActor:
     def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
         """Make the instance and infer the canary; what the driver needs to know."""
         if self.adapter is None:
+            quiet_instance_logs()  # as in a core worker: no start-up lines per actor
             try:
                 self.adapter = self.backend.instance(self.core)
             except (BatchinferError, OSError) as e:

@@ -39,6 +39,7 @@ from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, s
 from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import BatchinferError, InferenceError
+from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 
@@ -93,9 +94,7 @@ class _BusyClock:
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a core worker process."""
     setup_child(spec.parent_pid, spec.cpus)
-    # The emulated runtimes' own log lines (start-up I and W lines, per instance) stay out of
-    # the run's console, as deployed clients lower rknn_log; errors still show.
-    os.environ.setdefault("BATCHINFER_RKNN_LOG_LEVEL", "ERROR")
+    quiet_instance_logs()
     adapters: list[RuntimeAdapter] = []
     try:
         try:

@@ -72,6 +72,16 @@ class _OwnLogger(logging.Logger):
         self._cache.clear()
 
 
+def quiet_instance_logs() -> None:
+    """Start this process's non-verbose instances at ERROR, unless the user chose a level.
+
+    Called where the engine makes its runtimes (core workers, cluster actors): deployed
+    clients lower rknn_log the same way, so a run's console is not filled with every
+    instance's start-up I and W lines; errors still show.
+    """
+    os.environ.setdefault("BATCHINFER_RKNN_LOG_LEVEL", "ERROR")
+
+
 class RKNNLog:
     """The ``rknn_log`` attribute: ``.logger`` plus RKNNLite's e/w/i/d/p helpers."""
 
