@@ -3,6 +3,7 @@ a core, the node column in every output, and what happens when Ray is not instal
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -187,7 +188,7 @@ def test_a_core_actor_keeps_its_runtimes_start_up_lines_out_of_the_console(
     from batchinfer.options import RuntimeOptions, SimOptions
     from batchinfer.runtime.backends import make_backend
 
-    monkeypatch.delenv("BATCHINFER_RKNN_LOG_LEVEL", raising=False)  # unset again after
+    monkeypatch.delenv("BATCHINFER_RKNN_LOG_LEVEL", raising=False)  # a value set: restored
     model = demo_kit.models["digits"]
     backend = make_backend(model, RuntimeOptions(backend="sim", sim=SimOptions(npu_ms=0.1)))
     host = NodeHost(backend)
@@ -199,3 +200,4 @@ def test_a_core_actor_keeps_its_runtimes_start_up_lines_out_of_the_console(
     finally:
         actor.adapter.release()
         host.end()
+        os.environ.pop("BATCHINFER_RKNN_LOG_LEVEL", None)  # the actor set it in this process
