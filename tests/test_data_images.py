@@ -226,6 +226,8 @@ def test_mean_std_on_a_model_that_normalises_inside_is_refused_without_a_dtype_h
         message = str(info.value)
         assert "raw 0..255 pixels" in message and "normalise twice" in message
         assert "--dtype" not in message
+        # The library names settings, so a job file's user reads its own keys.
+        assert "drop preprocess.mean/preprocess.std" in message and "--" not in message
 
 
 def test_mean_std_with_an_integer_dtype_for_a_float_model_hints_the_models_dtype() -> None:

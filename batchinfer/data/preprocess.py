@@ -84,7 +84,7 @@ class Preprocess:
         if not shape or not all(isinstance(d, int | np.integer) and d > 0 for d in shape):
             raise UsageError(
                 f"The input shape {shape} has a dimension that is not a positive integer; "
-                "give every dimension a size (e.g. --size for height and width)."
+                "give every dimension a size (e.g. {preprocess.size} for height and width)."
             )
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
@@ -112,7 +112,7 @@ class Preprocess:
         elif self.mean is not None or self.std is not None:
             raise UsageError(
                 f"mean/std apply to image inputs, and the input shape {self.shape} is not "
-                "one; drop --mean/--std and feed .npy tensors."
+                "one; drop {preprocess.mean}/{preprocess.std} and feed .npy tensors."
             )
 
     def _check_image_spec(self) -> None:
@@ -120,7 +120,8 @@ class Preprocess:
         if channels not in (1, 3):
             raise UsageError(
                 f"The input shape {self.shape} ({self.layout}) has {channels} channels; an "
-                "image input takes 1 (gray) or 3 (rgb/bgr), so check --layout or feed .npy."
+                "image input takes 1 (gray) or 3 (rgb/bgr), so check {preprocess.layout} or "
+                "feed .npy."
             )
         if (self.color == "gray") != (channels == 1):
             want = "gray" if channels == 1 else "rgb or bgr"
@@ -189,7 +190,7 @@ class Preprocess:
             if self.mean is not None or self.std is not None:
                 raise UsageError(
                     ".npy tensors are fed as they are, so mean/std do not apply; drop "
-                    "--mean/--std or store the tensors already normalised."
+                    "{preprocess.mean}/{preprocess.std} or store the tensors already normalised."
                 )
             return
         if kind != "images":
@@ -269,7 +270,7 @@ def preprocess_for(
         if layout == "nchw":
             raise UsageError(
                 f"The model input {tuple(shape)} is a 3-D gray image with no channel axis; "
-                "--layout applies to 4-D inputs only."
+                "{preprocess.layout} applies to 4-D inputs only."
             )
         n, h, w = dims
         h, w = _image_size(shape, h, w, size)
@@ -311,7 +312,8 @@ def _check_normalisation(model_dtype: object, dtype_override: str | None) -> Non
     if model.kind in "iub":
         raise UsageError(
             f"The model's input is {model.name}, so it takes raw 0..255 pixels and does any "
-            "normalisation inside its graph; drop --mean/--std, which would normalise twice."
+            "normalisation inside its graph; drop {preprocess.mean}/{preprocess.std}, which would "
+            "normalise twice."
         )
     if override is not None and override.kind in "iub":
         raise UsageError(
