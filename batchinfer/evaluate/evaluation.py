@@ -176,6 +176,15 @@ def output_locks(job: Job, command: str) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- the cluster
+def check_cluster(job: Job) -> None:
+    """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
+    if job.device.ray.address is not None:
+        from batchinfer.cluster.connect import import_ray, parse_address
+
+        parse_address(job.device.ray.address)
+        import_ray()
+
+
 @contextlib.contextmanager
 def device_cluster(
     job: Job, plan: SidePlan, signals: StopSignals
@@ -224,6 +233,7 @@ def evaluate(
         reference_plan = None
         if job.reference is not None:
             reference_plan = plan_side(job, "reference", job.reference, dataset)
+        check_cluster(job)
         with output_locks(job, command):
             reference = None
             if reference_plan is not None:
