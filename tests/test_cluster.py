@@ -10,17 +10,21 @@ fixture then checks, once the cluster is stopped, that not one process of it is 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 from pathlib import Path
 
 import numpy as np
 import psutil
+import pyarrow.parquet as pq
 import pytest
 from conftest import _children, _our_segments
 from runs import config, fast_sim
 from test_cli import invoke, run_args
+from test_eval_end_to_end import Workspace
 
 ray = pytest.importorskip("ray")
 
@@ -36,6 +40,7 @@ from batchinfer.cluster.connect import (  # noqa: E402
 from batchinfer.engine import events as ev  # noqa: E402
 from batchinfer.engine.plan import model_input, plan_engine  # noqa: E402
 from batchinfer.engine.sources import ArraySource, SyntheticSource  # noqa: E402
+from batchinfer.evaluate import evaluate, load_job  # noqa: E402
 from batchinfer.results import read_run  # noqa: E402
 from batchinfer.runtime.backends import make_backend  # noqa: E402
 from batchinfer.sink.rows import MemorySink  # noqa: E402
@@ -250,6 +255,98 @@ def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, t
         assert stats[(node, 1)]["restarts"] >= 1  # the crash at call 8 of its board
         assert stats[(node, 0)]["restarts"] >= 1  # the hang
     assert read_run(result.out).manifest.raw["cluster"]["data"] == "shared"
+
+
+def test_eval_on_the_cluster_gives_the_single_board_results(cluster, demo_kit, tmp_path):
+    """jobs/digits.toml on 30 digits of each class: once on this board, once with --ray; the
+    same predictions and top-1, per-core metrics for every (node, core), and the nodes in
+    the record and history."""
+    kit = tmp_path / "kit"
+    (kit / "dataset").mkdir(parents=True)
+    (kit / "models").symlink_to(demo_kit.root / "models")
+    for folder in sorted(demo_kit.dataset.iterdir()):
+        (kit / "dataset" / folder.name).mkdir()
+        for png in sorted(folder.glob("*.png"))[:30]:
+            shutil.copy(png, kit / "dataset" / folder.name / png.name)
+    ws = Workspace(tmp_path / "ws", kit)
+    # The emulator's short NPU time in the job: the nodes do not see BATCHINFER_SIM_* here.
+    # The worst core's mean cosine depends on which items each core got: over six cores and
+    # 300 items it varies from run to run around the job's floor, so that gate is loosened.
+    gate = r"(\[gates\.core_cosine_min\][^\[]*?min = )0\.95"
+    text = re.sub(gate, r"\g<1>0.5", ws.job.read_text())
+    text = text.replace("instances_per_core = 2", "instances_per_core = 1")  # 6 actors start
+    ws.job.write_text(text + "\n[device.runtime.sim]\nnpu_ms = 0.2\nhost_ms = 0\n")
+    one = evaluate(load_job(ws.job))
+    result = invoke("eval", ws.job, "--ray", cluster.address, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "of 2 Ray nodes (node0, node1)" in result.stdout
+    records = sorted((ws.out / "evals").glob("*/result.json"))
+    assert len(records) == 2
+    many = next(json.loads(r.read_text()) for r in records if r.parent.name != one.eval_id)
+    assert one.exit_code == 0 and many["verdict"] == "pass"
+    assert {g["metric"]: g.get("min") for g in many["gate_limits"]}["core_cosine_min"] == 0.5
+    assert many["metrics"]["top1"] == one.metrics["top1"] < 1.0
+    a = pq.read_table(one.record_dir / "items.parquet").to_pylist()
+    b = pq.read_table(Path(many["items_file"])).to_pylist()
+    assert [r["pred"] for r in b] == [r["pred"] for r in a]
+    assert {r["node"] for r in a} == {None} and {r["node"] for r in b} == {"node0", "node1"}
+    assert [c["place"] for c in many["per_core"]] == [f"node{n}/{c}" for n in (0, 1) for c in CORES]
+    assert sum(c["items"] for c in many["per_core"]) == len(a) == 300
+    assert all(c["items_per_s"] for c in many["per_core"])  # stats matched by (node, core)
+    assert [n["name"] for n in many["device"]["cluster"]["nodes"]] == ["node0", "node1"]
+    history = pq.read_table(ws.out / "history.parquet").to_pylist()
+    assert [h["nodes"] for h in history] == [None, ["node0", "node1"]]
+
+
+def test_a_skewed_core_of_one_node_fails_its_gate_and_is_named(cluster, demo_kit, tmp_path):
+    """A third board whose core 2 computes differently (its emulator's faults come from its
+    own environment, as a real board's settings are its own): core_cosine_min names
+    odd/2, while core 2 of the other boards matches the float model."""
+    odd = cluster.add_node(
+        node_name="odd",
+        num_cpus=LOCAL_NODE_CPUS,
+        resources=node_resources(CORES),
+        env_vars={"BATCHINFER_SIM_FAULTS": "skew:core=2"},
+    )
+    try:
+        job = tmp_path / "skew.toml"
+        job.write_text(
+            f"""
+[device]
+model = "{demo_kit.models["digits"]}"
+[device.runtime]
+backend = "sim"
+cores = [0, 2]
+[device.runtime.sim]
+npu_ms = 0.2
+host_ms = 0.0
+[device.ray]
+address = "{cluster.address}"
+[reference]
+model = "{demo_kit.models["digits"]}"
+[reference.runtime]
+backend = "onnx"
+cores = [0]
+[dataset]
+path = "{demo_kit.dataset}"
+limit = 120
+[gates.core_cosine_min]
+min = 0.9999
+"""
+        )
+        result = invoke("eval", job, "--no-progress")
+    finally:
+        cluster.remove_node(odd)
+    assert result.exit_code == 1, result.output
+    assert "FAIL        core_cosine_min >= 0.9999 (floor)" in result.stdout
+    assert "worst core odd/2" in result.stdout
+    (path,) = (tmp_path / "eval" / "skew" / "evals").glob("*/result.json")
+    record = json.loads(path.read_text())
+    cores = {c["place"]: c for c in record["per_core"]}
+    assert set(cores) == {f"{n}/{c}" for n in ("node0", "node1", "odd") for c in (0, 2)}
+    assert cores["odd/2"]["cosine_mean"] < 0.9999
+    for place in ("node0/2", "node1/2", "odd/0"):
+        assert cores[place]["cosine_mean"] == pytest.approx(1.0)
 
 
 @pytest.mark.slow

@@ -284,6 +284,17 @@ def test_a_misspelt_key_exits_2_and_names_it(ws):
     assert not ws.out.exists()
 
 
+def test_a_bad_ray_address_exits_2_naming_the_flag_or_the_key(ws):
+    """Checked before anything runs; the message names what the user wrote."""
+    line = one_error_line(invoke("eval", ws.job, "--ray", "local:x"), 2)
+    assert "--ray 'local:x' is not a number of simulated nodes" in line
+    assert not ws.out.exists()
+    ws.job.write_text(ws.job.read_text() + '[device.ray]\naddress = "local:0"\n')
+    line = one_error_line(invoke("eval", ws.job), 2)
+    assert "device.ray.address 'local:0' is not a number of simulated nodes" in line
+    assert not ws.out.exists()
+
+
 def test_a_missing_dataset_exits_2_with_one_sentence(ws, demo_kit):
     (ws.root / "demo").unlink()  # the models are there, the dataset is not
     (ws.root / "demo").mkdir()

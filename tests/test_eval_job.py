@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from batchinfer.evaluate import Gate, JobError, builtin_metrics, load_job
-from batchinfer.evaluate.job import DatasetSettings, GateSettings, MetricsSettings, OutputSettings
+from batchinfer.evaluate.job import (
+    DatasetSettings,
+    GateSettings,
+    MetricsSettings,
+    OutputSettings,
+    RaySettings,
+)
 from batchinfer.options import (
     PreprocessOptions,
     ReliabilityOptions,
@@ -127,6 +133,14 @@ def test_output_locations_can_be_set_one_by_one(folder):
             lambda t: t + "[reference.preprocess]\nmean = 0.5\n",
             ["reference.preprocess.mean must be a list of numbers"],
         ),
+        (
+            lambda t: t + '[device.ray]\naddress = "auto"\ndata = "nfs"\n',
+            ["device.ray.data must be one of head, shared", "'nfs'"],
+        ),
+        (  # the reference always runs on this machine
+            lambda t: t + '[reference.ray]\naddress = "auto"\n',
+            ["reference.ray is not a setting"],
+        ),
         (lambda t: t.replace('model = "models/m.onnx"', ""), ["device.model is missing"]),
         (
             lambda t: t.replace("models/m.onnx", "models/gone.onnx"),
@@ -208,6 +222,8 @@ def test_output_locations_can_be_set_one_by_one(folder):
         "bad-choice",
         "misspelt-sim-key",
         "reference-wrong-type",
+        "bad-ray-data",
+        "ray-on-reference",
         "no-model",
         "missing-model",
         "missing-reference",
@@ -255,7 +271,7 @@ def test_a_gate_on_a_custom_metric_is_left_to_the_custom_metrics(folder):
 def test_jobs_readme_documents_every_key_and_metric():
     text = (Path(__file__).resolve().parents[1] / "jobs" / "README.md").read_text()
     groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions]
-    groups += [DatasetSettings, MetricsSettings, GateSettings, OutputSettings]
+    groups += [RaySettings, DatasetSettings, MetricsSettings, GateSettings, OutputSettings]
     for cls in groups:
         for f in options_fields(cls):
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in jobs/README.md"

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from batchinfer.cli.console import ConsoleObserver
+
+if TYPE_CHECKING:
+    from batchinfer.evaluate.job import Job
 
 
 @click.command("eval")
@@ -21,7 +26,28 @@ from batchinfer.cli.console import ConsoleObserver
     "sha256 and the job's git commit). The verdict is still judged against the old one.",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
-def command(job: Path, update_baseline: bool, no_progress: bool) -> None:
+@click.option(
+    "--ray",
+    "ray_address",
+    metavar="ADDRESS",
+    help="Run the device model on a Ray cluster: auto or HOST:PORT (a running cluster; run "
+    "this on its head node), local or local:N (N simulated nodes on this machine). The "
+    "reference runs here. Overrides the job's [device.ray] address. Needs batchinfer[ray].",
+)
+@click.option(
+    "--ray-data",
+    type=click.Choice(["head", "shared"]),
+    help="With --ray: the dataset is on this node only (read here, tensors shipped to the "
+    "nodes), or on storage every node mounts at the same path (each node reads). Default: "
+    "the job's [device.ray] data, else head.",
+)
+def command(
+    job: Path,
+    update_baseline: bool,
+    no_progress: bool,
+    ray_address: str | None,
+    ray_data: str | None,
+) -> None:
     """Evaluate JOB (a TOML job file): run the device model and the float reference through
     the engine, score them, check the gates, append to the history, write the report.
 
@@ -31,6 +57,7 @@ def command(job: Path, update_baseline: bool, no_progress: bool) -> None:
     Examples:
       batchinfer eval jobs/digits.toml
       batchinfer eval jobs/digits.toml --update-baseline
+      batchinfer eval jobs/digits.toml --ray auto     # the device model on a Ray cluster
 
     Exit codes: 0 every gate passed, 1 a gate failed, 2 the job file is wrong,
     3 the evaluation could not run (runtime failure, outputs locked or unwritable),
@@ -38,19 +65,31 @@ def command(job: Path, update_baseline: bool, no_progress: bool) -> None:
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_eval)(job, update_baseline, no_progress)
+    fail_cleanly(_eval)(job, update_baseline, no_progress, ray_address, ray_data)
 
 
-def _eval(job_path: Path, update_baseline: bool, no_progress: bool) -> None:
+def _eval(
+    job_path: Path,
+    update_baseline: bool,
+    no_progress: bool,
+    ray_address: str | None = None,
+    ray_data: str | None = None,
+) -> None:
     from batchinfer.errors import BatchinferError
     from batchinfer.evaluate import evaluate, load_job
     from batchinfer.evaluate.job import job_key
 
+    flags = {"ray": ray_address, "ray_data": ray_data}
+
+    def key(side: str, name: str) -> str:
+        """The job's key for a field, or the flag that set it (--ray overrides the job)."""
+        return f"--{name.replace('_', '-')}" if flags.get(name) else job_key(side, name)
+
     def observers(side: str) -> list[ConsoleObserver]:
-        return [ConsoleObserver(functools.partial(job_key, side), progress=not no_progress)]
+        return [ConsoleObserver(functools.partial(key, side), progress=not no_progress)]
 
     try:
-        job = load_job(job_path)
+        job = with_cluster(load_job(job_path), ray_address, ray_data)
         result = evaluate(
             job,
             update_baseline=update_baseline,
@@ -60,7 +99,7 @@ def _eval(job_path: Path, update_baseline: bool, no_progress: bool) -> None:
     except BatchinferError as e:
         # Job errors name job keys already; anything else names engine fields, shown as
         # the device's keys (a job file has no flags).
-        click.echo(f"error: {e.render(functools.partial(job_key, 'device'))}", err=True)
+        click.echo(f"error: {e.render(functools.partial(key, 'device'))}", err=True)
         sys.exit(e.exit_code)
     click.echo(result.summary, nl=False)
     failed = result.verdict.failed
@@ -71,3 +110,10 @@ def _eval(job_path: Path, update_baseline: bool, no_progress: bool) -> None:
     else:
         click.echo(f"\nverdict: pass ({len(result.verdict.gates)} checks)")
     sys.exit(result.exit_code)
+
+
+def with_cluster(job: Job, address: str | None, data: str | None) -> Job:
+    """``job`` with ``--ray``/``--ray-data`` over its ``[device.ray]`` settings."""
+    ray = job.device.ray
+    ray = dataclasses.replace(ray, address=address or ray.address, data=data or ray.data)
+    return dataclasses.replace(job, device=dataclasses.replace(job.device, ray=ray))

@@ -9,8 +9,9 @@ run.py writes the same run folder as a single-board run.
     from batchinfer.cluster import run_on_cluster
     result = run_on_cluster(config, "local:3")          # or "auto" on a cluster's head node
 
-For bench and eval: :class:`ClusterEngine` takes any item source, row sink and observers,
-like :class:`batchinfer.engine.Engine` (README, "Scale-out on Ray").
+``batchinfer eval`` runs its device side through :func:`connect_cluster` and
+:meth:`ClusterSession.engine`: a :class:`ClusterEngine` takes any item source, row sink and
+observers, like :class:`batchinfer.engine.Engine` (README, "Scale-out on Ray").
 """
 
 from batchinfer.cluster.connect import (
@@ -20,14 +21,16 @@ from batchinfer.cluster.connect import (
     node_resources,
 )
 from batchinfer.cluster.driver import CALL_ITEMS, DATA_MODES, ClusterEngine
-from batchinfer.cluster.run import run_on_cluster, usable_nodes
+from batchinfer.cluster.run import ClusterSession, connect_cluster, run_on_cluster, usable_nodes
 
 __all__ = [
     "CALL_ITEMS",
     "DATA_MODES",
     "ClusterEngine",
+    "ClusterSession",
     "NodeInfo",
     "RayConnection",
+    "connect_cluster",
     "core_resource",
     "node_resources",
     "run_on_cluster",

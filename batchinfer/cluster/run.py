@@ -9,12 +9,16 @@ the nodes with their cores.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from batchinfer.cluster.connect import NodeInfo, RayConnection, check_shared_dataset
 from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
+from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
 from batchinfer.engine.signals import StopSignals
@@ -41,16 +45,13 @@ def run_on_cluster(
     share). ``listing`` as for :func:`batchinfer.engine.run`, which this raises like; item
     failures are error rows.
     """
-    if data not in DATA_MODES:
-        raise UsageError(f"{{ray_data}} must be one of {', '.join(DATA_MODES)}, not {data!r}.")
     with arrow_system_allocator(), StopSignals() as signals:
         plan = plan_run(config, listing=listing)
-        with RayConnection(address, plan.backend.cores()) as connection:
-            signals.reinstall()  # ray.init set its own SIGTERM handler
-            nodes = usable_nodes(connection.nodes(), plan.engine.cores)
+        with connect_cluster(address, plan.engine, signals, data) as cluster:
             if data == "shared":
-                check_shared_dataset(nodes, plan.dataset, plan.config.reliability.startup_timeout_s)
-            head = connection.driver_node_id()
+                check_shared_dataset(
+                    cluster.nodes, plan.dataset, plan.config.reliability.startup_timeout_s
+                )
 
             def make_engine(
                 plan: RunPlan,
@@ -59,36 +60,77 @@ def run_on_cluster(
                 observers: list,
                 invocation: int,
             ) -> ClusterEngine:
-                k = plan.engine.instances_per_core
-                places = [(n.name, c) for n in nodes for c in plan.engine.cores if c in n.cores]
-                stats = CoreStatsRecorder(places, k, invocation)
-                return ClusterEngine(
-                    plan.engine,
-                    source,
-                    sink,
-                    nodes,
-                    observers,
-                    stats,
-                    data=data,
-                    head_node_id=head,
-                )
+                return cluster.engine(plan.engine, source, sink, observers, invocation)
 
-            fields = {
-                "cluster": {
-                    "address": address,
-                    "data": data,
-                    "nodes": [
-                        {
-                            "name": n.name,
-                            "node_id": n.node_id,
-                            "address": n.address,
-                            "cores": [c for c in n.cores if c in plan.engine.cores],
-                        }
-                        for n in nodes
-                    ],
-                }
-            }
+            fields = {"cluster": cluster.facts(plan.engine.cores)}
             return run_plan(plan, signals, observers, make_engine, fields)
+
+
+@dataclass(frozen=True)
+class ClusterSession:
+    """A connected cluster, ready to run engines: its usable nodes and the driver's node."""
+
+    address: str
+    data: str
+    nodes: list[NodeInfo]
+    head_node_id: str
+
+    def engine(
+        self,
+        plan: EnginePlan,
+        source: ItemSource,
+        sink: RowSink,
+        observers: Sequence[Observer] = (),
+        invocation: int = 0,
+    ) -> ClusterEngine:
+        """A ClusterEngine over these nodes, its core stats keyed by (node, core)."""
+        places = [(n.name, c) for n in self.nodes for c in plan.cores if c in n.cores]
+        stats = CoreStatsRecorder(places, plan.instances_per_core, invocation)
+        return ClusterEngine(
+            plan,
+            source,
+            sink,
+            self.nodes,
+            observers,
+            stats,
+            data=self.data,
+            head_node_id=self.head_node_id,
+        )
+
+    def facts(self, cores: Sequence[int]) -> dict[str, Any]:
+        """Where it ran, for a manifest or a record: address, data mode, nodes and cores."""
+        return {
+            "address": self.address,
+            "data": self.data,
+            "nodes": [
+                {
+                    "name": n.name,
+                    "node_id": n.node_id,
+                    "address": n.address,
+                    "cores": [c for c in n.cores if c in cores],
+                }
+                for n in self.nodes
+            ],
+        }
+
+
+@contextlib.contextmanager
+def connect_cluster(
+    address: str, plan: EnginePlan, signals: StopSignals | None = None, data: str = "head"
+) -> Iterator[ClusterSession]:
+    """Connect to (or, for ``local:N``, start) the cluster for ``plan``'s cores.
+
+    ``signals`` get their handlers back after ``ray.init`` (which sets its own SIGTERM
+    handler). Raises UsageError for a bad ``data``, NoCoreError when no node declares one
+    of the plan's cores, RunFailedError when the cluster cannot be reached.
+    """
+    if data not in DATA_MODES:
+        raise UsageError(f"{{ray_data}} must be one of {', '.join(DATA_MODES)}, not {data!r}.")
+    with RayConnection(address, plan.backend.cores()) as connection:
+        if signals is not None:
+            signals.reinstall()
+        nodes = usable_nodes(connection.nodes(), plan.cores)
+        yield ClusterSession(address, data, nodes, connection.driver_node_id())
 
 
 def usable_nodes(nodes: list[NodeInfo], cores: Sequence[int]) -> list[NodeInfo]:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -53,10 +53,19 @@ from batchinfer.evaluate.metrics import (
     load_custom,
     score,
 )
-from batchinfer.evaluate.runs import SideRun, plan_side, reference_results, run_side
+from batchinfer.evaluate.runs import (
+    SidePlan,
+    SideRun,
+    plan_side,
+    reference_results,
+    run_side,
+)
 from batchinfer.evaluate.summary import markdown_summary
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, lock_holder
+
+if TYPE_CHECKING:
+    from batchinfer.cluster import ClusterSession
 
 log = logging.getLogger("batchinfer")
 
@@ -166,6 +175,31 @@ def output_locks(job: Job, command: str) -> Iterator[None]:
             lock.release()
 
 
+# --------------------------------------------------------------------------- the cluster
+def check_cluster(job: Job) -> None:
+    """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
+    if job.device.ray.address is not None:
+        from batchinfer.cluster.connect import import_ray, parse_address
+
+        parse_address(job.device.ray.address)
+        import_ray()
+
+
+@contextlib.contextmanager
+def device_cluster(
+    job: Job, plan: SidePlan, signals: StopSignals
+) -> Iterator[ClusterSession | None]:
+    """The Ray cluster the device side runs on (``[device.ray]`` or ``--ray``), or None."""
+    ray = job.device.ray
+    if ray.address is None:
+        yield None
+        return
+    from batchinfer.cluster import connect_cluster
+
+    with connect_cluster(ray.address, plan.engine, signals, ray.data) as cluster:
+        yield cluster
+
+
 # --------------------------------------------------------------------------- evaluate
 def evaluate(
     job: Job,
@@ -199,17 +233,23 @@ def evaluate(
         reference_plan = None
         if job.reference is not None:
             reference_plan = plan_side(job, "reference", job.reference, dataset)
+        check_cluster(job)
         with output_locks(job, command):
             reference = None
             if reference_plan is not None:
                 reference = reference_results(
                     job, reference_plan, dataset, relabel, signals, observers
                 )
-            log.info(
-                f"device: {device_plan.model.name} on {device_plan.engine.backend.name}, "
-                f"cores {','.join(map(str, device_plan.engine.cores))}"
-            )
-            device = run_side(job, device_plan, dataset, relabel, signals, observers("device"))
+            with device_cluster(job, device_plan, signals) as cluster:
+                where = "" if cluster is None else f" of {len(cluster.nodes)} Ray nodes"
+                log.info(
+                    f"device: {device_plan.model.name} on {device_plan.engine.backend.name}, "
+                    f"cores {','.join(map(str, device_plan.engine.cores))}{where}"
+                )
+                device = run_side(
+                    job, device_plan, dataset, relabel, signals, observers("device"), cluster
+                )
+                cluster_facts = None if cluster is None else cluster.facts(device_plan.engine.cores)
             if reference is not None:  # the same items; the class map is today's
                 reference.items.label = device.items.label.copy()
             baseline = read_baseline(job.outputs.baseline)
@@ -240,6 +280,7 @@ def evaluate(
                 (device_plan, device),
                 (reference_plan, reference),
                 baseline,
+                cluster_facts,
             )
             record["items_file"] = str(record_dir / ITEMS)
             items_table = _items_table(inputs)
@@ -284,7 +325,7 @@ def _worst_of(inputs: EvalInputs) -> dict[str, str]:
     ):
         rows = [r for r in inputs.per_core if r[key] is not None]
         if len(rows) > 1:
-            notes[metric] = f"worst core {min(rows, key=lambda r: r[key])['core']}"
+            notes[metric] = f"worst core {min(rows, key=lambda r: r[key])['place']}"
     cosine = inputs.cosine
     if not np.isnan(cosine).all():
         notes["cosine_min"] = f"worst item {inputs.device.id[int(np.nanargmin(cosine))]}"
@@ -344,6 +385,7 @@ def _worst(inputs: EvalInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]
                 "ref_pred": ref_pred,
                 "cosine": _none_if_nan(float(inputs.cosine[i])),
                 "core": int(d.core[i]),
+                "node": d.node[i],
             }
         )
     return out
@@ -385,6 +427,7 @@ def _record(
     device: tuple[Any, SideRun],
     reference: tuple[Any, SideRun | None],
     baseline: Baseline | None,
+    cluster: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     d = inputs.device
     n_classes = inputs.n_classes
@@ -393,10 +436,11 @@ def _record(
     flips = inputs.flips
     device_facts = _side_facts(*device)
     assert device_facts is not None
+    device_facts["cluster"] = cluster
     render = job.key_of("device")
     device_facts["warnings"] = [render_fields(w, render) for w in device_facts["warnings"]]
     error_rows = [
-        {"id": d.id[i], "error": d.error[i], "core": int(d.core[i])}
+        {"id": d.id[i], "error": d.error[i], "core": int(d.core[i]), "node": d.node[i]}
         for i in np.flatnonzero(~d.ok)[:100]
     ]
     return {
@@ -475,6 +519,7 @@ def _record(
 
 def _history_row(record: dict[str, Any], inputs: EvalInputs) -> pa.Table:
     device, reference = record["device"], record["reference"]
+    cluster = device.get("cluster")
     facts = {
         "date": dt.datetime.fromisoformat(record["date"]),
         "eval_id": record["eval_id"],
@@ -492,6 +537,7 @@ def _history_row(record: dict[str, Any], inputs: EvalInputs) -> pa.Table:
         "baseline_eval_id": (record["baseline"] or {}).get("eval_id"),
         "host": record["host"].get("node"),
         "per_class_top1": [c["top1"] for c in record["per_class"]],
+        "nodes": [n["name"] for n in cluster["nodes"]] if cluster else None,
     }
     return history_row(facts, record["metrics"])
 

@@ -3,7 +3,8 @@
 Columns: ``date`` (UTC), ``eval_id``, ``job``, ``job_file``, ``model``, ``model_sha256``,
 ``backend``, ``runtime_version``, ``driver_version``, ``reference_model_sha256``,
 ``items``, ``verdict`` (pass/fail), ``failed_gates``, ``baseline_eval_id``, ``host``,
-``per_class_top1`` (a list, in class order), then one float column per metric (names as in
+``per_class_top1`` (a list, in class order), ``nodes`` (the Ray cluster's nodes that ran
+the device model; null on one board), then one float column per metric (names as in
 the job file's gates: ``top1``, ``cosine_mean``, ``reference.top1``, custom names, ...).
 A metric that a later job adds becomes a new column, null in older rows.
 
@@ -41,6 +42,7 @@ _FIXED = pa.schema(
         ("baseline_eval_id", pa.string()),
         ("host", pa.string()),
         ("per_class_top1", pa.list_(pa.float64())),
+        ("nodes", pa.list_(pa.string())),
     ]
 )
 FIXED_COLUMNS = tuple(_FIXED.names)

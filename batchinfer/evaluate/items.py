@@ -29,6 +29,7 @@ class ItemResults:
     - ``pred`` (int64): top-1 class, -1 for an error row
     - ``topk`` (int32, n x k): the best k classes, best first, -1 padded
     - ``core`` (int64): the NPU core that gave the result, -1 when none did
+    - ``node`` (str or None): the cluster node of that core (None on one board)
     - ``error`` (str or None): why the item failed
     - ``outputs``: one float32 array per model output, shaped (n, *output shape)
     """
@@ -42,6 +43,11 @@ class ItemResults:
     core: np.ndarray
     error: np.ndarray
     outputs: list[np.ndarray]
+    node: np.ndarray | None = None  # None: every item on one board
+
+    def __post_init__(self) -> None:
+        if self.node is None:
+            self.node = np.full(len(self.index), None, dtype=object)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -107,7 +113,13 @@ class ItemResults:
             core=np.array([-1 if r.core is None else r.core for r in rows], dtype=np.int64),
             error=np.array([r.error for r in rows], dtype=object),
             outputs=outputs,
+            node=np.array([r.node for r in rows], dtype=object),
         )
+
+    @property
+    def places(self) -> list[tuple[str | None, int]]:
+        """Each item's (node, core): node None on one board, core -1 when none gave it."""
+        return list(zip(self.node.tolist(), self.core.tolist(), strict=True))
 
     # ------------------------------------------------------------------ Parquet
     def to_table(self, with_outputs: bool = True) -> pa.Table:
@@ -123,6 +135,7 @@ class ItemResults:
                 pa.array(self.topk.reshape(-1), pa.int32()), k
             ),
             "core": pa.array(self.core),
+            "node": pa.array(self.node.tolist(), pa.string()),
             "error": pa.array(self.error.tolist(), pa.string()),
         }
         shapes = []
@@ -158,6 +171,11 @@ class ItemResults:
             core=table.column("core").to_numpy().astype(np.int64),
             error=np.array(table.column("error").to_pylist(), dtype=object),
             outputs=outputs,
+            node=(  # tables written before clusters have no node column
+                np.array(table.column("node").to_pylist(), dtype=object)
+                if "node" in table.column_names
+                else None
+            ),
         )
 
     @classmethod

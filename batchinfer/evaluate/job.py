@@ -57,6 +57,30 @@ class ModelSettings:
 
 
 @dataclass(frozen=True)
+class RaySettings:
+    """``[device.ray]``: run the device model on a Ray cluster (the reference stays here)."""
+
+    address: str | None = option(
+        None,
+        "A Ray cluster: auto or HOST:PORT (a running cluster; evaluate on its head node), "
+        "local or local:N (N simulated nodes on this machine); default: this board only.",
+    )
+    data: str = option(
+        "head",
+        "head (the dataset is on this node; tensors are shipped) or shared (every node "
+        "mounts it at the same path and reads its share).",
+        choices=("head", "shared"),
+    )
+
+
+@dataclass(frozen=True)
+class DeviceSettings(ModelSettings):
+    """``[device]``: the model under test; ``[device.ray]`` may put it on a cluster."""
+
+    ray: RaySettings = field(default_factory=RaySettings)
+
+
+@dataclass(frozen=True)
 class DatasetSettings:
     """``[dataset]``: the items and their classes."""
 
@@ -159,7 +183,7 @@ class Job:
 
     path: Path  # as the user named it (messages show this)
     name: str
-    device: ModelSettings
+    device: DeviceSettings
     reference: ModelSettings | None
     dataset: DatasetSettings
     metrics: MetricsSettings
@@ -185,7 +209,13 @@ class Job:
 
 
 _SIDE_GROUPS = ("runtime", "preprocess", "reliability")
-_FLAT = {"output.topk": "metrics.topk", "dataset": "dataset.path", "limit": "dataset.limit"}
+_FLAT = {
+    "output.topk": "metrics.topk",
+    "dataset": "dataset.path",
+    "limit": "dataset.limit",
+    "ray": "device.ray.address",
+    "ray_data": "device.ray.data",
+}
 
 
 def job_key(side: str, name: str) -> str:
@@ -258,7 +288,7 @@ def load_job(path: Path | str) -> Job:
                 f"{{name}} must be a short name of letters, digits, '.', '_' or '-', not {name!r}.",
                 "name",
             )
-        device = from_mapping(ModelSettings, _table(path, data, "device"), "device", resolve)
+        device = from_mapping(DeviceSettings, _table(path, data, "device"), "device", resolve)
         reference = None
         if "reference" in data:
             reference = from_mapping(

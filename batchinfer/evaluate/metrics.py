@@ -7,8 +7,9 @@ Every metric is one named number. Built-in metrics (see :func:`builtin_metrics`)
 - ``errors`` (error rows), ``items_per_s`` (the device run's throughput);
 - against the float reference: ``top1_agreement`` (same top-1 class), ``cosine_mean`` and
   ``cosine_min`` (cosine similarity of the outputs, item by item);
-- per core (from each row's ``core``): ``core_top1_min``, ``core_top1_spread``,
-  ``core_agreement_min``, ``core_cosine_min``: a core that computes differently shows here;
+- per core (from each row's ``core``, and ``node`` on a cluster): ``core_top1_min``,
+  ``core_top1_spread``, ``core_agreement_min``, ``core_cosine_min``: a core that computes
+  differently shows here;
 - against the baseline (the last accepted run), matched by item id: ``mcnemar_p``
   (McNemar's paired test on per-item top-1 correctness), ``flipped_lost`` (right then,
   wrong now), ``flipped_gained``.
@@ -216,20 +217,29 @@ class EvalInputs:
 
     @cached_property
     def per_core(self) -> list[dict[str, Any]]:
-        """One dict per core that gave results: items, errors, accuracy, agreement, cosine."""
+        """One dict per core that gave results: items, errors, accuracy, agreement, cosine.
+
+        A core is (node, core) on a cluster (node None on one board), so that core 2 of one
+        board is judged apart from core 2 of the others; ``place`` names it (``node1/2``).
+        """
         d = self.device
-        stats = {r["core"]: r for r in self.core_stats if r.get("core") is not None}
-        cores = sorted({int(c) for c in d.core.tolist() if c >= 0} | set(stats))
+        stats = {
+            (r.get("node"), r["core"]): r for r in self.core_stats if r.get("core") is not None
+        }
+        places = d.places
+        keys = sorted({p for p in places if p[1] >= 0} | set(stats), key=_place_order)
         rows = []
-        for core in cores:
-            on = d.core == core
+        for node, core in keys:
+            on = np.array([p == (node, core) for p in places], dtype=bool)
             labelled = on & d.labelled
             ref_ok = on & self.reference.ok if self.reference is not None else on & False
             cos = self.cosine[on & ~np.isnan(self.cosine)]
-            s = stats.get(core, {})
+            s = stats.get((node, core), {})
             rows.append(
                 {
                     "core": core,
+                    "node": node,
+                    "place": place_name(node, core),
                     "items": int((on & d.ok).sum()),
                     "errors": int((on & ~d.ok).sum()),
                     "top1": float(d.correct[labelled].mean()) if labelled.any() else None,
@@ -242,6 +252,15 @@ class EvalInputs:
                 }
             )
         return rows
+
+
+def place_name(node: str | None, core: int) -> str:
+    """A core as reports name it: ``2`` on one board, ``node1/2`` on a cluster (as ``run``)."""
+    return str(core) if node is None else f"{node}/{core}"
+
+
+def _place_order(place: tuple[str | None, int]) -> tuple:
+    return (place[0] is not None, place[0] or "", place[1])
 
 
 # --------------------------------------------------------------------------- the registry

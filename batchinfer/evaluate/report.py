@@ -29,6 +29,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
+from batchinfer.evaluate.metrics import place_name
+from batchinfer.evaluate.summary import on_cluster
 
 _GATE_STYLE = {
     "min": ("#c62828", "--", "floor"),
@@ -134,7 +136,7 @@ def confusion_plot(record: dict[str, Any]) -> str:
 def cores_plot(record: dict[str, Any]) -> str:
     """Per core: top-1 and agreement, 1 - mean cosine (log), throughput."""
     cores = record["per_core"]
-    labels = [f"core {c['core']}" for c in cores]
+    labels = [f"core {c['place']}" for c in cores]
     x = np.arange(len(cores))
     fig = _figure(10, 3.0)
     emulated = " (emulated NPU)" if record["device"]["backend"] == "sim" else ""
@@ -276,7 +278,7 @@ def _item_cards(record: dict[str, Any], items: list[dict[str, Any]]) -> str:
         if item.get("cosine") is not None:
             lines.append(f"cosine {item['cosine']:.5f}")
         if item.get("core") is not None and item["core"] >= 0:
-            lines.append(f"core {item['core']}")
+            lines.append(f"core {place_name(item.get('node'), item['core'])}")
         cards.append(f"<div class=item>{picture}{'<br>'.join(lines)}</div>")
     return f"<div class=items>{''.join(cards)}</div>" if cards else "<p class=muted>none</p>"
 
@@ -314,7 +316,7 @@ def _cores_table(record: dict[str, Any]) -> str:
     )
     rows = []
     for c in record["per_core"]:
-        cells = [c["core"], c["items"], c["errors"]]
+        cells = [c["place"], c["items"], c["errors"]]
         cells += [fmt(c[k]) for k in ("top1", "agreement", "cosine_mean", "items_per_s")]
         cells += [fmt(c[k]) for k in ("p50_ms", "p99_ms")]
         rows.append("<tr>" + "".join(f"<td class=num>{_e(v)}</td>" for v in cells) + "</tr>")
@@ -357,7 +359,7 @@ def _facts(record: dict[str, Any]) -> str:
         ("device model", f"{device['model']} (sha256 {device['model_sha256']})"),
         (
             "backend",
-            f"{device['backend']}, cores {device['cores']}, "
+            f"{device['backend']}, cores {device['cores']}{on_cluster(device)}, "
             f"{device['instances_per_core']} instance(s) per core",
         ),
         ("runtime / driver", f"{device['runtime_version']} / {device['driver_version']}"),

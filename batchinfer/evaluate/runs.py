@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,6 +44,9 @@ from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import MemorySink
 from batchinfer.sink.stats import CoreStatsRecorder
+
+if TYPE_CHECKING:  # Ray is an optional extra: imported only when a job runs on a cluster
+    from batchinfer.cluster import ClusterEngine, ClusterSession
 
 log = logging.getLogger("batchinfer")
 
@@ -155,14 +158,21 @@ def run_side(
     relabel: dict[str, int] | None,
     signals: StopSignals,
     observers: Sequence[Observer],
+    cluster: ClusterSession | None = None,
 ) -> SideRun:
-    """Run one side over the dataset through the engine; raises if the run did not complete."""
+    """Run one side over the dataset through the engine; raises if the run did not complete.
+
+    ``cluster``: run it on that Ray cluster's nodes (rows and core stats then name the node).
+    """
     engine_plan = plan.engine
     sink = MemorySink(keep_outputs=True)
-    stats = CoreStatsRecorder(engine_plan.cores, engine_plan.instances_per_core)
-    engine = Engine(
-        engine_plan, DatasetSource(dataset, limit=job.dataset.limit), sink, observers, stats=stats
-    )
+    source = DatasetSource(dataset, limit=job.dataset.limit)
+    engine: Engine | ClusterEngine
+    if cluster is not None:
+        engine = cluster.engine(engine_plan, source, sink, observers)
+    else:
+        stats = CoreStatsRecorder(engine_plan.cores, engine_plan.instances_per_core)
+        engine = Engine(engine_plan, source, sink, observers, stats=stats)
     signals.engine = engine
     try:
         result = engine.run()
@@ -182,7 +192,7 @@ def run_side(
         )
     shapes = [shape for shape, _ in sink.output_shapes]
     items = ItemResults.from_rows(sink.rows, shapes, job.metrics.topk, relabel)
-    return SideRun(items, result, stats.table().to_pylist())
+    return SideRun(items, result, result.stats.table().to_pylist())
 
 
 # --------------------------------------------------------------------------- the cache

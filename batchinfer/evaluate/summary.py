@@ -32,6 +32,15 @@ def _ids(ids: list[str]) -> str:
     return shown + (f" and {len(ids) - _SHOW_IDS} more" if len(ids) > _SHOW_IDS else "")
 
 
+def on_cluster(device: dict[str, Any]) -> str:
+    """`` of 3 Ray nodes (node0, node1, node2)`` for a device side run on a cluster, else ''."""
+    cluster = device.get("cluster")
+    if not cluster:
+        return ""
+    names = [n["name"] for n in cluster["nodes"]]
+    return f" of {len(names)} Ray nodes ({', '.join(names)})"
+
+
 def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
     """A few lines of Markdown: verdict, every gate, key metrics, per core, flips, warnings."""
     device, reference = record["device"], record["reference"]
@@ -39,7 +48,7 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
     lines = [f"### batchinfer eval `{record['job']}`: {record['verdict'].upper()}", ""]
     facts = (
         f"`{Path(device['model']).name}` (sha256 `{device['model_sha256'][:12]}`) on "
-        f"{device['backend']}, cores {','.join(map(str, device['cores']))}; "
+        f"{device['backend']}, cores {','.join(map(str, device['cores']))}{on_cluster(device)}; "
         f"{record['dataset']['evaluated']} items, {fmt(metrics.get('errors', 0))} errors"
     )
     if reference:
@@ -69,7 +78,7 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
         for c in record["per_core"]:
             cos = "-" if c["cosine_mean"] is None else f"{c['cosine_mean']:.6f}"
             lines.append(
-                f"| {c['core']} | {c['items']} | {c['errors']} | {_pct(c['top1'])} | "
+                f"| {c['place']} | {c['items']} | {c['errors']} | {_pct(c['top1'])} | "
                 f"{_pct(c['agreement'])} | {cos} | {fmt(c['items_per_s'])} |"
             )
     flipped = record["flipped"]
