@@ -228,9 +228,11 @@ def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_resta
     assert stats[0]["restarts"] == 0
 
 
-def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path):
+@pytest.mark.parametrize("moment", ["server importing", "children starting"])
+def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path, moment):
     """Soak: a child died of a Ctrl-C that came while it was still importing (before it
-    could ignore SIGINT), with a traceback and a 'crashed' worker."""
+    could ignore SIGINT), with a traceback and a 'crashed' worker. Children come from a fork
+    server: a Ctrl-C must not kill it while it imports, nor a child it has just forked."""
     proc = _cli(
         str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
         "--out", str(tmp_path / "o"), "--no-progress",
@@ -238,13 +240,16 @@ def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, t
     )  # fmt: skip
     me = psutil.Process(proc.pid)
     deadline = time.monotonic() + 60
-    # No event says "a child is importing": look for a spawned interpreter that has been
-    # running for a moment (the coordinator is done starting it; it is still importing).
-    while not any(
-        "spawn_main" in _cmdline(c) and time.time() - c.create_time() > 0.05 for c in _children(me)
-    ):
-        assert proc.poll() is None and time.monotonic() < deadline, "no child started"
-        time.sleep(0.005)
+    # No event says "the server is importing" or "a child is starting": look at the
+    # processes (the server's children are the forked ones; none of them is ready yet
+    # in their first moments, as workers then still load the model).
+    while True:
+        servers = [c for c in _children(me) if "multiprocessing.forkserver" in _cmdline(c)]
+        forked = [c for s in servers for c in _children(s)]
+        if servers and (forked if moment == "children starting" else not forked):
+            break
+        assert proc.poll() is None and time.monotonic() < deadline, "no fork server started"
+        time.sleep(0.002)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -17,8 +17,8 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
 Each instance thread takes the next item from one queue; results leave in batches through one
 sender thread (whatever finished while the last message was being sent), so an instance goes
 straight from one inference to the next. While an instance infers, its row on the status
-board holds (index, start time). Runtimes are created here, in the spawned process (never
-forked); the worker exits with the coordinator.
+board holds (index, start time). Runtimes are created here, after the fork (the fork
+server never imports a runtime: engine/fork_server.py); the worker exits with the coordinator.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ _GC_EVERY = 512
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What one core worker needs; picklable for the spawn start method."""
+    """What one core worker needs; picklable (it travels to the forked child)."""
 
     core: int
     board_row: int  # first of this worker's `instances` rows on the status board

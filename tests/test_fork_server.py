@@ -1,0 +1,57 @@
+"""Children come from a fork server: immune to Ctrl-C from their first instruction, and the
+server goes with the pool that used it (engine/fork_server.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+
+from batchinfer.engine import fork_server
+from batchinfer.engine.pool import ChildPool, Message
+
+
+def _report_signals(spec, tasks, results) -> None:
+    # The first instruction of the child: nothing has set its handlers yet.
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)]
+    results.send(("signals", handlers, [spec, os.getppid()]))
+    tasks.recv()
+
+
+def _first_message(pool: ChildPool, deadline_s: float = 30.0) -> tuple:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for event in pool.poll(0.1):
+            if isinstance(event, Message):
+                return event.body
+    raise AssertionError("the child said nothing")
+
+
+def test_children_ignore_sigint_and_sighup_from_their_first_instruction():
+    # This process has Python's own SIGINT handler, as a library caller without the
+    # command's signal router does: a spawned child would start with it too.
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    pool = ChildPool(time.monotonic)
+    try:
+        pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        _, handlers, (spec, ppid) = _first_message(pool)
+        assert handlers == [signal.SIG_IGN, signal.SIG_IGN]
+        assert spec == "spec" and ppid == pool.parent_pid == fork_server.server_pid()
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+
+
+def test_the_fork_server_goes_when_the_last_pool_closes_and_its_cpu_is_counted():
+    first, second = ChildPool(time.monotonic), ChildPool(time.monotonic)
+    first.open()
+    second.start("reader", 0, _report_signals, "spec", 30.0, "starting")
+    _first_message(second)  # the server has imported and forked
+    server = psutil.Process(fork_server.server_pid())
+    first.close(hard=True, join_timeout_s=5.0)
+    assert server.is_running() and fork_server.server_pid() == server.pid  # still used
+    second.close(hard=True, join_timeout_s=5.0)
+    assert fork_server.server_pid() is None
+    assert not psutil.pid_exists(server.pid)  # stopped and reaped, not a zombie
+    assert first.server_cpu_s == 0.0 and second.server_cpu_s > 0.05  # its imports
