@@ -91,6 +91,27 @@ def _run(
     ray_address: str | None = None,
     ray_data: str = "head",
 ) -> None:
+    if ray_address is None:
+        from batchinfer.engine import fork_server
+
+        # The children's fork server imports while this process imports the engine and
+        # plans the run (both take a few tenths of a second).
+        with fork_server.running():
+            _run_here(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
+    else:
+        _run_here(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
+
+
+def _run_here(
+    dataset: Path,
+    model: Path,
+    limit: int | None,
+    labels: Path | None,
+    no_progress: bool,
+    params: dict,
+    ray_address: str | None,
+    ray_data: str,
+) -> None:
     from batchinfer.engine import RunConfig
     from batchinfer.engine import run as run_engine
 

@@ -24,10 +24,12 @@ What the rest of the engine relies on, and how it still holds:
   (engine/child.py). A child closes its copy of that pipe first thing, or a child blocked in
   a read would keep the server, and so itself, alive after a kill -9 of the coordinator.
 - Nothing outlives the run: :func:`release` stops and reaps the server when the last
-  :class:`~batchinfer.engine.pool.ChildPool` of the process closes (after its children are
-  gone), so the leak guard of the tests and the "nothing leaked" rule hold, and the next
-  run's server sees the environment of that run. The server's CPU (its imports) is read
-  before it goes and counted as start-up.
+  user of the process is done (a :class:`~batchinfer.engine.pool.ChildPool` when it closes,
+  after its children are gone; the ``run`` command, which launches it before it imports the
+  engine, when it ends), so the leak guard of the tests and the "nothing leaked" rule
+  hold, and the next run's server sees the environment of that run. A pool reads the
+  server's CPU (its imports, its forks) when it closes and counts it as the run's start-up
+  (two runs at once in one process would both count it).
 - The server is multiprocessing's one per process (``multiprocessing.forkserver``): the
   preload list is set when it is launched.
 """
@@ -37,7 +39,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import threading
+from collections.abc import Iterator
 from multiprocessing import forkserver
 
 import psutil
@@ -86,18 +90,32 @@ def cpu_seconds() -> float:
     return 0.0
 
 
-def release() -> float:
-    """One user fewer; the last one stops the server and reaps it, and returns its CPU
-    seconds (else 0). Call it only once the user's children are gone: a child still running
-    dies with the server."""
+def release() -> None:
+    """One user fewer; the last one stops the server and reaps it. Call it only once the
+    user's children are gone: a child still running dies with the server."""
     global _users
     with _lock:
         _users -= 1
         if _users > 0:
-            return 0.0
-        cpu = cpu_seconds()
+            return
+        pid = server_pid()
+        if pid is not None:
+            # Its children are gone and it holds nothing to save: SIGKILL spares waiting
+            # for its interpreter to tear numpy down (tens of ms at the end of every run).
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         forkserver._forkserver._stop()
-        return cpu
+
+
+@contextlib.contextmanager
+def running() -> Iterator[None]:
+    """Hold the server for a block: launched at its start, so it imports while the caller
+    still imports and plans (the ``run`` command), and stopped at its end at the latest."""
+    acquire()
+    try:
+        yield
+    finally:
+        release()
 
 
 def close_inherited_alive_pipe() -> None:

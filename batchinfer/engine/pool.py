@@ -72,7 +72,7 @@ class ChildPool:
         self._poller = select.poll()
         self._fds: dict[int, tuple[bool, Child]] = {}  # fd -> (is sentinel, child)
         self._server = False
-        self.server_cpu_s = 0.0  # the fork server's own CPU seconds, once it is stopped
+        self.server_cpu_s = 0.0  # the fork server's own CPU seconds, read when the pool closes
 
     def open(self) -> None:
         """Launch the fork server now (it imports while the coordinator goes on)."""
@@ -185,4 +185,5 @@ class ChildPool:
             self._forget(child)
         if self._server:
             self._server = False
-            self.server_cpu_s = fork_server.release()
+            self.server_cpu_s = fork_server.cpu_seconds()
+            fork_server.release()
