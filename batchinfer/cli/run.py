@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -77,8 +78,13 @@ def command(
     3 the run could not proceed, 130 interrupted (continue with --resume).
     """
     from batchinfer.cli import fail_cleanly
+    from batchinfer.engine import fork_server
 
-    fail_cleanly(_run)(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
+    # The children's fork server imports while this process imports the engine and plans
+    # the run (both take a few tenths of a second); a run on Ray starts no children here.
+    args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
+    with fork_server.running() if ray_address is None else contextlib.nullcontext():
+        fail_cleanly(_run)(*args)
 
 
 def _run(
@@ -90,27 +96,6 @@ def _run(
     params: dict,
     ray_address: str | None = None,
     ray_data: str = "head",
-) -> None:
-    if ray_address is None:
-        from batchinfer.engine import fork_server
-
-        # The children's fork server imports while this process imports the engine and
-        # plans the run (both take a few tenths of a second).
-        with fork_server.running():
-            _run_here(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
-    else:
-        _run_here(dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
-
-
-def _run_here(
-    dataset: Path,
-    model: Path,
-    limit: int | None,
-    labels: Path | None,
-    no_progress: bool,
-    params: dict,
-    ray_address: str | None,
-    ray_data: str,
 ) -> None:
     from batchinfer.engine import RunConfig
     from batchinfer.engine import run as run_engine
