@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import psutil
@@ -17,7 +18,8 @@ from batchinfer.engine.pool import ChildPool, Message
 def _report_signals(spec, tasks, results) -> None:
     # The first instruction of the child: nothing has set its handlers yet.
     handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)]
-    results.send(("signals", handlers, [spec, os.getppid()]))
+    runtimes = [m for m in sys.modules if m.split(".")[0] in ("onnxruntime", "rknnlite")]
+    results.send(("signals", handlers, [spec, os.getppid()], runtimes))
     tasks.recv()
 
 
@@ -30,15 +32,16 @@ def _first_message(pool: ChildPool, deadline_s: float = 30.0) -> tuple:
     raise AssertionError("the child said nothing")
 
 
-def test_children_ignore_sigint_and_sighup_from_their_first_instruction():
+def test_children_ignore_sigint_and_sighup_from_their_first_instruction_and_hold_no_runtime():
     # This process has Python's own SIGINT handler, as a library caller without the
     # command's signal router does: a spawned child would start with it too.
     assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
     pool = ChildPool(time.monotonic)
     try:
         pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
-        _, handlers, (spec, ppid) = _first_message(pool)
+        _, handlers, (spec, ppid), runtimes = _first_message(pool)
         assert handlers == [signal.SIG_IGN, signal.SIG_IGN]
+        assert runtimes == []  # forked from a server that never imported a runtime
         assert spec == "spec" and ppid == pool.parent_pid == fork_server.server_pid()
     finally:
         pool.close(hard=True, join_timeout_s=5.0)
