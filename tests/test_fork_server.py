@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -19,7 +20,8 @@ def _report_signals(spec, tasks, results) -> None:
     # The first instruction of the child: nothing has set its handlers yet.
     handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)]
     runtimes = [m for m in sys.modules if m.split(".")[0] in ("onnxruntime", "rknnlite")]
-    results.send(("signals", handlers, [spec, os.getppid()], runtimes))
+    env = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH", "HOME")}
+    results.send(("signals", handlers, [spec, os.getppid()], runtimes, env))
     tasks.recv()
 
 
@@ -39,9 +41,11 @@ def test_children_ignore_sigint_and_sighup_from_their_first_instruction_and_hold
     pool = ChildPool(time.monotonic)
     try:
         pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
-        _, handlers, (spec, ppid), runtimes = _first_message(pool)
+        _, handlers, (spec, ppid), runtimes, env = _first_message(pool)
         assert handlers == [signal.SIG_IGN, signal.SIG_IGN]
         assert runtimes == []  # forked from a server that never imported a runtime
+        # The server's launch environment (fork_server.ensure_running) is not the child's.
+        assert env == {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH", "HOME")}
         assert spec == "spec" and ppid == pool.parent_pid == fork_server.server_pid()
     finally:
         pool.close(hard=True, join_timeout_s=5.0)
@@ -70,3 +74,25 @@ def test_a_server_held_for_a_block_is_stopped_at_its_end_even_on_an_error():
         server = psutil.Process(fork_server.server_pid())  # the block still holds it
         raise RuntimeError("planning failed")
     assert fork_server.server_pid() is None and not psutil.pid_exists(server.pid)
+
+
+def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_kit, tmp_path):
+    """The server is started as ``python -c``, whose path began with the current folder:
+    a folder holding a ``batchinfer`` of its own had it imported by the server."""
+    marker = tmp_path / "imported"
+    fake = tmp_path / "cwd" / "batchinfer"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    # As the `batchinfer` command starts: its own folder, not the current one, on the path.
+    entry = "import sys; del sys.path[0]; from batchinfer.entry import main; main()"
+    args = [str(demo_kit.dataset), "--model", str(demo_kit.models["digits"])]
+    args += ["--backend", "sim", "--limit", "50", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, "-c", entry, "run", *args, "--no-progress"],
+        cwd=fake.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), "the fork server imported the current folder's batchinfer"

@@ -30,6 +30,10 @@ What the rest of the engine relies on, and how it still holds:
   hold, and the next run's server sees the environment of that run. A pool reads the
   server's CPU (its imports, its forks) when it closes and counts it as the run's start-up
   (two runs at once in one process would both count it).
+- Children import what the coordinator would: the server is launched with the
+  coordinator's ``sys.path`` and never the current folder (:func:`ensure_running`; on
+  Python 3.10, which has no ``PYTHONSAFEPATH``, a folder shadowing one of the preloaded
+  modules still wins in the server).
 - The server is multiprocessing's one per process (``multiprocessing.forkserver``): the
   preload list is set when it is launched.
 """
@@ -37,9 +41,11 @@ What the rest of the engine relies on, and how it still holds:
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing import forkserver
@@ -70,8 +76,52 @@ def acquire() -> None:
     with _lock:
         _users += 1
         if _users == 1:
-            forkserver.set_forkserver_preload(PRELOAD)
-            forkserver.ensure_running()
+            ensure_running()
+
+
+#: Carries the server's launch environment's original values to fork_server_init.
+ENV_KEY = "_BATCHINFER_FORK_SERVER_ENV"
+
+
+def ensure_running() -> None:
+    """Launch the server if it is not running (again, if it died), importing from this
+    process's ``sys.path``.
+
+    multiprocessing starts the server as ``python -c ...``, whose path begins with the
+    current folder, and (before Python 3.12) never applies the path it is given: a folder
+    holding a ``batchinfer`` or ``queue.py`` of its own would be imported in place of ours.
+    So the server is launched with ``PYTHONPATH`` set to this process's path and
+    ``PYTHONSAFEPATH`` (no current folder; Python 3.11+), and fork_server_init puts both
+    back to what they were, so children see this process's environment.
+    """
+    if _running():
+        return
+    forkserver.set_forkserver_preload(PRELOAD)
+    keys = ("PYTHONPATH", "PYTHONSAFEPATH")
+    saved = {key: os.environ.get(key) for key in keys}
+    path = [os.getcwd() if entry == "" else entry for entry in sys.path]
+    os.environ.update(
+        PYTHONPATH=os.pathsep.join(path), PYTHONSAFEPATH="1", **{ENV_KEY: json.dumps(saved)}
+    )
+    try:
+        forkserver.ensure_running()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        os.environ.pop(ENV_KEY, None)
+
+
+def _running() -> bool:
+    pid = server_pid()
+    if pid is None:
+        return False
+    try:  # not os.waitpid: multiprocessing reaps it, and would fail on a pid reaped here
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def server_pid() -> int | None:

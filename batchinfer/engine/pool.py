@@ -91,6 +91,7 @@ class ChildPool:
     ) -> Child:
         """Start a child with a task pipe to it and a result pipe from it, and watch it."""
         self.open()
+        fork_server.ensure_running()  # relaunched with the right path if it died
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(
