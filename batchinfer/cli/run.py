@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -78,13 +77,19 @@ def command(
     3 the run could not proceed, 130 interrupted (continue with --resume).
     """
     from batchinfer.cli import fail_cleanly
+
+    args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
+    fail_cleanly(_run if ray_address is not None else _run_with_fork_server)(*args)
+
+
+def _run_with_fork_server(*args: object) -> None:
+    """:func:`_run`, with the children's fork server launched first: it imports while this
+    process imports the engine and plans the run (both take a few tenths of a second). Inside
+    fail_cleanly, so a Ctrl-C meanwhile is "interrupted; nothing was started"."""
     from batchinfer.engine import fork_server
 
-    # The children's fork server imports while this process imports the engine and plans
-    # the run (both take a few tenths of a second); a run on Ray starts no children here.
-    args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
-    with fork_server.running() if ray_address is None else contextlib.nullcontext():
-        fail_cleanly(_run)(*args)
+    with fork_server.running():
+        _run(*args)  # type: ignore[arg-type]
 
 
 def _run(
