@@ -228,27 +228,59 @@ def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_resta
     assert stats[0]["restarts"] == 0
 
 
-def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path):
+_MOMENTS = ["server importing", "children starting"]
+
+
+def _wait_for(moment: str, proc: subprocess.Popen) -> list[psutil.Process]:
+    """Wait until the run's fork server is importing (it has forked nothing yet) or has
+    forked children that are still starting; returns every process of the run then.
+
+    No event says either: look at the processes (the server's children are the forked
+    ones; none of them is ready in its first moments, as workers then still load the
+    model).
+    """
+    me = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 60
+    while True:
+        family = _children(me)
+        servers = [c for c in family if "multiprocessing.forkserver" in _cmdline(c)]
+        forked = [c for s in servers for c in _children(s)]
+        if servers and (forked if moment == "children starting" else not forked):
+            return family + forked
+        assert proc.poll() is None and time.monotonic() < deadline, "no fork server started"
+        time.sleep(0.002)
+
+
+@pytest.mark.parametrize("moment", _MOMENTS)
+def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path, moment):
     """Soak: a child died of a Ctrl-C that came while it was still importing (before it
-    could ignore SIGINT), with a traceback and a 'crashed' worker."""
+    could ignore SIGINT), with a traceback and a 'crashed' worker. Children come from a fork
+    server: a Ctrl-C must not kill it while it imports, nor a child it has just forked."""
     proc = _cli(
         str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
         "--out", str(tmp_path / "o"), "--no-progress",
         start_new_session=True,
     )  # fmt: skip
-    me = psutil.Process(proc.pid)
-    deadline = time.monotonic() + 60
-    # No event says "a child is importing": look for a spawned interpreter that has been
-    # running for a moment (the coordinator is done starting it; it is still importing).
-    while not any(
-        "spawn_main" in _cmdline(c) and time.time() - c.create_time() > 0.05 for c in _children(me)
-    ):
-        assert proc.poll() is None and time.monotonic() < deadline, "no child started"
-        time.sleep(0.005)
+    _wait_for(moment, proc)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "crashed" not in err and "KeyboardInterrupt" not in err
+
+
+@pytest.mark.parametrize("moment", _MOMENTS)
+def test_kill_9_of_the_coordinator_while_children_start_leaves_nothing(demo_kit, tmp_path, moment):
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--out", str(tmp_path / "o"), "--no-progress",
+    )  # fmt: skip
+    family = _wait_for(moment, proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    family += [c for p in family for c in _children(p)]  # forked since, if any
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"outlived the coordinator: {[p.cmdline() for p in alive]}"
+    assert not [n for n in os.listdir(SHM_DIR) if f"-{proc.pid}-" in n]
 
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:

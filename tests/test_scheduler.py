@@ -17,6 +17,8 @@ from batchinfer.engine.scheduler import (
     MAX_CRASHES_IN_ROW,
     MAX_READER_DEATHS,
     QUEUED_PER_INSTANCE,
+    READ_BATCH,
+    REFILL_AT,
     ReaderDeathsExceeded,
     Scheduler,
 )
@@ -52,6 +54,21 @@ def test_reads_go_to_the_least_loaded_reader_and_errors_are_rows_at_once():
     assert list(s.ready) == [slots[1]]
 
 
+def test_a_busy_reader_gets_new_reads_in_batches_an_idle_one_at_once():
+    s = Scheduler(2 + 2 * READ_BATCH, (0,), 1, readers=1, max_attempts=2)
+    first = [s.admit(item(0), 0.0, needs_reader=True)]
+    assert s.take_reads() == {0: first}  # idle: at once
+    more = [s.admit(item(i), 0.0, needs_reader=True) for i in range(1, READ_BATCH)]
+    assert s.take_reads() == {}  # busy: they wait for company
+    more.append(s.admit(item(READ_BATCH), 0.0, needs_reader=True))
+    assert s.take_reads() == {0: more}  # a batch's worth
+    late = s.admit(item(99), 0.0, needs_reader=True)
+    assert s.take_reads() == {}
+    for slot in first + more:
+        s.loaded(slot, 1.0, None, 1.0)
+    assert s.take_reads() == {0: [late]}  # idle again: what waits goes
+
+
 def test_dispatch_balances_cores_and_respects_their_capacity():
     s = ready_scheduler(slots=20, k=1)
     admit_ready(s, 20)
@@ -62,8 +79,14 @@ def test_dispatch_balances_cores_and_respects_their_capacity():
     done = s.done(1, sent[1][0], None)
     assert (done.error, done.attempt, done.core) == (None, 1, 1)
     s.release(done.slot)
-    next_ready = s.ready[0]
-    assert s.dispatch(0.0) == {1: [next_ready]}  # the one core with room gets the next item
+    # Core 1 has room for one, but still holds more than REFILL_AT: items are not sent one
+    # by one as room appears; once it is down to REFILL_AT, it is filled up in one message.
+    assert s.dispatch(0.0) == {}
+    for slot in sent[1][1 : QUEUED_PER_INSTANCE - REFILL_AT]:
+        s.release(s.done(1, slot, None).slot)
+    assert len(s.cores[1].inflight) == REFILL_AT
+    next_ready = list(s.ready)[: QUEUED_PER_INSTANCE - REFILL_AT]
+    assert s.dispatch(0.0) == {1: next_ready}
 
 
 def test_a_none_is_retried_on_a_core_the_item_has_not_tried():
@@ -91,7 +114,8 @@ def test_a_retry_waits_for_an_untried_core_rather_than_reusing_the_failed_one():
     # Core 1 is full, core 0 has room: the retry must wait for core 1.
     assert victim not in s.dispatch(0.0).get(0, [])
     assert victim in s.ready
-    s.release(s.done(1, sent[1][0], None).slot)
+    for slot in sent[1][: QUEUED_PER_INSTANCE - REFILL_AT]:  # core 1 down to REFILL_AT
+        s.release(s.done(1, slot, None).slot)
     assert victim in s.dispatch(0.0).get(1, [])
     assert len(slots) == n
 

@@ -1,10 +1,12 @@
 """What every child process (reader, core worker) does first, and how it reports failure.
 
 - Ctrl-C and a closed terminal go to the whole process group; only the coordinator decides
-  what they mean, so children ignore SIGINT and SIGHUP (started by the ``batchinfer``
-  command they ignore them from their first instruction: see engine/signals.py).
+  what they mean, so children ignore SIGINT and SIGHUP (from their first instruction: they
+  are forked by a fork server that ignores them, engine/fork_server.py).
 - A child must never outlive the coordinator, even blocked in a read of a hanging file:
-  on Linux the kernel sends it SIGKILL when the coordinator dies (PR_SET_PDEATHSIG).
+  on Linux the kernel sends it SIGKILL when its parent, the fork server, dies
+  (PR_SET_PDEATHSIG), and the server exits when the coordinator does. The child closes its
+  copy of the pipe that tells the server so first.
 - A child whose coordinator is gone exits quietly (no BrokenPipeError traceback).
 - An exception during start-up travels back as ("failed", traceback text), so the
   coordinator shows it once, instead of seeing only "exit code 1" (PyTorch's
@@ -22,6 +24,7 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 
+from batchinfer.engine import fork_server
 from batchinfer.engine.affinity import pin_current_process
 
 _PR_SET_PDEATHSIG = 1
@@ -42,10 +45,12 @@ _TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
 
 
 def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
-    """Signals, parent-death signal and CPU affinity for a freshly spawned child."""
+    """Signals, parent-death signal and CPU affinity for a freshly forked child;
+    ``parent_pid`` is the fork server's."""
     for s in _TERMINAL_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    fork_server.close_inherited_alive_pipe()
     _die_with_parent(parent_pid)
     pin_current_process(cpus)
 

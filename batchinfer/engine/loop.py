@@ -125,6 +125,7 @@ class Engine(EngineLoop):
 
     def _setup(self) -> None:
         plan = self.plan
+        self.pool.open()  # the fork server imports while the segments are made
         self.memory = RunMemory(
             plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._max_readers
         )
@@ -405,6 +406,7 @@ class Engine(EngineLoop):
         for child in self.pool.live():
             self.usage.child_gone(child)  # its last report: stopped children send no more
         self.pool.close(self.hard_stop, _JOIN_TIMEOUT_S)
+        self.usage.add_startup(self.pool.server_cpu_s)
         if self.memory is not None:
             self.memory.close()
         self.backend.end_run()

@@ -13,12 +13,13 @@ and shutdown order in the NOTE of slots.py.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import select
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+
+from batchinfer.engine import fork_server
 
 _REAP_TIMEOUT_S = 1.0
 
@@ -61,19 +62,36 @@ class Exited:
 
 
 class ChildPool:
-    """Processes of one run, started with ``spawn`` (a runtime is never forked)."""
+    """Processes of one run, forked by the run's fork server (engine/fork_server.py; a
+    runtime is never forked: children create theirs)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self.ctx = mp.get_context("spawn")
+        self.ctx = fork_server.context()
         self.clock = clock
         self.children: list[Child] = []
         self._poller = select.poll()
         self._fds: dict[int, tuple[bool, Child]] = {}  # fd -> (is sentinel, child)
+        self._server = False
+        self.server_cpu_s = 0.0  # the fork server's own CPU seconds, read when the pool closes
+
+    def open(self) -> None:
+        """Launch the fork server now (it imports while the coordinator goes on)."""
+        if not self._server:
+            fork_server.acquire()
+            self._server = True
+
+    @property
+    def parent_pid(self) -> int:
+        """The pid a child's parent will have: the fork server's."""
+        self.open()
+        return fork_server.server_pid()
 
     def start(
         self, kind: str, key: int, target: Callable, spec: Any, timeout_s: float, phase: str
     ) -> Child:
         """Start a child with a task pipe to it and a result pipe from it, and watch it."""
+        self.open()
+        fork_server.ensure_running()  # relaunched with the right path if it died
         task_r, task_w = self.ctx.Pipe(duplex=False)
         res_r, res_w = self.ctx.Pipe(duplex=False)
         proc = self.ctx.Process(
@@ -166,3 +184,7 @@ class ChildPool:
                 child.proc.join(join_timeout_s)
         for child in live:
             self._forget(child)
+        if self._server:
+            self._server = False
+            self.server_cpu_s = fork_server.cpu_seconds()
+            fork_server.release()

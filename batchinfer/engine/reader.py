@@ -34,7 +34,7 @@ _SEND_AFTER_S = 0.005
 
 @dataclass(frozen=True)
 class ReaderSpec:
-    """What one reader process needs; picklable for the spawn start method."""
+    """What one reader process needs; picklable (it travels to the forked child)."""
 
     reader_id: int
     board_row: int

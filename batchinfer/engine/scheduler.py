@@ -51,6 +51,13 @@ MAX_READER_DEATHS = 10
 # instance never waits for the coordinator between two inferences, even while the worker
 # holds finished results back for a moment to send several in one message (worker.py).
 QUEUED_PER_INSTANCE = 6
+# Fewer, larger messages: a core is refilled (up to its capacity) once it holds at most
+# REFILL_AT items per instance, so one message carries several items instead of each item
+# travelling alone as soon as a slot is ready; what it still holds then keeps it busy while
+# the refill travels. Likewise a reader gets new reads when it holds none, or once
+# READ_BATCH of them are waiting.
+REFILL_AT = QUEUED_PER_INSTANCE // 2
+READ_BATCH = 4
 
 FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
 
@@ -125,6 +132,7 @@ class Scheduler:
         self.ready: deque[int] = deque()
         capacity = QUEUED_PER_INSTANCE * instances_per_core
         self.cores = {c: CoreState(c, capacity) for c in cores}
+        self.refill_at = REFILL_AT * instances_per_core
         self.max_attempts = max_attempts
         self.unsent: list[list[int]] = [[] for _ in range(readers)]
         self.reading: list[deque[int]] = [deque() for _ in range(readers)]
@@ -192,7 +200,7 @@ class Scheduler:
         """Slots to send to each reader now (they count as being read from here on)."""
         out = {}
         for reader, slots in enumerate(self.unsent):
-            if slots:
+            if slots and (not self.reading[reader] or len(slots) >= READ_BATCH):
                 out[reader] = slots
                 self.reading[reader].extend(slots)
                 self.unsent[reader] = []
@@ -245,17 +253,19 @@ class Scheduler:
 
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, now: float) -> dict[int, list[int]]:
-        """READY slots to send to each core now (they are INFERRING from here on)."""
+        """READY slots to send to each core now (they are INFERRING from here on): to cores
+        that are down to REFILL_AT items per instance, up to their capacity."""
         out: dict[int, list[int]] = {}
         if self.stopping:
             return out
         waiting: list[int] = []
+        hungry = [
+            c
+            for c in self.cores.values()
+            if c.state == "ready" and len(c.inflight) <= self.refill_at and c.suspect is None
+        ]
         while self.ready:
-            open_cores = [
-                c
-                for c in self.cores.values()
-                if c.state == "ready" and len(c.inflight) < c.capacity and c.suspect is None
-            ]
+            open_cores = [c for c in hungry if len(c.inflight) < c.capacity and c.suspect is None]
             if not open_cores:
                 break
             slot = self.ready.popleft()

@@ -16,8 +16,9 @@ takes the signals with ``sigwaitinfo`` in one thread of its own (a blocked signa
 discarded, even while ignored). That thread hands each signal to the current route.
 
 A library caller that did not install a router gets Python handlers for the duration of
-the call instead (:class:`StopSignals` does either); its children are immune once they
-have started, not while they import.
+the call instead (:class:`StopSignals` does either). Its children are immune from their
+first instruction too: they are forked by a fork server that ignores SIGINT and SIGHUP
+(engine/fork_server.py), whatever the caller's handlers.
 """
 
 from __future__ import annotations

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pool import Child, ChildPool
@@ -25,7 +23,7 @@ def start_worker(
         board=memory.board.spec,
         input_layout=plan.preprocess.layout,
         cpus=plan.cpus,
-        parent_pid=os.getpid(),
+        parent_pid=pool.parent_pid,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(
@@ -50,7 +48,7 @@ def start_reader(
         preprocess=plan.preprocess,
         kind=kind,
         cpus=plan.cpus,
-        parent_pid=os.getpid(),
+        parent_pid=pool.parent_pid,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(

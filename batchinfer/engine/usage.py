@@ -3,11 +3,11 @@
 Children report their own CPU seconds (every thread, user + system) with their messages; a
 child that is restarted starts from zero, so each incarnation's last report is added when
 it is gone. Start-up (imports, loading the model, the canary) is a fixed cost per process,
-so it is counted apart: ``startup`` holds each child's CPU until it was ready and the
-coordinator's until the run started, and the roles hold only what came after (what a
-run's CPU per item means). Its peak RSS is
-sampled while the engine runs (every ``SAMPLE_EVERY_S``), so it is this run's peak, not the
-peak of whatever process launched it (``ru_maxrss`` would carry that over).
+so it is counted apart: ``startup`` holds each child's CPU until it was ready, the fork
+server's (its imports) and the coordinator's until the run started, and the roles hold
+only what came after (what a run's CPU per item means). Its peak RSS is sampled while the
+engine runs (every ``SAMPLE_EVERY_S``), so it is this run's peak, not the peak of whatever
+process launched it (``ru_maxrss`` would carry that over).
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ class Usage:
             child.cpu_s - child.cpu_at_ready
         )
         self._gone["startup"] += child.cpu_at_ready
+
+    def add_startup(self, cpu_s: float) -> None:
+        """Add start-up CPU of a process that is no child (the fork server's imports)."""
+        self._gone["startup"] += cpu_s
 
     def started(self) -> None:
         """The run proper starts: the coordinator's CPU from here on is the run's."""

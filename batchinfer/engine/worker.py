@@ -17,8 +17,8 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
 Each instance thread takes the next item from one queue; results leave in batches through one
 sender thread (whatever finished while the last message was being sent), so an instance goes
 straight from one inference to the next. While an instance infers, its row on the status
-board holds (index, start time). Runtimes are created here, in the spawned process (never
-forked); the worker exits with the coordinator.
+board holds (index, start time). Runtimes are created here, after the fork (the fork
+server never imports a runtime: engine/fork_server.py); the worker exits with the coordinator.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import numpy as np
 
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
-from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import BatchinferError, InferenceError
 from batchinfer.runtime._rknn_log import quiet_instance_logs
@@ -46,7 +45,7 @@ from batchinfer.runtime.backends import Backend
 # Results per message and how long one may wait for others (see sender_loop).
 BATCH_MAX = 16
 BATCH_WAIT_S = 0.002
-REFILL_AT = QUEUED_PER_INSTANCE // 2
+SEND_NOW_BELOW = 1
 
 # Python-side reference cycles pile up in long inference loops on the real runtime
 # (~42 kB per call, airockchip/rknn-toolkit2#42); a periodic collection keeps memory flat.
@@ -55,7 +54,7 @@ _GC_EVERY = 512
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What one core worker needs; picklable for the spawn start method."""
+    """What one core worker needs; picklable (it travels to the forked child)."""
 
     core: int
     board_row: int  # first of this worker's `instances` rows on the status board
@@ -162,11 +161,12 @@ def _serve(
     busy = _BusyClock()
 
     def sender_loop() -> None:
-        # Batching: while this worker still has at least REFILL_AT items queued per instance,
-        # results wait (at most BATCH_WAIT_S) for company, so one message carries several;
-        # once the queue runs low they go at once, so the coordinator can refill it before
-        # an instance runs dry.
-        low_water = REFILL_AT * spec.instances
+        # Batching: while this worker still has at least SEND_NOW_BELOW items queued per
+        # instance, results wait (at most BATCH_WAIT_S) for company, so one message carries
+        # several; once the queue is that low they go at once, so the coordinator can refill
+        # it before an instance runs dry (it refills a worker only once it is down to
+        # REFILL_AT per instance: scheduler.py).
+        low_water = SEND_NOW_BELOW * spec.instances
         end = False
         while not end and (first := outbox.get()) is not None:
             batch = [first]

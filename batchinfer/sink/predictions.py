@@ -127,22 +127,23 @@ def top_k_batch(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     if k <= 0:
         return np.empty((n, 0), np.int32), np.empty((n, 0), np.float32)
     key = scores
-    nan = np.isnan(key)
-    if nan.any():
-        key = np.where(nan, -np.inf, key)
+    if np.isnan(key.min()):  # min propagates NaN: no n x C mask unless there is one
+        key = np.where(np.isnan(key), -np.inf, key)
     rows = np.arange(n)[:, None]
     if k < c:
-        # After argpartition at C-k, the last k positions hold the k largest (unordered).
-        candidates = np.argpartition(key, c - k, axis=1)[:, c - k :]
+        # After argpartition at C-k-1 and C-k, the last k positions hold the k largest
+        # (unordered) and position C-k-1 the next one.
+        order = np.argpartition(key, (c - k - 1, c - k), axis=1)
+        candidates = order[:, c - k :]
+        kth, next_below = key[rows[:, 0], order[:, c - k]], key[rows[:, 0], order[:, c - k - 1]]
     else:
         candidates = np.broadcast_to(np.arange(c), (n, c))
     values = key[rows, candidates]
     index = candidates[rows, np.lexsort((candidates, -values), axis=1)]
     if k < c:
-        # argpartition chooses arbitrarily among values tied at the k-th place: such rows
-        # are sorted whole, so the lower class indexes win.
-        kth = key[np.arange(n), index[:, -1]]
-        for r in np.flatnonzero(np.count_nonzero(key >= kth[:, None], axis=1) > k):
+        # argpartition chooses arbitrarily among values tied at the k-th place (the next
+        # value equals the k-th): such rows are sorted whole, so the lower class indexes win.
+        for r in np.flatnonzero(next_below == kth):
             index[r] = np.lexsort((np.arange(c), -key[r].astype(np.float64)))[:k]
     return index.astype(np.int32), scores[rows, index].astype(np.float32)
 

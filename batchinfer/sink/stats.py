@@ -166,8 +166,13 @@ class CoreStatsRecorder:
     def _core(self, core: CoreKey | None) -> _CoreCounters:
         if core is None:
             return self._no_core
-        # A core that was not announced still gets its row rather than being lost.
-        return self._cores.setdefault(_where(core), _CoreCounters())
+        # A core that was not announced still gets its row rather than being lost. (Not
+        # setdefault: that built a histogram on every call, twice per row.)
+        where = _where(core)
+        counters = self._cores.get(where)
+        if counters is None:
+            counters = self._cores[where] = _CoreCounters()
+        return counters
 
     def mark_dispatch(self, t: float) -> None:
         """Note the first dispatch time (time.monotonic scale); later calls are ignored."""

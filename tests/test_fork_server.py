@@ -1,0 +1,98 @@
+"""Children come from a fork server: immune to Ctrl-C from their first instruction, and the
+server goes with the pool that used it (engine/fork_server.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from batchinfer.engine import fork_server
+from batchinfer.engine.pool import ChildPool, Message
+
+
+def _report_signals(spec, tasks, results) -> None:
+    # The first instruction of the child: nothing has set its handlers yet.
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGHUP)]
+    runtimes = [m for m in sys.modules if m.split(".")[0] in ("onnxruntime", "rknnlite")]
+    env = {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH", "HOME")}
+    results.send(("signals", handlers, [spec, os.getppid()], runtimes, env))
+    tasks.recv()
+
+
+def _first_message(pool: ChildPool, deadline_s: float = 30.0) -> tuple:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for event in pool.poll(0.1):
+            if isinstance(event, Message):
+                return event.body
+    raise AssertionError("the child said nothing")
+
+
+def test_children_ignore_sigint_and_sighup_from_their_first_instruction_and_hold_no_runtime():
+    # This process has Python's own SIGINT handler, as a library caller without the
+    # command's signal router does: a spawned child would start with it too.
+    assert signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+    pool = ChildPool(time.monotonic)
+    try:
+        pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        _, handlers, (spec, ppid), runtimes, env = _first_message(pool)
+        assert handlers == [signal.SIG_IGN, signal.SIG_IGN]
+        assert runtimes == []  # forked from a server that never imported a runtime
+        # The server's launch environment (fork_server.ensure_running) is not the child's.
+        assert env == {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH", "HOME")}
+        assert spec == "spec" and ppid == pool.parent_pid == fork_server.server_pid()
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+
+
+def test_the_fork_server_goes_when_the_last_user_is_done_and_its_cpu_is_counted():
+    first, second = ChildPool(time.monotonic), ChildPool(time.monotonic)
+    first.open()
+    second.start("reader", 0, _report_signals, "spec", 30.0, "starting")
+    _first_message(second)  # the server has imported and forked
+    server = psutil.Process(fork_server.server_pid())
+    first.close(hard=True, join_timeout_s=5.0)
+    assert server.is_running() and fork_server.server_pid() == server.pid  # still used
+    second.close(hard=True, join_timeout_s=5.0)
+    assert fork_server.server_pid() is None
+    assert not psutil.pid_exists(server.pid)  # stopped and reaped, not a zombie
+    assert first.server_cpu_s > 0.05 and second.server_cpu_s >= first.server_cpu_s  # imports
+
+
+def test_a_server_held_for_a_block_is_stopped_at_its_end_even_on_an_error():
+    with pytest.raises(RuntimeError), fork_server.running():
+        pool = ChildPool(time.monotonic)
+        pool.start("reader", 0, _report_signals, "spec", 30.0, "starting")
+        _first_message(pool)
+        pool.close(hard=True, join_timeout_s=5.0)
+        server = psutil.Process(fork_server.server_pid())  # the block still holds it
+        raise RuntimeError("planning failed")
+    assert fork_server.server_pid() is None and not psutil.pid_exists(server.pid)
+
+
+def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_kit, tmp_path):
+    """The server is started as ``python -c``, whose path began with the current folder:
+    a folder holding a ``batchinfer`` of its own had it imported by the server."""
+    marker = tmp_path / "imported"
+    fake = tmp_path / "cwd" / "batchinfer"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    # As the `batchinfer` command starts: its own folder, not the current one, on the path.
+    entry = "import sys; del sys.path[0]; from batchinfer.entry import main; main()"
+    args = [str(demo_kit.dataset), "--model", str(demo_kit.models["digits"])]
+    args += ["--backend", "sim", "--limit", "50", "--out", str(tmp_path / "o")]
+    proc = subprocess.run(
+        [sys.executable, "-c", entry, "run", *args, "--no-progress"],
+        cwd=fake.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists(), "the fork server imported the current folder's batchinfer"
