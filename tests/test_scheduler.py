@@ -223,6 +223,24 @@ def test_a_reader_death_charges_the_file_it_was_decoding_and_rereads_the_rest():
     assert s.reader_deaths == 0, "a file's fault is not the machine's"
 
 
+def test_a_reader_being_stopped_is_never_sent_the_reads_it_was_waiting_to_batch():
+    # Reader 1 is busy, so two more reads wait for a batch; then the run has readers to
+    # spare and closes it. It once was told to stop as soon as its read in flight was
+    # done, then sent the waiting reads: it exited holding them, and that counted as a
+    # reader death with no file to blame (and "reader 1 stopped ...; started a new one").
+    s = Scheduler(12, (0,), 1, readers=2, max_attempts=2)
+    first = [s.admit(item(i), 0.0, needs_reader=True) for i in range(2)]
+    assert s.take_reads() == {0: [first[0]], 1: [first[1]]}
+    waiting = [s.admit(item(i), 0.0, needs_reader=True) for i in range(2, 6)]
+    assert s.take_reads() == {}  # both readers busy: the new reads wait for a batch
+    s.close_reader(1)
+    assert s.held_by_reader(1) == 1  # the read in flight; once done, the loop stops it
+    s.loaded(first[1], 1.0, None, 0.1)
+    assert s.held_by_reader(1) == 0
+    sent = s.take_reads()  # (the stop went out here) and nothing more may go to reader 1
+    assert 1 not in sent and sorted(s.unsent[0] + sent.get(0, [])) == sorted(waiting)
+
+
 def test_reader_deaths_with_no_file_to_blame_are_limited():
     s = Scheduler(4, (0,), 1, readers=1, max_attempts=2)
     for _ in range(MAX_READER_DEATHS):

@@ -357,7 +357,7 @@ class Engine(EngineLoop):
     def _held_by(self, child: Child) -> int:
         if child.kind == "worker":
             return len(self.scheduler.cores[child.key].inflight)
-        return self.scheduler.held_by_reader(child.key)
+        return len(self.scheduler.reading[child.key])  # sent to it (unsent ones wait here)
 
     def _on_reader_exit(self, child: Child, working: list, what: str) -> None:
         if child.key in self.scheduler.closing and not self.scheduler.held_by_reader(child.key):

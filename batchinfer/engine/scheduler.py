@@ -163,7 +163,8 @@ class Scheduler:
         return [c for c, s in self.cores.items() if s.state != "retired"]
 
     def held_by_reader(self, reader: int) -> int:
-        return len(self.reading[reader])
+        """Slots sent to ``reader`` and not loaded yet (the ones waiting for a batch too)."""
+        return len(self.reading[reader]) + len(self.unsent[reader])
 
     # ------------------------------------------------------------------ admission and reads
     def admit(self, item: Item, now: float, needs_reader: bool) -> int:
@@ -185,8 +186,15 @@ class Scheduler:
         return len(self.unsent) - 1
 
     def close_reader(self, reader: int) -> None:
-        """Reader ``reader`` gets no new reads (it is stopped once it holds none)."""
+        """Reader ``reader`` gets no new reads (it is stopped once it holds none).
+
+        Slots it was given but not yet sent (waiting for a batch) go to the open readers:
+        a reader that is told to stop must never be sent a read after that.
+        """
         self.closing.add(reader)
+        waiting, self.unsent[reader] = self.unsent[reader], []
+        for slot in waiting:
+            self._assign_reader(slot)
 
     def open_readers(self) -> list[int]:
         return [r for r in range(len(self.unsent)) if r not in self.closing]
