@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batchinfer.engine import events as ev
 from batchinfer.errors import render_fields
+from batchinfer.sink.stats import place_name
 
 # A listing shorter than this says nothing; a longer one a line every LISTING_LINE_EVERY
 # entries in a log (on a terminal: one line, updated).
@@ -102,9 +103,7 @@ def format_summary(table: pa.Table) -> str:
     rows.sort(key=lambda r: (r["core"] is None, r.get("node") or "", r["core"] or 0))
     for r in rows:
         util = None if r["utilization"] is None else 100 * r["utilization"]
-        name = "all" if r["core"] is None else str(r["core"])
-        if r.get("node") is not None and r["core"] is not None:
-            name = f"{r['node']}/{r['core']}"
+        name = "all" if r["core"] is None else place_name(r.get("node"), r["core"])
         lines.append(
             (
                 name,

@@ -69,7 +69,7 @@ from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import NoCoreError, RunFailedError, UsageError
 from batchinfer.runtime.backends import Backend
 from batchinfer.sink.rows import RowSink
-from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.sink.stats import CoreStatsRecorder, place_name
 
 log = logging.getLogger("batchinfer")
 
@@ -228,7 +228,7 @@ class ClusterEngine(EngineLoop):
             stats=self.stats,
             warnings=self.warnings,
             sdk_versions=self.sdk_versions,  # type: ignore[arg-type]
-            retired_cores=[f"{n}/{c}" for n, c in retired],  # type: ignore[misc]
+            retired_cores=[place_name(n, c) for n, c in retired],  # type: ignore[misc]
             backend=self.plan.backend.describe(),
             collect_s=self.collector.collect_s,
         )
@@ -472,7 +472,7 @@ class ClusterEngine(EngineLoop):
             self._retire(actor, info["init_failed"])
             return
         node, core = actor.where
-        self.sdk_versions[f"{node}/{core}"] = info.get("sdk_version")
+        self.sdk_versions[place_name(node, core)] = info.get("sdk_version")
         if not self._opened:
             self._opened = True
             self.sink.open([(tuple(s), "float32") for s, _ in info["outputs"]])

@@ -37,6 +37,7 @@ import numpy as np
 
 from batchinfer.errors import RunFailedError
 from batchinfer.evaluate.items import ItemResults
+from batchinfer.sink.stats import place_name, place_order
 
 
 # --------------------------------------------------------------------------- functions
@@ -227,7 +228,7 @@ class EvalInputs:
             (r.get("node"), r["core"]): r for r in self.core_stats if r.get("core") is not None
         }
         places = d.places
-        keys = sorted({p for p in places if p[1] >= 0} | set(stats), key=_place_order)
+        keys = sorted({p for p in places if p[1] >= 0} | set(stats), key=place_order)
         rows = []
         for node, core in keys:
             on = np.array([p == (node, core) for p in places], dtype=bool)
@@ -252,15 +253,6 @@ class EvalInputs:
                 }
             )
         return rows
-
-
-def place_name(node: str | None, core: int) -> str:
-    """A core as reports name it: ``2`` on one board, ``node1/2`` on a cluster (as ``run``)."""
-    return str(core) if node is None else f"{node}/{core}"
-
-
-def _place_order(place: tuple[str | None, int]) -> tuple:
-    return (place[0] is not None, place[0] or "", place[1])
 
 
 # --------------------------------------------------------------------------- the registry

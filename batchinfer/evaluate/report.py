@@ -29,8 +29,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
-from batchinfer.evaluate.metrics import place_name
 from batchinfer.evaluate.summary import on_cluster
+from batchinfer.sink.stats import place_name
 
 _GATE_STYLE = {
     "min": ("#c62828", "--", "floor"),

@@ -164,11 +164,11 @@ class CoreStatsRecorder:
         self._timeline: dict[tuple[tuple[str | None, int] | None, int], list[int]] = {}
 
     def _core(self, core: CoreKey | None) -> _CoreCounters:
-        if core is None:
-            return self._no_core
+        return self._no_core if core is None else self._at(_where(core))
+
+    def _at(self, where: tuple[str | None, int]) -> _CoreCounters:
         # A core that was not announced still gets its row rather than being lost. (Not
         # setdefault: that built a histogram on every call, twice per row.)
-        where = _where(core)
         counters = self._cores.get(where)
         if counters is None:
             counters = self._cores[where] = _CoreCounters()
@@ -214,28 +214,27 @@ class CoreStatsRecorder:
         if self._t0 is None:
             self._t0 = min(r.t_done for r in rows)
         t0, timeline = self._t0, self._timeline
-        latencies: dict[CoreKey, list[float]] = {}
+        latencies: dict[tuple[str | None, int] | None, list[float]] = {}
         for r in rows:
-            node = getattr(r, "node", None)
-            key = r.core if r.core is None or node is None else (node, r.core)
-            c = self._core(key)
+            # (node, core) once per row: the counters, histogram and timeline all use it.
+            where = None if r.core is None else (getattr(r, "node", None), int(r.core))
+            c = self._no_core if where is None else self._at(where)
             t, ok = r.t_done, r.error is None
             c.items += 1
             if not ok:
                 c.errors += 1
             if r.latency_ms is not None:
-                latencies.setdefault(key, []).append(r.latency_ms)
+                latencies.setdefault(where, []).append(r.latency_ms)
             if c.last_done is None or t > c.last_done:
                 c.last_done = t
             if self._t_last is None or t > self._t_last:
                 self._t_last = t
-            where = None if key is None else _where(key)
             slot = timeline.setdefault((where, max(0, int(t - t0))), [0, 0])
             slot[0] += 1
             if not ok:
                 slot[1] += 1
-        for core, values in latencies.items():
-            hist = self._core(core).latency
+        for where, values in latencies.items():
+            hist = (self._no_core if where is None else self._at(where)).latency
             if len(values) > 8:
                 hist.add_many(np.asarray(values))
             else:
@@ -259,7 +258,7 @@ class CoreStatsRecorder:
     def table(self) -> pa.Table:
         """One row per core, then a total row with core null (see core_stats.parquet)."""
         rows = []
-        for key in sorted(self._cores, key=_order):
+        for key in sorted(self._cores, key=place_order):
             c = self._cores[key]
             wall = self._wall(c.last_done)
             rows.append(self._row(key, self.instances_per_core, c, c.latency, c.busy_s, wall))
@@ -291,7 +290,9 @@ class CoreStatsRecorder:
 
     def timeline_table(self) -> pa.Table:
         """Completions and errors per core per second since the first dispatch."""
-        keys = sorted(self._timeline, key=lambda k: (k[1], (0,) if k[0] is None else _order(k[0])))
+        keys = sorted(
+            self._timeline, key=lambda k: (k[1], (0,) if k[0] is None else place_order(k[0]))
+        )
         return pa.table(
             {
                 "invocation": pa.array([self.invocation] * len(keys), pa.int16()),
@@ -342,8 +343,14 @@ def _where(core: CoreKey) -> tuple[str | None, int]:
     return None, int(core)
 
 
-def _order(key: tuple[str | None, int]) -> tuple:
+def place_order(key: tuple[str | None, int]) -> tuple:
+    """Sort key of (node, core): one board's cores first, then each node's in name order."""
     return (key[0] is not None, key[0] or "", key[1])
+
+
+def place_name(node: str | None, core: int) -> str:
+    """A core as every report names it: ``2`` on one board, ``node1/2`` on a cluster."""
+    return str(core) if node is None else f"{node}/{core}"
 
 
 def percentile_column(q: float) -> str:
