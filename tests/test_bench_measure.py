@@ -70,6 +70,7 @@ class Run:
         self.obs.notify(ev.ChildReady("worker", 0, 4242))
         self.m.cpu[4242] = 0.0
         self.obs.notify(ev.Started(None, (0,), "sim", 1, self.m.t))
+        self.obs.notify(ev.CoresReady(self.m.t))
 
     def advance(self, until: float, rate, step: float = 0.01) -> None:
         """Move the clock to ``until``; rows complete evenly at ``rate(t)`` per second."""
@@ -101,6 +102,21 @@ def test_warm_up_is_excluded_and_the_run_stops_after_its_duration_when_stable():
     assert obs.cpu_start.t == pytest.approx(101.0, abs=0.011)
     # Rows keep being logged after the end (the drain), but windows stop counting.
     assert r.probes == 1 + 3  # at the start, then at each boundary
+
+
+def test_warm_up_counts_from_when_every_core_is_up_not_from_the_first_items():
+    """On one board items flow while core workers start (Started); the warm-up is the
+    steady run's ramp, so it starts at CoresReady."""
+    r = Run()
+    r.obs.notify(ev.ChildReady("worker", 0, 4242))
+    r.m.cpu[4242] = 0.0
+    r.obs.notify(ev.Started(None, (0,), "sim", 1, r.m.t))
+    r.advance(101.5, rate=lambda t: 50.0)  # one core up of two, for 1.5 s
+    assert r.obs.phase == "starting" and r.obs.t_start is None
+    r.obs.notify(ev.CoresReady(r.m.t))
+    r.advance(120.0, rate=lambda t: 100.0)
+    assert (r.obs.t_start, r.obs.t_end) == pytest.approx((102.5, 105.5))
+    assert r.obs.counts[:3] == [100, 100, 100]
 
 
 def test_unstable_windows_extend_the_run_until_the_last_three_agree():

@@ -155,8 +155,9 @@ def test_nonsense_counts_are_usage_errors(demo_kit, tmp_path, option, value, lim
 
 def test_a_worker_that_hangs_while_starting_is_timed_out_and_named(demo_kit, tmp_path):
     args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o", "--limit", "20")
-    argv = [sys.executable, "-m", "batchinfer", *map(str, args)]
-    # Call 1 on core 0 is that worker's canary inference, made before it reports ready.
+    argv = [sys.executable, "-m", "batchinfer", *map(str, args), "--cores", "0"]
+    # Call 1 on core 0 is that worker's canary inference, made before it reports ready. Only
+    # core 0, because ready cores would do the 20 items meanwhile and the run would end first.
     argv += ["--inference-timeout-s", "1", "--sim-fault", "hang:core=0:call=1"]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True

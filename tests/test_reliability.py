@@ -28,14 +28,14 @@ from batchinfer.errors import NoCoreError, OutputWriteError, SharedMemoryError
 from batchinfer.results import read_predictions
 
 
-def _run_digits(demo_kit, *faults: str, **settings):
+def _run_digits(demo_kit, *faults: str, npu_ms: float = 0.2, **settings):
     """Run the demo digits on the emulator (fast timing) with ``faults`` injected."""
     return run(
         config(
             dataset=demo_kit.dataset,
             model=demo_kit.models["digits"],
             backend="sim",
-            sim=fast_sim(*faults),
+            sim=fast_sim(*faults, npu_ms=npu_ms),
             **settings,
         )
     )
@@ -127,7 +127,9 @@ def test_broken_files_become_error_rows_naming_the_file(demo_kit, tmp_path):
 
 
 def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_path):
-    result = _run_digits(demo_kit, "init:core=1", limit=100, out=tmp_path / "o")
+    # Slow enough that the run is still going when core 1 fails (a run done by the cores
+    # that were up first does not wait for the others).
+    result = _run_digits(demo_kit, "init:core=1", npu_ms=20, limit=100, out=tmp_path / "o")
     assert exit_code(result) == 0
     assert any(w.startswith("core 1 retired") for w in result.warnings)
     table = _exactly_once(result.out, 100)
@@ -145,7 +147,9 @@ def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
 
 
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):
-    result = _run_digits(demo_kit, "skew:core=2", limit=20, out=tmp_path / "o")
+    # Slow enough that core 2 is up before cores 0 and 1 have done the 20 items alone (a
+    # core that did no item is not judged).
+    result = _run_digits(demo_kit, "skew:core=2", npu_ms=100, limit=20, out=tmp_path / "o")
     canary = [w for w in result.warnings if "canary" in w]
     assert len(canary) == 1 and canary[0].startswith("core 2 ")
 

@@ -2,10 +2,12 @@
 
 It watches the engine's events (see batchinfer.engine.events) and keeps time with them:
 
-    Started(t) ──warm-up──► t_start ──window──► ... ──window──► t_end ──► finish()
-                            CPU snapshot,        conditions at every     CPU snapshot
-                            conditions           boundary; stop?         (then the engine
-                                                                          drains)
+    CoresReady(t) ──warm-up──► t_start ──window──► ... ──window──► t_end ──► finish()
+                               CPU snapshot,        conditions at every     CPU snapshot
+                               conditions           boundary; stop?         (then the engine
+                                                                             drains)
+
+(Started comes first: on one board items flow while core workers start.)
 
 A window closes once the clock is ``grace`` past its end (rows of calls that ended before
 the boundary may still be in a pipe); then :func:`verdict.should_stop` decides. When it
@@ -74,6 +76,9 @@ class BenchObserver:
             self.cpu.track(event.kind, event.key, event.pid, late=self.phase == "measuring")
         elif isinstance(event, ev.Started):
             self.t_started = event.t
+        elif isinstance(event, ev.CoresReady) and self.phase == "starting":
+            # Items flow while core workers still start (from Started); the warm-up, the
+            # run's ramp, is counted from when every core is up.
             self.t_start = event.t + self.opts.warmup_s
             self.cpu_started = self.cpu.snapshot()
             self.phase = "warmup"

@@ -336,6 +336,7 @@ class ClusterEngine(EngineLoop):
                 nodes=tuple(n.name for n in self.nodes if n.node_id in self.backends),
             )
         )
+        self.notify(ev.CoresReady(self.clock()))
 
     def _alive(self) -> bool:
         return any(a.state != "retired" for a in self.actors)

@@ -61,8 +61,12 @@ class Collector:
         return bool(self._successes or self._errors)
 
     def flush(self) -> None:
-        """Write every pending row, then free their slots."""
-        if not self.pending:
+        """Write every pending row, then free their slots.
+
+        Not before the sink is open: it opens when the first core worker reports its output
+        shapes, and items flow while workers start, so an error row (a file that cannot be
+        read) may be ready before any core is."""
+        if not self.pending or self.outputs is None:
             return
         t_start = time.perf_counter()
         now = self.clock()

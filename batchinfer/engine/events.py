@@ -26,7 +26,8 @@ class Observer(Protocol):
 
 @dataclass(frozen=True)
 class Started:
-    """Every core is up (or retired) and items start to flow; ``todo``: None when unknown."""
+    """Items start to flow (readers decode, and each core gets items once its worker is
+    ready; on one board, core workers may still be starting); ``todo``: None when unknown."""
 
     todo: int | None
     cores: tuple[int, ...]
@@ -34,6 +35,15 @@ class Started:
     instances_per_core: int
     t: float
     nodes: tuple[str, ...] = ()  # the cluster's nodes; () on one board
+
+
+@dataclass(frozen=True)
+class CoresReady:
+    """Every core worker (on a cluster, every actor) is ready or retired: from here on the
+    run is in its steady state (bench's warm-up starts here). Comes after Started; on one
+    board items may already have flowed to the cores that were ready first."""
+
+    t: float
 
 
 @dataclass(frozen=True)

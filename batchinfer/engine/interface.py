@@ -26,6 +26,9 @@ class EnginePlan:
     reliability: ReliabilityOptions
     topk: int
     max_readers: int = 0  # more than ``readers``: grown while running (reader_scaling.py)
+    # Items wait until every core is up (eval: its per-core metrics compare cores, and a
+    # core that started first would take the first items, often a class of their own).
+    cores_start_together: bool = False
 
 
 @dataclass

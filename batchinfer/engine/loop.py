@@ -143,25 +143,17 @@ class Engine(EngineLoop):
         return start_reader(self.pool, self.plan, self.memory, self.source.kind, reader)
 
     def _start(self) -> None:
-        """Wait until every core worker is ready or retired; then compare canaries.
+        """Open the source and let items flow while the core workers start; return once
+        every core worker is ready or retired, with the canaries compared (or once every
+        item has its row).
 
-        The run (and its clock) starts only then, so no core's start-up time counts against
-        the others' throughput.
+        Readers decode from the first moment and each core is sent items as soon as it is
+        ready (the scheduler dispatches to ready cores only), so a slow-starting core costs
+        the others nothing and the first rows come when the first core is up (unless the
+        plan says ``cores_start_together``). The statistics' clock starts at the first
+        dispatch, the run's CPU accounting here.
         """
-        first = {c.key: c for c in self.pool.live("worker")}
-        while any(c.state == "starting" for c in first.values()):
-            if not self.scheduler.alive_cores():
-                reasons = "; ".join(self.warnings) or "every worker exited during start-up"
-                raise NoCoreError(f"no NPU core could be started: {reasons}")
-            if self.stop_reason is not None:
-                return
-            self._turn()
-        for message in self.canary.settle():
-            self.warn(message)
         self.usage.started()
-        if not self.scheduler.alive_cores():
-            reasons = "; ".join(self.warnings) or "every worker exited during start-up"
-            raise NoCoreError(f"no NPU core could be started: {reasons}")
         self._items = iter(self.source)
         self.notify(
             ev.Started(
@@ -172,6 +164,27 @@ class Engine(EngineLoop):
                 self.clock(),
             )
         )
+        first = {c.key: c for c in self.pool.live("worker")}
+        while starting := any(c.state == "starting" for c in first.values()):
+            if self._exhausted and not self.scheduler.busy():
+                break  # every item has its row: a core still starting is not waited for
+            self._check_some_core_alive()
+            if self.stop_reason is not None:
+                return
+            if not self.plan.cores_start_together:
+                self._admit()
+                self._send_work()
+            self._turn()
+        for message in self.canary.settle():  # the cores that did items, at least
+            self.warn(message)
+        self._check_some_core_alive()
+        if not starting:
+            self.notify(ev.CoresReady(self.clock()))
+
+    def _check_some_core_alive(self) -> None:
+        if not self.scheduler.alive_cores():
+            reasons = "; ".join(self.warnings) or "every worker exited during start-up"
+            raise NoCoreError(f"no NPU core could be started: {reasons}")
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import psutil
 import pyarrow as pa
 
+from batchinfer.engine import fork_server
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer, RowsDone
 from batchinfer.engine.interface import EngineResult
@@ -129,7 +132,8 @@ def run(
     before or while it runs; item failures are error rows, not exceptions. ``listing`` is
     called with the number of entries listed so far while a big dataset is listed.
     """
-    with arrow_system_allocator(), StopSignals() as signals:
+    # The children's fork server is launched first: it imports while this process plans.
+    with arrow_system_allocator(), StopSignals() as signals, fork_server.running():
         plan = plan_run(config, listing=listing)
         return run_plan(plan, signals, observers)
 
@@ -180,8 +184,10 @@ def _run(
         limit=limit,
         todo=n - skipped,
     )
-    failed = _FirstFailures()
-    engine = make_engine(plan, source, run_folder, [failed, *observers], run_folder.invocation)
+    failed, first_row = _FirstFailures(), _FirstRow()
+    engine = make_engine(
+        plan, source, run_folder, [failed, first_row, *observers], run_folder.invocation
+    )
     stats = engine.stats
     signals.engine = engine
     result = engine.run()
@@ -202,7 +208,7 @@ def _run(
             "backend_settings": result.backend,
             "retired_cores": result.retired_cores,
             "warnings": result.warnings,
-            "timings": {"collect_s": round(result.collect_s, 4)},
+            "timings": {"collect_s": round(result.collect_s, 4), **first_row.timings()},
             "cpu_s": result.cpu_s,
             "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
             "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
@@ -237,3 +243,21 @@ class _FirstFailures:
             for row in event.rows:
                 if row.error is not None and len(self.items) < self.KEEP:
                     self.items.append((row.id, row.error))
+
+
+class _FirstRow:
+    """When the first row came, in seconds since this process started (the manifest's
+    ``timings.first_row_s``: how long a command took to give its first result, start-up
+    included; psutil's process start time is good to about 10 ms)."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def notify(self, event: object) -> None:
+        if self.at is None and isinstance(event, RowsDone):
+            self.at = time.time()
+
+    def timings(self) -> dict[str, float]:
+        if self.at is None:
+            return {}
+        return {"first_row_s": round(self.at - psutil.Process().create_time(), 3)}
