@@ -47,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import bytecode_cache
 import numpy as np
 import pyarrow.parquet as pq
 
@@ -643,6 +644,7 @@ def _interrupt(signum: int, _frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; return the exit status (0 pass, 1 a target failed, 2 no figure)."""
     args = parse_args(argv)
+    bytecode_cache.ensure()  # what an installed batchinfer costs (tools/bytecode_cache.py)
     signal.signal(signal.SIGTERM, _interrupt)
     temp = None if args.workdir else Path(tempfile.mkdtemp(prefix="bench-run-"))
     workdir = args.workdir or temp
