@@ -269,9 +269,24 @@ def test_python_m_batchinfer_help_lists_the_commands():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("Usage: ")
-    for command in ("run", "demo", "info"):
+    for command in ("run", "demo", "info", "eval", "bench"):
         assert f"\n  {command} " in proc.stdout
     assert proc.stderr == ""
+
+
+def test_run_imports_neither_the_evaluation_nor_the_benchmark_code():
+    """Start-up: `batchinfer run` loads only its own command's module."""
+    check = (
+        "import json, sys; from batchinfer.cli import main; main.get_command(None, 'run'); "
+        "print(json.dumps([m for m in sys.modules if m.startswith(('batchinfer.cli.', "
+        "'batchinfer.evaluate', 'batchinfer.bench'))]))"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert "batchinfer.cli.run" in loaded
+    assert not [m for m in loaded if m.startswith(("batchinfer.evaluate", "batchinfer.bench"))]
+    assert "batchinfer.cli.eval" not in loaded and "batchinfer.cli.bench" not in loaded
 
 
 # ------------------------------------------------------- every config error before any worker
