@@ -57,10 +57,15 @@ def model_report(model: Path, backend: str = "auto") -> str:
         lines.append(f"tensors: unknown ({e})")  # a bare .rknn: only a board can read it
         info = None
     if info is not None:
+        rknn = model.suffix.lower() == ".rknn"
         for title, tensors in (("inputs", info.inputs), ("outputs", info.outputs)):
             lines.append(f"{title}:")
             for t in tensors:
-                layout = f"  layout {t.layout}" if t.layout else ""
+                layout = ""
+                if t.layout:
+                    # A .rknn's shape is the runtime's (NHWC); the layout named is its source
+                    # model's, which --layout defaults to: said so, or they read as a clash.
+                    layout = f"  (source model: {t.layout})" if rknn else f"  layout {t.layout}"
                 lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
     if model.suffix.lower() == ".rknn":
         lines.extend(_rknn_file_lines(model))

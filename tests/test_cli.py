@@ -246,6 +246,15 @@ def test_info_shows_inputs_outputs_runtime_and_version(demo_kit, backend, versio
     assert all(line[:2] in ("W ", "I ") for line in result.stderr.splitlines()), result.stderr
 
 
+def test_info_on_an_rknn_names_the_source_layout_as_the_source_models(demo_kit):
+    """The runtime's NHWC shape next to a bare "layout nchw" read as a contradiction."""
+    rknn = demo_kit.models["pool224"].with_name("pool224-rk3588.rknn")
+    result = invoke("info", rknn, "--backend", "sim")
+    assert result.exit_code == 0, result.output
+    assert "  image            uint8    [1, 224, 224, 3]  (source model: nchw)\n" in result.stdout
+    assert "layout nchw" not in result.stdout
+
+
 def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
     model = tmp_path / "nope.onnx"
     assert_error(invoke("info", model), 2, str(model), "does not exist")
