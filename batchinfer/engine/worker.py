@@ -14,21 +14,21 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          error None: outputs are in the slot's output region; else one sentence.
                          busy_s: cumulative seconds during which some instance was in inference();
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
-Each instance thread takes the next item from one queue; results leave in batches through one
-sender thread (whatever finished while the last message was being sent), so an instance goes
-straight from one inference to the next. While an instance infers, its row on the status
+Each instance thread takes the next item from one queue (the main thread fills it from the
+task pipe) and sends results itself, in batches (_Outbox): the only thread hand-off per item
+is the queue. While an instance infers, its row on the status
 board holds (index, start time). Runtimes are created here, after the fork (the fork
 server never imports a runtime: engine/fork_server.py); the worker exits with the coordinator.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -42,7 +42,7 @@ from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 
-# Results per message and how long one may wait for others (see sender_loop).
+# Results per message and how long one may wait for others (see _Outbox).
 BATCH_MAX = 16
 BATCH_WAIT_S = 0.002
 SEND_NOW_BELOW = 1
@@ -88,6 +88,54 @@ class _BusyClock:
             if self._active == 0:
                 self.total += t - self._since
             return self.total
+
+
+class _Outbox:
+    """Finished results on their way to the coordinator, sent by the instance thread that
+    finished the last one: no thread hand-off per result.
+
+    Batching: results wait for company (so one message carries several) only while this
+    worker still holds work for its instances (``has_room`` false: at least SEND_NOW_BELOW
+    items queued per instance) and the oldest waiting result would still be younger than
+    BATCH_WAIT_S when the next inference is expected to end (judged by the one that just
+    ended). Otherwise they go at once, so the coordinator can refill the queue before an
+    instance runs dry (it refills a worker once it is down to REFILL_AT per instance:
+    scheduler.py), and with long inferences each result goes alone without waiting for the
+    next. Sending takes a few tens of µs between two inferences of one instance.
+    """
+
+    def __init__(self, results: Connection, busy: _BusyClock, has_room: Callable[[], bool]):
+        self._results = results
+        self._busy = busy
+        self._has_room = has_room
+        self._lock = threading.Lock()  # one sender at a time on the pipe
+        self._batch: list[tuple] = []
+        self._oldest = 0.0
+
+    def add(self, result: tuple) -> None:
+        """Queue one result (slot, index, instance, t0, t1, error); send if it is time."""
+        t0, t1 = result[3], result[4]
+        with self._lock:
+            if not self._batch:
+                self._oldest = t1
+            self._batch.append(result)
+            wait = (
+                len(self._batch) < BATCH_MAX
+                and (t1 - self._oldest) + (t1 - t0) < BATCH_WAIT_S
+                and not self._has_room()
+            )
+            if not wait:
+                self._send_locked()
+
+    def send(self) -> None:
+        """Send whatever waits."""
+        with self._lock:
+            self._send_locked()
+
+    def _send_locked(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            send_or_exit(self._results, ("done", batch, self._busy.total, cpu_seconds()))
 
 
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
@@ -157,40 +205,10 @@ def _serve(
 ) -> None:
     """Feed the instance threads from the task pipe until "stop"."""
     work: queue.SimpleQueue = queue.SimpleQueue()
-    outbox: queue.SimpleQueue = queue.SimpleQueue()
     busy = _BusyClock()
-
-    def sender_loop() -> None:
-        # Batching: while this worker still has at least SEND_NOW_BELOW items queued per
-        # instance, results wait (at most BATCH_WAIT_S) for company, so one message carries
-        # several; once the queue is that low they go at once, so the coordinator can refill
-        # it before an instance runs dry (it refills a worker only once it is down to
-        # REFILL_AT per instance: scheduler.py).
-        low_water = SEND_NOW_BELOW * spec.instances
-        end = False
-        while not end and (first := outbox.get()) is not None:
-            batch = [first]
-            deadline = time.monotonic() + BATCH_WAIT_S
-            while len(batch) < BATCH_MAX and work.qsize() >= low_water:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                try:
-                    item = outbox.get(timeout=remaining)
-                except queue.Empty:
-                    break
-                if item is None:
-                    end = True
-                    break
-                batch.append(item)
-            with contextlib.suppress(queue.Empty):
-                while not end:  # whatever else is already there goes too
-                    item = outbox.get_nowait()
-                    if item is None:
-                        end = True
-                    else:
-                        batch.append(item)
-            send_or_exit(results, ("done", batch, busy.total, cpu_seconds()))
+    # When a result is added, the instance that finished it is about to take one item from
+    # the queue itself: the rest is what keeps the instances busy while a refill travels.
+    outbox = _Outbox(results, busy, lambda: work.qsize() <= SEND_NOW_BELOW * spec.instances)
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
@@ -217,7 +235,7 @@ def _serve(
             t1 = time.monotonic()
             board.finish(row)
             busy.leave(t1)
-            outbox.put((slot, index, instance, t0, t1, error))
+            outbox.add((slot, index, instance, t0, t1, error))
             calls += 1
             if calls % _GC_EVERY == 0:
                 gc.collect()
@@ -228,8 +246,6 @@ def _serve(
         )
         for i, a in enumerate(adapters)
     ]
-    sender = threading.Thread(target=sender_loop, name=f"core{spec.core}-sender", daemon=True)
-    sender.start()
     for t in threads:
         t.start()
     while True:
@@ -246,5 +262,4 @@ def _serve(
         work.put(None)
     for t in threads:
         t.join()
-    outbox.put(None)
-    sender.join()
+    outbox.send()  # normally empty: an instance that finds the queue empty sends at once
