@@ -388,3 +388,21 @@ def test_items_charged_with_a_crash_are_retried_alone_so_an_innocent_neighbour_s
     alone = again[1][0]
     s.release(s.done(1, alone, None).slot)  # it was the innocent one, or the poison passed
     assert s.dispatch(3.0).get(1), "the core takes items again once the suspect is done"
+
+
+def test_slots_are_wanted_when_what_is_ready_or_read_does_not_cover_the_cores_room():
+    s = ready_scheduler(slots=40, cores=(0, 1), k=1, readers=1)
+    room = 2 * QUEUED_PER_INSTANCE
+    assert s.slots_wanted()  # empty cores, nothing coming
+    reading = [s.admit(item(i), 0.0, needs_reader=True) for i in range(room - 1)]
+    assert s.slots_wanted()  # one short
+    s.admit(item(99), 0.0, needs_reader=True)  # waiting for a reader counts too
+    assert not s.slots_wanted()
+    s.take_reads()
+    for slot in reading:
+        s.loaded(slot, 1.0, None, 0.0)  # READY now: still covers the room
+    assert not s.slots_wanted()
+    s.dispatch(0.0)  # the cores take them: room and cover shrink together
+    assert not s.slots_wanted()
+    s.core_retired(1)  # a retired core has no room; its items are READY again
+    assert not s.slots_wanted()

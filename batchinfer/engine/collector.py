@@ -5,6 +5,12 @@ the collector turns each batch into rows with one vectorised top-k, gives them t
 the per-core statistics and the observers, and only then frees their slots (the rows'
 outputs are views of the slots' output regions until the sink has taken them).
 
+Rows wait a little before they are flushed (:meth:`Collector.flush_due`): a flush has a fixed
+cost (a top-k call, a sink write, the statistics, the observers) worth several rows, and
+results arrive a few at a time. They wait only while their slots are not needed (what is
+READY or being read covers the room the cores have) and for at most ``FLUSH_AGE_S``, up to
+``FLUSH_ROWS`` rows; once no other item is on its way, or the run is stopping, they go at once.
+
 The scheduler's cores are core numbers on one board; a cluster driver (batchinfer.cluster)
 schedules on keys of its own and gives ``place``, which says which node and core a key is.
 """
@@ -22,6 +28,10 @@ from batchinfer.engine.slots import SlotRegion
 from batchinfer.sink.predictions import top_k_batch
 from batchinfer.sink.rows import Row, RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
+
+# At most this many rows, or this old (seconds since the first of them arrived), wait.
+FLUSH_ROWS = 64
+FLUSH_AGE_S = 0.02
 
 
 class Collector:
@@ -47,18 +57,46 @@ class Collector:
         self.outputs: SlotRegion | None = None
         self._successes: list[tuple[int, int, int, float, float]] = []
         self._errors: list[Finished] = []
+        self._since: float | None = None  # when the oldest pending row arrived
         self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
         self.collect_s = 0.0
 
     def success(self, slot: int, core: int, instance: int, t0: float, t1: float) -> None:
+        if self._since is None:
+            self._since = self.clock()
         self._successes.append((slot, core, instance, t0, t1))
 
     def error(self, finished: Finished) -> None:
+        if self._since is None:
+            self._since = self.clock()
         self._errors.append(finished)
 
     @property
     def pending(self) -> bool:
         return bool(self._successes or self._errors)
+
+    def flush_due(self, now: float) -> None:
+        """Flush if the pending rows should not wait longer (see the module docstring)."""
+        if not self.pending:
+            return
+        s = self.scheduler
+        waiting = len(self._successes) + len(self._errors)
+        others = len(s.flights) - len(s.free) - waiting  # items still on their way
+        if (
+            waiting < FLUSH_ROWS
+            and now - self._since < FLUSH_AGE_S  # type: ignore[operator]
+            and not s.stopping
+            and others
+            and not s.slots_wanted()
+        ):
+            return
+        self.flush()
+
+    def wait_s(self, now: float, longest: float) -> float:
+        """How long the loop may wait for events before pending rows are due (<= longest)."""
+        if not self.pending:
+            return longest
+        return min(longest, max(0.0, self._since + FLUSH_AGE_S - now))  # type: ignore[operator]
 
     def flush(self) -> None:
         """Write every pending row, then free their slots.
@@ -83,6 +121,7 @@ class Collector:
         self.counts["input_errors"] += sum(f.attempt == 0 for f in self._errors)
         self._successes.clear()
         self._errors.clear()
+        self._since = None
         self.collect_s += time.perf_counter() - t_start
 
     def _success_rows(self) -> list[Row]:

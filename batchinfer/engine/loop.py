@@ -188,15 +188,16 @@ class Engine(EngineLoop):
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
-        for event in self.pool.poll(_TICK_S):
+        for event in self.pool.poll(self.collector.wait_s(self.clock(), _TICK_S)):
             if isinstance(event, Message):
                 self._on_message(event.child, event.body)
             else:
                 self._on_exit(event)
-        self.collector.flush()
         if self.hard_stop:
+            self.collector.flush()
             raise HardStop
         now = self.clock()
+        self.collector.flush_due(now)
         if now < self._next_check:
             return
         # Hangs and restarts are checked a few times a second, not on every turn: at
@@ -239,6 +240,12 @@ class Engine(EngineLoop):
                 log.info("reader %d started: decoding was the bottleneck", reader)
         elif change < 0 and len(open_readers) > 1:
             s.close_reader(open_readers[-1])
+
+    def _finished(self) -> bool:
+        if super()._finished():
+            self.collector.flush()  # rows still waiting for a batch (a stop came meanwhile)
+            return True
+        return False
 
     def _admit(self) -> None:
         now = self.clock()

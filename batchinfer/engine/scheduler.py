@@ -162,6 +162,16 @@ class Scheduler:
     def alive_cores(self) -> list[int]:
         return [c for c, s in self.cores.items() if s.state != "retired"]
 
+    def slots_wanted(self) -> bool:
+        """True when the cores have more room than what is READY or being read covers:
+        then a slot freed now lets another item start (the collector frees its slots at
+        once instead of holding them for a larger batch)."""
+        room = sum(c.capacity - len(c.inflight) for c in self.cores.values() if c.state == "ready")
+        coming = len(self.ready)
+        for reading, unsent in zip(self.reading, self.unsent, strict=True):
+            coming += len(reading) + len(unsent)
+        return coming < room
+
     def held_by_reader(self, reader: int) -> int:
         """Slots sent to ``reader`` and not loaded yet (the ones waiting for a batch too)."""
         return len(self.reading[reader]) + len(self.unsent[reader])
