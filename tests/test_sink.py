@@ -601,16 +601,23 @@ def test_topk_ties_go_to_the_lower_class_index_also_at_the_kth_place() -> None:
     assert index.tolist() == [3, 0, 1] and values.tolist() == [1.0, 0.0, 0.0]
 
 
-def test_topk_batch_agrees_with_a_stable_sort_row_by_row() -> None:
+@pytest.mark.parametrize("k", [1, 6, 16, 17, 29])  # small k: argmax passes; larger: a sort
+def test_topk_batch_agrees_with_a_stable_sort_row_by_row(k: int) -> None:
     from batchinfer.sink.predictions import top_k_batch
 
     rng = np.random.default_rng(3)
     scores = rng.integers(0, 4, (50, 30)).astype(np.float32)  # many ties
     scores[5, 7] = np.nan
-    index, values = top_k_batch(scores, 6)
+    scores[6, :] = -np.inf  # fewer real scores than k: -inf ties, lower index first
+    scores[6, 9] = 1.0
+    scores[7, 25:] = np.nan
+    scores[7, :20] = -np.inf
+    scores[8, :] = np.nan
+    scores[9, 3] = np.inf
+    index, values = top_k_batch(scores, k)
     for row, idx, val in zip(scores, index, values, strict=True):
         key = np.where(np.isnan(row), -np.inf, row)
-        expected = np.lexsort((np.arange(row.size), -key))[:6]
+        expected = np.lexsort((np.arange(row.size), -key))[:k]
         assert idx.tolist() == expected.tolist()
         assert np.array_equal(val, row[expected], equal_nan=True)
 

@@ -129,6 +129,9 @@ def top_k_batch(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     key = scores
     if np.isnan(key.min()):  # min propagates NaN: no n x C mask unless there is one
         key = np.where(np.isnan(key), -np.inf, key)
+    if k <= _ARGMAX_K and k < c and np.issubdtype(key.dtype, np.floating):
+        index = _top_k_by_argmax(key, k)
+        return index.astype(np.int32), scores[np.arange(n)[:, None], index].astype(np.float32)
     rows = np.arange(n)[:, None]
     if k < c:
         # After argpartition at C-k-1 and C-k, the last k positions hold the k largest
@@ -146,6 +149,33 @@ def top_k_batch(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         for r in np.flatnonzero(next_below == kth):
             index[r] = np.lexsort((np.arange(c), -key[r].astype(np.float64)))[:k]
     return index.astype(np.int32), scores[rows, index].astype(np.float32)
+
+
+# Up to this k, top-k is k passes of argmax (each a fast vectorised scan) rather than one
+# argpartition, whose selection cost ~15 µs a row for 1,000 classes: 3-8x less here.
+_ARGMAX_K = 16
+
+
+def _top_k_by_argmax(key: np.ndarray, k: int) -> np.ndarray:
+    """Top-k of each row of float ``key`` (n, C), k < C, NaN already -inf: argmax picks the
+    best, which is then struck out, k times. argmax returns the first of equal maxima, so ties
+    go to the lower class index at every place, the kth included."""
+    n, c = key.shape
+    work = key.copy()
+    rows = np.arange(n)
+    index = np.empty((n, k), np.intp)
+    struck_out = False
+    for j in range(k):
+        best = work.argmax(axis=1)
+        index[:, j] = best
+        # A row whose best left is -inf cannot tell struck-out classes from its own -inf
+        # scores: it is sorted whole (below); this never happens with finite scores.
+        struck_out |= bool(np.isneginf(work[rows, best]).any())
+        work[rows, best] = -np.inf
+    if struck_out:
+        for r in np.flatnonzero(np.isneginf(key).sum(axis=1) > c - k):
+            index[r] = np.lexsort((np.arange(c), -key[r].astype(np.float64)))[:k]
+    return index
 
 
 def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
