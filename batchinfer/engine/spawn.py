@@ -6,6 +6,7 @@ from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pool import Child, ChildPool
 from batchinfer.engine.reader import ReaderSpec, reader_main
+from batchinfer.engine.scheduler import REFILL_AT
 from batchinfer.engine.worker import WorkerSpec, worker_main
 from batchinfer.runtime.backends import Backend
 
@@ -24,6 +25,7 @@ def start_worker(
         input_layout=plan.preprocess.layout,
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
+        refill_at=REFILL_AT * plan.instances_per_core,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(

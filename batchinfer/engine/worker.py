@@ -44,8 +44,7 @@ from batchinfer.runtime.backends import Backend
 
 # Results per message and how long one may wait for others (see _Outbox).
 BATCH_MAX = 16
-BATCH_WAIT_S = 0.002
-SEND_NOW_BELOW = 1
+BATCH_WAIT_S = 0.004
 
 # Python-side reference cycles pile up in long inference loops on the real runtime
 # (~42 kB per call, airockchip/rknn-toolkit2#42); a periodic collection keeps memory flat.
@@ -65,6 +64,7 @@ class WorkerSpec:
     input_layout: str
     cpus: tuple[int, ...] | None
     parent_pid: int
+    refill_at: int  # the coordinator refills this worker when it holds this many (_Outbox)
 
 
 class _BusyClock:
@@ -82,6 +82,11 @@ class _BusyClock:
                 self._since = t
             self._active += 1
 
+    @property
+    def active(self) -> int:
+        """Instances inside inference() now."""
+        return self._active
+
     def leave(self, t: float) -> float:
         with self._lock:
             self._active -= 1
@@ -94,20 +99,24 @@ class _Outbox:
     """Finished results on their way to the coordinator, sent by the instance thread that
     finished the last one: no thread hand-off per result.
 
-    Batching: results wait for company (so one message carries several) only while this
-    worker still holds work for its instances (``has_room`` false: at least SEND_NOW_BELOW
-    items queued per instance) and the oldest waiting result would still be younger than
-    BATCH_WAIT_S when the next inference is expected to end (judged by the one that just
-    ended). Otherwise they go at once, so the coordinator can refill the queue before an
-    instance runs dry (it refills a worker once it is down to REFILL_AT per instance:
-    scheduler.py), and with long inferences each result goes alone without waiting for the
-    next. Sending takes a few tens of µs between two inferences of one instance.
+    The coordinator refills a worker once the items it has not heard back about are down to
+    ``refill_at`` (REFILL_AT per instance: scheduler.py). So a result waits for company (one
+    message then carries several) unless reporting it now is what starts a refill: the
+    items this worker still has (queued or being inferred) are at most ``refill_at`` while,
+    counting the waiting results, the coordinator sees more. Results also go at once when
+    no item is left (the instance goes idle), when BATCH_MAX wait, or when the oldest would
+    be older than BATCH_WAIT_S by the time the next inference is expected to end (judged by
+    the one that just ended: with long inferences each result goes alone). Sending takes a
+    few tens of µs between two inferences of one instance.
     """
 
-    def __init__(self, results: Connection, busy: _BusyClock, has_room: Callable[[], bool]):
+    def __init__(
+        self, results: Connection, busy: _BusyClock, left: Callable[[], int], refill_at: int
+    ) -> None:
         self._results = results
         self._busy = busy
-        self._has_room = has_room
+        self._left = left  # items queued or being inferred, the just-finished one excluded
+        self._refill_at = refill_at
         self._lock = threading.Lock()  # one sender at a time on the pipe
         self._batch: list[tuple] = []
         self._oldest = 0.0
@@ -119,10 +128,12 @@ class _Outbox:
             if not self._batch:
                 self._oldest = t1
             self._batch.append(result)
+            left = self._left()
             wait = (
                 len(self._batch) < BATCH_MAX
                 and (t1 - self._oldest) + (t1 - t0) < BATCH_WAIT_S
-                and not self._has_room()
+                and left > 0
+                and not left <= self._refill_at < left + len(self._batch)
             )
             if not wait:
                 self._send_locked()
@@ -206,9 +217,7 @@ def _serve(
     """Feed the instance threads from the task pipe until "stop"."""
     work: queue.SimpleQueue = queue.SimpleQueue()
     busy = _BusyClock()
-    # When a result is added, the instance that finished it is about to take one item from
-    # the queue itself: the rest is what keeps the instances busy while a refill travels.
-    outbox = _Outbox(results, busy, lambda: work.qsize() <= SEND_NOW_BELOW * spec.instances)
+    outbox = _Outbox(results, busy, lambda: work.qsize() + busy.active, spec.refill_at)
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
