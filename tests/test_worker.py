@@ -1,112 +1,110 @@
-"""The core worker's outbox: how finished results are grouped into "done" messages."""
+"""The core worker's outbox and sender: how finished results become "done" messages."""
 
 from __future__ import annotations
 
 from multiprocessing import Pipe
 
-from batchinfer.engine.worker import BATCH_MAX, BATCH_WAIT_S, _BusyClock, _Outbox
+from batchinfer.engine.worker import BATCH_MAX, BATCH_WAIT_S, _BusyClock, _Outbox, _Sender
 
 REFILL_AT = 3
 
 
-class _Worker:
-    """What the outbox asks the worker: how many items it still has besides the results."""
+class _Rig:
+    """An outbox whose messages are kept in a list; ``left``: what the worker still has."""
 
-    def __init__(self, left: int) -> None:
+    def __init__(self, left: int, busy: _BusyClock | None = None) -> None:
         self.left = left
+        self.sent: list[tuple[list[int], float]] = []
+        self.outbox = _Outbox(
+            lambda batch, busy_s: self.sent.append(([r[0] for r in batch], busy_s)),
+            busy or _BusyClock(),
+            lambda: self.left,
+            REFILL_AT,
+        )
 
+    def add(self, slot: int, t0: float, t1: float) -> None:
+        self.outbox.add((slot, slot, 0, t0, t1, None))
 
-def _outbox(left: int) -> tuple[_Outbox, _Worker, object]:
-    receive, send = Pipe(duplex=False)
-    worker = _Worker(left)
-    return _Outbox(send, _BusyClock(), lambda: worker.left, REFILL_AT), worker, receive
-
-
-def _result(slot: int, t0: float, t1: float) -> tuple:
-    return (slot, slot, 0, t0, t1, None)
-
-
-def _messages(receive) -> list[tuple]:
-    out = []
-    while receive.poll(0):
-        out.append(receive.recv())
-    return out
-
-
-def _slots(message: tuple) -> list[int]:
-    assert message[0] == "done"
-    return [r[0] for r in message[1]]
+    def take(self) -> list[list[int]]:
+        out, self.sent = [slots for slots, _ in self.sent], []
+        return out
 
 
 def test_results_wait_until_reporting_them_would_start_a_refill() -> None:
     # The worker held 7 items; the coordinator refills it once it hears it is down to 3.
-    outbox, worker, receive = _outbox(left=6)
+    rig = _Rig(left=6)
     step = BATCH_WAIT_S / 10  # short inferences: age is no reason to send
     for slot in range(3):
-        outbox.add(_result(slot, slot * step, (slot + 1) * step))
-        worker.left -= 1
-        assert _messages(receive) == [], f"with {worker.left + 1} left, result {slot} waits"
+        rig.add(slot, slot * step, (slot + 1) * step)
+        rig.left -= 1
+        assert rig.take() == [], f"with {rig.left + 1} left, result {slot} waits"
     # 3 left now, 6 as the coordinator counts: reporting these 4 makes it refill.
-    outbox.add(_result(3, 3 * step, 4 * step))
-    (msg,) = _messages(receive)
-    assert _slots(msg) == [0, 1, 2, 3]
+    rig.add(3, 3 * step, 4 * step)
+    assert rig.take() == [[0, 1, 2, 3]]
 
 
 def test_a_worker_already_counted_as_hungry_batches_until_its_instance_goes_idle() -> None:
     # 2 items left of 3: the coordinator already refills whenever it has something ready,
     # so telling it sooner changes nothing until the worker runs out.
-    outbox, worker, receive = _outbox(left=2)
-    outbox.add(_result(0, 0.0, 0.0001))
-    worker.left = 1
-    outbox.add(_result(1, 0.0001, 0.0002))
-    assert _messages(receive) == []
-    worker.left = 0
-    outbox.add(_result(2, 0.0002, 0.0003))
-    (msg,) = _messages(receive)
-    assert _slots(msg) == [0, 1, 2]
+    rig = _Rig(left=2)
+    rig.add(0, 0.0, 0.0001)
+    rig.left = 1
+    rig.add(1, 0.0001, 0.0002)
+    assert rig.take() == []
+    rig.left = 0
+    rig.add(2, 0.0002, 0.0003)
+    assert rig.take() == [[0, 1, 2]]
 
 
 def test_results_do_not_wait_longer_than_the_batch_wait() -> None:
-    outbox, _, receive = _outbox(left=10)
+    rig = _Rig(left=10)
     step = BATCH_WAIT_S / 4.5
     for slot in range(4):
-        outbox.add(_result(slot, slot * step, (slot + 1) * step))
-    assert _messages(receive) == []
+        rig.add(slot, slot * step, (slot + 1) * step)
+    assert rig.take() == []
     # The oldest would pass the wait before the next inference ends: all go now.
-    outbox.add(_result(4, 4 * step, 5 * step))
-    (msg,) = _messages(receive)
-    assert _slots(msg) == [0, 1, 2, 3, 4]
+    rig.add(4, 4 * step, 5 * step)
+    assert rig.take() == [[0, 1, 2, 3, 4]]
 
 
 def test_long_inferences_are_not_held_for_the_next() -> None:
-    outbox, _, receive = _outbox(left=10)
-    outbox.add(_result(1, 10.0, 10.0 + 1.5 * BATCH_WAIT_S))
-    (msg,) = _messages(receive)
-    assert _slots(msg) == [1]
+    rig = _Rig(left=10)
+    rig.add(1, 10.0, 10.0 + 1.5 * BATCH_WAIT_S)
+    assert rig.take() == [[1]]
 
 
-def test_batch_is_capped_and_send_flushes_the_rest() -> None:
-    outbox, _, receive = _outbox(left=100)
+def test_batch_is_capped_and_send_takes_the_rest() -> None:
+    rig = _Rig(left=100)
     for slot in range(BATCH_MAX + 2):  # all finished at the same moment: no wait passes
-        outbox.add(_result(slot, 10.0, 10.0))
-    (msg,) = _messages(receive)
-    assert len(msg[1]) == BATCH_MAX
-    outbox.send()
-    (rest,) = _messages(receive)
-    assert _slots(rest) == [BATCH_MAX, BATCH_MAX + 1]
-    outbox.send()  # nothing waits: nothing is sent
-    assert _messages(receive) == []
+        rig.add(slot, 10.0, 10.0)
+    assert rig.take() == [list(range(BATCH_MAX))]
+    rig.outbox.send()
+    assert rig.take() == [[BATCH_MAX, BATCH_MAX + 1]]
+    rig.outbox.send()  # nothing waits: nothing is sent
+    assert rig.take() == []
 
 
-def test_message_carries_busy_and_cpu_seconds() -> None:
-    receive, send = Pipe(duplex=False)
+def test_a_batch_carries_the_busy_seconds_so_far() -> None:
     busy = _BusyClock()
     busy.enter(1.0)
     assert busy.active == 1
     busy.leave(3.5)
     assert busy.active == 0
-    outbox = _Outbox(send, busy, lambda: 0, REFILL_AT)
-    outbox.add(_result(0, 1.0, 3.5))
-    (msg,) = _messages(receive)
-    kind, _, busy_s, cpu_s = msg
-    assert kind == "done" and busy_s == 2.5 and cpu_s > 0
+    rig = _Rig(left=0, busy=busy)
+    rig.add(0, 1.0, 3.5)
+    assert rig.sent == [([0], 2.5)]
+
+
+def test_the_sender_writes_every_delivered_batch_in_order_before_close_returns() -> None:
+    receive, send = Pipe(duplex=False)
+    sender = _Sender(send)
+    batches = [[(slot, slot, 0, 0.0, 0.0, None)] for slot in range(50)]
+    for i, batch in enumerate(batches):
+        sender.deliver(batch, float(i))
+    sender.close()
+    got = []
+    while receive.poll(0):
+        got.append(receive.recv())
+    assert [m[1] for m in got] == batches
+    assert [m[2] for m in got] == [float(i) for i in range(50)]
+    assert all(m[0] == "done" and m[3] > 0 for m in got)  # cpu seconds of the worker

@@ -15,10 +15,11 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          busy_s: cumulative seconds during which some instance was in inference();
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue (the main thread fills it from the
-task pipe) and sends results itself, in batches (_Outbox): the only thread hand-off per item
-is the queue. While an instance infers, its row on the status
-board holds (index, start time). Runtimes are created here, after the fork (the fork
-server never imports a runtime: engine/fork_server.py); the worker exits with the coordinator.
+task pipe); results leave in batches (_Outbox decides when, a sender thread writes the
+message): one thread hand-off per item (the queue) and one per message. While an instance
+infers, its row on the status board holds (index, start time). Runtimes are created here,
+after the fork (the fork server never imports a runtime: engine/fork_server.py); the worker
+exits with the coordinator.
 """
 
 from __future__ import annotations
@@ -95,9 +96,32 @@ class _BusyClock:
             return self.total
 
 
+class _Sender:
+    """Writes "done" messages on a thread of its own, so the instance that decided to send goes
+    straight to its next inference: one thread hand-off per message, none per result."""
+
+    def __init__(self, results: Connection) -> None:
+        self._results = results
+        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="sender", daemon=True)
+        self._thread.start()
+
+    def deliver(self, batch: list[tuple], busy_s: float) -> None:
+        self._outgoing.put((batch, busy_s))
+
+    def close(self) -> None:
+        """Return once everything delivered has been sent."""
+        self._outgoing.put(None)
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while (item := self._outgoing.get()) is not None:
+            batch, busy_s = item
+            send_or_exit(self._results, ("done", batch, busy_s, cpu_seconds()))
+
+
 class _Outbox:
-    """Finished results on their way to the coordinator, sent by the instance thread that
-    finished the last one: no thread hand-off per result.
+    """Finished results waiting to be reported to the coordinator in one message.
 
     The coordinator refills a worker once the items it has not heard back about are down to
     ``refill_at`` (REFILL_AT per instance: scheduler.py). So a result waits for company (one
@@ -106,18 +130,21 @@ class _Outbox:
     counting the waiting results, the coordinator sees more. Results also go at once when
     no item is left (the instance goes idle), when BATCH_MAX wait, or when the oldest would
     be older than BATCH_WAIT_S by the time the next inference is expected to end (judged by
-    the one that just ended: with long inferences each result goes alone). Sending takes a
-    few tens of µs between two inferences of one instance.
+    the one that just ended: with long inferences each result goes alone).
     """
 
     def __init__(
-        self, results: Connection, busy: _BusyClock, left: Callable[[], int], refill_at: int
+        self,
+        deliver: Callable[[list[tuple], float], None],
+        busy: _BusyClock,
+        left: Callable[[], int],
+        refill_at: int,
     ) -> None:
-        self._results = results
+        self._deliver = deliver  # (results, busy seconds so far): _Sender.deliver
         self._busy = busy
         self._left = left  # items queued or being inferred, the just-finished one excluded
         self._refill_at = refill_at
-        self._lock = threading.Lock()  # one sender at a time on the pipe
+        self._lock = threading.Lock()
         self._batch: list[tuple] = []
         self._oldest = 0.0
 
@@ -146,7 +173,7 @@ class _Outbox:
     def _send_locked(self) -> None:
         if self._batch:
             batch, self._batch = self._batch, []
-            send_or_exit(self._results, ("done", batch, self._busy.total, cpu_seconds()))
+            self._deliver(batch, self._busy.total)
 
 
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
@@ -217,7 +244,8 @@ def _serve(
     """Feed the instance threads from the task pipe until "stop"."""
     work: queue.SimpleQueue = queue.SimpleQueue()
     busy = _BusyClock()
-    outbox = _Outbox(results, busy, lambda: work.qsize() + busy.active, spec.refill_at)
+    sender = _Sender(results)
+    outbox = _Outbox(sender.deliver, busy, lambda: work.qsize() + busy.active, spec.refill_at)
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
@@ -271,4 +299,5 @@ def _serve(
         work.put(None)
     for t in threads:
         t.join()
-    outbox.send()  # normally empty: an instance that finds the queue empty sends at once
+    outbox.send()  # normally nothing waits: an instance with nothing left sends at once
+    sender.close()
