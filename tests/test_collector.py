@@ -108,3 +108,17 @@ def test_rows_go_at_once_when_no_other_item_is_on_its_way_or_the_run_is_stopping
     rig.s.stop()
     rig.c.flush_due(rig.clock())
     assert len(rig.sink.rows) == 3
+
+
+def test_rows_that_cannot_be_written_yet_do_not_make_the_loop_spin() -> None:
+    # Before the first worker reports its output shapes the sink is not open: an input
+    # error's row waits, and the loop keeps its own tick instead of polling without waiting.
+    rig = _Rig()
+    rig.c.outputs = None
+    slot = rig.s.admit(Item(0, "/d/0", "0", None, None), rig.clock(), needs_reader=True)
+    rig.s.take_reads()
+    rig.c.error(rig.s.loaded(slot, 1.0, "cannot read 0", rig.clock()))
+    rig.clock.t += 10 * FLUSH_AGE_S
+    assert rig.c.wait_s(rig.clock(), 0.1) == 0.1
+    rig.c.flush_due(rig.clock())
+    assert rig.sink.rows == [] and rig.c.pending

@@ -94,7 +94,7 @@ class Collector:
 
     def wait_s(self, now: float, longest: float) -> float:
         """How long the loop may wait for events before pending rows are due (<= longest)."""
-        if not self.pending:
+        if not self.pending or self.outputs is None:  # none can be written yet (flush)
             return longest
         return min(longest, max(0.0, self._since + FLUSH_AGE_S - now))  # type: ignore[operator]
 
