@@ -187,23 +187,26 @@ class _Timeline:
             self.seen.append(("cores ready", None))
 
 
+def _slow_core_0(demo_kit, tmp_path, limit: int):
+    """Digits on the emulator at 50 ms a call, core 0 hanging in its canary inference (call
+    1, before it reports ready) until the 1 s inference timeout restarts it."""
+    return config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim("hang:core=0:call=1", npu_ms=50),
+        out=tmp_path / "o",
+        limit=limit,
+        inference_timeout_s=1.0,
+    )
+
+
 def test_ready_cores_infer_while_another_core_is_still_starting(demo_kit, tmp_path):
     """Core 0 hangs in its canary inference (call 1, before it reports ready) until the
     inference timeout kills it: cores 1 and 2 work meanwhile, instead of the whole run
     waiting for the slowest core to start."""
     timeline = _Timeline()
-    result = run(
-        config(
-            dataset=demo_kit.dataset,
-            model=demo_kit.models["digits"],
-            backend="sim",
-            sim=fast_sim("hang:core=0:call=1", npu_ms=50),
-            out=tmp_path / "o",
-            limit=60,
-            inference_timeout_s=1.0,
-        ),
-        observers=[timeline],
-    )
+    result = run(_slow_core_0(demo_kit, tmp_path, limit=60), observers=[timeline])
     assert exit_code(result) == 0
     kinds = [kind for kind, _ in timeline.seen]
     first_down = kinds.index("core down")
@@ -218,16 +221,7 @@ def test_a_plan_whose_cores_start_together_sends_no_item_before_every_core_is_up
 ):
     """eval's plans say so (its per-core metrics compare cores): the same slow core 0 as
     above, and no row comes before core 0 is restarted and every core is up."""
-    cfg = config(
-        dataset=demo_kit.dataset,
-        model=demo_kit.models["digits"],
-        backend="sim",
-        sim=fast_sim("hang:core=0:call=1", npu_ms=50),
-        out=tmp_path / "o",
-        limit=30,
-        inference_timeout_s=1.0,
-    )
-    plan = plan_run(cfg)
+    plan = plan_run(_slow_core_0(demo_kit, tmp_path, limit=30))
     plan = dataclasses.replace(
         plan, engine=dataclasses.replace(plan.engine, cores_start_together=True)
     )
