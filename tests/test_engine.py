@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -279,3 +280,73 @@ def test_the_manifest_says_when_the_first_row_came_since_the_process_started(dem
     manifest = json.loads((result.out / "manifest.json").read_text())
     since_start = time.time() - psutil.Process().create_time()
     assert 0 < manifest["timings"]["first_row_s"] < since_start
+
+
+class _Readers:
+    """Records which readers became ready, and how many rows were done then."""
+
+    def __init__(self) -> None:
+        self.started = False
+        self.rows = 0
+        self.ready: dict[int, int | None] = {}  # reader -> rows done (None: before Started)
+
+    def notify(self, event) -> None:
+        from batchinfer.engine import events as ev
+
+        if isinstance(event, ev.Started):
+            self.started = True
+        elif isinstance(event, ev.ChildReady) and event.kind == "reader":
+            self.ready[event.key] = self.rows if self.started else None
+        elif isinstance(event, ev.RowsDone):
+            self.rows += len(event.rows)
+
+
+def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(
+    demo_kit, tmp_path, monkeypatch
+):
+    """Issue 11: one reader of large JPEGs feeding fast cores never grew, because the loop
+    sampled starvation just after a reader's item had become READY. With room for two
+    readers (two CPUs) and CPUs reported free, a second reader starts during the run.
+
+    The free CPUs are given, not measured: on a shared machine other load decides them,
+    and a test must not depend on that (the threshold is tested in test_scheduler.py)."""
+    from PIL import Image
+
+    from batchinfer.engine import loop, reader_scaling
+    from batchinfer.engine.usage import Usage
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setattr(reader_scaling, "WINDOW_S", 0.5)
+    # Noise 2400x1800 costs ~75 ms a decode here (more on a loaded machine), against 0.2 ms
+    # per inference: the loop's checks (every 50 ms) came at the turns where an item had
+    # just become READY. A longer tick keeps out turns that time out without events (the
+    # old sample saw those as starved, by luck): the measure must see starvation whenever
+    # the loop wakes. With the old sample this test failed 8 times in 8 (with the 0.1 s
+    # tick, 2 in 5: slow decodes on a loaded machine let turns time out).
+    monkeypatch.setattr(loop, "_TICK_S", 1.0)
+    monkeypatch.setattr(Usage, "idle_cpus", lambda self: 1.0)
+    noise = np.random.default_rng(0).integers(0, 256, (1800, 2400, 3), dtype=np.uint8)
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.fromarray(noise).save(data / "0.jpg", quality=90)
+    for i in range(1, 45):
+        (data / f"{i}.jpg").write_bytes((data / "0.jpg").read_bytes())
+    watch = _Readers()
+    result = run(
+        config(
+            dataset=data,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=FAST_SIM,
+            cpu_affinity=",".join(map(str, cpus)),
+            jpeg_draft=False,
+            out=tmp_path / "o",
+        ),
+        observers=[watch],
+    )
+    assert (result.status, result.errors) == ("complete", 0)
+    assert sorted(watch.ready) == [0, 1]
+    assert watch.ready[1] is not None  # started while the run went on
+    assert sorted(read_predictions(result.out)["index"].to_pylist()) == list(range(45))

@@ -324,43 +324,108 @@ def test_time_the_coordinator_was_not_running_is_not_held_against_children():
 
 
 # ------------------------------------------------------------------------ reader scaling
+def _turns(scaler, t: float, turns) -> float:
+    """Script the loop's turns: each ``(wait_s, starved)`` is one turn that waited
+    ``wait_s`` for its events in that state; returns the time after the last."""
+    for wait_s, starved in turns:
+        t += wait_s
+        scaler.observe(t, starved)
+    return t
+
+
 def test_readers_grow_when_cores_wait_for_busy_readers_and_cpus_are_free():
     from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
 
     s = ReaderScaler(1, 4, start_at=0.0)
-    t = 0.0
+    t, change = 0.0, 0
     for _ in range(2):  # the first window after start is a cool-down
-        for _ in range(10):
-            s.sample(starved=True)
+        t = _turns(s, t, [(WINDOW_S / 8, True)] * 8)
         s.decoded(0.95 * WINDOW_S)  # one reader decoding 95 % of the time
-        t += WINDOW_S
         change = s.decide(t, readers=1, idle_cpus=lambda: 1.0)
     assert change == 1
+
+
+def test_a_starved_pipeline_grows_though_it_looks_fed_right_after_each_item_arrives():
+    """Issue 11: one reader of big JPEGs (33 ms each) feeding a 2 ms NPU. A turn waits
+    31 ms for the reader's item, which is READY once that turn's events are handled, then a
+    turn waits 2 ms for the inference. Sampled after a turn's events, the pipeline looked
+    fed after every item (the loop sampled there, so readers never grew); the cores waited
+    all the time, and that time is what counts now."""
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 2, start_at=0.0)
+    cycle = [(0.031, True), (0.002, True)]  # both waits: a core with room, nothing READY
+    t, changes = 0.0, []
+    while t < 2 * WINDOW_S + 0.1:
+        t = _turns(s, t, cycle)
+        s.decoded(0.033)
+        changes.append(s.decide(t, readers=1, idle_cpus=lambda: 0.9))
+    assert changes.count(1) == 1 and changes.index(1) > 0  # after the cool-down window
+
+
+def test_the_window_after_a_change_is_not_judged():
+    """It holds the new reader's start-up: judged, it would look like more of the same."""
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 4, start_at=0.0)
+    t, changes = 0.0, []
+    for _ in range(4):
+        t = _turns(s, t, [(WINDOW_S, True)])
+        s.decoded(WINDOW_S)
+        changes.append(s.decide(t, readers=1, idle_cpus=lambda: 1.0))
+    assert changes == [0, 1, 0, 1]
+
+
+def test_starvation_is_weighed_by_time_not_by_turns():
+    """Many short turns in which the cores waited do not outweigh the long one in which
+    they were fed; a few long starved waits outweigh many short fed turns."""
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    def after_cooldown(turns) -> int:
+        s = ReaderScaler(1, 2, start_at=0.0)
+        t = _turns(s, 0.0, [(WINDOW_S, False)])
+        s.decide(t, readers=1, idle_cpus=lambda: 1.0)  # cool-down window
+        t = _turns(s, t, turns)
+        s.decoded(t - WINDOW_S)  # the reader was busy all the window
+        return s.decide(t, readers=1, idle_cpus=lambda: 1.0)
+
+    short_starved = [(0.001, True)] * 30 + [(WINDOW_S - 0.03, False)]  # 97 % of turns
+    assert after_cooldown(short_starved) == 0
+    long_starved = [(0.0001, False)] * 100 + [(WINDOW_S / 2, True)] * 2  # 2 % of turns
+    assert after_cooldown(long_starved) == 1
 
 
 def test_readers_do_not_grow_without_a_free_cpu_and_shrink_when_saturated_and_fed():
     from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
 
     s = ReaderScaler(1, 4, start_at=0.0)
-    t = WINDOW_S
-    s.sample(starved=True)
+    t = _turns(s, 0.0, [(WINDOW_S, True)])
     s.decide(t, readers=2, idle_cpus=lambda: 0.0)  # cool-down window
-    for _ in range(10):
-        s.sample(starved=True)
+    t = _turns(s, t, [(WINDOW_S / 8, True)] * 8)
     s.decoded(2 * 0.95 * WINDOW_S)
-    t += WINDOW_S
     assert s.decide(t, readers=2, idle_cpus=lambda: 0.1) == 0  # starved, but no CPU free
-    for _ in range(10):
-        s.sample(starved=False)  # cores well fed
-    t += WINDOW_S
+    t = _turns(s, t, [(WINDOW_S / 8, False)] * 8)  # cores well fed
     assert s.decide(t, readers=2, idle_cpus=lambda: 0.05) == -1  # saturated: one fewer
-    for _ in range(10):
-        s.sample(starved=False)
-    t += WINDOW_S
+    t = _turns(s, t, [(WINDOW_S, False)])
     assert s.decide(t, readers=1, idle_cpus=lambda: 0.05) == 0  # cool-down after a change
-    s.sample(starved=False)
-    t += WINDOW_S
+    t = _turns(s, t, [(WINDOW_S, False)])
     assert s.decide(t, readers=1, idle_cpus=lambda: 0.05) == 0  # never below the minimum
+
+
+def test_readers_do_not_grow_when_idle_or_unobserved():
+    """Starved cores with idle readers (something else is the bottleneck) add no reader;
+    nor does a window in which nothing was observed (the dataset had run out)."""
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 4, start_at=0.0)
+    t = _turns(s, 0.0, [(WINDOW_S, True)])
+    s.decide(t, readers=1, idle_cpus=lambda: 1.0)  # cool-down window
+    t = _turns(s, t, [(WINDOW_S, True)])
+    s.decoded(0.5 * WINDOW_S)  # the reader waited half the time
+    assert s.decide(t, readers=1, idle_cpus=lambda: 1.0) == 0
+    s.decoded(WINDOW_S)
+    t = _turns(s, t, [(WINDOW_S / 4, True)])  # then no more observations
+    assert s.decide(t + WINDOW_S, readers=1, idle_cpus=lambda: 1.0) == 0
 
 
 def test_items_charged_with_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():

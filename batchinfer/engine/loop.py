@@ -188,6 +188,7 @@ class Engine(EngineLoop):
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
+        starved = self.scaler is not None and self._starved()  # while we wait, below
         for event in self.pool.poll(self.collector.wait_s(self.clock(), _TICK_S)):
             if isinstance(event, Message):
                 self._on_message(event.child, event.body)
@@ -198,6 +199,8 @@ class Engine(EngineLoop):
             raise HardStop
         now = self.clock()
         self.collector.flush_due(now)
+        if self.scaler is not None and not self._exhausted:
+            self.scaler.observe(now, starved)
         if now < self._next_check:
             return
         # Hangs and restarts are checked a few times a second, not on every turn: at
@@ -214,14 +217,20 @@ class Engine(EngineLoop):
         if self.scaler is not None and not self.scheduler.stopping:
             self._scale_readers(now)
 
-    def _scale_readers(self, now: float) -> None:
-        """Grow or shrink the readers from what the run measures (reader_scaling.py)."""
+    def _starved(self) -> bool:
+        """A core has room and no item is READY: the cores wait for the readers."""
         s = self.scheduler
-        if not self._exhausted:
-            room = any(
-                c.state == "ready" and len(c.inflight) < c.capacity for c in s.cores.values()
-            )
-            self.scaler.sample(starved=room and not s.ready)
+        return not s.ready and any(
+            c.state == "ready" and len(c.inflight) < c.capacity for c in s.cores.values()
+        )
+
+    def _scale_readers(self, now: float) -> None:
+        """Grow or shrink the readers from what the run measures (reader_scaling.py).
+
+        Starvation is observed in ``_turn``, every turn: the state before a turn's events,
+        held for the time the turn waited for them.
+        """
+        s = self.scheduler
         for reader in list(s.closing):
             child = self._child("reader", reader)
             if child is not None and not s.held_by_reader(reader) and not child.killed_for:

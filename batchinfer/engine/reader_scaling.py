@@ -5,16 +5,44 @@ the right number of reader processes depends on the images, the model and what e
 CPUs do. So unless the user fixes it (``runtime.readers``), the run starts with about half
 the CPUs it may use and, every ``WINDOW_S``, looks at the last window:
 
-- **grow** by one when cores waited for input (no item READY while a core had room) in more
-  than ``STARVED`` of the samples, the readers were busy decoding more than ``BUSY`` of
-  their time, and at least ``IDLE_CPU`` of a CPU was free: decoding is the bottleneck and
-  there is room for another decoder;
+- **grow** by one when cores waited for input (no item READY while a core had room) more
+  than ``STARVED`` of the time, the readers were busy decoding more than ``BUSY`` of their
+  time, and at least ``IDLE_CPU`` of a CPU was free: decoding is the bottleneck and there
+  is room for another decoder;
 - **shrink** by one when the CPUs were saturated (less than ``SATURATED`` of a CPU free) and
-  the cores were well fed (starved in at most ``FED`` of the samples): a reader fewer gives
-  its CPU back to the core workers and the coordinator.
+  the cores were well fed (starved at most ``FED`` of the time): a reader fewer gives its CPU
+  back to the core workers and the coordinator.
 
-After a change it waits a window before judging again. No processes and no clock here:
-the loop feeds samples and asks (tests/test_scheduler.py).
+The first window, and the first after a change, are not judged: they hold the start-up of
+the run's or of the new reader's processes, not what the readers can do.
+
+Starvation is measured in time, not in samples. The loop tells :meth:`ReaderScaler.observe`
+at the end of every turn whether the pipeline was starved while it waited for that turn's
+events (the state after the previous turn had dispatched what it could), and the time since
+the previous turn is added to the window's starved or fed time. Samples taken at some
+point of the loop were biased by where they were taken: sampled after a turn's events were
+handled, a pipeline whose reader had just made an item READY looked fed at the very moment
+of the sample, though the cores then waited for the next item for the rest of its decode
+(in ``bench --dataset`` over 12 MP JPEGs, one reader starving three cores showed 0-4
+starved samples of 11-17 a second, mostly 0). A sample at the start of every turn would
+have no such bias, but would weigh a turn of 1 ms (an inference's result coming back) as much
+as a wait of 30 ms for a decode; time has neither fault, and counts however few turns there
+are.
+
+The thresholds, measured on the 2-CPU development VM (12 MP JPEGs, emulated NPU at 2 ms,
+2026-12-03, shared with other developers): with one reader as the bottleneck its busy
+fraction was 0.96-1.00 in every judged window and the starved time 1.0 of each window; the
+window holding the run's start-up read 0.32-0.66 busy, which is why it is not judged. Busy
+time is the wall time of each decode, preemption included, so two readers on two saturated
+CPUs still read about 0.97 each: ``BUSY`` tells readers that wait for work from readers that
+decode, and ``IDLE_CPU`` decides whether another one has a CPU to run on. A decode is
+counted when its item comes back, so with items of several tenths of a second a window holds
+one item more or less: ``BUSY`` 0.7 leaves room for that. ``Usage.idle_cpus`` reported
+0.77-0.94 of a CPU free in the quietest windows seen (one reader decoding), and 0.00-0.1
+while other developers' test suites ran: then no reader is added, which is what
+``IDLE_CPU`` 0.7 (most of a CPU) is for. Neither threshold was changed.
+
+No processes and no clock here: the loop feeds observations and asks (tests/test_scheduler.py).
 """
 
 from __future__ import annotations
@@ -33,8 +61,8 @@ FED = 0.05
 @dataclass
 class _Window:
     start: float
-    samples: int = 0
-    starved: int = 0
+    observed_s: float = 0.0
+    starved_s: float = 0.0
     decode_s: float = 0.0
 
 
@@ -44,12 +72,19 @@ class ReaderScaler:
     def __init__(self, minimum: int, maximum: int, start_at: float) -> None:
         self.minimum, self.maximum = minimum, maximum
         self._window = _Window(start_at)
-        self._cooldown_until = start_at + WINDOW_S
+        self._seen = start_at  # observed up to here
+        self._cooldown_until = start_at + WINDOW_S  # windows starting before: not judged
 
-    def sample(self, starved: bool) -> None:
-        """One look at the pipeline: did a core wait for input just now?"""
-        self._window.samples += 1
-        self._window.starved += starved
+    def observe(self, now: float, starved: bool) -> None:
+        """Since the last observation, until ``now``, the pipeline was ``starved`` (a core
+        had room and no item was READY) or not."""
+        span = now - max(self._seen, self._window.start)
+        self._seen = max(self._seen, now)
+        if span <= 0:
+            return
+        self._window.observed_s += span
+        if starved:
+            self._window.starved_s += span
 
     def decoded(self, seconds: float) -> None:
         """Readers spent ``seconds`` decoding (from their reports)."""
@@ -58,17 +93,19 @@ class ReaderScaler:
     def decide(self, now: float, readers: int, idle_cpus: Callable[[], float]) -> int:
         """+1, -1 or 0 readers, once a window is complete (0 meanwhile).
 
-        ``idle_cpus()`` (CPUs free over the window) is called only when a window is judged.
+        A window observed for less than half its length (the dataset ran out, so nothing
+        was observed) is not judged. ``idle_cpus()`` (CPUs free over the window) is called
+        only when a window is complete.
         """
         w = self._window
         span = now - w.start
-        if span < WINDOW_S or not w.samples:
+        if span < WINDOW_S:
             return 0
         self._window = _Window(now)
         idle = idle_cpus()
-        if now < self._cooldown_until:
+        if w.start < self._cooldown_until or w.observed_s < span / 2:
             return 0
-        starved = w.starved / w.samples
+        starved = w.starved_s / w.observed_s
         busy = w.decode_s / (span * max(readers, 1))
         change = 0
         if starved > STARVED and busy > BUSY and idle >= IDLE_CPU and readers < self.maximum:
