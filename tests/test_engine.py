@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -283,22 +284,27 @@ def test_the_manifest_says_when_the_first_row_came_since_the_process_started(dem
 
 
 class _Readers:
-    """Records which readers became ready, and how many rows were done then."""
+    """Records which readers became ready and how many rows were done then, and the
+    readers' niceness whenever rows come."""
 
     def __init__(self) -> None:
         self.started = False
         self.rows = 0
         self.ready: dict[int, int | None] = {}  # reader -> rows done (None: before Started)
+        self.pids: list[int] = []
+        self.niceness: list[int] = []
 
     def notify(self, event) -> None:
-        from batchinfer.engine import events as ev
-
         if isinstance(event, ev.Started):
             self.started = True
         elif isinstance(event, ev.ChildReady) and event.kind == "reader":
             self.ready[event.key] = self.rows if self.started else None
+            self.pids.append(event.pid)
         elif isinstance(event, ev.RowsDone):
             self.rows += len(event.rows)
+            for pid in self.pids:
+                with contextlib.suppress(psutil.Error):
+                    self.niceness.append(psutil.Process(pid).nice())
 
 
 def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(
@@ -348,5 +354,34 @@ def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(
     )
     assert (result.status, result.errors) == ("complete", 0)
     assert sorted(watch.ready) == [0, 1]
-    assert watch.ready[1] is not None  # started while the run went on
+    assert watch.ready[1]  # started while the run went on, after rows were done
     assert sorted(read_predictions(result.out)["index"].to_pylist()) == list(range(45))
+    # Decoding was the bottleneck all along: the readers kept their normal priority.
+    assert watch.niceness and set(watch.niceness) == {psutil.Process().nice()}
+
+
+def test_readers_yield_to_the_core_workers_once_the_cores_are_seen_well_fed(
+    demo_kit, tmp_path, monkeypatch
+):
+    """8x8 PNGs decode far faster than a 5 ms NPU consumes them: after the first judged
+    window the reader runs at a lower priority than the core workers (never before)."""
+    from batchinfer.engine import loop, reader_scaling
+
+    monkeypatch.setattr(reader_scaling, "WINDOW_S", 0.25)
+    watch = _Readers()
+    result = run(
+        config(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=fast_sim(npu_ms=5),
+            readers=1,
+            limit=600,
+            out=tmp_path / "o",
+        ),
+        observers=[watch],
+    )
+    assert (result.status, result.errors) == ("complete", 0)
+    mine = psutil.Process().nice()
+    assert watch.niceness[0] == mine
+    assert watch.niceness[-1] == min(mine + loop.READER_NICENESS, 19)

@@ -412,6 +412,26 @@ def test_readers_do_not_grow_without_a_free_cpu_and_shrink_when_saturated_and_fe
     assert s.decide(t, readers=1, idle_cpus=lambda: 0.05) == 0  # never below the minimum
 
 
+def test_fed_is_said_once_a_judged_window_had_the_cores_well_fed_and_stays_said():
+    """What lowers the readers' priority (Engine._yield_to_workers): never for the cool-down
+    window, nor for a starved one; once said, it stays (a priority is lowered once)."""
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 1, start_at=0.0)
+    t = _turns(s, 0.0, [(WINDOW_S, False)])
+    s.decide(t, readers=1, idle_cpus=lambda: 0.0)
+    assert not s.fed  # the cool-down window: start-up, not judged
+    t = _turns(s, t, [(WINDOW_S / 2, True), (WINDOW_S / 2, False)])
+    s.decide(t, readers=1, idle_cpus=lambda: 0.0)
+    assert not s.fed  # the cores waited half the time
+    t = _turns(s, t, [(WINDOW_S / 8, False)] * 8)
+    s.decide(t, readers=1, idle_cpus=lambda: 0.0)
+    assert s.fed
+    t = _turns(s, t, [(WINDOW_S, True)])
+    s.decide(t, readers=1, idle_cpus=lambda: 0.0)
+    assert s.fed
+
+
 def test_readers_do_not_grow_when_idle_or_unobserved():
     """Starved cores with idle readers (something else is the bottleneck) add no reader;
     nor does a window in which nothing was observed (the dataset had run out)."""

@@ -11,7 +11,9 @@ not blamed for the gap. The slot life cycle and shutdown order are in the NOTE o
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -44,6 +46,8 @@ from batchinfer.sink.stats import CoreStatsRecorder
 log = logging.getLogger("batchinfer")
 
 _TICK_S = 0.1
+#: How much nicer than the coordinator readers run once the cores are seen well fed.
+READER_NICENESS = 10
 _CHECK_EVERY_S = 0.05
 _JOIN_TIMEOUT_S = 5.0
 
@@ -86,9 +90,10 @@ class Engine(EngineLoop):
         self._items = iter(())  # type: ignore[var-annotated]
         self._exhausted = False
         self._readers_n = readers
-        self.scaler = (
-            ReaderScaler(1, self._max_readers, clock()) if self._max_readers > readers else None
-        )
+        # With runtime.readers fixed (or one CPU) the count stays, but the scaler's windows
+        # still decide the readers' priority (_yield_to_workers).
+        least = 1 if self._max_readers > readers else readers
+        self.scaler = ReaderScaler(least, self._max_readers, clock()) if readers else None
         self.backend = plan.backend
         self.inputs: SlotRegion | None = None
         self.outputs: SlotRegion | None = None
@@ -249,6 +254,18 @@ class Engine(EngineLoop):
                 log.info("reader %d started: decoding was the bottleneck", reader)
         elif change < 0 and len(open_readers) > 1:
             s.close_reader(open_readers[-1])
+        if self.scaler.fed:
+            self._yield_to_workers()
+
+    def _yield_to_workers(self) -> None:
+        """Lower the readers' priority, once each, now that the cores are seen well fed
+        (reader_scaling.py says why and when)."""
+        lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + READER_NICENESS)
+        for child in self.pool.live("reader"):
+            if not child.yielding:
+                child.yielding = True
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, child.proc.pid, lower)
 
     def _finished(self) -> bool:
         if super()._finished():

@@ -43,6 +43,7 @@ class Child:
     cpu_s: float = 0.0  # this incarnation's CPU seconds, as last reported
     cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
     readable: Any = None  # a poll object on ``results`` alone: "is another message there?"
+    yielding: bool = False  # readers: lowered in priority (Engine._yield_to_workers)
 
     @property
     def name(self) -> str:

@@ -17,7 +17,6 @@ A reader exits on "stop", when its pipe from the coordinator closes, or with the
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, s
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
-_READER_NICENESS = 10
 _SEND_AFTER_S = 0.005
 
 
@@ -44,18 +42,14 @@ class ReaderSpec:
     kind: str
     cpus: tuple[int, ...] | None
     parent_pid: int
-    nice: bool = True
 
 
 def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of a reader process."""
     setup_child(spec.parent_pid, spec.cpus)
     try:
-        if spec.nice:
-            # Readers are buffered by the slots; core workers are not (an idle NPU is lost
-            # time): a lower priority lets a worker whose inference just ended run at once.
-            with contextlib.suppress(OSError):
-                os.nice(_READER_NICENESS)
+        # Normal priority: the coordinator lowers it once the cores are seen well fed
+        # (Engine._yield_to_workers), never while decoding is what they wait for.
         inputs = SlotRegion.attach(spec.inputs)
         board = StatusBoard.attach(spec.board)
     except BaseException as exc:

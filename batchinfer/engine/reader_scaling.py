@@ -13,6 +13,14 @@ the CPUs it may use and, every ``WINDOW_S``, looks at the last window:
   the cores were well fed (starved at most ``FED`` of the time): a reader fewer gives its CPU
   back to the core workers and the coordinator.
 
+Readers run at normal priority until a judged window shows the cores well fed (``fed``):
+then the loop lowers their priority, so a worker whose inference just ended runs before a
+reader filling a slot backlog (an idle NPU is lost time; the slots are the readers' buffer).
+An unprivileged process can lower a priority but never raise it back, so this happens once,
+and only when decoding is not the bottleneck; a reader grown later starts at normal
+priority. With ``runtime.readers`` fixed the count never changes, but the same judgement
+decides the priority.
+
 The first window, and the first after a change, are not judged: they hold the start-up of
 the run's or of the new reader's processes, not what the readers can do.
 
@@ -74,6 +82,9 @@ class ReaderScaler:
         self._window = _Window(start_at)
         self._seen = start_at  # observed up to here
         self._cooldown_until = start_at + WINDOW_S  # windows starting before: not judged
+        # A judged window had the cores well fed: decoding is not what they wait for, so
+        # readers may yield the CPU to the core workers (Engine._yield_to_workers).
+        self.fed = False
 
     def observe(self, now: float, starved: bool) -> None:
         """Since the last observation, until ``now``, the pipeline was ``starved`` (a core
@@ -106,6 +117,7 @@ class ReaderScaler:
         if w.start < self._cooldown_until or w.observed_s < span / 2:
             return 0
         starved = w.starved_s / w.observed_s
+        self.fed = self.fed or starved <= FED
         busy = w.decode_s / (span * max(readers, 1))
         change = 0
         if starved > STARVED and busy > BUSY and idle >= IDLE_CPU and readers < self.maximum:
