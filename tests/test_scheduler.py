@@ -345,6 +345,20 @@ def test_readers_grow_when_cores_wait_for_busy_readers_and_cpus_are_free():
     assert change == 1
 
 
+def test_readers_grow_with_a_third_of_a_cpu_free():
+    """One reader on a 2-CPU board leaves about half a CPU to the workers and the
+    coordinator's share: the free share a second reader finds is well under a whole CPU."""
+    from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler
+
+    s = ReaderScaler(1, 2, start_at=0.0)
+    t, changes = 0.0, []
+    for _ in range(2):  # the first window after start is a cool-down
+        t = _turns(s, t, [(WINDOW_S, True)])
+        s.decoded(0.98 * WINDOW_S)
+        changes.append(s.decide(t, readers=1, idle_cpus=lambda: 0.4))
+    assert changes == [0, 1]
+
+
 def test_a_starved_pipeline_grows_though_it_looks_fed_right_after_each_item_arrives():
     """Issue 11: one reader of big JPEGs (33 ms each) feeding a 2 ms NPU. A turn waits
     31 ms for the reader's item, which is READY once that turn's events are handled, then a
