@@ -11,17 +11,18 @@ top-1 for every item:
   pool       ``multiprocessing.Pool(cores x k)`` given file paths (``imap``, chunks of 8),
              one runtime per process, pinned round-robin; each task decodes and infers.
 
-Two figures per run: **items/s** from the first item handed to a core to the last result
-(in this process; the threads and the pool start counting once every runtime is loaded),
-and **end to end**: the wall time of the whole job as a command of its own, from launch to
-exit (``batchinfer run ...`` for the engine; this script with ``--one PEER`` for the
-others, which loads the model, works out the preprocessing and runs the peer): interpreter,
-imports, planning, process start-up, model loading and writing included, what a user waits
-for. (The peers' commands plan with batchinfer's own functions, which import pyarrow: about
-0.1 s a minimal script of theirs would not pay; the engine's command writes Parquet, which
-theirs do not.) **CPU ms per item** counts this process and every child it reaped (``getrusage``),
-start-up included, so the three are comparable. Peers run interleaved, ``--repeats``
-times; medians and min-max are printed, with the ratio of each peer to the engine.
+Two figures per run: **items/s** from the moment every runtime is loaded (the engine's
+CoresReady; its cores start on items as each comes up, and those rows are not counted) to
+the last result, in this process; and **end to end**: the wall time of the whole job as a
+command of its own, from launch to exit (``batchinfer run ...`` for the engine; this
+script with ``--one PEER`` for the others, which loads the model, works out the
+preprocessing and runs the peer): interpreter, imports, planning, process start-up, model
+loading and writing included, what a user waits for. (The peers' commands plan with
+batchinfer's own functions, which import pyarrow: about 0.1 s a minimal script of theirs
+would not pay; the engine's command writes Parquet, which theirs do not.) **CPU ms per
+item** counts this process and every child it reaped (``getrusage``), start-up included,
+so the three are comparable. Peers run interleaved, ``--repeats`` times; medians and
+min-max are printed, with the ratio of each peer to the engine.
 Workloads (the five of the performance issue):
 
   npy-2ms        224x224x3 uint8 .npy, npu 2 ms, host 0, k=1     (ideal 1500 items/s)
@@ -141,14 +142,24 @@ class Outcome:
 
 
 class _Span:
+    """The engine's items/s counted as the peers count theirs: from the moment every core is
+    up (CoresReady; items already flow while core workers start) to the last row, over the
+    rows done in that span."""
+
     def __init__(self) -> None:
         self.t0 = self.t1 = 0.0
+        self.rows = 0
 
     def notify(self, event: object) -> None:
-        if isinstance(event, ev.Dispatched):
-            self.t0 = self.t0 or event.t
-        elif isinstance(event, ev.RowsDone):
+        if isinstance(event, ev.CoresReady):
+            self.t0 = event.t
+        elif isinstance(event, ev.RowsDone) and self.t0:
             self.t1 = event.t
+            self.rows += len(event.rows)
+
+    @property
+    def items_per_s(self) -> float:
+        return self.rows / (self.t1 - self.t0) if self.t1 > self.t0 else float("nan")
 
 
 class Setting:
@@ -194,7 +205,7 @@ class Setting:
             raise SystemExit(f"engine: {result.errors} error rows")
         preds = read_predictions(out, columns=["pred"])["pred"].to_pylist()
         n = len(preds)
-        return Outcome(n / (span.t1 - span.t0), wall, 1e3 * cpu / n, preds)
+        return Outcome(span.items_per_s, wall, 1e3 * cpu / n, preds)
 
     def _top1(self, adapter: RuntimeAdapter, path: str) -> int:
         x = np.empty(self.pre.shape, self.pre.dtype)
