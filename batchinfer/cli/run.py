@@ -79,17 +79,9 @@ def command(
     from batchinfer.cli import fail_cleanly
 
     args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
-    fail_cleanly(_run if ray_address is not None else _run_with_fork_server)(*args)
-
-
-def _run_with_fork_server(*args: object) -> None:
-    """:func:`_run`, with the children's fork server launched first: it imports while this
-    process imports the engine and plans the run (both take a few tenths of a second). Inside
-    fail_cleanly, so a Ctrl-C meanwhile is "interrupted; nothing was started"."""
-    from batchinfer.engine import fork_server
-
-    with fork_server.running():
-        _run(*args)  # type: ignore[arg-type]
+    # The children's fork server is launched by the program's entry point (before this
+    # module is imported) and by the engine's run() before it plans.
+    fail_cleanly(_run)(*args)
 
 
 def _run(

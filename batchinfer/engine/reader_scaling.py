@@ -5,10 +5,10 @@ the right number of reader processes depends on the images, the model and what e
 CPUs do. So unless the user fixes it (``runtime.readers``), the run starts with about half
 the CPUs it may use and, every ``WINDOW_S``, looks at the last window:
 
-- **grow** by one when cores waited for input (no item READY while a core had room) more
-  than ``STARVED`` of the time, the readers were busy decoding more than ``BUSY`` of their
-  time, and at least ``IDLE_CPU`` of a CPU was free: decoding is the bottleneck and there
-  is room for another decoder;
+- **grow** by one when cores waited for input (no item READY while a runtime instance had
+  nothing to infer) more than ``STARVED`` of the time, the readers were busy decoding more
+  than ``BUSY`` of their time, and at least ``IDLE_CPU`` of a CPU was free: decoding is the
+  bottleneck and there is room for another decoder;
 - **shrink** by one when the CPUs were saturated (less than ``SATURATED`` of a CPU free) and
   the cores were well fed (starved at most ``FED`` of the time): a reader fewer gives its CPU
   back to the core workers and the coordinator.
@@ -96,8 +96,8 @@ class ReaderScaler:
         self.fed = False
 
     def observe(self, now: float, starved: bool) -> None:
-        """Since the last observation, until ``now``, the pipeline was ``starved`` (a core
-        had room and no item was READY) or not."""
+        """Since the last observation, until ``now``, the pipeline was ``starved`` (a runtime
+        instance had nothing to infer and no item was READY: Engine._starved) or not."""
         span = now - max(self._seen, self._window.start)
         self._seen = max(self._seen, now)
         if span <= 0:
