@@ -20,6 +20,7 @@ from typing import NoReturn
 def main() -> None:
     """Install the signal router, launch the fork server early for a local run, then run
     the CLI."""
+    _prefer_system_allocator()
     from batchinfer.engine.signals import SignalRouter
 
     SignalRouter.install()
@@ -35,6 +36,19 @@ def main() -> None:
     except SystemExit as done:  # how click ends every command
         code = done.code
     _exit(code)
+
+
+def _prefer_system_allocator() -> None:
+    """Make malloc Arrow's allocator in this program, unless the user chose one.
+
+    Parquet's column writers allocate from Arrow's C++ default pool, which
+    ``pyarrow.set_memory_pool`` (engine/runner.py) does not change, and that pool
+    (mimalloc) kept the pages of the parts already written: measured here, the coordinator
+    grew by 14 MB at the first 8,192-row part and 8 MB more at the second, against 2 MB in
+    all with malloc. Arrow reads this variable once, when pyarrow is imported, so it is set
+    before anything imports pyarrow.
+    """
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
 
 
 def _exit(code: object) -> NoReturn:

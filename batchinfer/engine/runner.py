@@ -60,6 +60,11 @@ def arrow_system_allocator() -> Iterator[None]:
     measured here, writing 8,192 rows grew the process by ~20 MB that it never gave back,
     against ~2 MB with the system allocator. The coordinator's memory should depend on the
     slots, not on how many parts it has written.
+
+    This covers what pyarrow's Python layer allocates. Parquet's column writers allocate
+    from Arrow's C++ default pool, which only ``ARROW_DEFAULT_MEMORY_POOL=system`` set
+    before pyarrow is imported changes: the ``batchinfer`` program sets it (entry.py); a
+    script calling the library can set it itself.
     """
     previous = pa.default_memory_pool()
     pa.set_memory_pool(pa.system_memory_pool())
