@@ -13,6 +13,8 @@ What is preloaded, and what is not:
   it is what every forked numpy program relies on).
 - Never a runtime: importing onnxruntime starts a native thread, and RKNNLite owns a
   device. Runtimes are imported and created in the child, after the fork, as before.
+- Last, :mod:`batchinfer.engine.fork_server_frozen` collects and freezes the server's
+  objects, so a child's garbage collections scan only what the child made.
 
 What the rest of the engine relies on, and how it still holds:
 - Children ignore SIGINT and SIGHUP from their first instruction (engine/signals.py): the
@@ -59,6 +61,7 @@ PRELOAD = [
     "numpy",
     "batchinfer.engine.worker",
     "batchinfer.engine.reader",
+    "batchinfer.engine.fork_server_frozen",
 ]
 
 _lock = threading.Lock()

@@ -221,7 +221,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         return
     # Everything alive now (modules, runtimes, segments) lives as long as the process: keep
     # it out of the periodic collections below, which then scan only what inference made.
-    # A full collection here otherwise stalled the NPU every _GC_EVERY calls.
+    # A full collection here otherwise stalled the NPU every _GC_EVERY calls. (What the
+    # fork server imported is frozen already, so this collection scans only the runtime.)
     gc.collect()
     gc.freeze()
     _serve(spec, adapters, inputs, outputs, board, tasks, results)
