@@ -44,8 +44,8 @@ def _prefer_system_allocator() -> None:
     Parquet's column writers allocate from Arrow's C++ default pool, which
     ``pyarrow.set_memory_pool`` (engine/runner.py) does not change, and that pool
     (mimalloc) kept the pages of the parts already written: measured here, the coordinator
-    grew by 14 MB at the first 8,192-row part and 8 MB more at the second, against 2 MB in
-    all with malloc. Arrow reads this variable once, when pyarrow is imported, so it is set
+    grew by 14 MB at the first 8,192-row part and 8 MB more at the second, against 2-4 MB
+    in all with malloc. Arrow reads this variable once, when pyarrow is imported, so it is set
     before anything imports pyarrow.
     """
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

@@ -434,7 +434,9 @@ def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> p
         return table  # unreadable: this invocation's rows are still worth writing
     if "invocation" not in earlier.column_names:
         return table
-    import pyarrow.compute as pc  # here: its import (~40 ms) is on every run's start-up path
+    # Imported here: at the top of the module its import (~40 ms) was on every run's
+    # start-up path, and only a resumed run needs it.
+    import pyarrow.compute as pc
 
     earlier = earlier.filter(pc.less(earlier["invocation"], recorder.invocation))
     for f in table.schema:  # a column earlier runs did not write (e.g. node) is null there
