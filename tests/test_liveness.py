@@ -209,6 +209,30 @@ class _InterruptAfter:
                 os.kill(os.getpid(), signal.SIGINT)
 
 
+def test_finished_results_are_not_held_back_by_a_call_that_hangs(demo_kit, tmp_path):
+    """CI: a worker held finished results for company while its next call hung, until the
+    hung call was killed (the inference timeout) and they were inferred again."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        cores=(0,),
+        # The canary is call 1: items 1 and 2 finish quickly, with 4 more in the worker, so
+        # their results wait for company; item 3 (call 4) never returns.
+        sim=fast_sim("hang:core=0:call=4", npu_ms=1.0),
+        inference_timeout_s=1.0,
+        limit=60,
+        out=tmp_path / "o",
+    )
+    result = run(cfg, observers=[_InterruptAfter(2, core=0, core_rows=2)])
+    assert result.status == "interrupted"
+    said = [w for w in result.warnings if w.startswith("core 0:")]
+    # Killed in the drain after Ctrl-C, which came once the two rows were in: not before.
+    assert said and said[-1].endswith("while the run was stopping; not restarted.")
+    stats = {r["core"]: r for r in pq.read_table(result.out / "core_stats.parquet").to_pylist()}
+    assert stats[0]["restarts"] == 0
+
+
 def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_restart(
     demo_kit, tmp_path
 ):

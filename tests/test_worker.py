@@ -108,3 +108,30 @@ def test_the_sender_writes_every_delivered_batch_in_order_before_close_returns()
     assert [m[1] for m in got] == batches
     assert [m[2] for m in got] == [float(i) for i in range(50)]
     assert all(m[0] == "done" and m[3] > 0 for m in got)  # cpu seconds of the worker
+
+
+def test_due_in_says_when_to_look_again() -> None:
+    rig = _Rig(left=0)
+    assert rig.outbox.due_in(10.0) is None  # nothing held, nothing can come
+    rig.left = 2
+    assert rig.outbox.due_in(10.0) == BATCH_WAIT_S  # an item in hand may finish and wait
+    rig.add(0, 9.9999, 10.0)
+    assert rig.take() == []
+    assert abs(rig.outbox.due_in(10.001) - (BATCH_WAIT_S - 0.001)) < 1e-9
+    assert rig.outbox.due_in(11.0) == 0.0
+
+
+def test_results_waiting_for_an_inference_that_hangs_go_after_the_batch_wait() -> None:
+    # 4 items left after 2 quick results: they wait for company, and the next call hangs.
+    rig = _Rig(left=6)
+    step = BATCH_WAIT_S / 10
+    for slot in range(2):
+        rig.add(slot, 10.0 + slot * step, 10.0 + (slot + 1) * step)
+        rig.left -= 1
+    assert rig.take() == []
+    rig.outbox.send_due(10.0 + step + BATCH_WAIT_S / 2)
+    assert rig.take() == []  # not yet
+    rig.outbox.send_due(10.0 + step + 1.01 * BATCH_WAIT_S)
+    assert rig.take() == [[0, 1]]
+    rig.outbox.send_due(20.0)  # nothing waits: nothing is sent
+    assert rig.take() == []

@@ -16,7 +16,8 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue (the main thread fills it from the
 task pipe); results leave in batches (_Outbox decides when, a sender thread writes the
-message): one thread hand-off per item (the queue) and one per message. While an instance
+message): one thread hand-off per item (the queue) and one per message. The main thread
+also sends results that have waited BATCH_WAIT_S, so a hung call holds back none. While an instance
 infers, its row on the status board holds (index, start time). Runtimes are created here,
 after the fork (the fork server never imports a runtime: engine/fork_server.py); the worker
 exits with the coordinator.
@@ -130,7 +131,10 @@ class _Outbox:
     counting the waiting results, the coordinator sees more. Results also go at once when
     no item is left (the instance goes idle), when BATCH_MAX wait, or when the oldest would
     be older than BATCH_WAIT_S by the time the next inference is expected to end (judged by
-    the one that just ended: with long inferences each result goes alone).
+    the one that just ended: with long inferences each result goes alone). That judgement
+    is a guess: when the next inference runs longer, or never returns, the worker's main
+    thread sends what has waited BATCH_WAIT_S (:meth:`due_in`, :meth:`send_due`), so a slow
+    or hung call never holds back results that are finished.
     """
 
     def __init__(
@@ -163,6 +167,21 @@ class _Outbox:
                 and not left <= self._refill_at < left + len(self._batch)
             )
             if not wait:
+                self._send_locked()
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until the oldest waiting result has waited BATCH_WAIT_S; BATCH_WAIT_S when
+        none waits but an item is queued or being inferred (one may come to wait); None when
+        this worker has nothing."""
+        with self._lock:
+            if self._batch:
+                return max(0.0, self._oldest + BATCH_WAIT_S - now)
+        return BATCH_WAIT_S if self._left() else None
+
+    def send_due(self, now: float) -> None:
+        """Send what waits if the oldest result has waited BATCH_WAIT_S."""
+        with self._lock:
+            if self._batch and now - self._oldest >= BATCH_WAIT_S:
                 self._send_locked()
 
     def send(self) -> None:
@@ -288,6 +307,12 @@ def _serve(
         t.start()
     while True:
         try:
+            # While this worker holds items, look at the outbox at least every BATCH_WAIT_S:
+            # a result waiting for company must not wait for an inference that hangs.
+            wait = outbox.due_in(time.monotonic())
+            if wait is not None and not tasks.poll(wait):
+                outbox.send_due(time.monotonic())
+                continue
             msg = tasks.recv()
         except (EOFError, OSError):
             os._exit(0)  # the coordinator is gone: nobody will read our results
