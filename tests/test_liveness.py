@@ -209,28 +209,37 @@ class _InterruptAfter:
                 os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_finished_results_are_not_held_back_by_a_call_that_hangs(demo_kit, tmp_path):
-    """CI: a worker held finished results for company while its next call hung, until the
-    hung call was killed (the inference timeout) and they were inferred again."""
+def _interrupt_while_core_0_hangs(demo_kit, tmp_path, fault, interrupt, **settings):
+    """Run with ``fault`` hanging a call on core 0 and Ctrl-C from ``interrupt``; check that
+    core 0 was killed in the drain after it (said so, not counted as a restart)."""
     cfg = config(
         dataset=demo_kit.dataset,
         model=demo_kit.models["digits"],
         backend="sim",
-        cores=(0,),
-        # The canary is call 1: items 1 and 2 finish quickly, with 4 more in the worker, so
-        # their results wait for company; item 3 (call 4) never returns.
-        sim=fast_sim("hang:core=0:call=4", npu_ms=1.0),
+        sim=fast_sim(fault, npu_ms=1.0),
         inference_timeout_s=1.0,
-        limit=60,
         out=tmp_path / "o",
+        **settings,
     )
-    result = run(cfg, observers=[_InterruptAfter(2, core=0, core_rows=2)])
+    result = run(cfg, observers=[interrupt])
     assert result.status == "interrupted"
     said = [w for w in result.warnings if w.startswith("core 0:")]
-    # Killed in the drain after Ctrl-C, which came once the two rows were in: not before.
     assert said and said[-1].endswith("while the run was stopping; not restarted.")
     stats = {r["core"]: r for r in pq.read_table(result.out / "core_stats.parquet").to_pylist()}
     assert stats[0]["restarts"] == 0
+
+
+def test_finished_results_are_not_held_back_by_a_call_that_hangs(demo_kit, tmp_path):
+    """CI: a worker held finished results for company while its next call hung, until the
+    hung call was killed (the inference timeout) and they were inferred again: then the
+    kill came before Ctrl-C, as a restart."""
+    # The canary is call 1: items 1 and 2 finish quickly, with 4 more in the worker, so
+    # their results wait for company; item 3 (call 4) never returns. Ctrl-C comes once
+    # the two rows are in.
+    _interrupt_while_core_0_hangs(
+        demo_kit, tmp_path, "hang:core=0:call=4", _InterruptAfter(2, core=0, core_rows=2),
+        cores=(0,), limit=60,
+    )  # fmt: skip
 
 
 def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_restart(
@@ -238,24 +247,13 @@ def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_resta
 ):
     """Soak: a hung worker killed during the drain after Ctrl-C showed up as a restart in
     core_stats, and nothing said it was killed."""
-    cfg = config(
-        dataset=demo_kit.dataset,
-        model=demo_kit.models["digits"],
-        backend="sim",
-        sim=fast_sim("hang:core=0:call=5", npu_ms=1.0),
-        inference_timeout_s=1.0,
-        limit=400,
-        out=tmp_path / "o",
-    )
     # Core 0's 5th call hangs; the canary is its 1st, so its 4th item hangs. Cores start on
     # items as each comes up: a late core 0 could be short of 4 items when 40 rows are
     # done (CI saw it), so the interrupt also waits for its 3 rows.
-    result = run(cfg, observers=[_InterruptAfter(40, core=0, core_rows=3)])
-    assert result.status == "interrupted"
-    said = [w for w in result.warnings if w.startswith("core 0:")]
-    assert said and said[-1].endswith("while the run was stopping; not restarted.")
-    stats = {r["core"]: r for r in pq.read_table(result.out / "core_stats.parquet").to_pylist()}
-    assert stats[0]["restarts"] == 0
+    _interrupt_while_core_0_hangs(
+        demo_kit, tmp_path, "hang:core=0:call=5", _InterruptAfter(40, core=0, core_rows=3),
+        limit=400,
+    )  # fmt: skip
 
 
 _MOMENTS = ["server importing", "children starting"]
