@@ -57,17 +57,17 @@ class Collector:
         self.outputs: SlotRegion | None = None
         self._successes: list[tuple[int, int, int, float, float]] = []
         self._errors: list[Finished] = []
-        self._since: float | None = None  # when the oldest pending row arrived
+        self._since = 0.0  # when the oldest pending row arrived (while any is pending)
         self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
         self.collect_s = 0.0
 
     def success(self, slot: int, core: int, instance: int, t0: float, t1: float) -> None:
-        if self._since is None:
+        if not self.pending:
             self._since = self.clock()
         self._successes.append((slot, core, instance, t0, t1))
 
     def error(self, finished: Finished) -> None:
-        if self._since is None:
+        if not self.pending:
             self._since = self.clock()
         self._errors.append(finished)
 
@@ -84,7 +84,7 @@ class Collector:
         others = len(s.flights) - len(s.free) - waiting  # items still on their way
         if (
             waiting < FLUSH_ROWS
-            and now - self._since < FLUSH_AGE_S  # type: ignore[operator]
+            and now - self._since < FLUSH_AGE_S
             and not s.stopping
             and others
             and not s.slots_wanted()
@@ -96,7 +96,7 @@ class Collector:
         """How long the loop may wait for events before pending rows are due (<= longest)."""
         if not self.pending or self.outputs is None:  # none can be written yet (flush)
             return longest
-        return min(longest, max(0.0, self._since + FLUSH_AGE_S - now))  # type: ignore[operator]
+        return min(longest, max(0.0, self._since + FLUSH_AGE_S - now))
 
     def flush(self) -> None:
         """Write every pending row, then free their slots.
@@ -121,7 +121,6 @@ class Collector:
         self.counts["input_errors"] += sum(f.attempt == 0 for f in self._errors)
         self._successes.clear()
         self._errors.clear()
-        self._since = None
         self.collect_s += time.perf_counter() - t_start
 
     def _success_rows(self) -> list[Row]:

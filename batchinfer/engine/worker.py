@@ -17,10 +17,10 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
 Each instance thread takes the next item from one queue (the main thread fills it from the
 task pipe); results leave in batches (_Outbox decides when, a sender thread writes the
 message): one thread hand-off per item (the queue) and one per message. The main thread
-also sends results that have waited BATCH_WAIT_S, so a hung call holds back none. While an instance
-infers, its row on the status board holds (index, start time). Runtimes are created here,
-after the fork (the fork server never imports a runtime: engine/fork_server.py); the worker
-exits with the coordinator.
+also sends results that have waited BATCH_WAIT_S, so a hung call holds back none. While an
+instance infers, its row on the status board holds (index, start time). Runtimes are
+created here, after the fork (the fork server never imports a runtime:
+engine/fork_server.py); the worker exits with the coordinator.
 """
 
 from __future__ import annotations
