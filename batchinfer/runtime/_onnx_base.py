@@ -190,7 +190,7 @@ class OnnxRKNNBase:
         converted = model_path.suffix.lower() != ".onnx"
         settings = ConversionSettings.load_beside(model_path) if converted else None
         self._check_settings(settings)
-        specs = input_specs(session, converted, settings, where=str(model_path))
+        specs = input_specs(session.get_inputs(), converted, settings, where=str(model_path))
         outputs = [(o.name, ORT_DTYPES.get(o.type, "float32")) for o in session.get_outputs()]
         native_in = [graph.default_native(s.onnx_dtype) for s in specs]
         native_out = [graph.default_native(dtype) for _, dtype in outputs]

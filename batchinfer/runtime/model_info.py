@@ -25,11 +25,13 @@ shape, or the shape sets of ``dynamic_input`` in its settings. A dynamic batch a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from batchinfer.errors import ModelError
 from batchinfer.runtime.conversion import ConversionSettings, settings_path
+from batchinfer.runtime.onnx_graph import GraphValue, read_graph_interface
 
 #: ONNX Runtime's type strings -> numpy dtype names.
 ORT_DTYPES = {
@@ -181,15 +183,18 @@ def rknn_view(dims: tuple[int, ...], layout: str | None) -> tuple[int, ...]:
 
 
 def input_specs(
-    session, converted: bool, settings: ConversionSettings | None = None, where: str = ""
+    args: Sequence[GraphValue],
+    converted: bool,
+    settings: ConversionSettings | None = None,
+    where: str = "",
 ) -> tuple[InputSpec, ...]:
-    """The inputs of an ONNX Runtime ``session`` as a (converted) model takes them.
+    """The graph inputs ``args`` as a (converted) model takes them.
 
-    ModelError when the conversion settings do not fit the graph (see the module
-    docstring); ``where`` names the model in messages.
+    ``args``: the graph's inputs, from :func:`read_graph_interface` or ONNX Runtime's
+    ``session.get_inputs()`` (same fields). ModelError when the conversion settings do not
+    fit the graph (see the module docstring); ``where`` names the model in messages.
     """
     where = where or "the model"
-    args = session.get_inputs()
     n = len(args)
     if settings is not None:
         _check_counts(settings, n, where)
@@ -300,12 +305,12 @@ def describe_model(path: Path | str) -> ModelInfo:
         )
     converted = path.suffix.lower() == ".rknn"
     settings = ConversionSettings.load_beside(path) if converted else None
-    session = open_session(onnx_path)
-    specs = input_specs(session, converted, settings, where=str(path))
+    # Read off the file, not from an ONNX Runtime session: see runtime/onnx_graph.py.
+    graph = read_graph_interface(onnx_path)
+    specs = input_specs(graph.inputs, converted, settings, where=str(path))
     # RKNNLite hands every output back as float32, whatever the graph computes.
     outputs = [
-        TensorInfo(arg.name, concrete_dims(arg.shape), "float32", None)
-        for arg in session.get_outputs()
+        TensorInfo(arg.name, concrete_dims(arg.shape), "float32", None) for arg in graph.outputs
     ]
     return ModelInfo(path, onnx_path, tuple(s.info() for s in specs), tuple(outputs), settings)
 

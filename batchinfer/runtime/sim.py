@@ -85,7 +85,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
-import onnxruntime
 
 from batchinfer.errors import ModelError, UsageError
 from batchinfer.runtime import constants as C
@@ -570,6 +569,10 @@ class RKNNLite(OnnxRKNNBase):
             npu = f"npu_ms={self._estimate.npu_ms:.3g} (an estimate from the graph)"
         else:
             npu = f"npu_ms={self.npu_ms:g}"
+        # Imported here, not at the top: the coordinator imports this module to check the
+        # emulator's settings and never needs ONNX Runtime (runtime/onnx_graph.py).
+        import onnxruntime
+
         return (
             f"{RKNN_API_VERSION} (batchinfer sim, onnxruntime {onnxruntime.__version__})",
             f"{DRIVER_VERSION} (emulated {s.chip}, {C.CHIP_CORES[s.chip]} core(s), {npu}, "
