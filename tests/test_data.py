@@ -494,6 +494,29 @@ def test_bad_items_raise_input_error_naming_the_file(
     assert str(tmp_path) not in str(info.value)
 
 
+def _npy_with_long_header(tensor: np.ndarray, header_bytes: int) -> bytes:
+    """A valid .npy (version 1.0) whose header is padded to ``header_bytes``."""
+    header = repr({"descr": tensor.dtype.str, "fortran_order": False, "shape": tensor.shape})
+    padded = header.encode().ljust(header_bytes - 1) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(padded).to_bytes(2, "little") + padded + tensor.tobytes()
+
+
+def test_a_npy_header_longer_than_the_first_read_is_read_whole(tmp_path: Path) -> None:
+    # The reader takes a .npy's first 4096 bytes in one read: a longer header continues.
+    tensor = np.random.default_rng(2).random(NPY_SPEC["shape"]).astype(np.float32)
+    path = tmp_path / "long.npy"
+    path.write_bytes(_npy_with_long_header(tensor, 6000))
+    assert np.array_equal(np.load(path), tensor)  # numpy reads it: a valid file
+    spec = preprocess_for(**NPY_SPEC)
+    out = np.zeros(spec.shape, spec.dtype)
+    load_into(str(path), spec, out, "npy")
+    assert np.array_equal(out, tensor)
+    cut = tmp_path / "cut.npy"
+    cut.write_bytes(path.read_bytes()[:5000])
+    with pytest.raises(InputError, match=f"{cut}: its .npy header is truncated"):
+        load_into(str(cut), spec, out, "npy")
+
+
 def test_a_wrong_buffer_is_a_programming_error(rgb_png) -> None:
     path, _ = rgb_png
     spec = preprocess_for((1, H, W, 3), "uint8")
