@@ -142,6 +142,12 @@ def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
     with pytest.raises(NoCoreError, match="no NPU core could be started") as info:
         _run_digits(demo_kit, "init:core=0", "init:core=1", cores=(0, 1), out=tmp_path / "o")
     assert info.value.exit_code == 3
+    # The same failure on every core is said once, without advice to leave a core out.
+    assert str(info.value).startswith(
+        "no NPU core could be started: NPU cores 0, 1 could not be initialised "
+        "(init_runtime returned -1); check the sim faults"
+    )
+    assert "leave core" not in str(info.value)
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "no NPU core could be started" in manifest["error"]
 

@@ -40,6 +40,7 @@ from batchinfer.engine.spawn import start_reader, start_worker
 from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import NoCoreError, RunFailedError
+from batchinfer.runtime.adapter import leave_core_out
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -82,6 +83,7 @@ class Engine(EngineLoop):
         self.canary = Canary()
         self.usage = Usage()
         self.warnings: list[str] = []
+        self._retired_for: dict[int, str] = {}  # core -> why it was retired
         self.sdk_versions: dict[int, str | None] = {}
         self.stop_reason: str | None = None
         self.hard_stop = False
@@ -193,8 +195,22 @@ class Engine(EngineLoop):
 
     def _check_some_core_alive(self) -> None:
         if not self.scheduler.alive_cores():
-            reasons = "; ".join(self.warnings) or "every worker exited during start-up"
-            raise NoCoreError(f"no NPU core could be started: {reasons}")
+            raise NoCoreError(f"no NPU core could be started: {self._why_no_core()}")
+
+    def _why_no_core(self) -> str:
+        # Cores that all failed the same way (a model the runtime refuses, a missing driver)
+        # are said once, without the advice to leave one core out, which cannot help.
+        retired = self._retired_for
+        if len(retired) > 1 and len(self.plan.cores) == len(retired):
+            cores = sorted(retired)
+            same = {
+                retired[c].replace(leave_core_out(c), "").replace(f"core {c}", "\0") for c in cores
+            }
+            if len(same) == 1:
+                (reason,) = same
+                every = f"cores {', '.join(map(str, cores))}"
+                return reason.replace("\0", every) if "\0" in reason else f"{every}: {reason}"
+        return "; ".join(self.warnings) or "every worker exited during start-up"
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
@@ -391,6 +407,7 @@ class Engine(EngineLoop):
             self._retire(child.key, f"its worker failed to start:\n{text.rstrip()}")
 
     def _retire(self, core: int, reason: str) -> None:
+        self._retired_for[core] = reason
         self.warn(f"core {core} retired: {reason}")
         self.notify(ev.CoreRetired(core, reason))
 

@@ -205,7 +205,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             for _ in range(spec.instances):
                 adapters.append(spec.backend.instance(spec.core))
         except (BatchinferError, OSError) as e:
-            send_or_exit(results, ("init_failed", str(e)))
+            send_or_exit(results, ("init_failed", _template(e)))
             return
         send_or_exit(results, ("initialised",))
         inputs = SlotRegion.attach(spec.inputs)
@@ -215,7 +215,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                 [canary_input(shape, dtype)], data_format=spec.input_layout, reuse_outputs=False
             )
         except InferenceError as e:
-            send_or_exit(results, ("init_failed", f"the canary inference failed: {e}"))
+            send_or_exit(results, ("init_failed", f"the canary inference failed: {_template(e)}"))
             return
         info = {
             "sdk_version": adapters[0].sdk_version(),
@@ -250,6 +250,11 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     for region in (inputs, outputs):
         region.close()
     board.close()
+
+
+def _template(e: BaseException) -> str:
+    """An error's message with its ``{settings}`` unrendered: the front end names them."""
+    return e.args[0] if isinstance(e, BatchinferError) and e.args else str(e)
 
 
 def _serve(

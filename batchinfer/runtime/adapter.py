@@ -15,6 +15,11 @@ import numpy as np
 from batchinfer.errors import InferenceError, ModelError
 
 
+def leave_core_out(core: int) -> str:
+    """The advice, in an init failure's message, to run without ``core``."""
+    return f"leave core {core} out of {{runtime.cores}}, or "
+
+
 class RuntimeAdapter:
     """An RKNNLite-shaped runtime whose failures raise ModelError / InferenceError."""
 
@@ -57,9 +62,7 @@ class RuntimeAdapter:
                 f"{self._hint()}."
             ) from exc
         if ret != 0:
-            leave_out = (
-                "" if self.core is None else f"leave core {self.core} out of {{runtime.cores}}, or "
-            )
+            leave_out = "" if self.core is None else leave_core_out(self.core)
             raise InferenceError(
                 f"{self._where} could not be initialised (init_runtime returned {ret}); "
                 f"{leave_out}{self._hint()}."
