@@ -10,7 +10,7 @@ from batchinfer.errors import BatchinferError, ModelError
 from batchinfer.options import RuntimeOptions
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, resolve_name
-from batchinfer.runtime.model_info import onnx_beside
+from batchinfer.runtime.model_info import onnx_beside, open_session
 from batchinfer.runtime.rknn_file import read_rknn_metadata
 
 
@@ -56,6 +56,10 @@ def model_report(model: Path, backend: str = "auto") -> str:
             raise  # the model itself does not load: that is the answer, as an error
         lines.append(f"tensors: unknown ({e})")  # a bare .rknn: only a board can read it
         info = None
+    if info is not None and concrete in ("onnx", "sim"):
+        # Shapes came off the file (runtime/onnx_graph.py); a graph ONNX Runtime refuses
+        # (an unknown operator, an opset too new) is the answer here, as an error.
+        open_session(info.onnx_path)
     if info is not None:
         rknn = model.suffix.lower() == ".rknn"
         for title, tensors in (("inputs", info.inputs), ("outputs", info.outputs)):

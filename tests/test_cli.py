@@ -267,6 +267,24 @@ def test_info_of_a_model_that_does_not_load_fails(tmp_path):
     assert result.exit_code == 2
 
 
+def test_info_of_a_model_onnx_runtime_refuses_says_so(tmp_path):
+    # Its inputs read fine off the file; the runtime that would run it refuses the graph.
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["x"], ["y"])],
+        "unknown_op",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = tmp_path / "unknown_op.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    for backend in ("onnx", "sim"):
+        result = invoke("info", model, "--backend", backend)
+        assert_error(result, 2, str(model), "not a valid ONNX model", "NoSuchOp")
+
+
 # ------------------------------------------------------------------------------ entry
 def test_python_m_batchinfer_help_lists_the_commands():
     proc = subprocess.run(

@@ -340,6 +340,10 @@ def open_session(onnx_path: Path | str, model_bytes: bytes | None = None):
         )
     except Exception as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # ONNX Runtime names the file again ("Load model from <path> failed:"): ours does.
+        why = first_line.replace(f"Load model from {onnx_path} failed:", "").strip()
+        if len(why) > 200:
+            why = why[:200].rsplit(" ", 1)[0] + " …"
         raise ModelError(
-            f"{onnx_path} is not a valid ONNX model ({first_line[:160]}); re-export or replace it."
+            f"{onnx_path} is not a valid ONNX model ({why}); re-export or replace it."
         ) from exc
