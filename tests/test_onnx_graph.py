@@ -110,6 +110,29 @@ def test_an_input_of_a_type_rknn_lacks_is_refused_by_name(tmp_path):
         describe_model(path)
 
 
+def test_a_rknn_whose_onnx_has_a_custom_op_is_described(tmp_path):
+    # rknn-toolkit2's custom-op flow (examples/functions/custom_op): the .onnx beside the
+    # .rknn has an operator of Rockchip's "rknn_cst" domain, which ONNX Runtime cannot load,
+    # while the board runs the .rknn. Its shapes were unreadable through ONNX Runtime.
+    graph = helper.make_graph(
+        [helper.make_node("cstDualResidual", ["a", "b"], ["y"], domain="rknn_cst")],
+        "custom",
+        [
+            helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, 3, 10, 10]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 3, 10, 10]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 10, 10])],
+    )
+    opsets = [helper.make_opsetid("", 12), helper.make_opsetid("rknn_cst", 1)]
+    onnx_path = tmp_path / "custom.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=opsets), onnx_path)
+    with pytest.raises(Exception, match="cstDualResidual"):
+        ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    info = describe_model(M.fake_rknn(onnx_path))
+    assert [t.shape for t in info.inputs] == [(1, 10, 10, 3), (1, 10, 10, 3)]
+    assert [t.shape for t in info.outputs] == [(1, 3, 10, 10)]
+
+
 def _cuts(data: bytes) -> list[int]:
     return [1, 2, len(data) // 3, len(data) // 2, len(data) - 1]
 
