@@ -150,6 +150,7 @@ def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
     assert "leave core" not in str(info.value)
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "no NPU core could be started" in manifest["error"]
+    assert "runtime.cores" in manifest["warnings"][0] and "{" not in manifest["warnings"][0]
 
 
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):

@@ -29,6 +29,7 @@ from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
+from batchinfer.errors import render_fields
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, claim
 from batchinfer.sink.rows import RowSink
@@ -211,7 +212,9 @@ def _run(
             "sdk_versions": {str(k): v for k, v in result.sdk_versions.items()},
             "backend_settings": result.backend,
             "retired_cores": result.retired_cores,
-            "warnings": result.warnings,
+            # Settings named as fields (runtime.cores), as str() of an error does: the
+            # manifest is read by people and tools, not through a front end.
+            "warnings": [render_fields(w, lambda name: name) for w in result.warnings],
             "timings": {"collect_s": round(result.collect_s, 4), **first_row.timings()},
             "cpu_s": result.cpu_s,
             "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
