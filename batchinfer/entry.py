@@ -46,8 +46,8 @@ def _prefer_system_allocator() -> None:
     (mimalloc) kept the pages of the parts already written: measured here, the coordinator
     grew by 14 MB at the first 8,192-row part and 8 MB more at the second, against 2-4 MB
     in all with malloc (``ARROW_DEFAULT_MEMORY_POOL=mimalloc python tools/bench_run.py
-    --scenario memory`` shows the growth again: 130.2 MB for 12,000 items, 139.1 MB for
-    120,000, against 116 and 119 MB without it). Arrow reads this variable once, when pyarrow
+    --scenario memory`` shows the growth again: 100.4 MB for 12,000 items, 108.1 MB for
+    120,000, against 86.6 and 88.8 MB without it). Arrow reads this variable once, when pyarrow
     is imported, so it is set before anything imports pyarrow.
     """
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

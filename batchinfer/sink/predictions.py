@@ -168,14 +168,12 @@ def _top_k_by_argmax(key: np.ndarray, k: int) -> np.ndarray:
     for j in range(k):
         best = work.argmax(axis=1)
         index[:, j] = best
-        if j == k - 1:
-            # A row whose best left is -inf cannot tell struck-out classes from its own -inf
-            # scores: it is sorted whole (below); this never happens with finite scores. The
-            # best left only falls from pass to pass, so the last pass tells for all.
-            struck_out = bool(np.isneginf(work[rows, best]).any())
-        else:
+        if j < k - 1:
             work[rows, best] = -np.inf
-    if struck_out:
+    # A row whose best left is -inf cannot tell struck-out classes from its own -inf scores:
+    # it is sorted whole (below); this never happens with finite scores. The best left only
+    # falls from pass to pass, so the last pass tells for all.
+    if np.isneginf(work[rows, best]).any():
         for r in np.flatnonzero(np.isneginf(key).sum(axis=1) > c - k):
             index[r] = np.lexsort((np.arange(c), -key[r].astype(np.float64)))[:k]
     return index
