@@ -71,7 +71,24 @@ def _exit(code: object) -> NoReturn:
         sys.stderr.flush()
     except (OSError, ValueError):  # a closed pipe: let the normal exit deal with it
         raise SystemExit(code) from None
+    _remove_multiprocessing_temp_dir()
     os._exit(number)
+
+
+def _remove_multiprocessing_temp_dir() -> None:
+    """Remove the folder multiprocessing made in TMPDIR for this process, if it made one.
+
+    The fork server's socket lives in a ``pymp-*`` folder that multiprocessing removes at
+    the interpreter's exit, which ``os._exit`` skips: every run left one behind. Only a
+    process that imported multiprocessing can have made it; ``get_temp_dir`` hands back the
+    folder it already made (it would make one otherwise: a mkdir and an rmdir, ~0.1 ms).
+    """
+    if "multiprocessing.util" not in sys.modules:
+        return
+    import shutil
+    from multiprocessing import util
+
+    shutil.rmtree(util.get_temp_dir(), ignore_errors=True)
 
 
 def _fork_server_if_local_run(args: list[str]) -> contextlib.AbstractContextManager:

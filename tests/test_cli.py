@@ -344,6 +344,22 @@ def test_a_run_imports_neither_onnxruntime_nor_pyarrow_compute_in_the_coordinato
     assert pq.read_table(tmp_path / "o" / "predictions").num_rows == 40
 
 
+def test_a_run_leaves_nothing_in_tmpdir(demo_kit, tmp_path):
+    """The program ends with os._exit (entry.py), which skips multiprocessing's own clean-up:
+    the fork server's socket folder (pymp-*) was left in TMPDIR after every run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    args = ["run", str(demo_kit.dataset), "--model", str(demo_kit.models["digits"])]
+    args += ["--backend", "onnx", "--limit", "8", "--out", str(tmp_path / "o"), "--no-progress"]
+    env = dict(os.environ, TMPDIR=str(tmp))
+    proc = subprocess.run(
+        [sys.executable, "-m", "batchinfer", *args], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    # ONNX Runtime keeps a session-id file (.ses) there by design; nothing else may stay.
+    assert sorted(p.name for p in tmp.iterdir() if p.name != ".ses") == []
+
+
 _PRINT_ARROW_POOL = """
 import sys, types
 cli = types.ModuleType("batchinfer.cli")  # stands in for the commands
