@@ -28,6 +28,9 @@ from test_eval_end_to_end import Workspace
 
 ray = pytest.importorskip("ray")
 
+# A local Ray cluster costs ~1 minute of this module: its own tier (pytest -m ray), run by .ci/run.
+pytestmark = pytest.mark.ray
+
 from batchinfer import run  # noqa: E402
 from batchinfer.cluster import ClusterEngine, run_on_cluster  # noqa: E402
 from batchinfer.cluster.connect import (  # noqa: E402

@@ -10,6 +10,8 @@ import pytest
 
 pytest.importorskip("ray")
 
+pytestmark = pytest.mark.ray  # the Ray tier: pytest -m ray, run by .ci/run
+
 from batchinfer.results import read_run
 
 
