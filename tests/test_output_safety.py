@@ -24,8 +24,10 @@ from click.testing import CliRunner, Result
 from models import nchw_float_model
 
 from batchinfer.cli import main
+from batchinfer.errors import OutputTamperedError
 from batchinfer.results import read_predictions
 from batchinfer.runtime import constants as C
+from batchinfer.sink.manifest import RunManifest
 
 FAST = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
 
@@ -97,6 +99,66 @@ def test_overwrite_keeps_every_file_the_run_did_not_write(data, digits, tmp_path
         theirs
     )
     assert read_predictions(out).num_rows == 30
+
+
+@pytest.mark.parametrize(
+    ("plant", "needle"),
+    [
+        ("dotdot", "../../home/.ssh/authorized_keys"),
+        ("absolute", "/home/.ssh/authorized_keys"),
+        ("symlink_part", "part-00007.parquet is a symbolic link"),
+        ("folder_part", "part-00007.parquet is a folder"),
+        ("symlink_predictions", "predictions is a symbolic link"),
+        ("malformed_record", "has rows or errors that are not counts"),
+    ],
+)
+def test_a_planted_ledger_deletes_and_reads_nothing_outside_or_inside_out(
+    data, digits, tmp_path, plant, needle
+):
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out))
+    key = tmp_path / "home" / ".ssh" / "authorized_keys"  # the sentinel outside OUT
+    key.parent.mkdir(parents=True)
+    key.write_text("ssh-ed25519 AAAA me@laptop\n")
+    manifest = json.loads((out / "manifest.json").read_text())
+    parts, pred = manifest["parts"], out / "predictions"
+    record = dict(next(iter(parts.values())))
+    if plant == "dotdot":
+        parts[os.path.relpath(key, pred)] = record
+    elif plant == "absolute":
+        parts[str(key)] = record
+    elif plant == "symlink_part":  # a name batchinfer writes, a link to the victim
+        parts["part-00007.parquet"] = record
+        (pred / "part-00007.parquet").symlink_to(key)
+    elif plant == "folder_part":
+        parts["part-00007.parquet"] = record
+        (pred / "part-00007.parquet").mkdir()
+        (pred / "part-00007.parquet" / "keep.txt").write_text("mine")
+    elif plant == "symlink_predictions":  # every part name would land in another folder
+        pred.rename(key.parent / "predictions")
+        pred.symlink_to(key.parent / "predictions")
+    elif plant == "malformed_record":
+        parts["part-00000.parquet"]["rows"] = "all of them"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    if plant == "absolute":
+        needle = str(key)
+    before = snapshot(tmp_path)
+
+    for flag in ("--overwrite", "--resume"):
+        refused(invoke(*run_args(data, digits, out, flag)), needle, "nothing in")
+    with pytest.raises(OutputTamperedError, match="nothing in"):
+        read_predictions(out)
+    assert key.read_text() == "ssh-ed25519 AAAA me@laptop\n"
+    assert snapshot(tmp_path) == before
+
+
+def test_a_ledger_name_of_ours_with_a_newline_or_other_digits_is_refused(tmp_path):
+    for name in ("part-00001.parquet\n", "part-\u0661\u0662\u0663\u0664\u0665.parquet"):
+        manifest = RunManifest.new(tmp_path)
+        manifest.parts[name] = {"rows": 1, "errors": 0, "sha256": "0" * 64, "state": "live"}
+        manifest.save()
+        with pytest.raises(OutputTamperedError, match="not a name batchinfer writes"):
+            RunManifest.load(tmp_path)
 
 
 @pytest.mark.parametrize("flag", ["--overwrite", "--resume"])

@@ -27,9 +27,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchinfer.errors import OutputExistsError, OutputLockedError, OutputWriteError, UsageError
+from batchinfer.errors import (
+    OutputExistsError,
+    OutputLockedError,
+    OutputTamperedError,
+    OutputWriteError,
+    UsageError,
+)
 from batchinfer.sink._atomic import fsync_dir, tmp_path_for, write_error
-from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest, read_manifest
+from batchinfer.sink.manifest import (
+    MANIFEST_FILE,
+    PART_RE,
+    RunManifest,
+    predictions_dir,
+    read_manifest,
+    regular_file,
+)
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
 
@@ -73,6 +86,8 @@ def inspect_out(path: Path) -> OutFolder:
         return OutFolder(path, "foreign", why_foreign=f"it holds no {MANIFEST_FILE}")
     try:
         manifest = RunManifest.load(path)
+    except OutputTamperedError:
+        raise  # ours, but its ledger names files we never wrote: say which
     except UsageError:
         with contextlib.suppress(UsageError):
             read_manifest(path)
@@ -122,6 +137,7 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
             )
         if overwrite:
             _check_predictions_are_ours(folder)
+            _victims(folder)
     elif folder.state == "foreign":
         if resume:
             raise UsageError(
@@ -140,9 +156,7 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
 
 
 def _check_predictions_are_ours(folder: OutFolder) -> None:
-    from batchinfer.sink.resume import PART_RE
-
-    directory = folder.path / PREDICTIONS_DIR
+    directory = predictions_dir(folder.path)
     with contextlib.suppress(OSError):
         listed = folder.manifest.parts if folder.manifest else {}
         strays = [
@@ -162,18 +176,32 @@ def _is_tmp(name: str) -> bool:
     return name.startswith(".part-") and name.endswith(".parquet.tmp")
 
 
-def clear_run(folder: OutFolder) -> None:
-    """Delete what the run in ``folder`` wrote, and only that (the lock file stays)."""
+def _victims(folder: OutFolder) -> list[Path]:
+    """What clearing ``folder`` deletes, every one checked first (OutputTamperedError).
+
+    The ledger's names were checked when the manifest was loaded; here each file is
+    checked to be a regular file directly in OUT or OUT/predictions/ (a symlink or a
+    folder under one of our names was planted: refused, so nothing at all is deleted).
+    """
     assert folder.state == "run" and folder.manifest is not None
     path = folder.path
-    predictions = path / PREDICTIONS_DIR
-    victims = [predictions / name for name in folder.manifest.parts]
-    with contextlib.suppress(OSError):
-        victims += [predictions / n for n in os.listdir(predictions) if _is_tmp(n)]
+    victims = list(folder.manifest.part_files().values())
+    predictions = predictions_dir(path)
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        victims += [predictions / n for n in sorted(os.listdir(predictions)) if _is_tmp(n)]
     for name in _RUN_FILES:
         victims += [path / name, tmp_path_for(path / name)]
     victims.append(tmp_path_for(path / MANIFEST_FILE))
-    for victim in victims:
+    return [victim for victim in victims if regular_file(victim, path)]
+
+
+def clear_run(folder: OutFolder) -> None:
+    """Delete what the run in ``folder`` wrote, and only that (the lock file stays).
+
+    Everything is checked before the first file goes (:func:`_victims`).
+    """
+    path = folder.path
+    for victim in _victims(folder):
         try:
             victim.unlink(missing_ok=True)
         except OSError as exc:
@@ -184,7 +212,7 @@ def clear_run(folder: OutFolder) -> None:
     except OSError as exc:
         raise write_error(path / MANIFEST_FILE, exc) from exc
     with contextlib.suppress(OSError):
-        predictions.rmdir()  # only if empty: a stray file of the user's keeps it
+        (path / PREDICTIONS_DIR).rmdir()  # only if empty: a stray file of the user's keeps it
     fsync_dir(path)
 
 
