@@ -108,6 +108,10 @@ class OutputWriteError(RunFailedError):
     """Results could not be written (permissions, disk full)."""
 
 
+class OutputLostError(OutputWriteError):
+    """The output folder was deleted, moved or replaced while the run wrote to it."""
+
+
 class SharedMemoryError(RunFailedError):
     """Shared memory could not be allocated (/dev/shm too small)."""
 

@@ -275,6 +275,44 @@ def test_a_second_run_on_a_held_out_is_refused_naming_the_holder(data, digits, t
     assert first.returncode == 130
 
 
+def test_deleting_the_lock_file_of_a_held_out_does_not_let_a_second_run_in(data, digits, tmp_path):
+    out = tmp_path / "o"
+    first = _start(data, digits, out, "--cores", "0", "--sim-fault", "hang:core=0:call=5")
+    try:
+        _wait_for(first, "started:")
+        (out / ".batchinfer.lock").unlink()  # what a cleanup script, or a user, may do
+        before = snapshot(out)
+        for flag in ("--overwrite", "--resume"):
+            refused(invoke(*run_args(data, digits, out, flag)), "in use by")
+        assert snapshot(out) == before
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+
+
+def test_a_run_whose_out_is_moved_away_writes_nothing_into_a_new_folder_there(
+    data, digits, tmp_path
+):
+    out, moved = tmp_path / "o", tmp_path / "o-moved"
+    first = _start(data, digits, out, "--cores", "0", "--sim-fault", "hang:core=0:call=5")
+    try:
+        _wait_for(first, "started:")
+        out.rename(moved)
+        out.mkdir()  # another run's folder now, say
+        (out / "theirs.txt").write_text("another run's")
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 3, err
+    assert "deleted, moved or replaced" in err and "Traceback" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
+    assert json.loads((moved / "manifest.json").read_text())["status"] == "running"
+
+
 def test_two_runs_started_together_on_one_out_exactly_one_runs(demo_kit, data, tmp_path):
     out = tmp_path / "o"
     a = _start(data, demo_kit.models["digits"], out)

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +195,9 @@ class RunManifest:
     def __init__(self, out_dir: Path, data: dict) -> None:
         self.out = Path(out_dir)
         self.data = data
+        #: Called before every write into OUT (the run's :meth:`OutLock.check`): raises
+        #: when OUT is no longer the folder the run locked.
+        self.guard: Callable[[], None] | None = None
 
     @classmethod
     def new(cls, out_dir: Path, **fields: Any) -> RunManifest:
@@ -216,8 +220,14 @@ class RunManifest:
         check_ledger(out_dir, data["parts"])
         return cls(out_dir, data)
 
+    def check_held(self) -> None:
+        """Raise (OutputLostError) when OUT is no longer the folder this run locked."""
+        if self.guard is not None:
+            self.guard()
+
     def save(self) -> None:
         """Write the manifest atomically (OutputWriteError when the disk refuses)."""
+        self.check_held()
         write_manifest(self.out, self.data)
 
     def update(self, **fields: Any) -> None:
