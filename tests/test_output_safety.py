@@ -353,6 +353,7 @@ def rgb_data(data, tmp_path) -> Path:
         ("added_file", "dataset listing"),
         ("other_folder", "dataset folder"),
         ("other_model", "model file"),
+        ("replaced_file", "state of the dataset's files"),
     ],
 )
 def test_resume_with_anything_that_decides_a_row_changed_is_refused(
@@ -374,6 +375,9 @@ def test_resume_with_anything_that_decides_a_row_changed_is_refused(
     elif change == "other_folder":
         dataset = tmp_path / "copy"
         shutil.copytree(rgb_data, dataset)
+    elif change == "replaced_file":  # same name, another digit: the listing is the same
+        first, other = sorted(rgb_data.rglob("*.png"))[0], sorted(rgb_data.rglob("*.png"))[-1]
+        shutil.copy(other, first)
     elif change == "other_model":
         onnx_model = onnx.load(str(model))
         onnx_model.doc_string = "retrained"  # same name, same graph, other bytes
@@ -382,6 +386,48 @@ def test_resume_with_anything_that_decides_a_row_changed_is_refused(
     line = refused(invoke(*run_args(dataset, model, out, *extra)), needle, "--resume")
     assert "start a new run" in line
     assert snapshot(out) == before
+
+
+def _rewrite_keeping_size_and_time(path: Path) -> None:
+    """What ``rsync -t`` or ``cp -p`` of an edited file can do: other bytes, same stat."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_resume_check_content_sees_what_size_and_time_cannot(data, digits, tmp_path):
+    victim = sorted(data.rglob("*.png"))[3]
+    stat_out, content_out = tmp_path / "stat", tmp_path / "content"
+    ok_run(*run_args(data, digits, stat_out))
+    ok_run(*run_args(data, digits, content_out, "--resume-check", "content"))
+    os.utime(victim)  # touched, bytes unchanged: only the stat check minds
+    refused(invoke(*run_args(data, digits, stat_out, "--resume")), "state of the dataset")
+    again = ok_run(*run_args(data, digits, content_out, "--resume", "--resume-check", "content"))
+    assert "30 already done (resumed)" in again.stdout
+
+    _rewrite_keeping_size_and_time(victim)
+    before = snapshot(content_out)
+    line = refused(
+        invoke(*run_args(data, digits, content_out, "--resume", "--resume-check", "content")),
+        "content of the dataset's files",
+    )
+    assert "start a new run" in line
+    assert snapshot(content_out) == before
+    # Resumed with the other check than the run was made with: named, refused.
+    refused(invoke(*run_args(data, digits, content_out, "--resume")), "--resume-check content")
+
+
+def test_a_run_recorded_before_files_were_fingerprinted_still_resumes(data, digits, tmp_path):
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("resume_check", "dataset_stat_sha256"):
+        del manifest["fingerprint"][key]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    again = ok_run(*run_args(data, digits, out, "--resume"))
+    assert "30 already done (resumed)" in again.stdout
 
 
 def test_a_resume_with_the_same_settings_may_use_other_cores(data, digits, tmp_path):
