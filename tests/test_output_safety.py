@@ -7,6 +7,7 @@ take a snapshot of the folders involved before and compare after.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from click.testing import CliRunner, Result
 from models import nchw_float_model
 
 from batchinfer.cli import main
-from batchinfer.errors import OutputTamperedError
+from batchinfer.errors import OutputLockedError, OutputTamperedError
 from batchinfer.results import read_predictions
 from batchinfer.runtime import constants as C
 from batchinfer.sink.manifest import RunManifest
@@ -311,6 +312,30 @@ def test_a_run_whose_out_is_moved_away_writes_nothing_into_a_new_folder_there(
     assert "deleted, moved or replaced" in err and "Traceback" not in err
     assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
     assert json.loads((moved / "manifest.json").read_text())["status"] == "running"
+
+
+def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):
+    import stat as stat_module
+
+    from batchinfer.errors import OutputLostError
+    from batchinfer.sink import outdir
+
+    real = outdir._flock
+
+    def no_folder_locks(fd: int, operation: int) -> bool:  # as on some network filesystems
+        if stat_module.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real(fd, operation)
+
+    monkeypatch.setattr(outdir, "_flock", no_folder_locks)
+    out = tmp_path / "o"
+    with outdir.OutLock(out, command="first") as held:
+        with pytest.raises(OutputLockedError, match="first"):
+            outdir.OutLock(out).acquire()  # the file lock still excludes
+        assert outdir.lock_holder(out)["command"] == "first"
+        (out / ".batchinfer.lock").unlink()
+        with pytest.raises(OutputLostError, match="deleted, moved or replaced"):
+            held.check()  # the next write of the run stops it: exit 3
 
 
 def test_two_runs_started_together_on_one_out_exactly_one_runs(demo_kit, data, tmp_path):
