@@ -310,8 +310,11 @@ def test_a_run_whose_out_is_moved_away_writes_nothing_into_a_new_folder_there(
         _, err = first.communicate(timeout=60)
     assert first.returncode == 3, err
     assert "deleted, moved or replaced" in err and "Traceback" not in err
+    assert f"it is now {moved}: continue it there with --resume --out {moved}" in err
     assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
     assert json.loads((moved / "manifest.json").read_text())["status"] == "running"
+    ok_run(*run_args(data, digits, moved, "--resume", "--cores", "0"))  # where it is now
+    assert sorted(read_predictions(moved)["index"].to_pylist()) == list(range(30))
 
 
 def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):

@@ -383,11 +383,30 @@ class OutLock:
             except OSError:
                 lost = True
         if lost:
+            moved = self._now_at()
+            then = (
+                f"it is now {moved}: continue it there with {{output.resume}} {{output.out}} "
+                f"{moved}."
+                if moved
+                else "find the folder it was moved to and continue it there with "
+                "{output.resume}, or start again."
+            )
             raise OutputLostError(
                 f"output folder {self.path} was deleted, moved or replaced while this run "
-                "wrote to it, so the run stopped and wrote nothing more (another run may be "
-                "using that path now); find the folder it was moved to, or start again."
+                "wrote to it, so the run stopped and wrote nothing more there (another run "
+                f"may be using that path now); {then}"
             )
+
+    def _now_at(self) -> str | None:
+        """Where the locked folder is now, when it was moved (Linux's /proc), else None."""
+        if self._dir_fd is None:
+            return None
+        try:
+            where = os.readlink(f"/proc/self/fd/{self._dir_fd}")
+        except OSError:
+            return None
+        gone = where.endswith(" (deleted)") or where == os.fspath(self.path)
+        return None if gone else where
 
     def release(self) -> None:
         """Drop the lock (the file stays: removing it would race with a waiting run)."""
