@@ -80,6 +80,11 @@ class OutputLockedError(UsageError):
     """Another run holds the output folder."""
 
 
+class OutputTamperedError(UsageError):
+    """A run folder holds what batchinfer never writes (a manifest naming a file outside
+    predictions/, a symlink or folder where a part should be): nothing in it is used."""
+
+
 class RunInterrupted(BatchinferError):
     """SIGINT, SIGTERM or SIGHUP arrived before the run started: nothing was written."""
 
@@ -101,6 +106,10 @@ class NoCoreError(RunFailedError):
 
 class OutputWriteError(RunFailedError):
     """Results could not be written (permissions, disk full)."""
+
+
+class OutputLostError(OutputWriteError):
+    """The output folder was deleted, moved or replaced while the run wrote to it."""
 
 
 class SharedMemoryError(RunFailedError):

@@ -205,6 +205,12 @@ class OutputOptions:
     part_rows: int = option(
         8192, "Rows per Parquet part; a crash loses at most the part being filled."
     )
+    resume_check: str = option(
+        "stat",
+        "What --resume finds unchanged in every dataset file: stat (size and modification "
+        "time) or content (its bytes' sha256; reads the whole dataset once more).",
+        choices=("stat", "content"),
+    )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ Works on a folder whose run is still going (what is on disk so far).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from batchinfer.errors import RunFailedError, UsageError
-from batchinfer.sink.manifest import RunManifest
-from batchinfer.sink.predictions import PREDICTIONS_DIR, prediction_schema
-from batchinfer.sink.resume import PART_RE
+from batchinfer.errors import OutputTamperedError, RunFailedError, UsageError
+from batchinfer.sink.manifest import PART_RE, RunManifest, predictions_dir, regular_file
+from batchinfer.sink.predictions import prediction_schema
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
 
 __all__ = ["Manifest", "RunFolderReader", "read_manifest_typed", "read_predictions", "read_run"]
@@ -83,14 +81,21 @@ def read_manifest_typed(out_dir: Path | str) -> Manifest:
 
 
 def _part_paths(out_dir: Path) -> list[Path]:
-    directory = out_dir / PREDICTIONS_DIR
-    if not directory.is_dir():
-        return []
-    names = [n for n in os.listdir(directory) if PART_RE.match(n)]
-    with contextlib.suppress(UsageError):
-        live = {n for n, p in RunManifest.load(out_dir).parts.items() if p["state"] == "live"}
-        names = [n for n in names if n in live]
-    return [directory / n for n in sorted(names)]
+    """The live parts the manifest vouches for; without a manifest (a bare predictions/
+    folder), every part-NNNNN.parquet there. A symlink, a folder under a part's name, or a
+    ledger naming a file outside predictions/ raises OutputTamperedError: nothing is read."""
+    directory = predictions_dir(out_dir)
+    try:
+        manifest = RunManifest.load(out_dir)
+    except OutputTamperedError:
+        raise
+    except UsageError:
+        if not directory.is_dir():
+            return []
+        names = sorted(n for n in os.listdir(directory) if PART_RE.match(n))
+        return [directory / n for n in names if regular_file(directory / n, out_dir)]
+    live = {n for n, p in manifest.parts.items() if p["state"] == "live"}
+    return [path for name, path in sorted(manifest.part_files().items()) if name in live]
 
 
 def _read(path: Path, columns: list[str] | None = None) -> pa.Table:

@@ -326,6 +326,14 @@ def test_an_evaluation_running_on_the_same_outputs_is_refused_with_exit_3(ws):
     assert not (ws.out / "history.parquet").exists()
 
 
+def test_deleting_the_lock_file_of_a_held_history_folder_does_not_let_a_second_one_in(ws):
+    with OutLock(ws.out, command="batchinfer eval jobs/digits.toml"):
+        (ws.out / ".batchinfer.lock").unlink()  # the lock is on the folder itself
+        line = one_error_line(invoke("eval", ws.job), 3)
+    assert "in use by another evaluation" in line
+    assert not (ws.out / "history.parquet").exists()
+
+
 def test_without_matplotlib_there_is_no_report_and_a_warning_says_why(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     monkeypatch.delitem(sys.modules, "batchinfer.evaluate.report", raising=False)

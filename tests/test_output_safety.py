@@ -7,6 +7,7 @@ take a snapshot of the folders involved before and compare after.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,8 +25,10 @@ from click.testing import CliRunner, Result
 from models import nchw_float_model
 
 from batchinfer.cli import main
+from batchinfer.errors import OutputLockedError, OutputTamperedError
 from batchinfer.results import read_predictions
 from batchinfer.runtime import constants as C
+from batchinfer.sink.manifest import RunManifest
 
 FAST = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
 
@@ -97,6 +100,66 @@ def test_overwrite_keeps_every_file_the_run_did_not_write(data, digits, tmp_path
         theirs
     )
     assert read_predictions(out).num_rows == 30
+
+
+@pytest.mark.parametrize(
+    ("plant", "needle"),
+    [
+        ("dotdot", "../../home/.ssh/authorized_keys"),
+        ("absolute", "/home/.ssh/authorized_keys"),
+        ("symlink_part", "part-00007.parquet is a symbolic link"),
+        ("folder_part", "part-00007.parquet is a folder"),
+        ("symlink_predictions", "predictions is a symbolic link"),
+        ("malformed_record", "has rows or errors that are not counts"),
+    ],
+)
+def test_a_planted_ledger_deletes_and_reads_nothing_outside_or_inside_out(
+    data, digits, tmp_path, plant, needle
+):
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out))
+    key = tmp_path / "home" / ".ssh" / "authorized_keys"  # the sentinel outside OUT
+    key.parent.mkdir(parents=True)
+    key.write_text("ssh-ed25519 AAAA me@laptop\n")
+    manifest = json.loads((out / "manifest.json").read_text())
+    parts, pred = manifest["parts"], out / "predictions"
+    record = dict(next(iter(parts.values())))
+    if plant == "dotdot":
+        parts[os.path.relpath(key, pred)] = record
+    elif plant == "absolute":
+        parts[str(key)] = record
+    elif plant == "symlink_part":  # a name batchinfer writes, a link to the victim
+        parts["part-00007.parquet"] = record
+        (pred / "part-00007.parquet").symlink_to(key)
+    elif plant == "folder_part":
+        parts["part-00007.parquet"] = record
+        (pred / "part-00007.parquet").mkdir()
+        (pred / "part-00007.parquet" / "keep.txt").write_text("mine")
+    elif plant == "symlink_predictions":  # every part name would land in another folder
+        pred.rename(key.parent / "predictions")
+        pred.symlink_to(key.parent / "predictions")
+    elif plant == "malformed_record":
+        parts["part-00000.parquet"]["rows"] = "all of them"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    if plant == "absolute":
+        needle = str(key)
+    before = snapshot(tmp_path)
+
+    for flag in ("--overwrite", "--resume"):
+        refused(invoke(*run_args(data, digits, out, flag)), needle, "nothing in")
+    with pytest.raises(OutputTamperedError, match="nothing in"):
+        read_predictions(out)
+    assert key.read_text() == "ssh-ed25519 AAAA me@laptop\n"
+    assert snapshot(tmp_path) == before
+
+
+def test_a_ledger_name_of_ours_with_a_newline_or_other_digits_is_refused(tmp_path):
+    for name in ("part-00001.parquet\n", "part-\u0661\u0662\u0663\u0664\u0665.parquet"):
+        manifest = RunManifest.new(tmp_path)
+        manifest.parts[name] = {"rows": 1, "errors": 0, "sha256": "0" * 64, "state": "live"}
+        manifest.save()
+        with pytest.raises(OutputTamperedError, match="not a name batchinfer writes"):
+            RunManifest.load(tmp_path)
 
 
 @pytest.mark.parametrize("flag", ["--overwrite", "--resume"])
@@ -213,6 +276,71 @@ def test_a_second_run_on_a_held_out_is_refused_naming_the_holder(data, digits, t
     assert first.returncode == 130
 
 
+def test_deleting_the_lock_file_of_a_held_out_does_not_let_a_second_run_in(data, digits, tmp_path):
+    out = tmp_path / "o"
+    first = _start(data, digits, out, "--cores", "0", "--sim-fault", "hang:core=0:call=5")
+    try:
+        _wait_for(first, "started:")
+        (out / ".batchinfer.lock").unlink()  # what a cleanup script, or a user, may do
+        before = snapshot(out)
+        for flag in ("--overwrite", "--resume"):
+            refused(invoke(*run_args(data, digits, out, flag)), "in use by")
+        assert snapshot(out) == before
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+
+
+def test_a_run_whose_out_is_moved_away_writes_nothing_into_a_new_folder_there(
+    data, digits, tmp_path
+):
+    out, moved = tmp_path / "o", tmp_path / "o-moved"
+    first = _start(data, digits, out, "--cores", "0", "--sim-fault", "hang:core=0:call=5")
+    try:
+        _wait_for(first, "started:")
+        out.rename(moved)
+        out.mkdir()  # another run's folder now, say
+        (out / "theirs.txt").write_text("another run's")
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 3, err
+    assert "deleted, moved or replaced" in err and "Traceback" not in err
+    assert f"it is now {moved}: continue it there with --resume --out {moved}" in err
+    assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
+    assert json.loads((moved / "manifest.json").read_text())["status"] == "running"
+    ok_run(*run_args(data, digits, moved, "--resume", "--cores", "0"))  # where it is now
+    assert sorted(read_predictions(moved)["index"].to_pylist()) == list(range(30))
+
+
+def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):
+    import stat as stat_module
+
+    from batchinfer.errors import OutputLostError
+    from batchinfer.sink import outdir
+
+    real = outdir._flock
+
+    def no_folder_locks(fd: int, operation: int) -> bool:  # as on some network filesystems
+        if stat_module.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        return real(fd, operation)
+
+    monkeypatch.setattr(outdir, "_flock", no_folder_locks)
+    out = tmp_path / "o"
+    with outdir.OutLock(out, command="first") as held:
+        with pytest.raises(OutputLockedError, match="first"):
+            outdir.OutLock(out).acquire()  # the file lock still excludes
+        assert outdir.lock_holder(out)["command"] == "first"
+        (out / ".batchinfer.lock").unlink()
+        with pytest.raises(OutputLostError, match="deleted, moved or replaced"):
+            held.check()  # the next write of the run stops it: exit 3
+
+
 def test_two_runs_started_together_on_one_out_exactly_one_runs(demo_kit, data, tmp_path):
     out = tmp_path / "o"
     a = _start(data, demo_kit.models["digits"], out)
@@ -253,6 +381,7 @@ def rgb_data(data, tmp_path) -> Path:
         ("added_file", "dataset listing"),
         ("other_folder", "dataset folder"),
         ("other_model", "model file"),
+        ("replaced_file", "state of the dataset's files"),
     ],
 )
 def test_resume_with_anything_that_decides_a_row_changed_is_refused(
@@ -274,6 +403,9 @@ def test_resume_with_anything_that_decides_a_row_changed_is_refused(
     elif change == "other_folder":
         dataset = tmp_path / "copy"
         shutil.copytree(rgb_data, dataset)
+    elif change == "replaced_file":  # same name, another digit: the listing is the same
+        first, other = sorted(rgb_data.rglob("*.png"))[0], sorted(rgb_data.rglob("*.png"))[-1]
+        shutil.copy(other, first)
     elif change == "other_model":
         onnx_model = onnx.load(str(model))
         onnx_model.doc_string = "retrained"  # same name, same graph, other bytes
@@ -282,6 +414,48 @@ def test_resume_with_anything_that_decides_a_row_changed_is_refused(
     line = refused(invoke(*run_args(dataset, model, out, *extra)), needle, "--resume")
     assert "start a new run" in line
     assert snapshot(out) == before
+
+
+def _rewrite_keeping_size_and_time(path: Path) -> None:
+    """What ``rsync -t`` or ``cp -p`` of an edited file can do: other bytes, same stat."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_resume_check_content_sees_what_size_and_time_cannot(data, digits, tmp_path):
+    victim = sorted(data.rglob("*.png"))[3]
+    stat_out, content_out = tmp_path / "stat", tmp_path / "content"
+    ok_run(*run_args(data, digits, stat_out))
+    ok_run(*run_args(data, digits, content_out, "--resume-check", "content"))
+    os.utime(victim)  # touched, bytes unchanged: only the stat check minds
+    refused(invoke(*run_args(data, digits, stat_out, "--resume")), "state of the dataset")
+    again = ok_run(*run_args(data, digits, content_out, "--resume", "--resume-check", "content"))
+    assert "30 already done (resumed)" in again.stdout
+
+    _rewrite_keeping_size_and_time(victim)
+    before = snapshot(content_out)
+    line = refused(
+        invoke(*run_args(data, digits, content_out, "--resume", "--resume-check", "content")),
+        "content of the dataset's files",
+    )
+    assert "start a new run" in line
+    assert snapshot(content_out) == before
+    # Resumed with the other check than the run was made with: named, refused.
+    refused(invoke(*run_args(data, digits, content_out, "--resume")), "--resume-check content")
+
+
+def test_a_run_recorded_before_files_were_fingerprinted_still_resumes(data, digits, tmp_path):
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out))
+    manifest = json.loads((out / "manifest.json").read_text())
+    for key in ("resume_check", "dataset_stat_sha256"):
+        del manifest["fingerprint"][key]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    again = ok_run(*run_args(data, digits, out, "--resume"))
+    assert "30 already done (resumed)" in again.stdout
 
 
 def test_a_resume_with_the_same_settings_may_use_other_cores(data, digits, tmp_path):

@@ -24,7 +24,7 @@ from runs import config, exit_code, fast_sim
 
 from batchinfer import run
 from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
-from batchinfer.errors import NoCoreError, OutputWriteError, SharedMemoryError
+from batchinfer.errors import NoCoreError, OutputWriteError, RunFailedError, SharedMemoryError
 from batchinfer.results import read_predictions
 
 
@@ -224,6 +224,53 @@ def test_shm_space_is_checked_with_numbers_and_a_remedy():
     message = str(info.value)
     assert "MiB" in message and "runtime.slots" in message and "--shm-size" in message
     assert info.value.exit_code == 3
+
+
+@pytest.mark.parametrize("limit", [32, 40])
+def test_too_low_an_open_file_limit_is_one_sentence_exit_3_and_a_failed_manifest(
+    demo_kit, tmp_path, limit
+):
+    out = tmp_path / "o"
+    argv = [
+        sys.executable, "-m", "batchinfer", "run", str(demo_kit.dataset), "--limit", "50",
+        "--model", str(demo_kit.models["digits"]), "--backend", "sim", "--sim-npu-ms", "0.2",
+        "--readers", "2", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    script = f"ulimit -n {limit} && exec {subprocess.list2cmdline(argv)}"
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert f"the limit on open files is {limit} (ulimit -n)" in lines[0]
+    assert "needs about 47" in lines[0]  # 3 core workers and 2 readers
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "ulimit -n" in manifest["error"]
+    assert not [p for p in Path("/dev/shm").iterdir() if f"-{manifest['pid']}-" in p.name]
+
+
+def test_running_out_of_open_files_later_is_one_sentence_and_leaves_nothing(
+    demo_kit, tmp_path, monkeypatch
+):
+    from batchinfer.engine.pool import ChildPool
+
+    real = ChildPool.start
+    started = []
+
+    def third_child_out_of_files(self, *args, **kwargs):
+        if len(started) == 2:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        started.append(real(self, *args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(ChildPool, "start", third_child_out_of_files)
+    with pytest.raises(RunFailedError, match="ran out of open files") as info:
+        _run_digits(demo_kit, limit=20, out=tmp_path / "o")
+    assert info.value.exit_code == 3
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert all(not psutil.pid_exists(c.proc.pid) for c in started)
+    assert not [p for p in Path("/dev/shm").iterdir() if f"-{os.getpid()}-" in p.name]
 
 
 # ------------------------------------------------------------------ interruptions (CLI)

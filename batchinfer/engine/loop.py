@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
+from batchinfer.engine.fd_limit import check_fd_limit
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pool import Child, ChildPool, Exited, Message
@@ -132,6 +133,7 @@ class Engine(EngineLoop):
 
     def _setup(self) -> None:
         plan = self.plan
+        check_fd_limit(len(plan.cores) + self._max_readers)  # before any process or segment
         self.pool.open()  # the fork server imports while the segments are made
         self.memory = RunMemory(
             plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._max_readers

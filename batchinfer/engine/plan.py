@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.fingerprint import files_sha256
 from batchinfer.data.preprocess import Preprocess, parse_background, preprocess_for
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
@@ -242,6 +243,8 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
         class_map={k: v for k, v in dataset.class_map.to_json().items() if k != "file"},
+        resume_check=out.resume_check,
+        dataset_files_sha256=files_sha256(dataset, out.resume_check),
     )
     if out.resume and folder.manifest is not None:
         check_resume_fingerprint(folder, fingerprint)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from batchinfer.engine import events as ev
+from batchinfer.engine.fd_limit import too_many_files
 from batchinfer.engine.scheduler import ReaderDeathsExceeded, Scheduler
 from batchinfer.errors import BatchinferError, RunFailedError
 from batchinfer.options import ReliabilityOptions
@@ -94,6 +95,11 @@ class EngineLoop:
             status, error = "failed", self._reader_deaths(e)
         except BatchinferError as e:
             status, error = "failed", e
+        except OSError as e:  # out of file descriptors: one sentence, not a traceback
+            error = too_many_files(e)
+            if error is None:
+                raise
+            status = "failed"
         finally:
             self._close()
         return status, error

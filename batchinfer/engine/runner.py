@@ -182,6 +182,7 @@ def _run(
         save_outputs=out.save_outputs,
         part_rows=out.part_rows,
         first_part=done.next_part if done is not None else 0,
+        guard=lock.check,
     )
     source = DatasetSource(
         plan.dataset,

@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.data.dataset import Dataset
+from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan, EngineResult
@@ -97,16 +97,7 @@ def sdk_versions(text: str) -> tuple[str | None, str | None]:
 
 def dataset_stat_sha256(dataset: Dataset, limit: int | None) -> str:
     """sha256 over every item's name, size and mtime: a cheap "has any file changed"."""
-    digest = hashlib.sha256()
-    for item in dataset:
-        if limit is not None and item.index >= limit:
-            break
-        try:
-            st = os.stat(item.path)
-            digest.update(item.key + f"\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
-        except OSError:
-            digest.update(item.key + b"\0missing\0")
-    return digest.hexdigest()
+    return files_sha256(dataset, "stat", limit)
 
 
 def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) -> SidePlan:

@@ -2,7 +2,9 @@
 
 A ``--resume`` appends rows to the ones already on disk, so it is refused unless it would
 write the same rows the first invocation would have: the same model bytes, backend,
-preprocessing, output options and dataset (folder and listing). Settings that change how
+preprocessing, output options and dataset (folder, listing, and each file's size and
+modification time, or with ``--resume-check content`` its bytes: an image replaced under
+its own name is a changed dataset too). Settings that change how
 fast or where a row is made (cores, instances, slots, timeouts, --limit) are not part of
 it: a resume may use other cores, for instance to leave out one that failed.
 """
@@ -28,7 +30,14 @@ _LABELS = {
     "dataset_items": "number of dataset items",
     "dataset_listing_sha256": "dataset listing (the items' names, sha256)",
     "class_map": "class map (labels)",
+    "resume_check": "{output.resume_check}",
+    "dataset_stat_sha256": "state of the dataset's files (each one's size and modification "
+    "time, sha256)",
+    "dataset_content_sha256": "content of the dataset's files (sha256)",
 }
+
+#: Entries older manifests do not have: a resume of such a run cannot check them.
+_ADDED_LATER = ("resume_check", "dataset_stat_sha256", "dataset_content_sha256")
 
 
 def run_fingerprint(
@@ -43,9 +52,22 @@ def run_fingerprint(
     dataset_items: int,
     dataset_listing_sha256: str,
     class_map: dict[str, Any] | None = None,
+    resume_check: str | None = None,
+    dataset_files_sha256: str | None = None,
 ) -> dict[str, Any]:
-    """The fingerprint as a JSON-able dict (stored in the manifest)."""
-    return {
+    """The fingerprint as a JSON-able dict (stored in the manifest).
+
+    ``dataset_files_sha256`` (data/fingerprint.py) covers what ``resume_check`` says of
+    every item's file: ``stat`` its size and mtime, ``content`` its bytes. Without it
+    (evaluations) the fingerprint has no such entries.
+    """
+    files: dict[str, Any] = {}
+    if dataset_files_sha256 is not None:
+        files = {
+            "resume_check": resume_check,
+            f"dataset_{resume_check}_sha256": dataset_files_sha256,
+        }
+    return files | {
         "model_sha256": model_sha256,
         "runtime_files": dict(sorted(runtime_files.items())),
         "backend": backend,
@@ -77,7 +99,7 @@ def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[st
     out = []
     for key, label in _LABELS.items():
         a, b = old.get(key), new.get(key)
-        if a == b:
+        if a == b or (key in _ADDED_LATER and key not in old):
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             out.append(f"{label}: {_dict_diff(a, b)}")

@@ -12,17 +12,28 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from batchinfer.errors import ModelError, UsageError
-from batchinfer.sink._atomic import write_bytes_atomically
+from batchinfer.errors import ModelError, OutputTamperedError, UsageError
+from batchinfer.sink._atomic import write_bytes_atomically, write_error
+from batchinfer.sink.predictions import PREDICTIONS_DIR
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "batchinfer-run"
 MANIFEST_VERSION = 1
+
+#: The only names a part ledger may hold (what ``part_name`` makes): ASCII digits, no
+#: separator, no "..", no trailing newline (``\Z``, not ``$``), so a name joined to
+#: predictions/ can only ever be a file directly inside it.
+PART_RE = re.compile(r"part-([0-9]{5,})\.parquet\Z")
+PART_STATES = ("live", "retired")
+_SHOWN = 300  # characters of a hostile name or record shown in a message
 
 
 def _to_json(value: Any) -> Any:
@@ -84,6 +95,92 @@ def is_run_manifest(data: object) -> bool:
     )
 
 
+def _record_problem(name: object, record: object) -> str | None:
+    """Why a ledger entry is not one batchinfer wrote, or None when it is."""
+    if not isinstance(name, str) or not PART_RE.match(name):
+        return "is not a name batchinfer writes (part-NNNNN.parquet, directly in predictions/)"
+    if not isinstance(record, dict):
+        return "has a record that is not a JSON object"
+    counts = [record.get("rows"), record.get("errors")]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return "has rows or errors that are not counts"
+    if not isinstance(record.get("sha256"), str):
+        return "has no sha256 checksum"
+    if record.get("state") not in PART_STATES:
+        return f"has a state that is neither {' nor '.join(PART_STATES)}"
+    return None
+
+
+def check_ledger(out_dir: Path, parts: dict) -> None:
+    """OutputTamperedError (exit 2) naming the first ledger entry batchinfer did not write.
+
+    Every reader of a run folder goes through :meth:`RunManifest.load`, which calls this:
+    a name like ``../../.ssh/authorized_keys`` or ``/etc/passwd`` is refused before any
+    code joins it to a path, so nothing outside OUT/predictions/ is deleted or read.
+    """
+    for name, record in parts.items():
+        problem = _record_problem(name, record)
+        if problem is not None:
+            raise OutputTamperedError(
+                f"{Path(out_dir) / MANIFEST_FILE} lists {_shown(name)} as a prediction part, "
+                f"which {problem}: the manifest was edited or damaged, so nothing in {out_dir} "
+                "was deleted, continued or read; move that folder aside and pass another "
+                "{output.out}."
+            )
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+
+
+def regular_file(path: Path, out_dir: Path) -> bool:
+    """True when ``path`` is a regular file, False when nothing is there.
+
+    Anything else (a symlink, even to a file; a folder; a device) raises
+    OutputTamperedError: batchinfer writes only regular files into a run folder, so such
+    an entry was put there by someone else and is neither read nor deleted.
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise write_error(path, exc) from exc
+    if stat.S_ISREG(mode):
+        return True
+    what = (
+        "a symbolic link"
+        if stat.S_ISLNK(mode)
+        else "a folder"
+        if stat.S_ISDIR(mode)
+        else "not a regular file"
+    )
+    raise OutputTamperedError(
+        f"{path} is {what}, which batchinfer never writes there, so nothing in {out_dir} was "
+        f"deleted, continued or read; move {path.name} out of that folder, then run again."
+    )
+
+
+def predictions_dir(out_dir: Path) -> Path:
+    """OUT/predictions/ when it is a real folder or absent (OutputTamperedError otherwise:
+    a symlink there would send every part name to another folder)."""
+    directory = Path(out_dir) / PREDICTIONS_DIR
+    try:
+        mode = os.lstat(directory).st_mode
+    except FileNotFoundError:
+        return directory
+    except OSError as exc:
+        raise write_error(directory, exc) from exc
+    if stat.S_ISDIR(mode):
+        return directory
+    what = "a symbolic link" if stat.S_ISLNK(mode) else "not a folder"
+    raise OutputTamperedError(
+        f"{directory} is {what}, which batchinfer never makes, so nothing in {out_dir} was "
+        f"deleted, continued or read; move it out of that folder, then run again."
+    )
+
+
 class RunManifest:
     """manifest.json of one run folder: kept in memory, written whole on every change.
 
@@ -98,6 +195,9 @@ class RunManifest:
     def __init__(self, out_dir: Path, data: dict) -> None:
         self.out = Path(out_dir)
         self.data = data
+        #: Called before every write into OUT (the run's :meth:`OutLock.check`): raises
+        #: when OUT is no longer the folder the run locked.
+        self.guard: Callable[[], None] | None = None
 
     @classmethod
     def new(cls, out_dir: Path, **fields: Any) -> RunManifest:
@@ -108,7 +208,8 @@ class RunManifest:
 
     @classmethod
     def load(cls, out_dir: Path) -> RunManifest:
-        """The manifest of an existing run folder; UsageError when it is not one of ours."""
+        """The manifest of an existing run folder; UsageError when it is not one of ours,
+        OutputTamperedError when its ledger names a file batchinfer never writes."""
         data = read_manifest(out_dir)
         if not is_run_manifest(data):
             raise UsageError(
@@ -116,10 +217,17 @@ class RunManifest:
                 "an older version), so it is neither continued nor replaced; choose another "
                 "output folder."
             )
+        check_ledger(out_dir, data["parts"])
         return cls(out_dir, data)
+
+    def check_held(self) -> None:
+        """Raise (OutputLostError) when OUT is no longer the folder this run locked."""
+        if self.guard is not None:
+            self.guard()
 
     def save(self) -> None:
         """Write the manifest atomically (OutputWriteError when the disk refuses)."""
+        self.check_held()
         write_manifest(self.out, self.data)
 
     def update(self, **fields: Any) -> None:
@@ -148,6 +256,21 @@ class RunManifest:
         self.parts.pop(name, None)
         if save:
             self.save()
+
+    def part_files(self) -> dict[str, Path]:
+        """The parts the ledger names that are on disk, by name, each checked to be a
+        regular file directly inside a real OUT/predictions/ (OutputTamperedError if not)."""
+        directory = predictions_dir(self.out)
+        real = os.path.realpath(directory)
+        found = {}
+        for name in self.parts:
+            path = directory / name
+            if regular_file(path, self.out):
+                # Already implied by the name and the checks above; kept as the last word.
+                if os.path.dirname(os.path.realpath(path)) != real:
+                    raise OutputTamperedError(f"{path} is not inside {directory}.")
+                found[name] = path
+        return found
 
     def rows_on_disk(self) -> tuple[int, int]:
         """(rows, error rows) in the live parts this ledger vouches for."""

@@ -6,9 +6,13 @@ Rules (see README "Output"):
   Clearing removes the files that manifest lists (its parts, stats, timeline, itself) and
   our tmp leftovers, never anything else: a user's notes, sources or ``.git`` stay.
 - OUT may not be the dataset, lie inside it, or contain it.
-- One run at a time holds OUT: an ``flock`` on ``OUT/.batchinfer.lock``, taken before
-  anything in OUT changes and held until the run's last write. The OS drops it when the
-  process dies, however it dies, so a crashed run never leaves a stale lock.
+- One run at a time holds OUT: an ``flock`` on the folder itself (its own descriptor),
+  taken before anything in OUT changes and held until the run's last write. Deleting a
+  file cannot undo it, as it could the old lock on ``OUT/.batchinfer.lock`` (still taken
+  too, and still naming the holder). The OS drops it when the process dies, however it
+  dies, so a crashed run never leaves a stale lock. Before each write the run checks that
+  OUT is still the folder it locked (:meth:`OutLock.check`): one deleted, moved or
+  replaced under it stops the run (exit 3) instead of mixing into another run's folder.
 
 :func:`inspect_out` and :func:`check_out` only read; :class:`OutLock` and :func:`clear_run`
 change things, and run only after every check of the configuration has passed.
@@ -27,9 +31,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchinfer.errors import OutputExistsError, OutputLockedError, OutputWriteError, UsageError
+from batchinfer.errors import (
+    OutputExistsError,
+    OutputLockedError,
+    OutputLostError,
+    OutputTamperedError,
+    OutputWriteError,
+    UsageError,
+)
 from batchinfer.sink._atomic import fsync_dir, tmp_path_for, write_error
-from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest, read_manifest
+from batchinfer.sink.manifest import (
+    MANIFEST_FILE,
+    PART_RE,
+    RunManifest,
+    predictions_dir,
+    read_manifest,
+    regular_file,
+)
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
 
@@ -73,6 +91,8 @@ def inspect_out(path: Path) -> OutFolder:
         return OutFolder(path, "foreign", why_foreign=f"it holds no {MANIFEST_FILE}")
     try:
         manifest = RunManifest.load(path)
+    except OutputTamperedError:
+        raise  # ours, but its ledger names files we never wrote: say which
     except UsageError:
         with contextlib.suppress(UsageError):
             read_manifest(path)
@@ -122,6 +142,7 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
             )
         if overwrite:
             _check_predictions_are_ours(folder)
+            _victims(folder)
     elif folder.state == "foreign":
         if resume:
             raise UsageError(
@@ -140,9 +161,7 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
 
 
 def _check_predictions_are_ours(folder: OutFolder) -> None:
-    from batchinfer.sink.resume import PART_RE
-
-    directory = folder.path / PREDICTIONS_DIR
+    directory = predictions_dir(folder.path)
     with contextlib.suppress(OSError):
         listed = folder.manifest.parts if folder.manifest else {}
         strays = [
@@ -162,18 +181,32 @@ def _is_tmp(name: str) -> bool:
     return name.startswith(".part-") and name.endswith(".parquet.tmp")
 
 
-def clear_run(folder: OutFolder) -> None:
-    """Delete what the run in ``folder`` wrote, and only that (the lock file stays)."""
+def _victims(folder: OutFolder) -> list[Path]:
+    """What clearing ``folder`` deletes, every one checked first (OutputTamperedError).
+
+    The ledger's names were checked when the manifest was loaded; here each file is
+    checked to be a regular file directly in OUT or OUT/predictions/ (a symlink or a
+    folder under one of our names was planted: refused, so nothing at all is deleted).
+    """
     assert folder.state == "run" and folder.manifest is not None
     path = folder.path
-    predictions = path / PREDICTIONS_DIR
-    victims = [predictions / name for name in folder.manifest.parts]
-    with contextlib.suppress(OSError):
-        victims += [predictions / n for n in os.listdir(predictions) if _is_tmp(n)]
+    victims = list(folder.manifest.part_files().values())
+    predictions = predictions_dir(path)
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        victims += [predictions / n for n in sorted(os.listdir(predictions)) if _is_tmp(n)]
     for name in _RUN_FILES:
         victims += [path / name, tmp_path_for(path / name)]
     victims.append(tmp_path_for(path / MANIFEST_FILE))
-    for victim in victims:
+    return [victim for victim in victims if regular_file(victim, path)]
+
+
+def clear_run(folder: OutFolder) -> None:
+    """Delete what the run in ``folder`` wrote, and only that (the lock file stays).
+
+    Everything is checked before the first file goes (:func:`_victims`).
+    """
+    path = folder.path
+    for victim in _victims(folder):
         try:
             victim.unlink(missing_ok=True)
         except OSError as exc:
@@ -184,25 +217,53 @@ def clear_run(folder: OutFolder) -> None:
     except OSError as exc:
         raise write_error(path / MANIFEST_FILE, exc) from exc
     with contextlib.suppress(OSError):
-        predictions.rmdir()  # only if empty: a stray file of the user's keeps it
+        (path / PREDICTIONS_DIR).rmdir()  # only if empty: a stray file of the user's keeps it
     fsync_dir(path)
 
 
-def lock_holder(path: Path) -> dict | None:
-    """Who holds OUT's lock now (pid, command, ...), or None when nobody does. Only reads."""
+def _flock(fd: int, operation: int) -> bool:
+    """flock without waiting: True when taken, False when someone holds it (OSError else)."""
     try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            return False
+        raise
+    return True
+
+
+def _is_held(fd: int) -> bool:
+    """True when another open file holds a lock on ``fd``'s file (probing changes nothing)."""
+    try:
+        if not _flock(fd, fcntl.LOCK_SH):
+            return True
+    except OSError:
+        return False  # cannot be locked here at all (some network filesystems)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
+
+
+def lock_holder(path: Path) -> dict | None:
+    """Who holds OUT's lock now (pid, command, ...), or None when nobody does. Only reads.
+
+    Held means the folder's own lock, or the lock file's (older versions, and filesystems
+    where a folder cannot be locked). The holder's details come from the lock file: {} if
+    it was deleted.
+    """
+    try:
+        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                return None
-            return _read_holder(fd)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
+        held = _is_held(dir_fd)
+    finally:
+        os.close(dir_fd)
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return {} if held else None
+    try:
+        return _read_holder(fd) if held or _is_held(fd) else None
     finally:
         os.close(fd)
 
@@ -229,30 +290,70 @@ def _locked_message(path: Path, holder: dict) -> str:
     )
 
 
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 class OutLock:
-    """An exclusive ``flock`` on ``OUT/.batchinfer.lock``; the OS drops it if we die."""
+    """An exclusive ``flock`` on OUT itself and on ``OUT/.batchinfer.lock``; the OS drops
+    both if we die (see the module docstring).
+
+    The folder's lock is what excludes a second run: it lives on the folder's inode, which
+    no ``rm`` inside OUT can take away. The file lock is kept for the holder's details and
+    for older versions; where a folder cannot be locked (EINVAL, ENOLCK, EBADF on some
+    network filesystems) it is the only one, and :meth:`check` then also verifies that the
+    lock file is still the one locked.
+    """
 
     def __init__(self, path: Path, command: str | None = None) -> None:
         self.path = Path(path)
         self.command = command
         self._fd: int | None = None
+        self._dir_fd: int | None = None
+        self._dir_locked = False
+        self._folder: tuple[int, int] | None = None
+        self._file: tuple[int, int] | None = None
 
     def acquire(self) -> None:
         """Create OUT if needed and take the lock; OutputLockedError naming the holder."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise write_error(self.path, exc) from exc
+        try:
+            self._dir_locked = _flock(dir_fd, fcntl.LOCK_EX)
+            if not self._dir_locked:
+                raise OutputLockedError(_locked_message(self.path, lock_holder(self.path) or {}))
+        except OSError:
+            self._dir_locked = False  # folders cannot be locked here: the file lock alone
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        self._dir_fd = dir_fd
+        try:
+            self._lock_file()
+        except BaseException:
+            self.release()
+            raise
+        self._folder = _identity(os.fstat(dir_fd))
+
+    def _lock_file(self) -> None:
+        try:
             fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             raise write_error(self.path / LOCK_FILE, exc) from exc
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not _flock(fd, fcntl.LOCK_EX):
+                raise OutputLockedError(_locked_message(self.path, _read_holder(fd)))
         except OSError as exc:
-            holder = _read_holder(fd)
             os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-                raise OutputLockedError(_locked_message(self.path, holder)) from None
             raise write_error(self.path / LOCK_FILE, exc) from exc
+        except BaseException:
+            os.close(fd)
+            raise
         self._fd = fd
+        self._file = _identity(os.fstat(fd))
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -263,11 +364,57 @@ class OutLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(holder).encode(), 0)
 
+    def check(self) -> None:
+        """OutputLostError (exit 3) unless OUT is still the folder this lock holds.
+
+        Called before every write of the run: a folder deleted, moved or replaced (by
+        another run that then locked the new folder) must get none of this run's files.
+        """
+        if self._folder is None:
+            return
+        try:
+            now = _identity(os.stat(self.path))
+        except OSError:
+            now = None
+        lost = now != self._folder
+        if not lost and not self._dir_locked:
+            try:
+                lost = _identity(os.lstat(self.path / LOCK_FILE)) != self._file
+            except OSError:
+                lost = True
+        if lost:
+            moved = self._now_at()
+            then = (
+                f"it is now {moved}: continue it there with {{output.resume}} {{output.out}} "
+                f"{moved}."
+                if moved
+                else "find the folder it was moved to and continue it there with "
+                "{output.resume}, or start again."
+            )
+            raise OutputLostError(
+                f"output folder {self.path} was deleted, moved or replaced while this run "
+                "wrote to it, so the run stopped and wrote nothing more there (another run "
+                f"may be using that path now); {then}"
+            )
+
+    def _now_at(self) -> str | None:
+        """Where the locked folder is now, when it was moved (Linux's /proc), else None."""
+        if self._dir_fd is None:
+            return None
+        try:
+            where = os.readlink(f"/proc/self/fd/{self._dir_fd}")
+        except OSError:
+            return None
+        gone = where.endswith(" (deleted)") or where == os.fspath(self.path)
+        return None if gone else where
+
     def release(self) -> None:
         """Drop the lock (the file stays: removing it would race with a waiting run)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._dir_fd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._dir_fd = None
+        self._folder = self._file = None
 
     def __enter__(self) -> OutLock:
         self.acquire()

@@ -423,6 +423,8 @@ class PredictionWriter:
         if not self.rows_buffered:
             self._last_write = self._clock()
             return None
+        if self._ledger is not None:
+            self._ledger.check_held()  # before the tmp file: OUT may be another run's now
         path = self.directory / part_name(self._next_part)
         errors = self._errors
 

@@ -26,13 +26,20 @@ import pyarrow.parquet as pq
 
 from batchinfer.errors import RunFailedError, UsageError
 from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
-from batchinfer.sink.manifest import MANIFEST_FILE, RunManifest
-from batchinfer.sink.predictions import PREDICTIONS_DIR, part_name
+from batchinfer.sink.manifest import (
+    MANIFEST_FILE,
+    PART_RE,
+    RunManifest,
+    predictions_dir,
+    regular_file,
+)
+from batchinfer.sink.predictions import part_name
 
 log = logging.getLogger(__name__)
 
-PART_RE = re.compile(r"^part-(\d{5,})\.parquet$")
-_TMP_RE = re.compile(r"^\.part-\d{5,}\.parquet\.tmp$")
+__all__ = ["PART_RE", "ResumeState", "prepare_resume", "verify_parts"]
+
+_TMP_RE = re.compile(r"\.part-[0-9]{5,}\.parquet\.tmp\Z")
 
 
 def id_key(id: str, id_bytes: bytes | None) -> bytes:
@@ -74,8 +81,10 @@ def _part_number(name: str) -> int:
 
 
 def _listing(manifest: RunManifest) -> tuple[list[str], list[str]]:
-    """(part names in order, tmp leftovers); UsageError for anything else in predictions/."""
-    directory = manifest.out / PREDICTIONS_DIR
+    """(part names in order, tmp leftovers); UsageError for anything else in predictions/,
+    OutputTamperedError for a symlink or folder under a part's name (or as predictions/)."""
+    directory = predictions_dir(manifest.out)
+    manifest.part_files()
     try:
         names = sorted(os.listdir(directory)) if directory.is_dir() else []
     except OSError as exc:
@@ -87,13 +96,15 @@ def _listing(manifest: RunManifest) -> tuple[list[str], list[str]]:
             f"{directory} holds {shown}, which no batchinfer run wrote; move it out of that "
             "folder (nothing was changed), then resume again."
         )
+    for name in names:
+        regular_file(directory / name, manifest.out)
     parts = sorted((n for n in names if PART_RE.match(n)), key=_part_number)
     return parts, [n for n in names if _TMP_RE.match(n)]
 
 
 def _verify(manifest: RunManifest, parts: list[str]) -> list[str]:
     """Check every part against the ledger; return the retired ones. Changes nothing."""
-    directory = manifest.out / PREDICTIONS_DIR
+    directory = predictions_dir(manifest.out)
     retired = []
     for name in parts:
         path = directory / name
@@ -144,7 +155,7 @@ def prepare_resume(manifest: RunManifest) -> ResumeState:
     ledger records whose file is gone, rewrites parts holding error or duplicate rows
     without them (as new parts, through the ledger), and returns the done items.
     """
-    directory = manifest.out / PREDICTIONS_DIR
+    directory = predictions_dir(manifest.out)
     parts, tmps = _listing(manifest)
     retired = _verify(manifest, parts)
 

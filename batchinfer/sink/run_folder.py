@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,12 @@ class RunFolder:
         save_outputs: bool,
         part_rows: int,
         first_part: int = 0,
+        guard: Callable[[], None] | None = None,
     ) -> RunFolder:
-        """Write the manifest as "running" (a new run, or the next invocation of ``continued``)."""
+        """Write the manifest as "running" (a new run, or the next invocation of ``continued``).
+
+        ``guard`` (the run's ``OutLock.check``) runs before every write into the folder.
+        """
         invocation = {
             "command": fields.get("command"),
             "started_at": _now(),
@@ -73,6 +78,7 @@ class RunFolder:
             manifest = continued
             manifest.data.setdefault("invocations", []).append(invocation)
             manifest.data.update(fields)
+        manifest.guard = guard
         manifest.data.update(started_at=invocation["started_at"], status="running")
         manifest.save()
         return cls(
@@ -123,7 +129,12 @@ class RunFolder:
         """Write the last rows, stats, timeline and manifest: (status, error, counts on disk).
 
         A write failure here (disk full) becomes the run's error unless it already had one.
+        Nothing is written when OUT is no longer the folder this run locked.
         """
+        try:
+            self.manifest.check_held()
+        except OutputWriteError as e:
+            return "failed", error or e, counts
         try:
             self.close()
             write_core_stats(self.path, stats)
