@@ -133,27 +133,37 @@ def test_the_listing_hash_is_sha256_over_each_name_and_a_nul(tmp_path: Path) -> 
     assert open_dataset(tmp_path).listing_sha256 == expected
 
 
-def _nest(root: Path, levels: int, leaf: str) -> None:
-    """``root/d/d/.../d/leaf`` ``levels`` folders deep, each made relative to its parent's
-    descriptor (so no path handed to the kernel grows with the depth)."""
+@pytest.fixture
+def deep_tree(tmp_path: Path):
+    """``deep/d/d/.../d/x.png``, 1,500 folders deep, removed after the test.
+
+    Made and removed one level at a time relative to its parent's descriptor, so no path
+    handed to the kernel grows with the depth. Removed here because shutil.rmtree
+    (pytest's clean-up of old temporary folders) recurses and would fail on it.
+    """
+    levels, root = 1500, tmp_path / "deep"
     root.mkdir()
-    fd = os.open(root, os.O_RDONLY)
+    fds = [os.open(root, os.O_RDONLY)]
     try:
         for _ in range(levels):
-            os.mkdir("d", dir_fd=fd)
-            child = os.open("d", os.O_RDONLY, dir_fd=fd)
-            os.close(fd)
-            fd = child
-        os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+            os.mkdir("d", dir_fd=fds[-1])
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        os.close(os.open("x.png", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fds[-1]))
+        yield root, levels
     finally:
-        os.close(fd)
+        if len(fds) == levels + 1:
+            os.unlink("x.png", dir_fd=fds[-1])
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("d", dir_fd=fds[-1])
+        os.close(fds.pop())
 
 
-def test_a_dataset_nested_deeper_than_the_recursion_limit_is_listed(tmp_path: Path) -> None:
+def test_a_dataset_nested_deeper_than_the_recursion_limit_is_listed(deep_tree) -> None:
     # 1,500 levels: walking them recursively raised RecursionError (a traceback).
-    _nest(tmp_path / "deep", 1500, "x.png")
-    entries = list(listing.walk(str(tmp_path / "deep")))
-    assert len(entries) == 1501
+    root, levels = deep_tree
+    entries = list(listing.walk(str(root)))
+    assert len(entries) == levels + 1
     assert entries[0] == ("d", listing.DIR)
-    assert entries[-1] == ("d/" * 1500 + "x.png", listing.FILE)
-    assert ids(open_dataset(tmp_path / "deep")) == ["d/" * 1500 + "x.png"]
+    assert entries[-1] == ("d/" * levels + "x.png", listing.FILE)
+    assert ids(open_dataset(root)) == ["d/" * levels + "x.png"]
