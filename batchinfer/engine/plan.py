@@ -100,12 +100,13 @@ def check_slots_fit(slots: int, preprocess: Preprocess, given: bool) -> None:
         return
     per_slot = TensorLayout((preprocess.shape,), (preprocess.dtype,)).nbytes
     if slots * per_slot > free:
-        most = max(2, free // per_slot)
+        most = free // per_slot
+        fix = f"give at most {most}, or" if most >= 2 else "that is not even 2 slots:"
         raise ConfigError(
             f"{{runtime.slots}} {slots} needs {slots * per_slot / 2**20:.1f} MiB of shared "
             f"memory for the model's inputs ({per_slot / 2**10:.1f} KiB each) but {SHM_DIR} "
-            f"has {free / 2**20:.1f} MiB free; give at most {most} (the default needs no "
-            "more than the run uses).",
+            f"has {free / 2**20:.1f} MiB free; {fix} make {SHM_DIR} bigger (docker: "
+            "--shm-size).",
             "runtime.slots",
         )
 
