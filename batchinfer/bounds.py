@@ -157,3 +157,19 @@ def pixels_ceiling() -> tuple[int, str]:
         memory // 4,
         f"decoded, they must fit in this machine's {memory / 2**30:.1f} GiB of memory",
     )
+
+
+#: Memory a simulated Ray node (``--ray local:N``) takes at the least: a raylet, its
+#: object store's share and the actors of its cores.
+LOCAL_NODE_BYTES = 1 * 2**30
+
+
+def local_nodes_ceiling() -> tuple[int, str]:
+    """Simulated Ray nodes this machine can hold: 4 per CPU, and 1 GiB of memory each."""
+    cpus = usable_cpus()
+    memory = memory_bytes()
+    if memory is not None and memory // LOCAL_NODE_BYTES < 4 * cpus:
+        return max(1, memory // LOCAL_NODE_BYTES), (
+            f"one per GiB of memory; this machine has {memory / 2**30:.1f} GiB"
+        )
+    return 4 * cpus, f"4 per CPU; this process may use {cpus}"

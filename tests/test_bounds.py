@@ -23,7 +23,7 @@ from batchinfer.cli import main
 from batchinfer.errors import ConfigError
 from batchinfer.evaluate import JobError, load_job
 from batchinfer.evaluate.job import DatasetSettings, GateSettings, MetricsSettings
-from batchinfer.options import GROUPS, check_group, options_fields
+from batchinfer.options import GROUPS, OutputOptions, check_group, options_fields
 
 FAST_SIM = ["--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--no-progress"]
 
@@ -249,3 +249,31 @@ def test_the_readers_ceiling_follows_the_cpus_this_process_may_use():
     most, why = readers_ceiling()
     assert 1 <= most <= 4 * usable_cpus()
     assert str(usable_cpus()) in why or "memory" in why
+
+
+# ---------------------------------------------------------------------- other numbers
+def test_more_simulated_ray_nodes_than_the_machine_holds_are_refused():
+    from batchinfer.bounds import local_nodes_ceiling
+    from batchinfer.cluster.connect import parse_address
+    from batchinfer.errors import UsageError
+
+    most, _ = local_nodes_ceiling()
+    assert parse_address(f"local:{most}") == ("local", most)
+    with pytest.raises(UsageError, match=rf"^ray 'local:100000' .* at most {most} \("):
+        parse_address("local:100000")
+
+
+def test_the_library_refuses_a_nan_timeout_before_anything_starts(demo_kit, tmp_path, no_engine):
+    from batchinfer.engine import RunConfig, run
+    from batchinfer.options import ReliabilityOptions
+
+    config = RunConfig(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        reliability=ReliabilityOptions(inference_timeout_s=math.nan),
+        output=dataclasses.replace(OutputOptions(), out=tmp_path / "o"),
+    )
+    with pytest.raises(ConfigError) as caught:
+        run(config)
+    assert caught.value.fields == ("reliability.inference_timeout_s",)
+    assert not (tmp_path / "o").exists()
