@@ -13,10 +13,14 @@ A field's metadata says how a front end shows it:
 - ``parse``: how the CLI turns its text into the value (e.g. ``0,1,2`` -> (0, 1, 2));
 - ``choices``: the allowed values, when there is a fixed set;
 - ``bounds``: the range of a numeric setting (:class:`batchinfer.bounds.Bounds`), e.g.
-  ``option(0.25, "...", bounds=Bounds(0, 1))``; its ceiling may be a function of the
-  machine (``Bounds(1, readers_ceiling)``). Job files are checked on load
-  (:func:`from_mapping`), every run, bench and evaluation when planned (:func:`check_group`);
-  floats must be finite, bounded or not, so a new numeric field needs only its ``bounds``.
+  ``option(0.25, "...", bounds=Bounds(0, 1))`` (0 <= x <= 1), ``Bounds(0, 1, above=True,
+  below=True)`` (0 < x < 1), ``Bounds(1, 10_000, why="...")``; a ceiling may be a function
+  of the machine (``Bounds(1, readers_ceiling)``). Job files are checked on load
+  (:func:`from_mapping`); runs, benches and evaluations when planned (``check_settings`` in
+  batchinfer.engine.plan checks every group of a RunConfig with :func:`check_group`). A
+  value out of range is one ConfigError (exit 2) naming the setting and its limit. Floats
+  must be finite, bounded or not. Every numeric field of a group in GROUPS must declare its
+  ``bounds`` (tests/test_bounds.py checks); None and words (``"estimate"``) always pass.
 """
 
 from __future__ import annotations

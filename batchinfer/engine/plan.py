@@ -87,8 +87,10 @@ def check_cores(runtime: RuntimeOptions, backend: Backend) -> tuple[int, ...]:
 def check_settings(config: RunConfig) -> None:
     """ConfigError (exit 2) for a setting outside its range or not finite (the ranges are
     declared with the option groups, see batchinfer.options); reads nothing else."""
-    for group in ("runtime", "preprocess", "output", "reliability"):
-        check_group(getattr(config, group), group)
+    for f in dataclasses.fields(config):  # every option group, named as its field
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            check_group(value, f.name)
     check_value(ITEMS, config.limit, "limit")
 
 
