@@ -11,7 +11,16 @@ A field's metadata says how a front end shows it:
 - ``flag``: the CLI flag when it is not ``--`` + the name with dashes;
 - ``short``: a one-letter alias;
 - ``parse``: how the CLI turns its text into the value (e.g. ``0,1,2`` -> (0, 1, 2));
-- ``choices``: the allowed values, when there is a fixed set.
+- ``choices``: the allowed values, when there is a fixed set;
+- ``bounds``: the range of a numeric setting (:class:`batchinfer.bounds.Bounds`), e.g.
+  ``option(0.25, "...", bounds=Bounds(0, 1))`` (0 <= x <= 1), ``Bounds(0, 1, above=True,
+  below=True)`` (0 < x < 1), ``Bounds(1, 10_000, why="...")``; a ceiling may be a function
+  of the machine (``Bounds(1, readers_ceiling)``). Job files are checked on load
+  (:func:`from_mapping`); runs, benches and evaluations when planned (``check_settings`` in
+  batchinfer.engine.plan checks every group of a RunConfig with :func:`check_group`). A
+  value out of range is one ConfigError (exit 2) naming the setting and its limit. Floats
+  must be finite, bounded or not. Every numeric field of a group in GROUPS must declare its
+  ``bounds`` (tests/test_bounds.py checks); None and words (``"estimate"``) always pass.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchinfer.bounds import DAY_S, Bounds, check_value, pixels_ceiling, readers_ceiling
 from batchinfer.errors import ConfigError
 
 #: Every backend a run can name (batchinfer.runtime.backends has their classes).
@@ -82,6 +92,17 @@ def _ms_or_estimate(text: str) -> float | str:
         raise ValueError(f"{text!r} is not milliseconds (or 'estimate')") from None
 
 
+# ------------------------------------------------------------------------ shared ranges
+#: Timeouts: positive, and a day at most (longer would switch hang detection off).
+TIMEOUT = Bounds(0, DAY_S, above=True, why="one day")
+#: The emulator's per-call times.
+SIM_MS = Bounds(0, 60_000, why="a minute; hangs are injected as faults")
+#: Classes kept per row (top-k) at most, in runs and in evaluations.
+TOPK_MAX = 1000
+#: Item counts (``--limit``, ``dataset.limit``): an int64, like the rows' item index.
+ITEMS = Bounds(1, 2**63 - 1)
+
+
 # --------------------------------------------------------------------------- the groups
 @dataclass(frozen=True)
 class SimOptions:
@@ -91,9 +112,10 @@ class SimOptions:
         None,
         "NPU time per inference in ms (default 2), or 'estimate' (from the model's size).",
         parse=_ms_or_estimate,
+        bounds=SIM_MS,
     )
     host_ms: float | None = option(
-        None, "Host time per inference in ms, outside the NPU (default 4)."
+        None, "Host time per inference in ms, outside the NPU (default 4).", bounds=SIM_MS
     )
     chip: str | None = option(
         None, "Chip to emulate (default rk3588).", choices=("rk3588", "rk3576", "rk3566")
@@ -128,12 +150,18 @@ class RuntimeOptions:
         1,
         "Runtime instances per core (threads of the core's worker); 2-3 keep a core busy.",
         short="-k",
+        bounds=Bounds(1, 16, why="a core runs one inference at a time; more only queue"),
     )
     slots: int | None = option(
-        None, "Shared-memory slots (default: 7 per instance + 2 per reader)."
+        None,
+        "Shared-memory slots (default: 7 per instance + 2 per reader).",
+        # Planning also checks that the slots' inputs fit /dev/shm (plan_engine).
+        bounds=Bounds(2, 65_536, why="the coordinator tracks every slot"),
     )
     readers: int | None = option(
-        None, "Reader processes that decode inputs (default: from the CPU count)."
+        None,
+        "Reader processes that decode inputs (default: from the CPU count).",
+        bounds=Bounds(1, readers_ceiling),
     )
     cpu_affinity: str = option(
         "auto",
@@ -147,7 +175,10 @@ class PreprocessOptions:
     """How a dataset item becomes the model's input tensor; None: from the model's input."""
 
     size: tuple[int, int] | None = option(
-        None, "Resize inputs to HxW (default: the model's input size).", parse=_size
+        None,
+        "Resize inputs to HxW (default: the model's input size).",
+        parse=_size,
+        bounds=Bounds(1, 16_384),
     )
     color: str | None = option(
         None, "Channel order (default: from the model).", choices=("rgb", "bgr", "gray")
@@ -162,9 +193,13 @@ class PreprocessOptions:
         None,
         "Per-channel mean subtracted from float inputs, e.g. 123.7,116.3,103.5.",
         parse=_floats,
+        bounds=Bounds(-65_536, 65_536),
     )
     std: tuple[float, ...] | None = option(
-        None, "Per-channel std dividing float inputs, e.g. 58.4,57.1,57.4.", parse=_floats
+        None,
+        "Per-channel std dividing float inputs, e.g. 58.4,57.1,57.4.",
+        parse=_floats,
+        bounds=Bounds(0, 65_536, above=True),
     )
     exif_orientation: bool = option(
         True,
@@ -181,6 +216,7 @@ class PreprocessOptions:
         "Images with more pixels (width x height, from the header) become error rows; "
         "none for no limit (default: Pillow's decompression-bomb limit).",
         parse=_pixels,
+        bounds=Bounds(1, pixels_ceiling),
     )
     jpeg_draft: bool = option(
         True,
@@ -200,10 +236,12 @@ class OutputOptions:
     resume: bool = option(
         False, "Continue the run in --out: skip items already written without error."
     )
-    topk: int = option(5, "Classes kept per row.")
+    topk: int = option(5, "Classes kept per row.", bounds=Bounds(0, TOPK_MAX))
     save_outputs: bool = option(False, "Also store the raw outputs in the prediction rows.")
     part_rows: int = option(
-        8192, "Rows per Parquet part; a crash loses at most the part being filled."
+        8192,
+        "Rows per Parquet part; a crash loses at most the part being filled.",
+        bounds=Bounds(1, 1_000_000, why="a part is held in memory until it is written"),
     )
     resume_check: str = option(
         "stat",
@@ -220,18 +258,27 @@ class ReliabilityOptions:
     max_attempts: int = option(
         2,
         "Attempts per item (on different cores where possible) before it becomes an error row.",
+        bounds=Bounds(1, 10),
     )
     inference_timeout_s: float = option(
-        60.0, "An inference running longer is hung: its worker is killed and restarted."
+        60.0,
+        "An inference running longer is hung: its worker is killed and restarted.",
+        bounds=TIMEOUT,
     )
     decode_timeout_s: float = option(
-        60.0, "Decoding one file longer is hung: the reader is replaced, the file retried."
+        60.0,
+        "Decoding one file longer is hung: the reader is replaced, the file retried.",
+        bounds=TIMEOUT,
     )
     startup_timeout_s: float = option(
-        120.0, "A worker or reader not ready after this long (model loading included) is killed."
+        120.0,
+        "A worker or reader not ready after this long (model loading included) is killed.",
+        bounds=TIMEOUT,
     )
     drain_timeout_s: float = option(
-        10.0, "On Ctrl-C, how long items already in flight may take to finish."
+        10.0,
+        "On Ctrl-C, how long items already in flight may take to finish.",
+        bounds=Bounds(0, DAY_S, why="one day"),
     )
     canary: bool = option(
         True,
@@ -363,8 +410,20 @@ def from_mapping(
             raise ConfigError(
                 f"{{{name}}} must be one of {', '.join(choices)}, not {converted!r}.", name
             )
+        check_value(known[key].metadata.get("bounds"), converted, name)
         values[key] = converted
     return cls(**values)
+
+
+def check_group(group: Any, where: str) -> None:
+    """ConfigError naming ``{where.field}`` for the first value of ``group`` (an option
+    group, its nested groups included) that is outside its ``bounds`` or not finite."""
+    for f in dataclasses.fields(group):
+        value = getattr(group, f.name)
+        if dataclasses.is_dataclass(value):
+            check_group(value, f"{where}.{f.name}")
+        elif "help" in f.metadata:
+            check_value(f.metadata.get("bounds"), value, f"{where}.{f.name}")
 
 
 def _similar(a: str, b: str) -> bool:

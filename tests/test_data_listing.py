@@ -131,3 +131,39 @@ def test_the_listing_hash_is_sha256_over_each_name_and_a_nul(tmp_path: Path) -> 
         pass
     expected = hashlib.sha256(b"a.png\0b/2.png\0c\xff.png\0").hexdigest()
     assert open_dataset(tmp_path).listing_sha256 == expected
+
+
+@pytest.fixture
+def deep_tree(tmp_path: Path):
+    """``deep/d/d/.../d/x.png``, 1,500 folders deep, removed after the test.
+
+    Made and removed one level at a time relative to its parent's descriptor, so no path
+    handed to the kernel grows with the depth. Removed here because shutil.rmtree
+    (pytest's clean-up of old temporary folders) recurses and would fail on it.
+    """
+    levels, root = 1500, tmp_path / "deep"
+    root.mkdir()
+    fds = [os.open(root, os.O_RDONLY)]
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fds[-1])
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        os.close(os.open("x.png", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fds[-1]))
+        yield root, levels
+    finally:
+        if len(fds) == levels + 1:
+            os.unlink("x.png", dir_fd=fds[-1])
+        while len(fds) > 1:
+            os.close(fds.pop())
+            os.rmdir("d", dir_fd=fds[-1])
+        os.close(fds.pop())
+
+
+def test_a_dataset_nested_deeper_than_the_recursion_limit_is_listed(deep_tree) -> None:
+    # 1,500 levels: walking them recursively raised RecursionError (a traceback).
+    root, levels = deep_tree
+    entries = list(listing.walk(str(root)))
+    assert len(entries) == levels + 1
+    assert entries[0] == ("d", listing.DIR)
+    assert entries[-1] == ("d/" * levels + "x.png", listing.FILE)
+    assert ids(open_dataset(root)) == ["d/" * levels + "x.png"]

@@ -277,3 +277,27 @@ def test_jobs_readme_documents_every_key_and_metric():
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in jobs/README.md"
     for name in builtin_metrics(5):
         assert f"`{name}`" in text, f"metric {name} is not in jobs/README.md"
+
+
+@pytest.mark.parametrize("kind", ["csv", "folder", "empty"])
+def test_a_history_that_is_not_parquet_is_refused_on_load_before_anything_runs(folder, kind):
+    # It was read only to append the night's row: after both runs, as a run failure (3).
+    history = folder / "history.parquet"
+    if kind == "csv":
+        history.write_text("date,top1\n2026-01-01,0.9\n")
+    elif kind == "folder":
+        history.mkdir()
+    else:
+        history.write_bytes(b"")
+    message = load_error(folder, GOOD + '[output]\nhistory = "history.parquet"\n')
+    assert f"output.history {history} is " in message
+    assert "move it aside" in message
+
+
+def test_a_parquet_history_loads(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"job": ["night"]}), folder / "h.parquet")
+    job = load_job(write_job(folder, GOOD + '[output]\nhistory = "h.parquet"\n'))
+    assert job.outputs.history == folder / "h.parquet"

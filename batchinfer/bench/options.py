@@ -9,8 +9,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from batchinfer.bounds import Bounds
 from batchinfer.errors import ConfigError
-from batchinfer.options import option
+from batchinfer.options import check_group, option
+
+#: A measurement lasts an hour at most: every sample is kept in memory until the end.
+MEASURE = Bounds(0, 3600, above=True, why="one hour; every sample is kept in memory")
 
 
 @dataclass(frozen=True)
@@ -21,32 +25,41 @@ class BenchOptions:
         10.0,
         "Seconds measured after the warm-up (a VALID run needs at least 5).",
         flag="--duration",
+        bounds=MEASURE,
     )
     warmup_s: float = option(
-        2.0, "Seconds run before measuring starts; excluded from every figure.", flag="--warmup"
+        2.0,
+        "Seconds run before measuring starts; excluded from every figure.",
+        flag="--warmup",
+        bounds=Bounds(0, 3600, why="one hour"),
     )
     min_samples: int = option(
         1000,
         "Samples a VALID run needs (1,000 make p99.9 a measured latency, not the maximum); "
         "the run extends up to --max-duration to reach them.",
+        bounds=Bounds(1, 10_000_000),
     )
     max_duration_s: float | None = option(
         None,
         "How long the measurement may extend to reach --min-samples and stable windows "
-        "(default: 3x --duration).",
+        "(default: 3x --duration, an hour at most).",
         flag="--max-duration",
+        bounds=MEASURE,
     )
     window_s: float = option(
         1.0,
         "Length of a measurement window in seconds; a run is stable when its last three "
         "windows agree within 10 %.",
         flag="--window",
+        bounds=MEASURE,
     )
 
     @property
     def limit_s(self) -> float:
         """The longest the measurement may last."""
-        return self.max_duration_s if self.max_duration_s is not None else 3 * self.duration_s
+        if self.max_duration_s is not None:
+            return self.max_duration_s
+        return min(3 * self.duration_s, max(self.duration_s, MEASURE.high))
 
 
 #: Settings of a bench command that are not measurement options.
@@ -67,27 +80,9 @@ def bench_flag(field_name: str) -> str | None:
 
 
 def check_bench(opts: BenchOptions) -> None:
-    """ConfigError (exit 2) for settings that cannot be measured."""
-    if not opts.duration_s > 0:
-        raise ConfigError(
-            f"{{bench.duration_s}} must be positive seconds, not {opts.duration_s:g}.",
-            "bench.duration_s",
-        )
-    if not opts.warmup_s >= 0:
-        raise ConfigError(
-            f"{{bench.warmup_s}} must be 0 or more seconds, not {opts.warmup_s:g}.",
-            "bench.warmup_s",
-        )
-    if opts.min_samples < 1:
-        raise ConfigError(
-            f"{{bench.min_samples}} must be at least 1, not {opts.min_samples}.",
-            "bench.min_samples",
-        )
-    if not opts.window_s > 0:
-        raise ConfigError(
-            f"{{bench.window_s}} must be positive seconds, not {opts.window_s:g}.",
-            "bench.window_s",
-        )
+    """ConfigError (exit 2) for settings that cannot be measured (out of their ``bounds``,
+    not finite, or not fitting each other)."""
+    check_group(opts, "bench")
     if opts.window_s > opts.duration_s:
         raise ConfigError(
             f"{{bench.window_s}} {opts.window_s:g} s is longer than {{bench.duration_s}} "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchinfer.bench.result import FORMAT, KIND, BenchResult
+from batchinfer.bounds import DAY_S, Bounds, check_value
 from batchinfer.errors import ConfigError, render_fields
 
 SWEEPS = ("cores", "instances")
@@ -27,6 +28,8 @@ SWEEPS = ("cores", "instances")
 HEADLINE = ("samples_per_s", "latency_ms", "cores", "windows", "diagnosis")
 INSTANCES_SWEPT = (1, 2, 3, 4)
 RECOMMEND_TOLERANCE = 0.03
+#: The p99 latency a sweep may be asked to stay under (--max-p99-ms): a day, in ms.
+MAX_P99_MS = Bounds(0, DAY_S * 1000, above=True, why="one day")
 
 
 @dataclass(frozen=True)
@@ -231,11 +234,7 @@ def run_sweep(
     from batchinfer.bench.runner import prepare, run_bench
     from batchinfer.engine.signals import StopSignals
 
-    if max_p99_ms is not None and not max_p99_ms > 0:
-        raise ConfigError(
-            f"{{bench.max_p99_ms}} must be positive milliseconds, not {max_p99_ms:g}.",
-            "bench.max_p99_ms",
-        )
+    check_value(MAX_P99_MS, max_p99_ms, "bench.max_p99_ms")
     base = prepare(config)
     chosen = settings(kind, base.plan.cores, base.plan.instances_per_core)
     prepared = [prepare(with_setting(config, s)) for s in chosen]

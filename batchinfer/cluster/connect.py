@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from batchinfer.bounds import local_nodes_ceiling
 from batchinfer.data.dataset import Dataset
 from batchinfer.errors import RunFailedError, RuntimeUnavailableError, UsageError
 
@@ -102,6 +103,12 @@ def parse_address(address: str) -> tuple[str, int]:
         if n < 1:
             raise UsageError(
                 f"{{ray}} {address!r} is not a number of simulated nodes; pass e.g. local:3."
+            )
+        most, why = local_nodes_ceiling()
+        if n > most:
+            raise UsageError(
+                f"{{ray}} {address!r} asks for more simulated nodes than this machine can "
+                f"run: at most {most} ({why}); pass e.g. local:3."
             )
         return "local", n
     if not address.strip():

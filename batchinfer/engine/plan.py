@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from batchinfer.bounds import check_value
 from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.data.preprocess import Preprocess, parse_background, preprocess_for
@@ -22,8 +23,9 @@ from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
+from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
 from batchinfer.errors import ConfigError, ModelError, UsageError
-from batchinfer.options import ReliabilityOptions, RuntimeOptions
+from batchinfer.options import ITEMS, RuntimeOptions, check_group
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
 from batchinfer.sink.fingerprint import check_resume_fingerprint, run_fingerprint
@@ -83,20 +85,33 @@ def check_cores(runtime: RuntimeOptions, backend: Backend) -> tuple[int, ...]:
     return cores
 
 
-def _at_least(value: int | float | None, low: float, name: str, strict: bool = False) -> None:
-    if value is None:
+def check_settings(config: RunConfig) -> None:
+    """ConfigError (exit 2) for a setting outside its range or not finite (the ranges are
+    declared with the option groups, see batchinfer.options); reads nothing else."""
+    for f in dataclasses.fields(config):  # every option group, named as its field
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            check_group(value, f.name)
+    check_value(ITEMS, config.limit, "limit")
+
+
+def check_slots_fit(slots: int, preprocess: Preprocess, given: bool) -> None:
+    """ConfigError when ``runtime.slots`` given by the user cannot hold the model's inputs
+    in /dev/shm (a default that does not fit fails when the segment is made, exit 3)."""
+    free = free_space()
+    if not given or free is None:
         return
-    bad = value <= low if strict else value < low
-    if bad:
-        what = "positive" if strict and low == 0 else f"at least {low:g}"
-        raise ConfigError(f"{{{name}}} must be {what}, not {value:g}.", name)
-
-
-def check_reliability(rel: ReliabilityOptions) -> None:
-    _at_least(rel.max_attempts, 1, "reliability.max_attempts")
-    for name in ("inference_timeout_s", "decode_timeout_s", "startup_timeout_s"):
-        _at_least(getattr(rel, name), 0, f"reliability.{name}", strict=True)
-    _at_least(rel.drain_timeout_s, 0, "reliability.drain_timeout_s")
+    per_slot = TensorLayout((preprocess.shape,), (preprocess.dtype,)).nbytes
+    if slots * per_slot > free:
+        most = free // per_slot
+        fix = f"give at most {most}, or" if most >= 2 else "that is not even 2 slots:"
+        raise ConfigError(
+            f"{{runtime.slots}} {slots} needs {slots * per_slot / 2**20:.1f} MiB of shared "
+            f"memory for the model's inputs ({per_slot / 2**10:.1f} KiB each) but {SHM_DIR} "
+            f"has {free / 2**20:.1f} MiB free; {fix} make {SHM_DIR} bigger (docker: "
+            "--shm-size).",
+            "runtime.slots",
+        )
 
 
 def model_input(model: Path, config: RunConfig) -> tuple[tuple[int, ...], str]:
@@ -140,10 +155,8 @@ def plan_engine(
 ) -> EnginePlan:
     """The engine's part of a plan (shared by run, bench and eval)."""
     rt, pre, out = config.runtime, config.preprocess, config.output
+    check_settings(config)
     cores = check_cores(rt, backend)
-    _at_least(rt.instances_per_core, 1, "runtime.instances_per_core")
-    _at_least(out.topk, 0, "output.topk")
-    check_reliability(config.reliability)
     preprocess = preprocess_for(
         shape,
         dtype,
@@ -166,7 +179,6 @@ def plan_engine(
     if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
         usable = len(cpus) if cpus else len(os.sched_getaffinity(0))
         readers, max_readers = max(1, usable // 2), max(1, usable)
-    _at_least(readers, 1, "runtime.readers")
     # Each instance holds up to QUEUED_PER_INSTANCE slots in its worker; one more per
     # instance waits READY, so a finished item is replaced at once; two per reader are
     # being decoded.
@@ -174,7 +186,7 @@ def plan_engine(
     if slots is None:
         per_instance = QUEUED_PER_INSTANCE + 1
         slots = len(cores) * rt.instances_per_core * per_instance + max_readers * 2
-    _at_least(slots, 2, "runtime.slots")
+    check_slots_fit(slots, preprocess, given=rt.slots is not None)
     return EnginePlan(
         backend=backend,
         cores=cores,
@@ -205,6 +217,7 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     is called with the number of entries listed so far while a big dataset is listed.
     """
     out = config.output
+    check_settings(config)
     if out.resume and out.out is None:
         raise ConfigError(
             "{output.resume} needs {output.out}: the folder of the run to continue (without "
@@ -215,8 +228,6 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     folder = inspect_out(_out_path(out.out))
     check_separate(folder.path, Path(config.dataset).expanduser())
     check_out(folder, overwrite=out.overwrite, resume=out.resume)
-    _at_least(out.part_rows, 1, "output.part_rows")
-    _at_least(config.limit, 1, "limit")
     model = Path(config.model).expanduser().resolve()
     if not model.is_file():
         raise ModelError(

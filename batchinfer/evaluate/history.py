@@ -59,6 +59,23 @@ def history_row(facts: Mapping[str, Any], metrics: Mapping[str, float]) -> pa.Ta
     return pa.Table.from_pydict(values, schema=pa.schema(fields))
 
 
+def history_problem(path: Path) -> str | None:
+    """Why the file at ``path`` cannot be the history table, None when it can (or is absent).
+
+    Reads only the Parquet footer, so a job is checked in milliseconds before it runs.
+    """
+    if not path.exists():
+        return None
+    if path.is_dir():
+        return "a folder, not a Parquet file"
+    try:
+        pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        reason = str(exc).split(". ")[0].rstrip(".")  # Arrow adds a second guess
+        return f"not a Parquet table ({reason})"
+    return None
+
+
 def read_history(path: Path) -> pa.Table | None:
     """The history table, or None when there is none yet."""
     if not path.exists():

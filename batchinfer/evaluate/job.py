@@ -25,9 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from batchinfer.bounds import Bounds
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
 from batchinfer.options import (
+    ITEMS,
+    TOPK_MAX,
     PreprocessOptions,
     ReliabilityOptions,
     RuntimeOptions,
@@ -92,15 +95,19 @@ class DatasetSettings:
         "Class names, one per line (line n is class n); default: the class folder names.",
         path=True,
     )
-    limit: int | None = option(None, "Only the first N items of the dataset.")
+    limit: int | None = option(None, "Only the first N items of the dataset.", bounds=ITEMS)
 
 
 @dataclass(frozen=True)
 class MetricsSettings:
     """``[metrics]``: what is scored beyond the built-in metrics."""
 
-    topk: int = option(5, "k of the top-k accuracy (classes kept per item).")
-    worst: int = option(12, "How many worst items the report and summary name.")
+    topk: int = option(
+        5, "k of the top-k accuracy (classes kept per item).", bounds=Bounds(1, TOPK_MAX)
+    )
+    worst: int = option(
+        12, "How many worst items the report and summary name.", bounds=Bounds(0, 1000)
+    )
     custom: tuple[str, ...] = option(
         (),
         "Custom metrics, 'module:function' or 'file.py:function' (relative to the job "
@@ -110,20 +117,30 @@ class MetricsSettings:
 
 @dataclass(frozen=True)
 class GateSettings:
-    """``[gates.METRIC]``: the limits one metric must meet."""
+    """``[gates.METRIC]``: the limits one metric must meet (finite numbers, all of them)."""
 
-    min: float | None = option(None, "Absolute floor: the metric must be at least this.")
-    max: float | None = option(None, "Absolute ceiling (for counts such as errors).")
+    # Metrics differ in range (accuracies, cosines, counts, custom): any finite number.
+    min: float | None = option(
+        None, "Absolute floor: the metric must be at least this.", bounds=Bounds()
+    )
+    max: float | None = option(
+        None, "Absolute ceiling (for counts such as errors).", bounds=Bounds()
+    )
     max_drop: float | None = option(
-        None, "At most this much below the baseline's value (the last accepted run)."
+        None,
+        "At most this much below the baseline's value (the last accepted run).",
+        bounds=Bounds(0),
     )
     alpha: float | None = option(
         None,
         "With max_drop on top1: a drop fails only when McNemar's test on per-item "
         "correctness finds it significant at this level (e.g. 0.05).",
+        bounds=Bounds(0, 1, above=True, below=True),
     )
     min_ratio_to_reference: float | None = option(
-        None, "At least this share of the float reference's value (e.g. 0.99)."
+        None,
+        "At least this share of the float reference's value (e.g. 0.99).",
+        bounds=Bounds(0, above=True),
     )
 
 
@@ -358,16 +375,19 @@ def _check_files(job: Job) -> None:
         raise _missing(job, "dataset.path", ds.path, "a folder of images or .npy tensors")
     if ds.labels is not None and not ds.labels.is_file():
         raise _missing(job, "dataset.labels", ds.labels, "a text file with one class per line")
-    if ds.limit is not None and ds.limit < 1:
-        raise job.error(f"dataset.limit must be at least 1, not {ds.limit}.", "dataset.limit")
+    from batchinfer.evaluate.history import history_problem  # pyarrow: only once it is needed
+
+    problem = history_problem(job.outputs.history)
+    if problem is not None:  # refused now: the evaluation would append to it after its runs
+        raise job.error(
+            f"output.history {job.outputs.history} is {problem}; move it aside (a new one "
+            "is then started) or name another file.",
+            "output.history",
+        )
 
 
 def _check_metrics(job: Job) -> None:
     m = job.metrics
-    if m.topk < 1:
-        raise job.error(f"metrics.topk must be at least 1, not {m.topk}.", "metrics.topk")
-    if m.worst < 0:
-        raise job.error(f"metrics.worst must be 0 or more, not {m.worst}.", "metrics.worst")
     for spec in m.custom:
         target, _, function = spec.rpartition(":")
         if not target or not function.isidentifier():
@@ -418,20 +438,11 @@ def _check_gates(job: Job, gates: list[Gate], builtin: Mapping[str, Metric]) -> 
                     "a custom metric.",
                     f"{key}.min_ratio_to_reference",
                 )
-        if gate.alpha is not None:
-            if gate.metric != "top1" or gate.max_drop is None:
-                raise job.error(
-                    f"{key}.alpha applies to gates.top1 with max_drop (McNemar's test is on "
-                    "per-item top-1 correctness); move it there, or drop it.",
-                    f"{key}.alpha",
-                )
-            if not 0 < gate.alpha < 1:
-                raise job.error(
-                    f"{key}.alpha must be between 0 and 1, not {gate.alpha}.", f"{key}.alpha"
-                )
-        if gate.max_drop is not None and gate.max_drop < 0:
+        if gate.alpha is not None and (gate.metric != "top1" or gate.max_drop is None):
             raise job.error(
-                f"{key}.max_drop must be 0 or more, not {gate.max_drop}.", f"{key}.max_drop"
+                f"{key}.alpha applies to gates.top1 with max_drop (McNemar's test is on "
+                "per-item top-1 correctness); move it there, or drop it.",
+                f"{key}.alpha",
             )
         if gate.max_drop is not None and metric is not None and metric.better != "higher":
             raise job.error(
