@@ -1,7 +1,8 @@
 """One evaluation of a job: plan both sides, run them, score, gate, record, report.
 
-    load_job ─► open the dataset, class map ─► plan device and reference (exit 2 on any
-    problem, nothing has run) ─► lock the job's output folders ─► reference (cache or run)
+    load_job ─► open the dataset, class map ─► plan device and reference, check that the
+    report and summary paths hold only eval's files (exit 2 on any problem, nothing has
+    run) ─► lock the job's output folders ─► reference (cache or run)
     ─► device run ─► baseline ─► metrics ─► gates ─► evals/<id>/ record ─► history row
     ─► baseline (--update-baseline) ─► report and summary ─► unlock
 
