@@ -8,6 +8,10 @@ Content-Security-Policy allows only inline styles and data: images, so a stray l
 would show as a console error in the browser test. Plots are made with matplotlib
 (the ``report`` extra) without pyplot, so no global state or display is touched.
 
+Names are data: every one is HTML-escaped, and plots draw text without mathtext. The page
+never opens a dataset item: its pictures come in ready-made (:func:`shown_items` says
+which; batchinfer.evaluate.thumbnails makes them under the decode timeout).
+
 Plots carry ids for tests and for anyone scripting the page: ``trend-<metric>`` (one
 marker per evaluation in ``trend-<metric>-values``), ``confusion``, ``cores-accuracy``,
 ``cores-cosine``, ``cores-throughput``.
