@@ -15,6 +15,16 @@ included), sets SIGINT and SIGHUP to ignored for good (so children start immune)
 takes the signals with ``sigwaitinfo`` in one thread of its own (a blocked signal is never
 discarded, even while ignored). That thread hands each signal to the current route.
 
+A second signal must end the program even when its main thread cannot act on anything:
+blocked in a system call (opening a FIFO, reading a dead network mount) it never runs
+another bytecode, so neither a flag nor an exception raised into it would ever be seen,
+and its output folders would stay locked for every later run. So, with a router, the
+second signal also arms a deadline: if the command is still inside its
+:class:`StopSignals` :data:`HARD_EXIT_AFTER_S` later (a third signal: at once), the
+router's thread ends the process itself (:func:`hard_exit`): SIGKILL to every child
+process, this process's shared-memory segments unlinked, exit 130; the kernel drops its
+``flock``s as it goes.
+
 A library caller that did not install a router gets Python handlers for the duration of
 the call instead (:class:`StopSignals` does either). Its children are immune from their
 first instruction too: they are forked by a fork server that ignores SIGINT and SIGHUP
@@ -23,21 +33,53 @@ first instruction too: they are forked by a fork server that ignores SIGINT and 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import signal
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 from batchinfer.errors import RunInterrupted
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _IGNORED = (signal.SIGINT, signal.SIGHUP)
+#: How long a command may still take to stop after a second signal (see the docstring).
+HARD_EXIT_AFTER_S = 5.0
 
 
 def _raise_in_main_thread(exc_type: type[BaseException]) -> None:
     """Raise ``exc_type`` in the main thread at its next bytecode (from another thread)."""
     ident = threading.main_thread().ident
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+
+
+def hard_exit(why: str, code: int = 130) -> NoReturn:
+    """End this process now, from any thread: SIGKILL every child process (readers,
+    workers, the fork server, a janitor, a local Ray cluster), unlink this process's
+    shared-memory segments, say ``why`` on stderr, exit ``code``.
+
+    Nothing here takes a lock the stuck main thread may hold: no ``print`` (sys.stderr's
+    buffer has a lock), no logging, only system calls and already imported modules.
+    """
+    import psutil
+
+    from batchinfer.engine.slots import SEGMENT_PREFIX, SHM_DIR
+
+    with contextlib.suppress(OSError):
+        os.write(2, f"error: {why}\n".encode())
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    mine = f"{SEGMENT_PREFIX}-{os.getpid()}-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir(SHM_DIR):
+            if name.startswith(mine):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(SHM_DIR, name))
+    os._exit(code)
 
 
 class SignalRouter:
@@ -97,15 +139,36 @@ class StopSignals:
         self.engine = None
         self._old: dict = {}
         self._router = SignalRouter.current()
+        self._received = 0
+        self._left = threading.Event()  # set when the block ends
 
     def _dispatch(self, signum: int) -> None:
         name = signal.Signals(signum).name
+        self._received += 1
+        if self._router is not None and self._received == 2:
+            threading.Thread(
+                target=self._hard_exit_unless_left,
+                args=(name,),
+                name="batchinfer-hard-exit",
+                daemon=True,
+            ).start()
+        elif self._router is not None and self._received > 2:
+            hard_exit(f"interrupted by {name} a third time; stopped at once.")
         if self.engine is None:
             if self._router is not None:
                 _raise_in_main_thread(RunInterrupted)
                 return
             raise RunInterrupted(f"interrupted by {name} before the run started")
         self.engine.request_stop(f"interrupted by {name}")
+
+    def _hard_exit_unless_left(self, name: str) -> None:
+        if not self._left.wait(HARD_EXIT_AFTER_S):
+            hard_exit(
+                f"interrupted by {name} again and still not stopped after "
+                f"{HARD_EXIT_AFTER_S:g} s (blocked in a read?): stopped at once; child "
+                "processes killed, shared memory removed, output folders unlocked. Nothing "
+                "more was written."
+            )
 
     def _handler(self, signum: int, _frame: object) -> None:
         self._dispatch(signum)
@@ -128,6 +191,7 @@ class StopSignals:
                 signal.signal(s, self._handler)
 
     def __exit__(self, *exc_info: object) -> None:
+        self._left.set()
         if self._router is not None:
             self._router.route(None)
         for s, h in self._old.items():

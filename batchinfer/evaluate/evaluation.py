@@ -1,7 +1,8 @@
 """One evaluation of a job: plan both sides, run them, score, gate, record, report.
 
-    load_job ─► open the dataset, class map ─► plan device and reference (exit 2 on any
-    problem, nothing has run) ─► lock the job's output folders ─► reference (cache or run)
+    load_job ─► open the dataset, class map ─► plan device and reference, check that the
+    report and summary paths hold only eval's files (exit 2 on any problem, nothing has
+    run) ─► lock the job's output folders ─► reference (cache or run)
     ─► device run ─► baseline ─► metrics ─► gates ─► evals/<id>/ record ─► history row
     ─► baseline (--update-baseline) ─► report and summary ─► unlock
 
@@ -39,7 +40,14 @@ from batchinfer.errors import (
     render_fields,
 )
 from batchinfer.evaluate.baseline import Baseline, read_baseline, write_baseline
-from batchinfer.evaluate.files import write_bytes, write_json, write_table
+from batchinfer.evaluate.files import (
+    REPORT_MARK,
+    SUMMARY_MARK,
+    not_ours,
+    write_bytes,
+    write_json,
+    write_table,
+)
 from batchinfer.evaluate.gates import Verdict, check_gates
 from batchinfer.evaluate.history import append_history, history_row
 from batchinfer.evaluate.job import Job
@@ -175,6 +183,23 @@ def output_locks(job: Job, command: str) -> Iterator[None]:
             lock.release()
 
 
+# --------------------------------------------------------------------------- the outputs
+def check_own_outputs(job: Job) -> None:
+    """Before anything runs: the report and summary paths hold nothing but files eval
+    wrote (exit 2 otherwise; see batchinfer.evaluate.files)."""
+    for key, path, mark in (
+        ("output.report", job.outputs.report, REPORT_MARK),
+        ("output.summary", job.outputs.summary, SUMMARY_MARK),
+    ):
+        why = not_ours(path, mark)
+        if why is not None:
+            raise job.error(
+                f"{key} {path} {why}; eval replaces only the files it wrote there: move that "
+                f"file away or set {key} to another path.",
+                key,
+            )
+
+
 # --------------------------------------------------------------------------- the cluster
 def check_cluster(job: Job) -> None:
     """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
@@ -234,6 +259,7 @@ def evaluate(
         if job.reference is not None:
             reference_plan = plan_side(job, "reference", job.reference, dataset)
         check_cluster(job)
+        check_own_outputs(job)
         with output_locks(job, command):
             reference = None
             if reference_plan is not None:
@@ -293,7 +319,7 @@ def evaluate(
                 log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
             report = _write_report(job, record, history, record_dir)
             summary = markdown_summary(record, report)
-            write_bytes(job.outputs.summary, summary.encode())
+            write_bytes(job.outputs.summary, f"{SUMMARY_MARK}\n{summary}".encode())
     return Evaluation(job, eval_id, verdict, metrics, record, record_dir, report, summary, accepted)
 
 
@@ -555,8 +581,18 @@ def _write_report(
         )
         return None
     from batchinfer.evaluate.history import job_history
+    from batchinfer.evaluate.report import shown_items
+    from batchinfer.evaluate.thumbnails import make_thumbnails
 
-    page = html_report(record, job_history(history, job.name)).encode()
+    rel = job.device.reliability
+    max_pixels = job.device.preprocess.max_pixels
+    pictures = make_thumbnails(
+        shown_items(record),
+        decode_timeout_s=rel.decode_timeout_s,
+        startup_timeout_s=rel.startup_timeout_s,
+        max_pixels=max_pixels if isinstance(max_pixels, int) else None,
+    )
+    page = html_report(record, job_history(history, job.name), pictures).encode()
     write_bytes(record_dir / "report.html", page)
     write_bytes(job.outputs.report, page)
     return job.outputs.report

@@ -8,6 +8,10 @@ Content-Security-Policy allows only inline styles and data: images, so a stray l
 would show as a console error in the browser test. Plots are made with matplotlib
 (the ``report`` extra) without pyplot, so no global state or display is touched.
 
+Names are data: every one is HTML-escaped, and plots draw text without mathtext. The page
+never opens a dataset item: its pictures come in ready-made (:func:`shown_items` says
+which; batchinfer.evaluate.thumbnails makes them under the decode timeout).
+
 Plots carry ids for tests and for anyone scripting the page: ``trend-<metric>`` (one
 marker per evaluation in ``trend-<metric>-values``), ``confusion``, ``cores-accuracy``,
 ``cores-cosine``, ``cores-throughput``.
@@ -15,21 +19,24 @@ marker per evaluation in ``trend-<metric>-values``), ``confusion``, ``cores-accu
 
 from __future__ import annotations
 
-import base64
+import functools
 import html
 import io
 import itertools
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from batchinfer.evaluate.files import REPORT_MARK
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.summary import on_cluster
+from batchinfer.evaluate.thumbnails import Thumbnail
 from batchinfer.sink.stats import place_name
 
 _GATE_STYLE = {
@@ -39,7 +46,9 @@ _GATE_STYLE = {
     "min_ratio_to_reference": ("#6a1b9a", "-.", "ratio x reference"),
 }
 _PASS, _FAIL = "#2e7d32", "#c62828"
+_FLIPPED_SHOWN = 24  # items shown of each of lost and gained
 _salt = itertools.count()
+P = ParamSpec("P")
 
 
 def dom_id(text: str) -> str:
@@ -56,6 +65,22 @@ def _svg(fig: Figure) -> str:
     return text[text.index("<svg") :]
 
 
+def _plain_text(plot: Callable[P, str]) -> Callable[P, str]:
+    """Make ``plot`` draw every label as written: no mathtext.
+
+    A class folder or metric named ``$\\notacommand{$`` would otherwise be parsed as
+    LaTeX math, and fail the whole report (usetex=False does not turn mathtext off). The
+    setting is read when a Text is made and when it is drawn: both happen inside ``plot``.
+    """
+
+    @functools.wraps(plot)
+    def plain(*args: P.args, **kwargs: P.kwargs) -> str:
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return plot(*args, **kwargs)
+
+    return plain
+
+
 def _figure(width: float, height: float) -> Figure:
     fig = Figure(figsize=(width, height), dpi=100)
     fig.set_layout_engine("constrained")
@@ -70,6 +95,7 @@ def trend_metrics(record: dict[str, Any]) -> list[str]:
     return [m for m in dict.fromkeys(wanted) if m in record["metrics"]][:8]
 
 
+@_plain_text
 def trend_plot(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
     """One small panel per metric: its value at each evaluation, the gates drawn in."""
     names = trend_metrics(record)
@@ -106,6 +132,7 @@ def trend_plot(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
     return _svg(fig)
 
 
+@_plain_text
 def confusion_plot(record: dict[str, Any]) -> str:
     matrix = np.array(record["confusion"], dtype=float)
     n = len(matrix)
@@ -133,6 +160,7 @@ def confusion_plot(record: dict[str, Any]) -> str:
     return _svg(fig)
 
 
+@_plain_text
 def cores_plot(record: dict[str, Any]) -> str:
     """Per core: top-1 and agreement, 1 - mean cosine (log), throughput."""
     cores = record["per_core"]
@@ -185,34 +213,18 @@ def cores_plot(record: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- images
-def image_data_uri(path: Path, size: int = 96) -> str | None:
-    """A small PNG of a dataset item as a data: URI (None when it is not an image)."""
-    from PIL import Image
+def _flipped_items(record: dict[str, Any], kind: str, limit: int) -> list[dict[str, Any]]:
+    root = Path(record["dataset"]["path"])
+    return [{"id": i, "path": str(root / i)} for i in record["flipped"][kind][:limit]]
 
-    try:
-        if path.suffix.lower() == ".npy":
-            array = np.load(path, allow_pickle=False)
-            array = np.squeeze(array)
-            if array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[-1] not in (1, 3):
-                array = np.moveaxis(array, 0, -1)
-            if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (1, 3)):
-                return None
-            array = np.squeeze(array).astype(np.float64)
-            span = float(array.max() - array.min()) or 1.0
-            image = Image.fromarray(((array - array.min()) / span * 255).astype(np.uint8))
-        else:
-            with Image.open(path) as opened:
-                image = opened.convert("RGB" if opened.mode not in ("L", "RGB") else opened.mode)
-    except Exception:  # an unreadable item has no picture; its row says why
-        return None
-    scale = size / max(image.size)
-    resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
-    image = image.resize(
-        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample
-    )
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+def shown_items(record: dict[str, Any]) -> list[str]:
+    """The paths of the items the page shows with a picture (worst, then flipped)."""
+    paths = [item["path"] for item in record["worst"]]
+    if record["flipped"] is not None:
+        for kind in ("lost", "gained"):
+            paths += [item["path"] for item in _flipped_items(record, kind, _FLIPPED_SHOWN)]
+    return list(dict.fromkeys(paths))
 
 
 # --------------------------------------------------------------------------- the page
@@ -264,12 +276,17 @@ def _gates_table(record: dict[str, Any]) -> str:
     return f"<table id=gate-table>{head}{''.join(rows)}</table>"
 
 
-def _item_cards(record: dict[str, Any], items: list[dict[str, Any]]) -> str:
+def _item_cards(
+    record: dict[str, Any], items: list[dict[str, Any]], pictures: Mapping[str, Thumbnail]
+) -> str:
     cards = []
     for item in items:
-        uri = image_data_uri(Path(item["path"]))
-        picture = f"<img alt='{_e(item['id'])}' src='{uri}'>" if uri else ""
+        thumbnail = pictures.get(item["path"])
+        uri = thumbnail.uri if thumbnail else None
+        picture = f"<img alt='{_e(item['id'])}' src='{_e(uri)}'>" if uri else ""
         lines = [f"<code>{_e(item['id'])}</code>"]
+        if thumbnail is not None and thumbnail.note:
+            lines.append(f"<span class=muted>no picture: {_e(thumbnail.note)}</span>")
         lines.append(f"label {_e(_class_name(record, item.get('label')))}")
         if "pred" in item:
             lines.append(f"device {_e(_class_name(record, item['pred']))}")
@@ -278,19 +295,18 @@ def _item_cards(record: dict[str, Any], items: list[dict[str, Any]]) -> str:
         if item.get("cosine") is not None:
             lines.append(f"cosine {item['cosine']:.5f}")
         if item.get("core") is not None and item["core"] >= 0:
-            lines.append(f"core {place_name(item.get('node'), item['core'])}")
+            lines.append(f"core {_e(place_name(item.get('node'), item['core']))}")
         cards.append(f"<div class=item>{picture}{'<br>'.join(lines)}</div>")
     return f"<div class=items>{''.join(cards)}</div>" if cards else "<p class=muted>none</p>"
 
 
-def _flipped(record: dict[str, Any], limit: int = 24) -> str:
+def _flipped(record: dict[str, Any], pictures: Mapping[str, Thumbnail]) -> str:
     flipped = record["flipped"]
     if flipped is None:
         return (
             "<p class=muted>No baseline yet: accept an evaluation with "
             "<code>batchinfer eval JOB --update-baseline</code>.</p>"
         )
-    root = Path(record["dataset"]["path"])
     test = flipped["mcnemar"]
     base = record["baseline"] or {}
     parts = [
@@ -303,9 +319,9 @@ def _flipped(record: dict[str, Any], limit: int = 24) -> str:
     for kind in ("lost", "gained"):
         ids = flipped[kind]
         if ids:
-            more = f" (first {limit} of {len(ids)})" if len(ids) > limit else ""
-            items = [{"id": i, "path": str(root / i)} for i in ids[:limit]]
-            parts.append(f"<h3>{kind}{more}</h3>{_item_cards(record, items)}")
+            more = f" (first {_FLIPPED_SHOWN} of {len(ids)})" if len(ids) > _FLIPPED_SHOWN else ""
+            items = _flipped_items(record, kind, _FLIPPED_SHOWN)
+            parts.append(f"<h3>{kind}{more}</h3>{_item_cards(record, items, pictures)}")
     return "".join(parts)
 
 
@@ -388,8 +404,17 @@ def _facts(record: dict[str, Any]) -> str:
     return out
 
 
-def html_report(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
-    """The report page for ``record`` (an evaluation's result.json) and the job's history."""
+def html_report(
+    record: dict[str, Any],
+    history: list[dict[str, Any]],
+    pictures: Mapping[str, Thumbnail] | None = None,
+) -> str:
+    """The report page for ``record`` (an evaluation's result.json) and the job's history.
+
+    ``pictures``: the items' pictures by path (:func:`shown_items`; made by
+    :func:`~batchinfer.evaluate.thumbnails.make_thumbnails`: the page never opens an item).
+    """
+    pictures = pictures or {}
     verdict = record["verdict"]
     device = record["device"]
     failed = [g for g in record["gates"] if g["passed"] is False]
@@ -425,9 +450,9 @@ def html_report(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
                 else "The most confident mistakes."
             )
             + "</p>"
-            + _item_cards(record, record["worst"]),
+            + _item_cards(record, record["worst"], pictures),
         ),
-        ("flipped", "Flipped since the baseline", _flipped(record)),
+        ("flipped", "Flipped since the baseline", _flipped(record, pictures)),
         ("metrics", "Every metric", _metrics_table(record)),
         ("facts", "Run", _facts(record)),
     ]
@@ -437,7 +462,7 @@ def html_report(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
     )
     title = f"{record['job']}: {verdict.upper()}"
     return (
-        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+        f"<!doctype html><html lang=en><head><meta charset=utf-8>{REPORT_MARK}"
         "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
         "img-src data:; style-src 'unsafe-inline'\">"
         "<meta name=viewport content='width=device-width,initial-scale=1'>"

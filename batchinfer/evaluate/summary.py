@@ -1,4 +1,8 @@
-"""The short Markdown summary of an evaluation, for CI logs and chat (``summary.md``)."""
+"""The short Markdown summary of an evaluation, for CI logs and chat (``summary.md``).
+
+Every name (job, model, item, metric) and message is data: code spans and escapes from
+:mod:`batchinfer.evaluate.markdown`, so none can break out into markup or a table.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
+from batchinfer.evaluate.markdown import code, name, text
 
 #: Metrics the summary shows when computed (every gated metric is shown too).
 KEY_METRICS = (
@@ -28,7 +33,7 @@ def _pct(value: float | None) -> str:
 
 
 def _ids(ids: list[str]) -> str:
-    shown = ", ".join(f"`{i}`" for i in ids[:_SHOW_IDS])
+    shown = ", ".join(code(i) for i in ids[:_SHOW_IDS])
     return shown + (f" and {len(ids) - _SHOW_IDS} more" if len(ids) > _SHOW_IDS else "")
 
 
@@ -45,15 +50,17 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
     """A few lines of Markdown: verdict, every gate, key metrics, per core, flips, warnings."""
     device, reference = record["device"], record["reference"]
     metrics = record["metrics"]
-    lines = [f"### batchinfer eval `{record['job']}`: {record['verdict'].upper()}", ""]
+    lines = [f"### batchinfer eval {code(record['job'])}: {record['verdict'].upper()}", ""]
     facts = (
-        f"`{Path(device['model']).name}` (sha256 `{device['model_sha256'][:12]}`) on "
-        f"{device['backend']}, cores {','.join(map(str, device['cores']))}{on_cluster(device)}; "
+        f"{code(Path(device['model']).name)} (sha256 `{device['model_sha256'][:12]}`) on "
+        f"{text(device['backend'])}, cores {','.join(map(str, device['cores']))}"
+        f"{text(on_cluster(device))}; "
         f"{record['dataset']['evaluated']} items, {fmt(metrics.get('errors', 0))} errors"
     )
     if reference:
         cached = ", cached" if reference["cached"] else ""
-        facts += f"; reference `{Path(reference['model']).name}` on {reference['backend']}{cached}"
+        ref_model = code(Path(reference["model"]).name)
+        facts += f"; reference {ref_model} on {text(reference['backend'])}{cached}"
     if device["backend"] == "sim":
         facts += " (emulated NPU: throughput is the emulator's, not a board's)"
     lines += [facts + f"; evaluation {record['eval_id']}.", ""]
@@ -63,14 +70,16 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
         op = "<=" if g["check"] == "max" else ">="
         limit = "-" if g["limit"] is None else f"{op} {fmt(g['limit'])}"
         check = CHECK_WORDS[g["check"]]
-        note = f": {g['note']}" if g["note"] else ""
+        note = f": {text(g['note'])}" if g["note"] else ""
         result = {True: "pass", False: "**FAIL**", None: "not checked"}[g["passed"]]
-        lines.append(f"| {g['metric']} {check} | {fmt(g['value'])} | {limit} | {result}{note} |")
+        metric = name(g["metric"], cell=True)
+        lines.append(f"| {metric} {check} | {fmt(g['value'])} | {limit} | {result}{note} |")
     gated = [g["metric"] for g in record["gates"]]
     shown = [m for m in dict.fromkeys([*KEY_METRICS, *gated]) if m in metrics]
     lines += ["", "| metric | value | reference |", "|---|---|---|"]
-    for name in shown:
-        lines.append(f"| {name} | {fmt(metrics[name])} | {fmt(metrics.get('reference.' + name))} |")
+    for metric in shown:
+        value, ref = fmt(metrics[metric]), fmt(metrics.get("reference." + metric))
+        lines.append(f"| {name(metric, cell=True)} | {value} | {ref} |")
 
     if record["per_core"]:
         lines += ["", "| core | items | errors | top-1 | agreement | cosine | items/s |"]
@@ -78,7 +87,7 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
         for c in record["per_core"]:
             cos = "-" if c["cosine_mean"] is None else f"{c['cosine_mean']:.6f}"
             lines.append(
-                f"| {c['place']} | {c['items']} | {c['errors']} | {_pct(c['top1'])} | "
+                f"| {text(c['place'])} | {c['items']} | {c['errors']} | {_pct(c['top1'])} | "
                 f"{_pct(c['agreement'])} | {cos} | {fmt(c['items_per_s'])} |"
             )
     flipped = record["flipped"]
@@ -89,7 +98,8 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
         test = flipped["mcnemar"]
         base = record["baseline"] or {}
         lines.append(
-            f"Since the baseline ({base.get('eval_id')}, accepted by {base.get('accepted_by')}): "
+            f"Since the baseline ({text(base.get('eval_id'))}, accepted by "
+            f"{text(base.get('accepted_by'))}): "
             f"{len(flipped['lost'])} items lost, {len(flipped['gained'])} gained of "
             f"{flipped['compared']}; McNemar p = {test['p_value']:.3g} ({test['method']})."
         )
@@ -98,10 +108,10 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
         if flipped["gained"]:
             lines.append(f"Gained: {_ids(flipped['gained'])}.")
     for warning in device["warnings"]:
-        lines.append(f"Warning: {warning}")
+        lines.append(f"Warning: {text(warning)}")
     if record["errors"]:
         first = record["errors"][0]
-        lines.append(f"Item errors, first: `{first['id']}`: {first['error']}")
+        lines.append(f"Item errors, first: {code(first['id'])}: {text(first['error'])}")
     if report is not None:
-        lines.append(f"Report: {report}")
+        lines.append(f"Report: {code(report)}")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,204 @@
+"""The report's pictures of items, made in a child process under the decode timeout.
+
+The report shows the worst and the flipped items with a small picture of each. Opening an
+item can block for ever: a FIFO (a symlink to one is a dataset item), a file on a dead
+network mount. Opened in the coordinator, such an item would hang the evaluation with its
+output folders locked, deaf to Ctrl-C (signals reach the main thread between bytecodes,
+never inside a blocked ``open``). So, as the engine's readers do, the pictures are made by a
+child process of the run's fork server (engine/pool.py) and the coordinator only waits on
+its pipe, one item at a time, for at most ``reliability.decode_timeout_s``:
+
+- an item that is not a regular file is not opened (``not a regular file``);
+- an item that takes longer gets no picture (its card says why), the child is killed and a
+  new one goes on with the next item; after :data:`MAX_HUNG` such items the rest are
+  skipped (each would cost a whole timeout) and their cards say so;
+- a child that dies (a decoder crash) costs the item it was reading its picture only.
+
+Images are decoded under the job's ``preprocess.max_pixels`` (Pillow's decompression-bomb
+check as an error, as readers do); a ``.npy`` larger than that is not drawn either.
+
+Protocol: coordinator -> child ``("make", [path, ...])``, ``("stop",)``; child ->
+coordinator ``("ready",)`` once imported, then ``("made", uri or None, note or None)`` for
+each path, in order.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import stat
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+from batchinfer.engine.child import send_or_exit, setup_child
+from batchinfer.engine.pool import ChildPool, Exited, Message
+
+#: Items allowed to hang before the remaining ones are skipped.
+MAX_HUNG = 2
+_SLICE_S = 0.25  # longest wait between two looks at the clock (and at a pending Ctrl-C)
+_REAP_S = 1.0
+
+
+@dataclass(frozen=True)
+class Thumbnail:
+    """An item's picture as a ``data:`` URI, or None and why not."""
+
+    uri: str | None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class ThumbnailSpec:
+    """What the child needs (picklable)."""
+
+    parent_pid: int
+    size: int
+    max_pixels: int | None
+
+
+# --------------------------------------------------------------------------- the child
+def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) -> None:
+    """Entry point of the thumbnail process."""
+    setup_child(spec.parent_pid, None)
+    import PIL.Image  # noqa: F401 - imported before "ready", so the first item's wait is a decode
+
+    send_or_exit(results, ("ready",))
+    while True:
+        try:
+            msg = tasks.recv()
+        except (EOFError, OSError):
+            return
+        if msg[0] == "stop":
+            return
+        for path in msg[1]:
+            send_or_exit(results, ("made", *picture(path, spec.size, spec.max_pixels)))
+
+
+def picture(path: str, size: int, max_pixels: int | None) -> tuple[str | None, str | None]:
+    """(PNG data: URI of at most ``size`` pixels a side, None) or (None, why not)."""
+    from PIL import Image
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None, "not a regular file"
+        if path.lower().endswith(".npy"):
+            image = _npy_image(path, max_pixels)
+            if image is None:
+                return None, "not an image-shaped array"
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                Image.MAX_IMAGE_PIXELS = max_pixels
+                with Image.open(path) as opened:
+                    mode = opened.mode if opened.mode in ("L", "RGB") else "RGB"
+                    image = opened.convert(mode)
+    except Exception as exc:  # an unreadable item has no picture; its row says why
+        return None, f"cannot be drawn ({type(exc).__name__})"
+    scale = size / max(image.size)
+    resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
+    image = image.resize(
+        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample
+    )
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None
+
+
+def _npy_image(path: str, max_pixels: int | None):  # -> PIL.Image.Image | None
+    from PIL import Image
+
+    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    if max_pixels is not None and array.size > 3 * max_pixels:
+        raise ValueError("too many values")
+    array = np.squeeze(array)
+    if array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[-1] not in (1, 3):
+        array = np.moveaxis(array, 0, -1)
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (1, 3)):
+        return None
+    array = np.squeeze(array).astype(np.float64)
+    span = float(array.max() - array.min()) or 1.0
+    return Image.fromarray(((array - array.min()) / span * 255).astype(np.uint8))
+
+
+# --------------------------------------------------------------------------- the coordinator
+def _give_up(todo: list[str], out: dict[str, Thumbnail], why: str) -> None:
+    for path in todo:
+        out[path] = Thumbnail(None, why)
+    todo.clear()
+
+
+def make_thumbnails(
+    paths: Sequence[str],
+    *,
+    decode_timeout_s: float,
+    startup_timeout_s: float,
+    max_pixels: int | None,
+    size: int = 96,
+    clock: Callable[[], float] = time.monotonic,
+    maker: Callable[[ThumbnailSpec, Connection, Connection], None] | None = None,
+) -> dict[str, Thumbnail]:
+    """A Thumbnail for each of ``paths`` (see the module docstring); never blocks longer
+    than the timeouts, and leaves no process behind. ``maker``: the child's entry point
+    (default :func:`thumbnail_main`; the tests give one that hangs)."""
+    maker = maker or thumbnail_main
+    todo = list(dict.fromkeys(paths))
+    out: dict[str, Thumbnail] = {}
+    hung = 0
+    while todo and hung < MAX_HUNG:
+        hung += _run_child(
+            maker, todo, out, decode_timeout_s, startup_timeout_s, max_pixels, size, clock
+        )
+    for path in todo:
+        out[path] = Thumbnail(None, f"not read: {hung} items before it took too long to read")
+    return out
+
+
+def _run_child(
+    maker: Callable[[ThumbnailSpec, Connection, Connection], None],
+    todo: list[str],
+    out: dict[str, Thumbnail],
+    decode_timeout_s: float,
+    startup_timeout_s: float,
+    max_pixels: int | None,
+    size: int,
+    clock: Callable[[], float],
+) -> int:
+    """One child making pictures of ``todo`` (taken off it as they come, into ``out``)
+    until done, or until an item hangs (returns 1) or kills it (returns 0)."""
+    pool = ChildPool(clock)
+    try:
+        spec = ThumbnailSpec(pool.parent_pid, size, max_pixels)
+        child = pool.start("thumbnails", 0, maker, spec, startup_timeout_s, "starting")
+        pool.send(child, ("make", list(todo)))
+        deadline, ready = clock() + startup_timeout_s, False
+        while todo:
+            for event in pool.poll(min(max(0.0, deadline - clock()), _SLICE_S)):
+                if isinstance(event, Message) and event.body[0] == "ready":
+                    deadline, ready = clock() + decode_timeout_s, True
+                elif isinstance(event, Message):
+                    _, uri, note = event.body
+                    out[todo.pop(0)] = Thumbnail(uri, note)
+                    deadline = clock() + decode_timeout_s
+                elif isinstance(event, Exited) and todo and ready:
+                    out[todo.pop(0)] = Thumbnail(None, "the picture maker died reading it")
+                    return 0
+                elif isinstance(event, Exited) and todo:
+                    _give_up(todo, out, "the picture maker could not start")
+            if todo and clock() >= deadline:
+                if not ready:
+                    limit = f"{startup_timeout_s:g} s (the start-up timeout)"
+                    _give_up(todo, out, f"the picture maker was not ready within {limit}")
+                    return 0
+                limit = f"{decode_timeout_s:g} s (the decode timeout)"
+                out[todo.pop(0)] = Thumbnail(None, f"reading it took longer than {limit}")
+                return 1
+        pool.send(child, ("stop",))
+        return 0
+    finally:
+        pool.close(hard=bool(todo), join_timeout_s=_REAP_S)
