@@ -111,11 +111,16 @@ def _run(
     console = ConsoleObserver(flag_of, progress=not no_progress)
     try:
         if ray_address is not None:  # scale-out on Ray: the cluster's engine, same outputs
-            from batchinfer.cluster import run_on_cluster
+            from batchinfer.cluster import ClusterLostError, run_on_cluster
 
-            result = run_on_cluster(
-                config, ray_address, [console], data=ray_data, listing=console.listing
-            )
+            try:
+                result = run_on_cluster(
+                    config, ray_address, [console], data=ray_data, listing=console.listing
+                )
+            except ClusterLostError as e:  # its message ends with the command that resumes
+                if e.out is not None:
+                    e.resume_command = resume_command(sys.argv[1:], e.out)
+                raise
         else:
             result = run_engine(config, observers=[console], listing=console.listing)
     finally:

@@ -15,6 +15,7 @@ observers, like :class:`batchinfer.engine.Engine` (README, "Scale-out on Ray").
 """
 
 from batchinfer.cluster.connect import (
+    ClusterLostError,
     NodeInfo,
     RayConnection,
     core_resource,
@@ -27,6 +28,7 @@ __all__ = [
     "CALL_ITEMS",
     "DATA_MODES",
     "ClusterEngine",
+    "ClusterLostError",
     "ClusterSession",
     "NodeInfo",
     "RayConnection",

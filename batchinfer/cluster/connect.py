@@ -12,7 +12,8 @@ starts them. A node's name (the ``node`` column of the outputs) is its Ray node 
 
 Addresses (``--ray``): an existing cluster (``auto``, ``HOST:PORT``; run batchinfer on its
 head node), ``local`` (one node on this machine) or ``local:N`` (N simulated nodes on this
-machine, started with ``ray.cluster_utils.Cluster`` for trying things out and for tests).
+machine, started with ``ray.cluster_utils.Cluster`` by a keeper process (local.py) for
+trying things out and for tests).
 """
 
 from __future__ import annotations
@@ -20,21 +21,82 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from batchinfer.bounds import local_nodes_ceiling
+from batchinfer.cluster.local import LocalCluster
 from batchinfer.data.dataset import Dataset
-from batchinfer.errors import RunFailedError, RuntimeUnavailableError, UsageError
+from batchinfer.errors import (
+    BatchinferError,
+    RunFailedError,
+    RuntimeUnavailableError,
+    UsageError,
+    render_fields,
+)
 
 RESOURCE_PREFIX = "npu_core_"
 _RESOURCE_RE = re.compile(rf"^{RESOURCE_PREFIX}(\d+)$")
 #: CPUs each simulated node of ``local:N`` declares (for read tasks; actors take none).
 LOCAL_NODE_CPUS = 2
+#: Open files each process may have for ``local:N``: with 64, the GCS waits for descriptors
+#: and nothing starts; 256 ran local:2 here, and the GCS of local:3 with 18 actors peaked at
+#: 107 descriptors; 1024 is the usual default.
+MIN_OPEN_FILES = 1024
+_RAISE_OPEN_FILES = 65536  # what ray.init raises the soft limit to, when the hard one allows
 # Simulated nodes are processes on this machine: a node that is removed is found dead
 # within ~1.5 s instead of Ray's default ~15 s (health checks every 3 s, 5 misses).
 _LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+
+
+#: How long one question to the cluster's GCS (its list of nodes) may take.
+GCS_TIMEOUT_S = 2.0
+
+
+class ClusterLostError(RunFailedError):
+    """The cluster's GCS stopped answering mid-run (its head node or gcs_server died).
+
+    The run stops at once and ends ``interrupted``, its rows written; ``out`` is the run
+    folder when known, and a front end sets ``resume_command``, which the message then ends
+    with (rendered after the fields, so the command is shown as it is).
+    """
+
+    def __init__(self, message: str, out: Path | None = None) -> None:
+        super().__init__(message)
+        self.out = out
+        self.resume_command: str | None = None
+
+    def render(self, name: Callable[[str], str]) -> str:
+        text = super().render(name)
+        if self.out is None:
+            return text
+        if self.resume_command:
+            return f"{text}; resume it with: {self.resume_command}"
+        return f"{text}; resume it with {render_fields('{output.resume}', name)}"
+
+
+def live_node_ids(ray: Any, timeout_s: float = GCS_TIMEOUT_S) -> set[str] | None:
+    """The ids (hex) of the cluster's live nodes; None when its GCS gave no answer within
+    ``timeout_s``.
+
+    ``ray.nodes()`` cannot be bounded: with the GCS gone it blocks until Ray's own
+    reconnection timeout (60 s), after which Ray ends the process.
+    """
+    try:
+        client = ray._private.worker.global_worker.gcs_client
+        get = client.get_all_node_info
+    except AttributeError:  # a Ray without it: unbounded, but it answers the same
+        return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    try:
+        infos = get(timeout=timeout_s)
+    except Exception:  # RpcError (timed out, unavailable), or the connection is gone
+        return None
+    from ray.core.generated import gcs_pb2
+
+    alive = gcs_pb2.GcsNodeInfo.ALIVE
+    return {node_id.hex() for node_id, info in infos.items() if info.state == alive}
 
 
 def core_resource(core: int) -> str:
@@ -131,7 +193,7 @@ class RayConnection:
         self.kind, self.local_nodes = parse_address(address)
         self.cores = tuple(cores)
         self.log_to_driver = log_to_driver
-        self.cluster: Any = None  # ray.cluster_utils.Cluster for local:N
+        self.cluster: LocalCluster | None = None  # local:N
         self._connected_here = False
         self.ray = None
 
@@ -141,7 +203,8 @@ class RayConnection:
             return self
         try:
             if self.kind == "local":
-                self.cluster = start_local_cluster(self.local_nodes, self.cores)
+                check_open_files(self.address)
+                self.cluster = LocalCluster(self.local_nodes, self.cores).start()
                 address = self.cluster.address
             else:
                 address = self.address
@@ -154,6 +217,8 @@ class RayConnection:
             self._connected_here = True
         except BaseException as exc:
             self.__exit__(None, None, None)
+            if isinstance(exc, BatchinferError):
+                raise
             if isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
                 raise RunFailedError(
                     f"cannot connect to the Ray cluster at {{ray}} {self.address} ({exc}); "
@@ -168,7 +233,7 @@ class RayConnection:
                 self.ray.shutdown()
             self._connected_here = False
         if self.cluster is not None:
-            stop_local_cluster(self.cluster)
+            self.cluster.stop()
             self.cluster = None
 
     def nodes(self) -> list[NodeInfo]:
@@ -180,8 +245,35 @@ class RayConnection:
         return self.ray.get_runtime_context().get_node_id()
 
 
+def check_open_files(address: str) -> None:
+    """Raise the soft limit on open files to the hard one (as ``ray.init`` does, but before
+    the local nodes start, so that they inherit it); RuntimeUnavailableError when it stays
+    below MIN_OPEN_FILES, where Ray's processes would wait for descriptors for ever."""
+    try:
+        import resource
+    except ImportError:  # not a POSIX system: nothing to check
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < MIN_OPEN_FILES:
+        most = _RAISE_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(most, _RAISE_OPEN_FILES), hard))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < MIN_OPEN_FILES:
+        raise RuntimeUnavailableError(
+            f"only {soft} files may be open per process here (ulimit -n {soft}), too few for "
+            f"the Ray processes of {{ray}} {address}, which would wait for ever: raise the "
+            f"limit to {MIN_OPEN_FILES} or more (ulimit -n {MIN_OPEN_FILES}; above the hard "
+            f"limit of {hard} only root can) and run again."
+        )
+
+
 def start_local_cluster(n: int, cores: Sequence[int]) -> Any:
-    """N simulated nodes on this machine (ray.cluster_utils.Cluster), each with ``cores``."""
+    """N simulated nodes on this machine (ray.cluster_utils.Cluster), each with ``cores``.
+
+    In this process: they live as long as it does, or until :func:`stop_local_cluster`.
+    ``--ray local:N`` starts them in a keeper process instead (local.py).
+    """
     from ray.cluster_utils import Cluster
 
     common = {

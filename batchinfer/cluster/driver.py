@@ -34,8 +34,11 @@ Failure policy (scheduler.py's single-board policy, carried onto Ray):
 - A dead actor takes items again once the scheduler's back-off has passed and its
   ``start()`` answered (Ray has restarted it by then); no answer within the start-up
   timeout retires it.
-- A node that leaves (``ray.nodes()`` no longer lists it alive) has its actors retired; their
+- A node that leaves (the GCS no longer lists it alive) has its actors retired; their
   items go back uncharged and the run goes on with the other nodes.
+- The cluster itself is lost when its GCS gives no answer for _GCS_LOST_S (each question is
+  bounded by GCS_TIMEOUT_S): the run stops at once with ClusterLostError and ends
+  ``interrupted``, so the rows done so far are written and ``--resume`` continues it.
 - Reads: read lanes stand for reader processes (reads.py).
 """
 
@@ -53,7 +56,15 @@ import numpy as np
 
 from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
 from batchinfer.cluster.busy import BusyUnion
-from batchinfer.cluster.connect import NodeInfo, check_shared_dataset, core_resource, import_ray
+from batchinfer.cluster.connect import (
+    GCS_TIMEOUT_S,
+    ClusterLostError,
+    NodeInfo,
+    check_shared_dataset,
+    core_resource,
+    import_ray,
+    live_node_ids,
+)
 from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
@@ -81,6 +92,9 @@ _TICK_S = 0.1
 _NODE_CHECK_S = 1.0
 _STOP_WAIT_S = 2.0
 _PROBE_AGAIN_S = 0.25
+# The GCS gave no answer for this long: the cluster is lost (Ray itself waits 60 s, then
+# ends the process, leaving the run folder unfinished).
+_GCS_LOST_S = 5.0
 # The driver itself was not running for this long (Ctrl-Z, a frozen VM): that time is
 # not held against actors and read tasks.
 _GAP_S = 1.0
@@ -212,12 +226,15 @@ class ClusterEngine(EngineLoop):
         self._alone: set[int] = set()  # items to infer alone (they were in a call that died)
         self._opened = False
         self._next_node_check = 0.0
+        self._gcs_silent_since: float | None = None
         self._last_turn = 0.0
 
     # ------------------------------------------------------------------ the run
     def run(self) -> EngineResult:
         """Run until the source is exhausted and every item has its row, or a stop."""
         status, error = self._drive()
+        if isinstance(error, ClusterLostError):
+            status = "interrupted"  # what is written stands; --resume continues it
         retired = sorted(
             {a.where for a in self.actors} - {a.where for a in self.actors if a.state != "retired"}
         )
@@ -615,14 +632,34 @@ class ClusterEngine(EngineLoop):
     def _node_gone(self, node: NodeInfo) -> bool:
         if node.node_id in self.lost_nodes:
             return True
-        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
-        return node.node_id not in alive
+        alive = self._live_nodes()
+        return alive is not None and node.node_id not in alive
 
     def _check_nodes(self) -> None:
-        alive = {n["NodeID"] for n in self.ray.nodes() if n.get("Alive")}
+        alive = self._live_nodes()
+        if alive is None:
+            return
         for node in self.nodes:
             if node.node_id not in alive and node.node_id not in self.lost_nodes:
                 self._node_lost(node)
+
+    def _live_nodes(self) -> set[str] | None:
+        """The live nodes' ids; None while the GCS is silent; ClusterLostError once it has
+        been silent for _GCS_LOST_S."""
+        alive = live_node_ids(self.ray, GCS_TIMEOUT_S)
+        if alive is not None:
+            self._gcs_silent_since = None
+            return alive
+        now = self.clock()
+        if self._gcs_silent_since is None:
+            self._gcs_silent_since = now - GCS_TIMEOUT_S  # asked that long ago
+        silent = now - self._gcs_silent_since
+        if silent >= _GCS_LOST_S:
+            raise ClusterLostError(
+                f"the Ray cluster stopped answering: its GCS{_gcs_address(self.ray)} (the "
+                f"gcs_server of the head node) gave no answer for {silent:.0f} s"
+            )
+        return None
 
     def _node_lost(self, node: NodeInfo) -> None:
         """``node`` left the cluster: its actors are retired, their items go back uncharged."""
@@ -694,6 +731,14 @@ class ClusterEngine(EngineLoop):
         self._input_refs.clear()
         self._slot_ref.clear()
         self._outputs.clear()
+
+
+def _gcs_address(ray: Any) -> str:
+    """`` at HOST:PORT``, or nothing when Ray does not say."""
+    try:
+        return f" at {ray.get_runtime_context().gcs_address}"
+    except Exception:
+        return ""
 
 
 def _short(exc: BaseException) -> str:

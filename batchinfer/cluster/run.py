@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchinfer.cluster.connect import NodeInfo, RayConnection, check_shared_dataset
+from batchinfer.cluster.connect import (
+    ClusterLostError,
+    NodeInfo,
+    RayConnection,
+    check_shared_dataset,
+)
 from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
@@ -43,7 +48,8 @@ def run_on_cluster(
     ``data``: ``head`` (the dataset is read on this node and its tensors shipped through
     Ray's object store) or ``shared`` (every node mounts it at the same path and reads its
     share). ``listing`` as for :func:`batchinfer.engine.run`, which this raises like; item
-    failures are error rows.
+    failures are error rows. A cluster that stops answering mid-run raises ClusterLostError
+    (exit 3) once the rows done are written and the manifest says ``interrupted``.
     """
     with arrow_system_allocator(), StopSignals() as signals:
         plan = plan_run(config, listing=listing)
@@ -63,7 +69,14 @@ def run_on_cluster(
                 return cluster.engine(plan.engine, source, sink, observers, invocation)
 
             fields = {"cluster": cluster.facts(plan.engine.cores)}
-            return run_plan(plan, signals, observers, make_engine, fields)
+            try:
+                return run_plan(plan, signals, observers, make_engine, fields)
+            except ClusterLostError as e:
+                raise ClusterLostError(
+                    f"{e.args[0]}; the rows done until then are written and the run is marked "
+                    "interrupted",
+                    out=plan.out.path,
+                ) from e
 
 
 @dataclass(frozen=True)
