@@ -131,3 +131,30 @@ def test_the_listing_hash_is_sha256_over_each_name_and_a_nul(tmp_path: Path) -> 
         pass
     expected = hashlib.sha256(b"a.png\0b/2.png\0c\xff.png\0").hexdigest()
     assert open_dataset(tmp_path).listing_sha256 == expected
+
+
+def _nest(root: Path, levels: int, leaf: str) -> None:
+    """``root/d/d/.../d/leaf`` ``levels`` folders deep, each made relative to its parent's
+    descriptor (so no path handed to the kernel grows with the depth)."""
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        for _ in range(levels):
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        os.close(os.open(leaf, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+def test_a_dataset_nested_deeper_than_the_recursion_limit_is_listed(tmp_path: Path) -> None:
+    # 1,500 levels: walking them recursively raised RecursionError (a traceback).
+    _nest(tmp_path / "deep", 1500, "x.png")
+    entries = list(listing.walk(str(tmp_path / "deep")))
+    assert len(entries) == 1501
+    assert entries[0] == ("d", listing.DIR)
+    assert entries[-1] == ("d/" * 1500 + "x.png", listing.FILE)
+    assert ids(open_dataset(tmp_path / "deep")) == ["d/" * 1500 + "x.png"]
+

@@ -73,19 +73,22 @@ def walk(root: str, progress: Progress | None = None) -> Iterator[tuple[str, str
         top = os.stat(root)
     except OSError as exc:
         raise unreadable(root, exc) from exc
-    yield from _walk_dir(root, "", frozenset({(top.st_dev, top.st_ino)}), progress)
-
-
-def _walk_dir(
-    directory: str,
-    rel: str,
-    ancestors: frozenset[tuple[int, int]],
-    progress: Progress | None,
-) -> Iterator[tuple[str, str]]:
-    # ``ancestors`` holds the (device, inode) of every directory on the way down: a
-    # symlink back to one of them would loop forever, so it is not entered. Symlinks
-    # elsewhere are followed (a dataset assembled from links is a normal thing to do).
-    for name, entry_type in sorted_entries(directory, progress):
+    # The folders on the way down, each with the rest of its listing, on a stack of our
+    # own: a dataset may nest deeper than Python's recursion limit (~1,000 levels).
+    # ``ancestors`` holds the (device, inode) of every one of them: a symlink back to one
+    # would loop forever, so it is not entered. Symlinks elsewhere are followed (a dataset
+    # assembled from links is a normal thing to do).
+    root_key = (top.st_dev, top.st_ino)
+    ancestors = {root_key}
+    stack = [(root, "", root_key, sorted_entries(root, progress))]
+    while stack:
+        directory, rel, key, entries = stack[-1]
+        entry = next(entries, None)
+        if entry is None:
+            stack.pop()
+            ancestors.discard(key)
+            continue
+        name, entry_type = entry
         child_rel = f"{rel}/{name}" if rel else name
         yield child_rel, entry_type
         if entry_type == DIR:
@@ -94,9 +97,10 @@ def _walk_dir(
                 st = os.stat(child)
             except OSError as exc:
                 raise unreadable(child, exc) from exc
-            key = (st.st_dev, st.st_ino)
-            if key not in ancestors:
-                yield from _walk_dir(child, child_rel, ancestors | {key}, progress)
+            child_key = (st.st_dev, st.st_ino)
+            if child_key not in ancestors:
+                ancestors.add(child_key)
+                stack.append((child, child_rel, child_key, sorted_entries(child, progress)))
 
 
 def sorted_entries(directory: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
