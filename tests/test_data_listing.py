@@ -157,4 +157,3 @@ def test_a_dataset_nested_deeper_than_the_recursion_limit_is_listed(tmp_path: Pa
     assert entries[0] == ("d", listing.DIR)
     assert entries[-1] == ("d/" * 1500 + "x.png", listing.FILE)
     assert ids(open_dataset(tmp_path / "deep")) == ["d/" * 1500 + "x.png"]
-
