@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.dataset import Dataset, open_dataset, say_notes
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -229,6 +229,7 @@ def evaluate(
         except BatchinferError as exc:
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         classes, relabel, class_source = class_map(job, dataset)
+        say_notes(dataset, labels=job.dataset.labels is None)
         device_plan = plan_side(job, "device", job.device, dataset)
         reference_plan = None
         if job.reference is not None:
