@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
+from dataset_files import digits_3_and_7
 from PIL import Image
 
 from batchinfer.cli import main
@@ -201,23 +202,6 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert (out / "notes.txt").read_text() == "the user's, beside the results"
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["status"], manifest["counts"]["succeeded"]) == ("complete", 200)
-
-
-def digits_3_and_7(kit_dataset: Path, root: Path, junk: bool) -> Path:
-    """Class folders 3 and 7 of the demo's digits (20 each); with ``junk``, what a zip made
-    on a Mac and a Windows Explorer leave beside them."""
-    import shutil
-
-    for digit in ("3", "7"):
-        (root / digit).mkdir(parents=True)
-        for png in sorted((kit_dataset / digit).glob("*.png"))[:20]:
-            shutil.copy(png, root / digit / png.name)
-    if junk:
-        (root / "__MACOSX" / "3").mkdir(parents=True)
-        (root / "__MACOSX" / "3" / "._x.png").write_bytes(b"\0\5\26\7 AppleDouble")
-        (root / "3" / "._0003.png").write_bytes(b"\0\5\26\7 AppleDouble")
-        (root / "7" / "Thumbs.db").write_bytes(b"thumbnails")
-    return root
 
 
 def accuracy(out: Path) -> tuple[list, float]:
