@@ -149,11 +149,26 @@ def _nest(root: Path, levels: int, leaf: str) -> None:
         os.close(fd)
 
 
+def _unnest(root: Path, leaf: str) -> None:
+    """Remove what :func:`_nest` made, one level at a time from the top: pytest's clean-up
+    of old temporary folders (shutil.rmtree, recursive) raises RecursionError on it."""
+    while (root / "d" / "d").is_dir():
+        os.rename(root / "d" / "d", root / "up")
+        os.rmdir(root / "d")
+        os.rename(root / "up", root / "d")
+    os.unlink(root / "d" / leaf)
+    os.rmdir(root / "d")
+    os.rmdir(root)
+
+
 def test_a_dataset_nested_deeper_than_the_recursion_limit_is_listed(tmp_path: Path) -> None:
     # 1,500 levels: walking them recursively raised RecursionError (a traceback).
     _nest(tmp_path / "deep", 1500, "x.png")
-    entries = list(listing.walk(str(tmp_path / "deep")))
-    assert len(entries) == 1501
-    assert entries[0] == ("d", listing.DIR)
-    assert entries[-1] == ("d/" * 1500 + "x.png", listing.FILE)
-    assert ids(open_dataset(tmp_path / "deep")) == ["d/" * 1500 + "x.png"]
+    try:
+        entries = list(listing.walk(str(tmp_path / "deep")))
+        assert len(entries) == 1501
+        assert entries[0] == ("d", listing.DIR)
+        assert entries[-1] == ("d/" * 1500 + "x.png", listing.FILE)
+        assert ids(open_dataset(tmp_path / "deep")) == ["d/" * 1500 + "x.png"]
+    finally:
+        _unnest(tmp_path / "deep", "x.png")
