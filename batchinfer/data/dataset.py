@@ -274,7 +274,7 @@ class Dataset:
 
 
 def say_notes(dataset: Dataset, *, labels: bool = True) -> None:
-    """Log :meth:`Dataset.notes` (the CLI shows them): once per run, by whoever plans it.
+    """Log :meth:`Dataset.notes` (the CLI shows them): once per run, when it starts.
 
     ``labels=False`` leaves out what concerns the folders' labels (for a caller that maps
     the classes itself).

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchinfer.data.dataset import Dataset, open_dataset, say_notes
+from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.data.preprocess import (
     Preprocess,
@@ -237,7 +237,6 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         Path(config.dataset).expanduser(), labels_file=config.labels, progress=listing
     )
     engine = plan_engine(config, backend, shape, dtype, dataset.kind)
-    say_notes(dataset)
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,

@@ -229,13 +229,14 @@ def evaluate(
         except BatchinferError as exc:
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         classes, relabel, class_source = class_map(job, dataset)
-        say_notes(dataset, labels=job.dataset.labels is None)
         device_plan = plan_side(job, "device", job.device, dataset)
         reference_plan = None
         if job.reference is not None:
             reference_plan = plan_side(job, "reference", job.reference, dataset)
         check_cluster(job)
         with output_locks(job, command):
+            # Once the job is known to run: a refused one ends with its one error line.
+            say_notes(dataset, labels=job.dataset.labels is None)
             reference = None
             if reference_plan is not None:
                 reference = reference_results(
