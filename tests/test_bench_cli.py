@@ -4,6 +4,7 @@ a dataset, Ctrl-C) are marked slow."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
+from dataset_files import digits_3_and_7
 
 from batchinfer.bench.diagnosis import BOUNDS
 from batchinfer.bench.options import BenchOptions
@@ -185,6 +187,32 @@ def test_a_repeated_dataset_starts_again_from_its_first_item_with_new_indexes(tm
     assert [i.index for i in items] == list(range(7))
     assert [i.id for i in items] == ["00000.npy", "00001.npy", "00002.npy"] * 2 + ["00000.npy"]
     assert source.total is None and source.passes == 2
+
+
+def test_a_bench_dataset_skips_a_mac_zip_s_leftovers_and_refuses_a_bare_rknn_on_sim(
+    demo_kit, tmp_path
+):
+    import shutil
+
+    from batchinfer.bench.runner import prepare
+    from batchinfer.errors import ConfigError
+
+    data = digits_3_and_7(demo_kit.dataset, tmp_path / "unzipped", junk=True)
+    config = BenchConfig(
+        model=demo_kit.models["digits"],
+        runtime=RuntimeOptions(backend="sim", cores=(0,)),
+        dataset=data,
+    )
+    prepared = prepare(config)
+    assert prepared.dataset is not None and len(prepared.dataset) == 40
+    assert prepared.dataset.labels == {"3": 3, "7": 7}
+    assert prepared.dataset.leftovers == {"._*": 1, "Thumbs.db": 1, "__MACOSX": 1}
+    rknn = demo_kit.rknn["digits-rk3588"]
+    bare = tmp_path / "bare" / rknn.name
+    bare.parent.mkdir()
+    shutil.copy(rknn, bare)
+    with pytest.raises(ConfigError, match=r"no digits-rk3588\.onnx beside"):
+        prepare(dataclasses.replace(config, model=bare))
 
 
 # ------------------------------------------------------------------------------ slow

@@ -20,6 +20,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
+from dataset_files import digits_3_and_7
+from PIL import Image
 
 from batchinfer.cli import main
 
@@ -187,7 +189,9 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert table["all"][1:4] == ["200", "0", "0"]
     assert sum(int(table[c][1]) for c in "012") == 200
     assert lines[-1] == f"complete: 200 succeeded, 0 errors; results in {out.resolve()}"
-    assert first.stderr.startswith("started: 200 items on cores 0,1,2 (sim, 1 instance(s)")
+    said, started = first.stderr.splitlines()[:2]
+    assert said == "labels: class folders are integers: label = folder name (10 classes)"
+    assert started.startswith("started: 200 items on cores 0,1,2 (sim, 1 instance(s)")
     assert "error" not in first.stderr
 
     refused = invoke(*args)
@@ -200,6 +204,96 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert (out / "notes.txt").read_text() == "the user's, beside the results"
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["status"], manifest["counts"]["succeeded"]) == ("complete", 200)
+
+
+def accuracy(out: Path) -> tuple[list, float]:
+    rows = pq.read_table(out / "predictions", columns=["label", "pred"]).to_pylist()
+    labels = sorted({r["label"] for r in rows})
+    return labels, sum(r["label"] == r["pred"] for r in rows) / len(rows)
+
+
+def test_a_mac_zip_s_leftovers_change_neither_the_labels_nor_the_accuracy(demo_kit, tmp_path):
+    clean = digits_3_and_7(demo_kit.dataset, tmp_path / "clean", junk=False)
+    unzipped = digits_3_and_7(demo_kit.dataset, tmp_path / "unzipped", junk=True)
+    model = demo_kit.models["digits"]
+    first = invoke(*run_args(clean, model, tmp_path / "out-clean"))
+    second = invoke(*run_args(unzipped, model, tmp_path / "out-unzipped"))
+    assert first.exit_code == second.exit_code == 0, first.output + second.output
+    labels, top1 = accuracy(tmp_path / "out-clean")
+    assert (labels, top1) == ([3, 7], 1.0)
+    assert accuracy(tmp_path / "out-unzipped") == (labels, top1)
+    # Said once, on the console, and recorded in the manifest.
+    said = "labels: class folders are integers: label = folder name (2 classes)"
+    assert second.stderr.count(said) == 1
+    leftovers = [ln for ln in second.stderr.splitlines() if "other tools leave behind" in ln]
+    assert leftovers == [
+        "skipped what other tools leave behind (never items or classes): ._* 1, "
+        "Thumbs.db 1, __MACOSX 1"
+    ]
+    dataset = json.loads((tmp_path / "out-unzipped" / "manifest.json").read_text())["dataset"]
+    assert dataset["leftovers"] == {"._*": 1, "Thumbs.db": 1, "__MACOSX": 1}
+    assert dataset["label_rule"] == "class folders are integers: label = folder name"
+    assert dataset["classes"]["labels"] == {"3": 3, "7": 7}
+    assert "other tools" not in first.stderr
+
+
+def test_class_folders_mixing_numbers_and_names_are_warned_about(demo_kit, tmp_path):
+    data = digits_3_and_7(demo_kit.dataset, tmp_path / "data", junk=False)
+    (data / "old").mkdir()
+    result = invoke(*run_args(data, demo_kit.models["digits"], tmp_path / "out", "--limit", "5"))
+    assert result.exit_code == 0, result.output
+    assert "labels: sorted class folder names -> 0..2 (3 classes)" in result.stderr
+    (warning,) = [ln for ln in result.stderr.splitlines() if ln.startswith("warning: ")]
+    assert "mix integer names with other names ('old' stand out)" in warning
+
+
+def test_a_float_model_fed_raw_pixels_is_warned_about_unless_mean_and_std_are_given(
+    demo_kit, tmp_path
+):
+    from models import nchw_float_model
+
+    model = nchw_float_model(tmp_path)
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i, 2 * i, 3 * i)).save(data / f"{i}.png")
+    args = ["run", data, "--model", model, "--backend", "onnx", "--no-progress"]
+    raw = invoke(*args, "--out", tmp_path / "raw")
+    assert raw.exit_code == 0, raw.output
+    (warning,) = [ln for ln in raw.stderr.splitlines() if ln.startswith("warning: ")]
+    assert "takes float32 input and no mean/std were given" in warning
+    assert "raw 0-255 pixel values are fed" in warning
+    scaled = invoke(*args, "--out", tmp_path / "scaled", "--mean", "0", "--std", "255")
+    assert scaled.exit_code == 0, scaled.output
+    assert "warning" not in scaled.stderr
+    # The demo's models take uint8 pixels (a .rknn's .config.json normalises inside).
+    rknn_model = demo_kit.rknn["digits-rk3588"]
+    rknn = invoke(*run_args(demo_kit.dataset, rknn_model, tmp_path / "rknn", "--limit", "3"))
+    assert rknn.exit_code == 0, rknn.output
+    assert "warning" not in rknn.stderr
+
+
+@pytest.mark.parametrize("backend", ["sim", "onnx"])
+def test_a_bare_rknn_on_an_x86_backend_is_a_usage_error_naming_the_missing_onnx(
+    demo_kit, tmp_path, backend
+):
+    import shutil
+
+    rknn = demo_kit.rknn["digits-rk3588"]
+    bare = tmp_path / "bare" / rknn.name
+    bare.parent.mkdir()
+    shutil.copy(rknn, bare)
+    out = tmp_path / "out"
+    args = ["run", demo_kit.dataset, "--model", bare, "--out", out, "--backend", backend]
+    result = invoke(*args, "--size", "8x8", "--color", "gray", "--no-progress")
+    line = assert_error(
+        result,
+        2,
+        f"--backend {backend} runs a .rknn from the .onnx",
+        bare.with_suffix(".onnx").name,
+    )
+    assert str(bare) in line and "--backend toolkit" in line and "--backend rknnlite" in line
+    assert "core" not in line and not out.exists()
 
 
 def test_an_out_that_is_a_file_is_a_usage_error(demo_kit, tmp_path):

@@ -92,6 +92,65 @@ def test_hidden_entries_are_skipped_and_other_files_counted(tmp_path: Path) -> N
     assert ds.ignored == 3
 
 
+def test_what_tools_leave_behind_is_never_an_item_or_a_class_and_is_counted(
+    tmp_path: Path,
+) -> None:
+    # A zip made on a Mac, unpacked on Linux, browsed from Windows, a Synology and Jupyter.
+    touch(tmp_path, "3/a.png", "7/b.png", "__MACOSX/3/._a.png", "__MACOSX/7/._b.png")
+    touch(tmp_path, "3/._a.png", "7/._b.png", ".DS_Store", "3/Thumbs.db", "7/desktop.ini")
+    touch(tmp_path, "@eaDir/3/a.png", "7/@eaDir/b.png", ".ipynb_checkpoints/x.png")
+    touch(tmp_path, ".hidden/c.png", "3/.d.png", "THUMBS.DB")
+    ds = open_dataset(tmp_path)
+    assert ds.labels == {"3": 3, "7": 7}
+    assert ds.class_map.source == "folder-numbers"
+    assert ids(ds) == ["3/a.png", "7/b.png"]
+    assert [item.label for item in ds] == [3, 7]
+    assert list(ds.item_paths()) == ["3/a.png", "7/b.png"]
+    assert ds.skipped.count == 0  # leftovers are not "files that are not items"
+    # A skipped folder counts once, whatever is under it; most first, then by name.
+    assert ds.leftovers == {
+        ".*": 2,
+        "._*": 2,
+        "@eaDir": 2,
+        "Thumbs.db": 2,
+        ".DS_Store": 1,
+        ".ipynb_checkpoints": 1,
+        "__MACOSX": 1,
+        "desktop.ini": 1,
+    }
+    manifest = ds.manifest_json()
+    assert manifest["leftovers"] == ds.leftovers
+    assert manifest["label_rule"] == "class folders are integers: label = folder name"
+    lines, warnings = ds.notes()
+    assert lines == [
+        "labels: class folders are integers: label = folder name (2 classes)",
+        "skipped what other tools leave behind (never items or classes): .* 2, ._* 2, "
+        "@eaDir 2, Thumbs.db 2, .DS_Store 1, .ipynb_checkpoints 1, __MACOSX 1, desktop.ini 1",
+    ]
+    assert warnings == []
+
+
+def test_class_folders_mixing_integers_and_names_are_a_warning_naming_the_odd_ones(
+    tmp_path: Path,
+) -> None:
+    touch(tmp_path, "0/a.png", "1/a.png", "2/a.png", "backup/a.png")
+    ds = open_dataset(tmp_path)
+    assert ds.labels == {"0": 0, "1": 1, "2": 2, "backup": 3}
+    assert ds.label_rule == "sorted class folder names -> 0..3"
+    lines, (warning,) = ds.notes()
+    assert lines == ["labels: sorted class folder names -> 0..3 (4 classes)"]
+    assert "mix integer names with other names ('backup' stand out)" in warning
+    assert ds.manifest_json()["warnings"] == [warning]
+    # Mostly names, one number: the number is the odd one.
+    other = tmp_path / "other"
+    touch(other, "cat/a.png", "dog/a.png", "7/a.png")
+    assert "('7' stand out)" in open_dataset(other).notes()[1][0]
+    # All names: no warning.
+    plain = tmp_path / "plain"
+    touch(plain, "cat/a.png", "dog/a.png")
+    assert open_dataset(plain).notes()[1] == []
+
+
 def test_npy_folder_is_kind_npy(tmp_path: Path) -> None:
     touch(tmp_path, "1/a.npy", "0/b.NPY", "info.json")
     ds = open_dataset(tmp_path)

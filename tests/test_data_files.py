@@ -58,13 +58,13 @@ def test_skipped_files_are_counted_by_extension_with_the_first_names(tmp_path: P
         tmp_path,
         "README.txt",
         "labels.csv",
-        "a/Thumbs.db",
+        "a/cache.db",
         "a/1.png",
         "a/2.heic",
         "b/data.npz",
         "b/notes.TXT",
         "b/Makefile",
-        ".DS_Store",  # hidden: neither walked nor counted
+        ".DS_Store",  # a leftover: counted in Dataset.leftovers, not here
     )
     os.mkfifo(tmp_path / "b" / "pipe.png")
     ds = open_dataset(tmp_path)
@@ -80,9 +80,10 @@ def test_skipped_files_are_counted_by_extension_with_the_first_names(tmp_path: P
         "": 1,
         "(not a regular file)": 1,
     }
-    assert skipped.first[:4] == ("README.txt", "a/2.heic", "a/Thumbs.db", "b/Makefile")
+    assert skipped.first[:4] == ("README.txt", "a/2.heic", "a/cache.db", "b/Makefile")
     record = ds.manifest_json()["skipped"]
     assert record["count"] == 8 and next(iter(record["by_extension"])) == ".txt"
+    assert ds.leftovers == {".DS_Store": 1}
 
 
 def test_only_the_first_names_are_kept(tmp_path: Path) -> None:

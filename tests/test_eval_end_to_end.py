@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from cdp import Browser, chromium_path
 from click.testing import CliRunner, Result
+from dataset_files import digits_3_and_7
 from PIL import Image
 
 from batchinfer.cli import main
@@ -270,6 +271,39 @@ min = 0.5
     assert record["metrics"]["margin_mean"] > 0.5
     history = pq.read_table(tmp_path / "eval" / "skew" / "history.parquet")
     assert history.column("margin_mean").to_pylist() == [record["metrics"]["margin_mean"]]
+
+
+def test_a_mac_zip_s_leftovers_change_neither_the_labels_nor_the_accuracy(
+    tmp_path, demo_kit, fast_sim
+):
+    records = {}
+    for name, junk in (("clean", False), ("unzipped", True)):
+        data = digits_3_and_7(demo_kit.dataset, tmp_path / name, junk)
+        job = tmp_path / f"{name}.toml"
+        job.write_text(
+            f"""
+[device]
+model = "{demo_kit.models["digits"]}"
+[device.runtime]
+backend = "sim"
+cores = [0]
+[dataset]
+path = "{data}"
+[gates.top1]
+min = 0.99
+"""
+        )
+        result = invoke("eval", job, "--no-progress")
+        assert result.exit_code == 0, result.output + result.stderr
+        record = next((tmp_path / "eval" / name / "evals").glob("*/result.json"))
+        records[name] = (json.loads(record.read_text()), result.stderr)
+    (clean, _), (unzipped, said) = records["clean"], records["unzipped"]
+    assert unzipped["metrics"]["top1"] == clean["metrics"]["top1"] == 1.0
+    items = pq.read_table(next((tmp_path / "eval" / "unzipped" / "evals").glob("*/items.parquet")))
+    assert set(items.column("label").to_pylist()) == {3, 7}
+    assert said.count("labels: class folders are integers: label = folder name") == 1
+    leftovers = "other tools leave behind (never items or classes): ._* 1, Thumbs.db 1, __MACOSX 1"
+    assert leftovers in said
 
 
 # --------------------------------------------------------------------------- refusals

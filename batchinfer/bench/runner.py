@@ -31,7 +31,7 @@ from batchinfer.bench.measure import BenchObserver
 from batchinfer.bench.options import BenchOptions, check_bench
 from batchinfer.bench.result import BenchResult
 from batchinfer.bench.verdict import Measured, judge
-from batchinfer.data.dataset import Dataset, Item, open_dataset
+from batchinfer.data.dataset import Dataset, Item, open_dataset, say_notes
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan
@@ -116,6 +116,8 @@ def prepare(config: BenchConfig) -> Prepared:
     shape, dtype = model_input(model, run_config)
     dataset = open_dataset(Path(config.dataset).expanduser()) if config.dataset else None
     plan = plan_engine(run_config, backend, shape, dtype, dataset.kind if dataset else "")
+    if dataset is not None:
+        say_notes(dataset, labels=False)  # a benchmark does not score labels
     return Prepared(config, model, plan, dataset, tuple(shape), str(dtype))
 
 

@@ -58,6 +58,32 @@ class ClassMap:
         }
 
 
+def label_rule(class_map: ClassMap) -> str:
+    """How a class map's labels were assigned, in words (said once per run, kept in the
+    manifest)."""
+    if class_map.source == FROM_FOLDER_NUMBERS:
+        return "class folders are integers: label = folder name"
+    if class_map.source == FROM_FOLDER_NAMES:
+        return f"sorted class folder names -> 0..{len(class_map.labels) - 1}"
+    return f"from the labels file {class_map.file}"
+
+
+def odd_folder_names(class_map: ClassMap) -> tuple[str, ...]:
+    """Class folders that spoil an otherwise integer (or otherwise named) set of folders.
+
+    When integer names and other names are mixed, labels are positions among the sorted
+    names, so folder ``7`` is usually not label 7: the smaller group (the non-integer names
+    on a tie) is most likely the mistake. Empty unless the map came from mixed folder names.
+    """
+    if class_map.source != FROM_FOLDER_NAMES:
+        return ()
+    numbers = [name for name in class_map.labels if re.fullmatch(r"[0-9]+", name)]
+    others = [name for name in class_map.labels if not re.fullmatch(r"[0-9]+", name)]
+    if not numbers or not others:
+        return ()
+    return tuple(sorted(numbers if len(numbers) < len(others) else others))
+
+
 def class_map_from_folders(names: Iterable[str], root: Path) -> ClassMap:
     """The class map of a dataset's top-level folders (see the module docstring)."""
     names = sorted(set(names))

@@ -10,13 +10,20 @@ items one at a time. Each directory is listed once per walk, in time linear in i
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from batchinfer.data.classes import ClassMap, class_map_from_folders, read_labels_file
+from batchinfer.data.classes import (
+    ClassMap,
+    class_map_from_folders,
+    label_rule,
+    odd_folder_names,
+    read_labels_file,
+)
 from batchinfer.data.listing import DIR, FILE, Progress, ProgressCallback, walk
 from batchinfer.errors import DatasetError
 
@@ -66,6 +73,8 @@ IMAGE_EXTENSIONS = frozenset(
         ".ras",
     }
 )
+log = logging.getLogger("batchinfer")
+
 NPY_EXTENSIONS = frozenset({".npy"})
 KINDS = ("images", "npy")
 
@@ -102,7 +111,8 @@ class Item:
 
 @dataclass(frozen=True)
 class Skipped:
-    """Files under the dataset root that are not items (hidden entries not counted)."""
+    """Files under the dataset root that are not items (leftovers, hidden entries
+    included, are counted in :attr:`Dataset.leftovers` instead)."""
 
     count: int = 0
     #: lower-case extension ("" for none, NOT_A_FILE for FIFOs and devices) -> count
@@ -146,6 +156,7 @@ class Dataset:
         count: int,
         skipped: Skipped,
         listing_sha256: str = "",
+        leftovers: dict[str, int] | None = None,
     ) -> None:
         self.root = root
         self.kind = kind
@@ -156,6 +167,10 @@ class Dataset:
         #: sha256 over every item's relative path, in order: the dataset's listing, which
         #: a --resume must find unchanged
         self.listing_sha256 = listing_sha256
+        #: entries tools leave behind (``__MACOSX``, ``._*``, ``.DS_Store``, hidden names),
+        #: by kind, most first: never walked, never items or classes (a skipped folder
+        #: counts once, its contents not at all)
+        self.leftovers = dict(sorted((leftovers or {}).items(), key=lambda kv: (-kv[1], kv[0])))
         self._count = count
 
     @property
@@ -182,6 +197,31 @@ class Dataset:
             f"classes={len(self.classes)}, skipped={self.skipped.count})"
         )
 
+    @property
+    def label_rule(self) -> str | None:
+        """How labels were assigned, in words; None for a dataset without classes."""
+        return label_rule(self.class_map) if self.class_map.labels else None
+
+    def notes(self) -> tuple[list[str], list[str]]:
+        """(lines to say once per run, warnings) about how this dataset was read."""
+        lines, warnings = [], []
+        if self.label_rule is not None:
+            lines.append(f"labels: {self.label_rule} ({len(self.classes)} classes)")
+        if self.leftovers:
+            kinds = ", ".join(f"{kind} {n}" for kind, n in self.leftovers.items())
+            lines.append(f"skipped what other tools leave behind (never items or classes): {kinds}")
+        odd = odd_folder_names(self.class_map)
+        if odd:
+            shown = ", ".join(repr(display_name(name)[0]) for name in odd[:5])
+            more = f" and {len(odd) - 5} more" if len(odd) > 5 else ""
+            warnings.append(
+                f"the class folders of {self.root} mix integer names with other names "
+                f"({shown}{more} stand out), so labels are positions among the sorted names "
+                "and a folder's number is not its label; rename or remove those folders, "
+                "or pass a labels file."
+            )
+        return lines, warnings
+
     def manifest_json(self) -> dict[str, object]:
         """What a run's manifest records about its dataset."""
         return {
@@ -190,7 +230,10 @@ class Dataset:
             "items": self._count,
             "listing_sha256": self.listing_sha256,
             "classes": self.class_map.to_json(),
+            "label_rule": self.label_rule,
             "skipped": self.skipped.to_json(),
+            "leftovers": self.leftovers,
+            "warnings": self.notes()[1],
         }
 
     def __iter__(self) -> Iterator[Item]:
@@ -230,6 +273,20 @@ class Dataset:
             index += 1
 
 
+def say_notes(dataset: Dataset, *, labels: bool = True) -> None:
+    """Log :meth:`Dataset.notes` (the CLI shows them): once per run, when it starts.
+
+    ``labels=False`` leaves out what concerns the folders' labels (for a caller that maps
+    the classes itself).
+    """
+    lines, warnings = dataset.notes()
+    for line in lines:
+        if labels or not line.startswith("labels: "):
+            log.info(line)
+    for warning in warnings if labels else ():
+        log.warning(warning)
+
+
 def open_dataset(
     root: Path | str,
     *,
@@ -241,7 +298,9 @@ def open_dataset(
 
     Kind: images (any of IMAGE_EXTENSIONS, any case) or ``.npy``; a folder holding both is
     refused. Other files are skipped and counted (:attr:`Dataset.skipped`); hidden files
-    and folders (leading '.') are neither walked nor counted.
+    and folders (leading '.') and what tools leave behind (``__MACOSX``, ``Thumbs.db``,
+    ...) are neither walked nor items nor classes, and are counted
+    (:attr:`Dataset.leftovers`).
 
     Labels: when items sit in the root's subfolders, every visible top-level folder is a
     class, empty or not (see :mod:`batchinfer.data.classes`), and items directly in the
@@ -266,10 +325,11 @@ def open_dataset(
     folders_with_items: dict[str, set[str]] = {"images": set(), "npy": set()}
     skipped_extensions: Counter[str] = Counter()
     skipped_first: list[str] = []
+    leftovers: Counter[str] = Counter()
     counter = Progress(progress, progress_every)
     # Names wait in batches to be hashed: one encode and one update per batch, not per name.
     pending: dict[str, list[str]] = {"images": [], "npy": []}
-    for rel, entry_type in walk(str(path), counter):
+    for rel, entry_type in walk(str(path), counter, leftovers):
         if entry_type == DIR:
             if "/" not in rel:
                 folders.add(rel)
@@ -317,6 +377,7 @@ def open_dataset(
         count=counts[kind],
         skipped=skipped,
         listing_sha256=listings[kind].hexdigest(),
+        leftovers=dict(leftovers),
     )
 
 

@@ -1,5 +1,11 @@
 """Walking a dataset folder in its fixed order: one listing per directory, compact memory.
 
+Leftovers. Hidden names (a leading '.') and what tools leave beside data (see
+:func:`leftover_kind`: ``__MACOSX/`` in every zip made on a Mac, AppleDouble ``._*``,
+``.DS_Store``, ``Thumbs.db``, ``desktop.ini``, Synology's ``@eaDir``,
+``.ipynb_checkpoints``) are not listed and not entered: they never become items or classes.
+A walk counts them by kind when given a ``Counter``.
+
 Order. Within a directory, the visible entries (names not starting with '.') come sorted
 by name as Python compares ``str``, files and folders interleaved; a folder is walked
 where its name sorts (depth first). Names come from ``os.scandir`` as ``str``; bytes that
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 
 from batchinfer.errors import DatasetError
@@ -36,6 +43,35 @@ _BLOCK = 1024
 
 #: Entry types, one character each so a run's types pack into one str.
 DIR, FILE, OTHER = "d", "f", "o"
+
+#: Names (compared in lower case) that tools leave in folders, with the key they are
+#: counted under. Matched at any depth; a folder is skipped with everything under it.
+_LEFTOVER_NAMES = {
+    "__macosx": "__MACOSX",  # macOS Archive Utility: resource forks of every zipped file
+    "@eadir": "@eaDir",  # Synology DSM: thumbnails and metadata beside every file
+    ".ipynb_checkpoints": ".ipynb_checkpoints",  # Jupyter's autosave copies
+    ".ds_store": ".DS_Store",  # macOS Finder's view settings
+    "thumbs.db": "Thumbs.db",  # Windows Explorer's thumbnail cache
+    "desktop.ini": "desktop.ini",  # Windows Explorer's folder settings
+}
+#: Keys for AppleDouble files (``._name``: a Mac file's metadata on a non-Mac disk) and
+#: for any other hidden name.
+APPLEDOUBLE, HIDDEN = "._*", ".*"
+
+
+_LEFTOVER_FIRST = frozenset("._@tTdD")
+
+
+def leftover_kind(name: str) -> str | None:
+    """The key a name is skipped and counted under, or None for a name that is walked."""
+    kind = _LEFTOVER_NAMES.get(name.lower())
+    if kind is not None:
+        return kind
+    if name.startswith("._"):
+        return APPLEDOUBLE
+    if name.startswith("."):
+        return HIDDEN
+    return None
 
 
 class Progress:
@@ -63,11 +99,14 @@ class Progress:
             self.callback(self.count)
 
 
-def walk(root: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+def walk(
+    root: str, progress: Progress | None = None, leftovers: Counter[str] | None = None
+) -> Iterator[tuple[str, str]]:
     """Yield (POSIX path relative to root, DIR | FILE | OTHER) for every visible entry.
 
-    A folder is yielded just before its contents. Raises DatasetError for a folder that
-    cannot be listed.
+    A folder is yielded just before its contents. Leftovers (see :func:`leftover_kind`)
+    are not yielded nor entered; ``leftovers`` counts them by kind. Raises DatasetError
+    for a folder that cannot be listed.
     """
     try:
         top = os.stat(root)
@@ -80,7 +119,7 @@ def walk(root: str, progress: Progress | None = None) -> Iterator[tuple[str, str
     # assembled from links is a normal thing to do).
     root_key = (top.st_dev, top.st_ino)
     ancestors = {root_key}
-    stack = [(root, "", root_key, sorted_entries(root, progress))]
+    stack = [(root, "", root_key, sorted_entries(root, progress, leftovers))]
     while stack:
         directory, rel, key, entries = stack[-1]
         entry = next(entries, None)
@@ -100,13 +139,17 @@ def walk(root: str, progress: Progress | None = None) -> Iterator[tuple[str, str
             child_key = (st.st_dev, st.st_ino)
             if child_key not in ancestors:
                 ancestors.add(child_key)
-                stack.append((child, child_rel, child_key, sorted_entries(child, progress)))
+                entries = sorted_entries(child, progress, leftovers)
+                stack.append((child, child_rel, child_key, entries))
 
 
-def sorted_entries(directory: str, progress: Progress | None = None) -> Iterator[tuple[str, str]]:
+def sorted_entries(
+    directory: str, progress: Progress | None = None, leftovers: Counter[str] | None = None
+) -> Iterator[tuple[str, str]]:
     """Yield (name, DIR | FILE | OTHER) for the visible entries of ``directory``, by name.
 
-    The directory is listed once and closed before the first entry is yielded.
+    Leftovers are left out (counted in ``leftovers`` when given). The directory is listed
+    once and closed before the first entry is yielded.
     """
     runs: list[list[str]] = []
     batch: list[str] = []
@@ -114,7 +157,11 @@ def sorted_entries(directory: str, progress: Progress | None = None) -> Iterator
         with os.scandir(directory) as it:
             for entry in it:
                 name = entry.name
-                if name.startswith("."):
+                # One cheap test for the usual name: leftovers start with '.', '_', '@',
+                # 't' or 'd' (any case).
+                if name[0] in _LEFTOVER_FIRST and (kind := leftover_kind(name)) is not None:
+                    if leftovers is not None:
+                        leftovers[kind] += 1
                     continue
                 # "name\0type": NUL is below every character a name can hold, so these
                 # strings sort exactly as the names do, and no tuples are needed.

@@ -215,6 +215,26 @@ class Preprocess:
             )
 
 
+def raw_pixels_warning(preprocess: Preprocess, kind: str, model: str) -> str | None:
+    """The warning for images fed to a float input as raw 0..255 values, or None.
+
+    A float input with no mean/std (given, or applied inside a .rknn by its .config.json,
+    which makes its input uint8) gets the pixels unscaled; most float models were trained
+    on 0..1 or standardised values, and then predict garbage without an error.
+    """
+    floating = np.dtype(preprocess.dtype).kind == "f"
+    if kind != "images" or not floating or preprocess.mean is not None:
+        return None
+    if preprocess.std is not None:
+        return None
+    return (
+        f"{model} takes {preprocess.dtype} input and no mean/std were given (--mean/--std, "
+        "mean/std in an eval job's preprocess settings, or mean_values/std_values in the "
+        ".config.json beside a .rknn), so raw 0-255 pixel values are fed; give the "
+        "normalisation the model was trained with, unless it expects 0-255."
+    )
+
+
 def preprocess_for(
     shape: Sequence[int | str | None],
     dtype: str | np.dtype,

@@ -9,6 +9,7 @@ Errors name settings by field (``{runtime.cores}``); each front end renders them
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -18,7 +19,12 @@ from pathlib import Path
 from batchinfer.bounds import check_value
 from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.data.fingerprint import files_sha256
-from batchinfer.data.preprocess import Preprocess, parse_background, preprocess_for
+from batchinfer.data.preprocess import (
+    Preprocess,
+    parse_background,
+    preprocess_for,
+    raw_pixels_warning,
+)
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
@@ -174,6 +180,9 @@ def plan_engine(
     _check_size(shape, preprocess, pre.size)
     if kind:
         preprocess.validate_for(kind)
+    warning = raw_pixels_warning(preprocess, kind, Path(config.model).name)
+    if warning:
+        logging.getLogger("batchinfer").warning(warning)
     cpus = resolve_affinity(rt.cpu_affinity)
     readers, max_readers = rt.readers, rt.readers
     if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it

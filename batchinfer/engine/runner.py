@@ -21,9 +21,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.engine import fork_server
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.events import Observer, RowsDone
+from batchinfer.engine.events import Observer, RowsDone, Started
 from batchinfer.engine.interface import EngineResult
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
@@ -190,9 +191,9 @@ def _run(
         limit=limit,
         todo=n - skipped,
     )
-    failed, first_row = _FirstFailures(), _FirstRow()
+    failed, first_row, notes = _FirstFailures(), _FirstRow(), _DatasetNotes(plan.dataset)
     engine = make_engine(
-        plan, source, run_folder, [failed, first_row, *observers], run_folder.invocation
+        plan, source, run_folder, [notes, failed, first_row, *observers], run_folder.invocation
     )
     stats = engine.stats
     signals.engine = engine
@@ -236,6 +237,19 @@ def _run(
         failed_items=failed.items,
         skipped_files=plan.dataset.skipped.to_json(),
     )
+
+
+class _DatasetNotes:
+    """Says how the dataset was read (labels, leftovers skipped) once, when items start to
+    flow: an invocation refused before that ends with its one error line only."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset: Dataset | None = dataset
+
+    def notify(self, event: object) -> None:
+        if self.dataset is not None and isinstance(event, Started):
+            say_notes(self.dataset)
+            self.dataset = None
 
 
 class _FirstFailures:

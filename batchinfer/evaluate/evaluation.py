@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.dataset import Dataset, open_dataset, say_notes
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -261,6 +261,8 @@ def evaluate(
         check_cluster(job)
         check_own_outputs(job)
         with output_locks(job, command):
+            # Once the job is known to run: a refused one ends with its one error line.
+            say_notes(dataset, labels=job.dataset.labels is None)
             reference = None
             if reference_plan is not None:
                 reference = reference_results(

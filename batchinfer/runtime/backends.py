@@ -144,6 +144,21 @@ class RknnliteBackend(Backend):
 
 
 # --------------------------------------------------------------------------- onnx
+def check_onnx_beside(backend: Backend) -> None:
+    """The sim and onnx backends run a .rknn from the .onnx it was converted from; without
+    one every core would fail to start, each blaming itself: say so once, up front."""
+    model = backend.model
+    if model.suffix.lower() != ".rknn" or model.with_suffix(".onnx").is_file():
+        return
+    raise ConfigError(
+        f"{{runtime.backend}} {backend.name} runs a .rknn from the .onnx it was converted "
+        f"from, and there is no {model.with_suffix('.onnx').name} beside {model}; put that "
+        "file there (same stem), or run the .rknn on a board ({runtime.backend} rknnlite) or "
+        "in rknn-toolkit2's simulator ({runtime.backend} toolkit).",
+        "runtime.backend",
+    )
+
+
 @dataclass(frozen=True)
 class OnnxBackend(Backend):
     """ONNX Runtime on the CPU: x86 runs, and the float reference on a board.
@@ -153,6 +168,9 @@ class OnnxBackend(Backend):
 
     name: ClassVar[str] = "onnx"
     hint: ClassVar[str] = "check the E lines above and that the .onnx model is valid"
+
+    def check(self) -> None:
+        check_onnx_beside(self)
 
     def runtime_class(self) -> type:
         from batchinfer.runtime.onnx import RKNNLite
@@ -226,6 +244,7 @@ class SimBackend(Backend):
         return (chip or "rk3588").lower()
 
     def check(self) -> None:
+        check_onnx_beside(self)
         chip = self.chip()
         if chip not in CHIP_CORES:
             raise ConfigError(
