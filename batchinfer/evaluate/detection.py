@@ -23,6 +23,13 @@ The interval is the percentile interval of the resampled differences; the p-valu
 one the interval inverts to (twice the smaller share of resampled differences on either
 side of zero, with the usual +1 so that it is never 0): the smallest level at which the
 percentile interval would exclude 0.
+
+Cost, measured (CPU time, 500 images, 10 classes, ~2,000 detections a side): matching
+0.18 s a side, then 0.17 s per 200 resamples; 1,000 resamples of both sides take 3.4 s
+(faster-coco-eval itself takes 0.08 s for one scoring, so 1,000 re-runs of it on copied
+images would take minutes). The default is 1,000 resamples: a p-value near 0.05 rests on
+the few resamples in one tail, which 200 resamples count coarsely (0.010 with 200 against
+0.046 with 1,000 on the case above).
 """
 
 from __future__ import annotations
@@ -464,7 +471,7 @@ def paired_bootstrap(
     results_b: Sequence[Mapping[str, Any]],
     *,
     image_ids: Collection[int] | None = None,
-    resamples: int = 200,
+    resamples: int = 1000,
     seed: int = 0,
     level: float = 0.95,
 ) -> dict[str, BootstrapResult]:
