@@ -244,9 +244,7 @@ def _anchors(text: str) -> tuple[tuple[float, ...], ...]:
     62,45,59,119/116,90,156,198,373,326), or one flat list split evenly over the strides."""
     groups = [g for g in text.replace(";", "/").split("/") if g.strip()]
     try:
-        parsed = tuple(
-            tuple(float(v) for v in g.replace(",", " ").split()) for g in groups
-        )
+        parsed = tuple(tuple(float(v) for v in g.replace(",", " ").split()) for g in groups)
     except ValueError:
         raise ValueError(
             f"{text!r} is not anchors; give w,h pixel pairs per stride, strides separated by "

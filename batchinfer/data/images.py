@@ -80,9 +80,7 @@ _DEEP_SCALE = {
 _PILLOW_SETTINGS = threading.Lock()
 
 
-def decode_image(
-    f: BinaryIO, spec: Preprocess, label: str
-) -> tuple[np.ndarray, Letterbox | None]:
+def decode_image(f: BinaryIO, spec: Preprocess, label: str) -> tuple[np.ndarray, Letterbox | None]:
     """Return the image in ``f`` at spec.size, upright, as (H, W) or (H, W, 3) pixels, and
     where it was placed when letterboxed (None when stretched).
 

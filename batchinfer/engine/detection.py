@@ -76,8 +76,8 @@ class ItemDecoder:
         self._make = lambda quant: Decoder(task.head, task.input_hw, task.settings, quant)
 
     def _decoder(self, outputs: Sequence[np.ndarray]):
-        # Quantisation parameters only for outputs the runtime returns as int8.
-        key = tuple(o.dtype == np.int8 for o in outputs)
+        # Quantisation parameters only for outputs the runtime returns as int8/uint8.
+        key = tuple(o.dtype in (np.int8, np.uint8) for o in outputs)
         decoder = self._decoders.get(key)
         if decoder is None:
             quant = ()

@@ -170,9 +170,7 @@ def plan_engine(
         input_hw = preprocess.size if preprocess.is_image else None
         task = plan_task(config.detect, model, input_hw, config.labels)
     if task.detects:
-        preprocess = dataclasses.replace(
-            preprocess, resize="letterbox", pad=pad_rgb(config.detect)
-        )
+        preprocess = dataclasses.replace(preprocess, resize="letterbox", pad=pad_rgb(config.detect))
     if kind:
         preprocess.validate_for(kind)
     cpus = resolve_affinity(rt.cpu_affinity)

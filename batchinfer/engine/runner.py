@@ -271,7 +271,8 @@ def _detect_record(run_folder: RunFolder, detect: dict[str, float], plan: RunPla
     if not plan.engine.detects:
         return {}
     earlier = run_folder.manifest.data.get("detect_totals") or {}
-    totals = {k: earlier.get(k, 0) + detect.get(k, 0) for k in ("items", "boxes", "nonfinite", "cpu_s")}
+    keys = ("items", "boxes", "nonfinite", "cpu_s")
+    totals = {k: earlier.get(k, 0) + detect.get(k, 0) for k in keys}
     return {"detect": detect_figures(totals), "detect_totals": totals}
 
 

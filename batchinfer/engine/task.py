@@ -86,7 +86,9 @@ class TaskPlan:
                     "conf": s.conf,
                     "iou": s.iou,
                     "max_det": s.max_det,
-                    "anchors": None if s.anchors is None else [[list(p) for p in a] for a in s.anchors],
+                    "anchors": (
+                        None if s.anchors is None else [[list(p) for p in a] for a in s.anchors]
+                    ),
                     "anchors_source": self.anchors_source,
                 },
                 input_hw=list(self.input_hw or ()),
@@ -125,7 +127,8 @@ def check_detect_options(opts: DetectOptions) -> None:
     """ConfigError naming the setting when one is out of its range."""
 
     def between(name: str, value: float, low: float, high: float, open_low: bool) -> None:
-        bad = not math.isfinite(value) or value > high or (value <= low if open_low else value < low)
+        below = value <= low if open_low else value < low
+        bad = not math.isfinite(value) or value > high or below
         if bad:
             lowest = f"above {low:g}" if open_low else f"at least {low:g}"
             raise ConfigError(

@@ -609,7 +609,9 @@ class PredictionWriter:
         else:
             labels = pa.nulls(len(flat), pa.string())
         columns = [pa.array(class_ids, type=pa.int32()), labels]
-        columns += [pa.array(np.ascontiguousarray(flat[:, i]), type=pa.float32()) for i in (4, 0, 1, 2, 3)]
+        columns += [
+            pa.array(np.ascontiguousarray(flat[:, i]), type=pa.float32()) for i in (4, 0, 1, 2, 3)
+        ]
         boxes = pa.StructArray.from_arrays(columns, fields=BOX_FIELDS)
         mask = np.fromiter((b is None for b in chunks), bool, len(chunks))
         listed = pa.ListArray.from_arrays(
