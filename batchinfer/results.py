@@ -150,7 +150,7 @@ def boxes_table(predictions: pa.Table) -> pa.Table:
 
 def read_boxes(out_dir: Path | str) -> pa.Table:
     """Every box of a detection run, one row each, in item order (see :func:`boxes_table`)."""
-    return boxes_table(read_predictions(out_dir, ["id", "boxes"]))
+    return boxes_table(read_predictions(out_dir, ["index", "id", "boxes"]))
 
 
 def _by_invocation(path: Path, invocation: int | None) -> pa.Table:

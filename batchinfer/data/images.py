@@ -160,21 +160,18 @@ def _letterbox(upright: tuple[int, int], width: int, height: int) -> tuple[Lette
     from batchinfer.detect import letterbox_geometry
 
     placed = letterbox_geometry(upright[0], upright[1], width, height)
-    inner_w = min(width, max(1, round(upright[0] * placed.scale)))
-    inner_h = min(height, max(1, round(upright[1] * placed.scale)))
-    return placed, inner_w, inner_h
+    inner_w, inner_h = placed.resized
+    return placed, min(width, inner_w), min(height, inner_h)
 
 
 def _on_canvas(
     pixels: np.ndarray, placed: Letterbox, width: int, height: int, pad: tuple[int, int, int]
 ) -> np.ndarray:
-    """``pixels`` (resized, upright) placed on a width x height canvas of the pad colour.
-
-    The model zoo's letterbox rounds the padding as round(pad - 0.1) on the left/top, so a
-    half pixel goes to the right/bottom; the same here, whatever the geometry's pad holds."""
+    """``pixels`` (resized, upright) placed on a width x height canvas of the pad colour,
+    where the geometry says (as batchinfer.detect.letterbox_array places it)."""
     inner_h, inner_w = pixels.shape[:2]
-    left = min(width - inner_w, max(0, round(placed.pad_x - 0.1)))
-    top = min(height - inner_h, max(0, round(placed.pad_y - 0.1)))
+    left = min(width - inner_w, max(0, int(placed.pad_x)))
+    top = min(height - inner_h, max(0, int(placed.pad_y)))
     shape = (height, width, *pixels.shape[2:])
     fill = pad if pixels.ndim == 3 else round(sum(pad) / 3)
     canvas = np.empty(shape, pixels.dtype)
