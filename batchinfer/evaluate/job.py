@@ -28,6 +28,7 @@ from typing import Any
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
 from batchinfer.options import (
+    DetectOptions,
     PreprocessOptions,
     ReliabilityOptions,
     RuntimeOptions,
@@ -54,6 +55,7 @@ class ModelSettings:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # [device.detect]: the task
 
 
 @dataclass(frozen=True)

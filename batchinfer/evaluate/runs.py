@@ -119,6 +119,7 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         preprocess=settings.preprocess,
         output=OutputOptions(topk=job.metrics.topk),
         reliability=settings.reliability,
+        detect=settings.detect,
         limit=job.dataset.limit,
     )
     try:

@@ -28,6 +28,7 @@ _LABELS = {
     "dataset_items": "number of dataset items",
     "dataset_listing_sha256": "dataset listing (the items' names, sha256)",
     "class_map": "class map (labels)",
+    "task": "task and detection settings",
 }
 
 
@@ -43,9 +44,12 @@ def run_fingerprint(
     dataset_items: int,
     dataset_listing_sha256: str,
     class_map: dict[str, Any] | None = None,
+    task: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The fingerprint as a JSON-able dict (stored in the manifest)."""
-    return {
+    """The fingerprint as a JSON-able dict (stored in the manifest). ``task``: None for a
+    classification run (engine/task.py's TaskPlan.fingerprint), so those keep the
+    fingerprint they had before tasks existed."""
+    out = {
         "model_sha256": model_sha256,
         "runtime_files": dict(sorted(runtime_files.items())),
         "backend": backend,
@@ -57,6 +61,9 @@ def run_fingerprint(
         "dataset_listing_sha256": dataset_listing_sha256,
         "class_map": class_map,
     }
+    if task is not None:
+        out["task"] = task
+    return out
 
 
 def _short(value: Any) -> str:

@@ -36,6 +36,8 @@ class RunFolder:
         save_outputs: bool,
         part_rows: int,
         first_part: int,
+        task: str = "classify",
+        class_names: tuple[str, ...] = (),
     ) -> None:
         self.path = Path(path)
         self.manifest = manifest
@@ -43,6 +45,8 @@ class RunFolder:
         self.save_outputs = save_outputs
         self.part_rows = part_rows
         self.first_part = first_part
+        self.task = task
+        self.class_names = class_names
         self.writer: PredictionWriter | None = None
         self.started = time.time()
 
@@ -57,6 +61,8 @@ class RunFolder:
         save_outputs: bool,
         part_rows: int,
         first_part: int = 0,
+        task: str = "classify",
+        class_names: tuple[str, ...] = (),
     ) -> RunFolder:
         """Write the manifest as "running" (a new run, or the next invocation of ``continued``)."""
         invocation = {
@@ -82,6 +88,8 @@ class RunFolder:
             save_outputs=save_outputs,
             part_rows=part_rows,
             first_part=first_part,
+            task=task,
+            class_names=class_names,
         )
 
     @property
@@ -100,6 +108,8 @@ class RunFolder:
             else None,
             first_part=self.first_part,
             ledger=self.manifest,
+            task=self.task,
+            class_names=self.class_names,
         )
 
     def write(self, rows: list[Row]) -> None:
