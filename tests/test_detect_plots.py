@@ -96,6 +96,7 @@ def test_gallery_draws_both_box_sets_on_the_upright_image(tmp_path):
     assert shown[0]["disagreement"] == 1.0 and shown[0]["device_boxes"] == 1
     img = decode(shown[0]["image"]).convert("RGB")
     assert img.size == (180, 360)  # upright, shrunk to 360 on the long side
+    assert decode(shown[1]["image"]).size == (200, 200)  # a small one enlarged, at most 4x
     pixels = np.asarray(img).astype(int)
 
     def near(color, x, y):  # JPEG blurs colours a little

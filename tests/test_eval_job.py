@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchinfer.evaluate import Gate, JobError, builtin_metrics, load_job
+from batchinfer.evaluate.detection_metrics import detection_metrics
 from batchinfer.evaluate.job import (
     DatasetSettings,
     GateSettings,
@@ -277,3 +278,5 @@ def test_jobs_readme_documents_every_key_and_metric():
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in jobs/README.md"
     for name in builtin_metrics(5):
         assert f"`{name}`" in text, f"metric {name} is not in jobs/README.md"
+    for name in detection_metrics():
+        assert f"`{name}`" in text, f"detection metric {name} is not in jobs/README.md"

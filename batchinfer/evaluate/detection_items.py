@@ -142,7 +142,9 @@ class DetectionItems:
         return out
 
     # ------------------------------------------------------------------ Parquet
-    def to_table(self) -> pa.Table:
+    def to_table(self, with_outputs: bool = True) -> pa.Table:
+        """The items as a table; ``with_outputs`` is ItemResults' (raw outputs are not kept
+        for detection: the boxes are the result)."""
         rows = [self.box_dicts(i) for i in range(len(self))]
         table = pa.table(
             {

@@ -32,6 +32,8 @@ from batchinfer.evaluate.detection import disagreement
 REFERENCE_COLOR = (46, 160, 67)
 DEVICE_COLOR = (216, 27, 196)
 TRUTH_COLOR = (255, 255, 255)
+#: Boxes of one set that get their class and score written beside them in the gallery.
+LABELLED_BOXES = 10
 _salt = itertools.count()
 
 
@@ -180,25 +182,30 @@ def draw_boxes(
     max_side: int = 360,
     exif_orientation: bool = True,
 ) -> str | None:
-    """The image at ``path``, made upright and shrunk to ``max_side``, with each layer's
-    boxes (boxes, colour, line width) drawn, as a JPEG data: URI; None if unreadable."""
+    """The image at ``path``, made upright and scaled to ``max_side`` on its long side
+    (small images enlarged at most 4x, pixels kept sharp), with each layer's boxes (boxes,
+    colour, line width) drawn, as a JPEG data: URI; None if unreadable. A layer of at most
+    ``LABELLED_BOXES`` boxes has their class and score written on them (more would hide
+    the image)."""
     try:
         with Image.open(path) as img:
             upright = ImageOps.exif_transpose(img) if exif_orientation else img
             rgb = upright.convert("RGB")
     except (OSError, ValueError, Image.DecompressionBombError):
         return None
-    scale = min(1.0, max_side / max(rgb.size))
-    if scale < 1.0:
+    scale = min(4.0, max_side / max(rgb.size))
+    if scale != 1.0:
         size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
-        rgb = rgb.resize(size, Image.Resampling.BILINEAR)
+        sharp = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.BILINEAR
+        rgb = rgb.resize(size, sharp)
     draw = ImageDraw.Draw(rgb)
     for boxes, color, width in layers:
+        labelled = bool(boxes.labels) and len(boxes) <= LABELLED_BOXES
         for k, (x1, y1, x2, y2) in enumerate(boxes.xyxy * scale):
             if x2 < x1 or y2 < y1:
                 continue
             draw.rectangle((x1, y1, x2, y2), outline=color, width=width)
-            if boxes.labels:
+            if labelled:
                 text = boxes.labels[k]
                 if boxes.scores is not None:
                     text += f" {boxes.scores[k]:.2f}"
