@@ -10,6 +10,7 @@ size) the box (16 gx - 8, 16 gy - 8, 32, 32).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -23,10 +24,13 @@ from onnx import numpy_helper
 from PIL import Image
 
 from batchinfer.cli import main
+from batchinfer.data.dataset import open_dataset
 from batchinfer.evaluate import load_job
+from batchinfer.evaluate.runs import cache_key, plan_side
 
 pytest.importorskip("faster_coco_eval")
 from tests.detect_models import colour_detector, labels_file
+from tests.models import nhwc_uint8_model
 
 COLOURS = {0: (230, 20, 20), 1: (20, 230, 20)}  # class 0 red, class 1 green
 
@@ -317,3 +321,30 @@ def test_a_detector_in_a_classification_job_is_refused(kit):
     result = invoke("eval", job)
     assert result.exit_code == 2, result.output + result.stderr
     assert 'is a detector; add task = "detect"' in result.stderr
+
+
+def test_a_classifier_in_a_detection_job_exits_2_naming_the_key(kit):
+    root, _, _ = kit
+    nhwc_uint8_model(root, "classifier.onnx")
+    job = write_job(root, "classifier")
+    job.write_text(job.read_text().replace('model = "detector.onnx"', 'model = "classifier.onnx"'))
+    result = invoke("eval", job)
+    assert result.exit_code == 2, result.output + result.stderr
+    assert "classifier.onnx has no detection head" in result.stderr
+    assert "device.detect.task" in result.stderr
+
+
+def test_the_reference_cache_is_keyed_on_the_detection_settings(kit):
+    root, _, _ = kit
+    job = load_job(write_job(root, "keys"))
+    dataset = open_dataset(job.dataset.path)
+    plan = plan_side(job, "reference", job.reference, dataset)
+    assert plan.engine.detects and plan.engine.task.names == ("red", "green")
+    other = dataclasses.replace(
+        job.reference, detect=dataclasses.replace(job.reference.detect, conf=0.3)
+    )
+    changed = plan_side(job, "reference", other, dataset)
+    assert cache_key(plan.fingerprint) != cache_key(changed.fingerprint)
+    assert cache_key(plan.fingerprint) == cache_key(
+        plan_side(job, "reference", job.reference, dataset).fingerprint
+    )

@@ -14,6 +14,7 @@ truth's categories) is a JobError before anything runs.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -119,8 +120,6 @@ def read_detection_baseline(folder: Path) -> tuple[DetectionItems, dict[str, Any
     record_path = folder / baseline_files.RECORD
     if not record_path.exists():
         return None
-    import json
-
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         table = pq.read_table(folder / baseline_files.ITEMS)
@@ -259,9 +258,8 @@ def _none_if_nan(value: float) -> float | None:
 
 
 def _worst(inputs: DetectInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]:
-    """The ``n`` items where device and reference disagree most (with their boxes, for the
-    gallery); without a reference, the scored items with the most ground-truth boxes missed
-    by any detection at IoU 0.5 are not computed: an empty list."""
+    """The ``n`` items where device and reference disagree most, with both box sets (the
+    report's gallery draws them); none without a reference."""
     if n == 0 or inputs.reference is None:
         return []
     d, r = inputs.device, inputs.reference
