@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("ray")
 
-from tests.test_cluster import cluster, no_leaks  # noqa: E402, F401  (fixtures)
-from tests.test_detect_run import _config, _rows, kit  # noqa: E402, F401  (fixture)
-from batchinfer import run  # noqa: E402
-from batchinfer.cluster import run_on_cluster  # noqa: E402
+from batchinfer import run
+from batchinfer.cluster import run_on_cluster
+from tests.test_cluster import cluster, no_leaks  # noqa: F401  (fixtures)
+from tests.test_detect_run import _config, _rows, kit  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("data", ["head", "shared"])
