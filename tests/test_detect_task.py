@@ -3,6 +3,7 @@ settings (flags, job keys, sidecar anchors), letterboxed reads and the box colum
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -135,3 +136,55 @@ def test_box_columns_keep_order_labels_and_nulls(tmp_path):
     assert (rows[1]["boxes"], rows[1]["n_boxes"]) == ([], 0)
     assert (rows[2]["boxes"], rows[2]["n_boxes"], rows[2]["width"]) == (None, None, None)
     assert pq.read_schema(part).metadata[b"batchinfer.task"] == b"detect"
+
+
+# -------------------------------------------------------------------------- compatibility
+def test_a_classification_runs_fingerprint_is_the_one_it_had_before_detection(tmp_path):
+    """Runs started before detection existed can be resumed: their preprocessing record has
+    no pad colour, and there is no task entry."""
+    from batchinfer.engine.plan import plan_run
+    from tests import models as M
+    from tests.runs import config
+
+    data = tmp_path / "d"
+    data.mkdir()
+    Image.new("L", (8, 8)).save(data / "x.png")
+    plan = plan_run(config(data, M.nhwc_uint8_model(tmp_path), backend="onnx", out=tmp_path / "o"))
+    assert set(plan.fingerprint["preprocess"]) == {
+        "shape", "dtype", "layout", "color", "mean", "std", "resize", "exif_orientation",
+        "background", "max_pixels", "jpeg_draft",
+    }  # fmt: skip
+    assert "task" not in plan.fingerprint
+
+
+# -------------------------------------------------------------------------- int8 outputs
+def test_int8_outputs_are_decoded_with_the_graphs_quantisation(tmp_path):
+    """A runtime that returns int8 outputs gets them dequantised with the (scale, zero point)
+    planned from the model; without them the item fails with a sentence, not wrong boxes."""
+    from batchinfer.engine.detection import ItemDecoder
+    from tests.detect_models import colour_detector
+
+    model = colour_detector(tmp_path)
+    task = plan_task(DetectOptions(), model, (64, 64))
+    shapes = task.output_shapes
+    rng = np.random.default_rng(0)
+    floats, scales = [], []
+    for i, shape in enumerate(shapes):
+        if i % 3 == 0:  # DFL logits: each side peaks at a bin of its own
+            f = rng.uniform(0, 2, shape).astype(np.float32)
+            f[:, 1::16] += 18
+            scales.append(0.2)
+        else:  # class scores and their sums: all below conf
+            f = rng.uniform(0, 0.1, shape).astype(np.float32)
+            scales.append(1 / 127)
+        floats.append(f)
+    floats[1][0, 0, 2, 3] = 0.9  # one confident red cell at stride 8: (gx 3, gy 2)
+    quantised = [np.round(f / s).astype(np.int8) for f, s in zip(floats, scales, strict=True)]
+    want = ItemDecoder(task)(floats, np.zeros(6))[0]
+    with_quant = dataclasses.replace(task, quant=tuple((s, 0) for s in scales))
+    got = ItemDecoder(with_quant)(quantised, np.zeros(6))[0]
+    assert len(want) == len(got) == 1 and got[0, 5] == want[0, 5] == 0
+    np.testing.assert_allclose(got[:, :4], want[:, :4], atol=0.5)
+    np.testing.assert_allclose(got[:, 4], want[:, 4], atol=0.01)
+    with pytest.raises(ValueError, match="int8 outputs whose quantisation"):
+        ItemDecoder(task)(quantised, np.zeros(6))
