@@ -335,3 +335,24 @@ def test_bench_on_a_detector_reports_the_post_processing_share(kit, tmp_path):
     assert 0 < post["share_of_worker_cpu"] <= 1
     assert "post-processing (box decoding and NMS in the core workers)" in result.stdout
     assert data["config"]["task"] == "detect: YOLOv8 model-zoo head, 2 classes, strides 8/16/32"
+
+
+def test_save_outputs_keeps_the_raw_outputs_beside_the_boxes(kit, tmp_path):
+    result = run(_config(kit, tmp_path / "o", save_outputs=True))
+    rows = _rows(result.out)
+    row = rows["a_upright.png"]
+    assert row["n_boxes"] == 1
+    scores = np.array(row["out_output1"]).reshape(2, 8, 8)  # stride 8's class scores
+    assert scores[0, 2, 2] == pytest.approx(row["boxes"][0]["score"])
+    assert rows["d_corrupt.png"]["out_output1"] is None
+
+
+def test_an_empty_detection_run_reads_with_the_detection_columns(kit, tmp_path):
+    """Before any part is written (a run just started), the reader gives the run's schema."""
+    from batchinfer.results import read_predictions
+
+    out = run(_config(kit, tmp_path / "o", limit=1)).out
+    for part in (out / "predictions").glob("part-*.parquet"):
+        part.unlink()
+    table = read_predictions(out)
+    assert table.num_rows == 0 and "boxes" in table.column_names
