@@ -20,6 +20,7 @@ from batchinfer.evaluate.job import (
     RaySettings,
 )
 from batchinfer.options import (
+    DetectOptions,
     PreprocessOptions,
     ReliabilityOptions,
     RuntimeOptions,
@@ -271,7 +272,7 @@ def test_a_gate_on_a_custom_metric_is_left_to_the_custom_metrics(folder):
 
 def test_jobs_readme_documents_every_key_and_metric():
     text = (Path(__file__).resolve().parents[1] / "jobs" / "README.md").read_text()
-    groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions]
+    groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions, DetectOptions]
     groups += [RaySettings, DatasetSettings, MetricsSettings, GateSettings, OutputSettings]
     for cls in groups:
         for f in options_fields(cls):

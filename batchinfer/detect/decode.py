@@ -30,7 +30,7 @@ COCO_ANCHORS: tuple[tuple[tuple[float, float], ...], ...] = (
     ((116, 90), (156, 198), (373, 326)),
 )
 
-_BINS = np.arange(DFL_BINS, dtype=np.float32)
+_BINS_AND_ONES = np.stack([np.arange(DFL_BINS), np.ones(DFL_BINS)]).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -179,27 +179,40 @@ class Decoder:
             expected += branch[:per_branch]
         self._check(outputs, expected)
         conf = self.settings.conf
-        parts = []
+        # Per stride: the cells whose best class passes, their class, DFL logits and
+        # place; then one DFL softmax and one box computation for all strides at once.
+        nonfinite = 0
+        picked: list[tuple[np.ndarray, ...]] = []
         for b, (stride, (gh, gw)) in enumerate(zip(self.head.strides, self._grids, strict=True)):
             i_box, i_cls = per_branch * b, per_branch * b + 1
             cls = outputs[i_cls].reshape(nc, gh * gw)
             # max then dequantise: dequantising is increasing (scale > 0).
             best = self._real(i_cls, cls.max(axis=0))
             finite = np.isfinite(best)
+            nonfinite += best.size - int(np.count_nonzero(finite))
             cells = np.flatnonzero(finite & (best >= conf))
-            nonfinite = best.size - int(np.count_nonzero(finite))
             if not cells.size:
-                parts.append(_empty(nonfinite))
                 continue
-            class_ids = cls[:, cells].argmax(axis=0).astype(np.int32)
             logits = self._real(i_box, outputs[i_box].reshape(4, DFL_BINS, gh * gw)[:, :, cells])
-            dist = _dfl(logits)  # (4, k): left, top, right, bottom in cells
-            cx = (cells % gw).astype(np.float32) + 0.5
-            cy = (cells // gw).astype(np.float32) + 0.5
-            boxes = np.stack([cx - dist[0], cy - dist[1], cx + dist[2], cy + dist[3]], axis=1)
-            boxes *= np.float32(stride)
-            parts.append(_finite_boxes(boxes, best[cells], class_ids, nonfinite))
-        return parts
+            place = np.empty((3, cells.size), np.float32)  # cell centre x, y (in cells), stride
+            place[0] = cells % gw
+            place[1] = cells // gw
+            place[:2] += 0.5
+            place[2] = stride
+            picked.append((best[cells], cls[:, cells].argmax(axis=0), logits, place))
+        if not picked:
+            return [_empty(nonfinite)]
+        scores, class_ids, logits, place = (
+            np.concatenate(parts, axis=-1) for parts in zip(*picked, strict=True)
+        )
+        dist = _dfl(logits)  # (4, k): left, top, right, bottom in cells
+        boxes = np.empty((scores.size, 4), np.float32)
+        boxes[:, 0] = place[0] - dist[0]
+        boxes[:, 1] = place[1] - dist[1]
+        boxes[:, 2] = place[0] + dist[2]
+        boxes[:, 3] = place[1] + dist[3]
+        boxes *= place[2][:, None]
+        return [_finite_boxes(boxes, scores, class_ids.astype(np.int32), nonfinite)]
 
     def _yolov5_zoo(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         na, nc = self.head.num_anchors, self.head.num_classes
@@ -271,8 +284,11 @@ def _empty(nonfinite: int) -> _Candidates:
 def _dfl(logits: np.ndarray) -> np.ndarray:
     """Expected bin of each side's 16-bin softmax: (4, 16, k) logits -> (4, k) distances."""
     with np.errstate(invalid="ignore", over="ignore"):
-        e = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return (e * _BINS[:, None]).sum(axis=1) / e.sum(axis=1)
+        e = logits - logits.max(axis=1, keepdims=True)
+        np.exp(e, out=e)
+        # one matrix product gives both sums over the bins: sum(bin * e) and sum(e)
+        weighted, total = np.matmul(_BINS_AND_ONES, e).transpose(1, 0, 2)
+        return weighted / total
 
 
 def _best_class(

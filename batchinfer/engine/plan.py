@@ -49,10 +49,19 @@ class RunPlan:
         return self.engine.backend
 
     def preprocess_json(self) -> dict:
-        return {
-            k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(self.engine.preprocess).items()
-        }
+        return preprocess_record(self.engine.preprocess)
+
+
+def preprocess_record(preprocess: Preprocess) -> dict:
+    """The preprocessing as JSON values, for the manifest and the fingerprint. The pad colour
+    only where it is used (letterboxing), so a classification run's record is the one it had
+    before detection existed, and resuming such a run is not refused."""
+    record = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(preprocess).items()
+    }
+    if preprocess.resize != "letterbox":
+        record.pop("pad", None)
+    return record
 
 
 def _out_path(out: Path | None) -> Path:
@@ -249,10 +258,7 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         model_sha256=sha,
         runtime_files=runtime_files(model),
         backend=backend.name,
-        preprocess={
-            k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(engine.preprocess).items()
-        },
+        preprocess=preprocess_record(engine.preprocess),
         topk=out.topk,
         save_outputs=engine.save_outputs,
         dataset_root=str(dataset.root),

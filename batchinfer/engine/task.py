@@ -187,12 +187,14 @@ def plan_task(
         from batchinfer.detect import explain_no_head
 
         if input_hw is None:
-            why = f"its input is not an image, and its outputs are {_shapes_text(shapes)}"
+            why = (
+                f"The input of {model.name} is not an image, and its outputs are "
+                f"{_shapes_text(shapes)}."
+            )
         else:
-            why = explain_no_head(input_hw, shapes)
+            why = explain_no_head(input_hw, shapes).rstrip(".") + "."
         raise ConfigError(
-            f"{{detect.task}} detect: {model.name} has no detection head batchinfer knows: "
-            f"{why}. Use {{detect.task}} classify or raw for this model.",
+            f"{{detect.task}} detect: {why} Use {{detect.task}} classify or raw for this model.",
             "detect.task",
         )
     if head is not None:
@@ -298,16 +300,16 @@ def _class_names(head: Head, labels: Path | None) -> tuple[tuple[str, ...], str]
     ids = [label for _, label in by_label]
     if ids != list(range(len(ids))):
         raise ConfigError(
-            f"The labels file {class_map.file} does not give one name to each class id "
+            f"The labels file {class_map.file} ({{labels}}) does not name each class id "
             f"0..{len(ids) - 1} (a detection head's classes are numbered from 0); list one "
             "name per line, line 1 being class 0.",
             "labels",
         )
     if len(ids) != head.num_classes:
         raise ConfigError(
-            f"The labels file {class_map.file} names {len(ids)} classes, but the model's "
-            f"{head.describe()} has {head.num_classes}; give one name per class, line 1 "
-            "being class 0.",
+            f"The labels file {class_map.file} ({{labels}}) names {len(ids)} classes, but the "
+            f"model's head has {head.num_classes} ({head.describe()}); give one name per "
+            "class, line 1 being class 0.",
             "labels",
         )
     return tuple(name for name, _ in by_label), NAMES_FROM_FILE
