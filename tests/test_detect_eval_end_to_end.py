@@ -165,9 +165,12 @@ def record_of(root: Path, name: str) -> dict:
 
 def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     root, _, coco = kit
-    job = write_job(root, "night", faults='["skew:core=2"]')
+    extra = "[gates.core_disagreement_max]\nmax = 0.95\n"
+    job = write_job(root, "night", faults='["skew:core=2"]', extra=extra)
     result = invoke("eval", job, "--no-progress")
     assert result.exit_code == 0, result.output + result.stderr
+    row = r"\| core_disagreement_max ceiling \| [0-9.]+ \| <= 0.95 \| pass: worst core 2 \|"
+    assert re.search(row, result.stdout), result.stdout
     record = record_of(root, "night")
     metrics = record["metrics"]
     # Every block found with its exact box: mAP 1 on both sides.
@@ -198,6 +201,7 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     cores = {c["core"]: c for c in record["per_core"]}
     assert cores[2]["disagreement_mean"] > 0.5
     assert cores[0]["disagreement_mean"] == pytest.approx(0.0)
+    assert metrics["core_disagreement_max"] == cores[2]["disagreement_mean"]
     assert {w["core"] for w in record["worst"]} == {2}
     assert record["worst"][0]["device_boxes"] and record["worst"][0]["reference_boxes"]
     # The ground truth's loose ends are counted, not ignored.

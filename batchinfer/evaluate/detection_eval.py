@@ -246,10 +246,16 @@ def _log_matching(gt: GroundTruth) -> None:
 
 
 def _worst_core(inputs: DetectInputs) -> dict[str, str]:
-    rows = [r for r in inputs.per_core if r["map50_95"] is not None]
-    if len(rows) < 2:
-        return {}
-    return {"core_map_min": f"worst core {min(rows, key=lambda r: r['map50_95'])['place']}"}
+    """Which core each per-core metric comes from, for the verdict."""
+    notes = {}
+    for metric, key, pick in (
+        ("core_map_min", "map50_95", min),
+        ("core_disagreement_max", "disagreement_mean", max),
+    ):
+        rows = [r for r in inputs.per_core if r[key] is not None]
+        if len(rows) > 1:
+            notes[metric] = f"worst core {pick(rows, key=lambda r: r[key])['place']}"
+    return notes
 
 
 # --------------------------------------------------------------------------- the record

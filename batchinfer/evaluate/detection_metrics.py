@@ -11,7 +11,10 @@ Every metric is one named number a gate can name (``[gates.METRIC]``):
   ``max``), ``map50_drop``, ``map_drop_p`` (the paired bootstrap's p-value for that
   difference), ``box_disagreement_mean`` (per image, 1 - soft F1 of the two box sets);
 - per core (each row's ``core``, and ``node`` on a cluster): ``core_map_min`` (mAP50:95 of
-  the worst core, on the images it ran), ``core_map_spread`` (best minus worst);
+  the worst core, on the images it ran), ``core_map_spread`` (best minus worst),
+  ``core_disagreement_max`` (the reference needed: the highest per-core mean box
+  disagreement; a core that adds or moves boxes shows here even when its extra boxes
+  score too low to change its mAP);
 - against the baseline (the last accepted run), on the images both have:
   ``map_bootstrap_p`` (paired bootstrap of the mAP50:95 difference), ``map50_bootstrap_p``;
   ``max_drop`` with ``alpha`` on ``map50_95`` (or ``map50``) fails a drop only when this
@@ -192,8 +195,12 @@ class DetectInputs:
 
 
 # --------------------------------------------------------------------------- the registry
+def _core_values(x: DetectInputs, key: str) -> list[float]:
+    return [r[key] for r in x.per_core if r[key] is not None]
+
+
 def _core_maps(x: DetectInputs) -> list[float]:
-    return [r["map50_95"] for r in x.per_core if r["map50_95"] is not None]
+    return _core_values(x, "map50_95")
 
 
 def _drop(x: DetectInputs, key: str) -> float | None:
@@ -250,6 +257,10 @@ def detection_metrics() -> dict[str, Metric]:
         Metric("core_map_spread",
                lambda x: max(_core_maps(x)) - min(_core_maps(x)) if _core_maps(x) else None,
                "", "Best core's mAP50:95 minus the worst core's.", better="lower"),
+        Metric("core_disagreement_max",
+               lambda x: max(_core_values(x, "disagreement_mean"), default=None), "reference",
+               "The highest mean box disagreement with the reference of any core.",
+               better="lower"),
         Metric("map_bootstrap_p", lambda x: _p(x.vs_baseline, "map50_95"), "baseline",
                "Paired image bootstrap p-value of the mAP50:95 change since the baseline."),
         Metric("map50_bootstrap_p", lambda x: _p(x.vs_baseline, "map50"), "baseline",
