@@ -290,6 +290,8 @@ def test_yolo_labels_give_the_same_scores(kit):
         (lambda t: t.replace("[gates.map_drop]\nmax = 0.01", "[gates.map75]\nmax_drop = 0.1\n"
                              "alpha = 0.05"), "gates.map75.alpha applies to gates.map50_95"),
         (lambda t: t.replace('task = "detect"', 'task = "segment"'), "task must be"),
+        (lambda t: t[: t.index("[reference]")] + t[t.index("[dataset]") :],
+         "gates.map_drop: map_drop compares with the float reference"),
     ],
 )  # fmt: skip
 def test_bad_detection_jobs_exit_2_naming_the_key(kit, change, words):

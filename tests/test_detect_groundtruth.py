@@ -228,3 +228,23 @@ def test_category_ids_by_name_then_by_order():
     assert category_ids_for(["a", "b", "c"], gt) == [1, 2, 3]
     with pytest.raises(GroundTruthError, match=r"2 classes .* 3 categories"):
         category_ids_for(["a", "b"], gt)
+
+
+def test_items_not_evaluated_are_matched_but_not_scored(tmp_path):
+    # dataset.limit: the entries of images past the limit are neither scored nor "unknown".
+    items = ["a.jpg", "b.jpg", "c.jpg", "d.jpg"]
+    path = coco_file(tmp_path, [(1, "a.jpg"), (2, "c.jpg"), (3, "zz.jpg")],
+                     [ann(1, 1), ann(2, 2), ann(3, 3)])  # fmt: skip
+    gt = read_coco(path, items, scored={"a.jpg", "b.jpg"})
+    assert gt.image_ids == {"a.jpg": 1}
+    assert [a["image_id"] for a in gt.annotations] == [1]
+    assert gt.unmatched_items == ("b.jpg",)  # d.jpg is past the limit: not counted
+    assert gt.unknown_images == ("zz.jpg",) and gt.dropped_annotations == 1
+
+
+def test_yolo_reads_the_size_of_evaluated_images_only(tmp_path):
+    labels, items, paths = yolo_dataset(tmp_path)
+    (tmp_path / "data/images/c.jpg").write_bytes(b"broken")  # its header is never read
+    gt = read_yolo(labels, items, paths, scored={"images/a.jpg", "images/b.jpg"})
+    assert set(gt.image_ids) == {"images/a.jpg", "images/b.jpg"}
+    assert gt.unmatched_items == () and gt.unknown_images == ("ghost.txt",)

@@ -69,9 +69,10 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     path = job.dataset.ground_truth
     assert path is not None  # load_job checked it
     items = list(dataset)
-    if job.dataset.limit is not None:
-        items = items[: job.dataset.limit]
     ids = [i.id for i in items]
+    # Matched against every item (an entry for an image past dataset.limit is not
+    # "unknown"), scored on the items evaluated.
+    scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
         if path.is_dir():
             names = plan.engine.task.names if plan.engine.task is not None else ()
@@ -82,8 +83,9 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
                 names or None,
                 exif_orientation=plan.engine.preprocess.exif_orientation,
                 missing_is_empty=job.dataset.images_without_labels == "empty",
+                scored=scored,
             )
-        return read_coco(path, ids)
+        return read_coco(path, ids, scored)
     except GroundTruthError as exc:
         raise job.error(f"dataset.ground_truth: {exc}", "dataset.ground_truth") from None
 

@@ -35,7 +35,7 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,8 +159,14 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def read_coco(path: Path, item_ids: Sequence[str]) -> GroundTruth:
-    """The COCO instances file at ``path`` matched to ``item_ids`` (dataset order)."""
+def read_coco(
+    path: Path, item_ids: Sequence[str], scored: Collection[str] | None = None
+) -> GroundTruth:
+    """The COCO instances file at ``path`` matched to ``item_ids`` (dataset order).
+
+    ``scored``: the items evaluated (default: all); entries of the other items are matched
+    (so they are not "unknown") but left out.
+    """
     try:
         raw = path.read_bytes()
         data = json.loads(raw)
@@ -215,6 +221,8 @@ def read_coco(path: Path, item_ids: Sequence[str]) -> GroundTruth:
                 "relative to the dataset folder, else by its base name)."
             )
         image_ids[item] = entry["id"]
+        if scored is not None and item not in scored:
+            continue
         item_of[entry["id"]] = item
         images.append(
             {
@@ -225,6 +233,7 @@ def read_coco(path: Path, item_ids: Sequence[str]) -> GroundTruth:
             }
         )
 
+    matched_ids = set(image_ids.values())
     annotations, dropped = [], 0
     for n, a in enumerate(data["annotations"]):
         if not isinstance(a, dict):
@@ -249,7 +258,7 @@ def read_coco(path: Path, item_ids: Sequence[str]) -> GroundTruth:
                 f"{a.get('category_id')!r}, which the file does not list."
             )
         if a["image_id"] not in item_of:
-            dropped += 1
+            dropped += a["image_id"] not in matched_ids  # an unknown image's, not unscored
             continue
         area = a.get("area")
         annotations.append(
@@ -263,14 +272,14 @@ def read_coco(path: Path, item_ids: Sequence[str]) -> GroundTruth:
                 "iscrowd": 1 if a.get("iscrowd") else 0,
             }
         )
-    matched = set(image_ids)
+    evaluated = [i for i in item_ids if scored is None or i in scored]
     return GroundTruth(
         source={"format": "coco", "path": str(path), "sha256": _sha256(raw)},
         categories=tuple(categories),
-        image_ids=image_ids,
+        image_ids={i: image_ids[i] for i in evaluated if i in image_ids},
         images=tuple(images),
         annotations=tuple(annotations),
-        unmatched_items=tuple(i for i in item_ids if i not in matched),
+        unmatched_items=tuple(i for i in evaluated if i not in image_ids),
         unknown_images=tuple(unknown),
         dropped_annotations=dropped,
     )
@@ -326,11 +335,13 @@ def read_yolo(
     *,
     exif_orientation: bool = True,
     missing_is_empty: bool = False,
+    scored: Collection[str] | None = None,
 ) -> GroundTruth:
     """The YOLO labels under ``folder`` matched to ``item_ids``.
 
     ``item_paths`` gives each item's file (its size denormalises the boxes); ``names``
-    the class names (line n names class n; default: the class numbers seen).
+    the class names (line n names class n; default: the class numbers seen); ``scored``
+    the items evaluated, as :func:`read_coco`'s (only their headers are read).
     """
     if not folder.is_dir():
         raise GroundTruthError(
@@ -367,8 +378,9 @@ def read_yolo(
                 f"two label files name the dataset item {item} (the second is {path}); keep one."
             )
         boxes_of[item] = rows
+    evaluated = [i for i in item_ids if scored is None or i in scored]
     if missing_is_empty:
-        for item in item_ids:
+        for item in evaluated:
             boxes_of.setdefault(item, [])
 
     seen_classes = {r[0] for rows in boxes_of.values() for r in rows}
@@ -378,7 +390,7 @@ def read_yolo(
     categories = tuple(Category(i, str(n)) for i, n in enumerate(names))
 
     image_ids, images, annotations = {}, [], []
-    for item in item_ids:  # dataset order: image ids follow it
+    for item in evaluated:  # dataset order: image ids follow it
         if item not in boxes_of:
             continue
         image_id = len(images) + 1
@@ -403,7 +415,7 @@ def read_yolo(
         image_ids=image_ids,
         images=tuple(images),
         annotations=tuple(annotations),
-        unmatched_items=tuple(i for i in item_ids if i not in image_ids),
+        unmatched_items=tuple(i for i in evaluated if i not in image_ids),
         unknown_images=tuple(unknown),
         dropped_annotations=dropped,
     )
