@@ -7,9 +7,10 @@ Class names are user data: every text that shows one is drawn with ``parse_math=
 so a name with ``$`` or ``_`` is shown as written, never as mathtext (nor an error).
 
 The gallery's images are small JPEGs as ``data:`` URIs with both box sets drawn with
-Pillow: the reference's in green, the device's in magenta, ground truth (when given) in
-thin white. The disagreement of an image is
-:func:`~batchinfer.evaluate.detection.disagreement` (1 - soft F1 of the two box sets).
+Pillow: the device's in magenta, the reference's over them in thicker green (where the
+two agree, green shows), ground truth (when given) in thin white underneath. The
+disagreement of an image is :func:`~batchinfer.evaluate.detection.disagreement` (1 - soft
+F1 of the two box sets).
 """
 
 from __future__ import annotations
@@ -239,7 +240,7 @@ def gallery(
         layers = []
         if truth is not None and item in truth:
             layers.append((Boxes(truth[item].xyxy, truth[item].class_ids), TRUTH_COLOR, 1))
-        layers += [(r, REFERENCE_COLOR, 2), (d, DEVICE_COLOR, 2)]
+        layers += [(d, DEVICE_COLOR, 2), (r, REFERENCE_COLOR, 3)]  # the reference on top
         out.append(
             {
                 "id": item,

@@ -143,7 +143,7 @@ def _gallery(record: dict[str, Any]) -> str:
     for item in record["worst"]:
         device, reference = _boxes(item["device_boxes"]), _boxes(item["reference_boxes"])
         uri = draw_boxes(
-            Path(item["path"]), [(reference, REFERENCE_COLOR, 2), (device, DEVICE_COLOR, 2)]
+            Path(item["path"]), [(device, DEVICE_COLOR, 2), (reference, REFERENCE_COLOR, 3)]
         )
         picture = f"<img alt='{_e(item['id'])}' src='{uri}'>" if uri else ""
         core = place_name(item.get("node"), item["core"]) if item["core"] >= 0 else "-"
