@@ -67,9 +67,10 @@ class ItemDecoder:
     """
 
     def __init__(self, task: TaskPlan) -> None:
-        from batchinfer.detect import Decoder
+        from batchinfer.detect import Decoder, boxes_to_original
 
         assert task.head is not None and task.settings is not None and task.input_hw
+        self._to_original = boxes_to_original
         self.task = task
         self.input_hw = task.input_hw
         self._decoders: dict[tuple[bool, ...], Decoder] = {}
@@ -95,15 +96,14 @@ class ItemDecoder:
         return decoder
 
     def __call__(self, outputs: Sequence[np.ndarray], geometry: np.ndarray) -> Boxes:
-        from batchinfer.detect import boxes_to_original
-
+        """Decode one item's outputs; ``geometry``: its row of the geometry segment."""
         c0 = time.thread_time()
         found = self._decoder(outputs)(outputs)
         placed = read_geometry(geometry)
         boxes = found.boxes
         if placed is not None:
             width, height = placed.src_w, placed.src_h
-            boxes = boxes_to_original(boxes, placed)
+            boxes = self._to_original(boxes, placed)
         else:
             height, width = self.input_hw
             boxes = np.clip(boxes, 0, [width, height, width, height])
