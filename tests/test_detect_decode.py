@@ -293,3 +293,16 @@ def test_outputs_of_another_shape_are_an_inference_error() -> None:
 def test_bad_settings_are_usage_errors(settings: DetectSettings) -> None:
     with pytest.raises(UsageError):
         Decoder(Head("yolov8-zoo", 80, (8, 16, 32), 1), (640, 640), settings)
+
+
+def test_decoders_and_settings_survive_pickling() -> None:
+    # The engine hands them to worker processes.
+    import pickle
+
+    rng = np.random.default_rng(10)
+    outputs = D.random_outputs("yolov5-zoo", rng, INPUT, classes=3)
+    head = recognise(INPUT, [o.shape for o in outputs])
+    decoder = Decoder(head, INPUT, DetectSettings(conf=0.3, anchors=YOLOV7_ANCHORS))
+    copy = pickle.loads(pickle.dumps(decoder))
+    assert copy.head == head and copy.settings == decoder.settings
+    np.testing.assert_array_equal(copy(outputs).boxes, decoder(outputs).boxes)
