@@ -68,7 +68,7 @@ def letterbox_array(
     if (new_w, new_h) == (src_w, src_h):
         resized = rgb
     else:
-        image = Image.fromarray(np.ascontiguousarray(rgb), "RGB")
+        image = Image.fromarray(np.ascontiguousarray(rgb))  # (H, W, 3) uint8: RGB
         resized = np.asarray(image.resize((new_w, new_h), Image.Resampling.BILINEAR))
     canvas = np.empty((dst_h, dst_w, 3), np.uint8)
     canvas[...] = np.asarray(pad, np.uint8)
