@@ -293,3 +293,33 @@ def test_outputs_of_another_shape_are_an_inference_error() -> None:
 def test_bad_settings_are_usage_errors(settings: DetectSettings) -> None:
     with pytest.raises(UsageError):
         Decoder(Head("yolov8-zoo", 80, (8, 16, 32), 1), (640, 640), settings)
+
+
+def test_decoders_and_settings_survive_pickling() -> None:
+    # The engine hands them to worker processes.
+    import pickle
+
+    rng = np.random.default_rng(10)
+    outputs = D.random_outputs("yolov5-zoo", rng, INPUT, classes=3)
+    head = recognise(INPUT, [o.shape for o in outputs])
+    decoder = Decoder(head, INPUT, DetectSettings(conf=0.3, anchors=YOLOV7_ANCHORS))
+    copy = pickle.loads(pickle.dumps(decoder))
+    assert copy.head == head and copy.settings == decoder.settings
+    np.testing.assert_array_equal(copy(outputs).boxes, decoder(outputs).boxes)
+
+
+def test_four_stride_p6_exports_decode_every_column() -> None:
+    # 256x256 at strides 8/16/32/64: 1,024 + 256 + 64 + 16 = 1,360 candidates
+    rng = np.random.default_rng(11)
+    n = 1360
+    boxes = np.concatenate([rng.random((2, n)) * 256, rng.random((2, n)) * 100 + 2])
+    scores = (rng.random((3, n)) ** 12) * 0.9
+    scores[:, -1] = (0, 0, 0.99)  # the last cell of stride 64, the best score
+    outputs = [np.concatenate([boxes, scores])[None].astype(np.float32)]
+    head = recognise((256, 256), [outputs[0].shape])
+    assert head == Head("yolov8-ultralytics", 3, (8, 16, 32, 64), 1)
+    got = Decoder(head, (256, 256), DetectSettings())(outputs)
+    want = D.reference("yolov8-ultralytics", outputs, (256, 256))
+    assert len(want.scores) > 20
+    assert got.scores[0] == np.float32(0.99) and got.class_ids[0] == 2
+    assert_same(got, want)

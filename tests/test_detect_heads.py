@@ -44,8 +44,10 @@ def v5_zoo_shapes(size=(640, 640), classes=80) -> list[tuple[int, ...]]:
         # anchor-free rows with an object score (e.g. YOLOX-style exports)
         ((640, 640), [(1, 8400, 85)], "yolov5-ultralytics", 80, 1),
         ((320, 256), [(1, 14, 1680)], "yolov8-ultralytics", 10, 1),
-        # a dynamic batch axis, as ONNX Runtime reports it
+        # a dynamic batch axis, as the model info or ONNX Runtime report it
         ((640, 640), [(-1, 84, 8400)], "yolov8-ultralytics", 80, 1),
+        ((640, 640), [("batch", 84, 8400)], "yolov8-ultralytics", 80, 1),
+        ((640, 640), [(None, 25200, 85)], "yolov5-ultralytics", 80, 3),
     ],
 )
 def test_known_layouts_are_recognised(size, shapes, family, classes, anchors) -> None:
@@ -78,6 +80,8 @@ def test_p6_exports_with_four_strides_are_recognised() -> None:
         ((640, 640), [(1, 4, 8400)]),  # no class
         ((640, 640), [(1, 8400, 5)]),  # no class
         ((640, 640), [(2, 84, 8400)]),  # a batch of two
+        ((640, 640), [(1, 84, "anchors")]),  # a dynamic candidate axis
+        ((640, 640), [(1, -1, 8400)]),
         ((640, 640), v8_zoo_shapes()[:8]),  # one output missing
         ((640, 640), v8_zoo_shapes()[::-1]),  # stride 32 first
         ((640, 640), v8_zoo_shapes((320, 320))),  # grids of another input size

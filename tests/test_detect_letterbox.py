@@ -40,6 +40,7 @@ def test_geometry_is_the_model_zoos(src_w, src_h, dst_w, dst_h) -> None:
     r, (new_w, new_h), left, top, right, bottom = zoo_letter_box(src_w, src_h, dst_w, dst_h)
     lb = letterbox_geometry(src_w, src_h, dst_w, dst_h)
     assert lb == Letterbox(src_w, src_h, r, left, top)
+    assert isinstance(lb.pad_x, float) and isinstance(lb.pad_y, float)
     assert lb.resized == (max(new_w, 1), max(new_h, 1))
     if new_w >= 1 and new_h >= 1:
         assert left + new_w + right == dst_w and top + new_h + bottom == dst_h

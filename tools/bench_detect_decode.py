@@ -8,6 +8,11 @@ than it would a wall clock): ``--number`` calls per repeat, the median of ``--re
 
     python tools/bench_detect_decode.py
     python tools/bench_detect_decode.py --heads yolov8-zoo --int8 --objects 40
+
+``--int8`` quantises each output with one scale and zero point, as a runtime returning
+raw int8 outputs would. The single-output Ultralytics heads then find nothing: one scale
+for boxes (0..640) and scores (0..1) rounds every score to a step of about 2.5, which is
+why the model zoo splits its heads into box and score outputs.
 """
 
 from __future__ import annotations

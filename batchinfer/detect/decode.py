@@ -99,6 +99,9 @@ class Decoder:
         self.settings = settings
         self.quant = tuple(quant)
         self._grids = grid_sizes(self.input_hw, head.strides)
+        self._cell_offsets, self._cell_centres, self._cell_strides = _cell_tables(
+            self._grids, head.strides
+        )
         self._anchors = self._anchor_array() if head.family == "yolov5-zoo" else None
         self._decode = {
             "yolov5-zoo": self._yolov5_zoo,
@@ -128,7 +131,9 @@ class Decoder:
             scores = np.concatenate([p.scores for p in parts])
             class_ids = np.concatenate([p.class_ids for p in parts])
         keep = nms(boxes, scores, class_ids, self.settings.iou, self.settings.max_det)
-        return Detections(boxes[keep], scores[keep], class_ids[keep], nonfinite)
+        return Detections(
+            np.ascontiguousarray(boxes[keep]), scores[keep], class_ids[keep], nonfinite
+        )
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -179,40 +184,31 @@ class Decoder:
             expected += branch[:per_branch]
         self._check(outputs, expected)
         conf = self.settings.conf
-        # Per stride: the cells whose best class passes, their class, DFL logits and
-        # place; then one DFL softmax and one box computation for all strides at once.
+        # Per stride: the cells whose best class passes, their class and DFL logits; then
+        # one DFL softmax and one box computation for all strides at once.
         nonfinite = 0
         picked: list[tuple[np.ndarray, ...]] = []
-        for b, (stride, (gh, gw)) in enumerate(zip(self.head.strides, self._grids, strict=True)):
+        for b, (gh, gw) in enumerate(self._grids):
             i_box, i_cls = per_branch * b, per_branch * b + 1
             cls = outputs[i_cls].reshape(nc, gh * gw)
             # max then dequantise: dequantising is increasing (scale > 0).
             best = self._real(i_cls, cls.max(axis=0))
-            finite = np.isfinite(best)
-            nonfinite += best.size - int(np.count_nonzero(finite))
-            cells = np.flatnonzero(finite & (best >= conf))
+            cells, bad = _passing(best, conf)
+            nonfinite += bad
             if not cells.size:
                 continue
             logits = self._real(i_box, outputs[i_box].reshape(4, DFL_BINS, gh * gw)[:, :, cells])
-            place = np.empty((3, cells.size), np.float32)  # cell centre x, y (in cells), stride
-            place[0] = cells % gw
-            place[1] = cells // gw
-            place[:2] += 0.5
-            place[2] = stride
-            picked.append((best[cells], cls[:, cells].argmax(axis=0), logits, place))
+            where = cells + self._cell_offsets[b]
+            picked.append((best[cells], cls[:, cells].argmax(axis=0), logits, where))
         if not picked:
             return [_empty(nonfinite)]
-        scores, class_ids, logits, place = (
+        scores, class_ids, logits, where = (
             np.concatenate(parts, axis=-1) for parts in zip(*picked, strict=True)
         )
         dist = _dfl(logits)  # (4, k): left, top, right, bottom in cells
-        boxes = np.empty((scores.size, 4), np.float32)
-        boxes[:, 0] = place[0] - dist[0]
-        boxes[:, 1] = place[1] - dist[1]
-        boxes[:, 2] = place[0] + dist[2]
-        boxes[:, 3] = place[1] + dist[3]
-        boxes *= place[2][:, None]
-        return [_finite_boxes(boxes, scores, class_ids.astype(np.int32), nonfinite)]
+        centre = self._cell_centres[:, where]  # (2, k) in cells
+        boxes = np.concatenate((centre - dist[:2], centre + dist[2:])) * self._cell_strides[where]
+        return [_finite_boxes(boxes.T, scores, class_ids.astype(np.int32), nonfinite)]
 
     def _yolov5_zoo(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         na, nc = self.head.num_anchors, self.head.num_classes
@@ -222,9 +218,8 @@ class Decoder:
         for i, (stride, (gh, gw)) in enumerate(zip(self.head.strides, self._grids, strict=True)):
             raw = outputs[i].reshape(na, 5 + nc, gh * gw)
             obj = self._real(i, raw[:, 4, :])  # (A, cells)
-            finite = np.isfinite(obj)
-            anchor, cells = np.nonzero(finite & (obj >= conf))
-            nonfinite = obj.size - int(np.count_nonzero(finite))
+            passing, nonfinite = _passing(obj.ravel(), conf)
+            anchor, cells = np.divmod(passing, gh * gw)
             if not cells.size:
                 parts.append(_empty(nonfinite))
                 continue
@@ -247,9 +242,7 @@ class Decoder:
         self._check(outputs, [(1, 4 + nc, cells)])
         raw = outputs[0].reshape(4 + nc, cells)
         best = self._real(0, raw[4:].max(axis=0))
-        finite = np.isfinite(best)
-        idx = np.flatnonzero(finite & (best >= self.settings.conf))
-        nonfinite = best.size - int(np.count_nonzero(finite))
+        idx, nonfinite = _passing(best, self.settings.conf)
         if not idx.size:
             return [_empty(nonfinite)]
         class_ids = raw[4:, idx].argmax(axis=0).astype(np.int32)
@@ -263,9 +256,7 @@ class Decoder:
         self._check(outputs, [(1, rows, 5 + nc)])
         raw = outputs[0].reshape(rows, 5 + nc)
         obj = self._real(0, raw[:, 4])
-        finite = np.isfinite(obj)
-        idx = np.flatnonzero(finite & (obj >= self.settings.conf))
-        nonfinite = obj.size - int(np.count_nonzero(finite))
+        idx, nonfinite = _passing(obj, self.settings.conf)
         if not idx.size:
             return [_empty(nonfinite)]
         picked = self._real(0, raw[idx])
@@ -273,6 +264,35 @@ class Decoder:
         cx, cy, w, h = picked[kept, :4].T
         boxes = _xywh_to_xyxy(cx, cy, w, h)
         return [_finite_boxes(boxes, scores, class_ids, nonfinite + bad)]
+
+
+def _cell_tables(
+    grids: Sequence[tuple[int, int]], strides: Sequence[int]
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Over the cells of all strides in order: where each stride's cells start, every
+    cell's centre (x, y) in cells of its stride (2, N), and its stride (N,)."""
+    offsets, centres, cell_strides = [], [], []
+    start = 0
+    for (gh, gw), stride in zip(grids, strides, strict=True):
+        offsets.append(start)
+        start += gh * gw
+        row, col = np.divmod(np.arange(gh * gw), gw)
+        centres.append(np.stack([col, row]) + 0.5)
+        cell_strides.append(np.full(gh * gw, stride))
+    return (
+        offsets,
+        np.concatenate(centres, axis=1).astype(np.float32),
+        np.concatenate(cell_strides).astype(np.float32),
+    )
+
+
+def _passing(best: np.ndarray, conf: float) -> tuple[np.ndarray, int]:
+    """Indices of the finite scores >= conf, and how many scores are NaN/inf."""
+    cells = np.flatnonzero(best >= conf)
+    finite = np.isfinite(best)
+    if finite.all():
+        return cells, 0
+    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
 
 
 def _empty(nonfinite: int) -> _Candidates:

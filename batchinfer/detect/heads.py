@@ -60,7 +60,8 @@ def recognise(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]
 
     ``input_hw`` is the model input's (height, width); ``output_shapes`` are the outputs'
     shapes as the runtime reports them, in order (NCHW for the model-zoo heads). A batch
-    axis reported as -1 or 0 (dynamic) counts as 1.
+    axis reported as -1, 0, None or a name (dynamic) counts as 1; any other unknown
+    dimension fits no head.
     """
     shapes = [_batch_one(s) for s in output_shapes]
     if any(s is None for s in shapes) or not shapes:
@@ -84,9 +85,17 @@ def explain_no_head(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int
     )
 
 
+def _dim(d: object) -> int:
+    """A dimension as an int; -1 for an unknown one (None, an ONNX symbol such as "N")."""
+    try:
+        return int(d)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return -1
+
+
 def _batch_one(shape: Sequence[int]) -> tuple[int, ...] | None:
     """The shape with a dynamic batch axis made 1; None when it is not batch 1."""
-    dims = tuple(int(d) if d is not None else -1 for d in shape)
+    dims = tuple(_dim(d) for d in shape)
     if not dims or dims[0] not in (1, 0, -1):
         return None
     return (1, *dims[1:])

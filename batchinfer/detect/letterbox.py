@@ -52,7 +52,8 @@ def letterbox_geometry(src_w: int, src_h: int, dst_w: int, dst_h: int) -> Letter
     scale = min(dst_w / src_w, dst_h / src_h)
     new_w, new_h = _resized(src_w, src_h, scale)
     # The zoo's int(round(dw - 0.1)) with dw = (dst_w - new_w) / 2 is this floor.
-    return Letterbox(int(src_w), int(src_h), scale, (dst_w - new_w) // 2, (dst_h - new_h) // 2)
+    pad_x, pad_y = (dst_w - new_w) // 2, (dst_h - new_h) // 2
+    return Letterbox(int(src_w), int(src_h), scale, float(pad_x), float(pad_y))
 
 
 def letterbox_array(
@@ -67,7 +68,7 @@ def letterbox_array(
     if (new_w, new_h) == (src_w, src_h):
         resized = rgb
     else:
-        image = Image.fromarray(np.ascontiguousarray(rgb), "RGB")
+        image = Image.fromarray(np.ascontiguousarray(rgb))  # (H, W, 3) uint8: RGB
         resized = np.asarray(image.resize((new_w, new_h), Image.Resampling.BILINEAR))
     canvas = np.empty((dst_h, dst_w, 3), np.uint8)
     canvas[...] = np.asarray(pad, np.uint8)
