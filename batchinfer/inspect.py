@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 from pathlib import Path
+from typing import Any
 
 from batchinfer.errors import BatchinferError, ModelError
 from batchinfer.options import RuntimeOptions
@@ -71,6 +72,8 @@ def model_report(model: Path, backend: str = "auto") -> str:
                     # model's, which --layout defaults to: said so, or they read as a clash.
                     layout = f"  (source model: {t.layout})" if rknn else f"  layout {t.layout}"
                 lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
+    if info is not None:
+        lines.extend(_task_lines(model, info))
     if model.suffix.lower() == ".rknn":
         lines.extend(_rknn_file_lines(model))
     try:
@@ -85,6 +88,38 @@ def model_report(model: Path, backend: str = "auto") -> str:
         if platforms:
             lines.extend(_platform_lines(platforms))
     return "\n".join(lines)
+
+
+def _task_lines(model: Path, info: Any) -> list[str]:
+    """What ``run --task auto`` would do with the outputs, and why (engine/task.py)."""
+    from batchinfer.data.preprocess import preprocess_for
+    from batchinfer.engine.task import NAMES_COCO80, plan_task
+    from batchinfer.options import DetectOptions
+
+    input_hw = None
+    if len(info.inputs) == 1:
+        try:
+            spec = preprocess_for(info.inputs[0].shape, info.inputs[0].dtype)
+            input_hw = spec.size if spec.is_image else None
+        except BatchinferError:
+            input_hw = None
+    shapes = [tuple(o.shape) for o in info.outputs]
+    try:
+        task = plan_task(DetectOptions(), model, input_hw, output_shapes=shapes)
+    except BatchinferError as e:
+        return [f"task:    unknown ({e})"]
+    line = f"task:    {task.describe()}"
+    if task.detects:
+        assert task.input_hw is not None
+        h, w = task.input_hw
+        line += f" (its outputs fit that layout for a {h}x{w} input)"
+        names = "COCO's 80 (built in)" if task.names_source == NAMES_COCO80 else "none built in"
+        return [
+            line,
+            f"  class names: {names}; --labels FILE gives them (one per line)",
+            "  run letterboxes images and writes boxes (--task classify|raw overrides)",
+        ]
+    return [line]
 
 
 def _rknn_file_lines(model: Path) -> list[str]:

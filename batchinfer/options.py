@@ -287,12 +287,74 @@ class ReliabilityOptions:
     )
 
 
+# ------------------------------------------------------------------ detection (issue 25)
+#: What a run does with the model's outputs (batchinfer.engine.task decides "auto").
+TASKS = ("auto", "classify", "detect", "raw")
+
+
+def _anchors(text: str) -> tuple[tuple[float, ...], ...]:
+    """Anchors as w,h pixel pairs: strides separated by '/' or ';' (10,13,16,30,33,23/30,61,
+    62,45,59,119/116,90,156,198,373,326), or one flat list split evenly over the strides."""
+    groups = [g for g in text.replace(";", "/").split("/") if g.strip()]
+    try:
+        parsed = tuple(tuple(float(v) for v in g.replace(",", " ").split()) for g in groups)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not anchors; give w,h pixel pairs per stride, strides separated by "
+            "'/', e.g. 10,13,16,30,33,23/30,61,62,45,59,119/116,90,156,198,373,326"
+        ) from None
+    if not parsed or any(len(g) == 0 or len(g) % 2 for g in parsed):
+        raise ValueError(f"{text!r} is not anchors: each stride needs whole w,h pairs")
+    return parsed
+
+
+def _colour(text: str) -> int | tuple[int, int, int]:
+    try:
+        parts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        parts = ()
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 3:
+        return parts  # type: ignore[return-value]
+    raise ValueError(f"{text!r} is not a colour; give one grey level (114) or r,g,b")
+
+
+@dataclass(frozen=True)
+class DetectOptions:
+    """What the run does with the outputs, and how a detection head's boxes are decoded."""
+
+    task: str = option(
+        "auto",
+        "auto: detect when the outputs are a known detection head, classify for one (1, N) "
+        "output, else raw (the outputs are stored).",
+        choices=TASKS,
+    )
+    conf: float = option(0.25, "Detection: the score a box needs to be kept (0-1).")
+    iou: float = option(
+        0.45, "Detection: boxes of a class overlapping more than this are merged by NMS (0-1)."
+    )
+    max_det: int = option(300, "Detection: the most boxes kept per image (1-100000).")
+    anchors: tuple[tuple[float, ...], ...] | None = option(
+        None,
+        "Detection: anchors (w,h pixel pairs, strides separated by '/') of an anchor-based "
+        "head (default: the model's .config.json 'anchors', else COCO's).",
+        parse=_anchors,
+    )
+    pad_colour: int | tuple[int, int, int] = option(
+        114,
+        "Detection: the colour letterboxing pads with, a grey level or r,g,b (0-255).",
+        parse=_colour,
+    )
+
+
 GROUPS: dict[str, type] = {
     "runtime": RuntimeOptions,
     "runtime.sim": SimOptions,
     "preprocess": PreprocessOptions,
     "output": OutputOptions,
     "reliability": ReliabilityOptions,
+    "detect": DetectOptions,
 }
 
 

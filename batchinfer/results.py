@@ -3,6 +3,7 @@
     from batchinfer.results import read_run
     run = read_run("runs/20261202-140021")
     run.manifest.status, run.predictions().num_rows, run.core_stats()
+    run.boxes()  # a detection run: one row per box (id, class_id, label, score, x1..y2)
 
 The output folder holds ``manifest.json``, ``predictions/part-*.parquet``,
 ``core_stats.parquet`` and ``timeline.parquet`` (README "Output" lists every column). Only
@@ -11,6 +12,8 @@ Works on a folder whose run is still going (what is on disk so far).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import os
 from dataclasses import dataclass, field
@@ -26,7 +29,15 @@ from batchinfer.sink.manifest import PART_RE, RunManifest, predictions_dir, regu
 from batchinfer.sink.predictions import prediction_schema
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
 
-__all__ = ["Manifest", "RunFolderReader", "read_manifest_typed", "read_predictions", "read_run"]
+__all__ = [
+    "Manifest",
+    "RunFolderReader",
+    "boxes_table",
+    "read_boxes",
+    "read_manifest_typed",
+    "read_predictions",
+    "read_run",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ class Manifest:
     invocations: tuple[dict[str, Any], ...]
     warnings: tuple[str, ...]
     raw: dict[str, Any] = field(repr=False)
+    task: str = "classify"  # classify | detect | raw (runs before tasks existed: classify)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Manifest:
@@ -72,6 +84,7 @@ class Manifest:
             invocations=tuple(data.get("invocations") or ()),
             warnings=tuple(data.get("warnings") or ()),
             raw=data,
+            task=(data.get("task") or {}).get("task", "classify"),
         )
 
 
@@ -109,12 +122,42 @@ def read_predictions(out_dir: Path | str, columns: list[str] | None = None) -> p
     """Every prediction row of a run folder, sorted by index (empty table if none)."""
     parts = _part_paths(Path(out_dir))
     if not parts:
-        schema = prediction_schema()
+        schema = prediction_schema(task=_task(Path(out_dir)))
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
     wanted = None if columns is None else list(dict.fromkeys(["index", *columns]))
     table = pa.concat_tables([_read(p, wanted) for p in parts], promote_options="default")
     table = table.take(pc.sort_indices(table, sort_keys=[("index", "ascending")]))
     return table if columns is None else table.select(columns)
+
+
+def _task(out_dir: Path) -> str:
+    with contextlib.suppress(UsageError):
+        return (RunManifest.load(out_dir).data.get("task") or {}).get("task", "classify")
+    return "classify"
+
+
+_BOX_COLUMNS = ["class_id", "label", "score", "x1", "y1", "x2", "y2"]
+
+
+def boxes_table(predictions: pa.Table) -> pa.Table:
+    """A detection run's predictions with one row per box: ``index``, ``id`` and the box's
+    fields (class_id, label, score, x1, y1, x2, y2; original-image pixels). Rows without
+    boxes (none found, or an error) add none."""
+    if "boxes" not in predictions.column_names:
+        raise UsageError("these predictions have no boxes column: they are not a detection run's.")
+    boxes = predictions.column("boxes").combine_chunks()
+    parents = boxes.value_parent_indices()
+    values = boxes.flatten()
+    head = predictions.select(["index", "id"]).take(parents)
+    # StructArray.flatten applies the slice's offset (StructArray.field would not).
+    children = dict(zip([f.name for f in values.type], values.flatten(), strict=True))
+    columns = [children[name] for name in _BOX_COLUMNS]
+    return pa.table([*head.columns, *columns], names=["index", "id", *_BOX_COLUMNS])
+
+
+def read_boxes(out_dir: Path | str) -> pa.Table:
+    """Every box of a detection run, one row each, in item order (see :func:`boxes_table`)."""
+    return boxes_table(read_predictions(out_dir, ["index", "id", "boxes"]))
 
 
 def _by_invocation(path: Path, invocation: int | None) -> pa.Table:
@@ -138,6 +181,10 @@ class RunFolderReader:
 
     def predictions(self, columns: list[str] | None = None) -> pa.Table:
         return read_predictions(self.path, columns)
+
+    def boxes(self) -> pa.Table:
+        """A detection run's boxes, one row each (:func:`boxes_table`)."""
+        return read_boxes(self.path)
 
     def core_stats(self, invocation: int | None = -1) -> pa.Table:
         """One row per core and a total row (core null); by default the last invocation's

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from batchinfer.engine import RunConfig
 from batchinfer.options import (
+    DetectOptions,
     OutputOptions,
     PreprocessOptions,
     ReliabilityOptions,
@@ -19,6 +20,7 @@ _GROUPS = {
     "preprocess": PreprocessOptions,
     "output": OutputOptions,
     "reliability": ReliabilityOptions,
+    "detect": DetectOptions,
 }
 
 

@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("ray")
 
-pytestmark = pytest.mark.ray  # the Ray tier: pytest -m ray, run by .ci/run
+from batchinfer.results import read_run  # noqa: E402
 
-from batchinfer.results import read_run
+pytestmark = pytest.mark.ray  # the Ray tier: pytest -m ray, run by .ci/run
 
 
 @pytest.mark.slow

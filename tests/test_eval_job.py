@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from batchinfer.evaluate import Gate, JobError, builtin_metrics, load_job
+from batchinfer.evaluate.detection_metrics import detection_metrics
 from batchinfer.evaluate.job import (
     DatasetSettings,
     GateSettings,
@@ -19,6 +20,7 @@ from batchinfer.evaluate.job import (
     RaySettings,
 )
 from batchinfer.options import (
+    DetectOptions,
     PreprocessOptions,
     ReliabilityOptions,
     RuntimeOptions,
@@ -270,13 +272,15 @@ def test_a_gate_on_a_custom_metric_is_left_to_the_custom_metrics(folder):
 
 def test_jobs_readme_documents_every_key_and_metric():
     text = (Path(__file__).resolve().parents[1] / "jobs" / "README.md").read_text()
-    groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions]
+    groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions, DetectOptions]
     groups += [RaySettings, DatasetSettings, MetricsSettings, GateSettings, OutputSettings]
     for cls in groups:
         for f in options_fields(cls):
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in jobs/README.md"
     for name in builtin_metrics(5):
         assert f"`{name}`" in text, f"metric {name} is not in jobs/README.md"
+    for name in detection_metrics():
+        assert f"`{name}`" in text, f"detection metric {name} is not in jobs/README.md"
 
 
 @pytest.mark.parametrize("kind", ["csv", "folder", "empty"])

@@ -137,6 +137,23 @@ def _cpu(d: dict[str, Any]) -> list[str]:
         + (f" (during the warm-up {warm:.2f})" if warm is not None else "")
         + f", machine {cpu['machine']:.2f} of {cpu['cpus']} CPUs busy"
         + (f", {runnable:.1f} tasks runnable on average" if runnable is not None else ""),
+        *_postprocess(d),
+    ]
+
+
+def _postprocess(d: dict[str, Any]) -> list[str]:
+    """A detector's decoding (boxes, NMS) in the core workers, per item."""
+    post = d.get("postprocess")
+    if not post:
+        return []
+    share = post.get("share_of_worker_cpu")
+    of_all = post.get("share_of_cpu")
+    return [
+        f"  post-processing (box decoding and NMS in the core workers): "
+        f"{post['cpu_ms_per_item']:.3f} ms CPU per item"
+        + (f", {100 * share:.0f} % of the core workers' CPU" if share is not None else "")
+        + (f", {100 * of_all:.0f} % of all CPU per item" if of_all is not None else "")
+        + " (whole run, warm-up included)"
     ]
 
 

@@ -4,7 +4,8 @@ JSON keys (README "Benchmarking" lists them): ``valid``, ``reasons``, ``diagnosi
 (``bound`` one of npu/host/decode/coordinator/cpu, with the numbers), ``samples_per_s``,
 ``latency_ms`` (min, mean, p50, p90, p95, p99, p999, max), ``cores`` (per core: core,
 samples_per_s, p50_ms, p99_ms, utilization, ...), ``windows``, ``stability``, ``cpu``
-(by role), ``config``, ``conditions`` (``before``, ``after``), ``versions``, ``label``.
+(by role), ``postprocess`` (detectors: decoding's CPU per item and share), ``config``,
+``conditions`` (``before``, ``after``), ``versions``, ``label``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ class BenchResult:
     t_end: float | None = None
     stopped: str | None = None
     interrupted: bool = False  # by a signal: a sweep stops too
+    # A detector's decoding in the core workers (runner.postprocess_share); None otherwise.
+    postprocess: dict[str, Any] | None = None
 
     @property
     def valid(self) -> bool:
@@ -93,6 +96,7 @@ class BenchResult:
             "windows": [w.to_json() for w in f.windows],
             "stability": self.verdict.stability.to_json(),
             "cpu": cpu,
+            **({"postprocess": self.postprocess} if self.postprocess is not None else {}),
             "backend": self.backend,
             "config": self.config,
             "conditions": self.conditions,

@@ -41,7 +41,12 @@ from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, SyntheticSource
 from batchinfer.errors import ModelError
 from batchinfer.hostinfo import host_facts
-from batchinfer.options import PreprocessOptions, ReliabilityOptions, RuntimeOptions
+from batchinfer.options import (
+    DetectOptions,
+    PreprocessOptions,
+    ReliabilityOptions,
+    RuntimeOptions,
+)
 from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import NullSink
@@ -57,6 +62,7 @@ class BenchConfig:
     dataset: Path | None = None  # None: synthetic inputs, inference path only
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
     command: str | None = None
 
 
@@ -111,6 +117,7 @@ def prepare(config: BenchConfig) -> Prepared:
         runtime=config.runtime,
         preprocess=config.preprocess,
         reliability=config.reliability,
+        detect=config.detect,
     )
     backend = make_backend(model, config.runtime)
     shape, dtype = model_input(model, run_config)
@@ -176,6 +183,27 @@ def _config_json(p: Prepared) -> dict[str, Any]:
         "max_duration_s": b.limit_s,
         "window_s": b.window_s,
         "cpus": usable_cpus(),
+        "task": plan.task.describe() if plan.task is not None else "classify",
+    }
+
+
+def postprocess_share(detect: dict[str, float], cpu_s: dict[str, float]) -> dict[str, Any] | None:
+    """A detection benchmark's post-processing: the core workers' CPU per item spent decoding
+    boxes (timed around the decoder, on each instance's thread clock), and its share of the
+    workers' CPU and of all CPU per item (run, warm-up included; start-up left out)."""
+    items = int(detect.get("items", 0))
+    if not items:
+        return None
+    decode_s = float(detect.get("cpu_s", 0.0))
+    workers = float(cpu_s.get("workers", 0.0))
+    total = sum(v for k, v in cpu_s.items() if k != "startup")
+    return {
+        "items": items,
+        "cpu_ms_per_item": round(1e3 * decode_s / items, 4),
+        "worker_cpu_ms_per_item": round(1e3 * workers / items, 4) if workers else None,
+        "share_of_worker_cpu": round(decode_s / workers, 4) if workers else None,
+        "share_of_cpu": round(decode_s / total, 4) if total else None,
+        "nonfinite_dropped": int(detect.get("nonfinite", 0)),
     }
 
 
@@ -215,6 +243,7 @@ def run_bench(
         )
     result = _judge(prepared, observer, outcome.backend, outcome.sdk_versions, before, after)
     result.interrupted = outcome.status == "interrupted"
+    result.postprocess = postprocess_share(outcome.detect, outcome.cpu_s)
     return result
 
 

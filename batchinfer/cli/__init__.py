@@ -73,7 +73,7 @@ class _LazyGroup(click.Group):
 
 
 #: The commands, each the ``command`` of the module batchinfer.cli.<name>.
-_COMMANDS = ("run", "bench", "eval", "info", "demo")
+_COMMANDS = ("run", "bench", "eval", "info", "demo", "export")
 
 
 @click.group(

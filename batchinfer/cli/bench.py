@@ -66,7 +66,7 @@ class _Progress:
     "from the start when shorter than the run). Without it: synthetic inputs of the "
     "model's input shape, prepared once in the slots, so only the inference path counts.",
 )
-@group_options("runtime", "runtime.sim", "preprocess", "reliability")
+@group_options("runtime", "runtime.sim", "preprocess", "reliability", "detect")
 @_bench_options
 @click.option(
     "--sweep",
@@ -171,6 +171,7 @@ def _bench(params: dict) -> None:
         dataset=dataset,
         preprocess=build_group("preprocess", params),
         reliability=build_group("reliability", params),
+        detect=build_group("detect", params),
         command=shlex.join(["batchinfer", *sys.argv[1:]]),
     )
     if out is not None:

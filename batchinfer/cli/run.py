@@ -27,13 +27,14 @@ def resume_command(argv: list[str], out: Path) -> str:
 @click.option(
     "--model", "-m", required=True, type=click.Path(path_type=Path), help=".rknn or .onnx model."
 )
-@group_options("runtime", "runtime.sim", "preprocess", "output", "reliability")
+@group_options("runtime", "runtime.sim", "preprocess", "output", "reliability", "detect")
 @click.option("--limit", type=int, help="Only the first N items of the dataset.")
 @click.option(
     "--labels",
     type=click.Path(path_type=Path),
     help="Class map: one class folder name per line (line 1 is label 0), or JSON (a list of "
-    "names, {name: label}, a Keras class index). Default: the top-level folders, sorted.",
+    "names, {name: label}, a Keras class index). Default: the top-level folders, sorted. "
+    "Detection runs: the head's class names, one per line (default: COCO's for 80 classes).",
 )
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
 # -- scale-out on Ray (batchinfer.cluster) ------------------------------------------------
@@ -72,6 +73,7 @@ def command(
       batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --sim-npu-ms 2
       batchinfer run images/ --model m.rknn --out runs/night --resume
       batchinfer run demo/dataset --model demo/models/digits.onnx --backend sim --ray local:3
+      batchinfer run photos/ --model yolov8n.rknn --conf 0.3      (a detector: boxes)
 
     Exit codes: 0 all items succeeded, 1 some items are error rows, 2 usage error,
     3 the run could not proceed, 130 interrupted (continue with --resume).
@@ -104,6 +106,7 @@ def _run(
         preprocess=build_group("preprocess", params),
         output=build_group("output", params),
         reliability=build_group("reliability", params),
+        detect=build_group("detect", params),
         limit=limit,
         labels=labels,
         command=shlex.join(["batchinfer", *sys.argv[1:]]),

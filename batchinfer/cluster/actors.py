@@ -12,16 +12,20 @@ Protocol (the driver's side: driver.py):
   runtime instance            the instance is made and runs the canary; called again after
                               Ray restarted the actor (a new process: a new instance)
                             infer(indexes, *inputs)
-                              -> [(t_start, t_end, before_return_s, error, outputs)]
+                              -> [(t_start, t_end, before_return_s, error, outputs, boxes)]
                               one call, a few items, inferred in order; error None: outputs
-                              are the model's outputs; else one sentence. t_start, t_end:
+                              are the model's outputs; else one sentence. A detection run's
+                              actor decodes instead (outputs None; boxes as a core worker's,
+                              engine/detection.py); its inputs come as (tensor, geometry).
+                              t_start, t_end:
                               inside inference(), on the node's monotonic clock (shared by
                               the node's actors, not the driver's); before_return_s: how
                               long before the call returned the item was done.
   read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
                               meta: [(read_ms, error)] per item; an array per item (None for
                               an error), each its own object, so each goes to whichever
-                              node infers it.
+                              node infers it. Letterboxed (detection) items are
+                              (array, geometry row) objects: the geometry travels with it.
   node check task           dataset_visible(paths) -> None or what is missing
 A node's actors get its host's backend, so every instance of a node shares the node's
 emulated board (the sim's state folder) and no two nodes share one.
@@ -42,6 +46,8 @@ import numpy as np
 
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.engine.canary import canary_input
+from batchinfer.engine.detection import ItemDecoder, write_geometry
+from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError, InputError
 from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
@@ -104,11 +110,14 @@ def _same_files(folder: Path, files: dict[str, bytes]) -> bool:
 class CoreActor:
     """One runtime instance on one NPU core of one node."""
 
-    def __init__(self, backend: Backend, core: int, input_layout: str) -> None:
+    def __init__(
+        self, backend: Backend, core: int, input_layout: str, task: TaskPlan | None = None
+    ) -> None:
         self.backend = backend
         self.core = core
         self.input_layout = input_layout
         self.adapter: RuntimeAdapter | None = None
+        self.decode = ItemDecoder(task) if task is not None else None
 
     def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
         """Make the instance and infer the canary; what the driver needs to know."""
@@ -136,18 +145,27 @@ class CoreActor:
         assert self.adapter is not None, "start() comes first"
         results = []
         for index, x in zip(indexes, inputs, strict=True):
+            geometry = np.zeros(6)
+            if isinstance(x, tuple):  # a letterboxed item (read_items)
+                x, geometry = x
             self.adapter.set_current_item(index)
             t0 = time.monotonic()
-            error, outs = None, None
+            error, outs, boxes = None, None, None
             try:
                 outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
             except InferenceError:
                 error = "inference() returned None"
             except Exception as e:  # report, never vanish: the driver decides what follows
                 error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
-            results.append((t0, time.monotonic(), error, outs))
+            t1 = time.monotonic()
+            if self.decode is not None and error is None:
+                try:
+                    boxes, outs = self.decode(outs, geometry), None
+                except Exception as e:
+                    error = f"decoding the outputs failed: {type(e).__name__}: {e}"
+            results.append((t0, t1, error, outs, boxes))
         end = time.monotonic()
-        return [(t0, t1, end - t1, e, o) for t0, t1, e, o in results]
+        return [(t0, t1, end - t1, e, o, b) for t0, t1, e, o, b in results]
 
     def stop(self) -> None:
         if self.adapter is not None:
@@ -161,15 +179,19 @@ def read_items(items: list[tuple[int, str]], preprocess: Preprocess, kind: str) 
     for _index, path in items:
         t0 = time.perf_counter()
         out = np.empty(preprocess.shape, np.dtype(preprocess.dtype))
-        error = None
+        error, item = None, out
         try:
-            load_into(path, preprocess, out, kind)
+            placed = load_into(path, preprocess, out, kind)
+            if preprocess.resize == "letterbox":
+                geometry = np.zeros(6)
+                write_geometry(geometry, placed)
+                item = (out, geometry)
         except InputError as e:
             error = str(e)
         except Exception as e:  # a decoder bug must not kill the run: it is this item's error
             error = f"cannot read {path}: {type(e).__name__}: {e}"
         meta.append(((time.perf_counter() - t0) * 1e3, error))
-        arrays.append(None if error is not None else out)
+        arrays.append(None if error is not None else item)
     return (meta, *arrays)
 
 

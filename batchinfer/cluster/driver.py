@@ -284,6 +284,8 @@ class ClusterEngine(EngineLoop):
                 continue
             self.backends[node.node_id] = backend
         actor_cls = ray.remote(CoreActor)
+        # A detection run's actors decode their outputs into boxes (actors.py).
+        self._task = self.plan.task if self.plan.detects else None
         k = self.plan.instances_per_core
         shape, dtype = self.plan.preprocess.shape, self.plan.preprocess.dtype
         now = self.clock()
@@ -299,7 +301,7 @@ class ClusterEngine(EngineLoop):
                 scheduling_strategy=Affinity(actor.node.node_id, soft=False),
                 max_restarts=-1,
                 max_task_retries=0,
-            ).remote(backend, actor.core, self.plan.preprocess.layout)
+            ).remote(backend, actor.core, self.plan.preprocess.layout, self._task)
             self._probe(actor, now)
         head, lanes = self.head_node_id, []
         for lane in range(len(self.scheduler.unsent)):
@@ -511,7 +513,7 @@ class ClusterEngine(EngineLoop):
         actor.last_progress = now
         self._busy[actor.where].add(actor.instance, [(t0, t1) for t0, t1, *_ in value])
         self._report_busy(actor)
-        for slot, (t0, t1, after_s, error, outputs) in zip(call.slots, value, strict=True):
+        for slot, (t0, t1, after_s, error, outputs, *boxes) in zip(call.slots, value, strict=True):
             latency_s = t1 - t0
             finished = self.scheduler.done(actor.key, slot, error)
             if finished is None:
@@ -521,7 +523,7 @@ class ClusterEngine(EngineLoop):
                 continue
             self._outputs[slot] = outputs
             done = now - after_s  # the node's clock is not ours: place its times on ours
-            self.collector.success(slot, actor.key, actor.instance, done - latency_s, done)
+            self.collector.success(slot, actor.key, actor.instance, done - latency_s, done, *boxes)
 
     def _report_busy(self, actor: _Actor, final: bool = False) -> None:
         where = actor.where

@@ -18,6 +18,10 @@ Steps, in order (see :class:`~batchinfer.data.preprocess.Preprocess` for the swi
    the fractions are kept (no rounding to 8 bits); integer inputs get them rounded.
 6. **Resize** to the model's height and width (bilinear, stretching), then the
    orientation's transpose (cheaper at the model's size than at the photo's).
+   Letterboxing (``resize="letterbox"``, for detectors) resizes to the size that keeps the
+   upright image's aspect (:func:`batchinfer.detect.letterbox_geometry`), transposes, and
+   pads the rest of the input with the pad colour; the geometry is returned with the pixels,
+   so boxes can be mapped back to the original image's pixels.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
     from batchinfer.data.preprocess import Preprocess
+    from batchinfer.detect import Letterbox
 
 #: Default ``Preprocess.max_pixels``: Pillow's own decompression-bomb threshold
 #: (``PIL.Image.MAX_IMAGE_PIXELS``, about 9,459 × 9,459), written out so that a program
@@ -75,8 +80,9 @@ _DEEP_SCALE = {
 _PILLOW_SETTINGS = threading.Lock()
 
 
-def decode_image(f: BinaryIO, spec: Preprocess, label: str) -> np.ndarray:
-    """Return the image in ``f`` at spec.size, upright, as (H, W) or (H, W, 3) pixels.
+def decode_image(f: BinaryIO, spec: Preprocess, label: str) -> tuple[np.ndarray, Letterbox | None]:
+    """Return the image in ``f`` at spec.size, upright, as (H, W) or (H, W, 3) pixels, and
+    where it was placed when letterboxed (None when stretched).
 
     The array is uint8, or float32 in 0..255 for a high-bit-depth image fed to a float
     input. Gray images come back (H, W) even for rgb/bgr specs (the writer broadcasts).
@@ -115,26 +121,63 @@ def _pillow_limit(max_pixels: int | None) -> Iterator[None]:
             Image.MAX_IMAGE_PIXELS = saved
 
 
-def _pixels(img: Image.Image, spec: Preprocess) -> np.ndarray:
+def _pixels(img: Image.Image, spec: Preprocess) -> tuple[np.ndarray, Letterbox | None]:
     height, width = spec.size
     mode = "L" if spec.color == "gray" else "RGB"
     orientation = _orientation(img) if spec.exif_orientation else 1
+    placed = None
+    inner_w, inner_h = width, height
+    if spec.resize == "letterbox":
+        # The geometry of the upright image at its full size (before any draft decoding).
+        w, h = img.size
+        upright = (h, w) if orientation in _SWAPS_AXES else (w, h)
+        placed, inner_w, inner_h = _letterbox(upright, width, height)
     # Everything up to the transpose happens in the file's own orientation.
-    size = (height, width) if orientation in _SWAPS_AXES else (width, height)
+    size = (inner_h, inner_w) if orientation in _SWAPS_AXES else (inner_w, inner_h)
     if spec.jpeg_draft and isinstance(img, JpegImagePlugin.JpegImageFile) and img.size != size:
         # Phones' JPEGs often open as MPO, a JpegImageFile subclass: same decoder.
         img.draft(mode, size)
     img.load()
     if img.mode in _DEEP_SCALE:
-        return _deep_pixels(img, size, orientation, spec.is_float)
-    img = _flatten(img, spec.background)
-    if img.mode != mode:
-        img = img.convert(mode)
-    if img.size != size:
-        img = img.resize(size, Image.Resampling.BILINEAR)
-    if orientation in _TRANSPOSE:
-        img = img.transpose(_TRANSPOSE[orientation])
-    return np.asarray(img)
+        out = _deep_pixels(img, size, orientation, spec.is_float)
+    else:
+        img = _flatten(img, spec.background)
+        if img.mode != mode:
+            img = img.convert(mode)
+        if img.size != size:
+            img = img.resize(size, Image.Resampling.BILINEAR)
+        if orientation in _TRANSPOSE:
+            img = img.transpose(_TRANSPOSE[orientation])
+        out = np.asarray(img)
+    if placed is not None:
+        out = _on_canvas(out, placed, width, height, spec.pad)
+    return out, placed
+
+
+def _letterbox(upright: tuple[int, int], width: int, height: int) -> tuple[Letterbox, int, int]:
+    """Where an upright image of ``upright`` (w, h) goes on a width x height input: the
+    geometry, and the size it is resized to (at least 1 pixel, at most the input)."""
+    from batchinfer.detect import letterbox_geometry
+
+    placed = letterbox_geometry(upright[0], upright[1], width, height)
+    inner_w, inner_h = placed.resized
+    return placed, min(width, inner_w), min(height, inner_h)
+
+
+def _on_canvas(
+    pixels: np.ndarray, placed: Letterbox, width: int, height: int, pad: tuple[int, int, int]
+) -> np.ndarray:
+    """``pixels`` (resized, upright) placed on a width x height canvas of the pad colour,
+    where the geometry says (as batchinfer.detect.letterbox_array places it)."""
+    inner_h, inner_w = pixels.shape[:2]
+    left = min(width - inner_w, max(0, int(placed.pad_x)))
+    top = min(height - inner_h, max(0, int(placed.pad_y)))
+    shape = (height, width, *pixels.shape[2:])
+    fill = pad if pixels.ndim == 3 else round(sum(pad) / 3)
+    canvas = np.empty(shape, pixels.dtype)
+    canvas[...] = np.asarray(fill, dtype=pixels.dtype)
+    canvas[top : top + inner_h, left : left + inner_w] = pixels
+    return canvas
 
 
 def _orientation(img: Image.Image) -> int:

@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 import numpy as np
 from PIL import ImageColor
@@ -33,12 +33,17 @@ from batchinfer.data.images import DEFAULT_MAX_PIXELS, decode_image
 from batchinfer.errors import InputError, UsageError
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
 
+if TYPE_CHECKING:
+    from batchinfer.detect import Letterbox
+
 Layout = Literal["nhwc", "nchw"]
 Color = Literal["rgb", "bgr", "gray"]
 
 LAYOUTS = ("nhwc", "nchw")
 COLORS = ("rgb", "bgr", "gray")
-RESIZE_MODES = ("stretch",)
+#: stretch: to the model's size, aspect ignored (classifiers); letterbox: aspect kept, the
+#: rest padded with ``pad`` (detectors: batchinfer.detect.letterbox_geometry places it).
+RESIZE_MODES = ("stretch", "letterbox")
 
 # Images are 0..255: these dtypes cannot hold them (int8) or make no sense (bool).
 _NOT_FOR_IMAGES = ("int8", "bool")
@@ -65,6 +70,9 @@ class Preprocess:
       rows; None for no limit. Default: Pillow's decompression-bomb threshold.
     - ``jpeg_draft``: decode large JPEGs at 1/2, 1/4 or 1/8 scale when the model input
       is that much smaller (faster, far less memory; off reproduces a full decode).
+    - ``resize``: "stretch" to the input's size, or "letterbox": aspect kept, centred, the
+      rest filled with ``pad`` (r, g, b), as detectors are fed; :func:`load_into` then
+      returns where the image went (:class:`batchinfer.detect.Letterbox`).
     """
 
     shape: tuple[int, ...]
@@ -73,7 +81,8 @@ class Preprocess:
     color: Color = "rgb"
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
-    resize: Literal["stretch"] = "stretch"
+    resize: Literal["stretch", "letterbox"] = "stretch"
+    pad: tuple[int, int, int] = (114, 114, 114)
     exif_orientation: bool = True
     background: tuple[int, int, int] | None = (255, 255, 255)
     max_pixels: int | None = DEFAULT_MAX_PIXELS
@@ -93,8 +102,14 @@ class Preprocess:
         if self.color not in COLORS:
             raise UsageError(f"Unknown color {self.color!r}; use one of {', '.join(COLORS)}.")
         if self.resize not in RESIZE_MODES:
-            raise UsageError(f"Unknown resize mode {self.resize!r}; use 'stretch'.")
+            raise UsageError(
+                f"Unknown resize mode {self.resize!r}; use one of {', '.join(RESIZE_MODES)}."
+            )
         object.__setattr__(self, "background", _background(self.background))
+        pad = _background(self.pad)
+        if pad is None:
+            raise UsageError("{detect.pad_colour} must be a colour, not none.")
+        object.__setattr__(self, "pad", pad)
         if self.max_pixels is not None:
             if isinstance(self.max_pixels, bool) or not isinstance(
                 self.max_pixels, int | np.integer
@@ -249,6 +264,8 @@ def preprocess_for(
     background: tuple[int, int, int] | str | None = (255, 255, 255),
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     jpeg_draft: bool = True,
+    resize: str = "stretch",
+    pad: tuple[int, int, int] = (114, 114, 114),
 ) -> Preprocess:
     """Return the Preprocess for a model input of ``shape``/``dtype``, with overrides.
 
@@ -260,8 +277,8 @@ def preprocess_for(
     layout (default: the model's); ``size`` = (height, width) overrides the model's;
     ``color`` defaults to gray for 1 channel, rgb for 3. ``mean``/``std`` are refused for
     a model whose own input is an integer type: it takes raw pixels and normalises inside.
-    The decoding switches are Preprocess's. Raises UsageError for combinations that
-    cannot work.
+    The decoding switches (and ``resize``/``pad``) are Preprocess's. Raises UsageError for
+    combinations that cannot work.
     """
     if mean is not None or std is not None:
         _check_normalisation(dtype, dtype_override)
@@ -319,6 +336,8 @@ def preprocess_for(
         background=background,  # type: ignore[arg-type]  # parsed by Preprocess
         max_pixels=max_pixels,
         jpeg_draft=jpeg_draft,
+        resize=resize,  # type: ignore[arg-type]
+        pad=pad,
     )
 
 
@@ -435,13 +454,14 @@ def _dtype_name(dtype: object) -> str:
 
 def load_into(
     path: str, spec: Preprocess, out: np.ndarray, kind: str, *, name: str | None = None
-) -> None:
-    """Decode the item at ``path`` and write its input tensor into ``out`` (returns nothing).
+) -> Letterbox | None:
+    """Decode the item at ``path`` and write its input tensor into ``out``.
 
     ``out`` must have ``spec.shape`` and ``spec.dtype`` and be C-contiguous (a view over a
     shared-memory slot); ``kind`` is the dataset's ('images' or 'npy'). ``name`` is how
-    messages call the file (the item's id; default ``path``). Raises InputError for
-    anything wrong with the file.
+    messages call the file (the item's id; default ``path``). Returns where a letterboxed
+    image went on the input (``spec.resize == "letterbox"``), else None. Raises
+    InputError for anything wrong with the file.
     """
     if out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
         raise ValueError(
@@ -452,12 +472,13 @@ def load_into(
     label = name or path
     if kind == "images":
         with _open(path, label) as f:
-            pixels = decode_image(f, spec, label)
+            pixels, placed = decode_image(f, spec, label)
         _write_pixels(pixels, spec, out)
-    elif kind == "npy":
+        return placed
+    if kind == "npy":
         _read_npy(path, spec, out, label)
-    else:
-        raise ValueError(f"unknown dataset kind {kind!r}")
+        return None
+    raise ValueError(f"unknown dataset kind {kind!r}")
 
 
 def _open(path: str, label: str) -> BinaryIO:

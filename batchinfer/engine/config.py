@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.options import (
+    DetectOptions,
     OutputOptions,
     PreprocessOptions,
     ReliabilityOptions,
@@ -16,6 +17,7 @@ from batchinfer.options import (
 )
 
 __all__ = [
+    "DetectOptions",
     "OutputOptions",
     "PreprocessOptions",
     "ReliabilityOptions",
@@ -38,6 +40,7 @@ class RunConfig:
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
     limit: int | None = None  # only the first N items of the dataset
     labels: Path | None = None  # a class map file (see batchinfer.data.classes)
     command: str | None = None  # the command line, for the manifest

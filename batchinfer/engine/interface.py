@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchinfer.data.preprocess import Preprocess
+from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError
 from batchinfer.options import ReliabilityOptions
 from batchinfer.runtime.backends import Backend
@@ -29,6 +30,15 @@ class EnginePlan:
     # Items wait until every core is up (eval: its per-core metrics compare cores, and a
     # core that started first would take the first items, often a class of their own).
     cores_start_together: bool = False
+    # What is done with the outputs (engine/task.py); None: classify, as before tasks.
+    task: TaskPlan | None = None
+    # Copy the raw outputs into the output slots for the rows even when the worker decodes
+    # them (a detection run with --save-outputs); classify and raw always copy them.
+    save_outputs: bool = False
+
+    @property
+    def detects(self) -> bool:
+        return self.task is not None and self.task.detects
 
 
 @dataclass
@@ -46,3 +56,6 @@ class EngineResult:
     collect_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by role
     peak_rss_mb: float = 0.0  # the coordinator's, while the engine ran
+    # Detection runs: items decoded, CPU seconds the core workers spent decoding (boxes,
+    # NMS, mapping back), NaN/inf candidates dropped (engine/detection.py).
+    detect: dict[str, float] = field(default_factory=dict)

@@ -121,6 +121,7 @@ class Engine(EngineLoop):
             backend=self.backend.describe(),
             collect_s=self.collector.collect_s,
             cpu_s=self.usage.cpu_by_role(),
+            detect=dict(self.collector.detect),
             peak_rss_mb=self.usage.peak_rss_mb,
         )
 
@@ -136,7 +137,12 @@ class Engine(EngineLoop):
         check_fd_limit(len(plan.cores) + self._max_readers)  # before any process or segment
         self.pool.open()  # the fork server imports while the segments are made
         self.memory = RunMemory(
-            plan.slots, plan.preprocess, plan.cores, plan.instances_per_core, self._max_readers
+            plan.slots,
+            plan.preprocess,
+            plan.cores,
+            plan.instances_per_core,
+            self._max_readers,
+            geometry=plan.detects,
         )
         self.inputs, self.board = self.memory.inputs, self.memory.board
         for core in self.plan.cores:
@@ -356,12 +362,12 @@ class Engine(EngineLoop):
                 if finished is not None:
                     self.collector.error(finished)
         elif kind == "done":
-            for slot, _index, instance, t0, t1, error in msg[1]:
+            for slot, _index, instance, t0, t1, error, *boxes in msg[1]:
                 finished = self.scheduler.done(child.key, slot, error)
                 if finished is None:
                     continue
                 if finished.error is None:
-                    self.collector.success(slot, child.key, instance, t0, t1)
+                    self.collector.success(slot, child.key, instance, t0, t1, *boxes)
                 else:
                     self.collector.error(finished)
             child.busy_s, child.cpu_s = msg[2], msg[3]
@@ -389,7 +395,10 @@ class Engine(EngineLoop):
         self.sdk_versions[child.key] = info.get("sdk_version")
         if self.outputs is None:
             shapes = [(tuple(s), "float32") for s, _ in info["outputs"]]
-            self.outputs = self.memory.create_outputs(shapes)
+            # A detection run's workers send boxes, not outputs: no output slots to fill
+            # unless the rows store the raw outputs too.
+            keep = not self.plan.detects or self.plan.save_outputs
+            self.outputs = self.memory.create_outputs(shapes if keep else [])
             self.collector.outputs = self.outputs
             self.sink.open(shapes)
         self.pool.send(child, ("attach", self.outputs.spec))

@@ -1,4 +1,5 @@
-"""The shared memory of one run: its owner lock, input slots, status board and output slots.
+"""The shared memory of one run: its owner lock, input slots, status board and output slots
+(and, for detection runs, each slot's letterbox geometry: engine/detection.py).
 
 Layout of the status board: one row per (core worker, instance), cores in the order of the
 plan, then one row per reader. Creation and removal follow the NOTE in slots.py.
@@ -7,6 +8,7 @@ plan, then one row per reader. Creation and removal follow the NOTE in slots.py.
 from __future__ import annotations
 
 from batchinfer.data.preprocess import Preprocess
+from batchinfer.engine.detection import GEOMETRY_LAYOUT
 from batchinfer.engine.janitor import Janitor
 from batchinfer.engine.slots import (
     BoardSpec,
@@ -30,6 +32,7 @@ class RunMemory:
         cores: tuple[int, ...],
         instances: int,
         readers: int,
+        geometry: bool = False,
     ) -> None:
         self.slots = slots
         self.cores = cores
@@ -40,8 +43,10 @@ class RunMemory:
         self.inputs: SlotRegion | None = None
         self.board: StatusBoard | None = None
         self.outputs: SlotRegion | None = None
+        self.geometry: SlotRegion | None = None
         try:
-            for role in ("owner", "in", "board", "out"):  # before they exist: no gap
+            roles = ("owner", "in", "board", "out") + (("geo",) if geometry else ())
+            for role in roles:  # before they exist: no gap
                 self.janitor.watch(segment_name(self.token, role))
             self.owner = RunOwner(self.token)
             layout = TensorLayout((preprocess.shape,), (preprocess.dtype,))
@@ -50,6 +55,10 @@ class RunMemory:
             )
             rows = len(cores) * instances + readers
             self.board = StatusBoard.create(BoardSpec(segment_name(self.token, "board"), rows))
+            if geometry:
+                self.geometry = SlotRegion.create(
+                    RegionSpec(segment_name(self.token, "geo"), slots, GEOMETRY_LAYOUT)
+                )
         except BaseException:
             self.close()
             raise
@@ -72,7 +81,7 @@ class RunMemory:
 
     def close(self) -> None:
         """Close and unlink everything (only after every child is gone: NOTE, step 4)."""
-        for region in (self.inputs, self.outputs):
+        for region in (self.inputs, self.outputs, self.geometry):
             if region is not None:
                 region.close(unlink=True)
         if self.board is not None:
@@ -82,3 +91,4 @@ class RunMemory:
         if self.janitor is not None:
             self.janitor.close()
         self.inputs = self.outputs = self.board = self.owner = self.janitor = None
+        self.geometry = None

@@ -30,6 +30,7 @@ from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
+from batchinfer.engine.task import RAW, TaskPlan, pad_rgb, plan_task
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
 from batchinfer.runtime import describe_model
@@ -57,10 +58,19 @@ class RunPlan:
         return self.engine.backend
 
     def preprocess_json(self) -> dict:
-        return {
-            k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(self.engine.preprocess).items()
-        }
+        return preprocess_record(self.engine.preprocess)
+
+
+def preprocess_record(preprocess: Preprocess) -> dict:
+    """The preprocessing as JSON values, for the manifest and the fingerprint. The pad colour
+    only where it is used (letterboxing), so a classification run's record is the one it had
+    before detection existed, and resuming such a run is not refused."""
+    record = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(preprocess).items()
+    }
+    if preprocess.resize != "letterbox":
+        record.pop("pad", None)
+    return record
 
 
 def _out_path(out: Path | None) -> Path:
@@ -157,9 +167,15 @@ def _check_size(shape: tuple[int, ...], preprocess: Preprocess, asked: tuple[int
 
 
 def plan_engine(
-    config: RunConfig, backend: Backend, shape: tuple[int, ...], dtype: str, kind: str
+    config: RunConfig,
+    backend: Backend,
+    shape: tuple[int, ...],
+    dtype: str,
+    kind: str,
+    task: TaskPlan | None = None,
 ) -> EnginePlan:
-    """The engine's part of a plan (shared by run, bench and eval)."""
+    """The engine's part of a plan (shared by run, bench and eval); ``task`` defaults to
+    the one the model's outputs and ``config.detect`` give (engine/task.py)."""
     rt, pre, out = config.runtime, config.preprocess, config.output
     check_settings(config)
     cores = check_cores(rt, backend)
@@ -178,6 +194,12 @@ def plan_engine(
         jpeg_draft=pre.jpeg_draft,
     )
     _check_size(shape, preprocess, pre.size)
+    if task is None:
+        model = Path(config.model).expanduser().resolve()
+        input_hw = preprocess.size if preprocess.is_image else None
+        task = plan_task(config.detect, model, input_hw, config.labels)
+    if task.detects:
+        preprocess = dataclasses.replace(preprocess, resize="letterbox", pad=pad_rgb(config.detect))
     if kind:
         preprocess.validate_for(kind)
     warning = raw_pixels_warning(preprocess, kind, Path(config.model).name)
@@ -207,6 +229,8 @@ def plan_engine(
         cpus=cpus,
         reliability=config.reliability,
         topk=out.topk,
+        task=task,
+        save_outputs=out.save_outputs or task.task == RAW,
     )
 
 
@@ -244,27 +268,27 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         )
     backend = make_backend(model, config.runtime)
     shape, dtype = model_input(model, config)
-    dataset = open_dataset(
-        Path(config.dataset).expanduser(), labels_file=config.labels, progress=listing
-    )
-    engine = plan_engine(config, backend, shape, dtype, dataset.kind)
+    engine = plan_engine(config, backend, shape, dtype, "")
+    # A detection run's labels file names the head's classes (engine/task.py), not class
+    # folders of the dataset.
+    labels = None if engine.detects else config.labels
+    dataset = open_dataset(Path(config.dataset).expanduser(), labels_file=labels, progress=listing)
+    engine.preprocess.validate_for(dataset.kind)
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,
         runtime_files=runtime_files(model),
         backend=backend.name,
-        preprocess={
-            k: list(v) if isinstance(v, tuple) else v
-            for k, v in dataclasses.asdict(engine.preprocess).items()
-        },
+        preprocess=preprocess_record(engine.preprocess),
         topk=out.topk,
-        save_outputs=out.save_outputs,
+        save_outputs=engine.save_outputs,
         dataset_root=str(dataset.root),
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
         class_map={k: v for k, v in dataset.class_map.to_json().items() if k != "file"},
         resume_check=out.resume_check,
         dataset_files_sha256=files_sha256(dataset, out.resume_check),
+        task=engine.task.fingerprint() if engine.task is not None else None,
     )
     if out.resume and folder.manifest is not None:
         check_resume_fingerprint(folder, fingerprint)

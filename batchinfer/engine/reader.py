@@ -12,6 +12,9 @@ Results go back in batches: after the last item of a task, or as soon as the old
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
 While decoding an item the reader's row on the status board holds (index, start time):
 that is how the coordinator tells a hung decode from a slow queue.
+Detection runs letterbox images: the reader also writes where each image went into the
+slot's row of the geometry segment (engine/detection.py) before it reports "loaded", so
+the core worker finds it there; the messages do not change.
 A reader exits on "stop", when its pipe from the coordinator closes, or with the coordinator.
 """
 
@@ -24,6 +27,7 @@ from multiprocessing.connection import Connection
 
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
+from batchinfer.engine.detection import write_geometry
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -42,6 +46,7 @@ class ReaderSpec:
     kind: str
     cpus: tuple[int, ...] | None
     parent_pid: int
+    geometry: RegionSpec | None = None  # detection runs: where each image went
 
 
 def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> None:
@@ -52,15 +57,18 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
         # (Engine._yield_to_workers), never while decoding is what they wait for.
         inputs = SlotRegion.attach(spec.inputs)
         board = StatusBoard.attach(spec.board)
+        geometry = SlotRegion.attach(spec.geometry) if spec.geometry is not None else None
     except BaseException as exc:
         report_failure(results, exc)
         return
     send_or_exit(results, ("ready", os.getpid(), cpu_seconds()))
     try:
-        _serve(spec, inputs, board, tasks, results)
+        _serve(spec, inputs, board, tasks, results, geometry)
     finally:
         inputs.close()
         board.close()
+        if geometry is not None:
+            geometry.close()
 
 
 def _serve(
@@ -69,6 +77,7 @@ def _serve(
     board: StatusBoard,
     tasks: Connection,
     results: Connection,
+    geometry: SlotRegion | None = None,
 ) -> None:
     row = spec.board_row
     while True:
@@ -85,7 +94,9 @@ def _serve(
             board.start(row, index, time.monotonic())
             error = None
             try:
-                load_into(path, spec.preprocess, inputs[slot][0], spec.kind, name=item_id)
+                placed = load_into(path, spec.preprocess, inputs[slot][0], spec.kind, name=item_id)
+                if geometry is not None:
+                    write_geometry(geometry[slot][0], placed)
             except InputError as e:
                 error = str(e)
             except Exception as e:  # a decoder bug must not kill the run: it is this item's error

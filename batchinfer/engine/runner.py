@@ -103,6 +103,23 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
         "cpu_affinity": list(engine.cpus) if engine.cpus else None,
         "host": host_facts(),
         "pid": os.getpid(),
+        **({"task": engine.task.to_json()} if engine.task is not None else {}),
+    }
+
+
+def detect_figures(detect: dict[str, float]) -> dict[str, Any] | None:
+    """The manifest's ``detect`` record: boxes written, NaN/inf candidates dropped, and the
+    core workers' CPU milliseconds per item spent decoding (post-processing)."""
+    if not detect:
+        return None
+    decoded = int(detect.get("items", 0))
+    return {
+        "items_decoded": decoded,
+        "boxes": int(detect.get("boxes", 0)),
+        "nonfinite_dropped": int(detect.get("nonfinite", 0)),
+        "postprocess_cpu_ms_per_item": (
+            round(1e3 * detect.get("cpu_s", 0.0) / decoded, 4) if decoded else None
+        ),
     }
 
 
@@ -180,10 +197,10 @@ def _run(
         continued,
         {**_manifest_fields(plan), **fields},
         topk=out.topk,
-        save_outputs=out.save_outputs,
         part_rows=out.part_rows,
         first_part=done.next_part if done is not None else 0,
         guard=lock.check,
+        **_task_sink(plan),
     )
     source = DatasetSource(
         plan.dataset,
@@ -221,6 +238,7 @@ def _run(
             "cpu_s": result.cpu_s,
             "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
             "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
+            **_detect_record(run_folder, result.detect, plan),
         },
     )
     if error is not None:
@@ -250,6 +268,27 @@ class _DatasetNotes:
         if self.dataset is not None and isinstance(event, Started):
             say_notes(self.dataset)
             self.dataset = None
+
+
+def _task_sink(plan: RunPlan) -> dict[str, Any]:
+    """What the run folder's rows need to know of the task (the save_outputs a raw task
+    forces, a detection run's schema and class names)."""
+    engine = plan.engine
+    out: dict[str, Any] = {"save_outputs": engine.save_outputs}
+    if engine.detects:
+        assert engine.task is not None
+        out.update(task="detect", class_names=engine.task.names)
+    return out
+
+
+def _detect_record(run_folder: RunFolder, detect: dict[str, float], plan: RunPlan) -> dict:
+    """The manifest's ``detect`` figures, summed over a resumed run's invocations."""
+    if not plan.engine.detects:
+        return {}
+    earlier = run_folder.manifest.data.get("detect_totals") or {}
+    keys = ("items", "boxes", "nonfinite", "cpu_s")
+    totals = {k: earlier.get(k, 0) + detect.get(k, 0) for k in keys}
+    return {"detect": detect_figures(totals), "detect_totals": totals}
 
 
 class _FirstFailures:

@@ -11,6 +11,12 @@ the **status board** (:class:`StatusBoard`), has one row per reader and per (cor
 instance): the index of the item it is working on and the monotonic time it started (0
 when idle). The input segment and the board exist from the start, so readers start at
 once; the output segment is made when the first core worker reports its output shapes.
+A detection run has one more, the **geometry segment** (engine/detection.py): one small row
+per slot saying where the reader letterboxed the slot's image (original size, scale,
+padding), which the core worker reads after inference to put the boxes back in the
+original image's pixels. It follows the input region's rules (written by the slot's reader
+while READING, read by a core worker while INFERRING); the boxes go back in the ``done``
+message, and a detection run's output segment holds nothing unless ``--save-outputs``.
 
 The scheduler (scheduler.py) owns every slot's state; nobody else decides about a slot::
 

@@ -26,6 +26,9 @@ def start_worker(
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
         refill_at=REFILL_AT * plan.instances_per_core,
+        task=plan.task if plan.detects else None,
+        geometry=memory.geometry.spec if memory.geometry is not None else None,
+        save_outputs=plan.save_outputs,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(
@@ -51,6 +54,7 @@ def start_reader(
         kind=kind,
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
+        geometry=memory.geometry.spec if memory.geometry is not None else None,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(

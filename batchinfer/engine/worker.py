@@ -9,9 +9,13 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
   coordinator -> worker  ("attach", outputs RegionSpec) once, before any task
                          ("infer", [(slot, index), ...])
                          ("stop",)                      finish queued work, release, exit
-  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error), ...], busy_s,
-                          cpu_s)
-                         error None: outputs are in the slot's output region; else one sentence.
+  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error, boxes), ...],
+                          busy_s, cpu_s)
+                         error None: outputs are in the slot's output region (a detection run
+                         without --save-outputs copies none); else one sentence.
+                         boxes: None, or for a detection run the item's decoded boxes in the
+                         original image's pixels (engine/detection.py's Boxes: a small array,
+                         the image's size, NaN/inf candidates dropped, the decode's CPU seconds).
                          busy_s: cumulative seconds during which some instance was in inference();
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue (the main thread fills it from the
@@ -21,6 +25,9 @@ also sends results that have waited BATCH_WAIT_S, so a hung call holds back none
 instance infers, its row on the status board holds (index, start time). Runtimes are
 created here, after the fork (the fork server never imports a runtime:
 engine/fork_server.py); the worker exits with the coordinator.
+Detection runs decode here, next to the runtime call, on the instance's thread (one decoder
+per instance): each instance reads the slot's letterbox geometry (written by the reader,
+engine/detection.py), and only boxes travel back, never the raw tensors.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ import numpy as np
 
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
+from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
+from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
 from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
@@ -67,6 +76,9 @@ class WorkerSpec:
     cpus: tuple[int, ...] | None
     parent_pid: int
     refill_at: int  # the coordinator refills this worker when it holds this many (_Outbox)
+    task: TaskPlan | None = None  # a detection run's: decode here (engine/detection.py)
+    geometry: RegionSpec | None = None  # each slot's letterbox geometry (detection runs)
+    save_outputs: bool = False  # detection runs: copy the raw outputs to the slots too
 
 
 class _BusyClock:
@@ -153,7 +165,7 @@ class _Outbox:
         self._oldest = 0.0
 
     def add(self, result: tuple) -> None:
-        """Queue one result (slot, index, instance, t0, t1, error); send if it is time."""
+        """Queue one result (slot, index, instance, t0, t1, error, boxes); send if it is time."""
         t0, t1 = result[3], result[4]
         with self._lock:
             if not self._batch:
@@ -217,6 +229,18 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         except InferenceError as e:
             send_or_exit(results, ("init_failed", f"the canary inference failed: {_template(e)}"))
             return
+        decoders: list[ItemDecoder] = []
+        if spec.task is not None:
+            decoders = [ItemDecoder(spec.task) for _ in adapters]
+            try:  # outputs that do not fit the planned head fail here, once, not per item
+                decoders[0](outs, np.zeros(6))
+            except Exception as e:
+                shapes = ", ".join(str(list(o.shape)) for o in outs)
+                send_or_exit(
+                    results,
+                    ("init_failed", f"its outputs ({shapes}) cannot be decoded as planned: {e}"),
+                )
+                return
         info = {
             "sdk_version": adapters[0].sdk_version(),
             "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
@@ -233,6 +257,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             return
         outputs = SlotRegion.attach(msg[1])
         board = StatusBoard.attach(spec.board)
+        geometry = SlotRegion.attach(spec.geometry) if spec.geometry is not None else None
     except BaseException as exc:
         report_failure(results, exc)
         for a in adapters:
@@ -244,11 +269,12 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     # fork server imported is frozen already, so this collection scans only the runtime.)
     gc.collect()
     gc.freeze()
-    _serve(spec, adapters, inputs, outputs, board, tasks, results)
+    _serve(spec, adapters, inputs, outputs, board, tasks, results, decoders, geometry)
     for a in adapters:
         a.release()
-    for region in (inputs, outputs):
-        region.close()
+    for region in (inputs, outputs, geometry):
+        if region is not None:
+            region.close()
     board.close()
 
 
@@ -265,6 +291,8 @@ def _serve(
     board: StatusBoard,
     tasks: Connection,
     results: Connection,
+    decoders: list[ItemDecoder] | None = None,
+    geometry: SlotRegion | None = None,
 ) -> None:
     """Feed the instance threads from the task pipe until "stop"."""
     work: queue.SimpleQueue = queue.SimpleQueue()
@@ -275,20 +303,24 @@ def _serve(
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
         calls = 0
+        decode = decoders[instance] if decoders else None
+        copy_outputs = decode is None or spec.save_outputs
         while (task := work.get()) is not None:
             slot, index = task
             adapter.set_current_item(index)
             t0 = time.monotonic()
             board.start(row, index, t0)
             busy.enter(t0)
-            error = None
+            error = boxes = None
             try:
                 outs = adapter.infer(
                     inputs[slot], data_format=spec.input_layout, reuse_outputs=True
                 )
-                # The one copy of each output: from the runtime's staging buffer into the slot.
-                for dst, src in zip(outputs[slot], outs, strict=True):
-                    np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
+                if copy_outputs:
+                    # The one copy of each output: from the runtime's staging buffer into
+                    # the slot.
+                    for dst, src in zip(outputs[slot], outs, strict=True):
+                        np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
             except InferenceError:
                 # The runtime logged why (its E RKNN line); the row says what and where.
                 error = "inference() returned None"
@@ -297,7 +329,12 @@ def _serve(
             t1 = time.monotonic()
             board.finish(row)
             busy.leave(t1)
-            outbox.add((slot, index, instance, t0, t1, error))
+            if decode is not None and error is None:
+                try:  # after the NPU call: the instance's next inference waits, not the NPU
+                    boxes = decode(outs, geometry[slot][0])  # type: ignore[index]
+                except Exception as e:
+                    error = f"decoding the outputs failed: {type(e).__name__}: {e}"
+            outbox.add((slot, index, instance, t0, t1, error, boxes))
             calls += 1
             if calls % _GC_EVERY == 0:
                 gc.collect()

@@ -239,6 +239,13 @@ def evaluate(
     ``observers(side)`` gives the engine observers for the ``device`` or ``reference`` run
     (observers with a ``close()`` are closed after their run).
     """
+    if job.task == "detect":  # the same steps with boxes: evaluate/detection_eval.py
+        from batchinfer.evaluate.detection_eval import evaluate_detection
+
+        return evaluate_detection(
+            job, update_baseline=update_baseline, observers=observers, command=command,
+            clock=clock,
+        )  # fmt: skip
     observers = observers or (lambda side: ())
     command = command or f"batchinfer eval {job.path}"
     registry = builtin_metrics(job.metrics.topk)
@@ -255,6 +262,12 @@ def evaluate(
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         classes, relabel, class_source = class_map(job, dataset)
         device_plan = plan_side(job, "device", job.device, dataset)
+        if device_plan.engine.detects:
+            raise job.error(
+                f'device.model {device_plan.model.name} is a detector; add task = "detect" '
+                "and dataset.ground_truth (its boxes) to score it.",
+                "task",
+            )
         reference_plan = None
         if job.reference is not None:
             reference_plan = plan_side(job, "reference", job.reference, dataset)

@@ -3,9 +3,10 @@
 A gate (``[gates.METRIC]`` in a job file) may set:
 - ``min`` / ``max``: absolute limits;
 - ``max_drop``: the value may be at most this much below the baseline's (the last accepted
-  run); with ``alpha`` (top1 only) a larger drop fails only if McNemar's test on per-item
-  correctness finds it significant at that level, so that a few flipped items on a small
-  set do not fail a night, while a real regression does;
+  run); with ``alpha`` (top1, and map50_95/map50 of detection jobs) a larger drop fails
+  only if McNemar's test on per-item correctness (the paired image bootstrap of mAP) finds
+  it significant at that level, so that a few flipped items on a small set do not fail a
+  night, while a real regression does;
 - ``min_ratio_to_reference``: the value must be at least this share of the float
   reference's own value (MLPerf's "99 % of FP32" rule is ``min_ratio_to_reference = 0.99``).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from batchinfer.evaluate.job import Gate
+from batchinfer.evaluate.job import SIGNIFICANCE, Gate
 
 #: Comparisons allow this much floating-point slack.
 _EPS = 1e-12
@@ -154,10 +155,11 @@ def _drop(
         return GateResult(gate.metric, "max_drop", None, limit, False, "not computed")
     ok = _at_least(value, limit)
     if not ok and gate.alpha is not None:
-        p = metrics.get("mcnemar_p")
+        p = metrics.get(SIGNIFICANCE.get(gate.metric, "mcnemar_p"))
+        test = "McNemar" if gate.metric == "top1" else "bootstrap"
         if p is not None and p >= gate.alpha:
             ok = True
-            note += f"; McNemar p = {p:.3g} >= alpha {gate.alpha:g}: the drop is not significant"
+            note += f"; {test} p = {p:.3g} >= alpha {gate.alpha:g}: the drop is not significant"
         elif p is not None:
-            note += f"; McNemar p = {p:.3g} < alpha {gate.alpha:g}: significant"
+            note += f"; {test} p = {p:.3g} < alpha {gate.alpha:g}: significant"
     return GateResult(gate.metric, "max_drop", value, limit, ok, note)

@@ -31,6 +31,7 @@ from batchinfer.evaluate.metrics import Metric, builtin_metrics
 from batchinfer.options import (
     ITEMS,
     TOPK_MAX,
+    DetectOptions,
     PreprocessOptions,
     ReliabilityOptions,
     RuntimeOptions,
@@ -57,6 +58,7 @@ class ModelSettings:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # [device.detect]: the task
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,19 @@ class DatasetSettings:
         path=True,
     )
     limit: int | None = option(None, "Only the first N items of the dataset.", bounds=ITEMS)
+    limit: int | None = option(None, "Only the first N items of the dataset.")
+    ground_truth: Path | None = option(
+        None,
+        "Detection jobs: the boxes, a COCO instances .json file or a folder of YOLO .txt "
+        "labels (matched to the images by path, else by name).",
+        path=True,
+    )
+    images_without_labels: str = option(
+        "unmatched",
+        "Detection jobs with YOLO labels: an image without a .txt file is 'unmatched' (not "
+        "scored, counted) or 'empty' (an image with no objects, as Ultralytics reads it).",
+        choices=("unmatched", "empty"),
+    )
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,12 @@ class MetricsSettings:
         "Custom metrics, 'module:function' or 'file.py:function' (relative to the job "
         "file); the function gets the rows and returns {name: value}.",
     )
+    bootstrap: int = option(
+        1000,
+        "Detection jobs: resamples of the paired image bootstrap that compares mAP with the "
+        "reference and the baseline.",
+    )
+    seed: int = option(0, "Detection jobs: the bootstrap's seed (the same seed, the same answer).")
 
 
 @dataclass(frozen=True)
@@ -207,6 +228,7 @@ class Job:
     gates: tuple[Gate, ...]
     outputs: Outputs
     sha256: str  # of the job file's bytes
+    task: str = "classify"  # or "detect" (top-level ``task``)
 
     @property
     def folder(self) -> Path:
@@ -225,7 +247,7 @@ class Job:
         return reraise_in_job(error, self.path, self.key_of(side))
 
 
-_SIDE_GROUPS = ("runtime", "preprocess", "reliability")
+_SIDE_GROUPS = ("runtime", "preprocess", "reliability", "detect")
 _FLAT = {
     "output.topk": "metrics.topk",
     "dataset": "dataset.path",
@@ -252,7 +274,12 @@ def reraise_in_job(error: BatchinferError, job: Path, name: Callable[[str], str]
     return new
 
 
-_TOP = ("name", "device", "reference", "dataset", "metrics", "gates", "output")
+_TOP = ("name", "task", "device", "reference", "dataset", "metrics", "gates", "output")
+TASKS = ("classify", "detect")
+
+#: Gates whose ``max_drop`` may take ``alpha``: the metric -> the p-value that decides
+#: whether a drop is significant (McNemar's for top-1, the paired image bootstrap's for mAP).
+SIGNIFICANCE = {"top1": "mcnemar_p", "map50_95": "map_bootstrap_p", "map50": "map50_bootstrap_p"}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -305,6 +332,9 @@ def load_job(path: Path | str) -> Job:
                 f"{{name}} must be a short name of letters, digits, '.', '_' or '-', not {name!r}.",
                 "name",
             )
+        task = data.get("task", "classify")
+        if task not in TASKS:
+            raise ConfigError(f'{{task}} must be "classify" or "detect", not {task!r}.', "task")
         device = from_mapping(DeviceSettings, _table(path, data, "device"), "device", resolve)
         reference = None
         if "reference" in data:
@@ -334,10 +364,12 @@ def load_job(path: Path | str) -> Job:
         gates=(),
         outputs=_outputs(output, folder, name),
         sha256=hashlib.sha256(raw).hexdigest(),
+        task=task,
     )
     _check_files(job)
     _check_metrics(job)
-    gates = _check_gates(job, gates, builtin_metrics(metrics.topk))
+    _check_detection(job)
+    gates = _check_gates(job, gates, job_metrics(job))
     return dataclasses.replace(job, gates=tuple(gates))
 
 
@@ -401,6 +433,49 @@ def _check_metrics(job: Job) -> None:
                 raise _missing(job, "metrics.custom", file, "a Python file")
 
 
+def job_metrics(job: Job) -> dict[str, Metric]:
+    """The built-in metrics of the job's task."""
+    if job.task == "detect":
+        from batchinfer.evaluate.detection_metrics import detection_metrics
+
+        return detection_metrics()
+    return builtin_metrics(job.metrics.topk)
+
+
+def _check_detection(job: Job) -> None:
+    """A detection job has ground truth and detectors; a classification job has neither."""
+    ds, key = job.dataset, "dataset.ground_truth"
+    if job.task != "detect":
+        if ds.ground_truth is not None:
+            raise job.error(
+                f'{key} is for detection jobs; add task = "detect" at the top of the file '
+                "(or drop the key).",
+                key,
+            )
+        return
+    if ds.ground_truth is None:
+        raise job.error(
+            f"{key} is missing; a detection job needs the boxes: a COCO instances .json "
+            "file or a folder of YOLO .txt labels.",
+            key,
+        )
+    if not ds.ground_truth.exists():
+        raise _missing(job, key, ds.ground_truth, "a COCO .json file or a YOLO labels folder")
+    sides = [("device", job.device)] + ([("reference", job.reference)] if job.reference else [])
+    for side, settings in sides:
+        if settings.detect.task not in ("auto", "detect"):
+            raise job.error(
+                f'{side}.detect.task is "{settings.detect.task}" in a detection job; drop it '
+                '(the task is the job\'s: task = "detect").',
+                f"{side}.detect.task",
+            )
+    if job.metrics.bootstrap < 1:
+        raise job.error(
+            f"metrics.bootstrap must be at least 1, not {job.metrics.bootstrap}.",
+            "metrics.bootstrap",
+        )
+
+
 def _check_gates(job: Job, gates: list[Gate], builtin: Mapping[str, Metric]) -> list[Gate]:
     """Gates checked against the metric registry; an ``errors`` gate (max 0) is always there."""
     for gate in gates:
@@ -438,11 +513,14 @@ def _check_gates(job: Job, gates: list[Gate], builtin: Mapping[str, Metric]) -> 
                     "a custom metric.",
                     f"{key}.min_ratio_to_reference",
                 )
-        if gate.alpha is not None and (gate.metric != "top1" or gate.max_drop is None):
+        if gate.alpha is not None and (gate.metric not in SIGNIFICANCE or gate.max_drop is None):
+            test = (
+                "gates.map50_95 or gates.map50 with max_drop (the paired image bootstrap of mAP)"
+                if job.task == "detect"
+                else "gates.top1 with max_drop (McNemar's test is on per-item top-1 correctness)"
+            )
             raise job.error(
-                f"{key}.alpha applies to gates.top1 with max_drop (McNemar's test is on "
-                "per-item top-1 correctness); move it there, or drop it.",
-                f"{key}.alpha",
+                f"{key}.alpha applies to {test}; move it there, or drop it.", f"{key}.alpha"
             )
         if gate.max_drop is not None and metric is not None and metric.better != "higher":
             raise job.error(

@@ -103,6 +103,10 @@ def dataset_stat_sha256(dataset: Dataset, limit: int | None) -> str:
 def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) -> SidePlan:
     """Check one side's model and settings (JobError-style messages with the job's keys)."""
     assert settings.model is not None  # load_job checked it
+    detect, labels = settings.detect, None
+    if job.task == "detect":  # the job's task; dataset.labels names the detector's classes
+        detect = dataclasses.replace(detect, task="detect")
+        labels = job.dataset.labels
     config = RunConfig(
         dataset=dataset.root,
         model=settings.model,
@@ -110,7 +114,9 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         preprocess=settings.preprocess,
         output=OutputOptions(topk=job.metrics.topk),
         reliability=settings.reliability,
+        detect=detect,
         limit=job.dataset.limit,
+        labels=labels,
     )
     try:
         backend = make_backend(settings.model, settings.runtime)
@@ -136,6 +142,7 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         dataset_root=str(dataset.root),
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
+        task=engine.task.fingerprint() if engine.task is not None else None,
     )
     fingerprint["limit"] = job.dataset.limit
     if side == "reference":  # cached: a file replaced under the same name must count
@@ -153,10 +160,13 @@ def run_side(
     signals: StopSignals,
     observers: Sequence[Observer],
     cluster: ClusterSession | None = None,
+    collect: Callable[[MemorySink], Any] | None = None,
 ) -> SideRun:
     """Run one side over the dataset through the engine; raises if the run did not complete.
 
     ``cluster``: run it on that Ray cluster's nodes (rows and core stats then name the node).
+    ``collect``: makes the side's items of the rows (default: ItemResults; a detection
+    job's are DetectionItems).
     """
     engine_plan = plan.engine
     sink = MemorySink(keep_outputs=True)
@@ -184,8 +194,11 @@ def run_side(
             f"interrupted during the {plan.side} run; nothing was recorded (no history row, "
             "no report)."
         )
-    shapes = [shape for shape, _ in sink.output_shapes]
-    items = ItemResults.from_rows(sink.rows, shapes, job.metrics.topk, relabel)
+    if collect is not None:
+        items = collect(sink)
+    else:
+        shapes = [shape for shape, _ in sink.output_shapes]
+        items = ItemResults.from_rows(sink.rows, shapes, job.metrics.topk, relabel)
     return SideRun(items, result, result.stats.table().to_pylist())
 
 
@@ -199,8 +212,9 @@ def cache_path(folder: Path, fingerprint: dict[str, Any]) -> Path:
     return folder / f"reference-{cache_key(fingerprint)[:20]}.parquet"
 
 
-def load_cached(folder: Path, fingerprint: dict[str, Any]) -> ItemResults | None:
-    """The cached reference results for ``fingerprint``, or None (absent, other, unreadable)."""
+def load_cached(folder: Path, fingerprint: dict[str, Any], items_type: Any = ItemResults) -> Any:
+    """The cached reference results for ``fingerprint``, or None (absent, other, unreadable);
+    ``items_type`` (ItemResults, DetectionItems) reads the table."""
     path = cache_path(folder, fingerprint)
     try:
         table = pq.read_table(path)
@@ -209,10 +223,10 @@ def load_cached(folder: Path, fingerprint: dict[str, Any]) -> ItemResults | None
     meta = table.schema.metadata or {}
     if meta.get(b"batchinfer.cache_key", b"").decode() != cache_key(fingerprint):
         return None
-    return ItemResults.from_table(table)
+    return items_type.from_table(table)
 
 
-def store_cached(folder: Path, fingerprint: dict[str, Any], items: ItemResults) -> Path:
+def store_cached(folder: Path, fingerprint: dict[str, Any], items: Any) -> Path:
     table = items.to_table(with_outputs=True)
     meta = dict(table.schema.metadata or {})
     meta[b"batchinfer.cache_key"] = cache_key(fingerprint).encode()
@@ -229,14 +243,17 @@ def reference_results(
     relabel: dict[str, int] | None,
     signals: StopSignals,
     observers: Callable[[str], Sequence[Observer]],
+    collect: Callable[[MemorySink], Any] | None = None,
+    items_type: Any = ItemResults,
 ) -> SideRun:
-    """The reference's results: from the cache when its fingerprint matches, else a run."""
-    cached = load_cached(job.outputs.cache, plan.fingerprint)
+    """The reference's results: from the cache when its fingerprint matches, else a run
+    (``collect`` and ``items_type``: as :func:`run_side` and :func:`load_cached`)."""
+    cached = load_cached(job.outputs.cache, plan.fingerprint, items_type)
     if cached is not None:
         log.info(f"reference: {plan.model.name} from the cache (same model, dataset, settings)")
         return SideRun(cached, None, [], cached=True)
     log.info(f"reference: {plan.model.name} on {plan.engine.backend.name}")
-    run = run_side(job, plan, dataset, relabel, signals, observers("reference"))
+    run = run_side(job, plan, dataset, relabel, signals, observers("reference"), collect=collect)
     if run.items.ok.all():
         store_cached(job.outputs.cache, plan.fingerprint, run.items)
     else:

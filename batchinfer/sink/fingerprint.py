@@ -34,6 +34,7 @@ _LABELS = {
     "dataset_stat_sha256": "state of the dataset's files (each one's size and modification "
     "time, sha256)",
     "dataset_content_sha256": "content of the dataset's files (sha256)",
+    "task": "task and detection settings",
 }
 
 #: Entries older manifests do not have: a resume of such a run cannot check them.
@@ -54,12 +55,15 @@ def run_fingerprint(
     class_map: dict[str, Any] | None = None,
     resume_check: str | None = None,
     dataset_files_sha256: str | None = None,
+    task: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fingerprint as a JSON-able dict (stored in the manifest).
 
     ``dataset_files_sha256`` (data/fingerprint.py) covers what ``resume_check`` says of
     every item's file: ``stat`` its size and mtime, ``content`` its bytes. Without it
-    (evaluations) the fingerprint has no such entries.
+    (evaluations) the fingerprint has no such entries. ``task``: None for a classification
+    run (engine/task.py's TaskPlan.fingerprint), so those keep the fingerprint they had
+    before tasks existed.
     """
     files: dict[str, Any] = {}
     if dataset_files_sha256 is not None:
@@ -67,7 +71,7 @@ def run_fingerprint(
             "resume_check": resume_check,
             f"dataset_{resume_check}_sha256": dataset_files_sha256,
         }
-    return files | {
+    out = files | {
         "model_sha256": model_sha256,
         "runtime_files": dict(sorted(runtime_files.items())),
         "backend": backend,
@@ -79,6 +83,9 @@ def run_fingerprint(
         "dataset_listing_sha256": dataset_listing_sha256,
         "class_map": class_map,
     }
+    if task is not None:
+        out["task"] = task
+    return out
 
 
 def _short(value: Any) -> str:

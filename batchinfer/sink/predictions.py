@@ -1,5 +1,10 @@
 """Prediction rows, one per dataset item, written as Parquet parts under OUT/predictions/.
 
+A classification run's rows hold the top-1 and top-k classes (``pred``, ``topk_index``,
+``topk_score``); a detection run's hold instead its boxes (``boxes``: a list of structs
+class_id, label, score, x1, y1, x2, y2 in the original image's pixels, best first),
+``n_boxes`` and the image's ``width``/``height`` (engine/task.py says which task a run has).
+
 Memory stays bounded whatever the dataset size: rows wait in column buffers until
 ``rows_per_part`` rows (or ``max_buffer_bytes`` of saved outputs) are buffered, or
 ``flush_interval_s`` has passed, and are then written as one part. Each part is written
@@ -32,6 +37,7 @@ PREDICTIONS_DIR = "predictions"
 PART_GLOB = "part-*.parquet"
 META_TOPK = b"batchinfer.topk"
 META_OUTPUT_SHAPES = b"batchinfer.output_shapes"
+META_TASK = b"batchinfer.task"  # detection parts only: b"detect"
 
 # Reading the clock on every add would cost more than the add itself at NPU rates;
 # every few dozen adds is often enough for a 10 s flush interval (tqdm does the same).
@@ -59,8 +65,25 @@ _BASE_FIELDS = [
 ]
 _DICTIONARY_COLUMNS = ["label_name", "node", "error"]
 # Scalar columns filled straight from add()'s keyword arguments, in schema order.
-_SCALAR_COLUMNS = [
-    f.name for f in _BASE_FIELDS if f.name not in ("pred", "topk_index", "topk_score")
+_CLASSIFY_COLUMNS = ("pred", "topk_index", "topk_score")
+_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS if f.name not in _CLASSIFY_COLUMNS]
+
+#: One box of a detection row, in the original image's pixels (after EXIF orientation).
+BOX_FIELDS = [
+    pa.field("class_id", pa.int32()),
+    pa.field("label", pa.string()),
+    pa.field("score", pa.float32()),
+    pa.field("x1", pa.float32()),
+    pa.field("y1", pa.float32()),
+    pa.field("x2", pa.float32()),
+    pa.field("y2", pa.float32()),
+]
+BOX_TYPE = pa.struct(BOX_FIELDS)
+_DETECT_FIELDS = [
+    pa.field("boxes", pa.list_(BOX_TYPE)),
+    pa.field("n_boxes", pa.int32()),
+    pa.field("width", pa.int32()),
+    pa.field("height", pa.int32()),
 ]
 
 
@@ -104,11 +127,19 @@ def output_column(name: str) -> str:
 
 
 def prediction_schema(
-    topk: int = 5, save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None
+    topk: int = 5,
+    save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
+    task: str = "classify",
 ) -> pa.Schema:
-    """The Arrow schema of a prediction part, with top-k and output shapes in its metadata."""
+    """The Arrow schema of a prediction part, with top-k and output shapes in its metadata.
+
+    ``task`` "detect": the box columns instead of the classification ones (module docstring).
+    """
     fields = list(_BASE_FIELDS)
     metadata = {META_TOPK: str(topk).encode()}
+    if task == "detect":
+        fields = [f for f in fields if f.name not in _CLASSIFY_COLUMNS] + _DETECT_FIELDS
+        metadata[META_TASK] = b"detect"
     if save_outputs:
         fields += [pa.field(output_column(n), pa.list_(pa.float32())) for n, _ in save_outputs]
         shapes = {name: [int(d) for d in shape] for name, shape in save_outputs}
@@ -288,6 +319,8 @@ class PredictionWriter:
         flush_interval_s: float = 10.0,
         max_buffer_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
+        task: str = "classify",
+        class_names: Sequence[str] = (),
     ) -> None:
         if topk < 0 or rows_per_part < 1 or first_part < 0:
             raise ValueError("topk and first_part must be >= 0 and rows_per_part >= 1")
@@ -300,7 +333,11 @@ class PredictionWriter:
         except OSError as exc:
             raise write_error(self.directory, exc) from exc
         self.topk = topk
-        self.schema = prediction_schema(topk, save_outputs)
+        self.task = task
+        # Box labels by class id (a detection run's names; none known: null labels).
+        self._names = np.array(list(class_names) or [None], dtype=object)
+        self._named = bool(class_names)
+        self.schema = prediction_schema(topk, save_outputs, task)
         self._outputs = [(n, tuple(s), math.prod(s)) for n, s in save_outputs or ()]
         self.rows_per_part = rows_per_part
         self.flush_interval_s = flush_interval_s
@@ -405,6 +442,15 @@ class PredictionWriter:
             self._topk_score.extend(
                 [r.topk_score if t is not None else None for r, t in zip(rows, topk, strict=True)]
             )
+        if self.task == "detect":
+            for r, good in zip(rows, ok, strict=True):
+                boxes = None
+                if good:
+                    boxes = r.boxes if r.boxes is not None else np.empty((0, 6), np.float32)
+                    self._bytes += boxes.nbytes
+                self._boxes.append(boxes)
+                self._size["width"].append(r.width if good else None)
+                self._size["height"].append(r.height if good else None)
         self._rows += len(rows)
         self._errors += ok.count(False)
         for i, column in enumerate(self._saved):
@@ -488,6 +534,9 @@ class PredictionWriter:
         self._topk_index: _Column | None = None
         self._topk_score: _Column | None = None
         self._saved: list[list[np.ndarray | None]] = [[] for _ in self._outputs]
+        # Detection runs: each row's boxes (float32 (n, 6); None on error rows), image size.
+        self._boxes: list[np.ndarray | None] = []
+        self._size: dict[str, list[int | None]] = {"width": [], "height": []}
         self._bytes = 0
         self._rows = 0
         self._errors = 0
@@ -528,11 +577,52 @@ class PredictionWriter:
                 col = self._cols[f.name]
                 text = pa.types.is_string(f.type) or pa.types.is_binary(f.type)
                 arrays.append(_text_array(col, f.type) if text else pa.array(col, type=f.type))
-        arrays.append(pa.array(self._pred, type=pa.int64()))
-        for col, value_type in ((self._topk_index, pa.int32()), (self._topk_score, pa.float32())):
-            if col is None:
-                arrays.append(pa.nulls(self._rows, pa.list_(value_type)))
-            else:
-                arrays.append(col.arrow(value_type))
+        if self.task == "detect":
+            arrays += self._box_arrays()
+        else:
+            arrays.append(pa.array(self._pred, type=pa.int64()))
+            for col, value_type in (
+                (self._topk_index, pa.int32()),
+                (self._topk_score, pa.float32()),
+            ):
+                if col is None:
+                    arrays.append(pa.nulls(self._rows, pa.list_(value_type)))
+                else:
+                    arrays.append(col.arrow(value_type))
         arrays += [_list_array(chunks, pa.float32()) for chunks in self._saved]
         return pa.Table.from_arrays(arrays, schema=self.schema)
+
+    def _box_arrays(self) -> list[pa.Array]:
+        """boxes, n_boxes, width, height: one struct array over every box of the part, cut
+        into rows by offsets (no Python object per box but the label strings)."""
+        chunks = self._boxes
+        lengths = np.fromiter((0 if b is None else len(b) for b in chunks), np.int64, len(chunks))
+        offsets = np.zeros(len(chunks) + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        present = [b for b in chunks if b is not None and len(b)]
+        flat = np.concatenate(present) if present else np.empty((0, 6), np.float32)
+        class_ids = flat[:, 5].astype(np.int32)
+        if self._named:
+            known = (class_ids >= 0) & (class_ids < len(self._names))
+            labels = pa.array(
+                np.where(known, self._names[np.clip(class_ids, 0, len(self._names) - 1)], None),
+                type=pa.string(),
+            )
+        else:
+            labels = pa.nulls(len(flat), pa.string())
+        columns = [pa.array(class_ids, type=pa.int32()), labels]
+        columns += [
+            pa.array(np.ascontiguousarray(flat[:, i]), type=pa.float32()) for i in (4, 0, 1, 2, 3)
+        ]
+        boxes = pa.StructArray.from_arrays(columns, fields=BOX_FIELDS)
+        mask = np.fromiter((b is None for b in chunks), bool, len(chunks))
+        listed = pa.ListArray.from_arrays(
+            pa.array(offsets), boxes, type=pa.list_(BOX_TYPE), mask=_null_mask(mask)
+        )
+        n_boxes = pa.array(np.where(mask, 0, lengths).astype(np.int32), mask=mask)
+        return [
+            listed,
+            n_boxes,
+            pa.array(self._size["width"], type=pa.int32()),
+            pa.array(self._size["height"], type=pa.int32()),
+        ]

@@ -41,6 +41,11 @@ class Row:
     outputs: list[np.ndarray] | None = None  # views: valid only during RowSink.write
     t_done: float = 0.0  # time.monotonic() when the row became due (not written to Parquet)
     node: str | None = None  # the cluster node that ran it (None on one board)
+    # Detection runs (engine/detection.py): float32 (n, 6) x1, y1, x2, y2, score, class id
+    # in the original image's pixels, best first; and that image's size.
+    boxes: np.ndarray | None = None
+    width: int | None = None
+    height: int | None = None
 
 
 class RowSink(Protocol):

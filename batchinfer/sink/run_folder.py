@@ -37,6 +37,8 @@ class RunFolder:
         save_outputs: bool,
         part_rows: int,
         first_part: int,
+        task: str = "classify",
+        class_names: tuple[str, ...] = (),
     ) -> None:
         self.path = Path(path)
         self.manifest = manifest
@@ -44,6 +46,8 @@ class RunFolder:
         self.save_outputs = save_outputs
         self.part_rows = part_rows
         self.first_part = first_part
+        self.task = task
+        self.class_names = class_names
         self.writer: PredictionWriter | None = None
         self.started = time.time()
 
@@ -59,6 +63,8 @@ class RunFolder:
         part_rows: int,
         first_part: int = 0,
         guard: Callable[[], None] | None = None,
+        task: str = "classify",
+        class_names: tuple[str, ...] = (),
     ) -> RunFolder:
         """Write the manifest as "running" (a new run, or the next invocation of ``continued``).
 
@@ -88,6 +94,8 @@ class RunFolder:
             save_outputs=save_outputs,
             part_rows=part_rows,
             first_part=first_part,
+            task=task,
+            class_names=class_names,
         )
 
     @property
@@ -106,6 +114,8 @@ class RunFolder:
             else None,
             first_part=self.first_part,
             ledger=self.manifest,
+            task=self.task,
+            class_names=self.class_names,
         )
 
     def write(self, rows: list[Row]) -> None:

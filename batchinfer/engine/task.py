@@ -1,0 +1,364 @@
+"""What a run does with the model's outputs: classify, detect, or store them (raw).
+
+``detect.task`` (``--task``) picks it; ``auto`` (the default) decides from the model's
+output shapes, read off the model file before anything starts:
+
+- ``detect`` when the outputs are a detection head batchinfer knows
+  (:func:`batchinfer.detect.recognise`): readers then letterbox the images, and each core
+  worker decodes its outputs into boxes next to the runtime call (engine/worker.py);
+- ``classify`` for one output holding one score per class, (1, N): top-k per row;
+- ``raw`` otherwise: the rows store the outputs (as ``--save-outputs`` does).
+
+A detection run's class names come from ``--labels`` (one name per line, line 1 is class 0),
+else COCO's 80 names for an 80-class head, else none (``label`` null); a labels file whose
+count differs from the head's classes is a usage error. Anchors of an anchor-based head come
+from ``detect.anchors``, else ``anchors`` in the model's ``<stem>.config.json`` (the
+conversion settings beside it, runtime/conversion.py), else COCO's defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchinfer.errors import ConfigError, ModelError
+
+if TYPE_CHECKING:
+    from batchinfer.detect import DetectSettings, Head
+    from batchinfer.options import DetectOptions
+
+CLASSIFY, DETECT, RAW = "classify", "detect", "raw"
+
+#: Where a detection run's class names came from.
+NAMES_FROM_FILE, NAMES_COCO80, NAMES_NONE = "labels-file", "coco80", "none"
+
+#: The ranges the detection settings must be in (checked by :func:`check_detect_options`).
+CONF_RANGE = (0.0, 1.0)
+IOU_RANGE = (0.0, 1.0)
+MAX_DET_RANGE = (1, 100_000)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """The task of a run, why, and for ``detect`` everything a core worker needs to decode
+    (picklable: it travels to the workers inside their spec)."""
+
+    task: str  # classify | detect | raw
+    reason: str  # why this task, one phrase ("one output of 10 scores")
+    head: Head | None = None
+    settings: DetectSettings | None = None
+    input_hw: tuple[int, int] | None = None
+    names: tuple[str, ...] = ()  # class names by class id; () when none are known
+    names_source: str | None = None
+    anchors_source: str | None = None  # option | config.json | default (anchor heads only)
+    # Per output: (scale, zero point) when the graph quantises it, for runtimes that return
+    # int8 outputs (every backend today returns float32; the decoder then ignores it).
+    quant: tuple[tuple[float, int] | None, ...] = ()
+    output_shapes: tuple[tuple[int, ...], ...] = field(default=())
+
+    @property
+    def detects(self) -> bool:
+        return self.task == DETECT
+
+    def describe(self) -> str:
+        """One line for ``info`` and the manifest: "detect: YOLOv8 model-zoo head, 80 classes,
+        strides 8/16/32"."""
+        if self.head is not None and self.task == DETECT:
+            return f"{DETECT}: {self.head.describe()}"
+        return f"{self.task}: {self.reason}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest's ``task`` record."""
+        out: dict[str, Any] = {"task": self.task, "description": self.describe()}
+        if self.detects and self.settings is not None and self.head is not None:
+            s = self.settings
+            out.update(
+                head={
+                    "family": self.head.family,
+                    "num_classes": self.head.num_classes,
+                    "strides": list(self.head.strides),
+                    "num_anchors": self.head.num_anchors,
+                },
+                settings={
+                    "conf": s.conf,
+                    "iou": s.iou,
+                    "max_det": s.max_det,
+                    "anchors": (
+                        None if s.anchors is None else [[list(p) for p in a] for a in s.anchors]
+                    ),
+                    "anchors_source": self.anchors_source,
+                },
+                input_hw=list(self.input_hw or ()),
+                names_source=self.names_source,
+                names=list(self.names),
+            )
+        return out
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """What of the task decides the rows (None for classify, so classification runs keep
+        the fingerprint they had before tasks existed)."""
+        if self.task == CLASSIFY:
+            return None
+        record = self.to_json()
+        record.pop("description", None)
+        return record
+
+
+def _static(shape: Sequence[int]) -> tuple[int, ...]:
+    """A shape as the runtime reports it: a dynamic batch axis is 1."""
+    dims = [int(d) for d in shape]
+    if dims and dims[0] <= 0:
+        dims[0] = 1
+    return tuple(dims)
+
+
+def _one_score_vector(shapes: Sequence[tuple[int, ...]]) -> bool:
+    return len(shapes) == 1 and sum(d != 1 for d in shapes[0]) <= 1
+
+
+def _shapes_text(shapes: Sequence[tuple[int, ...]]) -> str:
+    return ", ".join(str(list(s)) for s in shapes) or "none"
+
+
+def check_detect_options(opts: DetectOptions) -> None:
+    """ConfigError naming the setting when one is out of its range."""
+
+    def between(name: str, value: float, low: float, high: float, open_low: bool) -> None:
+        below = value <= low if open_low else value < low
+        bad = not math.isfinite(value) or value > high or below
+        if bad:
+            lowest = f"above {low:g}" if open_low else f"at least {low:g}"
+            raise ConfigError(
+                f"{{detect.{name}}} must be {lowest} and at most {high:g}, not {value:g}.",
+                f"detect.{name}",
+            )
+
+    between("conf", opts.conf, *CONF_RANGE, open_low=False)
+    between("iou", opts.iou, *IOU_RANGE, open_low=True)
+    between("max_det", opts.max_det, *MAX_DET_RANGE, open_low=False)
+    pad = opts.pad_colour
+    values = (pad,) if isinstance(pad, int) else tuple(pad)
+    if len(values) not in (1, 3) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in values
+    ):
+        raise ConfigError(
+            f"{{detect.pad_colour}} must be a grey level or r,g,b, each 0-255, not {pad!r}.",
+            "detect.pad_colour",
+        )
+
+
+def pad_rgb(opts: DetectOptions) -> tuple[int, int, int]:
+    """``detect.pad_colour`` as (r, g, b)."""
+    pad = opts.pad_colour
+    if isinstance(pad, int):
+        return (pad, pad, pad)
+    r, g, b = pad
+    return (int(r), int(g), int(b))
+
+
+def plan_task(
+    opts: DetectOptions,
+    model: Path,
+    input_hw: tuple[int, int] | None,
+    labels: Path | None = None,
+    output_shapes: Sequence[Sequence[int]] | None = None,
+) -> TaskPlan:
+    """The task of a run of ``model`` whose image input is ``input_hw`` (None: not an image).
+
+    ``output_shapes`` default to the model file's (runtime/model_info.py). Raises ConfigError
+    (exit 2) for ``--task detect`` on outputs that are no known head, for a labels file that
+    does not fit the head, and for settings out of range.
+    """
+    check_detect_options(opts)
+    if output_shapes is None:
+        output_shapes, quant = _model_outputs(model, opts.task)
+    else:
+        quant = ()
+    shapes = tuple(_static(s) for s in output_shapes)
+    head = None
+    if opts.task in ("auto", DETECT) and input_hw is not None and shapes:
+        from batchinfer.detect import recognise
+
+        head = recognise(input_hw, shapes)
+    if opts.task == DETECT and head is None:
+        from batchinfer.detect import explain_no_head
+
+        if input_hw is None:
+            why = (
+                f"The input of {model.name} is not an image, and its outputs are "
+                f"{_shapes_text(shapes)}."
+            )
+        else:
+            why = explain_no_head(input_hw, shapes).rstrip(".") + "."
+        raise ConfigError(
+            f"{{detect.task}} detect: {why} Use {{detect.task}} classify or raw for this model.",
+            "detect.task",
+        )
+    if head is not None:
+        return _detect_plan(opts, model, input_hw, shapes, head, labels, quant)  # type: ignore[arg-type]
+    if opts.task == RAW or (opts.task == "auto" and shapes and not _one_score_vector(shapes)):
+        reason = (
+            "asked for"
+            if opts.task == RAW
+            else f"outputs {_shapes_text(shapes)} are neither one score vector nor a known "
+            "detection head; they are stored in the rows"
+        )
+        return TaskPlan(RAW, reason, output_shapes=shapes)
+    if shapes and _one_score_vector(shapes):
+        reason = f"one output of {math.prod(shapes[0])} scores"
+    elif opts.task == CLASSIFY:
+        reason = "asked for"
+    else:
+        reason = "output shapes unknown (a .rknn without its .onnx): taken as a classifier"
+    return TaskPlan(CLASSIFY, reason, output_shapes=shapes)
+
+
+def _model_outputs(
+    model: Path, task: str
+) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[float, int] | None, ...]]:
+    """The model's output shapes (and their quantisation, when the graph says it); () when
+    they cannot be read (a bare .rknn), unless detection was asked for."""
+    from batchinfer.runtime import describe_model
+
+    try:
+        info = describe_model(model)
+    except ModelError as e:
+        if task == DETECT:
+            raise ConfigError(
+                f"{{detect.task}} detect needs the model's output shapes, which cannot be read "
+                f"({e}); put the .onnx it was converted from beside it.",
+                "detect.task",
+            ) from e
+        return (), ()
+    return tuple(tuple(o.shape) for o in info.outputs), _output_quant(info.onnx_path, info)
+
+
+def _output_quant(onnx_path: Path, info: Any) -> tuple[tuple[float, int] | None, ...]:
+    """Per output, (scale, zero point) when a QDQ graph quantises it; () when none is."""
+    try:
+        from batchinfer.runtime import graph
+
+        if not graph.onnx_available():
+            return ()
+        data = Path(onnx_path).read_bytes()
+        if not graph.mentions_quantisation(data):
+            return ()
+        model = graph.load_graph(data)
+        _, outs = graph.native_types(model, [], [(o.name, o.dtype) for o in info.outputs])
+    except Exception:  # quantisation parameters are a fallback for int8 outputs, never fatal
+        return ()
+    quant = tuple((n.scale, n.zero_point) if n.quantised else None for n in outs)
+    return quant if any(quant) else ()
+
+
+def _detect_plan(
+    opts: DetectOptions,
+    model: Path,
+    input_hw: tuple[int, int],
+    shapes: tuple[tuple[int, ...], ...],
+    head: Head,
+    labels: Path | None,
+    quant: tuple[tuple[float, int] | None, ...],
+) -> TaskPlan:
+    from batchinfer.detect import DetectSettings
+
+    names, names_source = _class_names(head, labels)
+    anchors, anchors_source = None, None
+    if head.num_anchors > 1:
+        anchors, anchors_source = _anchors(opts, model, head)
+    settings = DetectSettings(
+        conf=float(opts.conf), iou=float(opts.iou), max_det=int(opts.max_det), anchors=anchors
+    )
+    return TaskPlan(
+        DETECT,
+        "asked for" if opts.task == DETECT else "the outputs are a known detection head",
+        head=head,
+        settings=settings,
+        input_hw=(int(input_hw[0]), int(input_hw[1])),
+        names=names,
+        names_source=names_source,
+        anchors_source=anchors_source,
+        quant=quant,
+        output_shapes=shapes,
+    )
+
+
+def _class_names(head: Head, labels: Path | None) -> tuple[tuple[str, ...], str]:
+    from batchinfer.detect import COCO80
+
+    if labels is None:
+        if head.num_classes == len(COCO80):
+            return tuple(COCO80), NAMES_COCO80
+        return (), NAMES_NONE
+    from batchinfer.data.classes import read_labels_file
+
+    class_map = read_labels_file(labels)
+    by_label = sorted(class_map.labels.items(), key=lambda kv: (kv[1], kv[0]))
+    ids = [label for _, label in by_label]
+    if ids != list(range(len(ids))):
+        raise ConfigError(
+            f"The labels file {class_map.file} ({{labels}}) does not name each class id "
+            f"0..{len(ids) - 1} (a detection head's classes are numbered from 0); list one "
+            "name per line, line 1 being class 0.",
+            "labels",
+        )
+    if len(ids) != head.num_classes:
+        raise ConfigError(
+            f"The labels file {class_map.file} ({{labels}}) names {len(ids)} classes, but the "
+            f"model's head has {head.num_classes} ({head.describe()}); give one name per "
+            "class, line 1 being class 0.",
+            "labels",
+        )
+    return tuple(name for name, _ in by_label), NAMES_FROM_FILE
+
+
+def _anchors(
+    opts: DetectOptions, model: Path, head: Head
+) -> tuple[tuple[tuple[tuple[float, float], ...], ...] | None, str]:
+    """The head's anchors per stride as (w, h) pairs, and where they came from."""
+    source, flat = "option", opts.anchors
+    if flat is None:
+        from batchinfer.runtime.conversion import ConversionSettings
+
+        settings = ConversionSettings.load_beside(model)
+        raw = None if settings is None else settings.raw.get("anchors")
+        if raw is None:
+            return None, "default"
+        source, flat = f"{model.stem}.config.json", _anchors_from_json(raw, settings.path)
+    strides = len(head.strides)
+    groups = [tuple(float(v) for v in g) for g in flat]
+    if len(groups) == 1 and strides > 1 and len(groups[0]) % (2 * strides) == 0:
+        per = len(groups[0]) // strides  # one flat list (the model zoo's anchors file)
+        groups = [groups[0][i * per : (i + 1) * per] for i in range(strides)]
+    want = 2 * head.num_anchors
+    if len(groups) != strides or any(len(g) != want for g in groups):
+        where = "{detect.anchors}" if source == "option" else f"anchors in {source}"
+        raise ConfigError(
+            f"{where} gives {[len(g) // 2 for g in groups]} anchors per stride, but the "
+            f"model's {head.describe()} needs {head.num_anchors} (w,h pairs) for each of its "
+            f"{strides} strides.",
+            "detect.anchors",
+        )
+    return tuple(tuple((g[i], g[i + 1]) for i in range(0, len(g), 2)) for g in groups), source
+
+
+def _anchors_from_json(raw: Any, path: Path | None) -> tuple[tuple[float, ...], ...]:
+    """``anchors`` of a .config.json: a flat list, a list per stride, or (w, h) pairs per
+    stride."""
+
+    def flat(value: Any) -> list[float]:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return [float(value)]
+        if isinstance(value, list):
+            return [v for item in value for v in flat(item)]
+        raise ConfigError(
+            f"anchors in {path} must be numbers (w,h pairs per stride), not {value!r}.",
+            "detect.anchors",
+        )
+
+    if isinstance(raw, list) and raw and all(isinstance(g, list) for g in raw):
+        return tuple(tuple(flat(g)) for g in raw)
+    return (tuple(flat(raw)),)

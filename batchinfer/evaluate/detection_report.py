@@ -1,0 +1,370 @@
+"""The report and the Markdown summary of a detection evaluation.
+
+The page is report.py's (the same header, style, Content-Security-Policy, gates table,
+trend plot, metric table and run facts); its middle sections are detection's: AP per class
+(table and bars, the reference beside the device), precision-recall curves at IoU 0.5,
+per core, the gallery of the images where device and reference disagree most (both box
+sets drawn), the comparisons with the reference and the baseline (paired image bootstrap),
+and how the ground truth matched the dataset. Plot ids: ``detect-ap``, ``detect-pr``,
+``detect-pr-overall``; the gallery's images are ``data:`` JPEGs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from batchinfer.evaluate.detection_plots import (
+    DEVICE_COLOR,
+    REFERENCE_COLOR,
+    Boxes,
+    ap_figure,
+    draw_boxes,
+    figure_svg,
+    pr_figure,
+)
+from batchinfer.evaluate.gates import CHECK_WORDS, fmt
+from batchinfer.evaluate.report import (
+    _CSS,
+    _e,
+    _facts,
+    _gates_table,
+    _metrics_table,
+    trend_plot,
+)
+from batchinfer.evaluate.summary import on_cluster
+from batchinfer.sink.stats import place_name
+
+_GALLERY_CSS = """
+.gallery{display:flex;flex-wrap:wrap;gap:12px}
+.shot{border:1px solid #e0e0e0;border-radius:4px;padding:6px;font-size:12px;max-width:372px}
+.shot img{display:block;max-width:360px;max-height:360px;background:#eceff1;margin-bottom:4px}
+.shot code{word-break:break-all}
+.key{display:inline-block;width:12px;height:12px;vertical-align:middle;margin:0 4px 0 10px}
+"""
+
+
+def _rgb(color: tuple[int, int, int]) -> str:
+    return "#" + "".join(f"{c:02x}" for c in color)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+# --------------------------------------------------------------------------- sections
+def _classes_table(record: dict[str, Any], limit: int = 80) -> str:
+    rows = [c for c in record["per_class"] if c["gt_boxes"] or c["detections"]]
+    rows.sort(key=lambda c: (c["ap50_95"] is None, c["ap50_95"] or 0.0, c["name"]))
+    note = ""
+    if len(rows) > limit:
+        note = f"<p class=muted>The {limit} worst of {len(rows)} classes.</p>"
+        rows = rows[:limit]
+    ref = record["reference"] is not None
+    head = (
+        "<tr><th>class</th><th>boxes</th><th>detections</th><th>AP50:95</th><th>AP50</th>"
+        "<th>recall@0.5</th>" + ("<th>reference AP50:95</th><th>reference AP50</th>" if ref else "")
+        + "</tr>"
+    )  # fmt: skip
+    body = []
+    for c in rows:
+        cells = [c["gt_boxes"], c["detections"], _pct(c["ap50_95"]), _pct(c["ap50"])]
+        cells.append(_pct(c["recall50"]))
+        if ref:
+            cells += [_pct(c.get("reference_ap50_95")), _pct(c.get("reference_ap50"))]
+        body.append(
+            f"<tr><td>{_e(c['name'])}</td>"
+            + "".join(f"<td class=num>{_e(v)}</td>" for v in cells)
+            + "</tr>"
+        )
+    chart = ""
+    reference = record["per_class"] if ref else None
+    if any(c["ap50_95"] is not None for c in record["per_class"]):
+        ref_rows = None
+        if reference is not None:
+            ref_rows = [{**c, "ap50_95": c.get("reference_ap50_95")} for c in record["per_class"]]
+        chart = figure_svg(ap_figure(record["per_class"], ref_rows))
+    return f"{note}<table id=ap-table>{head}{''.join(body)}</table>{chart}"
+
+
+def _pr_section(record: dict[str, Any]) -> str:
+    curves = record["pr_curves"]
+    if not curves["device"]["per_class"]:
+        return "<p class=muted>No class has ground truth among the scored images.</p>"
+    return (
+        "<p class=muted>COCO's interpolated precision at 101 recall points, IoU 0.5; the "
+        "bold line is the average over the classes (the AP50 of every class averaged)."
+        "</p>" + figure_svg(pr_figure(curves["device"], curves["reference"]))
+    )
+
+
+def _cores_table(record: dict[str, Any]) -> str:
+    head = (
+        "<tr><th>core</th><th>items</th><th>errors</th><th>mAP50:95</th><th>mAP50</th>"
+        "<th>reference mAP50:95</th><th>disagreement</th><th>items/s</th><th>p50 ms</th>"
+        "<th>p99 ms</th></tr>"
+    )
+    rows = []
+    for c in record["per_core"]:
+        cells = [c["place"], c["items"], c["errors"]]
+        cells += [_pct(c[k]) for k in ("map50_95", "map50", "reference_map50_95")]
+        cells += [_pct(c["disagreement_mean"])]
+        cells += [fmt(c[k]) for k in ("items_per_s", "p50_ms", "p99_ms")]
+        rows.append("<tr>" + "".join(f"<td class=num>{_e(v)}</td>" for v in cells) + "</tr>")
+    emulated = (
+        "<p>Throughput figures come from the emulated NPU (sim): they are not a board's.</p>"
+        if record["device"]["backend"] == "sim"
+        else ""
+    )
+    note = (
+        "<p class=muted>Each core's mAP is on the images it ran: a core that computes "
+        "differently scores apart from the others.</p>"
+    )
+    return f"{emulated}{note}<table id=core-table>{head}{''.join(rows)}</table>"
+
+
+def _boxes(rows: list[dict[str, Any]] | None) -> Boxes:
+    import numpy as np
+
+    rows = rows or []
+    xyxy = np.array([[b["x1"], b["y1"], b["x2"], b["y2"]] for b in rows], float).reshape(-1, 4)
+    return Boxes(
+        xyxy,
+        np.array([b["class_id"] for b in rows], dtype=np.int64),
+        tuple(str(b["label"]) for b in rows),
+        np.array([b["score"] for b in rows], dtype=float),
+    )
+
+
+def _gallery(record: dict[str, Any]) -> str:
+    if record["reference"] is None:
+        return "<p class=muted>No reference model: nothing to compare the boxes with.</p>"
+    shots = []
+    for item in record["worst"]:
+        device, reference = _boxes(item["device_boxes"]), _boxes(item["reference_boxes"])
+        uri = draw_boxes(
+            Path(item["path"]), [(device, DEVICE_COLOR, 2), (reference, REFERENCE_COLOR, 3)]
+        )
+        picture = f"<img alt='{_e(item['id'])}' src='{uri}'>" if uri else ""
+        core = place_name(item.get("node"), item["core"]) if item["core"] >= 0 else "-"
+        shots.append(
+            f"<div class=shot>{picture}<code>{_e(item['id'])}</code><br>disagreement "
+            f"{item['disagreement']:.3f} · device {len(device)} boxes · reference "
+            f"{len(reference)} · core {_e(core)}</div>"
+        )
+    if not shots:
+        return "<p class=muted>Device and reference found the same boxes on every image.</p>"
+    key = (
+        f"<p class=muted><span class=key style='background:{_rgb(REFERENCE_COLOR)}'></span>"
+        f"reference<span class=key style='background:{_rgb(DEVICE_COLOR)}'></span>device. "
+        "Disagreement: 1 - soft F1 of the two box sets (boxes of the same class paired by "
+        "IoU >= 0.5, each pair counting its IoU).</p>"
+    )
+    return key + f"<div class=gallery>{''.join(shots)}</div>"
+
+
+def _bootstrap_line(result: dict[str, Any], a: str, b: str) -> str:
+    return (
+        f"{result['metric']}: {a} {result['a']:.4f}, {b} {result['b']:.4f}, difference "
+        f"{result['difference']:+.4f} ({100 * result['level']:g} % interval "
+        f"{result['low']:+.4f} to {result['high']:+.4f}; p = {result['p_value']:.3g}; "
+        f"{result['resamples']} resamples of {result['images']} images, seed {result['seed']})"
+    )
+
+
+def _comparisons(record: dict[str, Any]) -> str:
+    parts = [
+        "<p class=muted>Paired bootstrap over images: each resample draws the images with "
+        "replacement and scores both sides on the same draw.</p>"
+    ]
+    ref = record["vs_reference"]
+    if ref is not None:
+        lines = "".join(
+            f"<li>{_e(_bootstrap_line(ref[k], 'device', 'reference'))}</li>" for k in ref
+        )
+        parts.append(f"<h3>device against the reference</h3><ul>{lines}</ul>")
+    base = record["vs_baseline"]
+    if base is None:
+        parts.append(
+            "<p class=muted>No baseline yet: accept an evaluation with "
+            "<code>batchinfer eval JOB --update-baseline</code>.</p>"
+        )
+    else:
+        info = record["baseline"] or {}
+        lines = "".join(
+            f"<li>{_e(_bootstrap_line(base[k], 'now', 'baseline'))}</li>"
+            for k in ("map50_95", "map50")
+        )
+        parts.append(
+            f"<h3>against the baseline {_e(info.get('eval_id'))} (accepted by "
+            f"{_e(info.get('accepted_by'))}), on the {base['compared']} images both have</h3>"
+            f"<ul>{lines}</ul>"
+        )
+    return "".join(parts)
+
+
+def _matching(record: dict[str, Any]) -> str:
+    gt = record["ground_truth"]
+    rows = [
+        ("ground truth", f"{gt['format']}: {gt['path']}"),
+        ("images scored", gt["images"]),
+        ("boxes", gt["annotations"]),
+        ("categories", gt["categories"]),
+        ("dataset images without ground truth (not scored)", gt["unmatched_items"]),
+        ("ground-truth images not in the dataset", gt["unknown_images"]),
+        ("their boxes (dropped)", gt["dropped_annotations"]),
+    ]
+    body = "".join(f"<tr><th>{_e(k)}</th><td class=num>{_e(v)}</td></tr>" for k, v in rows)
+    out = f"<table id=gt-table>{body}</table>"
+    for key, title in (
+        ("unmatched_items_first", "first dataset images without ground truth"),
+        ("unknown_images_first", "first ground-truth images not in the dataset"),
+    ):
+        if gt[key]:
+            out += f"<h3>{title}</h3><p>" + ", ".join(f"<code>{_e(n)}</code>" for n in gt[key])
+            out += "</p>"
+    return out
+
+
+# --------------------------------------------------------------------------- the page
+def detection_html(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
+    """The report page of a detection evaluation (see the module docstring)."""
+    verdict = record["verdict"]
+    device = record["device"]
+    failed = [g for g in record["gates"] if g["passed"] is False]
+    headline = (
+        "every gate passed"
+        if not failed
+        else f"{len(failed)} gate(s) failed: "
+        + "; ".join(f"{g['metric']} {CHECK_WORDS[g['check']]}" for g in failed)
+    )
+    sections = [
+        ("gates", "Gates", f"<p>{_e(headline)}</p>{_gates_table(record)}"),
+        (
+            "trend",
+            f"Trend over {len(history)} evaluation(s)",
+            "<p class=muted>Points: green passed, red failed. Lines: the gates' current "
+            f"limits.</p>{trend_plot(record, history)}",
+        ),
+        ("classes", "AP per class", _classes_table(record)),
+        ("pr", "Precision-recall", _pr_section(record)),
+        ("cores", "Per core", _cores_table(record)),
+        ("gallery", "Where device and reference disagree most", _gallery(record)),
+        ("compare", "Compared with the reference and the baseline", _comparisons(record)),
+        ("matching", "Ground truth", _matching(record)),
+        ("metrics", "Every metric", _metrics_table(record)),
+        ("facts", "Run", _facts(record)),
+    ]
+    body = "".join(
+        f"<section id={sid}><h2>{_e(title)}</h2>{content}</section>"
+        for sid, title, content in sections
+    )
+    title = f"{record['job']}: {verdict.upper()}"
+    return (
+        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+        "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
+        "img-src data:; style-src 'unsafe-inline'\">"
+        "<meta name=viewport content='width=device-width,initial-scale=1'>"
+        f"<title>{_e(title)} · batchinfer eval {_e(record['eval_id'])}</title>"
+        f"<style>{_CSS}{_GALLERY_CSS}</style></head><body>"
+        f"<header class=verdict-{verdict}><h1>{_e(title)}</h1>"
+        f"<p>{_e(Path(device['model']).name)} on {_e(device['backend'])} · "
+        f"{record['dataset']['evaluated']} items, {record['dataset']['labelled']} scored · "
+        f"evaluation {_e(record['eval_id'])}</p><p>{_e(headline)}</p></header>"
+        f"<main>{body}</main></body></html>\n"
+    )
+
+
+# --------------------------------------------------------------------------- the summary
+#: Metrics the summary shows when computed (every gated metric is shown too).
+KEY_METRICS = (
+    "map50_95",
+    "map50",
+    "map75",
+    "errors",
+    "map_drop",
+    "map_drop_p",
+    "box_disagreement_mean",
+    "core_map_min",
+    "map_bootstrap_p",
+    "unmatched_items",
+    "unknown_images",
+    "items_per_s",
+)
+
+
+def detection_summary(record: dict[str, Any], report: Path | None) -> str:
+    """A few lines of Markdown: verdict, gates, key metrics, per core, comparisons."""
+    device, reference = record["device"], record["reference"]
+    metrics = record["metrics"]
+    gt = record["ground_truth"]
+    lines = [f"### batchinfer eval `{record['job']}` (detection): {record['verdict'].upper()}", ""]
+    facts = (
+        f"`{Path(device['model']).name}` (sha256 `{device['model_sha256'][:12]}`) on "
+        f"{device['backend']}, cores {','.join(map(str, device['cores']))}{on_cluster(device)}; "
+        f"{record['dataset']['evaluated']} items, {gt['images']} scored against "
+        f"{gt['annotations']} boxes, {fmt(metrics.get('errors', 0))} errors"
+    )
+    if reference:
+        cached = ", cached" if reference["cached"] else ""
+        facts += f"; reference `{Path(reference['model']).name}` on {reference['backend']}{cached}"
+    if device["backend"] == "sim":
+        facts += " (emulated NPU: throughput is the emulator's, not a board's)"
+    lines += [facts + f"; evaluation {record['eval_id']}.", ""]
+    if gt["unmatched_items"] or gt["unknown_images"]:
+        lines += [
+            f"Ground truth: {gt['unmatched_items']} dataset images have no entry (not scored), "
+            f"{gt['unknown_images']} ground-truth images are not in the dataset.",
+            "",
+        ]
+    lines += ["| gate | value | limit | result |", "|---|---|---|---|"]
+    for g in record["gates"]:
+        op = "<=" if g["check"] == "max" else ">="
+        limit = "-" if g["limit"] is None else f"{op} {fmt(g['limit'])}"
+        note = f": {g['note']}" if g["note"] else ""
+        result = {True: "pass", False: "**FAIL**", None: "not checked"}[g["passed"]]
+        lines.append(
+            f"| {g['metric']} {CHECK_WORDS[g['check']]} | {fmt(g['value'])} | {limit} | "
+            f"{result}{note} |"
+        )
+    gated = [g["metric"] for g in record["gates"]]
+    shown = [m for m in dict.fromkeys([*KEY_METRICS, *gated]) if m in metrics]
+    lines += ["", "| metric | value | reference |", "|---|---|---|"]
+    for name in shown:
+        lines.append(f"| {name} | {fmt(metrics[name])} | {fmt(metrics.get('reference.' + name))} |")
+    if record["per_core"]:
+        lines += ["", "| core | items | errors | mAP50:95 | reference | disagreement | items/s |"]
+        lines.append("|---|---|---|---|---|---|---|")
+        for c in record["per_core"]:
+            lines.append(
+                f"| {c['place']} | {c['items']} | {c['errors']} | {_pct(c['map50_95'])} | "
+                f"{_pct(c['reference_map50_95'])} | {_pct(c['disagreement_mean'])} | "
+                f"{fmt(c['items_per_s'])} |"
+            )
+    lines.append("")
+    if record["vs_reference"]:
+        lines.append(
+            "Against the reference: " + _bootstrap_line(
+                record["vs_reference"]["map50_95"], "device", "reference") + "."
+        )  # fmt: skip
+    base = record["vs_baseline"]
+    if base is None:
+        lines.append("No baseline yet: accept this evaluation with `--update-baseline`.")
+    else:
+        info = record["baseline"] or {}
+        lines.append(
+            f"Since the baseline ({info.get('eval_id')}, accepted by {info.get('accepted_by')}), "
+            f"on {base['compared']} images: "
+            + _bootstrap_line(base["map50_95"], "now", "baseline") + "."
+        )  # fmt: skip
+    for warning in device["warnings"]:
+        lines.append(f"Warning: {warning}")
+    if record["errors"]:
+        first = record["errors"][0]
+        lines.append(f"Item errors, first: `{first['id']}`: {first['error']}")
+    if report is not None:
+        lines.append(f"Report: {report}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["KEY_METRICS", "detection_html", "detection_summary"]

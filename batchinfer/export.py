@@ -1,0 +1,148 @@
+"""Exports of a run folder for other tools: COCO result JSON of a detection run.
+
+    from batchinfer.export import export_coco
+    export_coco("runs/night", "results.json", annotations="instances_val2017.json")
+
+writes the list of ``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}`` that
+pycocotools' ``COCO.loadRes``, faster-coco-eval and most detection tools read.
+
+Image ids: with ``annotations`` (a COCO instances JSON), each prediction's ``id`` (its path
+in the dataset) is matched to an image's ``file_name``: the whole path, else its last
+component when that is unique. Without, an image whose name is a number (COCO's own
+``000000397133.jpg``) gets that number, else every image gets its row's ``index``.
+Category ids: with annotations, by class name (the run's labels) among the categories;
+without, COCO's ids for a run with COCO's 80 names, else the class ids themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from batchinfer.errors import UsageError
+from batchinfer.results import read_run
+from batchinfer.sink._atomic import write_bytes_atomically
+
+
+@dataclass(frozen=True)
+class CocoExport:
+    """What :func:`export_coco` wrote."""
+
+    path: Path | None
+    results: list[dict]
+    images: int  # prediction rows with boxes (error rows are left out)
+    image_ids: str  # how image ids were found
+    category_ids: str  # how category ids were found
+
+
+def _load_annotations(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UsageError(f"Cannot read the annotations {path} ({e.strerror or e}).") from None
+    except ValueError as e:
+        raise UsageError(f"The annotations {path} are not JSON ({e}); pass a COCO file.") from None
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise UsageError(
+            f"The annotations {path} have no 'images' list; pass a COCO instances JSON."
+        )
+    return data
+
+
+def _ids_from_annotations(ids: Sequence[str], data: Mapping[str, Any], path: Path) -> dict:
+    by_name: dict[str, int] = {}
+    by_base: dict[str, list[int]] = {}
+    for image in data["images"]:
+        name, image_id = str(image.get("file_name", "")), image.get("id")
+        if not isinstance(image_id, int):
+            raise UsageError(f"An image of {path} has no integer id: {image!r}.")
+        by_name[name] = image_id
+        by_base.setdefault(PurePosixPath(name).name, []).append(image_id)
+    out, missing = {}, []
+    for item in ids:
+        if item in by_name:
+            out[item] = by_name[item]
+        elif len(by_base.get(PurePosixPath(item).name, ())) == 1:
+            out[item] = by_base[PurePosixPath(item).name][0]
+        else:
+            missing.append(item)
+    if missing:
+        raise UsageError(
+            f"{len(missing)} prediction(s) match no image of {path} by file name (first: "
+            f"{missing[0]!r}); check that the run and the annotations are the same dataset."
+        )
+    return out
+
+
+def _category_ids(
+    names: Sequence[str], data: Mapping[str, Any] | None, path: Path | None, coco80: bool
+) -> tuple[list[int] | None, str]:
+    from batchinfer.detect import COCO80_CATEGORY_IDS
+
+    if data is None or not data.get("categories"):
+        if coco80:
+            return list(COCO80_CATEGORY_IDS), "COCO's category ids of the 80 class names"
+        return None, "the class ids"
+    by_name = {str(c.get("name")): c.get("id") for c in data["categories"]}
+    if names and all(n in by_name for n in names):
+        return [int(by_name[n]) for n in names], f"the categories of {path}, by name"
+    unknown = [n for n in names if n not in by_name]
+    if not unknown:
+        raise UsageError(
+            f"The run has no class names to match with the categories of {path}; run it with "
+            "--labels FILE (one name per line)."
+        )
+    raise UsageError(
+        f"The run's class {unknown[0]!r} names no category of {path}; check that the labels "
+        "the run used are the annotations' category names."
+    )
+
+
+def export_coco(
+    run_dir: Path | str,
+    dest: Path | str | None = None,
+    annotations: Path | str | None = None,
+) -> CocoExport:
+    """COCO result dicts of the detection run in ``run_dir``, written to ``dest`` as JSON
+    (atomically) when given; see the module docstring for the ids. UsageError when the run
+    is not a detection run, or the annotations do not fit it."""
+    from batchinfer.detect import coco_results
+    from batchinfer.engine.task import NAMES_COCO80
+
+    run = read_run(run_dir)
+    task = run.manifest.raw.get("task") or {}
+    if task.get("task") != "detect":
+        raise UsageError(
+            f"{run_dir} is not a detection run (its task is {task.get('task', 'classify')}); "
+            "COCO results come from a run with boxes."
+        )
+    table = run.predictions(["index", "id", "boxes"])
+    rows = [r for r in table.to_pylist() if r["boxes"] is not None]
+    ids = [r["id"] for r in rows]
+    data = None
+    if annotations is not None:
+        data = _load_annotations(Path(annotations))
+        image_ids = _ids_from_annotations(ids, data, Path(annotations))
+        how_images = f"the images of {annotations}, by file name"
+    elif ids and all(PurePosixPath(i).stem.isdigit() for i in ids):
+        image_ids = {i: int(PurePosixPath(i).stem) for i in ids}
+        how_images = "the numbers the image files are named by"
+    else:
+        image_ids = {r["id"]: int(r["index"]) for r in rows}
+        how_images = "each row's index (dataset order)"
+    names = task.get("names") or []
+    category_ids, how_categories = _category_ids(
+        names,
+        data,
+        None if annotations is None else Path(annotations),
+        task.get("names_source") == NAMES_COCO80,
+    )
+    results = coco_results(rows, image_ids, category_ids)
+    path = None
+    if dest is not None:
+        path = Path(dest)
+        write_bytes_atomically(json.dumps(results).encode(), path)
+    return CocoExport(path, results, len(rows), how_images, how_categories)

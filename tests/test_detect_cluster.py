@@ -1,0 +1,27 @@
+"""A detection run on a local Ray cluster: the actors letterbox-read, infer and decode, and the
+run folder holds the boxes a single board writes (test_cluster.py has the cluster set-up)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from batchinfer import run
+from batchinfer.cluster import run_on_cluster
+from tests.test_cluster import cluster, no_leaks  # noqa: F401  (fixtures)
+from tests.test_detect_run import _config, _rows, kit  # noqa: F401  (fixture)
+
+
+@pytest.mark.parametrize("data", ["head", "shared"])
+def test_boxes_on_two_nodes_are_the_single_boards(cluster, kit, tmp_path, data):  # noqa: F811
+    one = run(_config(kit, tmp_path / "one"))
+    many = run_on_cluster(_config(kit, tmp_path / "many"), cluster.address, data=data)
+    assert (many.succeeded, many.errors) == (one.succeeded, one.errors) == (4, 1)
+    a, b = _rows(one.out), _rows(many.out)
+    assert a.keys() == b.keys()
+    for key in a:
+        for col in ("boxes", "n_boxes", "width", "height"):
+            assert a[key][col] == b[key][col], (key, col)
+        assert (a[key]["error"] is None) == (b[key]["error"] is None)
+    assert {r["node"] for r in b.values() if r["error"] is None} <= {"node0", "node1"}
