@@ -190,6 +190,14 @@ def test_write_demo_copies_models_and_explains_them(kit):
     assert f"batchinfer info {kit.root}/models/digits.onnx" in readme
 
 
+def test_write_demo_writes_the_detection_val_split(kit):
+    det = kit.detection
+    assert det.root == kit.root / "detection" and det.count == 500
+    assert len(list(det.images.glob("*.png"))) == 500
+    assert len(json.loads(det.instances.read_text())["annotations"]) == det.boxes > 500
+    assert "detection/instances.json" in kit.readme.read_text()
+
+
 def test_write_demo_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(OutputExistsError) as caught:
@@ -207,8 +215,11 @@ def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
     stale = tmp_path / "dataset" / "3" / "9999.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
+    stale_detection = tmp_path / "detection" / "images" / "99999.png"
+    stale_detection.parent.mkdir(parents=True)
+    stale_detection.write_bytes(b"old")
     kit = demo.write_demo(tmp_path, overwrite=True)
-    assert not stale.exists()
+    assert not stale.exists() and not stale_detection.exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert kit.count == len(list(kit.dataset.glob("*/*.png")))
 

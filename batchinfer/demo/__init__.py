@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchinfer.demo.detection import DetectionSet, write_detection
 from batchinfer.errors import OutputExistsError, UsageError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -77,6 +78,7 @@ class DemoKit:
     rknn: dict[str, Path]  # "digits-rk3588", ... -> .rknn (with .onnx, .config.json beside)
     readme: Path
     count: int  # images written
+    detection: DetectionSet | None = None  # detection/images/*.png + detection/instances.json
 
 
 def to_pixels(values: np.ndarray) -> np.ndarray:
@@ -218,13 +220,15 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     """Return the DemoKit written to ``target``: the digits as PNGs, the models, a README.
 
     Layout: ``dataset/<label>/<nnnn>.png`` (8x8 grayscale, ``nnnn`` the index in the
-    original order), ``models/*.onnx``, ``README.txt``. A non-empty ``target`` is refused
-    unless ``overwrite``, which replaces only those three entries.
+    original order), ``detection/`` (the synthetic detection val split:
+    ``images/<nnnnn>.png`` and a COCO ``instances.json``, see
+    :mod:`batchinfer.demo.detection`), ``models/*.onnx``, ``README.txt``. A non-empty
+    ``target`` is refused unless ``overwrite``, which replaces only those four entries.
     """
     from PIL import Image  # only the kit needs Pillow
 
     target = Path(target)
-    _claim(target, overwrite, owned=("dataset", "models", "README.txt"))
+    _claim(target, overwrite, owned=("dataset", "detection", "models", "README.txt"))
     images, labels = load_digits()
     dataset = target / "dataset"
     for label in range(10):
@@ -239,10 +243,17 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
         shutil.copyfile(ASSETS / name, models_dir / name)
         models[name.removesuffix(".onnx")] = models_dir / name
     rknn = {stem: write_rknn_model(models_dir, stem) for stem in rknn_stems()}
+    detection = write_detection(target / "detection")
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
     return DemoKit(
-        root=target, dataset=dataset, models=models, rknn=rknn, readme=readme, count=len(images)
+        root=target,
+        dataset=dataset,
+        models=models,
+        rknn=rknn,
+        readme=readme,
+        count=len(images),
+        detection=detection,
     )
 
 
@@ -253,6 +264,9 @@ batchinfer demo kit
 dataset/            the 1,797 handwritten digits of the UCI "Optical Recognition of
                     Handwritten Digits" set (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0),
                     as 8x8 grayscale PNGs: dataset/<label>/<index>.png
+detection/          500 synthetic detection images (160-320 px, 1-6 of the held-out
+                    digits each): detection/images/<nnnnn>.png and their boxes as COCO
+                    detection/instances.json (category id = the digit)
 models/digits.onnx          a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
 models/digits-int8.onnx     the same model quantised to int8 (stands in for an NPU model)
 models/digits-lowcal.onnx   int8 too, but calibrated on the raw 0..16 values instead of the
