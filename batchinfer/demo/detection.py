@@ -32,6 +32,8 @@ from batchinfer.errors import UsageError
 
 #: The seed of the bundled sets; image i of a split is the same for every count asked for.
 SEED = 0
+#: The demo detector's input side (digits-det.onnx: float NCHW [1, 3, 256, 256]).
+DETECTOR_INPUT = 256
 #: Images in the val split ``batchinfer demo`` writes.
 VAL_IMAGES = 500
 CLASSES: tuple[str, ...] = tuple(str(d) for d in range(10))
@@ -51,11 +53,13 @@ _SPLIT_CODE = {"train": 1, "val": 2}
 
 __all__ = [
     "CLASSES",
+    "DETECTOR_INPUT",
     "SEED",
     "SPLITS",
     "VAL_IMAGES",
     "DetectionSet",
     "Scene",
+    "letterbox",
     "make_scene",
     "scenes",
     "split_digits",
@@ -232,6 +236,24 @@ def _resize_bilinear(glyph: np.ndarray, height: int, width: int) -> np.ndarray:
     top = glyph[y0][:, x0] * (1 - wx) + glyph[y0][:, x1] * wx
     bottom = glyph[y1][:, x0] * (1 - wx) + glyph[y1][:, x1] * wx
     return top * (1 - wy[:, None]) + bottom * wy[:, None]
+
+
+def letterbox(image: np.ndarray, side: int, pad: int = 114) -> tuple[np.ndarray, float, int, int]:
+    """Return (``image`` on a side x side canvas, scale, pad_x, pad_y), as the model zoo does.
+
+    Aspect kept, resized bilinearly (Pillow), centred, the rest ``pad`` grey: a box maps
+    to the canvas as ``box * scale + (pad_x, pad_y)``.
+    """
+    from PIL import Image
+
+    h, w = image.shape[:2]
+    scale = min(side / w, side / h)
+    nw, nh = round(w * scale), round(h * scale)
+    px, py = (side - nw) // 2, (side - nh) // 2
+    canvas = np.full((side, side, 3), pad, np.uint8)
+    resized = Image.fromarray(image).resize((nw, nh), Image.BILINEAR)
+    canvas[py : py + nh, px : px + nw] = np.asarray(resized)
+    return canvas, scale, px, py
 
 
 def coco_instances(items: list[tuple[str, Scene]]) -> dict:
