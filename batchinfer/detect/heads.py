@@ -1,0 +1,144 @@
+"""Which YOLO head a model has, read off its output shapes and its input size."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Strides of the standard three-scale YOLO heads, and of the four-scale (P6) exports.
+STRIDES = (8, 16, 32)
+_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
+#: Bins per box side of the YOLOv8/YOLO11 distribution focal loss (DFL) box output.
+DFL_BINS = 16
+#: Anchors per cell of the YOLOv5/v7 heads.
+V5_ANCHORS = 3
+
+_DESCRIPTIONS = {
+    "yolov5-zoo": "YOLOv5/v7 model-zoo head",
+    "yolov8-zoo": "YOLOv8 model-zoo head",
+    "yolov8-ultralytics": "YOLOv8/YOLO11 Ultralytics ONNX head",
+    "yolov5-ultralytics": "YOLOv5 Ultralytics ONNX head",
+}
+
+#: Human descriptions of the output layouts :func:`recognise` knows (C classes, H x W grid
+#: of each stride, N cells over all strides).
+KNOWN_HEADS: tuple[str, ...] = (
+    "rknn_model_zoo YOLOv5/v7: 3 outputs (1, 3*(5+C), H, W) for strides 8/16/32",
+    "rknn_model_zoo YOLOv8/YOLO11: 6 or 9 outputs, per stride 8/16/32 a box (1, 64, H, W), "
+    "class scores (1, C, H, W) and optionally a score sum (1, 1, H, W)",
+    "Ultralytics YOLOv8/YOLO11 ONNX: 1 output (1, 4+C, N)",
+    "Ultralytics YOLOv5 ONNX: 1 output (1, 3*N, 5+C)",
+)
+
+
+@dataclass(frozen=True)
+class Head:
+    """A recognised detection head: its layout family, classes, strides and anchors."""
+
+    family: str  # "yolov5-zoo" | "yolov8-zoo" | "yolov8-ultralytics" | "yolov5-ultralytics"
+    num_classes: int
+    strides: tuple[int, ...]  # (8, 16, 32) where it applies
+    num_anchors: int  # anchors per cell (3 for v5/v7 zoo heads, 1 otherwise)
+
+    def describe(self) -> str:
+        """One line for people: ``YOLOv8 model-zoo head, 80 classes, strides 8/16/32``."""
+        name = _DESCRIPTIONS.get(self.family, self.family)
+        classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
+        strides = "/".join(str(s) for s in self.strides)
+        return f"{name}, {classes}, strides {strides}"
+
+
+def grid_sizes(input_hw: tuple[int, int], strides: Sequence[int]) -> list[tuple[int, int]]:
+    """The (H, W) grid of each stride for an input size (a stride-2 conv rounds up)."""
+    h, w = input_hw
+    return [(math.ceil(h / s), math.ceil(w / s)) for s in strides]
+
+
+def recognise(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> Head | None:
+    """The head whose layout the output shapes have, or None when no known head fits.
+
+    ``input_hw`` is the model input's (height, width); ``output_shapes`` are the outputs'
+    shapes as the runtime reports them, in order (NCHW for the model-zoo heads). A batch
+    axis reported as -1 or 0 (dynamic) counts as 1.
+    """
+    shapes = [_batch_one(s) for s in output_shapes]
+    if any(s is None for s in shapes) or not shapes:
+        return None
+    if len(shapes) == 1:
+        return _recognise_single(input_hw, shapes[0])
+    if len(shapes) == len(STRIDES):
+        return _recognise_v5_zoo(input_hw, shapes)
+    if len(shapes) in (2 * len(STRIDES), 3 * len(STRIDES)):
+        return _recognise_v8_zoo(input_hw, shapes)
+    return None
+
+
+def explain_no_head(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> str:
+    """One sentence for a model whose outputs fit no known head: what was seen, what is known."""
+    seen = ", ".join(str(tuple(s)) for s in output_shapes) or "none"
+    h, w = input_hw
+    return (
+        f"The model's outputs ({seen}, for a {w}x{h} input) are not a detection head "
+        f"batchinfer knows; it reads {'; '.join(KNOWN_HEADS)}."
+    )
+
+
+def _batch_one(shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The shape with a dynamic batch axis made 1; None when it is not batch 1."""
+    dims = tuple(int(d) if d is not None else -1 for d in shape)
+    if not dims or dims[0] not in (1, 0, -1):
+        return None
+    return (1, *dims[1:])
+
+
+def _recognise_single(input_hw: tuple[int, int], shape: tuple[int, ...]) -> Head | None:
+    if len(shape) != 3:
+        return None
+    _, rows, cols = shape
+    for strides in _STRIDE_SETS:
+        cells = sum(gh * gw for gh, gw in grid_sizes(input_hw, strides))
+        # (1, 4+C, N): one candidate per cell, a column each. (1, 84, 8400) and
+        # (1, 8400, 85) cannot both fit: that would need 4+C == A*N and 5+C == N.
+        if cols == cells and rows > 4:
+            return Head("yolov8-ultralytics", rows - 4, strides, 1)
+        for anchors in (V5_ANCHORS, 1):
+            if rows == anchors * cells and cols > 5:
+                return Head("yolov5-ultralytics", cols - 5, strides, anchors)
+    return None
+
+
+def _zoo_grids_fit(input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]) -> bool:
+    grids = grid_sizes(input_hw, STRIDES)
+    return all(len(s) == 4 and tuple(s[2:]) == g for s, g in zip(shapes, grids, strict=True))
+
+
+def _recognise_v5_zoo(input_hw: tuple[int, int], shapes: list[tuple[int, ...]]) -> Head | None:
+    if not _zoo_grids_fit(input_hw, shapes):
+        return None
+    channels = {s[1] for s in shapes}
+    if len(channels) != 1:
+        return None
+    (ch,) = channels
+    if ch % V5_ANCHORS or ch // V5_ANCHORS <= 5:
+        return None
+    return Head("yolov5-zoo", ch // V5_ANCHORS - 5, STRIDES, V5_ANCHORS)
+
+
+def _recognise_v8_zoo(input_hw: tuple[int, int], shapes: list[tuple[int, ...]]) -> Head | None:
+    per_branch = len(shapes) // len(STRIDES)
+    branches = [shapes[i * per_branch : (i + 1) * per_branch] for i in range(len(STRIDES))]
+    grids = grid_sizes(input_hw, STRIDES)
+    classes = set()
+    for branch, grid in zip(branches, grids, strict=True):
+        if not all(len(s) == 4 and tuple(s[2:]) == grid for s in branch):
+            return None
+        if branch[0][1] != 4 * DFL_BINS:
+            return None
+        if per_branch == 3 and branch[2][1] != 1:
+            return None
+        classes.add(branch[1][1])
+    if len(classes) != 1:
+        return None
+    (num_classes,) = classes
+    return Head("yolov8-zoo", num_classes, STRIDES, 1)
