@@ -180,7 +180,7 @@ def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
 
 
 def test_write_demo_copies_models_and_explains_them(kit):
-    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224"}
+    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224", "digits-det"}
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
         assert path.read_bytes() == demo.model_path(name).read_bytes()
@@ -340,9 +340,10 @@ def test_convert_models_with_their_settings_compute_the_shipped_models(platform)
 
 
 def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
-    assert set(kit.rknn) == set(demo.rknn_stems())
+    assert set(kit.rknn) == set(demo.rknn_stems()) | set(demo.rknn_stems(detector=True))
+    assert len(kit.rknn) == 4 * len(demo.RKNN_PLATFORMS)
     for stem, path in kit.rknn.items():
-        recipe, _ = demo.rknn_stems()[stem]
+        recipe, _ = demo.rknn_recipe(stem)
         assert path == kit.root / "models" / f"{stem}.rknn"
         assert path.read_bytes() == (demo.ASSETS / f"{stem}.rknn").read_bytes()
         # The sim and toolkit backends run the model it was converted from, beside it.
