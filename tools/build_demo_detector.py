@@ -815,14 +815,16 @@ scored on the first {sc.get("images", VAL_EVAL)} scenes of the **val** split (he
 - Graph: conv 3x3 stride 2 x5 (16, 32, 48, 64, 96 channels, an extra 3x3 at strides
   8/16/32), FPN-lite (1x1 laterals to 48, nearest 2x upsampling, add, 3x3), per stride a
   decoupled head (3x3 + 1x1 for the box, 3x3 + 1x1 for the classes); ReLU; batch norm
-  folded. {work} (`batchinfer.runtime.timing`, every op counted). {size};
-  ONNX Runtime against torch: max |difference| {o["onnx_vs_torch_max_abs"]:.1e}.
-- Training: torch {THREADS} threads on CPU, seed {SEED}, {steps}
+  folded.
+  {work} (`batchinfer.runtime.timing`, every op counted).
+  {size}; ONNX Runtime against torch: max |difference| {o["onnx_vs_torch_max_abs"]:.1e}.
+- Training: torch on {THREADS} CPU thread(s), seed {SEED}, {steps}
   ({o["images_seen"]:,} images), AdamW lr {LEARNING_RATE} (100 warm-up steps, cosine),
   weight decay {WEIGHT_DECAY}; targets by centre sampling (cells inside a box within
   {CENTRE_RADIUS} strides of its centre, on the levels whose size range holds it, the
   smallest box wins, at least the nearest cell); losses BCE on classes, GIoU and DFL on
-  the positives' boxes (weights {weights}). {took} on the build machine; last losses {losses_end}.
+  the positives' boxes (weights {weights}). {took} on the shared build machine;
+  last losses {losses_end}.
 - Val, float (ONNX Runtime, decoded at score > 0.001, class-aware NMS 0.6, 100 boxes,
   pycocotools): {map_line("digits-det.onnx")}.
 
@@ -838,7 +840,8 @@ Measured with rknn-toolkit2's simulator (`--backend toolkit`) against the float 
 |---|---|---|
 {chr(10).join(rows) or "| not converted yet | | |"}
 
-Val, int8 ({first}, toolkit simulator, same decoding): {map_line(first)}.
+Val, int8 ({first}, toolkit simulator, same decoding):
+{map_line(first)}.
 """
 
 
