@@ -309,6 +309,7 @@ def test_demo_twice_refuses_the_second_time_naming_overwrite(tmp_path):
     first = invoke("demo", target)
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith(f"wrote 1797 images to {target / 'dataset'}")
+    assert "wrote 500 detection images" in first.stdout
     png = target / "dataset" / "0" / "0000.png"
     before = png.stat().st_mtime_ns
 

@@ -180,7 +180,7 @@ def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
 
 
 def test_write_demo_copies_models_and_explains_them(kit):
-    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224"}
+    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224", "digits-det"}
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
         assert path.read_bytes() == demo.model_path(name).read_bytes()
@@ -188,6 +188,14 @@ def test_write_demo_copies_models_and_explains_them(kit):
     assert f"batchinfer run {kit.root}/dataset --model {kit.root}/models/digits.onnx" in readme
     assert "--backend sim" in readme
     assert f"batchinfer info {kit.root}/models/digits.onnx" in readme
+
+
+def test_write_demo_writes_the_detection_val_split(kit):
+    det = kit.detection
+    assert det.root == kit.root / "detection" and det.count == 500
+    assert len(list(det.images.glob("*.png"))) == 500
+    assert len(json.loads(det.instances.read_text())["annotations"]) == det.boxes > 500
+    assert "detection/instances.json" in kit.readme.read_text()
 
 
 def test_write_demo_refuses_a_non_empty_folder(tmp_path):
@@ -207,8 +215,11 @@ def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
     stale = tmp_path / "dataset" / "3" / "9999.png"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"old")
+    stale_detection = tmp_path / "detection" / "images" / "99999.png"
+    stale_detection.parent.mkdir(parents=True)
+    stale_detection.write_bytes(b"old")
     kit = demo.write_demo(tmp_path, overwrite=True)
-    assert not stale.exists()
+    assert not stale.exists() and not stale_detection.exists()
     assert (tmp_path / "notes.txt").read_text() == "mine"
     assert kit.count == len(list(kit.dataset.glob("*/*.png")))
 
@@ -329,9 +340,10 @@ def test_convert_models_with_their_settings_compute_the_shipped_models(platform)
 
 
 def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
-    assert set(kit.rknn) == set(demo.rknn_stems())
+    assert set(kit.rknn) == set(demo.rknn_stems()) | set(demo.rknn_stems(detector=True))
+    assert len(kit.rknn) == 4 * len(demo.RKNN_PLATFORMS)
     for stem, path in kit.rknn.items():
-        recipe, _ = demo.rknn_stems()[stem]
+        recipe, _ = demo.rknn_recipe(stem)
         assert path == kit.root / "models" / f"{stem}.rknn"
         assert path.read_bytes() == (demo.ASSETS / f"{stem}.rknn").read_bytes()
         # The sim and toolkit backends run the model it was converted from, beside it.

@@ -490,7 +490,7 @@ def convert(stem: str, folder: Path) -> Path:
     ``folder`` receives what the demo kit holds beside the .rknn: ``<stem>.onnx``,
     ``<stem>.config.json``, ``<stem>.dataset.txt`` and the calibration images.
     """
-    recipe, _ = demo.rknn_stems()[stem]
+    recipe, _ = demo.rknn_recipe(stem)
     shutil.copyfile(ASSETS / recipe.source, folder / f"{stem}.onnx")
     shutil.copyfile(ASSETS / f"{stem}.config.json", folder / f"{stem}.config.json")
     dataset = demo.write_calibration_list(folder, stem)
@@ -762,6 +762,10 @@ trained and calibrated on the train split only.
   the chip.
 
 {rknn_md(measured.get("rknn"))}
+## The demo detector
+`digits-det.onnx` and its `.rknn` files, trained on the synthetic detection set, are
+described in `DETECTOR.md` (made by `tools/build_demo_detector.py`).
+
 All ONNX models: opset {OPSET}, ir_version {IR_VERSION};
 `onnx.checker.check_model(full_check=True)` passes.
 """

@@ -27,4 +27,10 @@ def _demo(target: Path, overwrite: bool) -> None:
 
     kit = write_demo(target, overwrite=overwrite)
     click.echo(f"wrote {kit.count} images to {kit.dataset} and models to {kit.root / 'models'}")
+    if kit.detection is not None:
+        det = kit.detection
+        click.echo(
+            f"wrote {det.count} detection images ({det.boxes} boxes) to {det.images}, "
+            f"boxes in {det.instances}"
+        )
     click.echo(f"next: batchinfer run {kit.dataset} --model {kit.models['digits']} --cores 0,1,2")

@@ -14,10 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from batchinfer.demo.detection import DetectionSet, write_detection
 from batchinfer.errors import OutputExistsError, UsageError
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-MODEL_NAMES = ("digits.onnx", "digits-int8.onnx", "digits-lowcal.onnx", "pool224.onnx")
+MODEL_NAMES = (
+    "digits.onnx",
+    "digits-int8.onnx",
+    "digits-lowcal.onnx",
+    "pool224.onnx",
+    "digits-det.onnx",
+)
 DIGIT_COUNT = 1797
 
 #: Chips the demo's .rknn files are converted for.
@@ -43,11 +50,16 @@ RKNN_RECIPES = (
     RknnRecipe("digits-lowcal", "digits-convert.onnx", "digits-raw"),
     RknnRecipe("pool224", "pool224-convert.onnx", "pool224"),
 )
+# The detector (tools/build_demo_detector.py) takes float NCHW pixels / 255 as YOLO models
+# do, so its float model is the one converted (mean 0, std 255 in its settings).
+DETECTOR_RECIPE = RknnRecipe("digits-det", "digits-det.onnx", "digits-det")
 CALIBRATION_PER_CLASS = 10  # digits calibration: the first 10 train images of each class
 POOL224_CALIBRATION = 8
+DETECTOR_CALIBRATION = 64  # the first 64 train scenes of the detection set, letterboxed
 
 __all__ = [
     "ASSETS",
+    "DETECTOR_RECIPE",
     "MODEL_NAMES",
     "RKNN_PLATFORMS",
     "RKNN_RECIPES",
@@ -58,6 +70,7 @@ __all__ = [
     "load_digits",
     "make_npy_dataset",
     "model_path",
+    "rknn_recipe",
     "rknn_stems",
     "test_split",
     "to_pixels",
@@ -74,9 +87,11 @@ class DemoKit:
     root: Path
     dataset: Path  # dataset/<label>/<nnnn>.png
     models: dict[str, Path]  # "digits", "digits-int8", "digits-lowcal", "pool224" -> .onnx
-    rknn: dict[str, Path]  # "digits-rk3588", ... -> .rknn (with .onnx, .config.json beside)
+    rknn: dict[str, Path]  # "digits-rk3588", "digits-det-rk3588", ... -> .rknn (with
+    # .onnx, .config.json beside)
     readme: Path
     count: int  # images written
+    detection: DetectionSet | None = None  # detection/images/*.png + detection/instances.json
 
 
 def to_pixels(values: np.ndarray) -> np.ndarray:
@@ -123,9 +138,21 @@ def model_path(name: str) -> Path:
     return ASSETS / file_name
 
 
-def rknn_stems() -> dict[str, tuple[RknnRecipe, str]]:
-    """Every demo .rknn by file stem ("digits-rk3588") -> (its recipe, its platform)."""
-    return {f"{r.name}-{p}": (r, p) for r in RKNN_RECIPES for p in RKNN_PLATFORMS}
+def rknn_stems(*, detector: bool = False) -> dict[str, tuple[RknnRecipe, str]]:
+    """The classifiers' demo .rknn by file stem ("digits-rk3588") -> (recipe, platform).
+
+    With ``detector``, the detector's instead ("digits-det-rk3588", ...).
+    """
+    recipes = (DETECTOR_RECIPE,) if detector else RKNN_RECIPES
+    return {f"{r.name}-{p}": (r, p) for r in recipes for p in RKNN_PLATFORMS}
+
+
+def rknn_recipe(stem: str) -> tuple[RknnRecipe, str]:
+    """(recipe, platform) of any demo .rknn stem, classifier or detector."""
+    stems = {**rknn_stems(), **rknn_stems(detector=True)}
+    if stem not in stems:
+        raise UsageError(f"There is no demo .rknn {stem!r}; choose one of {', '.join(stems)}.")
+    return stems[stem]
 
 
 def calibration_indices(labels: np.ndarray, test_index: np.ndarray) -> np.ndarray:
@@ -140,6 +167,8 @@ def calibration_images(name: str) -> list[tuple[str, np.ndarray]]:
     ``digits``: the first CALIBRATION_PER_CLASS train images of each class, as 0..255
     pixels (8x8). ``digits-raw``: the same images as their raw 0..16 values, the mistake
     behind digits-lowcal. ``pool224``: POOL224_CALIBRATION seeded colour ramps (224x224x3).
+    ``digits-det``: the first DETECTOR_CALIBRATION train scenes of the detection set,
+    letterboxed to the detector's input (DETECTOR_INPUT square, grey 114 padding).
     """
     if name in ("digits", "digits-raw"):
         raw, labels = load_digits(raw=True)
@@ -154,7 +183,16 @@ def calibration_images(name: str) -> list[tuple[str, np.ndarray]]:
             image = np.clip(base + ramp * slope, 0, 255).astype(np.uint8)
             out.append((f"{i:04d}.png", image))
         return out
-    raise UsageError(f"There is no calibration set {name!r}; use digits, digits-raw or pool224.")
+    if name == "digits-det":
+        from batchinfer.demo import detection
+
+        return [
+            (f"{i:04d}.png", detection.letterbox(scene.image, detection.DETECTOR_INPUT)[0])
+            for i, scene in enumerate(detection.scenes("train", DETECTOR_CALIBRATION))
+        ]
+    raise UsageError(
+        f"There is no calibration set {name!r}; use digits, digits-raw, pool224 or digits-det."
+    )
 
 
 def write_rknn_model(models_dir: Path, stem: str) -> Path:
@@ -166,7 +204,7 @@ def write_rknn_model(models_dir: Path, stem: str) -> Path:
     ``rknn.build()``, paths relative to the list), whose images go to
     ``calibration/<set>/``. Returns the .rknn path.
     """
-    recipe, _ = rknn_stems()[stem]
+    recipe, _ = rknn_recipe(stem)
     models_dir = Path(models_dir)
     shutil.copyfile(ASSETS / f"{stem}.rknn", models_dir / f"{stem}.rknn")
     shutil.copyfile(ASSETS / recipe.source, models_dir / f"{stem}.onnx")
@@ -179,7 +217,7 @@ def write_calibration_list(models_dir: Path, stem: str) -> Path:
     """Write ``<stem>.dataset.txt`` and its images (``calibration/<set>/``); return the list."""
     from PIL import Image  # only the kit needs Pillow
 
-    recipe, _ = rknn_stems()[stem]
+    recipe, _ = rknn_recipe(stem)
     models_dir = Path(models_dir)
     folder = models_dir / "calibration" / recipe.calibration
     lines = []
@@ -218,13 +256,15 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     """Return the DemoKit written to ``target``: the digits as PNGs, the models, a README.
 
     Layout: ``dataset/<label>/<nnnn>.png`` (8x8 grayscale, ``nnnn`` the index in the
-    original order), ``models/*.onnx``, ``README.txt``. A non-empty ``target`` is refused
-    unless ``overwrite``, which replaces only those three entries.
+    original order), ``detection/`` (the synthetic detection val split:
+    ``images/<nnnnn>.png`` and a COCO ``instances.json``, see
+    :mod:`batchinfer.demo.detection`), ``models/*.onnx``, ``README.txt``. A non-empty
+    ``target`` is refused unless ``overwrite``, which replaces only those four entries.
     """
     from PIL import Image  # only the kit needs Pillow
 
     target = Path(target)
-    _claim(target, overwrite, owned=("dataset", "models", "README.txt"))
+    _claim(target, overwrite, owned=("dataset", "detection", "models", "README.txt"))
     images, labels = load_digits()
     dataset = target / "dataset"
     for label in range(10):
@@ -238,11 +278,19 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     for name in MODEL_NAMES:
         shutil.copyfile(ASSETS / name, models_dir / name)
         models[name.removesuffix(".onnx")] = models_dir / name
-    rknn = {stem: write_rknn_model(models_dir, stem) for stem in rknn_stems()}
+    stems = {**rknn_stems(), **rknn_stems(detector=True)}
+    rknn = {stem: write_rknn_model(models_dir, stem) for stem in stems}
+    detection = write_detection(target / "detection")
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
     return DemoKit(
-        root=target, dataset=dataset, models=models, rknn=rknn, readme=readme, count=len(images)
+        root=target,
+        dataset=dataset,
+        models=models,
+        rknn=rknn,
+        readme=readme,
+        count=len(images),
+        detection=detection,
     )
 
 
@@ -253,12 +301,18 @@ batchinfer demo kit
 dataset/            the 1,797 handwritten digits of the UCI "Optical Recognition of
                     Handwritten Digits" set (E. Alpaydin, C. Kaynak, 1998; CC BY 4.0),
                     as 8x8 grayscale PNGs: dataset/<label>/<index>.png
+detection/          500 synthetic detection images (160-320 px, 1-6 of the held-out
+                    digits each): detection/images/<nnnnn>.png and their boxes as COCO
+                    detection/instances.json (category id = the digit)
 models/digits.onnx          a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
 models/digits-int8.onnx     the same model quantised to int8 (stands in for an NPU model)
 models/digits-lowcal.onnx   int8 too, but calibrated on the raw 0..16 values instead of the
                             0..255 pixels: it visibly loses accuracy (a device model to
                             evaluate against digits.onnx)
 models/pool224.onnx         a near-free [1,224,224,3] model for throughput tests
+models/digits-det.onnx      a small digit detector for detection/ (float [1,3,256,256] NCHW,
+                            pixels/255 of the letterboxed image; YOLOv8 head in the
+                            rknn_model_zoo layout: 9 outputs, box/class/score-sum per stride)
 
 models/<model>-<chip>.rknn  real NPU models converted by rknn-toolkit2 2.5.0 for rk3588,
                             rk3576 and rk3566 (int8; they take uint8 NHWC and normalise
