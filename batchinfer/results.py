@@ -14,7 +14,6 @@ Works on a folder whose run is still going (what is on disk so far).
 from __future__ import annotations
 
 import contextlib
-
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from batchinfer.results import read_run  # noqa: E402
+from batchinfer.results import read_run
 
 pytestmark = pytest.mark.ray  # the Ray tier: pytest -m ray, run by .ci/run
 
