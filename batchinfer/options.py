@@ -330,21 +330,31 @@ class DetectOptions:
         "output, else raw (the outputs are stored).",
         choices=TASKS,
     )
-    conf: float = option(0.25, "Detection: the score a box needs to be kept (0-1).")
-    iou: float = option(
-        0.45, "Detection: boxes of a class overlapping more than this are merged by NMS (0-1)."
+    conf: float = option(
+        0.25, "Detection: the score a box needs to be kept (0-1).", bounds=Bounds(0, 1)
     )
-    max_det: int = option(300, "Detection: the most boxes kept per image (1-100000).")
+    iou: float = option(
+        0.45,
+        "Detection: boxes of a class overlapping more than this are merged by NMS (0-1).",
+        bounds=Bounds(0, 1, above=True),
+    )
+    max_det: int = option(
+        300,
+        "Detection: the most boxes kept per image (1-100000).",
+        bounds=Bounds(1, 100_000, why="every box of an image is one row's list"),
+    )
     anchors: tuple[tuple[float, ...], ...] | None = option(
         None,
         "Detection: anchors (w,h pixel pairs, strides separated by '/') of an anchor-based "
         "head (default: the model's .config.json 'anchors', else COCO's).",
         parse=_anchors,
+        bounds=Bounds(0, 16_384, above=True, why="an anchor is at most an input's side"),
     )
     pad_colour: int | tuple[int, int, int] = option(
         114,
         "Detection: the colour letterboxing pads with, a grey level or r,g,b (0-255).",
         parse=_colour,
+        bounds=Bounds(0, 255, why="8-bit pixels"),
     )
 
 

@@ -281,10 +281,10 @@ def test_a_labels_file_whose_count_differs_is_a_usage_error(kit, tmp_path):
 @pytest.mark.parametrize(
     ("flag", "value", "needle"),
     [
-        ("--conf", "1.5", "--conf must be at least 0 and at most 1, not 1.5"),
-        ("--iou", "0", "--iou must be above 0"),
+        ("--conf", "1.5", "--conf must be at most 1, not 1.5"),
+        ("--iou", "0", "--iou must be positive, not 0"),
         ("--max-det", "0", "--max-det must be at least 1"),
-        ("--pad-colour", "300", "--pad-colour must be a grey level or r,g,b, each 0-255"),
+        ("--pad-colour", "300", "--pad-colour must be at most 255 (8-bit pixels), not 300"),
     ],
 )
 def test_detection_settings_out_of_range_are_usage_errors(kit, tmp_path, flag, value, needle):

@@ -98,7 +98,6 @@ class DatasetSettings:
         path=True,
     )
     limit: int | None = option(None, "Only the first N items of the dataset.", bounds=ITEMS)
-    limit: int | None = option(None, "Only the first N items of the dataset.")
     ground_truth: Path | None = option(
         None,
         "Detection jobs: the boxes, a COCO instances .json file or a folder of YOLO .txt "
@@ -132,8 +131,13 @@ class MetricsSettings:
         1000,
         "Detection jobs: resamples of the paired image bootstrap that compares mAP with the "
         "reference and the baseline.",
+        bounds=Bounds(1, 100_000, why="each resample re-scores every image"),
     )
-    seed: int = option(0, "Detection jobs: the bootstrap's seed (the same seed, the same answer).")
+    seed: int = option(
+        0,
+        "Detection jobs: the bootstrap's seed (the same seed, the same answer).",
+        bounds=Bounds(0, 2**32 - 1, why="numpy's seeds are 32-bit"),
+    )
 
 
 @dataclass(frozen=True)
