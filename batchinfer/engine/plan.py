@@ -274,6 +274,10 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     labels = None if engine.detects else config.labels
     dataset = open_dataset(Path(config.dataset).expanduser(), labels_file=labels, progress=listing)
     engine.preprocess.validate_for(dataset.kind)
+    # plan_engine could not say it: the dataset is opened after it here (see above).
+    warning = raw_pixels_warning(engine.preprocess, dataset.kind, model.name)
+    if warning:
+        logging.getLogger("batchinfer").warning(warning)
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,
