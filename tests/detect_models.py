@@ -20,9 +20,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from models import _save
 from onnx import TensorProto, helper, numpy_helper
-
-from tests.models import _save
 
 STRIDES = (8, 16, 32)
 CLASSES = ("red", "green")

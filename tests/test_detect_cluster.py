@@ -7,10 +7,11 @@ import pytest
 
 pytest.importorskip("ray")
 
+from test_cluster import cluster, no_leaks  # noqa: F401  (fixtures)
+from test_detect_run import _config, _rows, kit  # noqa: F401  (fixture)
+
 from batchinfer import run
 from batchinfer.cluster import run_on_cluster
-from tests.test_cluster import cluster, no_leaks  # noqa: F401  (fixtures)
-from tests.test_detect_run import _config, _rows, kit  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("data", ["head", "shared"])

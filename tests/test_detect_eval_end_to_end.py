@@ -29,8 +29,8 @@ from batchinfer.evaluate import load_job
 from batchinfer.evaluate.runs import cache_key, plan_side
 
 pytest.importorskip("faster_coco_eval")
-from tests.detect_models import colour_detector, labels_file
-from tests.models import nhwc_uint8_model
+from detect_models import colour_detector, labels_file
+from models import nhwc_uint8_model
 
 COLOURS = {0: (230, 20, 20), 1: (20, 230, 20)}  # class 0 red, class 1 green
 

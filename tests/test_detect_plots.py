@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from detection_data import detector, ground_truth
 from PIL import Image
 
 from batchinfer.evaluate.detection import score_detections
@@ -25,7 +26,6 @@ from batchinfer.evaluate.detection_plots import (
     pr_figure,
 )
 from batchinfer.evaluate.groundtruth import Category, GroundTruth
-from tests.detection_data import detector, ground_truth
 
 #: Names that mathtext would misread or refuse: shown as written, never parsed.
 ODD_NAMES = (r"$\frac$", "price_$5", "a_b")

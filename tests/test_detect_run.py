@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from detect_models import CLASSES, cell_box, colour_detector, labels_file
 from PIL import Image
+from runs import config, fast_sim
+from test_cli import FAST_SIM, assert_error, invoke
 
 from batchinfer import run
 from batchinfer.errors import UsageError
 from batchinfer.export import export_coco
 from batchinfer.results import read_boxes, read_run
 from tests import models as M
-from tests.detect_models import CLASSES, cell_box, colour_detector, labels_file
-from tests.runs import config, fast_sim
-from tests.test_cli import FAST_SIM, assert_error, invoke
 
 EXIF_ORIENTATION = 0x0112
 

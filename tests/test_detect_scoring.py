@@ -9,6 +9,7 @@ import io
 
 import numpy as np
 import pytest
+from detection_data import detector, ground_truth
 
 from batchinfer.evaluate.detection import (
     IOU_THRESHOLDS,
@@ -21,7 +22,6 @@ from batchinfer.evaluate.detection import (
     weighted_map,
 )
 from batchinfer.evaluate.groundtruth import GroundTruth
-from tests.detection_data import detector, ground_truth
 
 
 def pycocotools_eval(gt: GroundTruth, results: list[dict], image_ids=None):

@@ -142,9 +142,10 @@ def test_box_columns_keep_order_labels_and_nulls(tmp_path):
 def test_a_classification_runs_fingerprint_is_the_one_it_had_before_detection(tmp_path):
     """Runs started before detection existed can be resumed: their preprocessing record has
     no pad colour, and there is no task entry."""
+    from runs import config
+
     from batchinfer.engine.plan import plan_run
     from tests import models as M
-    from tests.runs import config
 
     data = tmp_path / "d"
     data.mkdir()
@@ -161,8 +162,9 @@ def test_a_classification_runs_fingerprint_is_the_one_it_had_before_detection(tm
 def test_int8_outputs_are_decoded_with_the_graphs_quantisation(tmp_path):
     """A runtime that returns int8 outputs gets them dequantised with the (scale, zero point)
     planned from the model; without them the item fails with a sentence, not wrong boxes."""
+    from detect_models import colour_detector
+
     from batchinfer.engine.detection import ItemDecoder
-    from tests.detect_models import colour_detector
 
     model = colour_detector(tmp_path)
     task = plan_task(DetectOptions(), model, (64, 64))
