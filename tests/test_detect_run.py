@@ -13,6 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import models as M
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -25,7 +26,6 @@ from batchinfer import run
 from batchinfer.errors import UsageError
 from batchinfer.export import export_coco
 from batchinfer.results import read_boxes, read_run
-from tests import models as M
 
 EXIF_ORIENTATION = 0x0112
 
