@@ -142,10 +142,10 @@ def test_box_columns_keep_order_labels_and_nulls(tmp_path):
 def test_a_classification_runs_fingerprint_is_the_one_it_had_before_detection(tmp_path):
     """Runs started before detection existed can be resumed: their preprocessing record has
     no pad colour, and there is no task entry."""
+    import models as M
     from runs import config
 
     from batchinfer.engine.plan import plan_run
-    from tests import models as M
 
     data = tmp_path / "d"
     data.mkdir()
