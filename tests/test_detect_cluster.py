@@ -13,6 +13,8 @@ from test_detect_run import _config, _rows, kit  # noqa: F401  (fixture)
 from batchinfer import run
 from batchinfer.cluster import run_on_cluster
 
+pytestmark = pytest.mark.ray  # the Ray tier: pytest -m ray, run by .ci/run
+
 
 @pytest.mark.parametrize("data", ["head", "shared"])
 def test_boxes_on_two_nodes_are_the_single_boards(cluster, kit, tmp_path, data):  # noqa: F811
