@@ -491,18 +491,7 @@ def _record(
         "job_file": str(job.path),
         "job_sha256": job.sha256,
         "verdict": verdict.word,
-        "gates": [
-            {
-                "metric": g.metric,
-                "check": g.check,
-                "value": g.value,
-                "limit": g.limit,
-                "passed": g.passed,
-                "note": g.note,
-                "line": g.line(),
-            }
-            for g in verdict.gates
-        ],
+        "gates": verdict.records(),
         "metrics": metrics,
         "model": device_facts["model"],
         "model_sha256": device_facts["model_sha256"],

@@ -88,6 +88,21 @@ class Verdict:
     def word(self) -> str:
         return "pass" if self.passed else "fail"
 
+    def records(self) -> list[dict]:
+        """Every gate's result as a JSON-able dict (result.json of either kind of job)."""
+        return [
+            {
+                "metric": g.metric,
+                "check": g.check,
+                "value": g.value,
+                "limit": g.limit,
+                "passed": g.passed,
+                "note": g.note,
+                "line": g.line(),
+            }
+            for g in self.gates
+        ]
+
     def lines(self) -> list[str]:
         return [g.line() for g in self.gates]
 
