@@ -24,6 +24,16 @@ import os
 import sys
 
 _LETTERS = {logging.DEBUG: "D", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E"}
+# $BATCHINFER_RKNN_LOG_LEVEL's names, read from a table of our own rather than logging's,
+# whose names the real rknnlite import (or the emulator, when asked) replaces with letters.
+_START_LEVELS = {
+    **{name: level for level, name in _LETTERS.items()},
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
 
 
 def _letter(levelno: int) -> str:
@@ -93,10 +103,8 @@ class RKNNLog:
         # engine's core workers start at ERROR, as deployed clients lower it, so a run's
         # console is not filled with every instance's start-up lines.
         start = os.environ.get("BATCHINFER_RKNN_LOG_LEVEL", "").upper()
-        level = logging.getLevelName(start) if start else logging.INFO
-        self.logger.setLevel(
-            logging.DEBUG if verbose else level if isinstance(level, int) else logging.INFO
-        )
+        level = _START_LEVELS.get(start, logging.INFO)
+        self.logger.setLevel(logging.DEBUG if verbose else level)
         formatter = _LineFormatter()
         handlers: list[logging.Handler] = [_StderrHandler()]
         if verbose_file:
