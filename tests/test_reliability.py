@@ -214,6 +214,36 @@ def test_cores_that_fail_alike_at_start_are_said_in_one_line(demo_kit, tmp_path)
     _exactly_once(result.out, 60)
 
 
+def test_a_none_or_hang_on_the_canary_is_retried_before_a_core_is_retired(demo_kit, tmp_path):
+    # Each fault fires once, at the first call on its core: the canary.
+    result = _run_digits(
+        demo_kit,
+        "none:core=1:call=1",
+        "hang:core=2:call=1",
+        npu_ms=20,
+        timeout_s=1.0,
+        limit=100,
+        out=tmp_path / "o",
+    )
+    assert (result.status, exit_code(result)) == ("complete", 0)
+    assert not [w for w in result.warnings if "retired" in w], result.warnings
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["retired_cores"] == []
+    assert any("core 2: the canary inference took longer than 1 s" in w for w in result.warnings)
+    assert _core_stats(result.out)[2]["restarts"] == 1  # the hang: killed and restarted
+    _exactly_once(result.out, 100)
+
+
+def test_a_canary_that_keeps_returning_none_retires_its_core(demo_kit, tmp_path):
+    faults = [f"none:core=1:call={n}" for n in (1, 2, 3)]
+    result = _run_digits(demo_kit, *faults, npu_ms=20, limit=60, out=tmp_path / "o")
+    assert exit_code(result) == 0
+    (retired,) = [w for w in result.warnings if "retired" in w]
+    assert retired.startswith("core 1 retired: the canary inference failed: Inference returned")
+    assert retired.endswith("(3 tries).")
+    _exactly_once(result.out, 60)
+
+
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):
     # Slow enough that core 2 is up before cores 0 and 1 have done the 20 items alone (a
     # core that did no item is not judged).
