@@ -18,6 +18,7 @@ from runs import config, fast_sim
 
 from batchinfer import run
 from batchinfer.engine import events as ev
+from batchinfer.engine import janitor
 from batchinfer.engine.slots import (
     SEGMENT_PREFIX,
     SHM_DIR,
@@ -323,3 +324,38 @@ def _cmdline(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except psutil.Error:
         return ""
+
+
+class _StopTheJanitor:
+    """SIGSTOPs this process's shared-memory janitor when the run starts."""
+
+    def __init__(self) -> None:
+        self.stopped: psutil.Process | None = None
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.Started):
+            (janitor,) = [
+                c for c in psutil.Process().children() if "SIG_IGN" in _cmdline(c)
+            ]  # janitor.py's program: it ignores SIGINT, SIGTERM and SIGHUP
+            janitor.send_signal(signal.SIGSTOP)
+            self.stopped = janitor
+
+
+def test_a_stopped_janitor_does_not_keep_the_run_from_ending(
+    demo_kit, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
+    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
+    stop = _StopTheJanitor()
+    cfg = config(
+        dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+        sim=fast_sim(), limit=50, out=tmp_path / "o",
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+        result = run(cfg, observers=[stop])
+    assert result.status == "complete" and result.succeeded == 50
+    assert stop.stopped is not None and not stop.stopped.is_running()  # killed and reaped
+    said = [r.getMessage() for r in caplog.records]
+    assert any("waiting for the shared-memory janitor" in m for m in said), said
+    assert any("killed it" in m for m in said), said
+    assert not [n for n in os.listdir(SHM_DIR) if f"-{os.getpid()}-" in n]
