@@ -15,7 +15,11 @@ so the same tool measures any checkout: run it with that checkout's venv). Per r
 Medians and min-max over ``--repeats``. The default dataset is the digits demo kit
 (written into ``--workdir`` once). Emulator figures on this machine, not a board's.
 
+``--held-out`` measures a refusal instead: this tool holds the output folder's lock, and
+each run (which must exit 2, "in use by another batchinfer run") is timed until it exits.
+
     python tools/bench_startup.py --repeats 5
+    python tools/bench_startup.py --repeats 10 --held-out
     /path/to/other/checkout/.venv/bin/python tools/bench_startup.py --repeats 5
 """
 
@@ -55,6 +59,17 @@ def one_run(dataset: Path, model: Path, out: Path, extra: list[str]) -> dict:
     }
 
 
+def one_refusal(dataset: Path, model: Path, out: Path, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "batchinfer", "run", str(dataset), "--model", str(model)]
+    cmd += ["--backend", "sim", "--out", str(out), "--no-progress", *extra]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    total = time.monotonic() - t0
+    if proc.returncode != 2 or "in use by" not in proc.stderr:
+        raise SystemExit(f"not refused (exit {proc.returncode}):\n{proc.stderr}")
+    return {"refused_s": total}
+
+
 def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
@@ -67,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", type=Path, help="default: the digits demo kit's dataset")
     p.add_argument("--model", type=Path, help="default: the demo kit's digits.onnx")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--held-out", action="store_true", help="time the refusal of a held output folder"
+    )
     p.add_argument("extra", nargs="*", help="more `batchinfer run` options (after --)")
     args = p.parse_args(argv)
     bytecode_cache.ensure()  # what an installed batchinfer costs (tools/bytecode_cache.py)
@@ -77,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         write_demo(kit, overwrite=True)
     dataset = args.dataset or kit / "dataset"
     model = args.model or kit / "models" / "digits.onnx"
+    if args.held_out:
+        return _held_out(dataset, model, args)
     runs = []
     for r in range(args.repeats):
         runs.append(one_run(dataset, model, args.workdir / "out", args.extra))
@@ -89,6 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.repeats} runs of `batchinfer run` on {dataset}; medians (min-max):")
     for key in ("started_s", "first_row_s", "total_s", "startup_cpu"):
         print(f"  {key:12} {_summary([run[key] for run in runs])}")
+    return 0
+
+
+def _held_out(dataset: Path, model: Path, args: argparse.Namespace) -> int:
+    from batchinfer.sink.outdir import OutLock
+
+    out = args.workdir / "held"
+    with OutLock(out, command="tools/bench_startup.py --held-out"):
+        times = [
+            one_refusal(dataset, model, out, args.extra)["refused_s"] for _ in range(args.repeats)
+        ]
+    print(f"{args.repeats} refusals of `batchinfer run` on a held --out; median (min-max):")
+    print(f"  refused_s    {_summary(times)}")
     return 0
 
 
