@@ -247,7 +247,7 @@ class OnnxRKNNBase:
     def get_sdk_version(self) -> str | None:
         """The ``RKNN VERSION:`` banner (API and DRV lines); None when not initialised."""
         text = self._sdk_banner()
-        if text is None:
+        if text is None and not isinstance(self.rknn_runtime, UnbuiltRuntime):
             self.rknn_log.e(
                 "Runtime environment is not inited, please call init_runtime to init it first!",
                 False,
