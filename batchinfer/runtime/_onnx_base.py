@@ -306,12 +306,12 @@ class OnnxRKNNBase:
             return None
         try:
             feeds = runtime.feeds(inputs, data_type, data_format, inputs_pass_through)
-        except Exception as exc:  # InputRejected, or a TypeError from a wildly wrong argument
+        except Exception as exc:  # InputRejected, an UnbuiltRuntime's, or a TypeError
             self.rknn_log.e("Catch exception when setting inputs.", False)
-            self.rknn_log.e(
-                f"Exception: {exc}" if isinstance(exc, InputRejected) else repr(exc), False
-            )
+            plain = isinstance(exc, InputRejected) or type(exc) is Exception
+            self.rknn_log.e(f"Exception: {exc}" if plain else repr(exc), False)
             return None
+        assert isinstance(runtime, EmulatedRuntime)  # an UnbuiltRuntime's feeds raised
         try:
             outputs = self._execute(runtime, feeds, lambda raw: self._deliver(raw, reuse_outputs))
         except Exception as exc:  # never raise, like RKNNLite

@@ -14,6 +14,10 @@ line is.
 Lines go to stderr ([guess]: the real logger may write to stdout; its module names a
 ``stdout_handler``) and, when ``verbose_file`` is given, are appended to that file too.
 The file is opened and closed for each line, so an instance never holds a descriptor.
+
+The real package gets its letters by renaming Python's logging levels when it is imported
+(runtime/_level_names.py); this log writes them itself and leaves logging's names alone,
+unless ``python -m batchinfer.runtime.emulate --rename-log-levels`` asks for the rename.
 """
 
 from __future__ import annotations
