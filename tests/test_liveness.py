@@ -359,3 +359,22 @@ def test_a_stopped_janitor_does_not_keep_the_run_from_ending(
     assert any("waiting for the shared-memory janitor" in m for m in said), said
     assert any("killed it" in m for m in said), said
     assert not [n for n in os.listdir(SHM_DIR) if f"-{os.getpid()}-" in n]
+
+
+@pytest.mark.slow
+def test_the_command_ends_with_a_frozen_janitor_and_says_why_it_waits(demo_kit, tmp_path):
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "5", "--sim-host-ms", "0", "--limit", "600",
+        "--out", str(tmp_path / "o"), "--no-progress",
+    )  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("started:"):
+            break
+    (frozen,) = [c for c in _children(psutil.Process(proc.pid)) if "SIG_IGN" in _cmdline(c)]
+    frozen.send_signal(signal.SIGSTOP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert f"warning: waiting for the shared-memory janitor (pid {frozen.pid})" in err
+    assert f"warning: the shared-memory janitor (pid {frozen.pid}) did not exit" in err
+    assert not frozen.is_running()
