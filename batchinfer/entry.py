@@ -5,8 +5,9 @@ when they are imported (pyarrow does), and a thread that does not block SIGINT c
 swallow a Ctrl-C (engine/signals.py says why). For ``batchinfer run`` on this machine it
 then launches the children's fork server (engine/fork_server.py), so the server imports
 numpy and the child modules while this process imports the CLI, pyarrow and the engine
-(each takes a few tenths of a second; on two CPUs they overlap). Then it runs the click
-commands.
+(each takes a few tenths of a second; on two CPUs they overlap), unless ``--out`` names a
+folder another run holds (the command then refuses before it imports the engine). Then
+it runs the click commands.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -102,8 +104,27 @@ def _fork_server_if_local_run(args: list[str]) -> contextlib.AbstractContextMana
         and not any(a == "--ray" or a.startswith("--ray=") for a in args)
         and not any(a in ("-h", "--help") for a in args)
     )
-    if not local_run:
+    if not local_run or _out_is_held(args):  # a held OUT: the command refuses at once
         return contextlib.nullcontext()
     from batchinfer.engine import fork_server
 
     return fork_server.running()
+
+
+def _out_is_held(args: list[str]) -> bool:
+    """Whether ``--out``/``-o`` in ``args`` names a folder another run holds (a guess from
+    the words, as above; the command itself checks properly)."""
+    out = None
+    for i, arg in enumerate(args):
+        if arg in ("--out", "-o") and i + 1 < len(args):
+            out = args[i + 1]
+        elif arg.startswith("--out="):
+            out = arg[len("--out=") :]
+    if not out:
+        return False
+    from batchinfer.sink.out_lock import lock_holder
+
+    try:
+        return lock_holder(Path(os.path.abspath(os.path.expanduser(out)))) is not None
+    except OSError:
+        return False

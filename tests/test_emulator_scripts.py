@@ -26,9 +26,16 @@ def work(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run(work: Path, script: str, *args: object, board: str | None = None, **env: str):
+def run(
+    work: Path,
+    script: str,
+    *args: object,
+    board: str | None = None,
+    flags: tuple[str, ...] = (),
+    **env: str,
+):
     """Run a script unchanged under the emulator; the finished process (checked by callers)."""
-    cmd = [sys.executable, "-m", "batchinfer.runtime.emulate"]
+    cmd = [sys.executable, "-m", "batchinfer.runtime.emulate", *flags]
     if board:
         cmd += ["--board", board]
     cmd += [str(SCRIPTS / script), *map(str, args)]
@@ -41,6 +48,8 @@ def run(work: Path, script: str, *args: object, board: str | None = None, **env:
         **env,
     }
     full_env.pop("BATCHINFER_SIM_CHIP", None)
+    if "BATCHINFER_SIM_RENAME_LOG_LEVELS" not in env:
+        full_env.pop("BATCHINFER_SIM_RENAME_LOG_LEVELS", None)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=full_env)
 
 
@@ -190,3 +199,43 @@ def test_pass_through_of_a_qdq_model_takes_its_int8_and_matches_the_normal_path(
     float_out = EM.ort(float_path, input=normalised)[0]
     assert not np.array_equal(expected, float_out)
     np.testing.assert_allclose(expected, float_out, atol=0.15 * np.abs(float_out).max())
+
+
+def _low_level_pipeline(work: Path, **kw: object):
+    onnx_path, rknn = imagenet_classifier(work, size=12)
+    frames = np.random.default_rng(7).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    np.save(work / "frames.npy", frames)
+    proc = run(work, "low_level_pipeline.py", rknn, work / "frames.npy", work / "out.npz", **kw)
+    return onnx_path, frames, proc
+
+
+def test_script_importing_rknn_lite_module_drives_the_runtime_directly(work: Path) -> None:
+    onnx_path, frames, proc = _low_level_pipeline(work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "INFO input 12x12, 4 frames" in proc.stderr and "INFO done" in proc.stderr
+    out = np.load(work / "out.npz")
+    expected = np.concatenate(
+        [
+            EM.ort(
+                onnx_path,
+                input=EM.nchw_normalised(f[None, :12, :12], EM.IMAGENET_MEAN, EM.IMAGENET_STD),
+            )[0]
+            for f in frames
+        ]
+    )
+    np.testing.assert_allclose(out["low"], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out["low"], out["inference"])
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_renamed_log_levels_break_a_script_here_as_on_a_board(work: Path, how: str) -> None:
+    # The real import renames the levels: the app's later setLevel("INFO") fails, on a
+    # board and, when asked, here; its own lines now carry the letters.
+    if how == "flag":
+        _, _, proc = _low_level_pipeline(work, flags=("--rename-log-levels",))
+    else:
+        _, _, proc = _low_level_pipeline(work, BATCHINFER_SIM_RENAME_LOG_LEVELS="1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ValueError: Unknown level: 'INFO'" in proc.stderr
+    assert "I input 12x12, 4 frames" in proc.stderr
+    assert (work / "out.npz").exists()  # everything before that line ran

@@ -18,6 +18,7 @@ from runs import config, fast_sim
 
 from batchinfer import run
 from batchinfer.engine import events as ev
+from batchinfer.engine import janitor
 from batchinfer.engine.slots import (
     SEGMENT_PREFIX,
     SHM_DIR,
@@ -323,3 +324,57 @@ def _cmdline(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except psutil.Error:
         return ""
+
+
+class _StopTheJanitor:
+    """SIGSTOPs this process's shared-memory janitor when the run starts."""
+
+    def __init__(self) -> None:
+        self.stopped: psutil.Process | None = None
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.Started):
+            (janitor,) = [
+                c for c in psutil.Process().children() if "SIG_IGN" in _cmdline(c)
+            ]  # janitor.py's program: it ignores SIGINT, SIGTERM and SIGHUP
+            janitor.send_signal(signal.SIGSTOP)
+            self.stopped = janitor
+
+
+def test_a_stopped_janitor_does_not_keep_the_run_from_ending(
+    demo_kit, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
+    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
+    stop = _StopTheJanitor()
+    cfg = config(
+        dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+        sim=fast_sim(), limit=50, out=tmp_path / "o",
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+        result = run(cfg, observers=[stop])
+    assert result.status == "complete" and result.succeeded == 50
+    assert stop.stopped is not None and not stop.stopped.is_running()  # killed and reaped
+    said = [r.getMessage() for r in caplog.records]
+    assert any("waiting for the shared-memory janitor" in m for m in said), said
+    assert any("killed it" in m for m in said), said
+    assert not [n for n in os.listdir(SHM_DIR) if f"-{os.getpid()}-" in n]
+
+
+@pytest.mark.slow
+def test_the_command_ends_with_a_frozen_janitor_and_says_why_it_waits(demo_kit, tmp_path):
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "5", "--sim-host-ms", "0", "--limit", "600",
+        "--out", str(tmp_path / "o"), "--no-progress",
+    )  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("started:"):
+            break
+    (frozen,) = [c for c in _children(psutil.Process(proc.pid)) if "SIG_IGN" in _cmdline(c)]
+    frozen.send_signal(signal.SIGSTOP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert f"warning: waiting for the shared-memory janitor (pid {frozen.pid})" in err
+    assert f"warning: the shared-memory janitor (pid {frozen.pid}) did not exit" in err
+    assert not frozen.is_running()

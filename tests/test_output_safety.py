@@ -317,6 +317,55 @@ def test_a_run_whose_out_is_moved_away_writes_nothing_into_a_new_folder_there(
     assert sorted(read_predictions(moved)["index"].to_pylist()) == list(range(30))
 
 
+def test_a_held_out_is_refused_before_the_model_dataset_or_fork_server(
+    data, digits, tmp_path, monkeypatch
+):
+    from runs import config
+
+    from batchinfer import run
+    from batchinfer.engine import fork_server, plan
+    from batchinfer.sink.outdir import OutLock
+
+    def must_not(what: str):
+        def called(*args, **kwargs):
+            raise AssertionError(f"{what} before the held OUT was refused")
+
+        return called
+
+    monkeypatch.setattr(fork_server, "acquire", must_not("the fork server was launched"))
+    monkeypatch.setattr(plan, "check_settings", must_not("the settings were checked"))
+    monkeypatch.setattr(plan, "make_backend", must_not("the model was opened"))
+    monkeypatch.setattr(plan, "open_dataset", must_not("the dataset was listed"))
+    out = tmp_path / "o"
+    with (
+        OutLock(out, command="the holder"),
+        pytest.raises(OutputLockedError, match=r"in use by .*the holder"),
+    ):
+        run(config(dataset=data, model=digits, out=out))
+
+
+def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits, tmp_path):
+    from batchinfer.sink.outdir import OutLock
+
+    out = tmp_path / "o"
+    argv = [sys.executable, "-X", "importtime", "-m", "batchinfer"]
+    argv += [str(a) for a in run_args(data, digits, out)]
+    with OutLock(out, command="the holder"):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "in use by" in errors[0] and "--out" in errors[0]
+    imported = {
+        line.split("|")[-1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+    # Refused before the engine (and pyarrow, a few tenths of a second) is imported, and
+    # before a fork server is launched.
+    assert "pyarrow" not in imported and "batchinfer.engine.plan" not in imported
+    assert "multiprocessing.forkserver" not in imported
+
+
 def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):
     import stat as stat_module
 

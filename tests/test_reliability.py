@@ -23,6 +23,7 @@ import pytest
 from runs import config, exit_code, fast_sim
 
 from batchinfer import run
+from batchinfer.engine import events as ev
 from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
 from batchinfer.errors import NoCoreError, OutputWriteError, RunFailedError, SharedMemoryError
 from batchinfer.results import read_predictions
@@ -151,6 +152,96 @@ def test_no_core_starting_is_a_run_failure(demo_kit, tmp_path):
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed" and "no NPU core could be started" in manifest["error"]
     assert "runtime.cores" in manifest["warnings"][0] and "{" not in manifest["warnings"][0]
+
+
+class _Said:
+    """Records what the console would print: the engine's Warned events."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def notify(self, event: object) -> None:
+        if isinstance(event, ev.Warned):
+            self.lines.append(event.message)
+
+
+def test_every_core_failing_alike_is_said_once_not_once_per_core(demo_kit, tmp_path):
+    said = _Said()
+    faults = ("init:core=0", "init:core=1", "init:core=2")
+    with pytest.raises(NoCoreError) as info:
+        run(
+            config(
+                dataset=demo_kit.dataset,
+                model=demo_kit.models["digits"],
+                backend="sim",
+                sim=fast_sim(*faults),
+                out=tmp_path / "o",
+            ),
+            observers=[said],
+        )
+    assert str(info.value).count("could not be initialised") == 1
+    assert "NPU cores 0, 1, 2 could not be initialised" in str(info.value)
+    assert not [line for line in said.lines if "retired" in line], said.lines
+    # The manifest still records each core's retirement.
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert sum("retired" in w for w in manifest["warnings"]) == 3
+
+
+def test_cores_that_fail_alike_at_start_are_said_in_one_line(demo_kit, tmp_path):
+    said = _Said()
+    # Slow enough that core 1 alone is still busy when the others have failed (a run done
+    # before a core finishes starting does not wait for it).
+    result = run(
+        config(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=fast_sim("init:core=0", "init:core=2", npu_ms=20),
+            limit=60,
+            out=tmp_path / "o",
+        ),
+        observers=[said],
+    )
+    assert exit_code(result) == 0
+    retired = [line for line in said.lines if "retired" in line]
+    assert retired == [
+        "cores 0, 2 retired: NPU cores 0, 2 could not be initialised (init_runtime returned "
+        "-1); leave cores 0, 2 out of {runtime.cores}, or check the sim faults "
+        "(runtime.sim.faults, BATCHINFER_SIM_FAULTS) and the E lines above."
+    ]
+    recorded = [w for w in result.warnings if "retired" in w]  # one per core in the record
+    assert sorted(w.split(":")[0] for w in recorded) == ["core 0 retired", "core 2 retired"]
+    _exactly_once(result.out, 60)
+
+
+def test_a_none_or_hang_on_the_canary_is_retried_before_a_core_is_retired(demo_kit, tmp_path):
+    # Each fault fires once, at the first call on its core: the canary.
+    result = _run_digits(
+        demo_kit,
+        "none:core=1:call=1",
+        "hang:core=2:call=1",
+        npu_ms=20,
+        timeout_s=1.0,
+        limit=100,
+        out=tmp_path / "o",
+    )
+    assert (result.status, exit_code(result)) == ("complete", 0)
+    assert not [w for w in result.warnings if "retired" in w], result.warnings
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["retired_cores"] == []
+    assert any("core 2: the canary inference took longer than 1 s" in w for w in result.warnings)
+    assert _core_stats(result.out)[2]["restarts"] == 1  # the hang: killed and restarted
+    _exactly_once(result.out, 100)
+
+
+def test_a_canary_that_keeps_returning_none_retires_its_core(demo_kit, tmp_path):
+    faults = [f"none:core=1:call={n}" for n in (1, 2, 3)]
+    result = _run_digits(demo_kit, *faults, npu_ms=20, limit=60, out=tmp_path / "o")
+    assert exit_code(result) == 0
+    (retired,) = [w for w in result.warnings if "retired" in w]
+    assert retired.startswith("core 1 retired: the canary inference failed: Inference returned")
+    assert retired.endswith("(3 tries).")
+    _exactly_once(result.out, 60)
 
 
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):

@@ -15,6 +15,7 @@ from batchinfer.runtime import (
     BACKENDS,
     ModelInfo,
     TensorInfo,
+    _level_names,
     describe_model,
     resolve_backend,
     runtime_class,
@@ -103,6 +104,23 @@ def test_loading_rknnlite_restores_logging_level_names(fake_rknnlite: None) -> N
     assert (dict(logging._levelToName), dict(logging._nameToLevel)) == before
     assert logging.getLevelName("INFO") == logging.INFO
     logging.getLogger("batchinfer.test").setLevel("INFO")  # the reported crash
+
+
+def test_level_names_rename_like_rknnlite_and_restore() -> None:
+    # _level_names is the one module touching logging's private tables: this fails loudly
+    # on an interpreter where they changed.
+    assert isinstance(logging._levelToName, dict) and isinstance(logging._nameToLevel, dict)
+    saved = _level_names.snapshot()
+    try:
+        _level_names.rename_like_rknnlite()
+        assert logging.getLevelNamesMapping() == {"C": 50, "E": 40, "W": 30, "I": 20, "D": 10}
+        assert logging.getLevelName(logging.INFO) == "I"
+        with pytest.raises(ValueError, match="Unknown level: 'INFO'"):
+            logging.getLogger("batchinfer.test").setLevel("INFO")
+    finally:
+        _level_names.restore(saved)
+    assert logging.getLevelName("INFO") == logging.INFO
+    assert _level_names.snapshot() == saved
 
 
 # ---------------------------------------------------------------- describe_model

@@ -250,12 +250,25 @@ def test_load_rknn_with_a_missing_key_file_returns_minus_one(rt: Case, tmp_path:
     assert r.rknn_user_key is None
 
 
-def test_bad_model_fails_in_init_not_load(cpu: Case, model_dir: Path) -> None:
+def test_bad_model_fails_in_init_not_load(cpu: Case, model_dir: Path, capfd) -> None:
     r = cpu.make()
     assert r.load_rknn(str(model_dir / "corrupt.onnx")) == 0
     assert r.init_runtime() == -1
-    assert r.rknn_runtime is None
+    # The wheel keeps the runtime whose build_graph failed: not None, but nothing works.
+    assert r.rknn_runtime is not None
+    with pytest.raises(Exception, match="RKNN_ERR_CTX_INVALID"):
+        r.rknn_runtime.get_in_out_num()
+    said(capfd)
     assert r.inference(inputs=cpu.sample()) is None
+    assert "E Catch exception when setting inputs." in said(capfd)
+    assert r.get_sdk_version() is None
+    lines = said(capfd)
+    assert "E Catch exception when get sdk version" in lines and "not inited" not in lines
+    r.release()
+    assert r.rknn_runtime is None
+    assert r.load_rknn(str(cpu.model)) == 0 and r.init_runtime() == 0  # the object recovers
+    assert isinstance(r.inference(inputs=cpu.sample()), list)
+    r.release()
 
 
 def test_rknn_file_runs_from_onnx_beside_it(cpu: Case, tmp_path: Path) -> None:
@@ -364,6 +377,47 @@ def test_rknn_runtime_reports_counts_and_tensor_attributes(rt: Case) -> None:
     assert out.n_elems == result[0].size
     with pytest.raises(Exception):  # noqa: B017 - the real runtime raises a bare Exception
         r.rknn_runtime.get_tensor_attr(n_in, is_output=False)
+    r.release()
+
+
+def test_rknn_runtime_set_inputs_run_get_outputs_as_inference_does(rt: Case) -> None:
+    # Public clients drive the runtime directly (to overlap set_inputs with get_outputs).
+    r = ready(rt)
+    sample = rt.sample()
+    expected = r.inference(inputs=sample)
+    runtime = r.rknn_runtime
+    runtime.set_inputs(sample, None, ["nhwc"], inputs_pass_through=None)
+    ret = runtime.run(False)
+    outputs = runtime.get_outputs(False)
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with pytest.raises(Exception):  # noqa: B017 - the real runtime raises a bare Exception
+        runtime.set_inputs([sample[0].astype(np.float64)])
+    if rt.kind != "board":  # [guess] rows: what run returns, get_run_perf without a flag
+        assert ret == 0
+        runtime.set_inputs(sample)
+        ret = runtime.run(True)  # ret[1] is the frame id inference appends
+        assert ret[1] == r.inference(inputs=sample, get_frame_id=True)[-1] - 1
+        assert runtime.get_run_perf().run_duration >= 0
+    r.release()
+
+
+@pytest.mark.parametrize("name", ["get_inputs", "context", "no_such_member"])
+def test_rknn_runtime_members_it_lacks_are_attribute_errors_naming_the_real_api(
+    cpu: Case, name: str
+) -> None:
+    r = ready(cpu)
+    with pytest.raises(AttributeError) as info:
+        getattr(r.rknn_runtime, name)
+    message = str(info.value)
+    assert f"{name}" in message and "get_tensor_attr(index, is_output=False)" in message
+    assert "get_outputs(get_frame_id=False)" in message
+    if name == "get_inputs":
+        assert "get_tensor_attr(i).dims" in message
+    if name == "context":
+        assert "not emulated" in message
+    assert not hasattr(r.rknn_runtime, name)
     r.release()
 
 

@@ -313,6 +313,27 @@ def test_init_fault_on_a_core_fails_every_init_there(state: Path, model: Path) -
     r.release()
 
 
+def test_a_device_that_refuses_keeps_a_runtime_as_the_wheel_does(
+    state: Path, model: Path, tmp_path: Path
+) -> None:
+    # The device refuses in the wheel's build_graph step: rknn_runtime is kept, unusable.
+    r = RKNNLite(faults="init:core=1", state_dir=state, npu_ms=0, host_ms=0)
+    r.load_rknn(str(model))
+    assert r.init_runtime(core_mask=C.NPU_CORE_1) == -1
+    with pytest.raises(Exception, match="RKNN_ERR_DEVICE_UNAVAILABLE"):
+        r.rknn_runtime.get_tensor_attr(0)
+    assert r.inference(inputs=[X]) is None
+    r.release()
+    assert r.rknn_runtime is None
+    # No runtime can be made at all (as without librknnrt): rknn_runtime stays None.
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    r = RKNNLite(state_dir=blocked / "state", npu_ms=0, host_ms=0)
+    r.load_rknn(str(model))
+    assert r.init_runtime() == -1
+    assert r.rknn_runtime is None
+
+
 def test_init_fault_with_call_fails_only_the_nth_init(state: Path, model: Path) -> None:
     r = RKNNLite(faults="init:core=0:call=2", state_dir=state, npu_ms=0, host_ms=0)
     r.load_rknn(str(model))

@@ -15,7 +15,13 @@ so the same tool measures any checkout: run it with that checkout's venv). Per r
 Medians and min-max over ``--repeats``. The default dataset is the digits demo kit
 (written into ``--workdir`` once). Emulator figures on this machine, not a board's.
 
+``--held-out`` measures a refusal instead: this tool holds the output folder's lock, and
+each run (which must exit 2, "in use by another batchinfer run") is timed until it exits
+(``refused_s``), with the CPU seconds it and its children used (``cpu_s``, which a loaded
+machine disturbs less).
+
     python tools/bench_startup.py --repeats 5
+    python tools/bench_startup.py --repeats 10 --held-out
     /path/to/other/checkout/.venv/bin/python tools/bench_startup.py --repeats 5
 """
 
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -55,6 +62,20 @@ def one_run(dataset: Path, model: Path, out: Path, extra: list[str]) -> dict:
     }
 
 
+def one_refusal(dataset: Path, model: Path, out: Path, extra: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "batchinfer", "run", str(dataset), "--model", str(model)]
+    cmd += ["--backend", "sim", "--out", str(out), "--no-progress", *extra]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    total = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 2 or "in use by" not in proc.stderr:
+        raise SystemExit(f"not refused (exit {proc.returncode}):\n{proc.stderr}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"refused_s": total, "cpu_s": cpu}
+
+
 def _summary(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
 
@@ -67,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", type=Path, help="default: the digits demo kit's dataset")
     p.add_argument("--model", type=Path, help="default: the demo kit's digits.onnx")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--held-out", action="store_true", help="time the refusal of a held output folder"
+    )
     p.add_argument("extra", nargs="*", help="more `batchinfer run` options (after --)")
     args = p.parse_args(argv)
     bytecode_cache.ensure()  # what an installed batchinfer costs (tools/bytecode_cache.py)
@@ -77,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         write_demo(kit, overwrite=True)
     dataset = args.dataset or kit / "dataset"
     model = args.model or kit / "models" / "digits.onnx"
+    if args.held_out:
+        return _held_out(dataset, model, args)
     runs = []
     for r in range(args.repeats):
         runs.append(one_run(dataset, model, args.workdir / "out", args.extra))
@@ -88,6 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"{args.repeats} runs of `batchinfer run` on {dataset}; medians (min-max):")
     for key in ("started_s", "first_row_s", "total_s", "startup_cpu"):
+        print(f"  {key:12} {_summary([run[key] for run in runs])}")
+    return 0
+
+
+def _held_out(dataset: Path, model: Path, args: argparse.Namespace) -> int:
+    from batchinfer.sink.outdir import OutLock
+
+    out = args.workdir / "held"
+    with OutLock(out, command="tools/bench_startup.py --held-out"):
+        runs = [one_refusal(dataset, model, out, args.extra) for _ in range(args.repeats)]
+    print(f"{args.repeats} refusals of `batchinfer run` on a held --out; medians (min-max):")
+    for key in ("refused_s", "cpu_s"):
         print(f"  {key:12} {_summary([run[key] for run in runs])}")
     return 0
 

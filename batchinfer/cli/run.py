@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from batchinfer.cli.console import ConsoleObserver, format_summary
 from batchinfer.cli.options import build_group, flag_of, group_options
 
 EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
@@ -96,6 +95,14 @@ def _run(
     ray_address: str | None = None,
     ray_data: str = "head",
 ) -> None:
+    from batchinfer.sink.out_lock import refuse_if_held
+
+    output = build_group("output", params)
+    if output.out is not None:
+        # A held OUT is refused first: before the engine, pyarrow and the console are
+        # imported (a few tenths of a second), let alone the model or dataset opened.
+        refuse_if_held(output.out)
+    from batchinfer.cli.console import ConsoleObserver, format_summary
     from batchinfer.engine import RunConfig
     from batchinfer.engine import run as run_engine
 
@@ -104,7 +111,7 @@ def _run(
         model=model,
         runtime=build_group("runtime", params, sim=build_group("runtime.sim", params)),
         preprocess=build_group("preprocess", params),
-        output=build_group("output", params),
+        output=output,
         reliability=build_group("reliability", params),
         detect=build_group("detect", params),
         limit=limit,

@@ -4,6 +4,12 @@ Some nets give different results on some cores of real boards (airockchip/rknn-t
 Each core worker infers :func:`canary_input` before it reports ready; once every core is up
 they are compared with the majority, so the warning names the odd core, not whichever
 happened to start first. A core that restarts later is compared with that majority.
+
+The canary is an inference like any other, and may fail like one, once: an item gets
+``reliability.max_attempts`` tries, so the canary is not judged on one either. A canary
+that returns None is tried again in the worker (:func:`infer_canary`) before the core is
+retired; one that hangs is killed at its deadline and its worker restarted, as a hung item's
+is (the loop's crash path), so the core is retired only after repeated failures there too.
 """
 
 from __future__ import annotations
@@ -12,8 +18,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from batchinfer.errors import InferenceError
+
 # Canary outputs of two cores agree when they differ by at most this share of their range.
 CANARY_RTOL = 1e-3
+#: Tries of the canary in one worker before its failure retires the core.
+CANARY_TRIES = 3
 
 
 def canary_input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -24,6 +34,18 @@ def canary_input(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
     lo, hi = (0, 2) if info is None else (max(info.min, 0), min(info.max, 255) + 1)
     return rng.integers(lo, hi, size=shape).astype(dtype)
+
+
+def infer_canary(infer: Callable[[], list[np.ndarray]], tries: int = CANARY_TRIES) -> list:
+    """``infer()``'s outputs, tried up to ``tries`` times while it raises InferenceError (a
+    None result); the last error, saying how many tries failed, if every one did."""
+    for attempt in range(1, tries + 1):
+        try:
+            return infer()
+        except InferenceError as e:
+            if attempt == tries:
+                raise InferenceError(f"{str(e).rstrip('.')} ({tries} tries).") from e
+    raise AssertionError("unreachable")
 
 
 def canary_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:

@@ -8,15 +8,28 @@ created, waits for its stdin to close (which happens however the coordinator end
 unlinks whatever is left, silently. It ignores SIGINT, SIGTERM and SIGHUP, which reach the
 whole process group, so it outlives the coordinator by the moment it needs. On a normal end
 the coordinator has already unlinked everything and the janitor finds nothing to do.
+
+Closing waits for it, boundedly: a janitor that does not exit (stopped with SIGSTOP, or
+starved) is said on the console after :data:`SAY_AFTER_S` and killed after
+:data:`KILL_AFTER_S`. Killing it loses nothing: :meth:`Janitor.close` is called once the
+run has unlinked its segments itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import sys
 
 from batchinfer.engine.slots import SHM_DIR
+
+log = logging.getLogger(__name__)
+
+#: Seconds close() waits for the janitor before saying so, and before killing it. It
+#: exits within milliseconds when it runs at all: only a stopped or starved one waits.
+SAY_AFTER_S = 2.0
+KILL_AFTER_S = 10.0
 
 _JANITOR = f"""
 import os, signal, sys
@@ -50,7 +63,29 @@ class Janitor:
             self.proc.stdin.flush()
 
     def close(self) -> None:
-        """The run removed its segments: let the janitor check and go."""
+        """The run removed its segments: let the janitor check and go (waiting at most
+        KILL_AFTER_S for it, see the module docstring)."""
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        self.proc.wait()
+        pid = self.proc.pid
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=SAY_AFTER_S)
+            return
+        log.warning(
+            "waiting for the shared-memory janitor (pid %d) to exit; it is stopped or starved "
+            "(the run is done and its shared memory removed)",
+            pid,
+        )
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=max(0.0, KILL_AFTER_S - SAY_AFTER_S))
+            return
+        log.warning(
+            "the shared-memory janitor (pid %d) did not exit in %g s; killed it (nothing "
+            "was left for it to remove)",
+            pid,
+            KILL_AFTER_S,
+        )
+        with contextlib.suppress(OSError):
+            self.proc.kill()  # SIGKILL ends a stopped process too
+        with contextlib.suppress(subprocess.TimeoutExpired):  # not in uninterruptible sleep
+            self.proc.wait(timeout=KILL_AFTER_S)

@@ -85,6 +85,9 @@ class Engine(EngineLoop):
         self.usage = Usage()
         self.warnings: list[str] = []
         self._retired_for: dict[int, str] = {}  # core -> why it was retired
+        # Retirements during start-up, said when it is over (_say_held_retirements).
+        self._starting = False
+        self._held: dict[int, str] = {}
         self.sdk_versions: dict[int, str | None] = {}
         self.stop_reason: str | None = None
         self.hard_stop = False
@@ -185,24 +188,35 @@ class Engine(EngineLoop):
             )
         )
         first = {c.key: c for c in self.pool.live("worker")}
-        while starting := any(c.state == "starting" for c in first.values()):
-            if self._exhausted and not self.scheduler.busy():
-                break  # every item has its row: a core still starting is not waited for
+        self._starting = True
+        try:
+            while starting := any(c.state == "starting" for c in first.values()):
+                if self._exhausted and not self.scheduler.busy():
+                    break  # every item has its row: a core still starting is not waited for
+                self._check_some_core_alive()
+                if self.stop_reason is not None:
+                    break
+                if not self.plan.cores_start_together:
+                    self._admit()
+                    self._send_work()
+                self._turn()
+        finally:
+            self._starting = False
+        if self.stop_reason is None:
             self._check_some_core_alive()
-            if self.stop_reason is not None:
-                return
-            if not self.plan.cores_start_together:
-                self._admit()
-                self._send_work()
-            self._turn()
+        self._say_held_retirements()
+        if self.stop_reason is not None:
+            return
         for message in self.canary.settle():  # the cores that did items, at least
             self.warn(message)
-        self._check_some_core_alive()
         if not starting:
             self.notify(ev.CoresReady(self.clock()))
 
     def _check_some_core_alive(self) -> None:
         if not self.scheduler.alive_cores():
+            # The error says the retirements held back during start-up (each is in the
+            # manifest's warnings too): cores that failed alike are said once, here.
+            self._held.clear()
             raise NoCoreError(f"no NPU core could be started: {self._why_no_core()}")
 
     def _why_no_core(self) -> str:
@@ -210,15 +224,23 @@ class Engine(EngineLoop):
         # are said once, without the advice to leave one core out, which cannot help.
         retired = self._retired_for
         if len(retired) > 1 and len(self.plan.cores) == len(retired):
-            cores = sorted(retired)
-            same = {
-                retired[c].replace(leave_core_out(c), "").replace(f"core {c}", "\0") for c in cores
-            }
-            if len(same) == 1:
-                (reason,) = same
-                every = f"cores {', '.join(map(str, cores))}"
-                return reason.replace("\0", every) if "\0" in reason else f"{every}: {reason}"
+            groups = _alike(retired)
+            if len(groups) == 1:
+                ((reason, cores),) = groups.items()
+                return _for_cores(reason, cores, advice=False)
         return "; ".join(self.warnings) or "every worker exited during start-up"
+
+    def _say_held_retirements(self) -> None:
+        """Say the cores retired while the others started, once for cores that failed
+        alike ("cores 0, 2 retired: ..."), now that it is known some core is up."""
+        held, self._held = self._held, {}
+        for reason, cores in _alike(held).items():
+            if len(cores) == 1:
+                message = f"core {cores[0]} retired: {held[cores[0]]}"
+            else:
+                every = ", ".join(map(str, cores))
+                message = f"cores {every} retired: {_for_cores(reason, cores, advice=True)}"
+            self.notify(ev.Warned(message))  # already in self.warnings, one per core
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
@@ -419,7 +441,14 @@ class Engine(EngineLoop):
 
     def _retire(self, core: int, reason: str) -> None:
         self._retired_for[core] = reason
-        self.warn(f"core {core} retired: {reason}")
+        message = f"core {core} retired: {reason}"
+        if self._starting:
+            # Recorded now, said when start-up is over: if every core fails alike, the run's
+            # error says it once instead of a line per core before it.
+            self.warnings.append(message)
+            self._held[core] = reason
+        else:
+            self.warn(message)
         self.notify(ev.CoreRetired(core, reason))
 
     # ------------------------------------------------------------------ deaths
@@ -498,3 +527,26 @@ class Engine(EngineLoop):
         if self.memory is not None:
             self.memory.close()
         self.backend.end_run()
+
+
+# Marks, in a retirement reason, where its core's number and the advice to leave the core
+# out were (_alike), so that reasons differing only there fall together.
+_NUMBER, _ADVICE = "\0", "\1"
+
+
+def _alike(reasons: dict[int, str]) -> dict[str, list[int]]:
+    """Cores grouped by reason, each reason with its core's number and advice marked."""
+    groups: dict[str, list[int]] = {}
+    for core in sorted(reasons):
+        general = reasons[core].replace(leave_core_out(core), _ADVICE)
+        groups.setdefault(general.replace(f"core {core}", _NUMBER), []).append(core)
+    return groups
+
+
+def _for_cores(reason: str, cores: list[int], *, advice: bool) -> str:
+    """A reason from :func:`_alike` said of ``cores``: with ``advice``, to leave them out
+    where the reason advised it (not when every core failed: it cannot help then)."""
+    every = f"core {cores[0]}" if len(cores) == 1 else f"cores {', '.join(map(str, cores))}"
+    leave = f"leave {every} out of {{runtime.cores}}, or " if advice else ""
+    text = reason.replace(_ADVICE, leave)
+    return text.replace(_NUMBER, every) if _NUMBER in text else f"{every}: {text}"

@@ -37,6 +37,7 @@ from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
 from batchinfer.sink.fingerprint import check_resume_fingerprint, run_fingerprint
 from batchinfer.sink.manifest import model_sha256
+from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.outdir import OutFolder, check_out, check_separate, inspect_out
 from batchinfer.sink.resume import verify_parts
 
@@ -250,6 +251,8 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     is called with the number of entries listed so far while a big dataset is listed.
     """
     out = config.output
+    if out.out is not None:  # a held OUT first, before any other check (engine.run too)
+        refuse_if_held(out.out)
     check_settings(config)
     if out.resume and out.out is None:
         raise ConfigError(

@@ -32,6 +32,7 @@ from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.errors import render_fields
 from batchinfer.hostinfo import host_facts
+from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.outdir import OutLock, claim
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.run_folder import RunFolder
@@ -155,6 +156,8 @@ def run(
     before or while it runs; item failures are error rows, not exceptions. ``listing`` is
     called with the number of entries listed so far while a big dataset is listed.
     """
+    if config.output.out is not None:
+        refuse_if_held(config.output.out)  # before the fork server is launched for nothing
     # The children's fork server is launched first: it imports while this process plans.
     with arrow_system_allocator(), StopSignals() as signals, fork_server.running():
         plan = plan_run(config, listing=listing)

@@ -43,7 +43,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
-from batchinfer.engine.canary import canary_input
+from batchinfer.engine.canary import canary_input, infer_canary
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
@@ -223,8 +223,10 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         inputs = SlotRegion.attach(spec.inputs)
         shape, dtype = inputs.spec.layout.shapes[0], inputs.spec.layout.dtypes[0]
         try:
-            outs = adapters[0].infer(
-                [canary_input(shape, dtype)], data_format=spec.input_layout, reuse_outputs=False
+            outs = infer_canary(
+                lambda: adapters[0].infer(
+                    [canary_input(shape, dtype)], data_format=spec.input_layout, reuse_outputs=False
+                )
             )
         except InferenceError as e:
             send_or_exit(results, ("init_failed", f"the canary inference failed: {_template(e)}"))

@@ -1,11 +1,29 @@
 """``rknn_runtime``: what ``init_runtime`` creates, with the real object's queries and inputs.
 
 The real RKNNLite keeps its runtime in ``self.rknn_runtime`` (None until ``init_runtime``
-succeeds, None again after ``release``); scripts read model shapes through it::
+has made one, None again after ``release``); scripts read model shapes through it::
 
     n_in, n_out = rknn.rknn_runtime.get_in_out_num()
     attr = rknn.rknn_runtime.get_tensor_attr(0)            # is_output=False
     h, w = attr.dims[1], attr.dims[2]                       # NHWC for a 4-D input
+
+and some drive it directly, as ``RKNNLite.inference`` does (to overlap setting the next
+inputs with getting the last outputs)::
+
+    rknn.rknn_runtime.set_inputs([img], None, ["nhwc"], inputs_pass_through=None)
+    rknn.rknn_runtime.run(False)
+    outputs = rknn.rknn_runtime.get_outputs(False)
+
+Those members behave as below, each raising an ``Exception`` where the real one does
+(``inference`` turns that into its E line and ``None``). Any other member is an
+AttributeError that names what the real runtime offers (:data:`MEMBERS`).
+
+After an ``init_runtime`` that failed once the runtime object existed (the model or the
+device refused: the wheel's ``build_graph`` step), the real RKNNLite keeps that object in
+``rknn_runtime``: it is not None although ``init_runtime`` returned -1 (test the return
+value, not ``rknn_runtime``). :class:`UnbuiltRuntime` stands for it: every query raises,
+``inference`` returns None with ``E Catch exception when setting inputs.``,
+``get_sdk_version`` returns None, ``release`` sets it back to None.
 
 ``get_tensor_attr`` returns a ctypes structure laid out like the wheel's (rknn_api.h's
 ``rknn_tensor_attr``; the wheel spells ``size_with_stride`` as ``stride_with_stride``):
@@ -28,7 +46,8 @@ buffer skips all of that and must already be the native type in the native layou
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,8 +102,61 @@ class RKNNTensorAttr(ctypes.Structure):
     ]
 
 
+class RKNNPerfRun(ctypes.Structure):
+    """``rknn_perf_run`` (rknn_api.h): ``run_duration``, microseconds of the last run."""
+
+    _fields_ = [("run_duration", ctypes.c_int64)]
+
+
 class InputRejected(Exception):
     """An input problem: inference() logs it and returns None."""
+
+
+#: The members of the real ``rknn_runtime`` that the emulator has (rknn_api.h, the wheel).
+MEMBERS = (
+    "get_in_out_num()",
+    "get_tensor_attr(index, is_output=False)",
+    "get_sdk_version()",
+    "set_inputs(inputs, data_type=None, data_format=None, inputs_pass_through=None)",
+    "run(get_frame_id=False)",
+    "get_outputs(get_frame_id=False)",
+    "get_run_perf()",
+    "release()",
+)
+# Members of the real RKNNRuntime that the emulator does not have: ctypes internals, steps
+# RKNNLite.init_runtime takes itself, and a query whose arguments are not known.
+_NOT_EMULATED = (
+    "lib",
+    "context",
+    "build_graph",
+    "set_core_mask",
+    "check_rt_version",
+    "extend_rt_lib",
+    "check_dynamic_shape",
+    "get_output_shape",
+)
+
+
+def _missing_member(name: str) -> AttributeError:
+    """The AttributeError for a member the emulator's ``rknn_runtime`` lacks."""
+    offered = ", ".join(MEMBERS)
+    if name in _NOT_EMULATED:
+        return AttributeError(
+            f"rknn_runtime.{name} belongs to the real RKNNRuntime (rknnlite.api.rknn_runtime) "
+            f"but is not emulated (its ctypes internals and init_runtime's own steps are "
+            f"not); the emulator's rknn_runtime offers {offered}."
+        )
+    hint = " (input shapes: get_tensor_attr(i).dims)" if name in ("get_inputs", "inputs") else ""
+    return AttributeError(
+        f"rknn_runtime has no attribute {name!r}, and the real RKNNRuntime "
+        f"(rknnlite.api.rknn_runtime) has none either as far as is known "
+        f"(batchinfer/runtime/CONTRACT.md); it offers {offered}{hint}."
+    )
+
+
+#: Runs staged feeds with the owning RKNNLite's timing and faults: (outputs or None for
+#: a failed call, frame id).
+Runner = Callable[["EmulatedRuntime", dict[str, np.ndarray]], tuple[list | None, int]]
 
 
 class EmulatedRuntime:
@@ -107,6 +179,20 @@ class EmulatedRuntime:
         self.output_names = tuple(o.name for o in session.get_outputs())
         self._output_dims = tuple(concrete_dims(o.shape) for o in session.get_outputs())
         self._sdk = sdk
+        self._runner: Runner | None = None  # set by the RKNNLite that made this runtime
+        self._staged: dict[str, np.ndarray] | None = None  # set_inputs' feeds, for run
+        self._outputs: list[np.ndarray] | None = None  # the last run's, for get_outputs
+        self._run_us = 0  # the last run's duration, for get_run_perf
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for members that do not exist: say what the real runtime offers.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _missing_member(name)
+
+    def bind(self, runner: Runner) -> None:
+        """Let ``run`` use the owning RKNNLite's timing and faults (RKNNLite calls this)."""
+        self._runner = runner
 
     # ---------------------------------------------------------------- queries
     def get_in_out_num(self) -> tuple[int, int]:
@@ -161,9 +247,52 @@ class EmulatedRuntime:
 
     def release(self) -> None:
         self.session = None
+        self._staged = self._outputs = None
+
+    # ---------------------------------------------------------------- the real calls
+    def set_inputs(
+        self,
+        inputs: Any,
+        data_type: Any = None,
+        data_format: Any = None,
+        inputs_pass_through: Any = None,
+    ) -> None:
+        """Check and stage ``inputs`` for :meth:`run`; InputRejected (an Exception) says
+        what is wrong, as the real one raises."""
+        self._staged = self.feeds(inputs, data_type, data_format, inputs_pass_through)
+
+    def run(self, get_frame_id: bool = False) -> int | tuple[int, int]:
+        """Run the staged inputs: 0, or ``(0, frame_id)`` with ``get_frame_id`` [guess: the
+        wheel's inference reads ``ret[1]`` only then]; Exception for a failed call."""
+        if self._staged is None or self._runner is None:
+            raise Exception(
+                "Run failed: no inputs are set; call set_inputs first. error code: "
+                "RKNN_ERR_INPUT_INVALID"
+            )
+        started = time.monotonic()
+        outputs, frame_id = self._runner(self, self._staged)
+        self._run_us = int((time.monotonic() - started) * 1e6)
+        if outputs is None:
+            raise Exception("Run failed. error code: RKNN_ERR_FAIL")
+        self._outputs = outputs
+        return (0, frame_id) if get_frame_id else 0
+
+    def get_outputs(self, get_frame_id: bool = False) -> list[np.ndarray]:
+        """The last run's outputs, float32 arrays in model order, owned by the caller."""
+        if self._outputs is None:
+            raise Exception(
+                "Get outputs failed: nothing has run yet; call run first. error code: "
+                "RKNN_ERR_OUTPUT_INVALID"
+            )
+        return [o.copy() for o in self._outputs]
+
+    def get_run_perf(self) -> RKNNPerfRun:
+        """``run_duration``: the last :meth:`run`'s wall time in microseconds (the
+        emulated call's, host_ms included; a board counts the NPU run only)."""
+        return RKNNPerfRun(self._run_us)
 
     # ---------------------------------------------------------------- inputs
-    def set_inputs(
+    def feeds(
         self,
         inputs: Any,
         data_type: Any = None,
@@ -193,7 +322,7 @@ class EmulatedRuntime:
             for i, (spec, arr) in enumerate(zip(self.inputs, arrays, strict=True))
         }
 
-    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def compute(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """The graph's outputs for ``feeds``, in model order."""
         return self.session.run(list(self.output_names), feeds)
 
@@ -288,6 +417,52 @@ class EmulatedRuntime:
             data = data.transpose(_NHWC_TO_NCHW)
         # A real NPU converts and quantises internally; ONNX Runtime needs the graph's type.
         return np.ascontiguousarray(data, dtype=spec.onnx_dtype)
+
+
+class UnbuiltRuntime:
+    """``rknn_runtime`` after an ``init_runtime`` that failed in the wheel's build_graph
+    step (see the module docstring): every call fails as on an invalid context [guess:
+    the error code], and release() is safe."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _missing_member(name)
+
+    def _fail(self, what: str) -> Exception:
+        return Exception(
+            f"{what} failed: init_runtime failed ({self.why}). error code: RKNN_ERR_CTX_INVALID"
+        )
+
+    def get_in_out_num(self) -> tuple[int, int]:
+        raise self._fail("Query in/out num")
+
+    def get_tensor_attr(self, index: int, is_output: bool = False) -> RKNNTensorAttr:
+        raise self._fail(f"Query tensor attribute of {'output' if is_output else 'input'} {index}")
+
+    def get_sdk_version(self) -> tuple[str, str, str]:
+        raise self._fail("Query sdk version")
+
+    def feeds(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        raise self._fail("Set inputs")
+
+    def set_inputs(self, *args: Any, **kwargs: Any) -> None:
+        raise self._fail("Set inputs")
+
+    def run(self, get_frame_id: bool = False) -> int:
+        raise self._fail("Run")
+
+    def get_outputs(self, get_frame_id: bool = False) -> list[np.ndarray]:
+        raise self._fail("Get outputs")
+
+    def get_run_perf(self) -> RKNNPerfRun:
+        raise self._fail("Query perf run")
+
+    def release(self) -> None:
+        """Nothing to free."""
 
 
 def per_input(value: Any, n: int, what: str) -> list:

@@ -6,9 +6,11 @@ compiled modules): methods return 0/-1 or None instead of raising (except
 ``load_rknn(None)``, TypeError, and ``list_support_target_platform`` of a missing file,
 ValueError, as in the wheel), lines go through ``self.rknn_log.logger``, and a bad model
 fails in ``init_runtime``, not in ``load_rknn``. The public attributes of the real object
-exist: ``rknn_log``, ``rknn_runtime`` (None until ``init_runtime`` succeeds, then an
-:class:`~batchinfer.runtime._emulated_runtime.EmulatedRuntime`), ``rknn_data``,
-``rknn_user_key``, ``target``, ``root_dir``, ``load_model_in_npu``, ``verbose``.
+exist: ``rknn_log``, ``rknn_runtime`` (None until ``init_runtime`` makes one: an
+:class:`~batchinfer.runtime._emulated_runtime.EmulatedRuntime`, or after a model or device
+that fails, an :class:`~batchinfer.runtime._emulated_runtime.UnbuiltRuntime`, as the wheel
+keeps its half-made runtime), ``rknn_data``, ``rknn_user_key``, ``target``, ``root_dir``,
+``load_model_in_npu``, ``verbose``.
 
 ``async_mode=True`` follows Rockchip's description (toolkit2 API reference, init_runtime;
 rknn_api.h, RKNN_FLAG_ASYNC_MASK): each call returns the previous frame's outputs. The
@@ -33,7 +35,7 @@ import numpy as np
 from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph
-from batchinfer.runtime._emulated_runtime import EmulatedRuntime, InputRejected
+from batchinfer.runtime._emulated_runtime import EmulatedRuntime, InputRejected, UnbuiltRuntime
 from batchinfer.runtime._rknn_log import RKNNLog
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import (
@@ -53,6 +55,10 @@ RKNN_API_VERSION = "2.5.0"
 _RULE = "=" * 46
 
 Deliver = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+class DeviceRefused(Exception):
+    """init_runtime fails in the wheel's build_graph step; the E lines are already logged."""
 
 
 def sdk_banner(api: str, drv: str) -> str:
@@ -90,7 +96,7 @@ class OnnxRKNNBase:
         self.rknn_data: bytes | None = None
         self.rknn_user_key: bytes | None = None
         self.load_model_in_npu = False
-        self.rknn_runtime: EmulatedRuntime | None = None
+        self.rknn_runtime: EmulatedRuntime | UnbuiltRuntime | None = None
         self.root_dir = str(Path(__file__).resolve().parent)
         self.core_mask: int | None = None
         self._model_path: Path | None = None
@@ -153,17 +159,20 @@ class OnnxRKNNBase:
             )
             return -1
         if not self._before_init(core_mask):
-            self.release()
+            self.release()  # as when the wheel cannot make its runtime: rknn_runtime is None
             return -1
         try:
+            self._check_device(core_mask)
             runtime = self._build_runtime()
+        except DeviceRefused as exc:
+            return self._unbuilt(str(exc))
         except ModelError as exc:
             self.rknn_log.e("Catch exception when init runtime!", False)
             self.rknn_log.e(
                 f"Exception: RKNN init failed. error code: RKNN_ERR_MODEL_INVALID ({exc})", False
             )
-            self.release()
-            return -1
+            return self._unbuilt(f"RKNN_ERR_MODEL_INVALID: {exc}")
+        runtime.bind(self._run_feeds)
         self.rknn_runtime = runtime
         self._async = bool(async_mode)
         self._frame_id = 0
@@ -171,6 +180,13 @@ class OnnxRKNNBase:
         ret = 0 if self._apply_core_mask(core_mask) else -1
         self._after_init(runtime)
         return ret
+
+    def _unbuilt(self, why: str) -> int:
+        """init_runtime failed in the wheel's build_graph step: -1, and rknn_runtime keeps
+        a runtime that was never built, as the wheel's does (CONTRACT.md, init_runtime)."""
+        self.release()
+        self.rknn_runtime = UnbuiltRuntime(why)
+        return -1
 
     def release(self) -> None:
         """Drop the runtime; keeps the model bytes, so init_runtime can run again. Idempotent."""
@@ -231,7 +247,7 @@ class OnnxRKNNBase:
     def get_sdk_version(self) -> str | None:
         """The ``RKNN VERSION:`` banner (API and DRV lines); None when not initialised."""
         text = self._sdk_banner()
-        if text is None:
+        if text is None and not isinstance(self.rknn_runtime, UnbuiltRuntime):
             self.rknn_log.e(
                 "Runtime environment is not inited, please call init_runtime to init it first!",
                 False,
@@ -289,13 +305,13 @@ class OnnxRKNNBase:
             )
             return None
         try:
-            feeds = runtime.set_inputs(inputs, data_type, data_format, inputs_pass_through)
-        except Exception as exc:  # InputRejected, or a TypeError from a wildly wrong argument
+            feeds = runtime.feeds(inputs, data_type, data_format, inputs_pass_through)
+        except Exception as exc:  # InputRejected, an UnbuiltRuntime's, or a TypeError
             self.rknn_log.e("Catch exception when setting inputs.", False)
-            self.rknn_log.e(
-                f"Exception: {exc}" if isinstance(exc, InputRejected) else repr(exc), False
-            )
+            plain = isinstance(exc, InputRejected) or type(exc) is Exception
+            self.rknn_log.e(f"Exception: {exc}" if plain else repr(exc), False)
             return None
+        assert isinstance(runtime, EmulatedRuntime)  # an UnbuiltRuntime's feeds raised
         try:
             outputs = self._execute(runtime, feeds, lambda raw: self._deliver(raw, reuse_outputs))
         except Exception as exc:  # never raise, like RKNNLite
@@ -308,6 +324,17 @@ class OnnxRKNNBase:
         if get_frame_id:
             outputs.append(self._frame_id)
         return outputs
+
+    def _run_feeds(
+        self, runtime: EmulatedRuntime, feeds: dict[str, np.ndarray]
+    ) -> tuple[list | None, int]:
+        """``rknn_runtime.run``: one call with this runtime's timing and faults (owned
+        outputs, the previous frame's in async mode); (outputs or None, frame id)."""
+        self._call_started = time.monotonic()
+        outputs = self._execute(runtime, feeds, lambda raw: self._deliver(raw, False))
+        if outputs is not None:
+            self._frame_id += 1
+        return outputs, self._frame_id
 
     def _deliver(self, raw: list[np.ndarray], reuse_outputs: bool) -> list:
         """float32 outputs (the previous frame's in async mode): staging views or owned arrays."""
@@ -342,8 +369,13 @@ class OnnxRKNNBase:
         """Work out per-model settings before the runtime is made; ModelError if impossible."""
 
     def _before_init(self, core_mask: int) -> bool:
-        """False (after logging) to fail init_runtime before the session is built."""
+        """False (after logging) to fail init_runtime before a runtime exists (as the
+        wheel does when librknnrt cannot be loaded): rknn_runtime stays None."""
         return True
+
+    def _check_device(self, core_mask: int) -> None:
+        """Raise DeviceRefused (after logging) when the device refuses the model (the sim's
+        init faults); rknn_runtime then keeps an UnbuiltRuntime."""
 
     def _after_init(self, runtime: EmulatedRuntime) -> None:
         """Lines the runtime writes once it is up (the sim writes librknnrt's)."""
@@ -361,7 +393,7 @@ class OnnxRKNNBase:
         self, runtime: EmulatedRuntime, feeds: dict[str, np.ndarray], deliver: Deliver
     ) -> list | None:
         """Run one call and deliver its outputs; None (after logging) for a failed call."""
-        return deliver(runtime.run(feeds))
+        return deliver(runtime.compute(feeds))
 
     def _after_release(self) -> None:
         """Drop whatever a subclass holds besides the runtime."""
@@ -373,7 +405,14 @@ class OnnxRKNNBase:
     def _sdk_banner(self) -> str | None:
         """get_sdk_version()'s text, None when not initialised (a backend without
         ``rknn_runtime`` overrides this)."""
-        return None if self.rknn_runtime is None else self.rknn_runtime.get_sdk_version()[0]
+        if self.rknn_runtime is None:
+            return None
+        try:
+            return self.rknn_runtime.get_sdk_version()[0]
+        except Exception as exc:  # an UnbuiltRuntime: the wheel's words, and None
+            self.rknn_log.e("Catch exception when get sdk version", False)
+            self.rknn_log.e(f"Exception: {exc}", False)
+            return None
 
 
 def _filled_platforms(path: Path) -> list[str]:

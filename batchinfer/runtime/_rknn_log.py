@@ -14,6 +14,10 @@ line is.
 Lines go to stderr ([guess]: the real logger may write to stdout; its module names a
 ``stdout_handler``) and, when ``verbose_file`` is given, are appended to that file too.
 The file is opened and closed for each line, so an instance never holds a descriptor.
+
+The real package gets its letters by renaming Python's logging levels when it is imported
+(runtime/_level_names.py); this log writes them itself and leaves logging's names alone,
+unless ``python -m batchinfer.runtime.emulate --rename-log-levels`` asks for the rename.
 """
 
 from __future__ import annotations
@@ -24,6 +28,16 @@ import os
 import sys
 
 _LETTERS = {logging.DEBUG: "D", logging.INFO: "I", logging.WARNING: "W", logging.ERROR: "E"}
+# $BATCHINFER_RKNN_LOG_LEVEL's names, read from a table of our own rather than logging's,
+# whose names the real rknnlite import (or the emulator, when asked) replaces with letters.
+_START_LEVELS = {
+    **{name: level for level, name in _LETTERS.items()},
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "CRITICAL": logging.CRITICAL,
+}
 
 
 def _letter(levelno: int) -> str:
@@ -93,10 +107,8 @@ class RKNNLog:
         # engine's core workers start at ERROR, as deployed clients lower it, so a run's
         # console is not filled with every instance's start-up lines.
         start = os.environ.get("BATCHINFER_RKNN_LOG_LEVEL", "").upper()
-        level = logging.getLevelName(start) if start else logging.INFO
-        self.logger.setLevel(
-            logging.DEBUG if verbose else level if isinstance(level, int) else logging.INFO
-        )
+        level = _START_LEVELS.get(start, logging.INFO)
+        self.logger.setLevel(logging.DEBUG if verbose else level)
         formatter = _LineFormatter()
         handlers: list[logging.Handler] = [_StderrHandler()]
         if verbose_file:

@@ -1,21 +1,20 @@
 """The real runtime, ``rknnlite.api.RKNNLite``, imported lazily and only where it can work.
 
 Importing rknnlite rewrites the names of Python's logging levels (other libraries then
-fail with ``ValueError: Unknown level: 'INFO'``; rockchip-linux/rknn-toolkit2#270, #312),
-so :func:`load_rknnlite_class` restores them right after the import. Call it inside the
+fail with ``ValueError: Unknown level: 'INFO'``; runtime/_level_names.py says how), so
+:func:`load_rknnlite_class` restores them right after the import. Call it inside the
 worker process that uses the runtime, never in the coordinator.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
-import logging
 import platform
 from pathlib import Path
 
 from batchinfer.errors import RuntimeUnavailableError
+from batchinfer.runtime import _level_names
 
 LIBRKNNRT = Path("/usr/lib/librknnrt.so")
 _ARM64 = ("aarch64", "arm64")
@@ -55,8 +54,7 @@ def load_rknnlite_class() -> type:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeUnavailableError(reason)
-    level_to_name = dict(logging._levelToName)
-    name_to_level = dict(logging._nameToLevel)
+    level_names = _level_names.snapshot()
     try:
         module = importlib.import_module("rknnlite.api")
     except Exception as exc:
@@ -65,15 +63,5 @@ def load_rknnlite_class() -> type:
             "with pip install --force-reinstall 'batchinfer[rk]'."
         ) from exc
     finally:
-        _restore_level_names(level_to_name, name_to_level)
+        _level_names.restore(level_names)
     return module.RKNNLite
-
-
-def _restore_level_names(level_to_name: dict, name_to_level: dict) -> None:
-    # Mutate in place: logging keeps references to these exact dicts.
-    lock = getattr(logging, "_lock", None) or contextlib.nullcontext()
-    with lock:
-        logging._levelToName.clear()
-        logging._levelToName.update(level_to_name)
-        logging._nameToLevel.clear()
-        logging._nameToLevel.update(name_to_level)

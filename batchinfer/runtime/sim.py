@@ -90,7 +90,12 @@ from batchinfer.errors import ModelError, UsageError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph, timing
 from batchinfer.runtime._emulated_runtime import EmulatedRuntime
-from batchinfer.runtime._onnx_base import RKNN_API_VERSION, Deliver, OnnxRKNNBase
+from batchinfer.runtime._onnx_base import (
+    RKNN_API_VERSION,
+    Deliver,
+    DeviceRefused,
+    OnnxRKNNBase,
+)
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import InputSpec
 from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
@@ -495,13 +500,17 @@ class RKNNLite(OnnxRKNNBase):
                 False,
             )
             return False
+        return True
+
+    def _check_device(self, core_mask: int) -> None:
+        assert self._board is not None  # _before_init opened it
         try:
             cores, _ = resolve_core_mask(self.settings.chip, core_mask)
         except ValueError:
             cores = ()  # the mask itself fails later, in _apply_core_mask
         init_faults = [f for f in self.settings.faults if f.kind == "init"]
         if not cores or not init_faults:
-            return True
+            return
         with self._board.locked():
             counts = {c: self._board.count(c, init=True) for c in cores}
         for fault in init_faults:
@@ -512,8 +521,9 @@ class RKNNLite(OnnxRKNNBase):
                     f"(injected fault {fault}).",
                 )
                 self.rknn_log.e("Catch exception when init runtime!", False)
-                return False
-        return True
+                raise DeviceRefused(
+                    f"RKNN_ERR_DEVICE_UNAVAILABLE: NPU core {fault.core} (injected fault {fault})"
+                )
 
     def _after_init(self, runtime: EmulatedRuntime) -> None:
         s = self.settings
@@ -593,7 +603,7 @@ class RKNNLite(OnnxRKNNBase):
         fired, end = self._reserve(host_done)
         if fired is not None:
             return self._fire(fired)
-        outputs = runtime.run(feeds)
+        outputs = runtime.compute(feeds)
         if self._skewed:
             # A small, deterministic per-core difference (airockchip/rknn-toolkit2#228).
             outputs = [o + np.float32(0.01) * (np.abs(o).max() or 1) for o in outputs]

@@ -21,7 +21,6 @@ change things, and run only after every check of the configuration has passed.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
@@ -48,13 +47,19 @@ from batchinfer.sink.manifest import (
     read_manifest,
     regular_file,
 )
+from batchinfer.sink.out_lock import (  # re-exported: the lock's probe lives there
+    LOCK_FILE,
+    _flock,
+    _read_holder,
+    lock_holder,
+    locked_message,
+)
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
 
 if TYPE_CHECKING:
     from batchinfer.sink.resume import ResumeState
 
-LOCK_FILE = ".batchinfer.lock"
 _RUN_FILES = (CORE_STATS_FILE, TIMELINE_FILE)
 
 
@@ -133,7 +138,7 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
         )
     holder = lock_holder(path) if probe_lock and folder.state != "absent" else None
     if holder is not None:
-        raise OutputLockedError(_locked_message(path, holder))
+        raise OutputLockedError(locked_message(path, holder))
     if folder.state == "run":
         if not (overwrite or resume):
             raise OutputExistsError(
@@ -221,75 +226,6 @@ def clear_run(folder: OutFolder) -> None:
     fsync_dir(path)
 
 
-def _flock(fd: int, operation: int) -> bool:
-    """flock without waiting: True when taken, False when someone holds it (OSError else)."""
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-            return False
-        raise
-    return True
-
-
-def _is_held(fd: int) -> bool:
-    """True when another open file holds a lock on ``fd``'s file (probing changes nothing)."""
-    try:
-        if not _flock(fd, fcntl.LOCK_SH):
-            return True
-    except OSError:
-        return False  # cannot be locked here at all (some network filesystems)
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False
-
-
-def lock_holder(path: Path) -> dict | None:
-    """Who holds OUT's lock now (pid, command, ...), or None when nobody does. Only reads.
-
-    Held means the folder's own lock, or the lock file's (older versions, and filesystems
-    where a folder cannot be locked). The holder's details come from the lock file: {} if
-    it was deleted.
-    """
-    try:
-        dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        held = _is_held(dir_fd)
-    finally:
-        os.close(dir_fd)
-    try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return {} if held else None
-    try:
-        return _read_holder(fd) if held or _is_held(fd) else None
-    finally:
-        os.close(fd)
-
-
-def _read_holder(fd: int) -> dict:
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads(os.pread(fd, 65536, 0).decode("utf-8", "replace") or "{}")
-        if isinstance(data, dict):
-            return data
-    return {}
-
-
-def _locked_message(path: Path, holder: dict) -> str:
-    who = ", ".join(
-        f"{k} {holder[k]}" for k in ("pid", "host", "started_at") if holder.get(k) is not None
-    )
-    command = holder.get("command")
-    what = f"another batchinfer run ({who or 'holder unknown'})"
-    if command:
-        what += f": {command}"
-    return (
-        f"output folder {path} is in use by {what}; wait for it to finish, or pass another "
-        "{output.out}."
-    )
-
-
 def _identity(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
@@ -324,7 +260,7 @@ class OutLock:
         try:
             self._dir_locked = _flock(dir_fd, fcntl.LOCK_EX)
             if not self._dir_locked:
-                raise OutputLockedError(_locked_message(self.path, lock_holder(self.path) or {}))
+                raise OutputLockedError(locked_message(self.path, lock_holder(self.path) or {}))
         except OSError:
             self._dir_locked = False  # folders cannot be locked here: the file lock alone
         except BaseException:
@@ -345,7 +281,7 @@ class OutLock:
             raise write_error(self.path / LOCK_FILE, exc) from exc
         try:
             if not _flock(fd, fcntl.LOCK_EX):
-                raise OutputLockedError(_locked_message(self.path, _read_holder(fd)))
+                raise OutputLockedError(locked_message(self.path, _read_holder(fd)))
         except OSError as exc:
             os.close(fd)
             raise write_error(self.path / LOCK_FILE, exc) from exc
