@@ -1,0 +1,333 @@
+"""WebDataset-style tar shards as a dataset: naming, listing, faults, reading, whole runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from PIL import Image
+from runs import config, fast_sim
+from tar_shards import add_bytes, write_shards
+from test_cli import assert_error, invoke, run_args
+
+from batchinfer import run
+from batchinfer.data import load_into, open_dataset, preprocess_for
+from batchinfer.data.fingerprint import files_sha256
+from batchinfer.data.shards import Member, ShardFiles, ShardSet, expand_braces, is_shard_spec
+from batchinfer.errors import DatasetError, InputError
+from batchinfer.results import read_predictions
+
+
+def _png(value: int = 128, size: int = 8) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.full((size, size), value, np.uint8)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            add_bytes(tar, name, data)
+    return path
+
+
+# ------------------------------------------------------------------------ naming
+def test_brace_patterns_expand_as_the_shell_does() -> None:
+    assert expand_braces("s/t-{000..003}.tar") == [f"s/t-{n:03d}.tar" for n in range(4)]
+    assert expand_braces("t-{8..11}.tar") == ["t-8.tar", "t-9.tar", "t-10.tar", "t-11.tar"]
+    assert expand_braces("t-{09..11}.tar") == ["t-09.tar", "t-10.tar", "t-11.tar"]
+    assert expand_braces("t-{2..0}.tar") == ["t-2.tar", "t-1.tar", "t-0.tar"]
+    assert expand_braces("{a,b}-{0..1}.tar") == ["a-0.tar", "a-1.tar", "b-0.tar", "b-1.tar"]
+    assert expand_braces("plain.tar") == ["plain.tar"]
+    for bad in ("t-{0..3.tar", "t-{x}.tar", "t-{{0..1}}.tar", "t-}0{.tar"):
+        with pytest.raises(DatasetError):
+            expand_braces(bad)
+    with pytest.raises(DatasetError, match="more than"):
+        expand_braces("t-{0..99999999}.tar")
+
+
+def test_a_tar_path_names_shards_and_a_folder_does_not(tmp_path: Path) -> None:
+    assert is_shard_spec("shards/train-{000..099}.tar")
+    assert is_shard_spec(tmp_path / "x.TAR")
+    assert is_shard_spec("x.tar.gz")
+    assert not is_shard_spec(tmp_path)
+    (tmp_path / "odd.tar").mkdir()
+    assert not is_shard_spec(tmp_path / "odd.tar")  # a folder named like a tar is a folder
+
+
+# ------------------------------------------------------------------------ listing
+def test_members_are_grouped_into_samples_by_key(tmp_path: Path) -> None:
+    shard = tmp_path / "s-0.tar"
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("d")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        add_bytes(tar, "d/001.png", _png(1))
+        add_bytes(tar, "d/001.cls", b"7\n")
+        add_bytes(tar, "d/001.json", b"{}")
+        add_bytes(tar, "d/._002.png", b"apple double")
+        add_bytes(tar, "d/002.jpg", _png(2))  # Pillow reads by content, not by name
+        add_bytes(tar, "d/002.seg.png", _png(3))  # not an image member: its extension is seg.png
+        add_bytes(tar, "d/003.txt", b"a caption, not a label")
+        link = tarfile.TarInfo("d/004.png")
+        link.type, link.linkname = tarfile.SYMTYPE, "001.png"
+        tar.addfile(link)
+        add_bytes(tar, "./d/005.v.npy.png", _png(5))  # not .png: the extension is v.npy.png
+        add_bytes(tar, "d/006.PNG", _png(6))
+    shards = open_dataset(shard)
+    assert isinstance(shards, ShardSet)
+    items = list(shards)
+    assert [(i.index, i.id, i.label, i.label_name) for i in items] == [
+        (0, "d/001", 7, "7"),
+        (1, "d/002", None, None),
+        (2, "d/006", None, None),
+    ]
+    assert items[0].member.name == "d/001.png" and items[0].path == str(shard)
+    assert shards.skipped.by_extension == {
+        ".json": 1, ".seg.png": 1, ".txt": 1, "(not a regular file)": 1, ".v.npy.png": 1,
+    }  # fmt: skip
+    assert shards.leftovers == {"._*": 1}
+    assert shards.classes == ("7",)
+    assert shards.label_rule == "each sample's .cls member: label = its integer"
+    record = shards.manifest_json()
+    assert record["shards"] == {"count": 1, "names": ["s-0.tar"], "faults": 0}
+
+
+def test_samples_are_items_in_shard_order_with_unique_keys(tmp_path: Path) -> None:
+    _tar(tmp_path / "s-1.tar", [("b.png", _png()), ("c.png", _png())])
+    _tar(tmp_path / "s-0.tar", [("a.png", _png())])
+    shards = open_dataset(tmp_path / "s-{1,0}.tar")
+    assert [i.id for i in shards] == ["b", "c", "a"]
+    assert len(shards) == 3 and shards.counts == [2, 1]
+    _tar(tmp_path / "s-2.tar", [("b.png", _png()), ("z.png", _png())])
+    with pytest.raises(DatasetError, match="same key more than once \\('b'\\)"):
+        open_dataset(tmp_path / "s-{0..2}.tar")
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("s-{0..3}.tar", "s-2.tar and 1 more of 4 does not exist"),
+        ("s-0.tar.gz", "compressed"),
+        ("only-text.tar", "hold no samples"),
+        ("mixed.tar", "mix 1 images and 1 .npy"),
+    ],
+)
+def test_unusable_shard_sets_are_dataset_errors(tmp_path: Path, spec: str, needle: str) -> None:
+    for n in (0, 1):
+        _tar(tmp_path / f"s-{n}.tar", [(f"{n}.png", _png())])
+    _tar(tmp_path / "only-text.tar", [("a.txt", b"x")])
+    npy = io.BytesIO()
+    np.save(npy, np.zeros(3, np.float32))
+    _tar(tmp_path / "mixed.tar", [("a.png", _png()), ("b.npy", npy.getvalue())])
+    (tmp_path / "s-0.tar.gz").write_bytes(b"")
+    with pytest.raises(DatasetError, match=needle):
+        open_dataset(tmp_path / spec)
+
+
+def test_a_missing_shard_is_a_usage_error_at_the_command_line(demo_kit, tmp_path: Path) -> None:
+    result = invoke(*run_args(tmp_path / "x-{0..1}.tar", demo_kit.models["digits"], tmp_path / "o"))
+    assert_error(result, 2, "x-0.tar and 1 more of 2 does not exist")
+
+
+def test_the_fingerprint_sees_a_shard_rewritten(tmp_path: Path) -> None:
+    for n in (0, 1):
+        _tar(tmp_path / f"s-{n}.tar", [(f"{n}.png", _png())])
+    shards = open_dataset(tmp_path / "s-{0..1}.tar")
+    before = {c: files_sha256(shards, c) for c in ("stat", "content")}
+    first = files_sha256(shards, "content", limit=1)
+    _tar(tmp_path / "s-1.tar", [("1.png", _png(9))])
+    os.utime(tmp_path / "s-1.tar", ns=(1, 1))
+    assert all(files_sha256(shards, c) != before[c] for c in before)
+    assert files_sha256(shards, "content", limit=1) == first  # s-1 holds none of item 0
+
+
+# ------------------------------------------------------------------------ faults
+def _digits_shard(demo_kit, tmp_path: Path) -> tuple[Path, list]:
+    (shard,) = write_shards(demo_kit.dataset, tmp_path / "clean", 4)[:1]
+    return shard, list(open_dataset(shard))
+
+
+def test_a_corrupt_header_is_one_error_item_and_the_members_after_it_are_items(
+    demo_kit, tmp_path: Path
+) -> None:
+    shard, items = _digits_shard(demo_kit, tmp_path)
+    data = bytearray(shard.read_bytes())
+    header = items[10].member.offset - 512
+    data[header : header + 100] = b"X" * 100
+    bad = tmp_path / "bad.tar"
+    bad.write_bytes(bytes(data))
+    shards = open_dataset(bad)
+    got = list(shards)
+    assert len(got) == len(items) and shards.faults == 1
+    assert got[10].id == f"bad.tar:corrupt@{header}"
+    assert "corrupt header at byte" in got[10].member.fault
+    assert [i.id for i in got[11:]] == [i.id for i in items[11:]]
+    assert shards.notes()[1] and "cannot be read" in shards.notes()[1][0]
+
+
+def test_a_truncated_shard_and_a_file_that_is_no_tar_are_error_items(
+    demo_kit, tmp_path: Path
+) -> None:
+    shard, items = _digits_shard(demo_kit, tmp_path)
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(shard.read_bytes()[: items[20].member.offset + 50])
+    got = list(open_dataset(cut))
+    assert [i.id for i in got] == [i.id for i in items[:21]]
+    assert "truncated: it ends 50 bytes into" in got[20].member.fault
+    text = tmp_path / "text.tar"
+    text.write_bytes(b"not a tar " * 100)
+    (item,) = open_dataset(text)
+    assert item.id == "text.tar:corrupt@0" and "not a tar file" in item.member.fault
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    (item,) = open_dataset(empty)
+    assert "empty" in item.member.fault
+
+
+def test_a_corrupt_member_is_an_error_row_naming_it_and_the_run_goes_on(
+    demo_kit, tmp_path: Path
+) -> None:
+    pngs = sorted(demo_kit.dataset.glob("3/*.png"))[:6]
+    members = [(f"3/{p.stem}.png", p.read_bytes()) for p in pngs]
+    members[2] = ("3/broken.png", b"\x89PNG garbage")
+    members.append(("3/bad-cls.png", pngs[0].read_bytes()))
+    members.append(("3/bad-cls.cls", b"three"))
+    _tar(tmp_path / "s-0.tar", members)
+    data = bytearray((tmp_path / "s-0.tar").read_bytes())
+    data[512 * 6 : 512 * 6 + 10] = b"#" * 10  # the header of the fourth member
+    (tmp_path / "s-0.tar").write_bytes(bytes(data))
+    _tar(tmp_path / "s-1.tar", [(f"4/{p.stem}.png", p.read_bytes()) for p in pngs])
+    cfg = config(
+        dataset=tmp_path / "s-{0..1}.tar",
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(),
+        out=tmp_path / "o",
+    )
+    result = run(cfg)
+    table = read_predictions(result.out).sort_by("index")
+    assert table["index"].to_pylist() == list(range(13))  # 7 + 6: the corrupt member is one
+    errors = {r["id"]: r["error"] for r in table.to_pylist() if r["error"]}
+    assert set(errors) == {"3/broken", "s-0.tar:corrupt@3072", "3/bad-cls"}
+    assert "3/broken (3/broken.png in s-0.tar)" in errors["3/broken"]
+    assert "corrupt header at byte 3072" in errors["s-0.tar:corrupt@3072"]
+    assert "holds b'three', not a non-negative integer" in errors["3/bad-cls"]
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["dataset"]["shards"]["faults"] == 2
+    assert result.status == "complete"
+
+
+# ------------------------------------------------------------------------ reading
+def test_a_reader_keeps_at_most_two_shards_open(tmp_path: Path) -> None:
+    paths = [_tar(tmp_path / f"s-{n}.tar", [(f"{n}.png", _png(n))]) for n in range(3)]
+    items = [i for n in range(3) for i in open_dataset(paths[n])]
+    spec = preprocess_for((1, 8, 8, 1), "uint8")
+    files = ShardFiles()
+    out = np.empty(spec.shape, np.uint8)
+    fds = len(os.listdir("/proc/self/fd"))
+    for item in items * 2:
+        load_into(item.path, spec, out, "images", name=item.id, member=item.member, shards=files)
+        assert out[0, 0, 0, 0] == int(item.id)
+        assert len(files) <= 2
+    assert len(os.listdir("/proc/self/fd")) == fds + 2
+    files.close()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    with pytest.raises(InputError, match="truncated"):
+        member = Member(items[0].member.offset, 10**6, "0.png")
+        load_into(items[0].path, spec, out, "images", member=member)
+
+
+def test_npy_members_are_read_into_the_slot(tmp_path: Path) -> None:
+    tensors = [np.arange(12, dtype=np.float32).reshape(3, 4) * n for n in range(3)]
+    members = []
+    for n, t in enumerate(tensors):
+        buf = io.BytesIO()
+        np.save(buf, t if n != 2 else np.asfortranarray(t))
+        members.append((f"t{n}.npy", buf.getvalue()))
+    members.append(("short.npy", members[0][1][:-8]))
+    shards = open_dataset(_tar(tmp_path / "t.tar", members))
+    assert shards.kind == "npy"
+    spec = preprocess_for((1, 3, 4), "float32")
+    out = np.empty(spec.shape, np.float32)
+    items = list(shards)
+    for item, tensor in zip(items, tensors, strict=False):
+        load_into(item.path, spec, out, "npy", member=item.member)
+        np.testing.assert_array_equal(out[0], tensor)
+    with pytest.raises(InputError, match=r"short \(short.npy in t.tar\): the file is truncated"):
+        load_into(items[3].path, spec, out, "npy", name=items[3].id, member=items[3].member)
+
+
+# ------------------------------------------------------------------------ whole runs
+def _digits(demo_kit, dataset: Path | str, out: Path, **settings):
+    return config(
+        dataset=dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=fast_sim(),
+        out=out,
+        **settings,
+    )
+
+
+_SAME = ("index", "label", "label_name", "error", "pred", "topk_index", "topk_score")
+
+
+def _same_predictions(a: Path, b: Path) -> None:
+    left = read_predictions(a).sort_by("index")
+    right = read_predictions(b).sort_by("index")
+    for column in _SAME:
+        assert left[column].to_pylist() == right[column].to_pylist(), column
+    assert [i.rsplit(".", 1)[0] for i in right["id"].to_pylist()] == left["id"].to_pylist()
+
+
+@pytest.mark.slow
+def test_the_digits_give_identical_predictions_as_a_folder_and_as_shards(
+    demo_kit, tmp_path: Path
+) -> None:
+    write_shards(demo_kit.dataset, tmp_path / "shards", 7)
+    shards = run(_digits(demo_kit, tmp_path / "shards" / "part-{000..006}.tar", tmp_path / "s"))
+    folder = run(_digits(demo_kit, demo_kit.dataset, tmp_path / "f"))
+    assert shards.succeeded == folder.succeeded == 1797
+    _same_predictions(shards.out, folder.out)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_9_of_a_shard_run_is_exact(demo_kit, tmp_path: Path) -> None:
+    write_shards(demo_kit.dataset, tmp_path / "shards", 5)
+    pattern = str(tmp_path / "shards" / "part-{000..004}.tar")
+    out = tmp_path / "o"
+    cmd = [
+        sys.executable, "-m", "batchinfer", "run", pattern,
+        "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "3", "--sim-host-ms", "0", "--cores", "0",
+        "--out", str(out), "--no-progress", "--part-rows", "40",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list((out / "predictions").glob("part-*.parquet")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no part was written"
+        time.sleep(0.02)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.kill()
+    proc.communicate(timeout=30)
+    psutil.wait_procs(children, timeout=30)
+    written = read_predictions(out).num_rows
+    assert 40 <= written < 1797
+    fast = ["--sim-npu-ms", "0.2"]
+    done = subprocess.run(
+        [*cmd[:9], *fast, *cmd[11:], "--resume"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "already done (resumed)" in done.stdout
+    reference = run(_digits(demo_kit, demo_kit.dataset, tmp_path / "f"))
+    _same_predictions(out, reference.out)
