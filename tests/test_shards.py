@@ -22,7 +22,14 @@ from test_cli import assert_error, invoke, run_args
 from batchinfer import run
 from batchinfer.data import load_into, open_dataset, preprocess_for
 from batchinfer.data.fingerprint import files_sha256
-from batchinfer.data.shards import Member, ShardFiles, ShardSet, expand_braces, is_shard_spec
+from batchinfer.data.shards import (
+    Member,
+    ShardFiles,
+    ShardSet,
+    expand_braces,
+    is_shard_spec,
+    list_members,
+)
 from batchinfer.errors import DatasetError, InputError
 from batchinfer.results import read_predictions
 
@@ -100,6 +107,26 @@ def test_members_are_grouped_into_samples_by_key(tmp_path: Path) -> None:
     assert shards.label_rule == "each sample's .cls member: label = its integer"
     record = shards.manifest_json()
     assert record["shards"] == {"count": 1, "names": ["s-0.tar"], "faults": 0}
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_listing_agrees_with_tarfile_on_long_and_odd_names(tmp_path: Path, fmt: int) -> None:
+    names = [
+        "short.png",
+        "d" * 90 + "/" + "n" * 60 + ".png",  # ustar: split into prefix and name
+        "ünïcode/ファイル.png",
+        "x" * 120 + ".png" if fmt != tarfile.USTAR_FORMAT else "plain.png",  # a long name
+    ]
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w", format=fmt) as tar:
+        for n, name in enumerate(names):
+            add_bytes(tar, name, _png(n) * (n + 1))
+        big = tarfile.TarInfo("big.npy")
+        big.size = 9000  # several blocks of data
+        tar.addfile(big, io.BytesIO(bytes(9000)))
+    with tarfile.open(shard) as tar:
+        expected = [(m.name, m.offset_data, m.size) for m in tar]
+    assert [(e.name, e.offset, e.size) for e in list_members(str(shard))] == expected
 
 
 def test_samples_are_items_in_shard_order_with_unique_keys(tmp_path: Path) -> None:
@@ -228,20 +255,23 @@ def test_a_corrupt_member_is_an_error_row_naming_it_and_the_run_goes_on(
 
 
 # ------------------------------------------------------------------------ reading
-def test_a_reader_keeps_at_most_two_shards_open(tmp_path: Path) -> None:
+def test_a_reader_keeps_one_shard_open(tmp_path: Path) -> None:
     paths = [_tar(tmp_path / f"s-{n}.tar", [(f"{n}.png", _png(n))]) for n in range(3)]
     items = [i for n in range(3) for i in open_dataset(paths[n])]
     spec = preprocess_for((1, 8, 8, 1), "uint8")
-    files = ShardFiles()
     out = np.empty(spec.shape, np.uint8)
     fds = len(os.listdir("/proc/self/fd"))
-    for item in items * 2:
-        load_into(item.path, spec, out, "images", name=item.id, member=item.member, shards=files)
-        assert out[0, 0, 0, 0] == int(item.id)
-        assert len(files) <= 2
-    assert len(os.listdir("/proc/self/fd")) == fds + 2
-    files.close()
-    assert len(os.listdir("/proc/self/fd")) == fds
+    for keep in (1, 2):
+        files = ShardFiles(keep)
+        for item in items * 2:
+            load_into(
+                item.path, spec, out, "images", name=item.id, member=item.member, shards=files
+            )
+            assert out[0, 0, 0, 0] == int(item.id)
+            assert len(files) <= keep
+        assert len(os.listdir("/proc/self/fd")) == fds + keep
+        files.close()
+        assert len(os.listdir("/proc/self/fd")) == fds
     with pytest.raises(InputError, match="truncated"):
         member = Member(items[0].member.offset, 10**6, "0.png")
         load_into(items[0].path, spec, out, "images", member=member)

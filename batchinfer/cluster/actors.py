@@ -24,7 +24,7 @@ Protocol (the driver's side: driver.py):
   read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
                               items: [(index, path, id, member)]; member: None, or where
                               the item is inside the tar shard at path (data/shards.py);
-                              a worker process keeps its last two shards open across tasks
+                              a worker process keeps its last shard open across tasks
                               meta: [(read_ms, error)] per item; an array per item (None for
                               an error), each its own object, so each goes to whichever
                               node infers it. Letterboxed (detection) items are

@@ -24,9 +24,9 @@ integer and a shard that is not a tar at all are error rows too. So every sample
 can be listed is an item, and nothing lost goes unreported.
 
 Reading. :class:`Member` (in :attr:`Item.member`) is where the item's bytes are: a
-reader reads them with one ``pread`` from a shard it keeps open (:class:`ShardFiles`:
-the last two shards used, so a reader holds one open file while it works through a
-shard, whatever the number of shards).
+reader reads them with one ``pread`` from the shard it keeps open (:class:`ShardFiles`:
+items come to a reader in dataset order, so it works through one shard at a time and
+holds one open file, whatever the number of shards).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ FROM_CLS_MEMBERS = "cls-members"
 #: Most bytes a ``.cls`` member may hold (an integer and some whitespace).
 _CLS_MAX_BYTES = 64
 _BLOCK = tarfile.BLOCKSIZE
-_SCAN_CHUNK = 1 << 20
+#: Bytes read at a time while headers are listed (see _Window).
+_WINDOW = 1 << 16
 #: Brace ranges expand to at most this many names (a typo such as {0..9999999} is refused).
 MAX_SHARDS = 100_000
 
@@ -163,26 +164,86 @@ def _is_zero_or_end(block: bytes) -> bool:
     return block.count(0) == len(block)
 
 
-def _next_header(f, start: int, size: int) -> int:
-    """The offset of the first block at or after ``start`` that is a valid tar header
-    (checksum and fields), or ``size`` when none is."""
-    at = start
-    while at < size:
-        f.seek(at)
-        chunk = f.read(_SCAN_CHUNK)
-        if not chunk:
-            break
-        for i in range(0, len(chunk) - _BLOCK + 1, _BLOCK):
-            block = chunk[i : i + _BLOCK]
-            if block.count(0) == _BLOCK:
-                continue
-            try:
-                tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-            except tarfile.HeaderError:
-                continue
-            return at + i
-        at += max(_BLOCK, len(chunk) - len(chunk) % _BLOCK)
+#: Type flags of regular files, directories, and the headers only tarfile parses (pax,
+#: GNU long names, sparse files): see :func:`_header`.
+_REGULAR = frozenset(b"0\x007")
+_DIRECTORY = ord("5")
+_EXTENDED = frozenset(b"xgLKS")
+_COMPLEX = "complex"
+
+
+def _header(block: bytes) -> tuple[str, int, int] | str | None:
+    """(name, data size, type flag) of a plain ustar/GNU header block; None when the
+    block is not a header (its checksum is wrong); ``_COMPLEX`` for headers tarfile must
+    read (pax, GNU long names and sparse files, base-256 sizes).
+
+    Python's tarfile parses every field of every header (~20 µs each); this reads the
+    three a listing needs (~3 µs), so a shard of small images lists several times faster.
+    """
+    field = block[148:156].split(b"\0", 1)[0].strip()
+    try:
+        stored = int(field, 8)
+    except ValueError:
+        return None
+    unsigned = sum(block) - sum(block[148:156]) + 256
+    if stored != unsigned:  # old tars summed signed bytes, and tarfile accepts both
+        high = sum(b > 127 for b in block[:148]) + sum(b > 127 for b in block[156:])
+        if stored != unsigned - 256 * high:
+            return None
+    flag = block[156]
+    if flag in _EXTENDED or block[124] & 0x80:
+        return _COMPLEX
+    try:
+        size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return None
+    name = block[:100].split(b"\0", 1)[0]
+    if block[257:263] == b"ustar\0":  # POSIX ustar: a long name's head is in the prefix
+        prefix = block[345:500].split(b"\0", 1)[0]
+        if prefix:
+            name = prefix + b"/" + name
+    if flag == 0 and name.endswith(b"/"):
+        flag = _DIRECTORY  # a pre-POSIX tar's folder (as tarfile reads it)
+    return name.decode("utf-8", "surrogateescape"), size, flag
+
+
+class _Window:
+    """Reads of a shard through a window of ``_WINDOW`` bytes: headers of small members
+    lie a few blocks apart, so most come from the window and cost no system call."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.start = 0
+        self.data = b""
+
+    def read(self, offset: int, n: int) -> bytes:
+        at = offset - self.start
+        if at < 0 or at + n > len(self.data):
+            self.data = os.pread(self.fd, max(n, _WINDOW), offset)
+            self.start, at = offset, 0
+        return self.data[at : at + n]
+
+
+def _next_header(window: _Window, start: int, size: int) -> int:
+    """The offset of the first block at or after ``start`` that is a tar header (by its
+    checksum), or ``size`` when none is."""
+    for at in range(start, size - _BLOCK + 1, _BLOCK):
+        block = window.read(at, _BLOCK)
+        if block.count(0) != _BLOCK and _header(block) is not None:
+            return at
     return size
+
+
+def _with_tarfile(f: BinaryIO, offset: int) -> tuple[tarfile.TarInfo | None, int]:
+    """(the member whose headers start at ``offset``, the offset of the next header),
+    parsed by tarfile; (None, offset) when tarfile cannot read them."""
+    f.seek(offset)
+    try:
+        tf = tarfile.TarFile(fileobj=f, mode="r", errors="surrogateescape")
+    except tarfile.TarError:
+        return None, offset
+    info = tf.firstmember
+    return (info, tf.offset) if info is not None else (None, offset)
 
 
 def list_members(path: str) -> Iterator[_Entry]:
@@ -193,47 +254,43 @@ def list_members(path: str) -> Iterator[_Entry]:
         if size == 0:
             yield _Entry("", 0, 0, False, "the shard is empty (0 bytes), not a tar file")
             return
-        start = 0
-        while start < size:
-            f.seek(start)
-            end = start
-            try:
-                tf = tarfile.TarFile(fileobj=f, mode="r", errors="surrogateescape")
-                while (info := tf.next()) is not None:
-                    tf.members.clear()  # tarfile keeps every TarInfo; a stream needs none
-                    end = tf.offset
-                    fault = None
-                    if info.isreg() and info.offset_data + info.size > size:
-                        got = max(0, size - info.offset_data)
-                        fault = (
-                            f"the shard is truncated: it ends {got} bytes into this member's "
-                            f"{info.size}"
-                        )
-                    yield _Entry(
-                        info.name, info.offset_data, info.size, info.isreg(), fault, info.isdir()
-                    )
-                end = tf.offset
-            except tarfile.ReadError:
-                # At the shard's start (not a tar), after a pax header, or after a member
-                # whose data the shard cuts short (then end is past the shard's size).
-                end = max(end, start)
-            if end >= size:
-                return
-            f.seek(end)
-            block = f.read(_BLOCK)
+        window = _Window(f.fileno())
+        at = 0
+        while at < size:
+            block = window.read(at, _BLOCK)
             if _is_zero_or_end(block):
                 return  # the end-of-archive blocks: a clean end
-            resume = _next_header(f, end + _BLOCK, size)
-            if end == 0 and resume == size:
-                fault = f"the shard is not a tar file (no tar header in its {size} bytes)"
+            parsed = _header(block) if len(block) == _BLOCK else None
+            if parsed == _COMPLEX:
+                info, after = _with_tarfile(f, at)
+                parsed = None if info is None else (info.name, info.size, info.type[0])
+                data = None if info is None else info.offset_data
             else:
-                tail = "up to the end of the shard" if resume == size else "up to the next header"
-                fault = (
-                    f"the shard has a corrupt header at byte {end}: its {resume - end} bytes "
-                    f"{tail} are skipped, with whatever members they held"
-                )
-            yield _Entry("", end, resume - end, False, fault)
-            start = resume
+                data = at + _BLOCK
+                after = data + -(-parsed[1] // _BLOCK) * _BLOCK if parsed else at
+            if parsed is None or data is None:
+                resume = _next_header(window, at + _BLOCK, size)
+                yield _Entry("", at, resume - at, False, _corrupt(at, resume, size))
+                at = resume
+                continue
+            name, length, flag = parsed  # type: ignore[misc]
+            regular = flag in _REGULAR
+            fault = None
+            if regular and data + length > size:
+                got = max(0, size - data)
+                fault = f"the shard is truncated: it ends {got} bytes into this member's {length}"
+            yield _Entry(name, data, length, regular, fault, flag == _DIRECTORY)
+            at = after
+
+
+def _corrupt(at: int, resume: int, size: int) -> str:
+    if at == 0 and resume == size:
+        return f"the shard is not a tar file (no tar header in its {size} bytes)"
+    tail = "up to the end of the shard" if resume == size else "up to the next header"
+    return (
+        f"the shard has a corrupt header at byte {at}: its {resume - at} bytes {tail} are "
+        "skipped, with whatever members they held"
+    )
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -609,10 +666,10 @@ def open_shards(
 
 class ShardFiles:
     """The shards one reader has open: at most ``keep``, the least recently used closed
-    first. Items come in dataset order, so a reader works through one shard at a time and
-    holds one open file, however many shards the set has."""
+    first. Items come in dataset order, so a reader works through one shard at a time:
+    one open file is enough (an item handed back after a reader died may cost a reopen)."""
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 1) -> None:
         self.keep = keep
         self._fds: OrderedDict[str, int] = OrderedDict()
 

@@ -9,7 +9,7 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                                   decode these, in order; id names the file in errors;
                                   member: None, or where the item is inside the tar shard
                                   at path (data/shards.py Member); the reader keeps the
-                                  last two shards it read open (ShardFiles)
+                                  shard it last read open (ShardFiles)
                          ("stop",)
 Results go back in batches: after the last item of a task, or as soon as the oldest unsent
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
