@@ -364,3 +364,30 @@ def test_resume_after_kill_9_of_a_shard_run_is_exact(demo_kit, tmp_path: Path) -
     assert "already done (resumed)" in done.stdout
     reference = run(_digits(demo_kit, demo_kit.dataset, tmp_path / "f"))
     _same_predictions(out, reference.out)
+
+
+@pytest.mark.slow
+def test_an_eval_job_scores_shards_as_their_folder(demo_kit, tmp_path: Path) -> None:
+    write_shards(demo_kit.dataset, tmp_path / "shards", 3)
+    models = demo_kit.models
+
+    def job(name: str, dataset: str) -> Path:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(
+            f'name = "{name}"\n[device]\nmodel = "{models["digits"]}"\n'
+            '[device.runtime]\nbackend = "sim"\n'
+            f'[dataset]\npath = "{dataset}"\n[metrics]\nworst = 0\n'
+            f'[output]\ndir = "{tmp_path / name}"\n'
+        )
+        return path
+
+    shards = invoke("eval", job("shards", str(tmp_path / "shards" / "part-{000..002}.tar")))
+    folder = invoke("eval", job("folder", str(demo_kit.dataset)))
+    assert shards.exit_code == folder.exit_code == 0, shards.output + folder.output
+    results = [
+        json.loads(next((tmp_path / n / "evals").glob("*/result.json")).read_text())
+        for n in ("shards", "folder")
+    ]
+    assert results[0]["metrics"]["top1"] == results[1]["metrics"]["top1"]
+    assert results[0]["confusion"] == results[1]["confusion"]
+    assert results[0]["dataset"]["items"] == 1797
