@@ -178,6 +178,19 @@ def test_the_fingerprint_sees_a_shard_rewritten(tmp_path: Path) -> None:
     assert files_sha256(shards, "content", limit=1) == first  # s-1 holds none of item 0
 
 
+def test_a_detection_job_refuses_shards_in_one_line(tmp_path: Path) -> None:
+    from batchinfer.evaluate import JobError, load_job
+
+    (tmp_path / "m.onnx").write_bytes(b"")
+    job = tmp_path / "j.toml"
+    job.write_text(
+        'name = "j"\ntask = "detect"\n[device]\nmodel = "m.onnx"\n'
+        '[dataset]\npath = "s-{0..1}.tar"\nground_truth = "gt.json"\n'
+    )
+    with pytest.raises(JobError, match="detection jobs do not read yet"):
+        load_job(job)
+
+
 # ------------------------------------------------------------------------ faults
 def _digits_shard(demo_kit, tmp_path: Path) -> tuple[Path, list]:
     (shard,) = write_shards(demo_kit.dataset, tmp_path / "clean", 4)[:1]

@@ -64,6 +64,8 @@ _CLS_MAX_BYTES = 64
 _BLOCK = tarfile.BLOCKSIZE
 #: Bytes read at a time while headers are listed (see _Window).
 _WINDOW = 1 << 16
+#: How many shard names the manifest records (``dataset.shards.names``).
+SHARD_NAMES_KEPT = 1000
 #: Brace ranges expand to at most this many names (a typo such as {0..9999999} is refused).
 MAX_SHARDS = 100_000
 
@@ -476,7 +478,11 @@ class ShardSet(Dataset):
         record = super().manifest_json()
         record.update(
             kind=self.kind,
-            shards={"count": len(self.shards), "names": self.names, "faults": self.faults},
+            shards={
+                "count": len(self.shards),
+                "names": self.names[:SHARD_NAMES_KEPT],  # the first ones of a huge set
+                "faults": self.faults,
+            },
         )
         return record
 
