@@ -191,6 +191,16 @@ def test_a_detection_job_refuses_shards_in_one_line(tmp_path: Path) -> None:
         load_job(job)
 
 
+def test_a_resume_is_refused_when_a_shard_changed(demo_kit, tmp_path: Path) -> None:
+    pngs = sorted(demo_kit.dataset.glob("5/*.png"))[:4]
+    for n in (0, 1):
+        _tar(tmp_path / f"s-{n}.tar", [(f"{n}/{p.stem}.png", p.read_bytes()) for p in pngs])
+    args = run_args(tmp_path / "s-{0..1}.tar", demo_kit.models["digits"], tmp_path / "o")
+    assert invoke(*args).exit_code == 0
+    _tar(tmp_path / "s-1.tar", [(f"1/{p.stem}.png", p.read_bytes()) for p in pngs[::-1]])
+    assert_error(invoke(*args, "--resume"), 2, "different dataset listing")
+
+
 # ------------------------------------------------------------------------ faults
 def _digits_shard(demo_kit, tmp_path: Path) -> tuple[Path, list]:
     (shard,) = write_shards(demo_kit.dataset, tmp_path / "clean", 4)[:1]
