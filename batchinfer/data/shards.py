@@ -41,7 +41,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from batchinfer.data.classes import ClassMap, read_labels_file
 from batchinfer.data.dataset import (
@@ -171,10 +171,10 @@ def _is_zero_or_end(block: bytes) -> bool:
 _REGULAR = frozenset(b"0\x007")
 _DIRECTORY = ord("5")
 _EXTENDED = frozenset(b"xgLKS")
-_COMPLEX = "complex"
+_COMPLEX: Literal["complex"] = "complex"
 
 
-def _header(block: bytes) -> tuple[str, int, int] | str | None:
+def _header(block: bytes) -> tuple[str, int, int] | Literal["complex"] | None:
     """(name, data size, type flag) of a plain ustar/GNU header block; None when the
     block is not a header (its checksum is wrong); ``_COMPLEX`` for headers tarfile must
     read (pax, GNU long names and sparse files, base-256 sizes).
@@ -236,16 +236,29 @@ def _next_header(window: _Window, start: int, size: int) -> int:
     return size
 
 
-def _with_tarfile(f: BinaryIO, offset: int) -> tuple[tarfile.TarInfo | None, int]:
-    """(the member whose headers start at ``offset``, the offset of the next header),
-    parsed by tarfile; (None, offset) when tarfile cannot read them."""
-    f.seek(offset)
+#: A member as listing needs it: (name, data offset, data size, type flag, next header).
+_Parsed = tuple[str, int, int, int, int]
+
+
+def _member_at(f: BinaryIO, window: _Window, at: int) -> _Parsed | None:
+    """The member whose header starts at ``at``; None when no header is there."""
+    block = window.read(at, _BLOCK)
+    parsed = _header(block) if len(block) == _BLOCK else None
+    if isinstance(parsed, tuple):
+        name, length, flag = parsed
+        data = at + _BLOCK
+        return name, data, length, flag, data + -(-length // _BLOCK) * _BLOCK
+    if parsed is None:
+        return None
+    f.seek(at)  # a header only tarfile reads (pax, a GNU long name, ...)
     try:
         tf = tarfile.TarFile(fileobj=f, mode="r", errors="surrogateescape")
     except tarfile.TarError:
-        return None, offset
-    info = tf.firstmember
-    return (info, tf.offset) if info is not None else (None, offset)
+        return None
+    info = tf.firstmember  # type: ignore[attr-defined]  # read by TarFile() in mode "r"
+    if info is None or tf.offset <= at:
+        return None
+    return info.name, info.offset_data, info.size, info.type[0], tf.offset
 
 
 def list_members(path: str) -> Iterator[_Entry]:
@@ -259,23 +272,15 @@ def list_members(path: str) -> Iterator[_Entry]:
         window = _Window(f.fileno())
         at = 0
         while at < size:
-            block = window.read(at, _BLOCK)
-            if _is_zero_or_end(block):
+            if _is_zero_or_end(window.read(at, _BLOCK)):
                 return  # the end-of-archive blocks: a clean end
-            parsed = _header(block) if len(block) == _BLOCK else None
-            if parsed == _COMPLEX:
-                info, after = _with_tarfile(f, at)
-                parsed = None if info is None else (info.name, info.size, info.type[0])
-                data = None if info is None else info.offset_data
-            else:
-                data = at + _BLOCK
-                after = data + -(-parsed[1] // _BLOCK) * _BLOCK if parsed else at
-            if parsed is None or data is None:
+            member = _member_at(f, window, at)
+            if member is None:
                 resume = _next_header(window, at + _BLOCK, size)
                 yield _Entry("", at, resume - at, False, _corrupt(at, resume, size))
                 at = resume
                 continue
-            name, length, flag = parsed  # type: ignore[misc]
+            name, data, length, flag, after = member
             regular = flag in _REGULAR
             fault = None
             if regular and data + length > size:
