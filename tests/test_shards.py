@@ -129,6 +129,17 @@ def test_listing_agrees_with_tarfile_on_long_and_odd_names(tmp_path: Path, fmt: 
     assert [(e.name, e.offset, e.size) for e in list_members(str(shard))] == expected
 
 
+def test_names_that_are_not_utf8_keep_their_bytes(tmp_path: Path) -> None:
+    shard = tmp_path / "s.tar"
+    with tarfile.open(shard, "w", format=tarfile.GNU_FORMAT, errors="surrogateescape") as tar:
+        add_bytes(tar, os.fsdecode(b"caf\xe9.png"), _png())
+        add_bytes(tar, "lonely.cls", b"1")  # a sample with no image: skipped, counted
+    shards = open_dataset(shard)
+    (item,) = shards
+    assert (item.id, item.key) == ("caf\\xe9", b"caf\xe9")
+    assert shards.skipped.by_extension == {".cls": 1}
+
+
 def test_samples_are_items_in_shard_order_with_unique_keys(tmp_path: Path) -> None:
     _tar(tmp_path / "s-1.tar", [("b.png", _png()), ("c.png", _png())])
     _tar(tmp_path / "s-0.tar", [("a.png", _png())])

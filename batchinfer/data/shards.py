@@ -604,8 +604,10 @@ def open_shards(
     reader = _ClassReader()
     try:
         for sample in _samples(shards, names, tally):
-            if sample.image is None:
-                continue  # a sample with no image or tensor (its members were counted)
+            if sample.image is None:  # no image or tensor: its other members were counted
+                if sample.cls is not None:
+                    tally.skip(sample.cls.name, ".cls")
+                continue
             if sample.key in seen:
                 if len(duplicates) < 5:
                     duplicates.append(sample.key)
