@@ -65,6 +65,7 @@ def command(
     """Run MODEL over every item of DATASET on the NPU cores; results go to Parquet.
 
     DATASET is a folder of images (class subfolders become labels) or of .npy tensors.
+    Or WebDataset tar shards, read without unpacking: 'shards/train-{000..099}.tar'.
 
     \b
     Examples:

@@ -22,6 +22,9 @@ Protocol (the driver's side: driver.py):
                               the node's actors, not the driver's); before_return_s: how
                               long before the call returned the item was done.
   read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
+                              items: [(index, path, id, member)]; member: None, or where
+                              the item is inside the tar shard at path (data/shards.py);
+                              a worker process keeps its last shard open across tasks
                               meta: [(read_ms, error)] per item; an array per item (None for
                               an error), each its own object, so each goes to whichever
                               node infers it. Letterboxed (detection) items are
@@ -45,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from batchinfer.data.preprocess import Preprocess, load_into
+from batchinfer.data.shards import Member, ShardFiles
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.detection import ItemDecoder, write_geometry
 from batchinfer.engine.task import TaskPlan
@@ -173,15 +177,25 @@ class CoreActor:
             self.adapter = None
 
 
-def read_items(items: list[tuple[int, str]], preprocess: Preprocess, kind: str) -> tuple:
-    """Decode ``items`` ((index, path)): (meta, *arrays); see the module docstring."""
+#: The shards this (Ray worker) process has open, reused by its read tasks.
+_SHARDS = ShardFiles()
+
+
+def read_items(
+    items: list[tuple[int, str, str, Member | None]], preprocess: Preprocess, kind: str
+) -> tuple:
+    """Decode ``items`` ((index, path, id, member)): (meta, *arrays); see the module
+    docstring."""
     meta, arrays = [], []
-    for _index, path in items:
+    for _index, path, item_id, member in items:
         t0 = time.perf_counter()
         out = np.empty(preprocess.shape, np.dtype(preprocess.dtype))
         error, item = None, out
         try:
-            placed = load_into(path, preprocess, out, kind)
+            name = item_id if member is not None else None  # files: named by their path
+            placed = load_into(
+                path, preprocess, out, kind, name=name, member=member, shards=_SHARDS
+            )
             if preprocess.resize == "letterbox":
                 geometry = np.zeros(6)
                 write_geometry(geometry, placed)
@@ -189,7 +203,7 @@ def read_items(items: list[tuple[int, str]], preprocess: Preprocess, kind: str) 
         except InputError as e:
             error = str(e)
         except Exception as e:  # a decoder bug must not kill the run: it is this item's error
-            error = f"cannot read {path}: {type(e).__name__}: {e}"
+            error = f"cannot read {name or path}: {type(e).__name__}: {e}"
         meta.append(((time.perf_counter() - t0) * 1e3, error))
         arrays.append(None if error is not None else item)
     return (meta, *arrays)

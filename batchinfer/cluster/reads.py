@@ -82,7 +82,10 @@ class ReadLanes:
             batch.append(lane.queue.popleft())
             if alone:
                 break
-        items = [(f.item.index, f.item.path) for f in map(self.scheduler.flight, batch)]
+        items = [
+            (it.index, it.path, it.id, it.member)
+            for it in (self.scheduler.flight(s).item for s in batch)
+        ]
         refs = self._task.options(  # type: ignore[union-attr]
             num_returns=len(batch) + 1, scheduling_strategy=lane.strategy
         ).remote(items, self.preprocess, self.kind)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchinfer.data.classes import (
     ClassMap,
@@ -26,6 +27,9 @@ from batchinfer.data.classes import (
 )
 from batchinfer.data.listing import DIR, FILE, Progress, ProgressCallback, walk
 from batchinfer.errors import DatasetError
+
+if TYPE_CHECKING:
+    from batchinfer.data.shards import Member
 
 #: File extensions (compared in lower case) read as images. Chosen, not every extension
 #: Pillow registers: single raster pictures (or the first frame of an animation or
@@ -102,6 +106,9 @@ class Item:
     # The exact relative path when it is not valid UTF-8 (then ``id`` shows it with
     # its odd bytes as \xNN); None otherwise. See :func:`display_name`.
     id_bytes: bytes | None = None
+    # Where the item's bytes are inside the tar shard at ``path`` (data/shards.py); None
+    # for an item that is a file of its own.
+    member: Member | None = None
 
     @property
     def key(self) -> bytes:
@@ -310,7 +317,14 @@ def open_dataset(
 
     ``progress(count)`` is called with the number of entries listed so far every
     ``progress_every`` entries and once at the end.
+
+    A ``root`` ending in ``.tar`` names WebDataset-style tar shards instead (braces
+    allowed: ``shards/train-{000..099}.tar``); see :mod:`batchinfer.data.shards`.
     """
+    from batchinfer.data import shards  # imports this module
+
+    if shards.is_shard_spec(root):
+        return shards.open_shards(root, labels_file=labels_file, progress=progress)
     path = Path(os.path.abspath(root))
     if not path.exists():
         raise DatasetError(f"The dataset folder {path} does not exist; pass {_WHAT}.")

@@ -21,6 +21,7 @@ import os
 import stat
 
 from batchinfer.data.dataset import Dataset
+from batchinfer.data.shards import ShardSet
 from batchinfer.errors import DatasetError
 
 #: What a pass may look at (``output.resume_check``).
@@ -35,6 +36,8 @@ def files_sha256(dataset: Dataset, check: str = "stat", limit: int | None = None
     when given. A file that cannot be read counts as ``missing`` (its row will be an error)."""
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
+    if isinstance(dataset, ShardSet):  # names, sizes and times of shards, not of files
+        return dataset.files_sha256(check, limit)
     digest = hashlib.sha256()
     try:
         root = os.open(dataset.root, os.O_RDONLY | os.O_DIRECTORY)

@@ -30,6 +30,7 @@ import numpy as np
 from PIL import ImageColor
 
 from batchinfer.data.images import DEFAULT_MAX_PIXELS, decode_image
+from batchinfer.data.shards import Member, ShardFiles, member_label
 from batchinfer.errors import InputError, UsageError
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
 
@@ -453,13 +454,22 @@ def _dtype_name(dtype: object) -> str:
 
 
 def load_into(
-    path: str, spec: Preprocess, out: np.ndarray, kind: str, *, name: str | None = None
+    path: str,
+    spec: Preprocess,
+    out: np.ndarray,
+    kind: str,
+    *,
+    name: str | None = None,
+    member: Member | None = None,
+    shards: ShardFiles | None = None,
 ) -> Letterbox | None:
     """Decode the item at ``path`` and write its input tensor into ``out``.
 
     ``out`` must have ``spec.shape`` and ``spec.dtype`` and be C-contiguous (a view over a
     shared-memory slot); ``kind`` is the dataset's ('images' or 'npy'). ``name`` is how
-    messages call the file (the item's id; default ``path``). Returns where a letterboxed
+    messages call the file (the item's id; default ``path``). ``member``: the item is that
+    member of the tar shard at ``path``, read from ``shards`` (the reader's open shards;
+    without it the shard is opened for this item alone). Returns where a letterboxed
     image went on the input (``spec.resize == "letterbox"``), else None. Raises
     InputError for anything wrong with the file.
     """
@@ -469,6 +479,8 @@ def load_into(
             f"expected C-contiguous {spec.shape} {spec.dtype}"
         )
     spec.validate_for(kind)
+    if member is not None:
+        return _load_member(path, member, spec, out, kind, name, shards)
     label = name or path
     if kind == "images":
         with _open(path, label) as f:
@@ -477,6 +489,33 @@ def load_into(
         return placed
     if kind == "npy":
         _read_npy(path, spec, out, label)
+        return None
+    raise ValueError(f"unknown dataset kind {kind!r}")
+
+
+def _load_member(
+    path: str,
+    member: Member,
+    spec: Preprocess,
+    out: np.ndarray,
+    kind: str,
+    name: str | None,
+    shards: ShardFiles | None,
+) -> Letterbox | None:
+    """load_into for a member of a tar shard: its bytes in one read, decoded from memory."""
+    label = member_label(path, member, name)
+    files = shards if shards is not None else ShardFiles(keep=1)
+    try:
+        data = files.read(path, member, label)
+    finally:
+        if shards is None:
+            files.close()
+    if kind == "images":
+        pixels, placed = decode_image(io.BytesIO(data), spec, label)
+        _write_pixels(pixels, spec, out)
+        return placed
+    if kind == "npy":
+        _fill_npy(None, data, spec, out, label)
         return None
     raise ValueError(f"unknown dataset kind {kind!r}")
 
@@ -552,7 +591,9 @@ _NPY_HEADERS_KEPT = 64
 _NPY_FIRST_READ = 4096
 
 
-def _npy_header(fd: int, head: bytes, label: str) -> tuple[tuple[int, ...], bool, np.dtype, bytes]:
+def _npy_header(
+    fd: int | None, head: bytes, label: str
+) -> tuple[tuple[int, ...], bool, np.dtype, bytes]:
     """(shape, fortran_order, dtype, data bytes read so far) of the .npy file open at ``fd``,
     whose first bytes ``head`` are; ``fd`` is left where ``head`` ends."""
     if len(head) < 10 or head[:6] != b"\x93NUMPY":
@@ -602,55 +643,64 @@ def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
         head = _read_fd(fd, _NPY_FIRST_READ, label)
         if not head:
             raise InputError(f"Cannot read {label}: the file is empty.")
-        shape, fortran_order, dtype, first = _npy_header(fd, head, label)
-        if dtype.hasobject:
-            raise InputError(
-                f"Cannot read {label}: it holds Python objects, which batchinfer never "
-                "unpickles; save a numeric array instead."
-            )
-        target = np.dtype(spec.dtype)
-        swap = False
-        if dtype != target:
-            if dtype.byteorder not in "=|" and dtype.newbyteorder("=") == target:
-                swap = True  # same type in the other byte order: fix after reading
-            else:
-                raise InputError(_dtype_mismatch(label, dtype, target))
-        shape = tuple(shape)
-        if shape != spec.shape and not (spec.shape[0] == 1 and shape == spec.shape[1:]):
-            raise InputError(
-                f"{label} has shape {shape} but the model takes {spec.shape}; "
-                "save tensors of that shape."
-            )
-        if fortran_order and sum(d > 1 for d in shape) > 1:
-            # The bytes are the transpose: read them as such, then copy in C order.
-            tmp = np.empty(shape[::-1], dtype=target)
-            _read_exact(fd, first, tmp, label)
-            if swap:
-                tmp.byteswap(inplace=True)
-            out.reshape(shape)[...] = tmp.T
-            return
-        _read_exact(fd, first, out, label)
-        if swap:
-            out.byteswap(inplace=True)
+        _fill_npy(fd, head, spec, out, label)
     finally:
         os.close(fd)
 
 
-def _read_fd(fd: int, n: int, label: str) -> bytes:
+def _fill_npy(fd: int | None, head: bytes, spec: Preprocess, out: np.ndarray, label: str) -> None:
+    """Write the .npy whose first bytes are ``head`` into ``out``, reading the rest from
+    ``fd``; ``fd`` None: ``head`` is all of it (a member of a tar shard)."""
+    shape, fortran_order, dtype, first = _npy_header(fd, head, label)
+    if dtype.hasobject:
+        raise InputError(
+            f"Cannot read {label}: it holds Python objects, which batchinfer never "
+            "unpickles; save a numeric array instead."
+        )
+    target = np.dtype(spec.dtype)
+    swap = False
+    if dtype != target:
+        if dtype.byteorder not in "=|" and dtype.newbyteorder("=") == target:
+            swap = True  # same type in the other byte order: fix after reading
+        else:
+            raise InputError(_dtype_mismatch(label, dtype, target))
+    shape = tuple(shape)
+    if shape != spec.shape and not (spec.shape[0] == 1 and shape == spec.shape[1:]):
+        raise InputError(
+            f"{label} has shape {shape} but the model takes {spec.shape}; "
+            "save tensors of that shape."
+        )
+    if fortran_order and sum(d > 1 for d in shape) > 1:
+        # The bytes are the transpose: read them as such, then copy in C order.
+        tmp = np.empty(shape[::-1], dtype=target)
+        _read_exact(fd, first, tmp, label)
+        if swap:
+            tmp.byteswap(inplace=True)
+        out.reshape(shape)[...] = tmp.T
+        return
+    _read_exact(fd, first, out, label)
+    if swap:
+        out.byteswap(inplace=True)
+
+
+def _read_fd(fd: int | None, n: int, label: str) -> bytes:
+    if fd is None:
+        return b""  # all there was came in the first bytes
     try:
         return os.read(fd, n)
     except OSError as exc:
         raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
 
 
-def _read_exact(fd: int, first: bytes, array: np.ndarray, label: str) -> None:
-    """Fill ``array`` with ``first`` (data bytes already read), then from ``fd``."""
+def _read_exact(fd: int | None, first: bytes, array: np.ndarray, label: str) -> None:
+    """Fill ``array`` with ``first`` (data bytes already read), then from ``fd`` (None:
+    there is nothing more)."""
     view = memoryview(array).cast("B")
     total = min(len(first), len(view))
     view[:total] = first[:total]
     while total < len(view):
         try:
-            n = os.readv(fd, [view[total:]])
+            n = 0 if fd is None else os.readv(fd, [view[total:]])
         except OSError as exc:
             raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
         if not n:

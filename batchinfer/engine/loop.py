@@ -353,7 +353,9 @@ class Engine(EngineLoop):
             if not self.scheduler.held_by_reader(reader) - len(slots):
                 child.last_progress = now  # it was idle: its clock starts now
             items = [self.scheduler.flight(s).item for s in slots]
-            tasks = [(s, it.index, it.path, it.id) for s, it in zip(slots, items, strict=True)]
+            tasks = [
+                (s, it.index, it.path, it.id, it.member) for s, it in zip(slots, items, strict=True)
+            ]
             self.pool.send(child, ("read", tasks))
         for core, slots in self.scheduler.dispatch(now).items():
             child = self._child("worker", core)

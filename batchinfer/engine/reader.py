@@ -5,8 +5,11 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          ("failed", traceback)                    start-up failed; then exit
-  coordinator -> reader  ("read", [(slot, index, path, id), ...]) decode these, in order;
-                                                                  id names the file in errors
+  coordinator -> reader  ("read", [(slot, index, path, id, member), ...])
+                                  decode these, in order; id names the file in errors;
+                                  member: None, or where the item is inside the tar shard
+                                  at path (data/shards.py Member); the reader keeps the
+                                  shard it last read open (ShardFiles)
                          ("stop",)
 Results go back in batches: after the last item of a task, or as soon as the oldest unsent
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 from batchinfer.data.preprocess import Preprocess, load_into
+from batchinfer.data.shards import ShardFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
@@ -62,9 +66,11 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
         report_failure(results, exc)
         return
     send_or_exit(results, ("ready", os.getpid(), cpu_seconds()))
+    shards = ShardFiles()
     try:
-        _serve(spec, inputs, board, tasks, results, geometry)
+        _serve(spec, inputs, board, tasks, results, geometry, shards)
     finally:
+        shards.close()
         inputs.close()
         board.close()
         if geometry is not None:
@@ -78,6 +84,7 @@ def _serve(
     tasks: Connection,
     results: Connection,
     geometry: SlotRegion | None = None,
+    shards: ShardFiles | None = None,
 ) -> None:
     row = spec.board_row
     while True:
@@ -89,12 +96,20 @@ def _serve(
             return
         done: list[tuple] = []
         first_unsent = 0.0
-        for slot, index, path, item_id in msg[1]:
+        for slot, index, path, item_id, member in msg[1]:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
             error = None
             try:
-                placed = load_into(path, spec.preprocess, inputs[slot][0], spec.kind, name=item_id)
+                placed = load_into(
+                    path,
+                    spec.preprocess,
+                    inputs[slot][0],
+                    spec.kind,
+                    name=item_id,
+                    member=member,
+                    shards=shards,
+                )
                 if geometry is not None:
                     write_geometry(geometry[slot][0], placed)
             except InputError as e:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.bounds import Bounds
+from batchinfer.data.shards import is_shard_spec
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
 from batchinfer.options import (
@@ -407,8 +408,14 @@ def _check_files(job: Job) -> None:
     ds = job.dataset
     if ds.path is None:
         raise job.error("dataset.path is missing; name the dataset folder.", "dataset.path")
-    if not ds.path.is_dir():
+    if not ds.path.is_dir() and not is_shard_spec(ds.path):  # shards: checked when listed
         raise _missing(job, "dataset.path", ds.path, "a folder of images or .npy tensors")
+    if job.task == "detect" and is_shard_spec(ds.path):
+        raise job.error(
+            "dataset.path names tar shards, which detection jobs do not read yet (their "
+            "ground truth names image files); extract them into a folder.",
+            "dataset.path",
+        )
     if ds.labels is not None and not ds.labels.is_file():
         raise _missing(job, "dataset.labels", ds.labels, "a text file with one class per line")
     from batchinfer.evaluate.history import history_problem  # pyarrow: only once it is needed
