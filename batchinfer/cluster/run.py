@@ -53,6 +53,13 @@ def run_on_cluster(
     """
     with arrow_system_allocator(), StopSignals() as signals:
         plan = plan_run(config, listing=listing)
+        if plan.engine.feeds:
+            # Ray's readers ship one tensor per item (cluster/actors.py); not yet several.
+            raise UsageError(
+                "--ray feeds one tensor per item, and this run feeds the model's inputs "
+                "separately (several inputs, .npz items or {preprocess.inputs}); run it "
+                "without --ray."
+            )
         with connect_cluster(address, plan.engine, signals, data) as cluster:
             if data == "shared":
                 check_shared_dataset(

@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import numpy as np
 from PIL import ImageColor
@@ -589,7 +589,13 @@ def _npy_header(fd: int, head: bytes, label: str) -> tuple[tuple[int, ...], bool
     return (*parsed, head[end:])
 
 
-def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
+def read_npy(path: str, spec: Any, out: np.ndarray, name: str) -> None:
+    """Read the ``.npy`` at ``path`` into ``out``, checked against ``spec``'s ``shape`` and
+    ``dtype`` (a Preprocess, or any object with those); InputError naming ``name``."""
+    _read_npy(path, spec, out, name)
+
+
+def _read_npy(path: str, spec: Any, out: np.ndarray, label: str) -> None:
     # os-level reads, not a file object: a tensor file is one open, one read of its header
     # and first bytes, one read of the rest into the slot, one close. A buffered file object
     # added an fstat, an isatty ioctl, a seek and a read: 27-28 against 22.5-23 µs a 150 kB
