@@ -6,7 +6,9 @@ A model input gets its tensor from one of:
 - ``column``: a column of the item's manifest row (``--input NAME=COLUMN``): a path to an
   image or a ``.npy`` file (relative paths are relative to the manifest's folder), or the
   numbers themselves (a list, or a string holding a JSON list such as ``"[0, 1, 0.5]"``);
-- ``item``: the item itself (an image or a ``.npy``), as for every single-input model.
+- ``item``: the item itself (an image or a ``.npy``): the one input of a single-input model
+  as always, or the one input no ``--input`` names (a manifest's ``path`` feeds the image,
+  its columns the other inputs).
 
 Image inputs (rank 3, or rank 4 with 1 or 3 channels) fed images go through the image
 pipeline (:mod:`batchinfer.data.preprocess`, with the run's preprocessing options); every
@@ -133,6 +135,14 @@ def plan_feeds(
         )
     if len(inputs) == 1 and not mapping and kind != FROM_NPZ:
         return ()
+    unmapped = [n for n in names if n not in mapping]
+    if kind != FROM_NPZ and len(unmapped) > 1:
+        raise UsageError(
+            f"{model} has {len(inputs)} inputs ({', '.join(repr(n) for n in names)}) and "
+            f"the dataset's items can feed only one of {', '.join(repr(n) for n in unmapped)}: "
+            f"pass {{preprocess.inputs}} NAME=COLUMN (a column of a manifest) for the others, "
+            "or use a dataset of .npz files holding one array per input name."
+        )
     feeds = []
     for t in inputs:
         column = mapping.get(t.name)
@@ -140,17 +150,17 @@ def plan_feeds(
             source = FROM_COLUMN
         elif kind == FROM_NPZ:
             source = FROM_NPZ
-        elif len(inputs) == 1:
-            source = FROM_ITEM
         else:
-            raise UsageError(
-                f"{model} has {len(inputs)} inputs ({', '.join(repr(n) for n in names)}) and "
-                f"nothing feeds {t.name!r}: pass {{preprocess.inputs}} {t.name}=COLUMN (a column "
-                "of a manifest), or use a dataset of .npz files holding one array per input name."
-            )
+            source = FROM_ITEM
         preprocess = None
         if source != FROM_NPZ and is_image_shape(t.shape):
             preprocess = image_preprocess(t)
+        if source == FROM_ITEM and kind == "images" and preprocess is None:
+            raise UsageError(
+                f"the dataset's items are images, but they would feed the input {t.name!r} "
+                f"{list(t.shape)} of {model}, which is not an image input; feed it .npy "
+                "files, .npz items or a manifest column."
+            )
         if preprocess is not None:
             shape, dtype = preprocess.shape, preprocess.dtype
         else:
