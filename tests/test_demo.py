@@ -180,7 +180,14 @@ def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
 
 
 def test_write_demo_copies_models_and_explains_them(kit):
-    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224", "digits-det"}
+    assert set(kit.models) == {
+        "digits",
+        "digits-int8",
+        "digits-lowcal",
+        "pool224",
+        "digits-det",
+        "digits-prompt",
+    }
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
         assert path.read_bytes() == demo.model_path(name).read_bytes()
@@ -340,8 +347,9 @@ def test_convert_models_with_their_settings_compute_the_shipped_models(platform)
 
 
 def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
-    assert set(kit.rknn) == set(demo.rknn_stems()) | set(demo.rknn_stems(detector=True))
-    assert len(kit.rknn) == 4 * len(demo.RKNN_PLATFORMS)
+    stems = demo.rknn_stems(), demo.rknn_stems(detector=True), demo.rknn_stems(prompt=True)
+    assert set(kit.rknn) == set().union(*stems)
+    assert len(kit.rknn) == 5 * len(demo.RKNN_PLATFORMS)
     for stem, path in kit.rknn.items():
         recipe, _ = demo.rknn_recipe(stem)
         assert path == kit.root / "models" / f"{stem}.rknn"
@@ -349,7 +357,11 @@ def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
         # The sim and toolkit backends run the model it was converted from, beside it.
         assert path.with_suffix(".onnx").read_bytes() == (demo.ASSETS / recipe.source).read_bytes()
         assert json.loads(path.with_suffix(".config.json").read_text()) == _settings(stem)
-        listed = path.with_suffix(".dataset.txt").read_text().split()
+        lines = path.with_suffix(".dataset.txt").read_text().splitlines()
+        # One file per model input on each line: digits-prompt's image and its prompt.
+        inputs = 2 if recipe is demo.PROMPT_RECIPE else 1
+        assert {len(line.split()) for line in lines} == {inputs}
+        listed = [line.split()[0] for line in lines]
         expected = demo.calibration_images(recipe.calibration)
         assert [Path(p).name for p in listed] == [name for name, _ in expected]
         for rel, (_, image) in zip(listed, expected, strict=True):

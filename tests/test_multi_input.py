@@ -146,8 +146,11 @@ def test_unknown_input_name_is_one_sentence_and_exit_2(prompt_set: Path, tmp_pat
     assert not (tmp_path / "o").exists()
 
 
-def test_an_input_nothing_feeds_is_exit_2(demo_kit, tmp_path: Path):
-    args = ["run", demo_kit.dataset, "--model", MODEL, "--out", tmp_path / "o", *FAST_SIM]
+def test_an_input_nothing_feeds_is_exit_2(tmp_path: Path):
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(demo.load_digits()[0][0]).save(images / "a.png")
+    args = ["run", images, "--model", MODEL, "--out", tmp_path / "o", *FAST_SIM]
     assert_error(invoke(*args), 2, "--input", "'prompt'", ".npz")
 
 
@@ -270,3 +273,35 @@ def test_manifest_columns_feed_the_other_input(tmp_path: Path):
     for index in range(8):
         got = np.asarray(rows[index].outputs[0]).reshape(-1)
         np.testing.assert_array_equal(got, want[f"{index}.png"])
+
+
+@pytest.mark.slow
+def test_eval_job_runs_a_two_input_model_on_npz_items(prompt_set: Path, tmp_path: Path):
+    """An eval job's sides feed the inputs as runs do (.npz arrays by input name)."""
+    job = tmp_path / "prompt.toml"
+    job.write_text(
+        f"""name = "prompt"
+[device]
+model = "{MODEL}"
+[device.runtime]
+backend = "sim"
+[device.runtime.sim]
+npu_ms = 0.2
+host_ms = 0
+[reference]
+model = "{MODEL}"
+[reference.runtime]
+backend = "onnx"
+[dataset]
+path = "{prompt_set}"
+[gates.top1_agreement]
+min = 1.0
+[gates.errors]
+max = 0
+[output]
+dir = "{tmp_path / "eval"}"
+"""
+    )
+    result = invoke("eval", job)
+    assert result.exit_code == 0, result.output
+    assert "verdict: pass" in result.output
