@@ -9,6 +9,7 @@ prompt. Runs are compared with onnxruntime on the same inputs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -305,3 +306,29 @@ dir = "{tmp_path / "eval"}"
     result = invoke("eval", job)
     assert result.exit_code == 0, result.output
     assert "verdict: pass" in result.output
+
+
+def test_a_single_input_model_takes_the_npz_array_named_after_its_input(tmp_path: Path):
+    images, _ = demo.load_digits()
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(4):
+        np.savez(data / f"{i}.npz", image=images[i].reshape(8, 8, 1))
+    model = demo.model_path("digits")
+    cfg = config(data, model, backend="sim", sim=fast_sim(), save_outputs=True, out=tmp_path / "o")
+    assert run(cfg).errors == 0
+    got = _outputs(tmp_path / "o")
+    session = _session(model)
+    for i in range(4):
+        want = session.run(None, {"image": images[i].reshape(1, 8, 8, 1)})[0].reshape(-1)
+        np.testing.assert_array_equal(got[f"{i}.npz"], want)
+
+
+def test_resume_of_a_two_input_run_does_the_rest_once(prompt_set: Path, tmp_path: Path):
+    cfg = config(prompt_set, MODEL, backend="sim", sim=fast_sim(), out=tmp_path / "o")
+    assert run(dataclasses.replace(cfg, limit=10)).succeeded == 10
+    again = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, resume=True))
+    result = run(again)
+    assert (result.skipped, result.succeeded, result.errors) == (10, ITEMS - 10, 0)
+    ids = read_predictions(tmp_path / "o", ["id"]).column("id").to_pylist()
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == ITEMS  # nothing written twice

@@ -173,8 +173,8 @@ def model_input(
         return (1, *pre.size, channels), pre.dtype or "uint8"
     if len(info.inputs) != 1 and not several:
         raise UsageError(
-            f"model {model} has {len(info.inputs)} inputs; only `batchinfer run` feeds "
-            "several (see {preprocess.inputs}), so use a model with one input here."
+            f"model {model} has {len(info.inputs)} inputs; only run and eval feed several "
+            "(see {preprocess.inputs}), so use a model with one input here."
         )
     images = [t for t in info.inputs if is_image_shape(t.shape)]
     first = images[0] if images else info.inputs[0]
