@@ -20,7 +20,7 @@ from runs import config, fast_sim
 from test_cli import FAST_SIM, assert_error, invoke
 
 from batchinfer import demo, run
-from batchinfer.data.dataset import Item
+from batchinfer.data.dataset import Item, open_dataset
 from batchinfer.data.feeds import (
     FROM_COLUMN,
     FROM_ITEM,
@@ -332,3 +332,16 @@ def test_resume_of_a_two_input_run_does_the_rest_once(prompt_set: Path, tmp_path
     assert (result.skipped, result.succeeded, result.errors) == (10, ITEMS - 10, 0)
     ids = read_predictions(tmp_path / "o", ["id"]).column("id").to_pylist()
     assert sorted(ids) == sorted(set(ids)) and len(ids) == ITEMS  # nothing written twice
+
+
+def test_ray_refuses_a_plan_that_feeds_inputs_separately(prompt_set: Path):
+    from batchinfer.cluster.run import check_one_input
+
+    cfg = config(prompt_set, MODEL, backend="sim", sim=fast_sim())
+    backend = make_backend(MODEL, cfg.runtime)
+    shape, dtype = model_input(MODEL, cfg, several=True)
+    engine = plan_engine(cfg, backend, shape, dtype, "")
+    check_one_input(engine)  # the image input alone: fine
+    engine = plan_input_feeds(cfg, MODEL, engine, open_dataset(prompt_set))
+    with pytest.raises(UsageError, match="--ray feeds one tensor per item"):
+        check_one_input(engine)
