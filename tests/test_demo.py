@@ -217,6 +217,22 @@ def test_write_demo_refuses_a_non_empty_folder(tmp_path):
         demo.write_demo(a_file)
 
 
+def test_write_demo_writes_the_two_input_set(kit):
+    files = sorted(kit.prompt.glob("*/*.npz"))
+    assert kit.prompt == kit.root / "prompt" and len(files) == demo.PROMPT_ITEMS
+    held_out = set(demo.test_split().tolist())
+    for path in files:
+        with np.load(path) as z:
+            assert set(z.files) == {"image", "prompt"}
+            assert z["image"].shape == (1, 8, 8, 1) and z["image"].dtype == np.uint8
+            assert z["prompt"].shape == (1, 10) and z["prompt"].dtype == np.float32
+            # the digit's own class and PROMPT_CLASSES - 1 others are asked about
+            assert z["prompt"][0, int(path.parent.name)] == 1.0
+            assert z["prompt"].sum() == demo.PROMPT_CLASSES
+        assert int(path.stem) in held_out
+    assert "prompt/<label>/<index>.npz" in kit.readme.read_text()
+
+
 def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     stale = tmp_path / "dataset" / "3" / "9999.png"

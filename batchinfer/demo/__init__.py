@@ -102,6 +102,7 @@ class DemoKit:
     readme: Path
     count: int  # images written
     detection: DetectionSet | None = None  # detection/images/*.png + detection/instances.json
+    prompt: Path | None = None  # prompt/<label>/<nnnn>.npz: digits-prompt's two inputs each
 
 
 def to_pixels(values: np.ndarray) -> np.ndarray:
@@ -304,7 +305,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     stems = {**rknn_stems(), **rknn_stems(detector=True), **rknn_stems(prompt=True)}
     rknn = {stem: write_rknn_model(models_dir, stem) for stem in stems}
     detection = write_detection(target / "detection")
-    write_prompt_dataset(target / "prompt")
+    prompt = write_prompt_dataset(target / "prompt")
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
     return DemoKit(
@@ -315,6 +316,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
         readme=readme,
         count=len(images),
         detection=detection,
+        prompt=prompt,
     )
 
 
