@@ -345,3 +345,57 @@ def test_ray_refuses_a_plan_that_feeds_inputs_separately(prompt_set: Path):
     engine = plan_input_feeds(cfg, MODEL, engine, open_dataset(prompt_set))
     with pytest.raises(UsageError, match="--ray feeds one tensor per item"):
         check_one_input(engine)
+
+
+def _tensor_model(path: Path) -> Path:
+    """Three tensor inputs, none an image: ``feat`` float32 NCHW [1,4,2,2] (a feature map,
+    the runtime's view NHWC), ``coords`` float32 [1,3], ``count`` int32 [2]; output [1,9] =
+    feat summed over H,W, then coords, then count as floats."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info("feat", TensorProto.FLOAT, [1, 4, 2, 2]),
+        helper.make_tensor_value_info("coords", TensorProto.FLOAT, [1, 3]),
+        helper.make_tensor_value_info("count", TensorProto.INT32, [2]),
+    ]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 9])
+    nodes = [
+        helper.make_node("ReduceSum", ["feat", "axes"], ["sums"], keepdims=0),
+        helper.make_node("Cast", ["count"], ["count_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["count_f", "zero"], ["count_row"]),
+        helper.make_node("Concat", ["sums", "coords", "count_row"], ["out"], axis=1),
+    ]
+    inits = [
+        onnx.numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
+        onnx.numpy_helper.from_array(np.array([0], np.int64), "zero"),
+    ]
+    graph = helper.make_graph(nodes, "tensors", inputs, [out], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.save(model, path)
+    return path
+
+
+def test_a_model_without_image_inputs_takes_tensors_in_its_graphs_layout(tmp_path: Path):
+    """A 4-D feature-map input is fed NCHW as the graph computes it (the runtime is told
+    data_format nchw and transposes), the other tensors as they are."""
+    model = _tensor_model(tmp_path / "tensors.onnx")
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(5)
+    want = {}
+    for i in range(3):
+        feeds = {
+            "feat": rng.standard_normal((1, 4, 2, 2)).astype(np.float32),
+            "coords": rng.standard_normal((1, 3)).astype(np.float32),
+            "count": np.array([i, 7], np.int32),
+        }
+        np.savez(data / f"{i}.npz", **feeds)
+        want[f"{i}.npz"] = _session(model).run(None, feeds)[0].reshape(-1)
+    cfg = config(data, model, backend="sim", sim=fast_sim(), save_outputs=True, out=tmp_path / "o")
+    assert run(cfg).errors == 0
+    got = _outputs(tmp_path / "o")
+    for key, value in want.items():
+        np.testing.assert_array_equal(got[key], value)
+    record = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert '"layout": "nchw"' in json.dumps(record)

@@ -58,12 +58,15 @@ class Feed:
     column: str | None = None  # FROM_COLUMN: the manifest column
     # How images become this input; None when it is not an image input (tensors only).
     preprocess: Preprocess | None = None
+    # The layout of ``shape`` for a 4-D tensor input: "nchw" when the model's source graph
+    # takes NCHW (tensors are fed as the graph computes them; the runtime transposes).
+    layout: str = "nhwc"
 
     @property
     def data_format(self) -> str:
-        """What RKNNLite's ``data_format`` is for this input: the image layout, else nhwc
-        (the runtime's own layout; it transposes nothing that is not 4-D)."""
-        return self.preprocess.layout if self.preprocess is not None else "nhwc"
+        """What RKNNLite's ``data_format`` is for this input: the image layout, else the
+        tensor's (the runtime transposes nothing that is not 4-D)."""
+        return self.preprocess.layout if self.preprocess is not None else self.layout
 
     @property
     def tensor(self) -> TensorSpec:
@@ -85,6 +88,7 @@ class Feed:
             "dtype": self.dtype,
             "source": self.source,
             "column": self.column,
+            "layout": self.data_format,
         }
 
 
@@ -161,6 +165,7 @@ def plan_feeds(
                 f"{list(t.shape)} of {model}, which is not an image input; feed it .npy "
                 "files, .npz items or a manifest column."
             )
+        layout = "nhwc"
         if preprocess is not None:
             shape, dtype = preprocess.shape, preprocess.dtype
         else:
@@ -171,7 +176,11 @@ def plan_feeds(
                     f"the input {t.name!r} of {model} has a dynamic shape {list(t.shape)}; "
                     "batchinfer feeds tensors of one fixed shape."
                 )
-        feeds.append(Feed(t.name, shape, dtype, source, column, preprocess))
+            if len(shape) == 4 and getattr(t, "layout", None) == "nchw":
+                # The runtime takes it NHWC; the tensor comes as the source graph's NCHW.
+                n, h, w, c = shape
+                shape, layout = (n, c, h, w), "nchw"
+        feeds.append(Feed(t.name, shape, dtype, source, column, preprocess, layout))
     return tuple(feeds)
 
 

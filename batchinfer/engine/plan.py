@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
@@ -177,6 +178,11 @@ def model_input(
             "(see {preprocess.inputs}), so use a model with one input here."
         )
     images = [t for t in info.inputs if is_image_shape(t.shape)]
+    if len(info.inputs) > 1 and not images:
+        # No image input: the plan's own preprocessing stands for a flat tensor; the feeds
+        # say what each input takes (plan_input_feeds).
+        first = info.inputs[0]
+        return (1, math.prod(d for d in first.shape[1:] if d > 0)), first.dtype
     first = images[0] if images else info.inputs[0]
     return first.shape, first.dtype
 
