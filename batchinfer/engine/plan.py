@@ -21,6 +21,7 @@ from typing import Any
 from batchinfer.bounds import check_value
 from batchinfer.data.dataset import Dataset, open_dataset
 from batchinfer.data.feeds import (
+    FROM_COLUMN,
     FROM_ITEM,
     check_first_item,
     is_image_shape,
@@ -216,7 +217,8 @@ def plan_input_feeds(
     feeds = plan_feeds(info.inputs, mapping, dataset.kind, image_preprocess, model=str(model))
     if not feeds:
         return engine
-    check_first_item(feeds, next(iter(dataset), None), str(dataset.root))
+    if any(f.source == FROM_COLUMN for f in feeds):  # a manifest's columns: its first row
+        check_first_item(feeds, next(iter(dataset), None), str(dataset.root))
     images = [f.preprocess for f in feeds if f.preprocess is not None]
     if images:  # what the manifest's "preprocess" record and decoding switches show
         engine = dataclasses.replace(engine, preprocess=images[0])
