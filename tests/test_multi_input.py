@@ -32,7 +32,7 @@ from batchinfer.data.feeds import (
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import model_input, plan_engine, plan_input_feeds
 from batchinfer.engine.sources import ItemSource
-from batchinfer.errors import InputError, UsageError
+from batchinfer.errors import DatasetError, InputError, UsageError
 from batchinfer.results import read_predictions
 from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.rows import MemorySink
@@ -399,3 +399,13 @@ def test_a_model_without_image_inputs_takes_tensors_in_its_graphs_layout(tmp_pat
         np.testing.assert_array_equal(got[key], value)
     record = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert '"layout": "nchw"' in json.dumps(record)
+
+
+def test_a_folder_of_npz_files_is_a_dataset_kind_of_its_own(tmp_path: Path):
+    np.savez(tmp_path / "a.npz", x=np.zeros(2))
+    (tmp_path / "notes.txt").write_text("skipped")
+    dataset = open_dataset(tmp_path)
+    assert dataset.kind == "npz" and [i.id for i in dataset] == ["a.npz"]
+    Image.fromarray(np.zeros((2, 2), np.uint8)).save(tmp_path / "b.png")
+    with pytest.raises(DatasetError, match=r"mixes 1 images and 1 \.npz files"):
+        open_dataset(tmp_path)
