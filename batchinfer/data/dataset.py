@@ -4,7 +4,8 @@ A dataset is a folder of images, of ``.npy`` tensors or of ``.npz`` files (one a
 model input), searched recursively. Its order is fixed by the names alone (see
 :mod:`batchinfer.data.listing`), so a run and its ``--resume`` agree on every item's index.
 ``open_dataset`` lists the folder once to count items, find the classes and note skipped
-files; each iteration lists it again and yields items one at a time. Each directory is listed once per walk, in time linear in its size.
+files; each iteration lists it again and yields items one at a time. Each directory is
+listed once per walk, in time linear in its size.
 """
 
 from __future__ import annotations
