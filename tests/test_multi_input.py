@@ -409,3 +409,14 @@ def test_a_folder_of_npz_files_is_a_dataset_kind_of_its_own(tmp_path: Path):
     Image.fromarray(np.zeros((2, 2), np.uint8)).save(tmp_path / "b.png")
     with pytest.raises(DatasetError, match=r"mixes 1 images and 1 \.npz files"):
         open_dataset(tmp_path)
+
+
+def test_a_rknn_prompt_input_with_mean_0_std_1_takes_its_graphs_float(tmp_path: Path):
+    """rknn.config wants mean/std lists for every input once one has them; the prompt's
+    (0 and 1) normalise nothing, so it is fed float32, while the image takes raw uint8."""
+    from batchinfer.runtime import describe_model
+
+    rknn = demo.write_rknn_model(tmp_path, "digits-prompt-rk3588")
+    image, prompt = describe_model(rknn).inputs
+    assert (image.dtype, image.normalised_inside, image.shape) == ("uint8", True, (1, 8, 8, 1))
+    assert (prompt.dtype, prompt.normalised_inside, prompt.shape) == ("float32", False, (1, 10))
