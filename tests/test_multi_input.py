@@ -420,3 +420,16 @@ def test_a_rknn_prompt_input_with_mean_0_std_1_takes_its_graphs_float(tmp_path: 
     image, prompt = describe_model(rknn).inputs
     assert (image.dtype, image.normalised_inside, image.shape) == ("uint8", True, (1, 8, 8, 1))
     assert (prompt.dtype, prompt.normalised_inside, prompt.shape) == ("float32", False, (1, 10))
+
+
+def test_sim_run_of_the_two_input_rknn_takes_image_arrays_nhwc(tmp_path: Path):
+    """A .rknn's image input takes NHWC (1, 8, 8, 1) arrays from .npz items, as .npy items;
+    the sim runs the float model it was converted from, normalising as the settings say."""
+    rknn = demo.write_rknn_model(tmp_path, "digits-prompt-rk3588")
+    dataset = demo.write_prompt_dataset(tmp_path / "prompt", n=8)
+    out = tmp_path / "o"
+    cfg = config(dataset, rknn, backend="sim", sim=fast_sim(), save_outputs=True, out=out)
+    assert run(cfg).errors == 0
+    got, want = _outputs(out), _npz_reference(dataset)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5)

@@ -176,8 +176,10 @@ def plan_feeds(
                     f"the input {t.name!r} of {model} has a dynamic shape {list(t.shape)}; "
                     "batchinfer feeds tensors of one fixed shape."
                 )
-            if len(shape) == 4 and getattr(t, "layout", None) == "nchw":
+            feature_map = len(shape) == 4 and not is_image_shape(shape)
+            if feature_map and getattr(t, "layout", None) == "nchw":
                 # The runtime takes it NHWC; the tensor comes as the source graph's NCHW.
+                # (Image-shaped tensors come NHWC, as .npy items of image inputs always have.)
                 n, h, w, c = shape
                 shape, layout = (n, c, h, w), "nchw"
         feeds.append(Feed(t.name, shape, dtype, source, column, preprocess, layout))
