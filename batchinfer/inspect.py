@@ -108,6 +108,9 @@ def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
     lines = ["fed by (batchinfer run):"]
     for t in info.inputs:
         kind = "images or tensors" if is_image_shape(t.shape) else "tensors"
+        if len(t.shape) == 4 and not is_image_shape(t.shape) and t.layout == "nchw":
+            n, h, w, c = t.shape  # a feature map comes as its source graph's NCHW
+            kind = f"tensors {[n, c, h, w]}, NCHW"
         if t.name in mapping:
             source = f"the manifest column {mapping[t.name]!r}"
         elif len(info.inputs) == 1:

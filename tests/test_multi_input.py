@@ -399,6 +399,8 @@ def test_a_model_without_image_inputs_takes_tensors_in_its_graphs_layout(tmp_pat
         np.testing.assert_array_equal(got[key], value)
     record = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert '"layout": "nchw"' in json.dumps(record)
+    info = invoke("info", model, "--backend", "sim")
+    assert "(tensors [1, 4, 2, 2], NCHW)" in info.output, info.output
 
 
 def test_a_folder_of_npz_files_is_a_dataset_kind_of_its_own(tmp_path: Path):
