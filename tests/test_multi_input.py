@@ -435,3 +435,10 @@ def test_sim_run_of_the_two_input_rknn_takes_image_arrays_nhwc(tmp_path: Path):
     got, want = _outputs(out), _npz_reference(dataset)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], atol=1e-5)
+
+
+def test_a_job_files_preprocess_takes_inputs():
+    from batchinfer.options import PreprocessOptions, from_mapping
+
+    got = from_mapping(PreprocessOptions, {"inputs": ["prompt=mask"]}, "device.preprocess")
+    assert got.inputs == ("prompt=mask",)
