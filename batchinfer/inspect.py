@@ -7,7 +7,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from batchinfer.errors import BatchinferError, ModelError
+from batchinfer.errors import BatchinferError, ModelError, UsageError
 from batchinfer.options import RuntimeOptions
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, resolve_name
@@ -41,8 +41,9 @@ def _platform_lines(platforms: object) -> list[str]:
     return lines
 
 
-def model_report(model: Path, backend: str = "auto") -> str:
-    """A human-readable description of ``model`` as ``backend`` would run it."""
+def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = ()) -> str:
+    """A human-readable description of ``model`` as ``backend`` would run it; ``inputs``
+    (NAME=COLUMN, as ``run --input``) say which manifest columns feed which inputs."""
     model = Path(model).expanduser()
     if not model.is_file():
         raise ModelError(
@@ -73,6 +74,7 @@ def model_report(model: Path, backend: str = "auto") -> str:
                     layout = f"  (source model: {t.layout})" if rknn else f"  layout {t.layout}"
                 lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
     if info is not None:
+        lines.extend(_feed_lines(info, inputs, model))
         lines.extend(_task_lines(model, info))
     if model.suffix.lower() == ".rknn":
         lines.extend(_rknn_file_lines(model))
@@ -88,6 +90,35 @@ def model_report(model: Path, backend: str = "auto") -> str:
         if platforms:
             lines.extend(_platform_lines(platforms))
     return "\n".join(lines)
+
+
+def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
+    """What ``run`` feeds each input from (batchinfer.data.feeds); UsageError for a name
+    in ``pairs`` the model has no input of."""
+    from batchinfer.data.feeds import is_image_shape, parse_input_map
+
+    mapping = parse_input_map(pairs)
+    names = [t.name for t in info.inputs]
+    unknown = [n for n in mapping if n not in names]
+    if unknown:
+        raise UsageError(
+            f"--input names {', '.join(repr(n) for n in unknown)}, but {model} has no such "
+            f"input; its inputs are {', '.join(repr(n) for n in names)}."
+        )
+    lines = ["fed by (batchinfer run):"]
+    for t in info.inputs:
+        kind = "images or tensors" if is_image_shape(t.shape) else "tensors"
+        if len(t.shape) == 4 and not is_image_shape(t.shape) and t.layout == "nchw":
+            n, h, w, c = t.shape  # a feature map comes as its source graph's NCHW
+            kind = f"tensors {[n, c, h, w]}, NCHW"
+        if t.name in mapping:
+            source = f"the manifest column {mapping[t.name]!r}"
+        elif len(info.inputs) == 1:
+            source = f"each dataset item, or the array {t.name!r} of .npz items"
+        else:
+            source = f"the array {t.name!r} of .npz items, or --input {t.name}=COLUMN"
+        lines.append(f"  {t.name:<16} {source} ({kind})")
+    return lines
 
 
 def _task_lines(model: Path, info: Any) -> list[str]:

@@ -223,6 +223,13 @@ class PreprocessOptions:
         "Decode large JPEGs at 1/2-1/8 scale when the model's input is that much smaller.",
         flag="--jpeg-draft/--no-jpeg-draft",
     )
+    inputs: tuple[str, ...] = option(
+        (),
+        "Feed the model input NAME from the manifest column COLUMN: NAME=COLUMN (repeatable; "
+        "the column holds image or .npy paths, or lists of numbers).",
+        flag="--input",
+        multiple=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def test_skipped_files_are_counted_by_extension_with_the_first_names(tmp_path: P
         "a/cache.db",
         "a/1.png",
         "a/2.heic",
-        "b/data.npz",
+        "b/data.h5",
         "b/notes.TXT",
         "b/Makefile",
         ".DS_Store",  # a leftover: counted in Dataset.leftovers, not here
@@ -76,7 +76,7 @@ def test_skipped_files_are_counted_by_extension_with_the_first_names(tmp_path: P
         ".csv": 1,
         ".db": 1,
         ".heic": 1,
-        ".npz": 1,
+        ".h5": 1,
         "": 1,
         "(not a regular file)": 1,
     }

@@ -180,7 +180,14 @@ def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
 
 
 def test_write_demo_copies_models_and_explains_them(kit):
-    assert set(kit.models) == {"digits", "digits-int8", "digits-lowcal", "pool224", "digits-det"}
+    assert set(kit.models) == {
+        "digits",
+        "digits-int8",
+        "digits-lowcal",
+        "pool224",
+        "digits-det",
+        "digits-prompt",
+    }
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
         assert path.read_bytes() == demo.model_path(name).read_bytes()
@@ -208,6 +215,22 @@ def test_write_demo_refuses_a_non_empty_folder(tmp_path):
     a_file = tmp_path / "notes.txt"
     with pytest.raises(OutputExistsError, match="not a folder"):
         demo.write_demo(a_file)
+
+
+def test_write_demo_writes_the_two_input_set(kit):
+    files = sorted(kit.prompt.glob("*/*.npz"))
+    assert kit.prompt == kit.root / "prompt" and len(files) == demo.PROMPT_ITEMS
+    held_out = set(demo.test_split().tolist())
+    for path in files:
+        with np.load(path) as z:
+            assert set(z.files) == {"image", "prompt"}
+            assert z["image"].shape == (1, 8, 8, 1) and z["image"].dtype == np.uint8
+            assert z["prompt"].shape == (1, 10) and z["prompt"].dtype == np.float32
+            # the digit's own class and PROMPT_CLASSES - 1 others are asked about
+            assert z["prompt"][0, int(path.parent.name)] == 1.0
+            assert z["prompt"].sum() == demo.PROMPT_CLASSES
+        assert int(path.stem) in held_out
+    assert "prompt/<label>/<index>.npz" in kit.readme.read_text()
 
 
 def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
@@ -340,8 +363,9 @@ def test_convert_models_with_their_settings_compute_the_shipped_models(platform)
 
 
 def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
-    assert set(kit.rknn) == set(demo.rknn_stems()) | set(demo.rknn_stems(detector=True))
-    assert len(kit.rknn) == 4 * len(demo.RKNN_PLATFORMS)
+    stems = demo.rknn_stems(), demo.rknn_stems(detector=True), demo.rknn_stems(prompt=True)
+    assert set(kit.rknn) == set().union(*stems)
+    assert len(kit.rknn) == 5 * len(demo.RKNN_PLATFORMS)
     for stem, path in kit.rknn.items():
         recipe, _ = demo.rknn_recipe(stem)
         assert path == kit.root / "models" / f"{stem}.rknn"
@@ -349,7 +373,11 @@ def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
         # The sim and toolkit backends run the model it was converted from, beside it.
         assert path.with_suffix(".onnx").read_bytes() == (demo.ASSETS / recipe.source).read_bytes()
         assert json.loads(path.with_suffix(".config.json").read_text()) == _settings(stem)
-        listed = path.with_suffix(".dataset.txt").read_text().split()
+        lines = path.with_suffix(".dataset.txt").read_text().splitlines()
+        # One file per model input on each line: digits-prompt's image and its prompt.
+        inputs = 2 if recipe is demo.PROMPT_RECIPE else 1
+        assert {len(line.split()) for line in lines} == {inputs}
+        listed = [line.split()[0] for line in lines]
         expected = demo.calibration_images(recipe.calibration)
         assert [Path(p).name for p in listed] == [name for name, _ in expected]
         for rel, (_, image) in zip(listed, expected, strict=True):

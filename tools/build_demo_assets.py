@@ -3,6 +3,11 @@
     python tools/build_demo_assets.py             # extract (scikit-learn), train, export
     python tools/build_demo_assets.py --from-npz  # keep digits.npz, rebuild the models
     python tools/build_demo_assets.py --rknn      # convert to .rknn (toolkit environment)
+    python tools/build_demo_assets.py --two-input [--rknn]  # only the two-input model
+
+``--two-input`` builds only digits-prompt (two inputs: an image and a class prompt) from
+the committed digits.npz, its conversion model and settings (with ``--rknn``: its .rknn
+files, measured against the ONNX model with the toolkit backend).
 
 The first two run in the project's environment. Everything they make is deterministic:
 the held-out split, the weight initialisation and the mini-batch order all come from fixed
@@ -592,6 +597,208 @@ def convert_all() -> dict:
     return {"toolkit": toolkit_version(), "models": figures}
 
 
+# --------------------------------------------------------------------------- two inputs
+
+PROMPT_STEPS = 400  # full-batch gradient steps of the prompt model's linear classifier
+PROMPT_LEARNING_RATE = 0.5
+
+
+@dataclass(frozen=True)
+class LinearWeights:
+    """A softmax regression 64 -> 10 on normalised pixels (the two-input demo's classifier)."""
+
+    mean: float
+    std: float
+    w: np.ndarray  # (64, 10)
+    b: np.ndarray  # (10,)
+
+
+def train_linear(pixels: np.ndarray, labels: np.ndarray) -> LinearWeights:
+    """Softmax regression on 0..255 pixels (n, 8, 8): full-batch gradient descent from zeros,
+    float64, so the same data always gives the same weights."""
+    unit = pixels.astype(np.float64) / 255.0
+    mean, std = float(unit.mean()), float(unit.std())
+    x = normalise(pixels, mean, std)
+    y = np.eye(10)[labels]
+    w, b = np.zeros((64, 10)), np.zeros(10)
+    for _ in range(PROMPT_STEPS):
+        d = (_softmax(x @ w + b) - y) / len(x)
+        w -= PROMPT_LEARNING_RATE * (x.T @ d + WEIGHT_DECAY * w)
+        b -= PROMPT_LEARNING_RATE * d.sum(0)
+    return LinearWeights(mean, std, w.astype(np.float32), b.astype(np.float32))
+
+
+def _prompt_nodes(x: str) -> list[onnx.NodeProto]:
+    """x [1,64] -> MatMul w + b -> Softmax -> probs; scores = probs * prompt."""
+    return [
+        helper.make_node("MatMul", [x, "w"], ["l_mm"]),
+        helper.make_node("Add", ["l_mm", "b"], ["logits"]),
+        helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        helper.make_node("Mul", ["probs", "prompt"], ["scores"]),
+    ]
+
+
+def _prompt_io() -> tuple[onnx.ValueInfoProto, onnx.ValueInfoProto]:
+    prompt = helper.make_tensor_value_info("prompt", TensorProto.FLOAT, [1, 10])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 10])
+    return prompt, scores
+
+
+def build_prompt_model(weights: LinearWeights) -> onnx.ModelProto:
+    """digits-prompt.onnx: two inputs, ``image`` uint8 [1,8,8,1] NHWC and ``prompt`` float32
+    [1,10] (a weight per class, e.g. 1 for the digits asked about, 0 for the others);
+    output ``scores`` [1,10] = the classifier's probabilities times the prompt."""
+    image = helper.make_tensor_value_info("image", TensorProto.UINT8, [1, 8, 8, 1])
+    prompt, scores = _prompt_io()
+    nodes = [
+        helper.make_node("Cast", ["image"], ["image_f"], to=TensorProto.FLOAT),
+        helper.make_node("Reshape", ["image_f", "flat_shape"], ["flat"]),
+        helper.make_node("Div", ["flat", "pixel_max"], ["unit"]),
+        helper.make_node("Sub", ["unit", "mean"], ["centred"]),
+        helper.make_node("Div", ["centred", "std"], ["x_norm"]),
+        *_prompt_nodes("x_norm"),
+    ]
+    inits = [
+        _init("flat_shape", np.array([-1, 64], np.int64)),
+        _init("pixel_max", np.float32(255.0)),
+        _init("mean", np.float32(weights.mean)),
+        _init("std", np.float32(weights.std)),
+        _init("w", weights.w),
+        _init("b", weights.b),
+    ]
+    graph = helper.make_graph(nodes, "digits_prompt", [image, prompt], [scores], inits)
+    return _finish(graph, "Two-input demo: digit probabilities times a class prompt.")
+
+
+def build_prompt_convert(weights: LinearWeights) -> onnx.ModelProto:
+    """digits-prompt-convert.onnx: digits-prompt taking the normalised image as float NCHW
+    [1,1,8,8] (the normalisation goes to the conversion settings, as for digits)."""
+    image = helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, 8, 8])
+    prompt, scores = _prompt_io()
+    nodes = [helper.make_node("Reshape", ["image", "flat_shape"], ["x_norm"])]
+    nodes += _prompt_nodes("x_norm")
+    inits = [_init("flat_shape", np.array([1, 64], np.int64))]
+    inits += [_init("w", weights.w), _init("b", weights.b)]
+    graph = helper.make_graph(nodes, "digits_prompt_convert", [image, prompt], [scores], inits)
+    return _finish(graph, "digits-prompt for conversion: normalised float NCHW image.")
+
+
+def prompt_settings(weights: LinearWeights, platform: str) -> dict:
+    """rknn.config() for digits-prompt: the image's normalisation on the NPU, the prompt as
+    it is (mean 0, std 1)."""
+    return {
+        "mean_values": [[round(255.0 * weights.mean, 6)], [0.0] * 10],
+        "std_values": [[round(255.0 * weights.std, 6)], [1.0] * 10],
+        "target_platform": platform,
+        "quantized_dtype": "w8a8",
+    }
+
+
+def run_prompt(run, items: list) -> np.ndarray:
+    """Scores (n, 10) of a two-input model: ``run(image, prompt)`` -> [scores]."""
+    return np.concatenate([run(image, prompt)[0].reshape(1, 10) for _, image, prompt, _ in items])
+
+
+def prompt_figures(scores: np.ndarray, reference: np.ndarray, items: list) -> dict:
+    """Top-1 of the prompted scores on the demo set and agreement with ``reference``."""
+    labels = np.array([label for *_, label in items])
+    return {
+        "items": len(items),
+        "top1": float((scores.argmax(1) == labels).mean()),
+        "agree": float((scores.argmax(1) == reference.argmax(1)).mean()),
+        "max_abs": float(np.abs(scores - reference).max()),
+        "mean_abs": float(np.abs(scores - reference).mean()),
+    }
+
+
+def build_prompt_assets() -> dict:
+    """Write digits-prompt.onnx, its conversion model and settings; return its figures."""
+    images, labels = demo.load_digits()
+    test_index = demo.test_split()
+    train = np.setdiff1d(np.arange(len(labels)), test_index)
+    weights = train_linear(images[train], labels[train])
+    model = build_prompt_model(weights)
+    onnx.save(model, ASSETS / "digits-prompt.onnx")
+    onnx.save(build_prompt_convert(weights), ASSETS / "digits-prompt-convert.onnx")
+    for stem, (_, platform) in demo.rknn_stems(prompt=True).items():
+        (ASSETS / f"{stem}.config.json").write_text(
+            settings_json(prompt_settings(weights, platform))
+        )
+    session = ort_session(model)
+    ones = np.ones((1, 10), np.float32)
+    probs = np.concatenate(
+        [session.run(None, {"image": i.reshape(1, 8, 8, 1), "prompt": ones})[0] for i in images]
+    )
+    items = demo.prompt_items()
+    scores = run_prompt(lambda i, p: session.run(None, {"image": i, "prompt": p}), items)
+    figures = {
+        "top1_test_unprompted": float((probs.argmax(1) == labels)[test_index].mean()),
+        "demo_set": prompt_figures(scores, scores, items),
+        "bytes": (ASSETS / "digits-prompt.onnx").stat().st_size,
+    }
+    print(f"digits-prompt.onnx held-out top-1 (prompt all ones) {figures['top1_test_unprompted']}")
+    return figures
+
+
+def convert_prompt() -> dict:
+    """Convert digits-prompt for every chip into the assets; compare them with the ONNX."""
+    from batchinfer.runtime.toolkit import CACHE_ENV, RKNNLite, toolkit_version
+
+    items = demo.prompt_items()
+    session = ort_session(ASSETS / "digits-prompt.onnx")
+    reference = run_prompt(lambda i, p: session.run(None, {"image": i, "prompt": p}), items)
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")
+        for stem in demo.rknn_stems(prompt=True):
+            folder = Path(tmp) / stem
+            folder.mkdir()
+            path = convert(stem, folder)
+            rknn = RKNNLite()
+            if rknn.load_rknn(str(path)) != 0 or rknn.init_runtime() != 0:
+                raise SystemExit(f"the toolkit backend could not run {path}")
+            try:
+                scores = run_prompt(lambda i, p, r=rknn: r.inference(inputs=[i, p]), items)
+            finally:
+                rknn.release()
+            measured = prompt_figures(scores, reference, items)
+            figures[stem] = {"bytes": path.stat().st_size, **measured}
+            shutil.copyfile(path, ASSETS / path.name)
+            print(f"{stem:24s} {figures[stem]}", flush=True)
+    return {"toolkit": toolkit_version(), "models": figures}
+
+
+def prompt_md(two: dict | None) -> str:
+    """The MODELS.md section on the two-input model."""
+    if not two:
+        return ""
+    o = two["onnx"]
+    rows = "\n".join(
+        f"| `{stem}.rknn` | {f['bytes']:,} | {_pct(f['agree'])} | {f['max_abs']:.4f} |"
+        for stem, f in two.get("rknn", {}).get("models", {}).items()
+    )
+    table = (
+        "| file | bytes | top-1 agreement with the ONNX | max abs score difference |\n"
+        f"|---|---|---|---|\n{rows}\n"
+        if rows
+        else "Not converted yet: `python tools/build_demo_assets.py --two-input --rknn`.\n"
+    )
+    return f"""
+## digits-prompt.onnx (two inputs)
+- Inputs `image` uint8 [1,8,8,1] NHWC (pixels 0..255) and `prompt` float32 [1,10] (a weight
+  per digit: 1 for the digits asked about, 0 for the others); output `scores` [1,10] =
+  softmax(linear(normalised image)) x prompt. The classifier is a softmax regression
+  64 -> 10 ({PROMPT_STEPS} full-batch gradient steps from zeros, float64, train split):
+  {_pct(o["top1_test_unprompted"])} held-out top-1 with a prompt of all ones. {o["bytes"]:,} bytes.
+- `digits-prompt-convert.onnx` takes the normalised image as float NCHW [1,1,8,8]; its
+  settings put the image's normalisation on the NPU and give the prompt mean 0 / std 1.
+- The demo set (`batchinfer demo` writes it to `prompt/<label>/<index>.npz`): the first
+  {demo.PROMPT_ITEMS} held-out digits, each with a seeded prompt naming its digit and
+  {demo.PROMPT_CLASSES - 1} others.
+
+{table}"""
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -636,10 +843,21 @@ def main() -> None:
         action="store_true",
         help="convert the committed models to .rknn with rknn-toolkit2 (toolkit environment)",
     )
+    parser.add_argument(
+        "--two-input",
+        action="store_true",
+        help="only the two-input model digits-prompt (with --rknn: only its .rknn files)",
+    )
     args = parser.parse_args()
     measured_path = ASSETS / "measured.json"
     measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
-    if args.rknn:
+    if args.two_input:
+        two = measured.setdefault("two_input", {})
+        if args.rknn:
+            two["rknn"] = convert_prompt()
+        else:
+            two["onnx"] = build_prompt_assets()
+    elif args.rknn:
         measured["rknn"] = convert_all()
     else:
         measured["onnx"] = build_onnx_assets(from_npz=args.from_npz)
@@ -761,7 +979,7 @@ trained and calibrated on the train split only.
   pool224: 127.5 and 127.5 per channel; `quantized_dtype` w8a8 (int8); `target_platform`
   the chip.
 
-{rknn_md(measured.get("rknn"))}
+{rknn_md(measured.get("rknn"))}{prompt_md(measured.get("two_input"))}
 ## The demo detector
 `digits-det.onnx` and its `.rknn` files, trained on the synthetic detection set, are
 described in `DETECTOR.md` (made by `tools/build_demo_detector.py`).

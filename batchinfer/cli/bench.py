@@ -66,7 +66,10 @@ class _Progress:
     "from the start when shorter than the run). Without it: synthetic inputs of the "
     "model's input shape, prepared once in the slots, so only the inference path counts.",
 )
-@group_options("runtime", "runtime.sim", "preprocess", "reliability", "detect")
+# --input: bench feeds one input (model_input refuses a model with several).
+@group_options(
+    "runtime", "runtime.sim", "preprocess", "reliability", "detect", skip=("preprocess.inputs",)
+)
 @_bench_options
 @click.option(
     "--sweep",

@@ -23,7 +23,7 @@ def command(target: Path, overwrite: bool) -> None:
 
 
 def _demo(target: Path, overwrite: bool) -> None:
-    from batchinfer.demo import write_demo
+    from batchinfer.demo import PROMPT_ITEMS, write_demo
 
     kit = write_demo(target, overwrite=overwrite)
     click.echo(f"wrote {kit.count} images to {kit.dataset} and models to {kit.root / 'models'}")
@@ -32,5 +32,10 @@ def _demo(target: Path, overwrite: bool) -> None:
         click.echo(
             f"wrote {det.count} detection images ({det.boxes} boxes) to {det.images}, "
             f"boxes in {det.instances}"
+        )
+    if kit.prompt is not None:
+        click.echo(
+            f"wrote {PROMPT_ITEMS} .npz items (arrays image and prompt) for the two-input "
+            f"model {kit.models['digits-prompt'].name} to {kit.prompt}"
         )
     click.echo(f"next: batchinfer run {kit.dataset} --model {kit.models['digits']} --cores 0,1,2")

@@ -18,7 +18,14 @@ from batchinfer.options import BACKEND_NAMES
     show_default=True,
     help="The runtime to ask (auto: .rknn -> rknnlite, .onnx -> onnx).",
 )
-def command(model: Path, backend: str) -> None:
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME=COLUMN",
+    help="As run's --input: show that the manifest column COLUMN feeds the input NAME.",
+)
+def command(model: Path, backend: str, inputs: tuple[str, ...]) -> None:
     """Show MODEL's inputs and outputs, the runtime that would run it and its version.
 
     \b
@@ -27,10 +34,10 @@ def command(model: Path, backend: str) -> None:
     """
     from batchinfer.cli import fail_cleanly
 
-    fail_cleanly(_info)(model, backend)
+    fail_cleanly(_info)(model, backend, inputs)
 
 
-def _info(model: Path, backend: str) -> None:
+def _info(model: Path, backend: str, inputs: tuple[str, ...]) -> None:
     from batchinfer.inspect import model_report
 
-    click.echo(model_report(model, backend))
+    click.echo(model_report(model, backend, inputs))

@@ -53,6 +53,7 @@ def run_on_cluster(
     """
     with arrow_system_allocator(), StopSignals() as signals:
         plan = plan_run(config, listing=listing)
+        check_one_input(plan.engine)
         with connect_cluster(address, plan.engine, signals, data) as cluster:
             if data == "shared":
                 check_shared_dataset(
@@ -79,6 +80,17 @@ def run_on_cluster(
                 ) from e
 
 
+def check_one_input(plan: EnginePlan) -> None:
+    """UsageError for a plan whose model inputs are fed separately: Ray's readers ship one
+    tensor per item (cluster/actors.py), not one per input (batchinfer.data.feeds)."""
+    if plan.feeds:
+        raise UsageError(
+            "--ray feeds one tensor per item, and this run feeds the model's inputs "
+            "separately (several inputs, .npz items or {preprocess.inputs}); run it "
+            "without --ray."
+        )
+
+
 @dataclass(frozen=True)
 class ClusterSession:
     """A connected cluster, ready to run engines: its usable nodes and the driver's node."""
@@ -97,6 +109,7 @@ class ClusterSession:
         invocation: int = 0,
     ) -> ClusterEngine:
         """A ClusterEngine over these nodes, its core stats keyed by (node, core)."""
+        check_one_input(plan)
         places = [(n.name, c) for n in self.nodes for c in plan.cores if c in n.cores]
         stats = CoreStatsRecorder(places, plan.instances_per_core, invocation)
         return ClusterEngine(

@@ -1,10 +1,11 @@
 """Dataset folders, walked as a stream: the coordinator never holds a list of every path.
 
-A dataset is a folder of images or of ``.npy`` tensors, searched recursively. Its order is
-fixed by the names alone (see :mod:`batchinfer.data.listing`), so a run and its
-``--resume`` agree on every item's index. ``open_dataset`` lists the folder once to count
-items, find the classes and note skipped files; each iteration lists it again and yields
-items one at a time. Each directory is listed once per walk, in time linear in its size.
+A dataset is a folder of images, of ``.npy`` tensors or of ``.npz`` files (one array per
+model input), searched recursively. Its order is fixed by the names alone (see
+:mod:`batchinfer.data.listing`), so a run and its ``--resume`` agree on every item's index.
+``open_dataset`` lists the folder once to count items, find the classes and note skipped
+files; each iteration lists it again and yields items one at a time. Each directory is
+listed once per walk, in time linear in its size.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -80,7 +81,9 @@ IMAGE_EXTENSIONS = frozenset(
 log = logging.getLogger("batchinfer")
 
 NPY_EXTENSIONS = frozenset({".npy"})
-KINDS = ("images", "npy")
+#: ``.npz`` items hold one array per model input, named after it (batchinfer.data.feeds).
+NPZ_EXTENSIONS = frozenset({".npz"})
+KINDS = ("images", "npy", "npz")
 
 #: How many skipped files are named in :attr:`Skipped.first`.
 SKIPPED_NAMES_KEPT = 10
@@ -90,7 +93,8 @@ NOT_A_FILE = "(not a regular file)"
 PROGRESS_EVERY = 10_000
 
 _WHAT = (
-    "a folder of images (.jpg, .png, ...) or of .npy tensors, optionally one subfolder per class"
+    "a folder of images (.jpg, .png, ...), of .npy tensors or of .npz files (one array per "
+    "model input), optionally one subfolder per class"
 )
 
 
@@ -109,6 +113,9 @@ class Item:
     # Where the item's bytes are inside the tar shard at ``path`` (data/shards.py); None
     # for an item that is a file of its own.
     member: Member | None = None
+    # A manifest's other columns for this item (column name -> value); None for a folder.
+    # Model inputs may be fed from them (``--input NAME=COLUMN``, batchinfer.data.feeds).
+    columns: Mapping[str, object] | None = None
 
     @property
     def key(self) -> bytes:
@@ -303,11 +310,11 @@ def open_dataset(
 ) -> Dataset:
     """Return the Dataset at ``root`` after one listing; DatasetError if it is unusable.
 
-    Kind: images (any of IMAGE_EXTENSIONS, any case) or ``.npy``; a folder holding both is
-    refused. Other files are skipped and counted (:attr:`Dataset.skipped`); hidden files
-    and folders (leading '.') and what tools leave behind (``__MACOSX``, ``Thumbs.db``,
-    ...) are neither walked nor items nor classes, and are counted
-    (:attr:`Dataset.leftovers`).
+    Kind: images (any of IMAGE_EXTENSIONS, any case), ``.npy`` or ``.npz``; a folder holding
+    more than one kind is refused. Other files are skipped and counted
+    (:attr:`Dataset.skipped`); hidden files and folders (leading '.') and what tools leave
+    behind (``__MACOSX``, ``Thumbs.db``, ...) are neither walked nor items nor classes, and
+    are counted (:attr:`Dataset.leftovers`).
 
     Labels: when items sit in the root's subfolders, every visible top-level folder is a
     class, empty or not (see :mod:`batchinfer.data.classes`), and items directly in the
@@ -332,17 +339,17 @@ def open_dataset(
         raise DatasetError(f"The dataset {path} is a file, not a folder; pass {_WHAT}.")
     given_map = None if labels_file is None else read_labels_file(labels_file)
 
-    counts = {"images": 0, "npy": 0}
-    listings = {"images": hashlib.sha256(), "npy": hashlib.sha256()}
+    counts = dict.fromkeys(KINDS, 0)
+    listings = {kind: hashlib.sha256() for kind in KINDS}
     # Top-level folders (few, so sets are fine): all of them, and those holding items.
     folders: set[str] = set()
-    folders_with_items: dict[str, set[str]] = {"images": set(), "npy": set()}
+    folders_with_items: dict[str, set[str]] = {kind: set() for kind in KINDS}
     skipped_extensions: Counter[str] = Counter()
     skipped_first: list[str] = []
     leftovers: Counter[str] = Counter()
     counter = Progress(progress, progress_every)
     # Names wait in batches to be hashed: one encode and one update per batch, not per name.
-    pending: dict[str, list[str]] = {"images": [], "npy": []}
+    pending: dict[str, list[str]] = {kind: [] for kind in KINDS}
     for rel, entry_type in walk(str(path), counter, leftovers):
         if entry_type == DIR:
             if "/" not in rel:
@@ -370,12 +377,13 @@ def open_dataset(
         first=tuple(skipped_first),
     )
 
-    if counts["images"] and counts["npy"]:
+    present = [kind for kind in KINDS if counts[kind]]
+    if len(present) > 1:
+        mixed = " and ".join(f"{counts[k]} {_KIND_WORDS[k]}" for k in present)
         raise DatasetError(
-            f"The dataset folder {path} mixes {counts['images']} images and {counts['npy']} "
-            ".npy tensors; keep one kind of item per dataset folder."
+            f"The dataset folder {path} mixes {mixed}; keep one kind of item per dataset folder."
         )
-    kind = "images" if counts["images"] else "npy"
+    kind = present[0] if present else "images"
     if not counts[kind]:
         others = f" (only {skipped.count} other files)" if skipped.count else ""
         raise DatasetError(f"The dataset folder {path} holds no items{others}; it must be {_WHAT}.")
@@ -418,7 +426,9 @@ def _hash_names(listing: hashlib._Hash, names: list[str]) -> None:
 _KIND_BY_EXTENSION = {
     **dict.fromkeys(IMAGE_EXTENSIONS, "images"),
     **dict.fromkeys(NPY_EXTENSIONS, "npy"),
+    **dict.fromkeys(NPZ_EXTENSIONS, "npz"),
 }
+_KIND_WORDS = {"images": "images", "npy": ".npy tensors", "npz": ".npz files"}
 
 
 def _extension(rel: str) -> str:

@@ -24,7 +24,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import numpy as np
 from PIL import ImageColor
@@ -201,7 +201,13 @@ class Preprocess:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     def validate_for(self, kind: str) -> None:
-        """Raise UsageError if a dataset of ``kind`` ('images' or 'npy') cannot use this spec."""
+        """Raise UsageError if a dataset of ``kind`` ('images' or 'npy') cannot use this spec.
+
+        ``npz`` items feed each model input an array (batchinfer.data.feeds), which is
+        checked against the input when it is read: nothing to say here.
+        """
+        if kind == "npz":
+            return
         if kind == "npy":
             if self.mean is not None or self.std is not None:
                 raise UsageError(
@@ -630,7 +636,13 @@ def _npy_header(
     return (*parsed, head[end:])
 
 
-def _read_npy(path: str, spec: Preprocess, out: np.ndarray, label: str) -> None:
+def read_npy(path: str, spec: Any, out: np.ndarray, name: str) -> None:
+    """Read the ``.npy`` at ``path`` into ``out``, checked against ``spec``'s ``shape`` and
+    ``dtype`` (a Preprocess, or any object with those); InputError naming ``name``."""
+    _read_npy(path, spec, out, name)
+
+
+def _read_npy(path: str, spec: Any, out: np.ndarray, label: str) -> None:
     # os-level reads, not a file object: a tensor file is one open, one read of its header
     # and first bytes, one read of the rest into the slot, one close. A buffered file object
     # added an fstat, an isatty ioctl, a seek and a read: 27-28 against 22.5-23 µs a 150 kB

@@ -24,6 +24,7 @@ MODEL_NAMES = (
     "digits-lowcal.onnx",
     "pool224.onnx",
     "digits-det.onnx",
+    "digits-prompt.onnx",
 )
 DIGIT_COUNT = 1797
 
@@ -53,6 +54,12 @@ RKNN_RECIPES = (
 # The detector (tools/build_demo_detector.py) takes float NCHW pixels / 255 as YOLO models
 # do, so its float model is the one converted (mean 0, std 255 in its settings).
 DETECTOR_RECIPE = RknnRecipe("digits-det", "digits-det.onnx", "digits-det")
+# The two-input model (image + class prompt): its image's normalisation in the settings, the
+# prompt as it is; calibrated on the digits calibration set, each with a prompt.
+PROMPT_RECIPE = RknnRecipe("digits-prompt", "digits-prompt-convert.onnx", "digits-prompt")
+PROMPT_ITEMS = 100  # the two-input demo set: the first held-out digits, each with a prompt
+PROMPT_SEED = 0
+PROMPT_CLASSES = 5  # classes asked about per prompt: the digit's own and four others
 CALIBRATION_PER_CLASS = 10  # digits calibration: the first 10 train images of each class
 POOL224_CALIBRATION = 8
 DETECTOR_CALIBRATION = 64  # the first 64 train scenes of the detection set, letterboxed
@@ -61,6 +68,7 @@ __all__ = [
     "ASSETS",
     "DETECTOR_RECIPE",
     "MODEL_NAMES",
+    "PROMPT_RECIPE",
     "RKNN_PLATFORMS",
     "RKNN_RECIPES",
     "DemoKit",
@@ -70,12 +78,14 @@ __all__ = [
     "load_digits",
     "make_npy_dataset",
     "model_path",
+    "prompt_items",
     "rknn_recipe",
     "rknn_stems",
     "test_split",
     "to_pixels",
     "write_calibration_list",
     "write_demo",
+    "write_prompt_dataset",
     "write_rknn_model",
 ]
 
@@ -92,6 +102,7 @@ class DemoKit:
     readme: Path
     count: int  # images written
     detection: DetectionSet | None = None  # detection/images/*.png + detection/instances.json
+    prompt: Path | None = None  # prompt/<label>/<nnnn>.npz: digits-prompt's two inputs each
 
 
 def to_pixels(values: np.ndarray) -> np.ndarray:
@@ -138,18 +149,21 @@ def model_path(name: str) -> Path:
     return ASSETS / file_name
 
 
-def rknn_stems(*, detector: bool = False) -> dict[str, tuple[RknnRecipe, str]]:
+def rknn_stems(
+    *, detector: bool = False, prompt: bool = False
+) -> dict[str, tuple[RknnRecipe, str]]:
     """The classifiers' demo .rknn by file stem ("digits-rk3588") -> (recipe, platform).
 
-    With ``detector``, the detector's instead ("digits-det-rk3588", ...).
+    With ``detector``, the detector's instead ("digits-det-rk3588", ...); with ``prompt``,
+    the two-input model's ("digits-prompt-rk3588", ...).
     """
-    recipes = (DETECTOR_RECIPE,) if detector else RKNN_RECIPES
+    recipes = (DETECTOR_RECIPE,) if detector else (PROMPT_RECIPE,) if prompt else RKNN_RECIPES
     return {f"{r.name}-{p}": (r, p) for r in recipes for p in RKNN_PLATFORMS}
 
 
 def rknn_recipe(stem: str) -> tuple[RknnRecipe, str]:
     """(recipe, platform) of any demo .rknn stem, classifier or detector."""
-    stems = {**rknn_stems(), **rknn_stems(detector=True)}
+    stems = {**rknn_stems(), **rknn_stems(detector=True), **rknn_stems(prompt=True)}
     if stem not in stems:
         raise UsageError(f"There is no demo .rknn {stem!r}; choose one of {', '.join(stems)}.")
     return stems[stem]
@@ -183,6 +197,8 @@ def calibration_images(name: str) -> list[tuple[str, np.ndarray]]:
             image = np.clip(base + ramp * slope, 0, 255).astype(np.uint8)
             out.append((f"{i:04d}.png", image))
         return out
+    if name == "digits-prompt":
+        return calibration_images("digits")
     if name == "digits-det":
         from batchinfer.demo import detection
 
@@ -221,12 +237,20 @@ def write_calibration_list(models_dir: Path, stem: str) -> Path:
     models_dir = Path(models_dir)
     folder = models_dir / "calibration" / recipe.calibration
     lines = []
-    for file_name, image in calibration_images(recipe.calibration):
+    prompts = _calibration_prompts() if recipe is PROMPT_RECIPE else None
+    for n, (file_name, image) in enumerate(calibration_images(recipe.calibration)):
         path = folder / file_name
         if not path.exists():
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(image).save(path)
-        lines.append(path.relative_to(models_dir).as_posix())
+        line = path.relative_to(models_dir).as_posix()
+        if prompts is not None:
+            # A multi-input model's calibration line: one file per input, in input order.
+            prompt_path = path.with_suffix(".prompt.npy")
+            if not prompt_path.exists():
+                np.save(prompt_path, prompts[n])
+            line += " " + prompt_path.relative_to(models_dir).as_posix()
+        lines.append(line)
     dataset = models_dir / f"{stem}.dataset.txt"
     dataset.write_text("\n".join(lines) + "\n")
     return dataset
@@ -264,7 +288,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     from PIL import Image  # only the kit needs Pillow
 
     target = Path(target)
-    _claim(target, overwrite, owned=("dataset", "detection", "models", "README.txt"))
+    _claim(target, overwrite, owned=("dataset", "detection", "prompt", "models", "README.txt"))
     images, labels = load_digits()
     dataset = target / "dataset"
     for label in range(10):
@@ -278,9 +302,10 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     for name in MODEL_NAMES:
         shutil.copyfile(ASSETS / name, models_dir / name)
         models[name.removesuffix(".onnx")] = models_dir / name
-    stems = {**rknn_stems(), **rknn_stems(detector=True)}
+    stems = {**rknn_stems(), **rknn_stems(detector=True), **rknn_stems(prompt=True)}
     rknn = {stem: write_rknn_model(models_dir, stem) for stem in stems}
     detection = write_detection(target / "detection")
+    prompt = write_prompt_dataset(target / "prompt")
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
     return DemoKit(
@@ -291,6 +316,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
         readme=readme,
         count=len(images),
         detection=detection,
+        prompt=prompt,
     )
 
 
@@ -313,6 +339,11 @@ models/pool224.onnx         a near-free [1,224,224,3] model for throughput tests
 models/digits-det.onnx      a small digit detector for detection/ (float [1,3,256,256] NCHW,
                             pixels/255 of the letterboxed image; YOLOv8 head in the
                             rknn_model_zoo layout: 9 outputs, box/class/score-sum per stride)
+models/digits-prompt.onnx   a model with two inputs: image uint8 [1,8,8,1] and prompt float32
+                            [1,10] (1 for the digits asked about); scores [1,10] = the digit
+                            probabilities times the prompt
+prompt/             100 held-out digits for digits-prompt: prompt/<label>/<index>.npz, each
+                    holding the arrays "image" and "prompt" (one per input name)
 
 models/<model>-<chip>.rknn  real NPU models converted by rknn-toolkit2 2.5.0 for rk3588,
                             rk3576 and rk3566 (int8; they take uint8 NHWC and normalise
@@ -327,11 +358,50 @@ Try:
   batchinfer run {dir}/dataset --model {dir}/models/digits.onnx --cores 0,1,2
   batchinfer run {dir}/dataset --model {dir}/models/digits.onnx --cores 0,1,2 --backend sim
   batchinfer info {dir}/models/digits-rk3588.rknn
+  batchinfer run {dir}/prompt --model {dir}/models/digits-prompt.onnx --backend sim
   batchinfer run {dir}/dataset --model {dir}/models/digits-rk3588.rknn   (on an RK3588 board)
 
 The models' accuracies and how they were made: MODELS.md in the batchinfer package
 (batchinfer/demo/assets/), rebuilt by `python tools/build_demo_assets.py`.
 """
+
+
+def _prompt(rng: np.random.Generator, label: int) -> np.ndarray:
+    """A class prompt (1, 10) float32: 1 for the digit's class and PROMPT_CLASSES - 1 others."""
+    others = rng.permutation([c for c in range(10) if c != label])[: PROMPT_CLASSES - 1]
+    prompt = np.zeros((1, 10), np.float32)
+    prompt[0, [label, *others]] = 1.0
+    return prompt
+
+
+def _calibration_prompts() -> list[np.ndarray]:
+    """The prompts beside the digits calibration images (one each, seeded)."""
+    _, labels = load_digits()
+    rng = np.random.default_rng(PROMPT_SEED + 1)
+    return [_prompt(rng, int(labels[i])) for i in calibration_indices(labels, test_split())]
+
+
+def prompt_items(n: int = PROMPT_ITEMS) -> list[tuple[int, np.ndarray, np.ndarray, int]]:
+    """The two-input demo set: (index, image uint8 (1, 8, 8, 1), prompt float32 (1, 10),
+    label) for the first ``n`` held-out digits, each with a seeded class prompt."""
+    images, labels = load_digits()
+    rng = np.random.default_rng(PROMPT_SEED)
+    out = []
+    for i in test_split()[:n]:
+        label = int(labels[i])
+        out.append((int(i), images[i].reshape(1, 8, 8, 1), _prompt(rng, label), label))
+    return out
+
+
+def write_prompt_dataset(target: Path, n: int = PROMPT_ITEMS) -> Path:
+    """Write the two-input demo set as ``target/<label>/<nnnn>.npz``, each holding the arrays
+    ``image`` and ``prompt`` (digits-prompt's input names); return ``target``."""
+    target = Path(target)
+    for index, image, prompt, label in prompt_items(n):
+        folder = target / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(folder / f"{index:04d}.npz", image=image, prompt=prompt)
+    return target
 
 
 def make_npy_dataset(

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchinfer.data.feeds import Feed
 from batchinfer.data.preprocess import Preprocess
+from batchinfer.engine.slots import TensorLayout
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError
 from batchinfer.options import ReliabilityOptions
@@ -35,10 +37,28 @@ class EnginePlan:
     # Copy the raw outputs into the output slots for the rows even when the worker decodes
     # them (a detection run with --save-outputs); classify and raw always copy them.
     save_outputs: bool = False
+    # One per model input, in the model's order, when the model's inputs are fed separately
+    # (several inputs, .npz items, manifest columns: batchinfer.data.feeds); empty: the
+    # model's one input is fed by the item, with ``preprocess``.
+    feeds: tuple[Feed, ...] = ()
 
     @property
     def detects(self) -> bool:
         return self.task is not None and self.task.detects
+
+    @property
+    def input_layout(self) -> TensorLayout:
+        """The tensors of one input slot: one per model input."""
+        if not self.feeds:
+            return TensorLayout((self.preprocess.shape,), (self.preprocess.dtype,))
+        return TensorLayout(tuple(f.shape for f in self.feeds), tuple(f.dtype for f in self.feeds))
+
+    @property
+    def data_format(self) -> str | tuple[str, ...]:
+        """RKNNLite's ``data_format``: the one input's layout, or one per input."""
+        if not self.feeds:
+            return self.preprocess.layout
+        return tuple(f.data_format for f in self.feeds)
 
 
 @dataclass

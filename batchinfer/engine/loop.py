@@ -17,6 +17,8 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from batchinfer.data.dataset import Item
+from batchinfer.data.feeds import FROM_COLUMN
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
@@ -96,6 +98,8 @@ class Engine(EngineLoop):
         self._items = iter(())  # type: ignore[var-annotated]
         self._exhausted = False
         self._readers_n = readers
+        # The manifest columns that feed model inputs (sent with each item to its reader).
+        self._columns = tuple(f.column for f in plan.feeds if f.source == FROM_COLUMN)
         # With runtime.readers fixed (or one CPU) the count stays, but the scaler's windows
         # still decide the readers' priority (_yield_to_workers).
         least = 1 if self._max_readers > readers else readers
@@ -141,7 +145,7 @@ class Engine(EngineLoop):
         self.pool.open()  # the fork server imports while the segments are made
         self.memory = RunMemory(
             plan.slots,
-            plan.preprocess,
+            plan.input_layout,
             plan.cores,
             plan.instances_per_core,
             self._max_readers,
@@ -158,8 +162,10 @@ class Engine(EngineLoop):
         return start_worker(self.pool, self.plan, self.memory, self.backend, core)
 
     def _start_reader(self, reader: int) -> Child:
-        child = start_reader(self.pool, self.plan, self.memory, self.source.kind, reader)
-        if self.source.kind == "npy":
+        child = start_reader(
+            self.pool, self.plan, self.memory, self.source.kind, reader, self.source.column_base
+        )
+        if self.source.kind in ("npy", "npz"):
             # Loading a tensor is a copy into its slot, never what the cores wait for: such
             # a reader yields to the core workers from the start.
             self._yield(child)
@@ -354,7 +360,8 @@ class Engine(EngineLoop):
                 child.last_progress = now  # it was idle: its clock starts now
             items = [self.scheduler.flight(s).item for s in slots]
             tasks = [
-                (s, it.index, it.path, it.id, it.member) for s, it in zip(slots, items, strict=True)
+                (s, it.index, it.path, it.id, it.member, self._column_values(it))
+                for s, it in zip(slots, items, strict=True)
             ]
             self.pool.send(child, ("read", tasks))
         for core, slots in self.scheduler.dispatch(now).items():
@@ -365,6 +372,15 @@ class Engine(EngineLoop):
             tasks = [(s, self.scheduler.flight(s).item.index) for s in slots]
             self.pool.send(child, ("infer", tasks))
             self.notify(ev.Dispatched(core, len(slots), now))
+
+    def _column_values(self, item: Item) -> tuple | None:
+        """The item's values of the columns that feed model inputs (engine.feeds), in feed
+        order; None when no input is fed from a column. Missing ones are None: the reader
+        makes them the item's error row."""
+        if not self._columns:
+            return None
+        columns = item.columns or {}
+        return tuple(columns.get(column) for column in self._columns)
 
     def _child(self, kind: str, key: int) -> Child | None:
         for child in self.pool.live(kind):

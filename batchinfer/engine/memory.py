@@ -7,7 +7,6 @@ plan, then one row per reader. Creation and removal follow the NOTE in slots.py.
 
 from __future__ import annotations
 
-from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine.detection import GEOMETRY_LAYOUT
 from batchinfer.engine.janitor import Janitor
 from batchinfer.engine.slots import (
@@ -28,7 +27,7 @@ class RunMemory:
     def __init__(
         self,
         slots: int,
-        preprocess: Preprocess,
+        layout: TensorLayout,
         cores: tuple[int, ...],
         instances: int,
         readers: int,
@@ -49,7 +48,7 @@ class RunMemory:
             for role in roles:  # before they exist: no gap
                 self.janitor.watch(segment_name(self.token, role))
             self.owner = RunOwner(self.token)
-            layout = TensorLayout((preprocess.shape,), (preprocess.dtype,))
+            # One view per model input in each slot (EnginePlan.input_layout).
             self.inputs = SlotRegion.create(
                 RegionSpec(segment_name(self.token, "in"), slots, layout)
             )

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from batchinfer.bounds import check_value
 from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.feeds import (
+    FROM_COLUMN,
+    FROM_ITEM,
+    check_first_item,
+    is_image_shape,
+    parse_input_map,
+    plan_feeds,
+)
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.data.preprocess import (
     Preprocess,
@@ -59,7 +69,7 @@ class RunPlan:
         return self.engine.backend
 
     def preprocess_json(self) -> dict:
-        return preprocess_record(self.engine.preprocess)
+        return engine_preprocess_record(self.engine)
 
 
 def preprocess_record(preprocess: Preprocess) -> dict:
@@ -71,6 +81,20 @@ def preprocess_record(preprocess: Preprocess) -> dict:
     }
     if preprocess.resize != "letterbox":
         record.pop("pad", None)
+    return record
+
+
+def engine_preprocess_record(engine: EnginePlan) -> dict:
+    """:func:`preprocess_record`, with each model input's feed when a plan has feeds (a
+    single-input run's record is the one it had before feeds existed)."""
+    record = preprocess_record(engine.preprocess)
+    if engine.feeds:
+        record["inputs"] = [
+            {**feed.to_json(), "preprocess": preprocess_record(feed.preprocess)}
+            if feed.preprocess is not None
+            else feed.to_json()
+            for feed in engine.feeds
+        ]
     return record
 
 
@@ -112,13 +136,15 @@ def check_settings(config: RunConfig) -> None:
     check_value(ITEMS, config.limit, "limit")
 
 
-def check_slots_fit(slots: int, preprocess: Preprocess, given: bool) -> None:
+def check_slots_fit(slots: int, inputs: Preprocess | TensorLayout, given: bool) -> None:
     """ConfigError when ``runtime.slots`` given by the user cannot hold the model's inputs
     in /dev/shm (a default that does not fit fails when the segment is made, exit 3)."""
     free = free_space()
     if not given or free is None:
         return
-    per_slot = TensorLayout((preprocess.shape,), (preprocess.dtype,)).nbytes
+    if isinstance(inputs, Preprocess):
+        inputs = TensorLayout((inputs.shape,), (inputs.dtype,))
+    per_slot = inputs.nbytes
     if slots * per_slot > free:
         most = free // per_slot
         fix = f"give at most {most}, or" if most >= 2 else "that is not even 2 slots:"
@@ -131,8 +157,14 @@ def check_slots_fit(slots: int, preprocess: Preprocess, given: bool) -> None:
         )
 
 
-def model_input(model: Path, config: RunConfig) -> tuple[tuple[int, ...], str]:
-    """The model's one input: (shape in the runtime's view, dtype)."""
+def model_input(
+    model: Path, config: RunConfig, several: bool = False
+) -> tuple[tuple[int, ...], str]:
+    """The model's one input: (shape in the runtime's view, dtype).
+
+    ``several``: a model with several inputs is allowed (a run feeds each, see
+    :func:`plan_input_feeds`); its first image input is returned, else its first input.
+    """
     pre = config.preprocess
     try:
         info = describe_model(model)
@@ -142,12 +174,77 @@ def model_input(model: Path, config: RunConfig) -> tuple[tuple[int, ...], str]:
         # A bare .rknn on a board: shapes cannot be read off it, so the settings say them.
         channels = 1 if pre.color == "gray" else 3
         return (1, *pre.size, channels), pre.dtype or "uint8"
-    if len(info.inputs) != 1:
+    if len(info.inputs) != 1 and not several:
         raise UsageError(
-            f"model {model} has {len(info.inputs)} inputs; batchinfer feeds one tensor per "
-            "dataset item, so use a model with one input."
+            f"model {model} has {len(info.inputs)} inputs; only run and eval feed several "
+            "(see {preprocess.inputs}), so use a model with one input here."
         )
-    return info.inputs[0].shape, info.inputs[0].dtype
+    images = [t for t in info.inputs if is_image_shape(t.shape)]
+    if len(info.inputs) > 1 and not images:
+        # No image input: the plan's own preprocessing stands for a flat tensor; the feeds
+        # say what each input takes (plan_input_feeds).
+        first = info.inputs[0]
+        return (1, math.prod(d for d in first.shape[1:] if d > 0)), first.dtype
+    first = images[0] if images else info.inputs[0]
+    return first.shape, first.dtype
+
+
+def plan_input_feeds(
+    config: RunConfig, model: Path, engine: EnginePlan, dataset: Dataset
+) -> EnginePlan:
+    """``engine`` with a feed for each model input (batchinfer.data.feeds) when the model
+    has several inputs, the dataset is ``.npz`` files or {preprocess.inputs} is given;
+    unchanged otherwise (one input fed by the item, as always)."""
+    mapping = parse_input_map(config.preprocess.inputs)
+    try:
+        info = describe_model(model)
+    except ModelError:
+        if mapping or dataset.kind == "npz":
+            raise UsageError(
+                f"the input names of {model} cannot be read without its .onnx beside it, so "
+                "{preprocess.inputs} and .npz datasets cannot be matched to them; put the "
+                ".onnx it was converted from beside it."
+            ) from None
+        return engine
+    if engine.detects and (len(info.inputs) > 1 or mapping):
+        raise UsageError(
+            f"{model} is run as a detector, which takes one image input; drop "
+            "{preprocess.inputs} or pass {detect.task} raw."
+        )
+
+    def image_preprocess(tensor: Any) -> Preprocess:
+        return input_preprocess(config, tensor.shape, tensor.dtype)
+
+    feeds = plan_feeds(info.inputs, mapping, dataset.kind, image_preprocess, model=str(model))
+    if not feeds:
+        return engine
+    if any(f.source == FROM_COLUMN for f in feeds):  # a manifest's columns: its first row
+        check_first_item(feeds, next(iter(dataset), None), str(dataset.root))
+    images = [f.preprocess for f in feeds if f.preprocess is not None]
+    if images:  # what the manifest's "preprocess" record and decoding switches show
+        engine = dataclasses.replace(engine, preprocess=images[0])
+    layout = TensorLayout(tuple(f.shape for f in feeds), tuple(f.dtype for f in feeds))
+    check_slots_fit(engine.slots, layout, given=config.runtime.slots is not None)
+    return dataclasses.replace(engine, feeds=feeds)
+
+
+def input_preprocess(config: RunConfig, shape: tuple[int, ...], dtype: str) -> Preprocess:
+    """The preprocessing of a model input of ``shape``/``dtype`` with the run's options."""
+    pre = config.preprocess
+    return preprocess_for(
+        shape,
+        dtype,
+        size=pre.size,
+        color=pre.color,
+        layout=pre.layout,
+        dtype_override=pre.dtype,
+        mean=pre.mean,
+        std=pre.std,
+        exif_orientation=pre.exif_orientation,
+        background=parse_background(pre.background),
+        max_pixels=None if pre.max_pixels == "none" else pre.max_pixels,
+        jpeg_draft=pre.jpeg_draft,
+    )
 
 
 def _check_size(shape: tuple[int, ...], preprocess: Preprocess, asked: tuple[int, int] | None):
@@ -180,20 +277,7 @@ def plan_engine(
     rt, pre, out = config.runtime, config.preprocess, config.output
     check_settings(config)
     cores = check_cores(rt, backend)
-    preprocess = preprocess_for(
-        shape,
-        dtype,
-        size=pre.size,
-        color=pre.color,
-        layout=pre.layout,
-        dtype_override=pre.dtype,
-        mean=pre.mean,
-        std=pre.std,
-        exif_orientation=pre.exif_orientation,
-        background=parse_background(pre.background),
-        max_pixels=None if pre.max_pixels == "none" else pre.max_pixels,
-        jpeg_draft=pre.jpeg_draft,
-    )
+    preprocess = input_preprocess(config, shape, dtype)
     _check_size(shape, preprocess, pre.size)
     if task is None:
         model = Path(config.model).expanduser().resolve()
@@ -270,23 +354,25 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
             f"model file {model} does not exist; pass the path of a .rknn or .onnx file."
         )
     backend = make_backend(model, config.runtime)
-    shape, dtype = model_input(model, config)
+    shape, dtype = model_input(model, config, several=True)
     engine = plan_engine(config, backend, shape, dtype, "")
     # A detection run's labels file names the head's classes (engine/task.py), not class
     # folders of the dataset.
     labels = None if engine.detects else config.labels
     dataset = open_dataset(Path(config.dataset).expanduser(), labels_file=labels, progress=listing)
-    engine.preprocess.validate_for(dataset.kind)
-    # plan_engine could not say it: the dataset is opened after it here (see above).
-    warning = raw_pixels_warning(engine.preprocess, dataset.kind, model.name)
-    if warning:
-        logging.getLogger("batchinfer").warning(warning)
+    engine = plan_input_feeds(config, model, engine, dataset)
+    for feed_preprocess, kind in _validations(engine, dataset.kind):
+        feed_preprocess.validate_for(kind)
+        # plan_engine could not say it: the dataset is opened after it here (see above).
+        warning = raw_pixels_warning(feed_preprocess, kind, model.name)
+        if warning:
+            logging.getLogger("batchinfer").warning(warning)
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,
         runtime_files=runtime_files(model),
         backend=backend.name,
-        preprocess=preprocess_record(engine.preprocess),
+        preprocess=engine_preprocess_record(engine),
         topk=out.topk,
         save_outputs=engine.save_outputs,
         dataset_root=str(dataset.root),
@@ -309,3 +395,12 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         fingerprint=fingerprint,
         model_sha256=sha,
     )
+
+
+def _validations(engine: EnginePlan, kind: str) -> list[tuple[Preprocess, str]]:
+    """(preprocessing, kind of what it is given) to check for each input images may feed."""
+    if not engine.feeds:
+        return [(engine.preprocess, kind)]
+    # Only the item itself is known to be an image here; a column's value may be an image
+    # or a tensor, and an image that its input cannot take is that item's error row.
+    return [(f.preprocess, kind) for f in engine.feeds if f.preprocess and f.source == FROM_ITEM]

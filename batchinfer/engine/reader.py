@@ -5,16 +5,21 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          ("failed", traceback)                    start-up failed; then exit
-  coordinator -> reader  ("read", [(slot, index, path, id, member), ...])
+  coordinator -> reader  ("read", [(slot, index, path, id, member, values), ...])
                                   decode these, in order; id names the file in errors;
                                   member: None, or where the item is inside the tar shard
                                   at path (data/shards.py Member); the reader keeps the
-                                  shard it last read open (ShardFiles)
+                                  shard it last read open (ShardFiles);
+                                  values: None, or the item's value of each manifest
+                                  column that feeds a model input (feeds)
                          ("stop",)
 Results go back in batches: after the last item of a task, or as soon as the oldest unsent
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
 While decoding an item the reader's row on the status board holds (index, start time):
 that is how the coordinator tells a hung decode from a slow queue.
+A model with several inputs (or .npz items, or inputs fed from manifest columns) has
+``feeds``: the slot's input region holds one view per model input and each is written from
+its own source (batchinfer.data.feeds); a fault in any is the item's error row.
 Detection runs letterbox images: the reader also writes where each image went into the
 slot's row of the geometry segment (engine/detection.py) before it reports "loaded", so
 the core worker finds it there; the messages do not change.
@@ -28,6 +33,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
+from batchinfer.data.feeds import Feed, load_feeds
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shards import ShardFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
@@ -51,6 +57,8 @@ class ReaderSpec:
     cpus: tuple[int, ...] | None
     parent_pid: int
     geometry: RegionSpec | None = None  # detection runs: where each image went
+    feeds: tuple[Feed, ...] = ()  # one per model input, when fed separately
+    column_base: str = ""  # relative paths in manifest columns are relative to this folder
 
 
 def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> None:
@@ -96,20 +104,32 @@ def _serve(
             return
         done: list[tuple] = []
         first_unsent = 0.0
-        for slot, index, path, item_id, member in msg[1]:
+        for slot, index, path, item_id, member, values in msg[1]:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
             error = None
             try:
-                placed = load_into(
-                    path,
-                    spec.preprocess,
-                    inputs[slot][0],
-                    spec.kind,
-                    name=item_id,
-                    member=member,
-                    shards=shards,
-                )
+                if spec.feeds:
+                    load_feeds(
+                        spec.feeds,
+                        path,
+                        values,
+                        inputs[slot],
+                        spec.kind,
+                        name=item_id,
+                        base=spec.column_base,
+                    )
+                    placed = None
+                else:
+                    placed = load_into(
+                        path,
+                        spec.preprocess,
+                        inputs[slot][0],
+                        spec.kind,
+                        name=item_id,
+                        member=member,
+                        shards=shards,
+                    )
                 if geometry is not None:
                     write_geometry(geometry[slot][0], placed)
             except InputError as e:

@@ -6,7 +6,10 @@ NOTE [Slot life cycle and shutdown order]
 Tensors never travel through pipes; only small tuples do (slot number, item index,
 timings). Every tensor lives in a *slot*: slot ``s`` is one region in the **input
 segment** and one in the **output segment**, both fixed-size, so memory is
-``slots x (input bytes + output bytes)`` whatever the dataset size. A third, tiny segment,
+``slots x (input bytes + output bytes)`` whatever the dataset size. A slot's input region
+holds one tensor (view) per model input, in the model's input order (EnginePlan.input_layout:
+a model with several inputs has several, each written by the slot's reader from its own
+source, batchinfer.data.feeds), and its output region one per model output. A third, tiny segment,
 the **status board** (:class:`StatusBoard`), has one row per reader and per (core worker,
 instance): the index of the item it is working on and the monotonic time it started (0
 when idle). The input segment and the board exist from the start, so readers start at

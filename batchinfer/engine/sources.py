@@ -13,6 +13,7 @@ so a source never holds more than the slots do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -25,8 +26,11 @@ class ItemSource:
 
     #: Readers decode the items (they have paths); else :meth:`fill` writes the slot.
     needs_reader: bool = False
-    #: The dataset kind readers decode ("images" or "npy"), when ``needs_reader``.
+    #: The dataset kind readers decode ("images", "npy" or "npz"), when ``needs_reader``.
     kind: str = ""
+    #: The folder that relative paths in manifest columns are relative to ("": the current
+    #: folder): a list file's folder, or a dataset folder itself.
+    column_base: str = ""
 
     @property
     def total(self) -> int | None:
@@ -57,6 +61,8 @@ class DatasetSource(ItemSource):
     ) -> None:
         self.dataset = dataset
         self.kind = dataset.kind
+        root = str(dataset.root)
+        self.column_base = root if os.path.isdir(root) else os.path.dirname(root)
         self.skip = skip
         self.limit = limit
         self._todo = todo

@@ -22,7 +22,7 @@ def start_worker(
         backend=backend,
         inputs=memory.inputs.spec,
         board=memory.board.spec,
-        input_layout=plan.preprocess.layout,
+        input_layout=plan.data_format,
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
         refill_at=REFILL_AT * plan.instances_per_core,
@@ -42,9 +42,15 @@ def start_worker(
 
 
 def start_reader(
-    pool: ChildPool, plan: EnginePlan, memory: RunMemory, kind: str, reader: int
+    pool: ChildPool,
+    plan: EnginePlan,
+    memory: RunMemory,
+    kind: str,
+    reader: int,
+    column_base: str = "",
 ) -> Child:
-    """Start reader number ``reader`` (again, after it died or hung)."""
+    """Start reader number ``reader`` (again, after it died or hung); ``column_base``: the
+    folder relative paths in manifest columns are relative to."""
     spec = ReaderSpec(
         reader_id=reader,
         board_row=memory.reader_row(reader),
@@ -55,6 +61,8 @@ def start_reader(
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
         geometry=memory.geometry.spec if memory.geometry is not None else None,
+        feeds=plan.feeds,
+        column_base=column_base,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(

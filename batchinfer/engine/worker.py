@@ -72,7 +72,8 @@ class WorkerSpec:
     backend: Backend
     inputs: RegionSpec
     board: BoardSpec
-    input_layout: str
+    # RKNNLite's data_format: the one input's layout, or one per input (EnginePlan.data_format)
+    input_layout: str | tuple[str, ...]
     cpus: tuple[int, ...] | None
     parent_pid: int
     refill_at: int  # the coordinator refills this worker when it holds this many (_Outbox)
@@ -221,11 +222,12 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             return
         send_or_exit(results, ("initialised",))
         inputs = SlotRegion.attach(spec.inputs)
-        shape, dtype = inputs.spec.layout.shapes[0], inputs.spec.layout.dtypes[0]
+        layout = inputs.spec.layout
+        canary = [canary_input(s, d) for s, d in zip(layout.shapes, layout.dtypes, strict=True)]
         try:
             outs = infer_canary(
                 lambda: adapters[0].infer(
-                    [canary_input(shape, dtype)], data_format=spec.input_layout, reuse_outputs=False
+                    canary, data_format=_data_format(spec), reuse_outputs=False
                 )
             )
         except InferenceError as e:
@@ -280,6 +282,12 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     board.close()
 
 
+def _data_format(spec: WorkerSpec) -> str | list[str]:
+    """RKNNLite's data_format: a string for one input, a list with one per input."""
+    layout = spec.input_layout
+    return layout if isinstance(layout, str) else list(layout)
+
+
 def _template(e: BaseException) -> str:
     """An error's message with its ``{settings}`` unrendered: the front end names them."""
     return e.args[0] if isinstance(e, BatchinferError) and e.args else str(e)
@@ -307,6 +315,7 @@ def _serve(
         calls = 0
         decode = decoders[instance] if decoders else None
         copy_outputs = decode is None or spec.save_outputs
+        data_format = _data_format(spec)
         while (task := work.get()) is not None:
             slot, index = task
             adapter.set_current_item(index)
@@ -315,9 +324,7 @@ def _serve(
             busy.enter(t0)
             error = boxes = None
             try:
-                outs = adapter.infer(
-                    inputs[slot], data_format=spec.input_layout, reuse_outputs=True
-                )
+                outs = adapter.infer(inputs[slot], data_format=data_format, reuse_outputs=True)
                 if copy_outputs:
                     # The one copy of each output: from the runtime's staging buffer into
                     # the slot.

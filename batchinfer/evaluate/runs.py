@@ -31,7 +31,13 @@ from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.plan import model_input, plan_engine, runtime_files
+from batchinfer.engine.plan import (
+    engine_preprocess_record,
+    model_input,
+    plan_engine,
+    plan_input_feeds,
+    runtime_files,
+)
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
 from batchinfer.errors import BatchinferError, RunInterrupted
@@ -120,8 +126,9 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
     )
     try:
         backend = make_backend(settings.model, settings.runtime)
-        shape, dtype = model_input(settings.model, config)
+        shape, dtype = model_input(settings.model, config, several=True)
         engine = plan_engine(config, backend, shape, dtype, dataset.kind)
+        engine = plan_input_feeds(config, settings.model, engine, dataset)
         # Per-core metrics compare cores: none may take the first items alone while the
         # others start (datasets are often in class order).
         engine = dataclasses.replace(engine, cores_start_together=True)
@@ -132,6 +139,8 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         k: list(v) if isinstance(v, tuple) else v
         for k, v in dataclasses.asdict(engine.preprocess).items()
     }
+    if engine.feeds:  # what feeds each model input (a single-input record stays as it was)
+        preprocess["inputs"] = engine_preprocess_record(engine)["inputs"]
     fingerprint = run_fingerprint(
         model_sha256=sha,
         runtime_files=runtime_files(settings.model),

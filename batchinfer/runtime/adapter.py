@@ -69,9 +69,13 @@ class RuntimeAdapter:
             )
 
     def infer(
-        self, inputs: list, reuse_outputs: bool = True, data_format: str | None = None
+        self,
+        inputs: list,
+        reuse_outputs: bool = True,
+        data_format: str | list[str] | None = None,
     ) -> list[np.ndarray]:
-        """The outputs for ``inputs`` (views reused by the next call when ``reuse_outputs``)."""
+        """The outputs for ``inputs`` (views reused by the next call when ``reuse_outputs``);
+        ``data_format`` is one string for every input, or a list with one per input."""
         outputs = self.rknn.inference(
             inputs=inputs, data_format=data_format, reuse_outputs=reuse_outputs
         )

@@ -17,7 +17,9 @@ it is: [1,8,8,1] and [1,4,4,3] stay, [1,3,8,8] and [1,96,8,8] are NCHW, ties are
 Normalisation. A ``.rknn`` whose settings give ``mean_values``/``std_values`` for a float
 input applies them itself: it takes raw uint8 pixels, NHWC. :class:`TensorInfo` says so
 (``normalised_inside``, ``mean``, ``std``), so the engine feeds raw uint8 and never
-normalises twice.
+normalises twice. An input that is not 4-D with mean 0 and std 1 (what a multi-input model's
+settings give a tensor input such as a prompt vector) is not normalised: it takes its graph's
+type.
 
 Compiled shapes. A ``.rknn`` runs only the shapes it was compiled for: the ONNX's static
 shape, or the shape sets of ``dynamic_input`` in its settings. A dynamic batch axis is 1.
@@ -207,6 +209,11 @@ def input_specs(
         layout = onnx_layout(dims, converted)
         mean = settings.mean(i) if settings else None
         std = settings.std(i) if settings else None
+        if len(dims) != 4 and _identity(mean, std):
+            # mean 0 / std 1 normalises nothing, and a tensor that is not an image is not
+            # raw pixels: the input takes its graph's type (rknn.config wants a list for
+            # every input of a multi-input model once one has one).
+            mean = std = None
         if (mean is not None or std is not None) and dtype not in _FLOAT_DTYPES:
             raise ModelError(
                 f"{settings_path_of(settings)} gives mean/std for input {i} ('{arg.name}'), "
@@ -236,6 +243,11 @@ def input_specs(
             view = rknn_view(dims, layout)
         specs.append(InputSpec(i, arg.name, dims, dtype, layout, view, shapes, mean, std))
     return tuple(specs)
+
+
+def _identity(mean: Sequence[float] | None, std: Sequence[float] | None) -> bool:
+    """True when (x - mean) / std is x: mean all 0 (or none) and std all 1 (or none)."""
+    return all(v == 0 for v in mean or ()) and all(v == 1 for v in std or ())
 
 
 def settings_path_of(settings: ConversionSettings | None) -> str:
