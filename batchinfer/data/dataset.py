@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +102,9 @@ class Item:
     # The exact relative path when it is not valid UTF-8 (then ``id`` shows it with
     # its odd bytes as \xNN); None otherwise. See :func:`display_name`.
     id_bytes: bytes | None = None
+    # A list's other columns for this item (JSON-able values), carried into the
+    # predictions' ``meta`` column; None for a folder's items (batchinfer.data.listed).
+    columns: Mapping[str, object] | None = None
 
     @property
     def key(self) -> bytes:
@@ -147,6 +150,12 @@ class Dataset:
     Holds no paths: ``len()`` was counted when it was opened and ``iter()`` walks the
     folder again. Picklable (it is only a few small fields), so it can go to a process.
     """
+
+    #: How the dataset was given ("folder"; lists: batchinfer.data.listed).
+    form = "folder"
+    #: The Arrow struct type of the items' ``columns`` (the predictions' ``meta`` column),
+    #: None when items carry none.
+    meta_type = None
 
     def __init__(
         self,
@@ -238,6 +247,17 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Item]:
         return self.iter_from()
+
+    @property
+    def location(self) -> str:
+        """What the dataset was opened from (the folder; a list's file), for fingerprints."""
+        return str(self.root)
+
+    def item_files(self) -> Iterator[tuple[bytes, str | None]]:
+        """(Item.key, its file's path relative to :attr:`root` or absolute, None for an item
+        with no file) for every item in order: what the files' fingerprint reads."""
+        for rel in self.item_paths():
+            yield os.fsencode(rel), rel
 
     def item_paths(self) -> Iterator[str]:
         """Every item's path relative to the root (``/``-separated), in the order of

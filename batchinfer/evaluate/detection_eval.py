@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.dataset import Dataset
+from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -162,7 +163,10 @@ def evaluate_detection(
             raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
     with arrow_system_allocator(), StopSignals() as signals:
         try:
-            dataset = open_dataset(job.dataset.path)  # type: ignore[arg-type]
+            dataset = open_source(
+                job.dataset.path,  # type: ignore[arg-type]
+                image_root=job.dataset.image_root,
+            )
         except BatchinferError as exc:
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         device_plan = plan_side(job, "device", job.device, dataset)

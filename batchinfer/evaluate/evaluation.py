@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchinfer.data.dataset import Dataset, open_dataset, say_notes
+from batchinfer.data.dataset import Dataset, say_notes
+from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -257,7 +258,10 @@ def evaluate(
             raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
     with arrow_system_allocator(), StopSignals() as signals:
         try:
-            dataset = open_dataset(job.dataset.path)  # type: ignore[arg-type]
+            dataset = open_source(
+                job.dataset.path,  # type: ignore[arg-type]
+                image_root=job.dataset.image_root,
+            )
         except BatchinferError as exc:
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         classes, relabel, class_source = class_map(job, dataset)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import glob
 import hashlib
 import os
 import re
@@ -90,7 +91,10 @@ class DatasetSettings:
     """``[dataset]``: the items and their classes."""
 
     path: Path | None = option(
-        None, "The dataset folder (images or .npy; class subfolders give labels).", path=True
+        None,
+        "The dataset: a folder (images or .npy; class subfolders give labels), a list file "
+        "(.txt/.csv/.jsonl/.parquet), a COCO .json, a data.yaml or a glob.",
+        path=True,
     )
     labels: Path | None = option(
         None,
@@ -98,6 +102,12 @@ class DatasetSettings:
         path=True,
     )
     limit: int | None = option(None, "Only the first N items of the dataset.", bounds=ITEMS)
+    image_root: Path | None = option(
+        None,
+        "Where the relative paths of a list file or COCO JSON given as path start "
+        "(default: the list's folder).",
+        path=True,
+    )
     ground_truth: Path | None = option(
         None,
         "Detection jobs: the boxes, a COCO instances .json file or a folder of YOLO .txt "
@@ -407,8 +417,13 @@ def _check_files(job: Job) -> None:
     ds = job.dataset
     if ds.path is None:
         raise job.error("dataset.path is missing; name the dataset folder.", "dataset.path")
-    if not ds.path.is_dir():
-        raise _missing(job, "dataset.path", ds.path, "a folder of images or .npy tensors")
+    if not ds.path.exists() and not glob.has_magic(str(ds.path)):
+        raise _missing(
+            job,
+            "dataset.path",
+            ds.path,
+            "a folder of images or .npy tensors, a list file, a COCO .json, a data.yaml or a glob",
+        )
     if ds.labels is not None and not ds.labels.is_file():
         raise _missing(job, "dataset.labels", ds.labels, "a text file with one class per line")
     from batchinfer.evaluate.history import history_problem  # pyarrow: only once it is needed
