@@ -120,8 +120,14 @@ def open_source(
         if recognises(text):
             return opener(text, options)
     if os.path.isfile(text):
-        raise DatasetError(f"The dataset {os.path.abspath(text)} is a file of no known form; "
-                           f"pass {_FORMS_TEXT}.")  # fmt: skip
+        raise DatasetError(
+            f"The dataset {os.path.abspath(text)} is a file, not a folder nor a list of a "
+            f"known form; pass {_FORMS_TEXT}."
+        )
+    if list_form(text) or text.lower().endswith((".json", ".yaml", ".yml")):
+        raise DatasetError(
+            f"The dataset {os.path.abspath(text)} does not exist; pass {_FORMS_TEXT}."
+        )
     return _open_folder(text, options)  # says the folder does not exist
 
 
