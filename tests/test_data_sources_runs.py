@@ -126,3 +126,38 @@ def test_kill_9_then_resume_is_exact_for_a_manifest(demo_kit, tmp_path, form):
     assert len(set(table["id"].to_pylist())) == 1797
     assert table["error"].null_count == 1797
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_eval_scores_a_csv_list_with_labels_as_it_scores_the_class_folders(
+    demo_kit, tmp_path, monkeypatch
+):
+    import re
+    import shutil
+
+    from test_eval_end_to_end import Workspace
+
+    from batchinfer.evaluate import evaluate, load_job
+
+    monkeypatch.setenv("BATCHINFER_SIM_NPU_MS", "0.2")
+    monkeypatch.setenv("BATCHINFER_SIM_HOST_MS", "0")
+    kit = tmp_path / "kit"
+    (kit / "dataset").mkdir(parents=True)
+    (kit / "models").symlink_to(demo_kit.root / "models")
+    lines = ["path,label"]
+    for folder in sorted(demo_kit.dataset.iterdir()):
+        (kit / "dataset" / folder.name).mkdir()
+        for png in sorted(folder.glob("*.png"))[:20]:
+            shutil.copy(png, kit / "dataset" / folder.name / png.name)
+            lines.append(f"dataset/{folder.name}/{png.name},{folder.name}")
+    (kit / "val.csv").write_text("\n".join(lines) + "\n")
+    ws = Workspace(tmp_path / "ws", kit)
+    text = re.sub(r"(\[gates\.[a-z_0-9]+\][^\[]*)", "", ws.job.read_text())  # no gates
+    ws.job.write_text(text)
+    folder = evaluate(load_job(ws.job))
+    ws.job.write_text(text.replace('path = "../demo/dataset"', 'path = "../demo/val.csv"'))
+    listed = evaluate(load_job(ws.job))
+    assert folder.metrics["top1"] == listed.metrics["top1"] < 1.0
+    a = pq.read_table(folder.record_dir / "items.parquet").to_pylist()
+    b = pq.read_table(listed.record_dir / "items.parquet").to_pylist()
+    assert [(r["label"], r["pred"]) for r in a] == [(r["label"], r["pred"]) for r in b]
+    assert len(b) == 200
