@@ -156,6 +156,11 @@ class Dataset:
     #: The Arrow struct type of the items' ``columns`` (the predictions' ``meta`` column),
     #: None when items carry none.
     meta_type = None
+    #: Whether a run's fingerprint covers each item file's size and time (``resume_check``
+    #: "stat"): a folder's listing names its files only. A list file's fingerprint is its
+    #: content hash and row count (batchinfer.data.listed): a pass over a million files
+    #: before the first row would cost more than it guards.
+    stat_files = True
 
     def __init__(
         self,

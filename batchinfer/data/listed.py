@@ -219,6 +219,8 @@ class ListedDataset(Dataset):
         )
         self.entries = entries
         self.form = entries.form
+        # COCO files, data.yamls and globs name few files, and not their state: stat them.
+        self.stat_files = entries.form in ("coco", "yaml", "glob")
         self.meta_type = meta_type
         #: rows that name no file (malformed lines): error rows, counted when opened
         self.bad_rows = bad_rows
@@ -310,6 +312,68 @@ class ListedDataset(Dataset):
             )
 
 
+class Scan:
+    """What one read of a list finds (see :func:`open_listed`); a list form may fill it
+    its own faster way (``Entries.scan``, e.g. Parquet's column-wise read)."""
+
+    def __init__(self, source: str, base: str) -> None:
+        self.source, self.base = source, base
+        self.count = self.bad = self.npy = 0
+        self.first_bad: str | None = None
+        self.hashes = array("q")  # hash() of each row's item id, in order
+        self.numbers: set[int] = set()
+        self.names: set[str] = set()
+        self.tags: dict[str, set[str]] = {}  # column -> kinds of value seen (_tag)
+        self._labels: set[object] = set()  # label values already checked
+
+    def label(self, value: object, where: str) -> None:
+        value = _label_value(value, where, self.source)
+        if isinstance(value, str):
+            self.names.add(value)
+        elif value is not None:
+            self.numbers.add(value)
+
+    def row(self, row: Row, infer: bool) -> None:
+        """Count one row (the usual row costs a few hundred nanoseconds: lists are long)."""
+        where, path, written_id, label, columns, error = row
+        self.count += 1
+        if path is not None and type(path) is not str:
+            raise DatasetError(
+                f"The path column of {self.source} holds {path!r} at {where}; a path is text."
+            )
+        if type(written_id) is str:
+            ident = written_id
+        elif written_id is None:
+            ident = item_id(None, path, where, self.base)
+        elif type(written_id) is int:
+            ident = str(written_id)
+        else:
+            raise DatasetError(
+                f"The id column of {self.source} holds {written_id!r} at {where}; an id is "
+                "text or an integer."
+            )
+        self.hashes.append(hash(ident))
+        if error is not None or not path:
+            self.bad += 1
+            self.first_bad = self.first_bad or f"{where}: {error or 'no path'}"
+            return
+        if path.endswith((".npy", ".NPY")):
+            self.npy += 1
+        if label is not None:
+            try:
+                known = label in self._labels
+            except TypeError:  # a list or dict (JSON): _label_value says why it is wrong
+                known = False
+            if not known:
+                self.label(label, where)
+                self._labels.add(label)
+        if infer and columns:
+            for name, v in columns.items():
+                seen = self.tags.setdefault(name, set())
+                if v is not None:
+                    seen.add(_tag(v))
+
+
 def open_listed(
     entries: Entries,
     *,
@@ -321,52 +385,25 @@ def open_listed(
     for a list that cannot be used: no path column, ids that repeat, a column of the wrong
     type, no rows."""
     entries.check()
-    base = str(entries.base)
     source = entries.source
     declared = entries.declared_meta()
-    tags: dict[str, set[str]] = {}
-    hashes = array("q")
-    numbers: set[int] = set()
-    names: set[str] = set()
-    count = bad = npy = 0
-    first_bad = None
-    for where, path, written_id, label, columns, error in entries:
-        count += 1
-        if progress is not None and count % progress_every == 0:
-            progress(count)
-        if written_id is not None and (
-            isinstance(written_id, bool) or not isinstance(written_id, (str, int))
-        ):
-            raise DatasetError(
-                f"The id column of {source} holds {written_id!r} at {where}; an id is text "
-                "or an integer."
-            )
-        if path is not None and not isinstance(path, str):
-            raise DatasetError(
-                f"The path column of {source} holds {path!r} at {where}; a path is text."
-            )
-        hashes.append(hash(item_id(written_id, path, where, base)))
-        if error is not None or not path:
-            bad += 1
-            first_bad = first_bad or f"{where}: {error or 'no path'}"
-            continue
-        npy += path.lower().endswith(".npy")
-        value = _label_value(label, where, source)
-        if isinstance(value, str):
-            names.add(value)
-        elif value is not None:
-            numbers.add(value)
-        if declared is None and columns:
-            for name, v in columns.items():
-                seen = tags.setdefault(name, set())
-                if v is not None:
-                    seen.add(_tag(v))
+    scan = Scan(source, str(entries.base))
+    fast = getattr(entries, "scan", None)
+    if fast is not None:
+        fast(scan, progress)
+    else:
+        infer = declared is None
+        rows = getattr(entries, "rows", None)  # rows(columns=False): what a scan needs
+        for row in rows(columns=infer) if rows is not None else entries:
+            scan.row(row, infer)
+            if progress is not None and scan.count % progress_every == 0:
+                progress(scan.count)
     if progress is not None:
-        progress(count)
-    if not count:
+        progress(scan.count)
+    if not scan.count:
         raise DatasetError(f"The list {source} has no rows; it must name at least one item.")
-    _check_unique(entries, hashes)
-    good = count - bad
+    _check_unique(entries, scan.hashes)
+    good, npy = scan.count - scan.bad, scan.npy
     if npy and npy != good:
         raise DatasetError(
             f"The list {source} names {npy} .npy tensors and {good - npy} other files; keep "
@@ -375,11 +412,11 @@ def open_listed(
     return ListedDataset(
         entries,
         kind="npy" if good and npy == good else "images",
-        class_map=_class_map(numbers, names, labels_file, source),
-        count=count,
-        bad_rows=bad,
-        first_bad=first_bad,
-        meta_type=declared if declared is not None else _meta_type(tags),
+        class_map=_class_map(scan.numbers, scan.names, labels_file, source),
+        count=scan.count,
+        bad_rows=scan.bad,
+        first_bad=scan.first_bad,
+        meta_type=declared if declared is not None else _meta_type(scan.tags),
     )
 
 

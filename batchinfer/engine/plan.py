@@ -295,7 +295,11 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         dataset_listing_sha256=dataset.listing_sha256,
         class_map={k: v for k, v in dataset.class_map.to_json().items() if k != "file"},
         resume_check=out.resume_check,
-        dataset_files_sha256=files_sha256(dataset, out.resume_check),
+        dataset_files_sha256=(
+            files_sha256(dataset, out.resume_check)
+            if dataset.stat_files or out.resume_check == "content"
+            else None
+        ),
         task=engine.task.fingerprint() if engine.task is not None else None,
     )
     if out.resume and folder.manifest is not None:
