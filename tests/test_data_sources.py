@@ -233,3 +233,29 @@ def test_a_resume_of_a_list_whose_content_changed_is_refused(tmp_path, demo_kit)
     assert invoke(*args).exit_code == 0
     _csv(lst, ["path"], [[str(f)] for f in files[:2]])
     assert_error(invoke(*args, "--resume"), 2, "dataset")
+
+
+def test_a_labels_file_maps_a_lists_class_names(tmp_path):
+    _images(tmp_path, ["a.png", "b.png"])
+    lst = _csv(tmp_path / "m.csv", ["path", "label"], [["a.png", "zebra"], ["b.png", "ant"]])
+    (tmp_path / "names.txt").write_text("zebra\nant\n")
+    ds = open_source(lst, labels_file=tmp_path / "names.txt")
+    assert [(i.label, i.label_name) for i in ds] == [(0, "zebra"), (1, "ant")]
+    (tmp_path / "names.txt").write_text("zebra\n")
+    with pytest.raises(DatasetError, match="not in the labels file"):
+        open_source(lst, labels_file=tmp_path / "names.txt")
+
+
+def test_bench_repeats_a_list_as_it_repeats_a_folder(tmp_path):
+    from batchinfer.bench.runner import RepeatedDataset
+
+    _images(tmp_path, ["a.png", "b.png"])
+    source = RepeatedDataset(
+        open_source(_csv(tmp_path / "m.csv", ["path"], [["a.png"], ["b.png"]]))
+    )
+    items = []
+    for item in source:
+        items.append((item.index, item.id))
+        if len(items) == 5:
+            source.finish()
+    assert items == [(0, "a.png"), (1, "b.png"), (2, "a.png"), (3, "b.png"), (4, "a.png")]

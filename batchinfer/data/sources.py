@@ -100,8 +100,8 @@ OPENERS: list[tuple[Callable[[str], bool], Callable[[str, SourceOptions], Datase
 ]
 
 _FORMS_TEXT = (
-    f"a folder, a list file ({', '.join(FORMS)}), a COCO .json, an Ultralytics data.yaml "
-    "or a glob such as 'images/**/*.jpg'"
+    f"a folder of images or .npy tensors, a list file ({', '.join(FORMS)}), a COCO .json, "
+    "an Ultralytics data.yaml or a glob such as 'images/**/*.jpg'"
 )
 
 
