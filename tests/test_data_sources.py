@@ -259,3 +259,18 @@ def test_bench_repeats_a_list_as_it_repeats_a_folder(tmp_path):
         if len(items) == 5:
             source.finish()
     assert items == [(0, "a.png"), (1, "b.png"), (2, "a.png"), (3, "b.png"), (4, "a.png")]
+
+
+def test_a_parquet_lists_categorical_and_nested_columns_are_carried_as_values(tmp_path):
+    from batchinfer.sink.predictions import _meta_array
+
+    _images(tmp_path, ["a.png"])
+    categorical = pa.array(["x", "y"]).dictionary_encode()
+    table = pa.table(
+        {"path": ["a.png"] * 2, "id": ["1", "2"], "cat": categorical, "l": [[1, 2], [3]]}
+    )
+    pq.write_table(table, tmp_path / "m.parquet")
+    ds = open_source(tmp_path / "m.parquet")
+    assert str(ds.meta_type) == "struct<cat: string, l: list<element: int64>>"
+    meta = _meta_array([i.columns for i in ds], ds.meta_type)
+    assert meta.to_pylist() == [{"cat": "x", "l": [1, 2]}, {"cat": "y", "l": [3]}]

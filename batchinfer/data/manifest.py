@@ -262,7 +262,12 @@ class ParquetList(_ListFile):
     def declared_meta(self) -> Any:
         import pyarrow as pa
 
-        fields = [f for f in self._schema() if f.name not in RESERVED]
+        # Dictionary-encoded columns (pandas categoricals) are read as their values.
+        fields = [
+            f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f
+            for f in self._schema()
+            if f.name not in RESERVED
+        ]
         return pa.struct(fields) if fields else None
 
     def scan(self, scan: Scan, progress: Callable[[int], None] | None = None) -> None:
