@@ -56,7 +56,7 @@ print(json.dumps(out))
 """
 
 
-def build(folder: Path, rows: int) -> dict[str, Path]:
+def build(folder: Path, rows: int, row_group: int | None = None) -> dict[str, Path]:
     """The PNGs and the manifests (Parquet, CSV) naming them."""
     import numpy as np
     import pyarrow as pa
@@ -74,7 +74,7 @@ def build(folder: Path, rows: int) -> dict[str, Path]:
     labels = [i % 10 for i in range(rows)]
     shards = [f"shard-{i // 10000:04d}" for i in range(rows)]
     table = pa.table({"path": paths, "id": ids, "label": labels, "shard": shards})
-    pq.write_table(table, folder / "list.parquet")
+    pq.write_table(table, folder / "list.parquet", row_group_size=row_group)
     with open(folder / "list.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(table.column_names)
@@ -109,10 +109,13 @@ def main() -> None:
     parser.add_argument("--forms", nargs="+", default=["parquet", "csv"])
     parser.add_argument("--run", action="store_true", help="also time a run's first row")
     parser.add_argument("--limit", type=int, default=2000, help="items a --run runs")
+    parser.add_argument(
+        "--row-group", type=int, help="rows per Parquet row group (default: pyarrow's, 1M)"
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-manifest-"))
     try:
-        lists = build(tmp, args.rows)
+        lists = build(tmp, args.rows, args.row_group)
         model = None
         if args.run:
             from batchinfer.demo import write_demo
