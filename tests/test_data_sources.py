@@ -274,3 +274,9 @@ def test_a_parquet_lists_categorical_and_nested_columns_are_carried_as_values(tm
     assert str(ds.meta_type) == "struct<cat: string, l: list<element: int64>>"
     meta = _meta_array([i.columns for i in ds], ds.meta_type)
     assert meta.to_pylist() == [{"cat": "x", "l": [1, 2]}, {"cat": "y", "l": [3]}]
+
+
+def test_paths_of_finds_a_lists_files_by_id(tmp_path):
+    _images(tmp_path, ["a.png", "b.png"])
+    lst = _csv(tmp_path / "m.csv", ["path", "id"], [["a.png", "x"], ["b.png", "y"]])
+    assert open_source(lst).paths_of(["y"]) == {"y": str(tmp_path / "b.png")}

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -257,6 +257,10 @@ class Dataset:
     def location(self) -> str:
         """What the dataset was opened from (the folder; a list's file), for fingerprints."""
         return str(self.root)
+
+    def paths_of(self, ids: Collection[str]) -> dict[str, str]:
+        """Item id -> its file's path, for a few items (eval's pictures of the worst)."""
+        return {i: str(self.root / i) for i in ids}
 
     def item_files(self) -> Iterator[tuple[bytes, str | None]]:
         """(Item.key, its file's path relative to :attr:`root` or absolute, None for an item

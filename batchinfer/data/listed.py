@@ -28,7 +28,7 @@ import json
 import os
 import posixpath
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -255,6 +255,16 @@ class ListedDataset(Dataset):
             columns=[f.name for f in self.meta_type] if self.meta_type is not None else [],
         )
         return record
+
+    def paths_of(self, ids: Collection[str]) -> dict[str, str]:
+        """One pass over the list for a few items' paths (ids need not be paths here)."""
+        wanted, found = set(ids), {}
+        base = str(self.root)
+        for where, path, written_id, _, _, error in self.entries:
+            ident = item_id(written_id, path, where, base)
+            if ident in wanted and error is None and path:
+                found[ident] = os.path.join(base, path)
+        return found
 
     def item_paths(self) -> Iterator[str]:
         for _, path in self.item_files():

@@ -278,12 +278,13 @@ def _worst(inputs: DetectInputs, dataset: Dataset, n: int) -> list[dict[str, Any
     score = inputs.disagreement
     order = [i for i in np.argsort(-np.nan_to_num(score, nan=-1), kind="stable") if score[i] > 0]
     out = []
+    paths = dataset.paths_of([d.id[i] for i in order[:n]])
     for i in order[:n]:
         out.append(
             {
                 "index": int(d.index[i]),
                 "id": d.id[i],
-                "path": str(dataset.root / d.id[i]),
+                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
                 "disagreement": float(score[i]),
                 "core": int(d.core[i]),
                 "node": d.node[i],

@@ -418,13 +418,14 @@ def _worst(inputs: EvalInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]
         confidence = flat[wrong].max(axis=1) if flat.shape[1] else np.zeros(len(wrong))
         order = [int(wrong[i]) for i in np.argsort(-confidence, kind="stable")]
     out = []
+    paths = dataset.paths_of([d.id[i] for i in order[:n]])
     for i in order[:n]:
         ref_pred = int(inputs.reference.pred[i]) if inputs.reference is not None else None
         out.append(
             {
                 "index": int(d.index[i]),
                 "id": d.id[i],
-                "path": str(dataset.root / d.id[i]),
+                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
                 "label": int(d.label[i]),
                 "pred": int(d.pred[i]),
                 "ref_pred": ref_pred,
