@@ -389,3 +389,41 @@ def _plan(demo_kit, cores=CORES, instances_per_core=1):
     backend = make_backend(cfg.model, cfg.runtime)
     shape, dtype = model_input(cfg.model, cfg)
     return plan_engine(cfg, backend, shape, dtype, kind=""), npu_nodes(ray.nodes())
+
+
+@pytest.mark.parametrize("data", ["head", "shared"])
+def test_a_csv_list_and_a_coco_json_run_on_the_cluster_as_on_one_board(
+    cluster, demo_kit, tmp_path, data
+):
+    """Listed datasets are the engine's DatasetSource on Ray too: the same predictions, the
+    list's columns carried, and a malformed line an error row."""
+    from batchinfer.data.sources import open_source
+
+    items = list(open_source(demo_kit.dataset))[:300]
+    lst = tmp_path / "digits.csv"
+    rows = [f"{demo_kit.dataset / i.id},{i.label},n{i.index}" for i in items]
+    rows.insert(5, "too,many,fields,here")
+    lst.write_text("path,label,note\n" + "\n".join(rows) + "\n")
+    coco = tmp_path / "coco.json"
+    coco.write_text(
+        json.dumps({"images": [{"id": n, "file_name": i.id} for n, i in enumerate(items)]})
+    )
+    one = run(_digits(demo_kit, tmp_path / "one", limit=300))
+    expected = read_run(one.out).predictions()["pred"].to_pylist()
+    model = demo_kit.models["digits"]
+    out = tmp_path / "csv"
+    result = invoke(*run_args(lst, model, out), "--ray", cluster.address, "--ray-data", data)
+    assert result.exit_code == 1, result.output  # the malformed line is an error row
+    table = _exactly_once(out, 301).to_pylist()
+    bad = table.pop(5)
+    assert "line 7 of" in bad["error"] and bad["meta"] == {"note": None}
+    assert [r["pred"] for r in table] == expected
+    assert [r["meta"]["note"] for r in table] == [f"n{i.index}" for i in items]
+    assert {r["node"] for r in table} == {"node0", "node1"}
+    out = tmp_path / "coco"
+    args = run_args(coco, model, out, "--image-root", demo_kit.dataset)
+    result = invoke(*args, "--ray", cluster.address, "--ray-data", data)
+    assert result.exit_code == 0, result.output
+    coco_rows = _exactly_once(out, 300).to_pylist()
+    assert [r["pred"] for r in coco_rows] == expected
+    assert [r["meta"]["image_id"] for r in coco_rows] == list(range(300))

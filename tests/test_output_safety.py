@@ -624,13 +624,13 @@ def test_sighup_stops_like_sigterm_and_the_run_resumes(demo_kit, tmp_path):
 def test_ctrl_c_while_the_dataset_is_listed_exits_130(data, digits, tmp_path, monkeypatch):
     import batchinfer.engine.plan as plan
 
-    real = plan.open_dataset
+    real = plan.open_source
 
     def listing_interrupted(root, **options):
         os.kill(os.getpid(), signal.SIGINT)  # delivered before the next bytecode
         return real(root, **options)
 
-    monkeypatch.setattr(plan, "open_dataset", listing_interrupted)
+    monkeypatch.setattr(plan, "open_source", listing_interrupted)
     result = invoke(*run_args(data, digits, tmp_path / "o"))
     assert result.exit_code == 130, result.output
     assert "interrupted by SIGINT before the run started" in result.stderr

@@ -31,7 +31,8 @@ from batchinfer.bench.measure import BenchObserver
 from batchinfer.bench.options import BenchOptions, check_bench
 from batchinfer.bench.result import BenchResult
 from batchinfer.bench.verdict import Measured, judge
-from batchinfer.data.dataset import Dataset, Item, open_dataset, say_notes
+from batchinfer.data.dataset import Dataset, Item, say_notes
+from batchinfer.data.sources import open_source
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan
@@ -121,7 +122,7 @@ def prepare(config: BenchConfig) -> Prepared:
     )
     backend = make_backend(model, config.runtime)
     shape, dtype = model_input(model, run_config)
-    dataset = open_dataset(Path(config.dataset).expanduser()) if config.dataset else None
+    dataset = open_source(config.dataset) if config.dataset else None
     plan = plan_engine(run_config, backend, shape, dtype, dataset.kind if dataset else "")
     if dataset is not None:
         say_notes(dataset, labels=False)  # a benchmark does not score labels

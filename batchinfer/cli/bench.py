@@ -62,7 +62,8 @@ class _Progress:
 @click.option(
     "--dataset",
     type=click.Path(path_type=Path),
-    help="Measure end to end on this dataset folder (readers decode it; it is read again "
+    help="Measure end to end on this dataset (a folder, a list file, a COCO .json, a data.yaml "
+    "or a glob, as run takes; readers decode it; it is read again "
     "from the start when shorter than the run). Without it: synthetic inputs of the "
     "model's input shape, prepared once in the slots, so only the inference path counts.",
 )

@@ -35,6 +35,12 @@ def resume_command(argv: list[str], out: Path) -> str:
     "names, {name: label}, a Keras class index). Default: the top-level folders, sorted. "
     "Detection runs: the head's class names, one per line (default: COCO's for 80 classes).",
 )
+@click.option(
+    "--image-root",
+    type=click.Path(path_type=Path),
+    help="Where the relative paths of a list file or a COCO JSON start (default: the list's "
+    "folder).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
 # -- scale-out on Ray (batchinfer.cluster) ------------------------------------------------
 @click.option(
@@ -57,6 +63,7 @@ def command(
     model: Path,
     limit: int | None,
     labels: Path | None,
+    image_root: Path | None,
     no_progress: bool,
     ray_address: str | None,
     ray_data: str,
@@ -64,8 +71,11 @@ def command(
 ) -> None:
     """Run MODEL over every item of DATASET on the NPU cores; results go to Parquet.
 
-    DATASET is a folder of images (class subfolders become labels) or of .npy tensors.
-    Or WebDataset tar shards, read without unpacking: 'shards/train-{000..099}.tar'.
+    DATASET is a folder of images (class subfolders become labels) or of .npy tensors; a
+    list file (.txt, or .csv / .jsonl / .parquet with a path column, optional id and label);
+    a COCO .json; an Ultralytics data.yaml (its val split); a quoted glob
+    ('images/**/*.jpg'); or WebDataset tar shards, read without unpacking
+    ('shards/train-{000..099}.tar'). README "Datasets" has one example of each.
 
     \b
     Examples:
@@ -80,7 +90,7 @@ def command(
     """
     from batchinfer.cli import fail_cleanly
 
-    args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data)
+    args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data, image_root)
     # The children's fork server is launched by the program's entry point (before this
     # module is imported) and by the engine's run() before it plans.
     fail_cleanly(_run)(*args)
@@ -95,6 +105,7 @@ def _run(
     params: dict,
     ray_address: str | None = None,
     ray_data: str = "head",
+    image_root: Path | None = None,
 ) -> None:
     from batchinfer.sink.out_lock import refuse_if_held
 
@@ -117,6 +128,7 @@ def _run(
         detect=build_group("detect", params),
         limit=limit,
         labels=labels,
+        image_root=image_root,
         command=shlex.join(["batchinfer", *sys.argv[1:]]),
     )
     console = ConsoleObserver(flag_of, progress=not no_progress)

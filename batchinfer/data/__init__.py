@@ -1,4 +1,5 @@
-"""Dataset folders (streamed in a stable order) and preprocessing into input buffers."""
+"""Datasets (folders, list files, COCO JSON, data.yaml, globs: see :func:`open_source`),
+streamed in a stable order, and preprocessing into input buffers."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from batchinfer.data.classes import ClassMap, read_labels_file
 from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, Skipped, open_dataset
 from batchinfer.data.images import DEFAULT_MAX_PIXELS
 from batchinfer.data.preprocess import Preprocess, load_into, parse_background, preprocess_for
+from batchinfer.data.sources import open_source
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -17,6 +19,7 @@ __all__ = [
     "Skipped",
     "load_into",
     "open_dataset",
+    "open_source",
     "parse_background",
     "preprocess_for",
     "read_labels_file",

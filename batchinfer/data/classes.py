@@ -25,6 +25,10 @@ from batchinfer.errors import DatasetError
 FROM_FOLDER_NAMES = "folder-names"  # position among the sorted folder names
 FROM_FOLDER_NUMBERS = "folder-numbers"  # every folder name is its integer label
 FROM_LABELS_FILE = "labels-file"
+# A list's label column (batchinfer.data.listed): integers are the labels; class names get
+# their position among the sorted names.
+FROM_LABEL_NUMBERS = "label-numbers"
+FROM_LABEL_NAMES = "label-names"
 
 LABELS_FILE_FORMATS = (
     "a text file with one class folder name per line (line 1 is label 0), a JSON list of "
@@ -65,6 +69,10 @@ def label_rule(class_map: ClassMap) -> str:
         return "class folders are integers: label = folder name"
     if class_map.source == FROM_FOLDER_NAMES:
         return f"sorted class folder names -> 0..{len(class_map.labels) - 1}"
+    if class_map.source == FROM_LABEL_NUMBERS:
+        return "the label column's integers are the labels"
+    if class_map.source == FROM_LABEL_NAMES:
+        return f"sorted class names of the label column -> 0..{len(class_map.labels) - 1}"
     return f"from the labels file {class_map.file}"
 
 

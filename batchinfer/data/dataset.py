@@ -14,7 +14,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -113,7 +113,8 @@ class Item:
     # Where the item's bytes are inside the tar shard at ``path`` (data/shards.py); None
     # for an item that is a file of its own.
     member: Member | None = None
-    # A manifest's other columns for this item (column name -> value); None for a folder.
+    # A list's other columns for this item (JSON-able values), carried into the
+    # predictions' ``meta`` column; None for a folder's items (batchinfer.data.listed).
     # Model inputs may be fed from them (``--input NAME=COLUMN``, batchinfer.data.feeds).
     columns: Mapping[str, object] | None = None
 
@@ -161,6 +162,17 @@ class Dataset:
     Holds no paths: ``len()`` was counted when it was opened and ``iter()`` walks the
     folder again. Picklable (it is only a few small fields), so it can go to a process.
     """
+
+    #: How the dataset was given ("folder"; lists: batchinfer.data.listed).
+    form = "folder"
+    #: The Arrow struct type of the items' ``columns`` (the predictions' ``meta`` column),
+    #: None when items carry none.
+    meta_type = None
+    #: Whether a run's fingerprint covers each item file's size and time (``resume_check``
+    #: "stat"): a folder's listing names its files only. A list file's fingerprint is its
+    #: content hash and row count (batchinfer.data.listed): a pass over a million files
+    #: before the first row would cost more than it guards.
+    stat_files = True
 
     def __init__(
         self,
@@ -252,6 +264,21 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Item]:
         return self.iter_from()
+
+    @property
+    def location(self) -> str:
+        """What the dataset was opened from (the folder; a list's file), for fingerprints."""
+        return str(self.root)
+
+    def paths_of(self, ids: Collection[str]) -> dict[str, str]:
+        """Item id -> its file's path, for a few items (eval's pictures of the worst)."""
+        return {i: str(self.root / i) for i in ids}
+
+    def item_files(self) -> Iterator[tuple[bytes, str | None]]:
+        """(Item.key, its file's path relative to :attr:`root` or absolute, None for an item
+        with no file) for every item in order: what the files' fingerprint reads."""
+        for rel in self.item_paths():
+            yield os.fsencode(rel), rel
 
     def item_paths(self) -> Iterator[str]:
         """Every item's path relative to the root (``/``-separated), in the order of

@@ -47,10 +47,10 @@ def files_sha256(dataset: Dataset, check: str = "stat", limit: int | None = None
         ) from exc
     try:
         pending: list[bytes] = []
-        for index, rel in enumerate(dataset.item_paths()):
+        for index, (key, rel) in enumerate(dataset.item_files()):
             if limit is not None and index >= limit:
                 break
-            pending.append(_entry(rel, root, check))
+            pending.append(key + b"\0bad row\0" if rel is None else _entry(key, rel, root, check))
             if len(pending) == _BATCH:
                 digest.update(b"".join(pending))
                 pending.clear()
@@ -60,8 +60,8 @@ def files_sha256(dataset: Dataset, check: str = "stat", limit: int | None = None
     return digest.hexdigest()
 
 
-def _entry(rel: str, root: int, check: str) -> bytes:
-    key = os.fsencode(rel)  # the item's exact name (Item.key)
+def _entry(key: bytes, rel: str, root: int, check: str) -> bytes:
+    # key: the item's exact name (Item.key); rel: its file, relative to root or absolute
     try:
         st = os.stat(rel, dir_fd=root)
         if check == "stat":

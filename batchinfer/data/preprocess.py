@@ -459,6 +459,12 @@ def _dtype_name(dtype: object) -> str:
 # --------------------------------------------------------------------------- loading
 
 
+#: How :attr:`~batchinfer.data.dataset.Item.path` starts for a list's row that cannot name
+#: a file (a malformed CSV line, a JSON line without a path): NUL, which no file path can
+#: hold, then the row's error. Readers make it that item's error row, wherever they run.
+BAD_ROW = "\0"
+
+
 def load_into(
     path: str,
     spec: Preprocess,
@@ -484,6 +490,8 @@ def load_into(
             f"out is {out.shape} {out.dtype} (contiguous={out.flags.c_contiguous}), "
             f"expected C-contiguous {spec.shape} {spec.dtype}"
         )
+    if path.startswith(BAD_ROW):  # a list's row that names no file: its error, as it was
+        raise InputError(path[len(BAD_ROW) :])
     spec.validate_for(kind)
     if member is not None:
         return _load_member(path, member, spec, out, kind, name, shards)

@@ -182,6 +182,7 @@ class Collector:
                     boxes=None if boxes is None else boxes[0],
                     width=None if boxes is None else boxes[1],
                     height=None if boxes is None else boxes[2],
+                    meta=item.columns,
                 )
             )
         return rows
@@ -216,4 +217,5 @@ class Collector:
             error=f.error,
             t_done=now,
             node=node,
+            meta=item.columns,
         )

@@ -43,6 +43,7 @@ class RunConfig:
     detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
     limit: int | None = None  # only the first N items of the dataset
     labels: Path | None = None  # a class map file (see batchinfer.data.classes)
+    image_root: Path | None = None  # where a list's / COCO file's relative paths start
     command: str | None = None  # the command line, for the manifest
 
     def to_json(self) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.bounds import check_value
-from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.dataset import Dataset
 from batchinfer.data.feeds import (
     FROM_COLUMN,
     FROM_ITEM,
@@ -35,6 +35,7 @@ from batchinfer.data.preprocess import (
     preprocess_for,
     raw_pixels_warning,
 )
+from batchinfer.data.sources import is_folder, open_source
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.interface import EnginePlan
@@ -346,7 +347,8 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         )
     # OUT first: a folder held by another run is refused before any slow check.
     folder = inspect_out(_out_path(out.out))
-    check_separate(folder.path, Path(config.dataset).expanduser())
+    if is_folder(config.dataset):  # results written into a listed folder would be items
+        check_separate(folder.path, Path(config.dataset).expanduser())
     check_out(folder, overwrite=out.overwrite, resume=out.resume)
     model = Path(config.model).expanduser().resolve()
     if not model.is_file():
@@ -359,7 +361,9 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     # A detection run's labels file names the head's classes (engine/task.py), not class
     # folders of the dataset.
     labels = None if engine.detects else config.labels
-    dataset = open_dataset(Path(config.dataset).expanduser(), labels_file=labels, progress=listing)
+    dataset = open_source(
+        config.dataset, labels_file=labels, image_root=config.image_root, progress=listing
+    )
     engine = plan_input_feeds(config, model, engine, dataset)
     for feed_preprocess, kind in _validations(engine, dataset.kind):
         feed_preprocess.validate_for(kind)
@@ -375,12 +379,16 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         preprocess=engine_preprocess_record(engine),
         topk=out.topk,
         save_outputs=engine.save_outputs,
-        dataset_root=str(dataset.root),
+        dataset_root=dataset.location,
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
         class_map={k: v for k, v in dataset.class_map.to_json().items() if k != "file"},
         resume_check=out.resume_check,
-        dataset_files_sha256=files_sha256(dataset, out.resume_check),
+        dataset_files_sha256=(
+            files_sha256(dataset, out.resume_check)
+            if dataset.stat_files or out.resume_check == "content"
+            else None
+        ),
         task=engine.task.fingerprint() if engine.task is not None else None,
     )
     if out.resume and folder.manifest is not None:

@@ -277,7 +277,7 @@ def _task_sink(plan: RunPlan) -> dict[str, Any]:
     """What the run folder's rows need to know of the task (the save_outputs a raw task
     forces, a detection run's schema and class names)."""
     engine = plan.engine
-    out: dict[str, Any] = {"save_outputs": engine.save_outputs}
+    out: dict[str, Any] = {"save_outputs": engine.save_outputs, "meta": plan.dataset.meta_type}
     if engine.detects:
         assert engine.task is not None
         out.update(task="detect", class_names=engine.task.names)

@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchinfer.data.dataset import Dataset, open_dataset
+from batchinfer.data.dataset import Dataset
+from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -162,7 +163,10 @@ def evaluate_detection(
             raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
     with arrow_system_allocator(), StopSignals() as signals:
         try:
-            dataset = open_dataset(job.dataset.path)  # type: ignore[arg-type]
+            dataset = open_source(
+                job.dataset.path,  # type: ignore[arg-type]
+                image_root=job.dataset.image_root,
+            )
         except BatchinferError as exc:
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         device_plan = plan_side(job, "device", job.device, dataset)
@@ -274,12 +278,13 @@ def _worst(inputs: DetectInputs, dataset: Dataset, n: int) -> list[dict[str, Any
     score = inputs.disagreement
     order = [i for i in np.argsort(-np.nan_to_num(score, nan=-1), kind="stable") if score[i] > 0]
     out = []
+    paths = dataset.paths_of([d.id[i] for i in order[:n]])
     for i in order[:n]:
         out.append(
             {
                 "index": int(d.index[i]),
                 "id": d.id[i],
-                "path": str(dataset.root / d.id[i]),
+                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
                 "disagreement": float(score[i]),
                 "core": int(d.core[i]),
                 "node": d.node[i],

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchinfer.data.dataset import Dataset, open_dataset, say_notes
+from batchinfer.data.dataset import Dataset, say_notes
+from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -257,7 +258,10 @@ def evaluate(
             raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
     with arrow_system_allocator(), StopSignals() as signals:
         try:
-            dataset = open_dataset(job.dataset.path)  # type: ignore[arg-type]
+            dataset = open_source(
+                job.dataset.path,  # type: ignore[arg-type]
+                image_root=job.dataset.image_root,
+            )
         except BatchinferError as exc:
             raise job.error(f"dataset.path: {exc}", "dataset.path") from None
         classes, relabel, class_source = class_map(job, dataset)
@@ -414,13 +418,14 @@ def _worst(inputs: EvalInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]
         confidence = flat[wrong].max(axis=1) if flat.shape[1] else np.zeros(len(wrong))
         order = [int(wrong[i]) for i in np.argsort(-confidence, kind="stable")]
     out = []
+    paths = dataset.paths_of([d.id[i] for i in order[:n]])
     for i in order[:n]:
         ref_pred = int(inputs.reference.pred[i]) if inputs.reference is not None else None
         out.append(
             {
                 "index": int(d.index[i]),
                 "id": d.id[i],
-                "path": str(dataset.root / d.id[i]),
+                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
                 "label": int(d.label[i]),
                 "pred": int(d.pred[i]),
                 "ref_pred": ref_pred,

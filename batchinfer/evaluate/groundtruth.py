@@ -35,7 +35,7 @@ import json
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,34 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def read_coco_json(path: Path, what: str = "the ground truth") -> tuple[bytes, Any]:
+    """(the bytes, the parsed JSON) of a COCO file; GroundTruthError if it is unreadable."""
+    try:
+        raw = path.read_bytes()
+        return raw, json.loads(raw)
+    except OSError as exc:
+        raise GroundTruthError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise GroundTruthError(
+            f"{what} {path} is not valid JSON ({exc}); give a COCO instances file."
+        ) from None
+
+
+def coco_images(data: Any, where: str) -> Iterator[dict[str, Any]]:
+    """The entries of a COCO file's ``images`` list, each checked to have an integer id
+    (not repeated) and a file_name; GroundTruthError for one that has not."""
+    known: set[int] = set()
+    for entry in data["images"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
+            raise GroundTruthError(f"{where}: an image has no integer id: {entry!r:.120}.")
+        if not isinstance(entry.get("file_name"), str):
+            raise GroundTruthError(f"{where}: image {entry['id']} has no file_name.")
+        if entry["id"] in known:
+            raise GroundTruthError(f"{where} lists image id {entry['id']} twice.")
+        known.add(entry["id"])
+        yield entry
+
+
 def read_coco(
     path: Path, item_ids: Sequence[str], scored: Collection[str] | None = None
 ) -> GroundTruth:
@@ -167,17 +195,7 @@ def read_coco(
     ``scored``: the items evaluated (default: all); entries of the other items are matched
     (so they are not "unknown") but left out.
     """
-    try:
-        raw = path.read_bytes()
-        data = json.loads(raw)
-    except OSError as exc:
-        raise GroundTruthError(
-            f"the ground truth {path} cannot be read ({exc.strerror or exc})."
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GroundTruthError(
-            f"the ground truth {path} is not valid JSON ({exc}); give a COCO instances file."
-        ) from None
+    raw, data = read_coco_json(path)
     where = f"the ground truth {path}"
     if not isinstance(data, dict) or not all(
         isinstance(data.get(k), list) for k in ("images", "annotations", "categories")
@@ -200,14 +218,8 @@ def read_coco(
     image_ids: dict[str, int] = {}
     item_of: dict[int, str] = {}  # COCO image id -> item id, matched images only
     images, unknown, known_ids = [], [], set()
-    for entry in data["images"]:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
-            raise GroundTruthError(f"{where}: an image has no integer id: {entry!r:.120}.")
-        name = entry.get("file_name")
-        if not isinstance(name, str):
-            raise GroundTruthError(f"{where}: image {entry['id']} has no file_name.")
-        if entry["id"] in known_ids:
-            raise GroundTruthError(f"{where} lists image id {entry['id']} twice.")
+    for entry in coco_images(data, where):
+        name = entry["file_name"]
         known_ids.add(entry["id"])
         norm = _normalise(name)
         item = by_path.get(norm) or by_base.get(norm.rsplit("/", 1)[-1])

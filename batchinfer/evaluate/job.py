@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import glob
 import hashlib
 import os
 import re
@@ -91,7 +92,10 @@ class DatasetSettings:
     """``[dataset]``: the items and their classes."""
 
     path: Path | None = option(
-        None, "The dataset folder (images or .npy; class subfolders give labels).", path=True
+        None,
+        "The dataset: a folder (images or .npy; class subfolders give labels), a list file "
+        "(.txt/.csv/.jsonl/.parquet), a COCO .json, a data.yaml or a glob.",
+        path=True,
     )
     labels: Path | None = option(
         None,
@@ -99,6 +103,12 @@ class DatasetSettings:
         path=True,
     )
     limit: int | None = option(None, "Only the first N items of the dataset.", bounds=ITEMS)
+    image_root: Path | None = option(
+        None,
+        "Where the relative paths of a list file or COCO JSON given as path start "
+        "(default: the list's folder).",
+        path=True,
+    )
     ground_truth: Path | None = option(
         None,
         "Detection jobs: the boxes, a COCO instances .json file or a folder of YOLO .txt "
@@ -408,8 +418,14 @@ def _check_files(job: Job) -> None:
     ds = job.dataset
     if ds.path is None:
         raise job.error("dataset.path is missing; name the dataset folder.", "dataset.path")
-    if not ds.path.is_dir() and not is_shard_spec(ds.path):  # shards: checked when listed
-        raise _missing(job, "dataset.path", ds.path, "a folder of images or .npy tensors")
+    if not ds.path.exists() and not glob.has_magic(str(ds.path)) and not is_shard_spec(ds.path):
+        raise _missing(  # shards are checked when they are listed
+            job,
+            "dataset.path",
+            ds.path,
+            "a folder of images or .npy tensors, a list file, a COCO .json, a data.yaml, a "
+            "glob or tar shards",
+        )
     if job.task == "detect" and is_shard_spec(ds.path):
         raise job.error(
             "dataset.path names tar shards, which detection jobs do not read yet (their "

@@ -148,7 +148,7 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         preprocess=preprocess,
         topk=job.metrics.topk,
         save_outputs=True,
-        dataset_root=str(dataset.root),
+        dataset_root=dataset.location,
         dataset_items=len(dataset),
         dataset_listing_sha256=dataset.listing_sha256,
         task=engine.task.fingerprint() if engine.task is not None else None,

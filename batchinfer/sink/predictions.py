@@ -130,10 +130,12 @@ def prediction_schema(
     topk: int = 5,
     save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
     task: str = "classify",
+    meta: pa.StructType | None = None,
 ) -> pa.Schema:
     """The Arrow schema of a prediction part, with top-k and output shapes in its metadata.
 
     ``task`` "detect": the box columns instead of the classification ones (module docstring).
+    ``meta``: a list's other columns (batchinfer.data.listed), as a last struct column.
     """
     fields = list(_BASE_FIELDS)
     metadata = {META_TOPK: str(topk).encode()}
@@ -144,6 +146,8 @@ def prediction_schema(
         fields += [pa.field(output_column(n), pa.list_(pa.float32())) for n, _ in save_outputs]
         shapes = {name: [int(d) for d in shape] for name, shape in save_outputs}
         metadata[META_OUTPUT_SHAPES] = json.dumps(shapes).encode()
+    if meta is not None:
+        fields.append(pa.field("meta", meta))
     return pa.schema(fields, metadata=metadata)
 
 
@@ -281,6 +285,22 @@ def _text_array(values: list, value_type: pa.DataType) -> pa.Array:
         return pa.array([None if v is None else safe_text(v) for v in values], type=value_type)
 
 
+def _meta_array(values: list, meta: pa.StructType) -> pa.Array:
+    """The ``meta`` struct column; a row whose values Arrow refuses (an integer too large for
+    int64, say) gets a null meta rather than costing the part."""
+    try:
+        return pa.array(values, type=meta)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        fixed = []
+        for v in values:
+            try:
+                pa.array([v], type=meta)
+                fixed.append(v)
+            except (pa.ArrowException, OverflowError, TypeError, ValueError):
+                fixed.append(None)
+        return pa.array(fixed, type=meta)
+
+
 def _list_array(chunks: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
     """One Arrow list column from per-row arrays (None -> null), without per-element Python."""
     lengths = np.fromiter((0 if c is None else c.size for c in chunks), np.int64, len(chunks))
@@ -321,6 +341,7 @@ class PredictionWriter:
         clock: Callable[[], float] = time.monotonic,
         task: str = "classify",
         class_names: Sequence[str] = (),
+        meta: pa.StructType | None = None,
     ) -> None:
         if topk < 0 or rows_per_part < 1 or first_part < 0:
             raise ValueError("topk and first_part must be >= 0 and rows_per_part >= 1")
@@ -337,7 +358,8 @@ class PredictionWriter:
         # Box labels by class id (a detection run's names; none known: null labels).
         self._names = np.array(list(class_names) or [None], dtype=object)
         self._named = bool(class_names)
-        self.schema = prediction_schema(topk, save_outputs, task)
+        self.schema = prediction_schema(topk, save_outputs, task, meta)
+        self._meta_type = meta
         self._outputs = [(n, tuple(s), math.prod(s)) for n, s in save_outputs or ()]
         self.rows_per_part = rows_per_part
         self.flush_interval_s = flush_interval_s
@@ -451,6 +473,8 @@ class PredictionWriter:
                 self._boxes.append(boxes)
                 self._size["width"].append(r.width if good else None)
                 self._size["height"].append(r.height if good else None)
+        if self._meta_type is not None:
+            self._meta.extend(r.meta for r in rows)
         self._rows += len(rows)
         self._errors += ok.count(False)
         for i, column in enumerate(self._saved):
@@ -537,6 +561,7 @@ class PredictionWriter:
         # Detection runs: each row's boxes (float32 (n, 6); None on error rows), image size.
         self._boxes: list[np.ndarray | None] = []
         self._size: dict[str, list[int | None]] = {"width": [], "height": []}
+        self._meta: list[object] = []  # each row's Row.meta, when the schema has meta
         self._bytes = 0
         self._rows = 0
         self._errors = 0
@@ -590,6 +615,8 @@ class PredictionWriter:
                 else:
                     arrays.append(col.arrow(value_type))
         arrays += [_list_array(chunks, pa.float32()) for chunks in self._saved]
+        if self._meta_type is not None:
+            arrays.append(_meta_array(self._meta, self._meta_type))
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
     def _box_arrays(self) -> list[pa.Array]:

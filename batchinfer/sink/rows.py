@@ -13,6 +13,7 @@ a sink that keeps outputs copies them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +47,8 @@ class Row:
     boxes: np.ndarray | None = None
     width: int | None = None
     height: int | None = None
+    # A list's other columns for the item (Item.columns): the predictions' ``meta`` struct.
+    meta: Mapping[str, object] | None = None
 
 
 class RowSink(Protocol):

@@ -39,6 +39,7 @@ class RunFolder:
         first_part: int,
         task: str = "classify",
         class_names: tuple[str, ...] = (),
+        meta: Any = None,
     ) -> None:
         self.path = Path(path)
         self.manifest = manifest
@@ -48,6 +49,7 @@ class RunFolder:
         self.first_part = first_part
         self.task = task
         self.class_names = class_names
+        self.meta = meta  # the predictions' meta struct type (a list's columns), or None
         self.writer: PredictionWriter | None = None
         self.started = time.time()
 
@@ -65,6 +67,7 @@ class RunFolder:
         guard: Callable[[], None] | None = None,
         task: str = "classify",
         class_names: tuple[str, ...] = (),
+        meta: Any = None,
     ) -> RunFolder:
         """Write the manifest as "running" (a new run, or the next invocation of ``continued``).
 
@@ -96,6 +99,7 @@ class RunFolder:
             first_part=first_part,
             task=task,
             class_names=class_names,
+            meta=meta,
         )
 
     @property
@@ -116,6 +120,7 @@ class RunFolder:
             ledger=self.manifest,
             task=self.task,
             class_names=self.class_names,
+            meta=self.meta,
         )
 
     def write(self, rows: list[Row]) -> None:
