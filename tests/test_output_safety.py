@@ -335,7 +335,7 @@ def test_a_held_out_is_refused_before_the_model_dataset_or_fork_server(
     monkeypatch.setattr(fork_server, "acquire", must_not("the fork server was launched"))
     monkeypatch.setattr(plan, "check_settings", must_not("the settings were checked"))
     monkeypatch.setattr(plan, "make_backend", must_not("the model was opened"))
-    monkeypatch.setattr(plan, "open_dataset", must_not("the dataset was listed"))
+    monkeypatch.setattr(plan, "open_source", must_not("the dataset was listed"))
     out = tmp_path / "o"
     with (
         OutLock(out, command="the holder"),
