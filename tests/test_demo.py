@@ -159,9 +159,10 @@ def test_pool224_output_depends_on_the_sampled_pixels():
 # --------------------------------------------------------------------------- write_demo
 
 
-@pytest.fixture(scope="module")
-def kit(tmp_path_factory) -> demo.DemoKit:
-    return demo.write_demo(tmp_path_factory.mktemp("kit") / "demo")
+@pytest.fixture
+def kit(demo_kit) -> demo.DemoKit:
+    """The session's kit (conftest.py): write_demo's output, written once (5 s)."""
+    return demo_kit
 
 
 def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):

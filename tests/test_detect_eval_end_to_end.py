@@ -230,6 +230,7 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     assert "<script" not in page
 
 
+@pytest.mark.slow  # default tier: the bootstrap p on fixed scores (test_detect_metrics.py)
 def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     root, _, _ = kit
     job = write_job(root, "regress")

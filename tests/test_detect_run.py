@@ -196,6 +196,8 @@ def test_without_labels_80_classes_get_coco_names_and_others_none(kit, tmp_path)
     assert read_run(result.out).manifest.raw["task"]["names_source"] == "none"
 
 
+# Default tier: resume is exact for classification (test_reliability.py, test_output_safety.py).
+@pytest.mark.slow
 def test_resume_of_a_detection_run_is_exact(kit, tmp_path):
     once = run(_config(kit, tmp_path / "once"))
     out = tmp_path / "twice"

@@ -171,6 +171,7 @@ def test_kill_9_of_the_coordinator_while_a_reader_is_blocked_leaves_nothing(demo
     assert not [n for n in os.listdir(SHM_DIR) if f"-{proc.pid}-" in n]
 
 
+@pytest.mark.slow  # default tier: the policy with a scripted clock (test_scheduler.py)
 def test_ctrl_z_longer_than_the_timeout_kills_nobody(demo_kit, tmp_path):
     out = tmp_path / "o"
     proc = _cli(
