@@ -257,7 +257,8 @@ def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_resta
     )  # fmt: skip
 
 
-_MOMENTS = ["server importing", "children starting"]
+# The server importing: with the slow tier (each moment costs a run killed and reaped).
+_MOMENTS = [pytest.param("server importing", marks=pytest.mark.slow), "children starting"]
 
 
 def _wait_for(moment: str, proc: subprocess.Popen) -> list[psutil.Process]:
