@@ -66,8 +66,9 @@ def test_onnx_run_writes_every_digit_once_with_the_models_accuracy(demo_kit, tmp
 
     stats = pq.read_table(result.out / "core_stats.parquet").to_pylist()
     per_core = {row["core"]: row for row in stats}
+    # (How many items each core got is the scheduler's, tested in test_scheduler.py: on a
+    # loaded machine a core that starts late may get few or none.)
     assert set(per_core) == {0, 1, 2, None}
-    assert all(per_core[c]["items"] > 0 for c in (0, 1, 2))
     assert sum(per_core[c]["items"] for c in (0, 1, 2)) == per_core[None]["items"] == 1797
     assert per_core[None]["items_per_s"] > 0
 
