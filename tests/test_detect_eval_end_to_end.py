@@ -253,6 +253,8 @@ def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     assert history.column("verdict").to_pylist() == ["pass", "fail"]
 
 
+# A second detection eval; default tier: YOLO labels read (test_detect_groundtruth.py).
+@pytest.mark.slow
 def test_yolo_labels_give_the_same_scores(kit):
     root, _, coco = kit
     labels = root / "labels"

@@ -72,6 +72,9 @@ def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_p
     assert any("core 1: worker process crashed" in w for w in result.warnings)
 
 
+# Three worker restarts; default tier: a poison item on one core (test_liveness.py), retries on
+# other cores (the next test).
+@pytest.mark.slow
 def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_path):
     result = _run_digits(demo_kit, "crash:item=100", limit=300, out=tmp_path / "o")
     assert (result.status, exit_code(result), result.errors) == ("complete", 1, 1)
