@@ -211,6 +211,19 @@ def test_write_demo_refuses_a_non_empty_folder(tmp_path):
         demo.write_demo(a_file)
 
 
+def test_overwrite_clears_only_what_a_kit_consists_of(tmp_path):
+    """What write_demo(overwrite=True) does before it writes (the whole write, 5 s, is the
+    slow test below)."""
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "dataset" / "3").mkdir(parents=True)
+    (tmp_path / "dataset" / "3" / "9999.png").write_bytes(b"old")
+    (tmp_path / "README.txt").write_text("old")
+    demo._claim(tmp_path, True, owned=("dataset", "detection", "models", "README.txt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
 def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     stale = tmp_path / "dataset" / "3" / "9999.png"
