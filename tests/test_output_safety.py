@@ -453,6 +453,8 @@ def test_resume_check_content_sees_what_size_and_time_cannot(data, digits, tmp_p
     refused(invoke(*run_args(data, digits, content_out, "--resume")), "--resume-check content")
 
 
+# Two runs; default tier: resume with the same settings (test_reliability.py, above).
+@pytest.mark.slow
 def test_a_run_recorded_before_files_were_fingerprinted_still_resumes(data, digits, tmp_path):
     out = tmp_path / "o"
     ok_run(*run_args(data, digits, out))
@@ -464,6 +466,8 @@ def test_a_run_recorded_before_files_were_fingerprinted_still_resumes(data, digi
     assert "30 already done (resumed)" in again.stdout
 
 
+# Two runs; default tier: resume with the same settings (test_reliability.py).
+@pytest.mark.slow
 def test_a_resume_with_the_same_settings_may_use_other_cores(data, digits, tmp_path):
     out = tmp_path / "o"
     ok_run(*run_args(data, digits, out, "--cores", "0,1"))
