@@ -304,6 +304,8 @@ def test_an_out_that_is_a_file_is_a_usage_error(demo_kit, tmp_path):
 
 
 # --------------------------------------------------------------------------------- demo
+# Writes the whole kit (5 s); default tier: write_demo refuses and overwrites (test_demo.py).
+@pytest.mark.slow
 def test_demo_twice_refuses_the_second_time_naming_overwrite(tmp_path):
     target = tmp_path / "kit"
     first = invoke("demo", target)

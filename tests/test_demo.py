@@ -159,9 +159,10 @@ def test_pool224_output_depends_on_the_sampled_pixels():
 # --------------------------------------------------------------------------- write_demo
 
 
-@pytest.fixture(scope="module")
-def kit(tmp_path_factory) -> demo.DemoKit:
-    return demo.write_demo(tmp_path_factory.mktemp("kit") / "demo")
+@pytest.fixture
+def kit(demo_kit) -> demo.DemoKit:
+    """The session's kit (conftest.py): write_demo's output, written once (5 s)."""
+    return demo_kit
 
 
 def test_write_demo_writes_every_digit_as_a_png_under_its_label(kit):
@@ -233,6 +234,20 @@ def test_write_demo_writes_the_two_input_set(kit):
     assert "prompt/<label>/<index>.npz" in kit.readme.read_text()
 
 
+def test_overwrite_clears_only_what_a_kit_consists_of(tmp_path):
+    """What write_demo(overwrite=True) does before it writes (the whole write, 5 s, is the
+    slow test below)."""
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "dataset" / "3").mkdir(parents=True)
+    (tmp_path / "dataset" / "3" / "9999.png").write_bytes(b"old")
+    (tmp_path / "README.txt").write_text("old")
+    (tmp_path / "prompt" / "1").mkdir(parents=True)
+    demo._claim(tmp_path, True, owned=("dataset", "detection", "prompt", "models", "README.txt"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
 def test_write_demo_overwrite_replaces_only_the_kit(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     stale = tmp_path / "dataset" / "3" / "9999.png"

@@ -101,9 +101,9 @@ def test_a_box_is_the_tight_box_of_visible_ink():
     assert checked >= 5
 
 
-def test_val_uses_only_held_out_digits_and_train_never_does():
+def test_val_uses_only_held_out_digits_and_train_never_does(val):
     held_out = set(demo.test_split().tolist())
-    val_digits = {d for s in detection.scenes("val", 300) for d in s.digits.tolist()}
+    val_digits = {d for s in val for d in s.digits.tolist()}
     train_digits = {d for s in detection.scenes("train", 300) for d in s.digits.tolist()}
     assert val_digits <= held_out and len(val_digits) > 200
     assert not train_digits & held_out and len(train_digits) > 500
@@ -115,8 +115,8 @@ def test_some_images_are_strips_for_the_letterbox(val):
     assert 20 <= strips <= len(val) // 4
 
 
-def test_write_detection_writes_pngs_and_coco_instances(tmp_path, val):
-    written = detection.write_detection(tmp_path / "det")
+def test_write_detection_writes_pngs_and_coco_instances(demo_kit, val):
+    written = demo_kit.detection  # write_detection's, as write_demo made the session's kit
     assert written.count == detection.VAL_IMAGES >= 500
     coco = json.loads(written.instances.read_text())
     assert [c["name"] for c in coco["categories"]] == [str(d) for d in range(10)]

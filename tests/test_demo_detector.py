@@ -160,6 +160,7 @@ def test_tool_decoding_agrees_with_batchinfer_detect(tool, session):
     assert compared >= 20 * 2
 
 
+@pytest.mark.slow  # the whole val split again; default tier: its scores in the detection eval
 def test_detector_reaches_its_recorded_float_map(tool, tmp_path):
     pytest.importorskip("pycocotools")
     measured = json.loads((demo.ASSETS / "measured.json").read_text())["detector"]

@@ -230,6 +230,7 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     assert "<script" not in page
 
 
+@pytest.mark.slow  # default tier: the bootstrap p on fixed scores (test_detect_metrics.py)
 def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     root, _, _ = kit
     job = write_job(root, "regress")
@@ -252,6 +253,8 @@ def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     assert history.column("verdict").to_pylist() == ["pass", "fail"]
 
 
+# A second detection eval; default tier: YOLO labels read (test_detect_groundtruth.py).
+@pytest.mark.slow
 def test_yolo_labels_give_the_same_scores(kit):
     root, _, coco = kit
     labels = root / "labels"

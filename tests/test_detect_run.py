@@ -196,6 +196,8 @@ def test_without_labels_80_classes_get_coco_names_and_others_none(kit, tmp_path)
     assert read_run(result.out).manifest.raw["task"]["names_source"] == "none"
 
 
+# Default tier: resume is exact for classification (test_reliability.py, test_output_safety.py).
+@pytest.mark.slow
 def test_resume_of_a_detection_run_is_exact(kit, tmp_path):
     once = run(_config(kit, tmp_path / "once"))
     out = tmp_path / "twice"
@@ -323,6 +325,9 @@ def test_a_raw_run_stores_the_outputs(tmp_path):
     assert read_run(result.out).manifest.raw["task"]["task"] == "raw"
 
 
+# A bench; default tier: bench on a classifier (test_bench_cli.py), a detection run's
+# post-processing record in its manifest (this file).
+@pytest.mark.slow
 def test_bench_on_a_detector_reports_the_post_processing_share(kit, tmp_path):
     _, model, _, _ = kit
     short = ["--duration", "0.75", "--warmup", "0.25", "--window", "0.25", "--max-duration", "1"]
@@ -337,6 +342,8 @@ def test_bench_on_a_detector_reports_the_post_processing_share(kit, tmp_path):
     assert data["config"]["task"] == "detect: YOLOv8 model-zoo head, 2 classes, strides 8/16/32"
 
 
+# Default tier: --save-outputs of a classifier (test_engine.py), a raw run's outputs (below).
+@pytest.mark.slow
 def test_save_outputs_keeps_the_raw_outputs_beside_the_boxes(kit, tmp_path):
     result = run(_config(kit, tmp_path / "o", save_outputs=True))
     rows = _rows(result.out)

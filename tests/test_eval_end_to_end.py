@@ -273,6 +273,8 @@ min = 0.5
     assert history.column("margin_mean").to_pylist() == [record["metrics"]["margin_mean"]]
 
 
+# A whole eval; default tier: the same leftovers in `run` (test_cli.py) and `bench`.
+@pytest.mark.slow
 def test_a_mac_zip_s_leftovers_change_neither_the_labels_nor_the_accuracy(
     tmp_path, demo_kit, fast_sim
 ):

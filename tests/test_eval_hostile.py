@@ -156,6 +156,7 @@ def test_hostile_class_and_file_names_are_data_in_the_report_and_summary(
 
 
 # --------------------------------------------------------------------------- blocking items
+@pytest.mark.slow  # default tier: a FIFO item in a run (test_reliability.py)
 def test_a_fifo_item_is_an_error_row_and_the_report_does_not_wait_for_it(
     tmp_path, demo_kit, fast_sim
 ):
@@ -271,6 +272,7 @@ with StopSignals() as signals:
 """
 
 
+@pytest.mark.slow  # default tier: a second SIGINT stops at once (test_reliability.py)
 def test_a_second_sigterm_ends_a_process_stuck_in_a_read_and_releases_everything(tmp_path):
     out, fifo = tmp_path / "out", tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -308,7 +310,7 @@ def test_a_second_sigterm_ends_a_process_stuck_in_a_read_and_releases_everything
 
 
 # --------------------------------------------------------------------------- output paths
-@pytest.mark.parametrize("key", ["report", "summary"])
+@pytest.mark.parametrize("key", ["report", pytest.param("summary", marks=pytest.mark.slow)])
 def test_a_file_eval_did_not_write_at_the_report_or_summary_path_is_refused_first(
     tmp_path, demo_kit, key
 ):

@@ -172,6 +172,7 @@ def test_kill_9_of_the_coordinator_while_a_reader_is_blocked_leaves_nothing(demo
     assert not [n for n in os.listdir(SHM_DIR) if f"-{proc.pid}-" in n]
 
 
+@pytest.mark.slow  # default tier: the policy with a scripted clock (test_scheduler.py)
 def test_ctrl_z_longer_than_the_timeout_kills_nobody(demo_kit, tmp_path):
     out = tmp_path / "o"
     proc = _cli(
@@ -257,7 +258,8 @@ def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_resta
     )  # fmt: skip
 
 
-_MOMENTS = ["server importing", "children starting"]
+# The server importing: with the slow tier (each moment costs a run killed and reaped).
+_MOMENTS = [pytest.param("server importing", marks=pytest.mark.slow), "children starting"]
 
 
 def _wait_for(moment: str, proc: subprocess.Popen) -> list[psutil.Process]:

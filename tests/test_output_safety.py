@@ -102,14 +102,18 @@ def test_overwrite_keeps_every_file_the_run_did_not_write(data, digits, tmp_path
     assert read_predictions(out).num_rows == 30
 
 
+# Each plant costs a run: three in the default tier (a path out of OUT, a link, a bad
+# record), the rest with the slow tier.
 @pytest.mark.parametrize(
     ("plant", "needle"),
     [
         ("dotdot", "../../home/.ssh/authorized_keys"),
-        ("absolute", "/home/.ssh/authorized_keys"),
+        pytest.param("absolute", "/home/.ssh/authorized_keys", marks=pytest.mark.slow),
         ("symlink_part", "part-00007.parquet is a symbolic link"),
-        ("folder_part", "part-00007.parquet is a folder"),
-        ("symlink_predictions", "predictions is a symbolic link"),
+        pytest.param("folder_part", "part-00007.parquet is a folder", marks=pytest.mark.slow),
+        pytest.param(
+            "symlink_predictions", "predictions is a symbolic link", marks=pytest.mark.slow
+        ),
         ("malformed_record", "has rows or errors that are not counts"),
     ],
 )
@@ -421,15 +425,17 @@ def rgb_data(data, tmp_path) -> Path:
     return root
 
 
+# Each change costs two runs: three in the default tier (a setting, the listing, a file's
+# content), the rest with the slow tier.
 @pytest.mark.parametrize(
     ("change", "needle"),
     [
         ("topk", "--topk 5 → 3"),
-        ("save_outputs", "--save-outputs False → True"),
-        ("mean_std", "preprocessing: mean"),
+        pytest.param("save_outputs", "--save-outputs False → True", marks=pytest.mark.slow),
+        pytest.param("mean_std", "preprocessing: mean", marks=pytest.mark.slow),
         ("added_file", "dataset listing"),
-        ("other_folder", "dataset folder"),
-        ("other_model", "model file"),
+        pytest.param("other_folder", "dataset folder", marks=pytest.mark.slow),
+        pytest.param("other_model", "model file", marks=pytest.mark.slow),
         ("replaced_file", "state of the dataset's files"),
     ],
 )
@@ -496,6 +502,8 @@ def test_resume_check_content_sees_what_size_and_time_cannot(data, digits, tmp_p
     refused(invoke(*run_args(data, digits, content_out, "--resume")), "--resume-check content")
 
 
+# Two runs; default tier: resume with the same settings (test_reliability.py, above).
+@pytest.mark.slow
 def test_a_run_recorded_before_files_were_fingerprinted_still_resumes(data, digits, tmp_path):
     out = tmp_path / "o"
     ok_run(*run_args(data, digits, out))
@@ -507,6 +515,8 @@ def test_a_run_recorded_before_files_were_fingerprinted_still_resumes(data, digi
     assert "30 already done (resumed)" in again.stdout
 
 
+# Two runs; default tier: resume with the same settings (test_reliability.py).
+@pytest.mark.slow
 def test_a_resume_with_the_same_settings_may_use_other_cores(data, digits, tmp_path):
     out = tmp_path / "o"
     ok_run(*run_args(data, digits, out, "--cores", "0,1"))

@@ -73,6 +73,9 @@ def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_p
     assert any("core 1: worker process crashed" in w for w in result.warnings)
 
 
+# Three worker restarts; default tier: a poison item on one core (test_liveness.py), retries on
+# other cores (the next test).
+@pytest.mark.slow
 def test_an_item_that_kills_every_worker_becomes_one_error_row(demo_kit, tmp_path):
     result = _run_digits(demo_kit, "crash:item=100", limit=300, out=tmp_path / "o")
     assert (result.status, exit_code(result), result.errors) == ("complete", 1, 1)
@@ -134,7 +137,7 @@ def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_p
     assert exit_code(result) == 0
     assert any(w.startswith("core 1 retired") for w in result.warnings)
     table = _exactly_once(result.out, 100)
-    assert set(table["core"].to_pylist()) == {0, 2}
+    assert set(table["core"].to_pylist()) <= {0, 2}  # both, unless one started late
     manifest = json.loads((result.out / "manifest.json").read_text())
     assert manifest["retired_cores"] == [1]
 
@@ -436,6 +439,7 @@ def test_sigint_finishes_in_flight_items_then_resume_completes(demo_kit, tmp_pat
     _resume_and_check(demo_kit, out)
 
 
+@pytest.mark.slow  # default tier: SIGINT then resume; kill -9 leaves nothing (test_liveness.py)
 def test_sigkill_of_the_coordinator_then_resume_completes(demo_kit, tmp_path):
     out = tmp_path / "o"
     proc = _start_cli(demo_kit, out)
@@ -532,18 +536,21 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path):
     assert exit_code(result) == 0
 
 
+# Seven FIFOs: more than MAX_READER_DEATHS / max_attempts, 7 s of timeouts waited out; one
+# in the default tier (the limit's accounting is tested in test_scheduler.py).
+@pytest.mark.parametrize("fifos", [1, pytest.param(7, marks=pytest.mark.slow)])
 def test_a_file_that_blocks_on_open_becomes_an_error_row_and_costs_no_reader_limit(
-    demo_kit, tmp_path
+    demo_kit, tmp_path, fifos
 ):
     data = tmp_path / "data"
     (data / "3").mkdir(parents=True)
     for path in sorted(demo_kit.dataset.glob("3/*.png"))[:30]:
         shutil.copy(path, data / "3" / path.name)
     # A FIFO nobody writes to, behind an image name: open() blocks for ever, like a file
-    # on a dead network mount. Seven of them: more than MAX_READER_DEATHS / max_attempts.
+    # on a dead network mount.
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    for i in range(7):
+    for i in range(fifos):
         (data / "3" / f"hang-{i}.png").symlink_to(fifo)
     cfg = config(
         dataset=data,
@@ -555,9 +562,9 @@ def test_a_file_that_blocks_on_open_becomes_an_error_row_and_costs_no_reader_lim
     )
     result = run(cfg)
     assert exit_code(result) == 1
-    table = _exactly_once(result.out, 37)
+    table = _exactly_once(result.out, 30 + fifos)
     errors = [r for r in table.to_pylist() if r["error"] is not None]
-    assert sorted(r["id"] for r in errors) == [f"3/hang-{i}.png" for i in range(7)]
+    assert sorted(r["id"] for r in errors) == [f"3/hang-{i}.png" for i in range(fifos)]
     for row in errors:
         assert row["core"] is None
         assert row["error"].count("was stuck for more than 0.5 s") == 2  # max_attempts

@@ -35,6 +35,9 @@ r.load_rknn(cfg["model"])
 print("ready", r.init_runtime(core_mask=cfg["mask"]), flush=True)
 if cfg.get("wait_go"):
     sys.stdin.readline()
+if cfg.get("hold"):  # reserve the core as a call would, say until when, and go
+    print("held", r._reserve(time.monotonic())[1], flush=True)
+    sys.exit()
 x = np.zeros((1, 8, 8, 1), dtype=np.uint8)
 t0 = time.monotonic()
 for i in range(cfg["calls"]):
@@ -68,6 +71,7 @@ def spawn(tmp_path: Path, model: Path, state: Path) -> Iterator:
         sim = {"faults": faults, "state_dir": str(state), "npu_ms": 0, "host_ms": 0, **sim}
         cfg = {"model": str(model), "mask": mask, "calls": calls, "sim": sim}
         cfg["wait_go"] = bool(sim.pop("wait_go", False))
+        cfg["hold"] = bool(sim.pop("hold", False))
         proc = subprocess.Popen(
             [sys.executable, str(script), json.dumps(cfg)],
             stdin=subprocess.PIPE,
@@ -221,56 +225,86 @@ def test_timer_slack_is_tightened(state: Path, model: Path) -> None:
 
 
 # ---------------------------------------------------------------- time model
+# Wall-clock rates are bounded from above only (the emulator never beats its model: each call
+# waits for an absolute deadline); how close it comes is measured by tools/bench_sim.py,
+# not asserted, as a loaded machine slows any call. Which core a call holds, and from when
+# to when, is read from the board's reservations (_reserve), which do not depend on load.
 @pytest.mark.parametrize(("k", "host_ms", "npu_ms", "calls"), [(1, 10, 5, 20), (2, 10, 5, 20)])
-def test_throughput_follows_the_time_model(
+def test_throughput_never_beats_the_time_model(
     state: Path, model: Path, k: int, host_ms: float, npu_ms: float, calls: int
 ) -> None:
     runtimes = [sim(state, model, host_ms=host_ms, npu_ms=npu_ms) for _ in range(k)]
     rate = k * calls / run_threads(runtimes, calls)
     bound = min(k / (host_ms + npu_ms), 1 / npu_ms) * 1000
-    assert 0.6 * bound < rate <= 1.02 * bound
+    assert rate <= 1.02 * bound
+
+
+# A reservation no test waits out (under the board's 60 s staleness): it only fills the board.
+LONG_MS = 30_000.0
+
+
+def _hold(runtime: RKNNLite) -> float:
+    """Reserve ``runtime``'s core(s) as a call would, without waiting; the end of the hold."""
+    fired, end = runtime._reserve(time.monotonic())
+    assert fired is None
+    return end
 
 
 def test_a_core_is_held_exclusively(state: Path, model: Path) -> None:
     # Host time alone would allow 300 calls/s; the core caps it at 1/npu_ms = 200.
     runtimes = [sim(state, model, host_ms=5, npu_ms=5) for _ in range(3)]
     rate = 3 * 15 / run_threads(runtimes, 15)
-    assert 0.6 * 200 < rate <= 1.02 * 200
+    assert rate <= 1.02 * 200
+    first, second = sim(state, model, npu_ms=LONG_MS), sim(state, model, npu_ms=5)
+    end = _hold(first)
+    assert _hold(second) == pytest.approx(end + 0.005)  # queued behind the long hold
+    first.release(), second.release()
 
 
 def test_different_cores_run_in_parallel(state: Path, model: Path) -> None:
-    runtimes = [
-        sim(state, model, mask=C.NPU_CORE_0, npu_ms=10),
-        sim(state, model, mask=C.NPU_CORE_1, npu_ms=10),
-    ]
-    assert run_threads(runtimes, 10) < 0.17  # serialised would take 0.2 s
+    on_0 = sim(state, model, mask=C.NPU_CORE_0, npu_ms=LONG_MS)
+    on_1 = sim(state, model, mask=C.NPU_CORE_1, npu_ms=10)
+    long = _hold(on_0)
+    assert _hold(on_1) < long - 20  # not queued behind core 0's long hold
+    on_0.release(), on_1.release()
 
 
 def test_auto_takes_the_core_that_frees_first(state: Path, model: Path) -> None:
-    runtimes = [sim(state, model, mask=C.NPU_CORE_AUTO, npu_ms=10) for _ in range(3)]
-    assert run_threads(runtimes, 10) < 0.2  # on one core it would take 0.3 s
+    held = [sim(state, model, mask=mask, npu_ms=LONG_MS) for mask in (C.NPU_CORE_0, C.NPU_CORE_2)]
+    ends = [_hold(r) for r in held]
+    auto = sim(state, model, mask=C.NPU_CORE_AUTO, npu_ms=10)
+    assert _hold(auto) < min(ends) - 20  # took core 1, the free one
+    assert auto._board.busy_until(1, time.monotonic()) < min(ends) - 20
+    for r in [*held, auto]:
+        r.release()
 
 
 def test_a_multi_core_mask_splits_the_npu_time(state: Path, model: Path) -> None:
+    r = sim(state, model, mask=C.NPU_CORE_0_1_2, npu_ms=15)
+    before = time.monotonic()
+    end = _hold(r)
+    # 15 ms / 3 cores, held on all three from a common start; on one core 15 ms.
+    assert before + 0.005 <= end <= time.monotonic() + 0.005
+    assert [r._board.busy_until(c, before) for c in range(3)] == [end] * 3
+    r.release()
+
+
+def test_the_emulated_calls_take_the_multi_core_split_time(state: Path, model: Path) -> None:
     elapsed = run_threads([sim(state, model, mask=C.NPU_CORE_0_1_2, npu_ms=15)], 10)
-    assert 0.045 <= elapsed < 0.1  # 10 x 15 ms / 3 cores; on one core 0.15 s
+    assert elapsed >= 0.045  # 10 x 15 ms / 3 cores: never less
 
 
-def test_two_processes_sharing_a_core_serialise(spawn) -> None:
-    procs = [spawn(calls=15, mask=C.NPU_CORE_1, npu_ms=10, wait_go=True) for _ in range(2)]
-    for p in procs:
-        assert p.stdout.readline().split() == ["ready", "0"]
-    for p in procs:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    spans = []
-    for p in procs:
-        out, err = p.communicate(timeout=30)
-        assert p.returncode == 0, err
-        spans.append([float(v) for v in out.splitlines()[-1].split()[1:]])
-    start, end = min(s for s, _ in spans), max(e for _, e in spans)
-    assert max(s for s, _ in spans) < min(e for _, e in spans)  # they ran at the same time
-    assert end - start >= 0.95 * 30 * 0.010  # 30 calls of 10 ms, one at a time
+def test_two_processes_sharing_a_core_serialise(spawn, state: Path, model: Path) -> None:
+    # Another process holds core 1 (the board is shared through a file): a call here on
+    # core 1 is queued behind that hold, one on core 0 is not.
+    other = spawn(mask=C.NPU_CORE_1, npu_ms=LONG_MS, hold=True)
+    out, err = other.communicate(timeout=60)
+    assert other.returncode == 0, err
+    held_until = float(out.splitlines()[-1].split()[1])
+    on_1, on_0 = sim(state, model, mask=C.NPU_CORE_1, npu_ms=10), sim(state, model, npu_ms=10)
+    assert _hold(on_1) == pytest.approx(held_until + 0.010)
+    assert _hold(on_0) < held_until - 20
+    on_1.release(), on_0.release()
 
 
 # ---------------------------------------------------------------- faults

@@ -52,6 +52,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing import forkserver
+from typing import Any
 
 import psutil
 
@@ -68,7 +69,13 @@ _lock = threading.Lock()
 _users = 0
 
 
-def context() -> mp.context.BaseContext:
+def _server() -> Any:
+    """multiprocessing's forkserver state, whose private fields (pid, alive pipe, stop) are
+    read and used here: typeshed declares none of them, so it is untyped."""
+    return forkserver._forkserver
+
+
+def context() -> mp.context.ForkServerContext:
     """The multiprocessing context children are started with."""
     return mp.get_context("forkserver")
 
@@ -130,7 +137,7 @@ def _running() -> bool:
 
 def server_pid() -> int | None:
     """The pid a forked child's parent has (the server's), or None if it is not running."""
-    return forkserver._forkserver._forkserver_pid
+    return _server()._forkserver_pid
 
 
 def cpu_seconds() -> float:
@@ -158,7 +165,7 @@ def release() -> None:
             # for its interpreter to tear numpy down at the end of every run.
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-        forkserver._forkserver._stop()
+        _server()._stop()
 
 
 @contextlib.contextmanager
@@ -174,8 +181,8 @@ def running() -> Iterator[None]:
 
 def close_inherited_alive_pipe() -> None:
     """In a forked child: close its copy of the pipe whose closing stops the server."""
-    fd = forkserver._forkserver._forkserver_alive_fd
+    fd = _server()._forkserver_alive_fd
     if fd is not None:
-        forkserver._forkserver._forkserver_alive_fd = None
+        _server()._forkserver_alive_fd = None
         with contextlib.suppress(OSError):
             os.close(fd)

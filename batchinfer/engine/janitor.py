@@ -58,13 +58,16 @@ class Janitor:
 
     def watch(self, name: str) -> None:
         """Remove segment ``name`` if the coordinator dies before it does."""
+        stdin = self.proc.stdin
+        assert stdin is not None  # started with stdin=PIPE
         with contextlib.suppress(OSError):
-            self.proc.stdin.write(name + "\n")
-            self.proc.stdin.flush()
+            stdin.write(name + "\n")
+            stdin.flush()
 
     def close(self) -> None:
         """The run removed its segments: let the janitor check and go (waiting at most
         KILL_AFTER_S for it, see the module docstring)."""
+        assert self.proc.stdin is not None  # started with stdin=PIPE
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         pid = self.proc.pid

@@ -49,7 +49,8 @@ from batchinfer.sink.stats import CoreStatsRecorder
 
 log = logging.getLogger("batchinfer")
 
-_TICK_S = 0.1
+#: The longest the loop waits for events before it checks hangs, restarts and readers.
+TICK_S = 0.1
 #: How much nicer than the coordinator readers run once the cores are seen well fed.
 READER_NICENESS = 10
 _CHECK_EVERY_S = 0.05
@@ -67,7 +68,11 @@ class Engine(EngineLoop):
         observers: Sequence[ev.Observer] = (),
         stats: CoreStatsRecorder | None = None,
         clock: Callable[[], float] = time.monotonic,
+        tick_s: float = TICK_S,
+        make_scaler: Callable[[int, int, float], ReaderScaler] = ReaderScaler,
     ) -> None:
+        """``tick_s`` and ``make_scaler`` (minimum, maximum readers, start time -> the
+        scaler) are the loop's tuning: tests give a scripted scaler, a longer tick."""
         self.plan = plan
         self.source = source
         self.sink = sink
@@ -82,7 +87,7 @@ class Engine(EngineLoop):
         self.stats = stats or CoreStatsRecorder(plan.cores, plan.instances_per_core)
         self.collector = Collector(self.scheduler, sink, self.stats, self.notify, plan.topk, clock)
         self.pool = ChildPool(clock)
-        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, _TICK_S)
+        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, tick_s)
         self.canary = Canary()
         self.usage = Usage()
         self.warnings: list[str] = []
@@ -103,7 +108,8 @@ class Engine(EngineLoop):
         # With runtime.readers fixed (or one CPU) the count stays, but the scaler's windows
         # still decide the readers' priority (_yield_to_workers).
         least = 1 if self._max_readers > readers else readers
-        self.scaler = ReaderScaler(least, self._max_readers, clock()) if readers else None
+        self.scaler = make_scaler(least, self._max_readers, clock()) if readers else None
+        self._tick_s = tick_s
         self.backend = plan.backend
         self.inputs: SlotRegion | None = None
         self.outputs: SlotRegion | None = None
@@ -251,7 +257,7 @@ class Engine(EngineLoop):
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
         starved = self.scaler is not None and self._starved()  # while we wait, below
-        for event in self.pool.poll(self.collector.wait_s(self.clock(), _TICK_S)):
+        for event in self.pool.poll(self.collector.wait_s(self.clock(), self._tick_s)):
             if isinstance(event, Message):
                 self._on_message(event.child, event.body)
             else:

@@ -85,7 +85,9 @@ class ChildPool:
     def parent_pid(self) -> int:
         """The pid a child's parent will have: the fork server's."""
         self.open()
-        return fork_server.server_pid()
+        pid = fork_server.server_pid()
+        assert pid is not None  # open() launched it
+        return pid
 
     def start(
         self, kind: str, key: int, target: Callable, spec: Any, timeout_s: float, phase: str

@@ -3,7 +3,7 @@
 Decoding is often what limits a run on the board (JPEG decode and resize on the CPU), and
 the right number of reader processes depends on the images, the model and what else the
 CPUs do. So unless the user fixes it (``runtime.readers``), the run starts with about half
-the CPUs it may use and, every ``WINDOW_S``, looks at the last window:
+the CPUs it may use and, every window (``WINDOW_S`` unless given), looks at the last one:
 
 - **grow** by one when cores waited for input (no item READY while a runtime instance had
   nothing to infer) more than ``STARVED`` of the time, the readers were busy decoding more
@@ -86,11 +86,14 @@ class _Window:
 class ReaderScaler:
     """Decides +1 / -1 / 0 readers (see the module docstring)."""
 
-    def __init__(self, minimum: int, maximum: int, start_at: float) -> None:
+    def __init__(
+        self, minimum: int, maximum: int, start_at: float, window_s: float = WINDOW_S
+    ) -> None:
         self.minimum, self.maximum = minimum, maximum
+        self.window_s = window_s
         self._window = _Window(start_at)
         self._seen = start_at  # observed up to here
-        self._cooldown_until = start_at + WINDOW_S  # windows starting before: not judged
+        self._cooldown_until = start_at + window_s  # windows starting before: not judged
         # A judged window had the cores well fed: decoding is not what they wait for, so
         # readers may yield the CPU to the core workers (Engine._yield_to_workers).
         self.fed = False
@@ -119,7 +122,7 @@ class ReaderScaler:
         """
         w = self._window
         span = now - w.start
-        if span < WINDOW_S:
+        if span < self.window_s:
             return 0
         self._window = _Window(now)
         idle = idle_cpus()
@@ -134,5 +137,5 @@ class ReaderScaler:
         elif idle < SATURATED and starved <= FED and readers > self.minimum:
             change = -1
         if change:
-            self._cooldown_until = now + WINDOW_S
+            self._cooldown_until = now + self.window_s
         return change

@@ -83,7 +83,8 @@ class EngineLoop:
 
     def _drive(self) -> tuple[str, BatchinferError | None]:
         """Set up, start and loop until done; always close: (status, error)."""
-        status, error = "complete", None
+        status = "complete"
+        error: BatchinferError | None = None
         try:
             self._setup()
             self._start()

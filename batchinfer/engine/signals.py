@@ -39,7 +39,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import NoReturn
+from typing import NoReturn, Protocol
 
 from batchinfer.errors import RunInterrupted
 
@@ -52,6 +52,7 @@ HARD_EXIT_AFTER_S = 5.0
 def _raise_in_main_thread(exc_type: type[BaseException]) -> None:
     """Raise ``exc_type`` in the main thread at its next bytecode (from another thread)."""
     ident = threading.main_thread().ident
+    assert ident is not None  # the main thread has started: it is running this program
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
 
 
@@ -80,6 +81,12 @@ def hard_exit(why: str, code: int = 130) -> NoReturn:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(SHM_DIR, name))
     os._exit(code)
+
+
+class _Stoppable(Protocol):
+    """What a stop needs of the engine of a run (runner.RunEngine has it)."""
+
+    def request_stop(self, reason: str) -> None: ...
 
 
 class SignalRouter:
@@ -136,7 +143,7 @@ class StopSignals:
     """
 
     def __init__(self) -> None:
-        self.engine = None
+        self.engine: _Stoppable | None = None  # set once the run's engine exists
         self._old: dict = {}
         self._router = SignalRouter.current()
         self._received = 0

@@ -327,6 +327,7 @@ def _anchors(
         raw = None if settings is None else settings.raw.get("anchors")
         if raw is None:
             return None, "default"
+        assert settings is not None  # raw came from it
         source, flat = f"{model.stem}.config.json", _anchors_from_json(raw, settings.path)
     strides = len(head.strides)
     groups = [tuple(float(v) for v in g) for g in flat]

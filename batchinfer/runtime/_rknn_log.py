@@ -83,7 +83,8 @@ class _OwnLogger(logging.Logger):
 
     def setLevel(self, level: int | str) -> None:
         super().setLevel(level)
-        self._cache.clear()
+        # Logger._cache is CPython's private level cache, which typeshed does not declare.
+        self._cache.clear()  # type: ignore[attr-defined]
 
 
 def quiet_instance_logs() -> None:

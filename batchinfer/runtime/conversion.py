@@ -160,7 +160,7 @@ def normalise(
     """
     import numpy as np
 
-    out = np.asarray(x, dtype=np.float32)
+    out: np.ndarray = np.asarray(x, dtype=np.float32)
     channels = out.shape[-1] if out.ndim else 1
     for name, values in (("mean_values", mean), ("std_values", std)):
         if values is not None and len(values) not in (1, channels):

@@ -277,7 +277,9 @@ def _check_counts(settings: ConversionSettings, n: int, where: str) -> None:
         )
 
 
-def _check_compiled(shape: tuple[int, ...], onnx_shape: list, i: int, name: str, settings) -> None:
+def _check_compiled(
+    shape: tuple[int, ...], onnx_shape: Sequence[object], i: int, name: str, settings
+) -> None:
     # Only the ONNX input's dynamic axes (symbolic or unset) may take other sizes.
     dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in onnx_shape)
     fits = len(shape) == len(dims) and all(

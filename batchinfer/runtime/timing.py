@@ -152,8 +152,9 @@ def count_work(model: Any, input_shapes: Mapping[str, Sequence[int]]) -> Work:
     for node in inferred.graph.node:
         if node.op_type in _FREE_OPS:
             continue
-        outs = [shapes.get(name) for name in node.output if name]
-        if not outs or any(s is None for s in outs):
+        found = [shapes.get(name) for name in node.output if name]
+        outs = [s for s in found if s is not None]
+        if not outs or len(outs) < len(found):
             uncounted.append(node.op_type)
             continue
         written = sum(_prod(s) for s in outs)

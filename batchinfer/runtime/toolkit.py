@@ -122,7 +122,7 @@ def toolkit_version() -> str:
         return "unknown"
 
 
-def _rknn_class() -> type:
+def _rknn_class() -> Any:  # rknn.api.RKNN: the toolkit has no type information
     """``rknn.api.RKNN``, imported quietly (its import warns about pkg_resources)."""
     reason = unavailable_reason()
     if reason is not None:

@@ -55,7 +55,7 @@ def file_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
 
 def write_atomically(
     path: Path,
-    write: Callable[[BinaryIO], None],
+    write: Callable[[BinaryIO], object],  # what it returns is not used
     before_rename: Callable[[Path], None] | None = None,
 ) -> None:
     """Write ``path`` whole or not at all; ``write`` fills the open tmp file.

@@ -381,6 +381,7 @@ def claim(
     elif folder.state == "run" and resume:
         check_resume_fingerprint(folder, fingerprint)
         continued = folder.manifest
+        assert continued is not None  # a folder in state "run" has its manifest read
         done = prepare_resume(continued)
     try:
         (folder.path / PREDICTIONS_DIR).mkdir(parents=True, exist_ok=True)

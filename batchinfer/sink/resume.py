@@ -212,13 +212,15 @@ def prepare_resume(manifest: RunManifest) -> ResumeState:
             table = _read(old).filter(pa.array(keep))
             new = directory / part_name(next_part)
             next_part += 1
-            write_table_atomically(
-                table,
-                new,
-                before_rename=lambda tmp, new=new, table=table, name=name: manifest.replace_part(
+
+            def record(
+                tmp: Path, new: Path = new, table: pa.Table = table, name: str = name
+            ) -> None:
+                manifest.replace_part(
                     name, new.name, rows=table.num_rows, errors=0, sha256=file_sha256(tmp)
-                ),
-            )
+                )
+
+            write_table_atomically(table, new, before_rename=record)
         _unlink(old)
         manifest.forget_part(name)
 
