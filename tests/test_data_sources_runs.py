@@ -89,20 +89,23 @@ def test_the_digits_give_the_same_predictions_as_folder_csv_parquet_and_coco(dem
     assert [m["n"] for m in meta] == list(range(1797))
 
 
-def _start(dataset: Path, model: Path, out: Path) -> subprocess.Popen:
+def _start(dataset: Path, model: Path, out: Path, *extra: str) -> subprocess.Popen:
     cmd = [
         sys.executable, "-m", "batchinfer", "run", str(dataset), "--model", str(model),
         "--backend", "sim", "--sim-npu-ms", "3", "--sim-host-ms", "0", "--cores", "0",
-        "--out", str(out), "--no-progress", "--part-rows", "40",
+        "--out", str(out), "--no-progress", "--part-rows", "40", *extra,
     ]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("form", ["csv", "parquet"])
+@pytest.mark.parametrize("form", ["csv", "parquet", "coco", "glob"])
 def test_kill_9_then_resume_is_exact_for_a_manifest(demo_kit, tmp_path, form):
-    dataset = write_lists(demo_kit.dataset, tmp_path / "lists")[form]
+    lists = write_lists(demo_kit.dataset, tmp_path / "lists")
+    lists["glob"] = demo_kit.dataset / "*" / "*.png"
+    dataset = lists[form]
+    extra = ["--image-root", str(demo_kit.dataset)] if form == "coco" else []
     model, out = demo_kit.models["digits"], tmp_path / "o"
-    proc = _start(dataset, model, out)
+    proc = _start(dataset, model, out, *extra)
     deadline = time.monotonic() + 120
     while len(list((out / "predictions").glob("part-*.parquet"))) < 2:
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
@@ -116,7 +119,7 @@ def test_kill_9_then_resume_is_exact_for_a_manifest(demo_kit, tmp_path, form):
     done = subprocess.run(
         [sys.executable, "-m", "batchinfer", "run", str(dataset), "--model", str(model),
          "--backend", "sim", "--sim-npu-ms", "0.2", "--sim-host-ms", "0", "--out", str(out),
-         "--resume", "--no-progress"],
+         "--resume", "--no-progress", *extra],
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
