@@ -234,6 +234,11 @@ def test_a_dataset_run_is_end_to_end_with_readers_and_repeats_the_dataset(tmp_pa
     assert d["samples"] > 20  # more than the dataset holds: it was read again
     assert [p["role"] for p in d["cpu"]["processes"]].count("reader") == 1
     assert d["diagnosis"]["read_p50_ms"] is not None
+    lim = d["limits"]  # the decode limit from the dataset's files, with the emulator's call
+    assert lim["decode_cpu_ms"] > 0 and lim["call_cpu_ms"] > 0
+    assert lim["decode_per_s"] == pytest.approx(
+        lim["cpus"] * 1e3 / (lim["decode_cpu_ms"] + lim["call_cpu_ms"]), rel=1e-3
+    )
 
 
 @pytest.mark.slow
@@ -308,3 +313,44 @@ def test_compare_peers_prints_the_four_rows_and_checks_top_1(tmp_path):
     assert "every peer gave the same top-1 as the engine on all 60 items" in proc.stdout
     result = json.loads((tmp_path / "p.json").read_text())
     assert set(result["mismatches"].values()) == {0}
+
+
+def test_the_throughput_is_given_as_a_fraction_of_the_npu_limit(short_run):
+    """Synthetic inputs: no decode limit; the emulated NPU limit is cores / npu ms."""
+    tmp, result = short_run
+    data = json.loads((tmp / "r.json").read_text())
+    lim = data["limits"]
+    assert lim["npu_per_s"] == 2 * 1000 / 0.5 and lim["decode_per_s"] is None
+    assert lim["of_npu"] == round(data["samples_per_s"] / lim["npu_per_s"], 4)
+    assert f"limits: {lim['of_npu']:.2f} of the emulated NPU limit (4,000/s" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_decode_bound_bench_on_a_dataset_grows_a_reader_when_a_cpu_is_free(tmp_path, monkeypatch):
+    """bench --dataset scales its readers as run does (engine/reader_scaling.py): one reader
+    decoding 640x480 JPEGs for three cores at npu 0.5 ms starves them, so with a CPU free
+    a second reader starts. (On a machine whose CPUs are all busy none does, by design.)"""
+    from PIL import Image
+
+    from batchinfer.demo import model_path
+    from batchinfer.engine.usage import Usage
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable CPUs (one reader at most on one)")
+    rng = np.random.default_rng(0)
+    (tmp_path / "jpg").mkdir()
+    for i in range(40):
+        pixels = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / "jpg" / f"{i:02d}.jpg", quality=90)
+    monkeypatch.setattr(Usage, "idle_cpus", lambda self: 2.0)  # as on a quiet machine
+    result = bench(
+        BenchConfig(
+            model=model_path("pool224"),
+            runtime=RuntimeOptions(backend="sim", cores=(0, 1, 2), sim=SimOptions(0.5, 0)),
+            bench=BenchOptions(duration_s=3, warmup_s=2, window_s=0.5, max_duration_s=4),
+            dataset=tmp_path / "jpg",
+        )
+    )
+    d = result.to_json()
+    assert d["config"]["readers"] == 1  # where it started (half of 2 CPUs)
+    assert [p["role"] for p in d["cpu"]["processes"]].count("reader") == 2

@@ -23,6 +23,11 @@ would not pay; the engine's command writes Parquet, which theirs do not.) **CPU 
 item** counts this process and every child it reaped (``getrusage``), start-up included,
 so the three are comparable. Peers run interleaved, ``--repeats`` times; medians and
 min-max are printed, with the ratio of each peer to the engine.
+
+Before each repeat the **limits** are measured in this process (``batchinfer.bench.limits``,
+CPU time): the emulated NPU limit (cores / npu ms) and the decode limit (CPUs / (one
+process's CPU ms to read one of the workload's files into the model input + one emulator
+call's CPU ms)); every peer's items/s is also printed as a fraction of the tighter one.
 Workloads (the five of the performance issue):
 
   npy-2ms        224x224x3 uint8 .npy, npu 2 ms, host 0, k=1     (ideal 1500 items/s)
@@ -58,6 +63,9 @@ from pathlib import Path
 import bytecode_cache
 import numpy as np
 
+from batchinfer.bench.cpu import usable_cpus
+from batchinfer.bench.limits import Limits
+from batchinfer.bench.limits import measure as measure_limits
 from batchinfer.data.dataset import open_dataset
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.demo import make_npy_dataset, model_path
@@ -185,6 +193,20 @@ class Setting:
         self.pre: Preprocess = self.plan.preprocess
         self.cores = self.plan.cores
 
+    def limits(self) -> Limits:
+        """The NPU and decode limits, measured now in this process (batchinfer.bench.limits):
+        cores / npu ms, and CPUs / (one file's decode + resize + one emulator call), CPU time."""
+        return measure_limits(
+            usable_cpus(),
+            len(self.cores),
+            self.w.npu_ms,
+            self.pre,
+            self.paths,
+            self.kind,
+            self.plan.backend,
+            self.cores[0],
+        )
+
     def run_engine(self, repeat: int) -> Outcome:
         # Imported here: the peers' commands (--one) need neither the engine nor pyarrow.
         from batchinfer.engine.runner import run
@@ -293,7 +315,10 @@ def sitting(args: argparse.Namespace) -> dict:
         reference: list[int] | None = None
         mismatches = dict.fromkeys(PEERS, 0)
         print(f"\n{name}: {args.items} items in {dataset}", flush=True)
+        limits: list[Limits] = []
         for r in range(args.repeats):
+            limits.append(setting.limits())
+            print(f"  limits   #{r + 1}: {_limits_text(limits[-1])}", flush=True)
             for peer in PEERS:
                 outcome = getattr(setting, f"run_{peer}")(r)
                 outcome.end_to_end_s = command_wall(peer, setting, args, r)
@@ -316,6 +341,7 @@ def sitting(args: argparse.Namespace) -> dict:
             }
             for p in PEERS
         }
+        results[name]["limits"] = [lim.to_json() for lim in limits]
     return results
 
 
@@ -369,6 +395,7 @@ def report(results: dict, args: argparse.Namespace) -> str:
             f"| {e2e['engine'] / e2e['pool']:.2f} "
             f"| {cpu['engine']:.2f}, {cpu['threads']:.2f}, {cpu['pool']:.2f} |"
         )
+    lines += ["", *limits_table(results)]
     bad = [f"{n}/{p}" for n, r in results.items() for p in PEERS if r[p]["mismatches"]]
     lines.append(
         "top-1 differed from the engine's for: " + ", ".join(bad)
@@ -380,6 +407,39 @@ def report(results: dict, args: argparse.Namespace) -> str:
         "job run as a command of its own: above 1, the peer finished the whole job sooner.)"
     )
     return "\n".join(lines)
+
+
+def _limits_text(lim: Limits) -> str:
+    call = f" + {lim.call_cpu_ms:.3f} ms emulator call" if lim.call_cpu_ms is not None else ""
+    return (
+        f"NPU {lim.npu_per_s:.0f}/s (cores / npu ms), decode {lim.decode_per_s:.0f}/s "
+        f"({lim.cpus} CPUs / ({lim.decode_cpu_ms:.3f} ms CPU to read an item{call}))"
+    )
+
+
+def limits_table(results: dict) -> list[str]:
+    """Each peer's items/s as a fraction of the tighter of the two limits, with both limits
+    (medians of the measurements taken before each repeat, same sitting)."""
+    lines = [
+        "Limits (measured before each repeat, medians): NPU = cores / npu ms; decode = CPUs / "
+        "(one process's CPU ms to read an item + one emulator call's CPU ms)",
+        "| workload | NPU limit /s | decode limit /s (read + call CPU ms) | bound "
+        "| engine of limit | threads of limit | pool of limit |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lim = r["limits"]
+        npu = statistics.median(x["npu_per_s"] for x in lim)
+        dec = statistics.median(x["decode_per_s"] for x in lim)
+        read = statistics.median(x["decode_cpu_ms"] for x in lim)
+        call = statistics.median(x["call_cpu_ms"] for x in lim)
+        bound, limit = ("NPU", npu) if npu <= dec else ("decode", dec)
+        of = {p: statistics.median(r[p]["items_per_s"]) / limit for p in PEERS}
+        lines.append(
+            f"| {name} | {npu:.0f} | {dec:.0f} ({read:.3f} + {call:.3f}) | {bound} "
+            f"| {of['engine']:.2f} | {of['threads']:.2f} | {of['pool']:.2f} |"
+        )
+    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

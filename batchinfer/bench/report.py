@@ -157,6 +157,28 @@ def _postprocess(d: dict[str, Any]) -> list[str]:
     ]
 
 
+def _limits(d: dict[str, Any]) -> list[str]:
+    """samples/s as a fraction of the NPU and decode limits (bench.limits)."""
+    lim = d.get("limits")
+    if not lim:
+        return []
+    parts = []
+    if lim.get("npu_per_s"):
+        parts.append(
+            f"{lim['of_npu']:.2f} of the emulated NPU limit ({lim['npu_per_s']:,.0f}/s: "
+            "cores / npu ms)"
+        )
+    if lim.get("decode_per_s"):
+        call = lim.get("call_cpu_ms")
+        call_text = f" + {call:.3f} ms emulator call" if call is not None else ""
+        parts.append(
+            f"{lim['of_decode']:.2f} of the decode limit ({lim['decode_per_s']:,.0f}/s: "
+            f"{lim['cpus']} CPUs / ({lim['decode_cpu_ms']:.3f} ms CPU to read an item"
+            f"{call_text}))"
+        )
+    return [f"limits: {'; '.join(parts)}"] if parts else []
+
+
 def format_result(d: dict[str, Any]) -> str:
     """A single run's report (``d``: its JSON)."""
     c = d.get("config") or {}
@@ -170,6 +192,7 @@ def format_result(d: dict[str, Any]) -> str:
         f"{d.get('samples', 0):,} samples, {d.get('samples_per_s', 0):,.1f} samples/s"
         + (f", {d['errors']} errors" if d.get("errors") else ""),
         _windows(d),
+        *_limits(d),
         "",
         _cores(d),
         "",

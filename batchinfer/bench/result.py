@@ -5,7 +5,8 @@ JSON keys (README "Benchmarking" lists them): ``valid``, ``reasons``, ``diagnosi
 ``latency_ms`` (min, mean, p50, p90, p95, p99, p999, max), ``cores`` (per core: core,
 samples_per_s, p50_ms, p99_ms, utilization, ...), ``windows``, ``stability``, ``cpu``
 (by role), ``postprocess`` (detectors: decoding's CPU per item and share), ``config``,
-``conditions`` (``before``, ``after``), ``versions``, ``label``.
+``conditions`` (``before``, ``after``), ``versions``, ``label``, ``limits`` (the NPU and
+decode limits in items/s and ``of_npu`` / ``of_decode``: samples_per_s as a fraction of each).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from batchinfer.bench.cpu import CpuUse
 from batchinfer.bench.diagnosis import Diagnosis
 from batchinfer.bench.figures import Figures
+from batchinfer.bench.limits import Limits
 from batchinfer.bench.verdict import Verdict
 from batchinfer.bench.windows import Samples
 from batchinfer.errors import UsageError, render_fields
@@ -56,6 +58,8 @@ class BenchResult:
     interrupted: bool = False  # by a signal: a sweep stops too
     # A detector's decoding in the core workers (runner.postprocess_share); None otherwise.
     postprocess: dict[str, Any] | None = None
+    # What samples_per_s is judged against (bench.limits); None when not measured.
+    limits: Limits | None = None
 
     @property
     def valid(self) -> bool:
@@ -97,11 +101,20 @@ class BenchResult:
             "stability": self.verdict.stability.to_json(),
             "cpu": cpu,
             **({"postprocess": self.postprocess} if self.postprocess is not None else {}),
+            **({"limits": self._limits_json()} if self.limits is not None else {}),
             "backend": self.backend,
             "config": self.config,
             "conditions": self.conditions,
             "versions": self.versions,
             "stopped": self.stopped,
+        }
+
+    def _limits_json(self) -> dict[str, Any]:
+        assert self.limits is not None
+        fractions = self.limits.fractions(self.figures.samples_per_s)
+        return {
+            **self.limits.to_json(),
+            **{f"of_{k}": None if v is None else round(v, 4) for k, v in fractions.items()},
         }
 
 

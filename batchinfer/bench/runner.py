@@ -27,6 +27,8 @@ from batchinfer.bench.conditions import Probe, condition_reasons, npu_load, prob
 from batchinfer.bench.cpu import CpuSampler, cpu_use, reset_peak_rss, usable_cpus
 from batchinfer.bench.diagnosis import Evidence, diagnose
 from batchinfer.bench.figures import figures
+from batchinfer.bench.limits import Limits
+from batchinfer.bench.limits import measure as measure_limits
 from batchinfer.bench.measure import BenchObserver
 from batchinfer.bench.options import BenchOptions, check_bench
 from batchinfer.bench.result import BenchResult
@@ -245,7 +247,27 @@ def run_bench(
     result = _judge(prepared, observer, outcome.backend, outcome.sdk_versions, before, after)
     result.interrupted = outcome.status == "interrupted"
     result.postprocess = postprocess_share(outcome.detect, outcome.cpu_s)
+    if not result.interrupted:
+        result.limits = _limits(prepared, outcome.backend)
     return result
+
+
+def _limits(prepared: Prepared, backend: dict[str, Any]) -> Limits:
+    """The NPU and decode limits of this run (after it: they never compete with it)."""
+    plan = prepared.plan
+    sim = backend.get("name") == "sim"
+    npu_ms = backend.get("npu_ms") if sim else None
+    data = prepared.dataset
+    return measure_limits(
+        usable_cpus(),
+        len(plan.cores),
+        npu_ms if isinstance(npu_ms, (int, float)) else None,
+        plan.preprocess,
+        [item.path for item in data] if data is not None else (),
+        data.kind if data is not None else "",
+        plan.backend if sim else None,
+        plan.cores[0],
+    )
 
 
 def _judge(

@@ -9,7 +9,9 @@ Steps, in order (see :class:`~batchinfer.data.preprocess.Preprocess` for the swi
    viewers do, so a phone photo tagged "rotate 90°" is seen upright.
 3. **Reduced-size JPEG decoding** (``jpeg_draft``): when the model input is at most half
    the photo's size, libjpeg decodes at 1/2, 1/4 or 1/8 scale (Pillow's ``draft``), never
-   below the size needed, so the resize still works from enough pixels.
+   below the size needed, so the resize still works from enough pixels. JPEG pixels come
+   from simplejpeg when it is installed (:mod:`batchinfer.data.fast_jpeg`: the same
+   libjpeg-turbo pixels with less overhead), else from Pillow.
 4. **Transparency** (``background``): images with an alpha channel or a transparent
    colour are composited over the background colour (default white, as browsers and
    viewers show them on a light page); ``None`` drops alpha as ``Image.convert`` does.
@@ -36,6 +38,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from PIL import Image, ImageFile, JpegImagePlugin
 
+from batchinfer.data import fast_jpeg
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -102,7 +105,7 @@ def decode_image(f: BinaryIO, spec: Preprocess, label: str) -> tuple[np.ndarray,
             raise InputError(f"Cannot read {label}: {pil_reason(exc)}.") from exc
         with img:
             try:
-                return _pixels(img, spec)
+                return _pixels(img, spec, f)
             except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
                 raise _too_big(label, exc, spec.max_pixels) from exc
             except Exception as exc:  # truncated data, bad chunks, unsupported modes
@@ -121,7 +124,7 @@ def _pillow_limit(max_pixels: int | None) -> Iterator[None]:
             Image.MAX_IMAGE_PIXELS = saved
 
 
-def _pixels(img: Image.Image, spec: Preprocess) -> tuple[np.ndarray, Letterbox | None]:
+def _pixels(img: Image.Image, spec: Preprocess, f: BinaryIO) -> tuple[np.ndarray, Letterbox | None]:
     height, width = spec.size
     mode = "L" if spec.color == "gray" else "RGB"
     orientation = _orientation(img) if spec.exif_orientation else 1
@@ -134,9 +137,15 @@ def _pixels(img: Image.Image, spec: Preprocess) -> tuple[np.ndarray, Letterbox |
         placed, inner_w, inner_h = _letterbox(upright, width, height)
     # Everything up to the transpose happens in the file's own orientation.
     size = (inner_h, inner_w) if orientation in _SWAPS_AXES else (inner_w, inner_h)
-    if spec.jpeg_draft and isinstance(img, JpegImagePlugin.JpegImageFile) and img.size != size:
+    if isinstance(img, JpegImagePlugin.JpegImageFile):
         # Phones' JPEGs often open as MPO, a JpegImageFile subclass: same decoder.
-        img.draft(mode, size)
+        draft = size if spec.jpeg_draft and img.size != size else None
+        # simplejpeg when installed (the same libjpeg-turbo pixels, less overhead), else Pillow.
+        fast = fast_jpeg.decode(img, f, mode, draft)
+        if fast is not None:
+            img = fast
+        elif draft is not None:
+            img.draft(mode, size)
     img.load()
     if img.mode in _DEEP_SCALE:
         out = _deep_pixels(img, size, orientation, spec.is_float)

@@ -1,0 +1,45 @@
+"""bench.limits: the NPU and decode limits a throughput is judged against."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from batchinfer.bench.limits import Limits, call_cpu_ms, decode_cpu_ms, measure
+from batchinfer.data.preprocess import preprocess_for
+
+
+def test_fractions_of_each_limit_and_none_where_unknown():
+    lim = Limits(cpus=2, npu_per_s=1500.0, decode_per_s=1000.0, decode_cpu_ms=1.9)
+    assert lim.fractions(750.0) == {"npu": 0.5, "decode": 0.75}
+    assert Limits(cpus=2).fractions(750.0) == {"npu": None, "decode": None}
+
+
+def test_decode_limit_from_the_files_and_the_call(tmp_path):
+    for i in range(4):
+        Image.fromarray(np.full((48, 64, 3), 40 * i, np.uint8)).save(tmp_path / f"{i}.jpg")
+    Image.new("RGB", (1, 1)).save(tmp_path / "bad.jpg")
+    (tmp_path / "bad.jpg").write_bytes(b"not a jpeg")  # an error row: skipped, not timed
+    paths = sorted(str(p) for p in tmp_path.glob("*.jpg"))
+    spec = preprocess_for((1, 16, 16, 3), "uint8")
+    assert decode_cpu_ms(paths, spec, "images") > 0
+    lim = measure(2, 3, 2.0, spec, paths, "images")
+    assert lim.npu_per_s == 1500.0 and lim.call_cpu_ms is None  # no emulator given
+    assert lim.decode_per_s == 2 * 1e3 / lim.decode_cpu_ms
+    assert measure(2, 3, None).to_json() == {
+        "cpus": 2, "npu_per_s": None, "decode_per_s": None, "decode_cpu_ms": None,
+        "call_cpu_ms": None,
+    }  # fmt: skip
+
+
+def test_call_cpu_is_the_calling_threads():
+    class Spinning:
+        calls = 0
+
+        def infer(self, inputs, reuse_outputs, data_format):
+            self.calls += 1
+            sum(range(2000))  # some CPU
+
+    spec = preprocess_for((1, 4, 4, 3), "uint8")
+    adapter = Spinning()
+    assert call_cpu_ms(adapter, spec, calls=5) >= 0 and adapter.calls == 6
