@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -353,3 +354,20 @@ def test_the_reference_cache_is_keyed_on_the_detection_settings(kit):
     assert cache_key(plan.fingerprint) == cache_key(
         plan_side(job, "reference", job.reference, dataset).fingerprint
     )
+
+
+def test_without_matplotlib_a_detection_job_still_writes_its_summary(kit, monkeypatch):
+    # The toolkit environment has no matplotlib. Before, the summary's module imported the
+    # plots' (and matplotlib) at its top, so the evaluation ended in a traceback after the
+    # runs, with no summary and no exit code a scheduler could act on.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    for module in ("report", "detection_report", "detection_plots", "detection_summary"):
+        monkeypatch.delitem(sys.modules, f"batchinfer.evaluate.{module}", raising=False)
+    root, _, _ = kit
+    job = write_job(root, "noplots")
+    result = invoke("eval", job, "--no-progress")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "no HTML report: matplotlib is not installed" in result.stderr
+    summary = (root / "eval" / "noplots" / "summary.md").read_text()
+    assert "(detection): PASS" in summary and "Report:" not in summary
+    assert not (root / "eval" / "noplots" / "report.html").exists()
