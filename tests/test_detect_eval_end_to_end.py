@@ -337,7 +337,11 @@ def test_a_classifier_in_a_detection_job_exits_2_naming_the_key(kit):
     job.write_text(job.read_text().replace('model = "detector.onnx"', 'model = "classifier.onnx"'))
     result = invoke("eval", job)
     assert result.exit_code == 2, result.output + result.stderr
-    assert "device.detect.task detect: The model's outputs ((1, 10)" in result.stderr
+    assert "device.model: The model's outputs ((1, 10)" in result.stderr
+    # The advice fits a job file: the job's task asked for detection, and a detection job
+    # refuses device.detect.task classify (before, the message advised exactly that).
+    assert "classify or raw" not in result.stderr
+    assert 'point device.model at one, or drop task = "detect"' in result.stderr
 
 
 def test_the_reference_cache_is_keyed_on_the_detection_settings(kit):

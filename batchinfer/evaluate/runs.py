@@ -34,6 +34,7 @@ from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.plan import model_input, plan_engine, runtime_files
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
+from batchinfer.engine.task import NotADetectorError
 from batchinfer.errors import BatchinferError, RunInterrupted
 from batchinfer.evaluate.files import write_table
 from batchinfer.evaluate.items import ItemResults
@@ -126,6 +127,19 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         # others start (datasets are often in class order).
         engine = dataclasses.replace(engine, cores_start_together=True)
         sha = model_sha256(settings.model)
+    except NotADetectorError as exc:
+        if job.task != "detect":
+            raise job.in_job(exc, side) from None
+        # The engine's advice (another detect.task) is no way out here: the job's task is
+        # what asked for detection, and a detection job refuses any other detect.task.
+        other = (
+            ', or drop task = "detect" to evaluate it as a classifier' if exc.could_classify else ""
+        )
+        raise job.error(
+            f"{side}.model: {exc.why} A detection job "
+            f'(task = "detect") scores detectors: point {side}.model at one{other}.',
+            "model",
+        ) from None
     except BatchinferError as exc:
         raise job.in_job(exc, side) from None
     preprocess = {
