@@ -204,6 +204,7 @@ class ClusterEngine(EngineLoop):
             plan.topk,
             clock,
             place=lambda key: self.actors[key].where,
+            classify=plan.classifies,
         )
         self.collector.outputs = self._outputs = {}  # type: ignore[assignment]
         names = [f"core {c} of node {n}" for n, c in self.places]

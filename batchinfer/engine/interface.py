@@ -40,6 +40,11 @@ class EnginePlan:
     def detects(self) -> bool:
         return self.task is not None and self.task.detects
 
+    @property
+    def classifies(self) -> bool:
+        """Rows get top-1 and top-k (not for a detection run's boxes, nor a raw run's outputs)."""
+        return self.task is None or self.task.task == "classify"
+
 
 @dataclass
 class EngineResult:

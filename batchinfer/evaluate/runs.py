@@ -123,6 +123,13 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         backend = make_backend(settings.model, settings.runtime)
         shape, dtype = model_input(settings.model, config)
         engine = plan_engine(config, backend, shape, dtype, dataset.kind)
+        raw = not (engine.classifies or engine.detects)
+        if job.task != "detect" and detect.task == "auto" and raw:
+            # A classification job scores the first output's top-1 whatever else the model
+            # returns; a raw run's rows would have none (a detector is refused later).
+            classify = dataclasses.replace(detect, task="classify")
+            config = dataclasses.replace(config, detect=classify)
+            engine = plan_engine(config, backend, shape, dtype, dataset.kind)
         # Per-core metrics compare cores: none may take the first items alone while the
         # others start (datasets are often in class order).
         engine = dataclasses.replace(engine, cores_start_together=True)
