@@ -110,7 +110,7 @@ def _task_lines(model: Path, info: Any) -> list[str]:
         return [f"task:    unknown ({e})"]
     line = f"task:    {task.describe()}"
     if task.detects:
-        assert task.input_hw is not None
+        assert task.input_hw is not None and task.head is not None
         h, w = task.input_hw
         line += f" (its outputs fit that layout for a {h}x{w} input)"
         names = {
@@ -120,9 +120,8 @@ def _task_lines(model: Path, info: Any) -> list[str]:
         lines = [line]
         if task.classes_from_shape:
             lines.append(
-                "  the class count is inferred from the output shapes: the model carries no "
-                "metadata saying its task (a pose or segmentation model of the same layout "
-                "would read the same)"
+                f"  {task.head.num_classes} classes inferred from the output shapes (no "
+                "metadata in the model says its task or classes)"
             )
         return [
             *lines,

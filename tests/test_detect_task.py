@@ -287,7 +287,7 @@ def test_without_metadata_info_says_the_classes_were_inferred_from_the_shape(tmp
     assert plan.detects and plan.head.num_classes == 52 and plan.classes_from_shape
     info = CliRunner().invoke(main, ["info", str(bare), "--backend", "onnx"])
     assert info.exit_code == 0, info.output
-    assert "class count is inferred from the output shapes" in info.stdout
+    assert "52 classes inferred from the output shapes" in info.stdout
     pose = _ultralytics_export(tmp_path / "pose.onnx", 56, POSE)
     info = CliRunner().invoke(main, ["info", str(pose), "--backend", "onnx"])
     assert "task:    raw: the model's metadata says task: pose" in info.stdout
