@@ -124,7 +124,7 @@ def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
 def _task_lines(model: Path, info: Any) -> list[str]:
     """What ``run --task auto`` would do with the outputs, and why (engine/task.py)."""
     from batchinfer.data.preprocess import preprocess_for
-    from batchinfer.engine.task import NAMES_COCO80, plan_task
+    from batchinfer.engine.task import NAMES_COCO80, NAMES_METADATA, plan_task
     from batchinfer.options import DetectOptions
 
     input_hw = None
@@ -141,12 +141,21 @@ def _task_lines(model: Path, info: Any) -> list[str]:
         return [f"task:    unknown ({e})"]
     line = f"task:    {task.describe()}"
     if task.detects:
-        assert task.input_hw is not None
+        assert task.input_hw is not None and task.head is not None
         h, w = task.input_hw
         line += f" (its outputs fit that layout for a {h}x{w} input)"
-        names = "COCO's 80 (built in)" if task.names_source == NAMES_COCO80 else "none built in"
+        names = {
+            NAMES_COCO80: "COCO's 80 (built in)",
+            NAMES_METADATA: "from the model's metadata (names)",
+        }.get(task.names_source or "", "none built in")
+        lines = [line]
+        if task.classes_from_shape:
+            lines.append(
+                f"  {task.head.num_classes} classes inferred from the output shapes (no "
+                "metadata in the model says its task or classes)"
+            )
         return [
-            line,
+            *lines,
             f"  class names: {names}; --labels FILE gives them (one per line)",
             "  run letterboxes images and writes boxes (--task classify|raw overrides)",
         ]

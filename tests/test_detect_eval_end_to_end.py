@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -339,7 +340,11 @@ def test_a_classifier_in_a_detection_job_exits_2_naming_the_key(kit):
     job.write_text(job.read_text().replace('model = "detector.onnx"', 'model = "classifier.onnx"'))
     result = invoke("eval", job)
     assert result.exit_code == 2, result.output + result.stderr
-    assert "device.detect.task detect: The model's outputs ((1, 10)" in result.stderr
+    assert "device.model: The model's outputs ((1, 10)" in result.stderr
+    # The advice fits a job file: the job's task asked for detection, and a detection job
+    # refuses device.detect.task classify (before, the message advised exactly that).
+    assert "classify or raw" not in result.stderr
+    assert 'point device.model at one, or drop task = "detect"' in result.stderr
 
 
 def test_the_reference_cache_is_keyed_on_the_detection_settings(kit):
@@ -356,3 +361,20 @@ def test_the_reference_cache_is_keyed_on_the_detection_settings(kit):
     assert cache_key(plan.fingerprint) == cache_key(
         plan_side(job, "reference", job.reference, dataset).fingerprint
     )
+
+
+def test_without_matplotlib_a_detection_job_still_writes_its_summary(kit, monkeypatch):
+    # The toolkit environment has no matplotlib. Before, the summary's module imported the
+    # plots' (and matplotlib) at its top, so the evaluation ended in a traceback after the
+    # runs, with no summary and no exit code a scheduler could act on.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+    for module in ("report", "detection_report", "detection_plots", "detection_summary"):
+        monkeypatch.delitem(sys.modules, f"batchinfer.evaluate.{module}", raising=False)
+    root, _, _ = kit
+    job = write_job(root, "noplots")
+    result = invoke("eval", job, "--no-progress")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert "no HTML report: matplotlib is not installed" in result.stderr
+    summary = (root / "eval" / "noplots" / "summary.md").read_text()
+    assert "(detection): PASS" in summary and "Report:" not in summary
+    assert not (root / "eval" / "noplots" / "report.html").exists()

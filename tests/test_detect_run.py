@@ -323,6 +323,10 @@ def test_a_raw_run_stores_the_outputs(tmp_path):
     table = read_run(result.out).predictions()
     assert table["out_output0"].to_pylist() == [[0.0, 2.0, 4.0, 6.0]]
     assert read_run(result.out).manifest.raw["task"]["task"] == "raw"
+    # Outputs only: no top-1 or top-k of an output that is no score vector (before, the
+    # collector ranked output 0 and the rows said pred 3).
+    assert not {"pred", "topk_index", "topk_score"} & set(table.column_names)
+    assert table.schema.metadata[b"batchinfer.task"] == b"raw"
 
 
 # A bench; default tier: bench on a classifier (test_bench_cli.py), a detection run's

@@ -190,3 +190,114 @@ def test_int8_outputs_are_decoded_with_the_graphs_quantisation(tmp_path):
     np.testing.assert_allclose(got[:, 4], want[:, 4], atol=0.01)
     with pytest.raises(ValueError, match="int8 outputs whose quantisation"):
         ItemDecoder(task)(quantised, np.zeros(6))
+
+
+# ------------------------------------------------------ Ultralytics' metadata_props
+def _ultralytics_export(path: Path, channels: int, props: dict[str, str] | None) -> Path:
+    """A 64x64 model with one (1, channels, 84) output (84 cells: strides 8/16/32), the
+    layout of an Ultralytics export, carrying ``props`` as its metadata_props."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, channels, 84], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["output0"])],
+        path.stem,
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, channels, 84])],
+        [shape],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    if props is not None:
+        helper.set_model_props(model, props)
+    onnx.save(model, str(path))
+    return path
+
+
+POSE = {
+    "description": "Ultralytics YOLOv8n-pose model",
+    "task": "pose",
+    "stride": "32",
+    "imgsz": "[64, 64]",
+    "kpt_shape": "[17, 3]",
+    "names": "{0: 'person'}",
+}
+
+
+def test_the_graph_reader_gives_the_models_metadata_props(tmp_path):
+    from batchinfer.runtime.onnx_graph import read_graph_interface
+
+    model = _ultralytics_export(tmp_path / "pose.onnx", 56, POSE)
+    assert dict(read_graph_interface(model).metadata) == POSE
+    assert read_graph_interface(_ultralytics_export(tmp_path / "b.onnx", 6, None)).metadata == ()
+
+
+def test_a_pose_export_is_not_taken_for_a_52_class_detector(tmp_path):
+    # (1, 56, N) is also the layout of a 52-class detector: before, auto decoded it so.
+    model = _ultralytics_export(tmp_path / "yolov8n-pose.onnx", 56, POSE)
+    plan = plan_task(DetectOptions(), model, (64, 64))
+    assert plan.task == "raw" and plan.model_task == "pose"
+    assert "metadata says task: pose (an Ultralytics pose (keypoint) model)" in plan.reason
+    with pytest.raises(ConfigError) as asked:
+        plan_task(DetectOptions(task="detect"), model, (64, 64))
+    message = str(asked.value)
+    assert "yolov8n-pose.onnx is an Ultralytics pose (keypoint) model, not a detector" in message
+    assert "says task: pose" in message and "detect.task raw" in message
+    assert "classify" not in message
+    # Older exports name no task but carry keypoints.
+    older = {k: v for k, v in POSE.items() if k != "task"}
+    old = _ultralytics_export(tmp_path / "old-pose.onnx", 56, older)
+    assert plan_task(DetectOptions(), old, (64, 64)).task == "raw"
+
+
+@pytest.mark.parametrize("task", ["segment", "obb", "classify"])
+def test_other_ultralytics_tasks_are_not_detectors_either(tmp_path, task):
+    model = _ultralytics_export(tmp_path / f"{task}.onnx", 56, {"task": task})
+    assert plan_task(DetectOptions(), model, (64, 64)).task == "raw"
+    with pytest.raises(ConfigError, match=f"says task: {task}"):
+        plan_task(DetectOptions(task="detect"), model, (64, 64))
+
+
+def test_a_detect_export_takes_its_class_names_from_the_metadata(tmp_path):
+    names = "{0: 'cat', 1: 'dog'}"
+    model = _ultralytics_export(tmp_path / "det.onnx", 6, {"task": "detect", "names": names})
+    plan = plan_task(DetectOptions(), model, (64, 64))
+    assert plan.detects and plan.head.num_classes == 2
+    assert plan.names == ("cat", "dog") and plan.names_source == "model-metadata"
+    assert not plan.classes_from_shape
+    # --labels still win; names that do not fit the head are not used.
+    labels = tmp_path / "labels.txt"
+    labels.write_text("a\nb\n")
+    assert plan_task(DetectOptions(), model, (64, 64), labels).names == ("a", "b")
+    three = _ultralytics_export(tmp_path / "d3.onnx", 6, {"names": "{0: 'a', 1: 'b', 2: 'c'}"})
+    assert plan_task(DetectOptions(), three, (64, 64)).names == ()
+    # Not a literal (never evaluated as code), or ids with a gap: ignored.
+    for bad in ("__import__('os').getcwd()", "{0: 'a', 2: 'b'}"):
+        odd = _ultralytics_export(tmp_path / "odd.onnx", 6, {"names": bad})
+        assert plan_task(DetectOptions(), odd, (64, 64)).names == ()
+
+
+def test_without_metadata_info_says_the_classes_were_inferred_from_the_shape(tmp_path):
+    from click.testing import CliRunner
+
+    from batchinfer.cli import main
+
+    bare = _ultralytics_export(tmp_path / "bare.onnx", 56, None)
+    plan = plan_task(DetectOptions(), bare, (64, 64))
+    assert plan.detects and plan.head.num_classes == 52 and plan.classes_from_shape
+    info = CliRunner().invoke(main, ["info", str(bare), "--backend", "onnx"])
+    assert info.exit_code == 0, info.output
+    assert "52 classes inferred from the output shapes" in info.stdout
+    pose = _ultralytics_export(tmp_path / "pose.onnx", 56, POSE)
+    info = CliRunner().invoke(main, ["info", str(pose), "--backend", "onnx"])
+    assert "task:    raw: the model's metadata says task: pose" in info.stdout
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.new("RGB", (64, 64)).save(data / "a.png")
+    run = CliRunner().invoke(
+        main, ["run", str(data), "--model", str(pose), "--task", "detect",
+               "--out", str(tmp_path / "o")],
+    )  # fmt: skip
+    assert run.exit_code == 2, run.output
+    assert "--task detect: pose.onnx is an Ultralytics pose" in run.stderr
+    assert "Use --task raw" in run.stderr

@@ -148,3 +148,23 @@ def test_an_interrupted_evaluation_records_nothing(tmp_path, demo_kit, monkeypat
         evaluate(job, observers=lambda side: [interrupt])
     assert caught.value.exit_code == 130 and interrupt.sent
     assert not job.outputs.history.exists() and not job.outputs.evals.exists()
+
+
+def test_a_classification_job_scores_a_multi_output_model_as_a_classifier(tmp_path):
+    # run's auto makes such a model raw (outputs only, no top-1); a classification job
+    # scores the first output's top-1 all the same.
+    from models import two_output_model
+
+    from batchinfer.evaluate.runs import plan_side
+
+    (tmp_path / "data" / "a").mkdir(parents=True)
+    np.save(tmp_path / "data" / "a" / "x.npy", np.arange(4, dtype=np.float32).reshape(1, 4))
+    two_output_model(tmp_path)
+    job_file = tmp_path / "job.toml"
+    job_file.write_text(
+        '[device]\nmodel = "two_output.onnx"\n[device.runtime]\nbackend = "onnx"\n'
+        '[dataset]\npath = "data"\n'
+    )
+    job = load_job(job_file)
+    plan = plan_side(job, "device", job.device, open_dataset(job.dataset.path))
+    assert plan.engine.classifies and plan.engine.task.task == "classify"

@@ -15,8 +15,9 @@ Protocol (the driver's side: driver.py):
                               -> [(t_start, t_end, before_return_s, error, outputs, boxes)]
                               one call, a few items, inferred in order; error None: outputs
                               are the model's outputs; else one sentence. A detection run's
-                              actor decodes instead (outputs None; boxes as a core worker's,
-                              engine/detection.py); its inputs come as (tensor, geometry).
+                              actor decodes too (boxes as a core worker's, engine/detection.py;
+                              outputs None unless the run saves them, --save-outputs); its
+                              inputs come as (tensor, geometry).
                               t_start, t_end:
                               inside inference(), on the node's monotonic clock (shared by
                               the node's actors, not the driver's); before_return_s: how
@@ -115,13 +116,21 @@ class CoreActor:
     """One runtime instance on one NPU core of one node."""
 
     def __init__(
-        self, backend: Backend, core: int, input_layout: str, task: TaskPlan | None = None
+        self,
+        backend: Backend,
+        core: int,
+        input_layout: str,
+        task: TaskPlan | None = None,
+        save_outputs: bool = False,
     ) -> None:
         self.backend = backend
         self.core = core
         self.input_layout = input_layout
         self.adapter: RuntimeAdapter | None = None
         self.decode = ItemDecoder(task) if task is not None else None
+        # A detection run's outputs travel back beside the boxes only when they are saved
+        # (as a core worker copies them to its slots: engine/worker.py).
+        self.keep_outputs = self.decode is None or save_outputs
 
     def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
         """Make the instance and infer the canary; what the driver needs to know."""
@@ -164,7 +173,8 @@ class CoreActor:
             t1 = time.monotonic()
             if self.decode is not None and error is None:
                 try:
-                    boxes, outs = self.decode(outs, geometry), None
+                    boxes = self.decode(outs, geometry)
+                    outs = outs if self.keep_outputs else None
                 except Exception as e:
                     error = f"decoding the outputs failed: {type(e).__name__}: {e}"
             results.append((t0, t1, error, outs, boxes))

@@ -204,6 +204,7 @@ class ClusterEngine(EngineLoop):
             plan.topk,
             clock,
             place=lambda key: self.actors[key].where,
+            classify=plan.classifies,
         )
         self.collector.outputs = self._outputs = {}  # type: ignore[assignment]
         names = [f"core {c} of node {n}" for n, c in self.places]
@@ -301,7 +302,13 @@ class ClusterEngine(EngineLoop):
                 scheduling_strategy=Affinity(actor.node.node_id, soft=False),
                 max_restarts=-1,
                 max_task_retries=0,
-            ).remote(backend, actor.core, self.plan.preprocess.layout, self._task)
+            ).remote(
+                backend,
+                actor.core,
+                self.plan.preprocess.layout,
+                self._task,
+                self.plan.save_outputs,
+            )
             self._probe(actor, now)
         head, lanes = self.head_node_id, []
         for lane in range(len(self.scheduler.unsent)):

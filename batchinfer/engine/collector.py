@@ -47,8 +47,11 @@ class Collector:
         topk: int,
         clock: Callable[[], float] = time.monotonic,
         place: Callable[[int], tuple[str | None, int]] | None = None,
+        classify: bool = True,
     ) -> None:
         self.scheduler = scheduler
+        # False for a raw run: its rows store the outputs only, no top-1 or top-k.
+        self.classify = classify
         self.place = place or (lambda core: (None, core))
         self.sink = sink
         self.stats = stats
@@ -147,7 +150,7 @@ class Collector:
         detected = self._successes[0][5] is not None
         if detected:
             self._count_detections()
-        elif first is not None and first.size > 1:
+        elif self.classify and first is not None and first.size > 1:
             scores = np.stack([v[0].reshape(-1) for v in views])
             if self.topk:
                 topk_index, topk_score = top_k_batch(scores, self.topk)

@@ -60,6 +60,11 @@ class EnginePlan:
             return self.preprocess.layout
         return tuple(f.data_format for f in self.feeds)
 
+    @property
+    def classifies(self) -> bool:
+        """Rows get top-1 and top-k (not for a detection run's boxes, nor a raw run's outputs)."""
+        return self.task is None or self.task.task == "classify"
+
 
 @dataclass
 class EngineResult:

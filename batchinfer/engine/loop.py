@@ -85,7 +85,10 @@ class Engine(EngineLoop):
             plan.slots, plan.cores, plan.instances_per_core, readers, self.rel.max_attempts
         )
         self.stats = stats or CoreStatsRecorder(plan.cores, plan.instances_per_core)
-        self.collector = Collector(self.scheduler, sink, self.stats, self.notify, plan.topk, clock)
+        self.collector = Collector(
+            self.scheduler, sink, self.stats, self.notify, plan.topk, clock,
+            classify=plan.classifies,
+        )  # fmt: skip
         self.pool = ChildPool(clock)
         self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, tick_s)
         self.canary = Canary()

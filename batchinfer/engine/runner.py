@@ -281,6 +281,8 @@ def _task_sink(plan: RunPlan) -> dict[str, Any]:
     if engine.detects:
         assert engine.task is not None
         out.update(task="detect", class_names=engine.task.names)
+    elif engine.task is not None and engine.task.task == "raw":
+        out.update(task="raw")
     return out
 
 

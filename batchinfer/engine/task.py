@@ -9,15 +9,26 @@ output shapes, read off the model file before anything starts:
 - ``classify`` for one output holding one score per class, (1, N): top-k per row;
 - ``raw`` otherwise: the rows store the outputs (as ``--save-outputs`` does).
 
+Ultralytics' ONNX exports say what they are in the model's metadata (``task``, ``names``,
+``kpt_shape``, ...). A model whose metadata names another task (``pose``, ``segment``,
+``obb``, ``classify``) is never taken for a detector, whatever its output shapes (a pose
+model's (1, 56, 8400) has a detector's layout): ``auto`` stores its outputs (``raw``; a
+classifier's one score vector is still ``classify``), and ``--task detect`` is a usage
+error naming the model's own task. A model without that metadata (a ``.rknn``, or an ONNX
+file from elsewhere) is judged by its output shapes alone, and its class count is then
+inferred from them (``info`` says so).
+
 A detection run's class names come from ``--labels`` (one name per line, line 1 is class 0),
-else COCO's 80 names for an 80-class head, else none (``label`` null); a labels file whose
-count differs from the head's classes is a usage error. Anchors of an anchor-based head come
+else the model's metadata ``names`` when they fit the head, else COCO's 80 names for an
+80-class head, else none (``label`` null); a labels file whose count differs from the
+head's classes is a usage error. Anchors of an anchor-based head come
 from ``detect.anchors``, else ``anchors`` in the model's ``<stem>.config.json`` (the
 conversion settings beside it, runtime/conversion.py), else COCO's defaults.
 """
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +45,15 @@ CLASSIFY, DETECT, RAW = "classify", "detect", "raw"
 
 #: Where a detection run's class names came from.
 NAMES_FROM_FILE, NAMES_COCO80, NAMES_NONE = "labels-file", "coco80", "none"
+NAMES_METADATA = "model-metadata"
+
+#: Ultralytics' tasks (metadata ``task``) that are not detection, as people say them.
+OTHER_TASKS = {
+    "pose": "pose (keypoint) model",
+    "segment": "segmentation model",
+    "obb": "oriented-box model",
+    "classify": "classifier",
+}
 
 #: The ranges the detection settings must be in (checked by :func:`check_detect_options`).
 CONF_RANGE = (0.0, 1.0)
@@ -58,10 +78,18 @@ class TaskPlan:
     # int8 outputs (every backend today returns float32; the decoder then ignores it).
     quant: tuple[tuple[float, int] | None, ...] = ()
     output_shapes: tuple[tuple[int, ...], ...] = field(default=())
+    # The task the model's own metadata names (Ultralytics exports), None without one.
+    model_task: str | None = None
 
     @property
     def detects(self) -> bool:
         return self.task == DETECT
+
+    @property
+    def classes_from_shape(self) -> bool:
+        """A detector's class count read off its output shapes alone: no metadata said what
+        the model is (a .rknn, an ONNX file without Ultralytics' metadata)."""
+        return self.detects and self.model_task is None
 
     def describe(self) -> str:
         """One line for ``info`` and the manifest: "detect: YOLOv8 model-zoo head, 80 classes,
@@ -105,6 +133,77 @@ class TaskPlan:
         record = self.to_json()
         record.pop("description", None)
         return record
+
+
+class NotADetectorError(ConfigError):
+    """``detect`` was asked of a model that is no detector batchinfer can decode.
+
+    ``why`` says what the model is instead, without advice; the message adds the advice of
+    ``run``/``bench`` (another ``{detect.task}``). A front end where that advice is wrong (a
+    detection job, whose task is fixed) words its own from ``why`` and ``could_classify``.
+    """
+
+    def __init__(self, why: str, could_classify: bool) -> None:
+        tasks = "classify or raw" if could_classify else "raw (its outputs stored in the rows)"
+        super().__init__(
+            f"{{detect.task}} detect: {why} Use {{detect.task}} {tasks} for this model.",
+            "detect.task",
+        )
+        self.why = why
+        self.could_classify = could_classify
+
+
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What an Ultralytics export says about itself in its ONNX metadata_props."""
+
+    task: str | None  # "detect", "pose", ... (None when not said)
+    names: tuple[str, ...] | None  # class names by id, when given and well-formed
+    file: str  # the ONNX file it was read from, for messages
+
+
+def read_model_metadata(model: Path) -> ModelMetadata | None:
+    """The Ultralytics metadata of ``model`` (an .onnx, or the .onnx beside a .rknn); None
+    when there is none, or the file cannot be read (the output shapes then decide alone)."""
+    from batchinfer.runtime.model_info import onnx_beside
+    from batchinfer.runtime.onnx_graph import read_graph_interface
+
+    try:
+        path = onnx_beside(Path(model))
+        if path is None or not path.is_file():
+            return None
+        props = dict(read_graph_interface(path).metadata)
+    except (ModelError, OSError):
+        return None
+    task = props.get("task", "").strip().lower() or None
+    if task is None and "kpt_shape" in props:
+        task = "pose"  # exports from before Ultralytics wrote ``task`` carry keypoints so
+    names = _metadata_names(props.get("names"))
+    if task is None and names is None:
+        return None
+    return ModelMetadata(task, names, path.name)
+
+
+def _metadata_names(text: str | None) -> tuple[str, ...] | None:
+    """Ultralytics writes ``names`` as a Python dict literal, "{0: 'person', 1: 'bicycle'}";
+    a list is taken too. None unless it names each class id 0..N-1 once."""
+    if not text:
+        return None
+    try:
+        value = ast.literal_eval(text)  # literals only: never runs code
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, (list, tuple)):
+        value = dict(enumerate(value))
+    if not isinstance(value, dict) or not value:
+        return None
+    try:
+        by_id = {int(k): str(v) for k, v in value.items()}
+    except (TypeError, ValueError):
+        return None
+    if sorted(by_id) != list(range(len(by_id))):
+        return None
+    return tuple(by_id[i] for i in range(len(by_id)))
 
 
 def _static(shape: Sequence[int]) -> tuple[int, ...]:
@@ -178,42 +277,56 @@ def plan_task(
     else:
         quant = ()
     shapes = tuple(_static(s) for s in output_shapes)
+    meta = read_model_metadata(model)
+    other = None if meta is None else OTHER_TASKS.get(meta.task or "")
+    model_task = None if meta is None else meta.task
     head = None
-    if opts.task in ("auto", DETECT) and input_hw is not None and shapes:
+    if opts.task in ("auto", DETECT) and input_hw is not None and shapes and other is None:
         from batchinfer.detect import recognise
 
         head = recognise(input_hw, shapes)
     if opts.task == DETECT and head is None:
-        from batchinfer.detect import explain_no_head
-
-        if input_hw is None:
+        could_classify = not shapes or _one_score_vector(shapes)
+        if other is not None:
+            assert meta is not None
+            why = (
+                f"{model.name} is an Ultralytics {other}, not a detector (its metadata in "
+                f"{meta.file} says task: {meta.task}); batchinfer decodes detection heads only."
+            )
+        elif input_hw is None:
             why = (
                 f"The input of {model.name} is not an image, and its outputs are "
                 f"{_shapes_text(shapes)}."
             )
         else:
+            from batchinfer.detect import explain_no_head
+
             why = explain_no_head(input_hw, shapes).rstrip(".") + "."
-        raise ConfigError(
-            f"{{detect.task}} detect: {why} Use {{detect.task}} classify or raw for this model.",
-            "detect.task",
-        )
+        raise NotADetectorError(why, could_classify)
     if head is not None:
-        return _detect_plan(opts, model, input_hw, shapes, head, labels, quant)  # type: ignore[arg-type]
+        return _detect_plan(opts, model, input_hw, shapes, head, labels, quant, meta)  # type: ignore[arg-type]
     if opts.task == RAW or (opts.task == "auto" and shapes and not _one_score_vector(shapes)):
-        reason = (
-            "asked for"
-            if opts.task == RAW
-            else f"outputs {_shapes_text(shapes)} are neither one score vector nor a known "
-            "detection head; they are stored in the rows"
-        )
-        return TaskPlan(RAW, reason, output_shapes=shapes)
+        if opts.task == RAW:
+            reason = "asked for"
+        elif other is not None:
+            reason = (
+                f"the model's metadata says task: {model_task} (an Ultralytics {other}), "
+                f"which batchinfer does not decode; its outputs {_shapes_text(shapes)} are "
+                "stored in the rows"
+            )
+        else:
+            reason = (
+                f"outputs {_shapes_text(shapes)} are neither one score vector nor a known "
+                "detection head; they are stored in the rows"
+            )
+        return TaskPlan(RAW, reason, output_shapes=shapes, model_task=model_task)
     if shapes and _one_score_vector(shapes):
         reason = f"one output of {math.prod(shapes[0])} scores"
     elif opts.task == CLASSIFY:
         reason = "asked for"
     else:
         reason = "output shapes unknown (a .rknn without its .onnx): taken as a classifier"
-    return TaskPlan(CLASSIFY, reason, output_shapes=shapes)
+    return TaskPlan(CLASSIFY, reason, output_shapes=shapes, model_task=model_task)
 
 
 def _model_outputs(
@@ -262,10 +375,11 @@ def _detect_plan(
     head: Head,
     labels: Path | None,
     quant: tuple[tuple[float, int] | None, ...],
+    meta: ModelMetadata | None = None,
 ) -> TaskPlan:
     from batchinfer.detect import DetectSettings
 
-    names, names_source = _class_names(head, labels)
+    names, names_source = _class_names(head, labels, meta)
     anchors, anchors_source = None, None
     if head.num_anchors > 1:
         anchors, anchors_source = _anchors(opts, model, head)
@@ -283,13 +397,18 @@ def _detect_plan(
         anchors_source=anchors_source,
         quant=quant,
         output_shapes=shapes,
+        model_task=None if meta is None else meta.task,
     )
 
 
-def _class_names(head: Head, labels: Path | None) -> tuple[tuple[str, ...], str]:
+def _class_names(
+    head: Head, labels: Path | None, meta: ModelMetadata | None = None
+) -> tuple[tuple[str, ...], str]:
     from batchinfer.detect import COCO80
 
     if labels is None:
+        if meta is not None and meta.names is not None and len(meta.names) == head.num_classes:
+            return meta.names, NAMES_METADATA
         if head.num_classes == len(COCO80):
             return tuple(COCO80), NAMES_COCO80
         return (), NAMES_NONE

@@ -229,7 +229,7 @@ def evaluate_detection(
                 accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
                 log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
             report = _write_report(job, record, history, record_dir)
-            from batchinfer.evaluate.detection_report import detection_summary
+            from batchinfer.evaluate.detection_summary import detection_summary
 
             summary = detection_summary(record, report)
             write_bytes(job.outputs.summary, summary.encode())

@@ -40,6 +40,7 @@ from batchinfer.engine.plan import (
 )
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
+from batchinfer.engine.task import NotADetectorError
 from batchinfer.errors import BatchinferError, RunInterrupted
 from batchinfer.evaluate.files import write_table
 from batchinfer.evaluate.items import ItemResults
@@ -129,10 +130,31 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         shape, dtype = model_input(settings.model, config, several=True)
         engine = plan_engine(config, backend, shape, dtype, dataset.kind)
         engine = plan_input_feeds(config, settings.model, engine, dataset)
+        raw = not (engine.classifies or engine.detects)
+        if job.task != "detect" and detect.task == "auto" and raw:
+            # A classification job scores the first output's top-1 whatever else the model
+            # returns; a raw run's rows would have none (a detector is refused later).
+            classify = dataclasses.replace(detect, task="classify")
+            config = dataclasses.replace(config, detect=classify)
+            engine = plan_engine(config, backend, shape, dtype, dataset.kind)
+            engine = plan_input_feeds(config, settings.model, engine, dataset)
         # Per-core metrics compare cores: none may take the first items alone while the
         # others start (datasets are often in class order).
         engine = dataclasses.replace(engine, cores_start_together=True)
         sha = model_sha256(settings.model)
+    except NotADetectorError as exc:
+        if job.task != "detect":
+            raise job.in_job(exc, side) from None
+        # The engine's advice (another detect.task) is no way out here: the job's task is
+        # what asked for detection, and a detection job refuses any other detect.task.
+        other = (
+            ', or drop task = "detect" to evaluate it as a classifier' if exc.could_classify else ""
+        )
+        raise job.error(
+            f"{side}.model: {exc.why} A detection job "
+            f'(task = "detect") scores detectors: point {side}.model at one{other}.',
+            "model",
+        ) from None
     except BatchinferError as exc:
         raise job.in_job(exc, side) from None
     preprocess = {

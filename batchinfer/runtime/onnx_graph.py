@@ -11,6 +11,7 @@ So this module reads the few fields it needs straight off the protobuf wire form
 memory map: the file's pages it never touches (the weights) are never read.
 
     ModelProto        1 ir_version (varint)          7 graph (GraphProto)
+                      14 metadata_props (StringStringEntryProto: 1 key, 2 value)
     GraphProto        5 initializer (TensorProto)    11 input, 12 output (ValueInfoProto)
                       15 sparse_initializer (SparseTensorProto: 1 values, a TensorProto)
     TensorProto       8 name
@@ -89,6 +90,9 @@ class GraphValue:
 class GraphInterface:
     inputs: tuple[GraphValue, ...]
     outputs: tuple[GraphValue, ...]
+    # The model's metadata_props as (key, value) pairs, in file order (Ultralytics' exports
+    # say their task and class names there: engine/task.py reads them).
+    metadata: tuple[tuple[str, str], ...] = ()
 
 
 def read_graph_interface(path: Path | str) -> GraphInterface:
@@ -124,11 +128,14 @@ def _not_onnx(path: Path, why: str) -> str:
 def _model(buf: memoryview) -> GraphInterface:
     ir_version = None
     graphs = []
+    metadata: list[tuple[str, str]] = []
     for field, wire, value in _fields(buf):
         if field == 1 and wire == _VARINT:
             ir_version = value
         elif field == 7 and wire == _BYTES:
             graphs.append(value)  # a repeated message field merges: keep every part
+        elif field == 14 and wire == _BYTES:
+            metadata.append(_entry(value))
     if not ir_version:
         raise _Malformed("no IR version")
     if not graphs:
@@ -150,7 +157,20 @@ def _model(buf: memoryview) -> GraphInterface:
                 initializers.update(_tensor_name(v) for f, w, v in _fields(value) if f == 1)
     if not outputs:
         raise _Malformed("the graph has no outputs")
-    return GraphInterface(tuple(v for v in inputs if v.name not in initializers), tuple(outputs))
+    return GraphInterface(
+        tuple(v for v in inputs if v.name not in initializers), tuple(outputs), tuple(metadata)
+    )
+
+
+def _entry(buf: memoryview) -> tuple[str, str]:
+    # Not _text: a metadata string that is not UTF-8 is no reason to refuse the model.
+    key = value = ""
+    for field, wire, v in _fields(buf):
+        if field == 1 and wire == _BYTES:
+            key = str(v, "utf-8", "replace")
+        elif field == 2 and wire == _BYTES:
+            value = str(v, "utf-8", "replace")
+    return key, value
 
 
 def _tensor_name(buf: memoryview) -> str:

@@ -3,7 +3,8 @@
 A classification run's rows hold the top-1 and top-k classes (``pred``, ``topk_index``,
 ``topk_score``); a detection run's hold instead its boxes (``boxes``: a list of structs
 class_id, label, score, x1, y1, x2, y2 in the original image's pixels, best first),
-``n_boxes`` and the image's ``width``/``height`` (engine/task.py says which task a run has).
+``n_boxes`` and the image's ``width``/``height``; a raw run's neither, only its outputs
+(``out_<name>`` columns). engine/task.py says which task a run has.
 
 Memory stays bounded whatever the dataset size: rows wait in column buffers until
 ``rows_per_part`` rows (or ``max_buffer_bytes`` of saved outputs) are buffered, or
@@ -37,7 +38,7 @@ PREDICTIONS_DIR = "predictions"
 PART_GLOB = "part-*.parquet"
 META_TOPK = b"batchinfer.topk"
 META_OUTPUT_SHAPES = b"batchinfer.output_shapes"
-META_TASK = b"batchinfer.task"  # detection parts only: b"detect"
+META_TASK = b"batchinfer.task"  # detection and raw parts only: b"detect", b"raw"
 
 # Reading the clock on every add would cost more than the add itself at NPU rates;
 # every few dozen adds is often enough for a 10 s flush interval (tqdm does the same).
@@ -134,14 +135,18 @@ def prediction_schema(
 ) -> pa.Schema:
     """The Arrow schema of a prediction part, with top-k and output shapes in its metadata.
 
-    ``task`` "detect": the box columns instead of the classification ones (module docstring).
-    ``meta``: a list's other columns (batchinfer.data.listed), as a last struct column.
+    ``task`` "detect": the box columns instead of the classification ones; "raw": neither
+    (module docstring). ``meta``: a list's other columns (batchinfer.data.listed), as a last
+    struct column.
     """
     fields = list(_BASE_FIELDS)
     metadata = {META_TOPK: str(topk).encode()}
     if task == "detect":
         fields = [f for f in fields if f.name not in _CLASSIFY_COLUMNS] + _DETECT_FIELDS
         metadata[META_TASK] = b"detect"
+    elif task == "raw":
+        fields = [f for f in fields if f.name not in _CLASSIFY_COLUMNS]
+        metadata[META_TASK] = b"raw"
     if save_outputs:
         fields += [pa.field(output_column(n), pa.list_(pa.float32())) for n, _ in save_outputs]
         shapes = {name: [int(d) for d in shape] for name, shape in save_outputs}
@@ -409,7 +414,7 @@ class PredictionWriter:
         gives them, computed for a whole batch at once).
         """
         row = Row(**{"id_bytes": None, **fields})  # type: ignore[arg-type]
-        if row.error is None and row.pred is None and row.outputs:
+        if self.task == "classify" and row.error is None and row.pred is None and row.outputs:
             row.pred, row.topk_index, row.topk_score = self._top(row.outputs)
         self.write([row])
 
@@ -604,7 +609,7 @@ class PredictionWriter:
                 arrays.append(_text_array(col, f.type) if text else pa.array(col, type=f.type))
         if self.task == "detect":
             arrays += self._box_arrays()
-        else:
+        elif self.task != "raw":
             arrays.append(pa.array(self._pred, type=pa.int64()))
             for col, value_type in (
                 (self._topk_index, pa.int32()),
