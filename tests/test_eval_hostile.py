@@ -347,3 +347,42 @@ def test_a_file_eval_did_not_write_at_the_report_or_summary_path_is_refused_firs
     assert invoke("eval", job, "--no-progress").exit_code == 0
     first_line = theirs.read_text().split("\n", 1)[0]
     assert (REPORT_MARK in first_line) if key == "report" else first_line.startswith("<!--")
+
+
+def test_the_detection_summary_keeps_hostile_names_as_text_too():
+    # The detection summary was written apart from the classification one and interpolated
+    # names raw: a backtick in a file name closed its code span, a '<img>' in a message was
+    # HTML, a '|' in a class-free message split the gate table.
+    from batchinfer.evaluate.detection_summary import detection_summary
+
+    hostile = "a`b|<img src=x onerror=alert(1)>\nc"
+    device = {
+        "model": f"/m/{hostile}.onnx",
+        "model_sha256": "0" * 64,
+        "backend": "sim",
+        "cores": [0, 1],
+        "warnings": [f"core 1: {hostile}"],
+    }
+    record = {
+        "job": hostile,
+        "verdict": "fail",
+        "device": device,
+        "reference": None,
+        "metrics": {"map50_95": 0.5},
+        "ground_truth": {"images": 3, "annotations": 4, "unmatched_items": 0, "unknown_images": 0},
+        "dataset": {"evaluated": 3},
+        "eval_id": "e1",
+        "gates": [
+            {"metric": "map50_95", "check": "min", "value": 0.5, "limit": 0.9, "passed": False,
+             "note": hostile}
+        ],
+        "per_core": [],
+        "vs_reference": None,
+        "vs_baseline": None,
+        "errors": [{"id": f"{hostile}.png", "error": f"cannot read {hostile}"}],
+    }  # fmt: skip
+    page = rendered(detection_summary(record, Path(f"/out/{hostile}/report.html")))
+    assert "<img" not in page  # every '<img' is shown as text (&lt;img)
+    assert all(w == {4} for w in table_widths(page)[:1]), page  # the gate table keeps 4 cells
+    shown = html.escape(hostile.replace("\n", "\\n"), quote=False)
+    assert f"<code>{shown}.png</code>" in page and f"<code>{shown}</code>" in page

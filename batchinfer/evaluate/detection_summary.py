@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
+from batchinfer.evaluate.markdown import code, name, text
 from batchinfer.evaluate.summary import on_cluster
 
 
@@ -49,16 +50,21 @@ def detection_summary(record: dict[str, Any], report: Path | None) -> str:
     device, reference = record["device"], record["reference"]
     metrics = record["metrics"]
     gt = record["ground_truth"]
-    lines = [f"### batchinfer eval `{record['job']}` (detection): {record['verdict'].upper()}", ""]
+    # Names (job, files, items, messages) are data: markdown.py keeps them from opening a
+    # span, a tag or a cell, as in the classification summary.
+    lines = [f"### batchinfer eval {code(record['job'])} (detection): {record['verdict'].upper()}"]
+    lines.append("")
     facts = (
-        f"`{Path(device['model']).name}` (sha256 `{device['model_sha256'][:12]}`) on "
-        f"{device['backend']}, cores {','.join(map(str, device['cores']))}{on_cluster(device)}; "
+        f"{code(Path(device['model']).name)} (sha256 `{device['model_sha256'][:12]}`) on "
+        f"{text(device['backend'])}, cores {','.join(map(str, device['cores']))}"
+        f"{text(on_cluster(device))}; "
         f"{record['dataset']['evaluated']} items, {gt['images']} scored against "
         f"{gt['annotations']} boxes, {fmt(metrics.get('errors', 0))} errors"
     )
     if reference:
         cached = ", cached" if reference["cached"] else ""
-        facts += f"; reference `{Path(reference['model']).name}` on {reference['backend']}{cached}"
+        ref_model = code(Path(reference["model"]).name)
+        facts += f"; reference {ref_model} on {text(reference['backend'])}{cached}"
     if device["backend"] == "sim":
         facts += " (emulated NPU: throughput is the emulator's, not a board's)"
     lines += [facts + f"; evaluation {record['eval_id']}.", ""]
@@ -72,23 +78,25 @@ def detection_summary(record: dict[str, Any], report: Path | None) -> str:
     for g in record["gates"]:
         op = "<=" if g["check"] == "max" else ">="
         limit = "-" if g["limit"] is None else f"{op} {fmt(g['limit'])}"
-        note = f": {g['note']}" if g["note"] else ""
+        note = f": {text(g['note'])}" if g["note"] else ""
         result = {True: "pass", False: "**FAIL**", None: "not checked"}[g["passed"]]
         lines.append(
-            f"| {g['metric']} {CHECK_WORDS[g['check']]} | {fmt(g['value'])} | {limit} | "
+            f"| {name(g['metric'], cell=True)} {CHECK_WORDS[g['check']]} | {fmt(g['value'])} | "
+            f"{limit} | "
             f"{result}{note} |"
         )
     gated = [g["metric"] for g in record["gates"]]
     shown = [m for m in dict.fromkeys([*KEY_METRICS, *gated]) if m in metrics]
     lines += ["", "| metric | value | reference |", "|---|---|---|"]
-    for name in shown:
-        lines.append(f"| {name} | {fmt(metrics[name])} | {fmt(metrics.get('reference.' + name))} |")
+    for metric in shown:
+        ref = fmt(metrics.get("reference." + metric))
+        lines.append(f"| {name(metric, cell=True)} | {fmt(metrics[metric])} | {ref} |")
     if record["per_core"]:
         lines += ["", "| core | items | errors | mAP50:95 | reference | disagreement | items/s |"]
         lines.append("|---|---|---|---|---|---|---|")
         for c in record["per_core"]:
             lines.append(
-                f"| {c['place']} | {c['items']} | {c['errors']} | {_pct(c['map50_95'])} | "
+                f"| {text(c['place'])} | {c['items']} | {c['errors']} | {_pct(c['map50_95'])} | "
                 f"{_pct(c['reference_map50_95'])} | {_pct(c['disagreement_mean'])} | "
                 f"{fmt(c['items_per_s'])} |"
             )
@@ -104,17 +112,18 @@ def detection_summary(record: dict[str, Any], report: Path | None) -> str:
     else:
         info = record["baseline"] or {}
         lines.append(
-            f"Since the baseline ({info.get('eval_id')}, accepted by {info.get('accepted_by')}), "
+            f"Since the baseline ({text(info.get('eval_id'))}, accepted by "
+            f"{text(info.get('accepted_by'))}), "
             f"on {base['compared']} images: "
             + _bootstrap_line(base["map50_95"], "now", "baseline") + "."
         )  # fmt: skip
     for warning in device["warnings"]:
-        lines.append(f"Warning: {warning}")
+        lines.append(f"Warning: {text(warning)}")
     if record["errors"]:
         first = record["errors"][0]
-        lines.append(f"Item errors, first: `{first['id']}`: {first['error']}")
+        lines.append(f"Item errors, first: {code(first['id'])}: {text(first['error'])}")
     if report is not None:
-        lines.append(f"Report: {report}")
+        lines.append(f"Report: {code(report)}")
     return "\n".join(lines) + "\n"
 
 
