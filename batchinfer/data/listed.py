@@ -29,6 +29,7 @@ import os
 import posixpath
 from array import array
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -194,6 +195,15 @@ def _coercer(meta_type: Any) -> Callable[[dict[str, Any] | None], dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- dataset
+@dataclass(frozen=True)
+class ListedItem(Item):
+    """An item of a list, which knows its place in the list ("line 12 of list.csv"): an
+    error row about reading its file starts with it (engine/collector.py), so that a
+    missing file is found in the list as a malformed row is. Readers never see it."""
+
+    where: str | None = None
+
+
 class ListedDataset(Dataset):
     """A dataset named by a list (module docstring). ``root`` is the base folder relative
     paths are read against; :attr:`location` is the list itself."""
@@ -308,17 +318,17 @@ class ListedDataset(Dataset):
                 label_index = value
                 by_file = self.class_map.source != FROM_LABEL_NUMBERS and value < len(names)
                 label_name = names[value] if by_file else str(value)
-            yield Item(
+            place = f"{where} of {self.location}"
+            yield ListedItem(
                 index=index,
                 path=(
-                    f"{BAD_ROW}{where} of {self.location}: {error}"
-                    if error is not None
-                    else os.path.join(base, path)  # type: ignore[arg-type]
+                    f"{BAD_ROW}{place}: {error}" if error is not None else os.path.join(base, path)  # type: ignore[arg-type]
                 ),
                 id=id_text,
                 label=label_index,
                 label_name=label_name,
                 columns=coerce(columns),
+                where=place,
             )
 
 

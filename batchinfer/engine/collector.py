@@ -205,6 +205,12 @@ class Collector:
         flight = self.scheduler.flight(f.slot)
         item = flight.item
         node, core = (None, None) if f.core is None else self.place(f.core)
+        error = f.error
+        # A list's item knows its line (data/listed.py ListedItem): an error of reading its
+        # file (no core was involved) names the line, as a malformed row's error does.
+        where = getattr(item, "where", None)
+        if where and f.core is None and error and not error.startswith(where):
+            error = f"{where}: {error}"
         return Row(
             index=item.index,
             id=item.id,
@@ -217,7 +223,7 @@ class Collector:
             latency_ms=None,
             read_ms=flight.read_ms,
             wait_ms=None,
-            error=f.error,
+            error=error,
             t_done=now,
             node=node,
             meta=item.columns,

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
+from batchinfer.data.shards import ShardSet
 from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
@@ -70,6 +71,7 @@ from batchinfer.evaluate.runs import (
     run_side,
 )
 from batchinfer.evaluate.summary import markdown_summary
+from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.outdir import OutLock, lock_holder
 
@@ -418,14 +420,14 @@ def _worst(inputs: EvalInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]
         confidence = flat[wrong].max(axis=1) if flat.shape[1] else np.zeros(len(wrong))
         order = [int(wrong[i]) for i in np.argsort(-confidence, kind="stable")]
     out = []
-    paths = dataset.paths_of([d.id[i] for i in order[:n]])
+    places = item_places(dataset, [d.id[i] for i in order[:n]])
     for i in order[:n]:
         ref_pred = int(inputs.reference.pred[i]) if inputs.reference is not None else None
         out.append(
             {
                 "index": int(d.index[i]),
                 "id": d.id[i],
-                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
+                **places.get(d.id[i], {"path": str(dataset.root / d.id[i])}),
                 "label": int(d.label[i]),
                 "pred": int(d.pred[i]),
                 "ref_pred": ref_pred,
@@ -435,6 +437,32 @@ def _worst(inputs: EvalInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]
             }
         )
     return out
+
+
+def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Where the report finds a few items' pictures: id -> ``{"path": file}``, or for a
+    tar shard's member ``{"path": shard, "member": {"offset", "size", "name"}}``
+    (evaluate/thumbnails.py reads either). A list's ids need not be paths
+    (``Dataset.paths_of``); a shard set's members are found by listing its shards (headers
+    only, once per report)."""
+    if not ids:
+        return {}
+    if isinstance(dataset, ShardSet):
+        wanted, found = set(ids), {}
+        for item in dataset:
+            m = item.member
+            if item.id in wanted and m is not None and m.fault is None:
+                member = {"offset": m.offset, "size": m.size, "name": m.name}
+                found[item.id] = {"path": item.path, "member": member}
+                if len(found) == len(wanted):
+                    break
+        return found
+    return {ident: {"path": path} for ident, path in dataset.paths_of(ids).items()}
+
+
+def _flipped_places(dataset: Dataset, lost: list[str], gained: list[str]) -> dict[str, Any]:
+    """The places (:func:`item_places`) of the flipped items the report pictures."""
+    return item_places(dataset, lost[:FLIPPED_PICTURED] + gained[:FLIPPED_PICTURED])
 
 
 def _side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
@@ -533,6 +561,7 @@ def _record(
             "lost": flips.lost,
             "gained": flips.gained,
             "compared": flips.compared,
+            "pictured": _flipped_places(dataset, flips.lost, flips.gained),
             "mcnemar": {
                 "lost": flips.test.lost,
                 "gained": flips.test.gained,

@@ -36,7 +36,7 @@ from matplotlib.ticker import FuncFormatter
 from batchinfer.evaluate.files import REPORT_MARK
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.summary import on_cluster
-from batchinfer.evaluate.thumbnails import Thumbnail
+from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, Source, Thumbnail
 from batchinfer.sink.stats import place_name
 
 _GATE_STYLE = {
@@ -46,7 +46,7 @@ _GATE_STYLE = {
     "min_ratio_to_reference": ("#6a1b9a", "-.", "ratio x reference"),
 }
 _PASS, _FAIL = "#2e7d32", "#c62828"
-_FLIPPED_SHOWN = 24  # items shown of each of lost and gained
+_FLIPPED_SHOWN = FLIPPED_PICTURED  # items shown of each of lost and gained
 _salt = itertools.count()
 P = ParamSpec("P")
 
@@ -214,17 +214,30 @@ def cores_plot(record: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- images
 def _flipped_items(record: dict[str, Any], kind: str, limit: int) -> list[dict[str, Any]]:
+    """The flipped items shown, with where their pictures are (the record's ``pictured``;
+    a record written before it had them: root/id, as for a folder)."""
     root = Path(record["dataset"]["path"])
-    return [{"id": i, "path": str(root / i)} for i in record["flipped"][kind][:limit]]
+    places = record["flipped"].get("pictured") or {}
+    return [
+        {"id": i, **places.get(i, {"path": str(root / i)})} for i in record["flipped"][kind][:limit]
+    ]
 
 
-def shown_items(record: dict[str, Any]) -> list[str]:
-    """The paths of the items the page shows with a picture (worst, then flipped)."""
-    paths = [item["path"] for item in record["worst"]]
+def picture_source(item: dict[str, Any]) -> Source:
+    """Where an item of the record (worst or flipped) has its picture read from."""
+    member = item.get("member")
+    if member is None:
+        return item["path"]
+    return (item["path"], member["offset"], member["size"], member["name"])
+
+
+def shown_items(record: dict[str, Any]) -> list[Source]:
+    """Where the pictures of the items the page shows are (worst, then flipped)."""
+    items = list(record["worst"])
     if record["flipped"] is not None:
         for kind in ("lost", "gained"):
-            paths += [item["path"] for item in _flipped_items(record, kind, _FLIPPED_SHOWN)]
-    return list(dict.fromkeys(paths))
+            items += _flipped_items(record, kind, _FLIPPED_SHOWN)
+    return list(dict.fromkeys(picture_source(item) for item in items))
 
 
 # --------------------------------------------------------------------------- the page
@@ -277,11 +290,11 @@ def _gates_table(record: dict[str, Any]) -> str:
 
 
 def _item_cards(
-    record: dict[str, Any], items: list[dict[str, Any]], pictures: Mapping[str, Thumbnail]
+    record: dict[str, Any], items: list[dict[str, Any]], pictures: Mapping[Source, Thumbnail]
 ) -> str:
     cards = []
     for item in items:
-        thumbnail = pictures.get(item["path"])
+        thumbnail = pictures.get(picture_source(item))
         uri = thumbnail.uri if thumbnail else None
         picture = f"<img alt='{_e(item['id'])}' src='{_e(uri)}'>" if uri else ""
         lines = [f"<code>{_e(item['id'])}</code>"]
@@ -300,7 +313,7 @@ def _item_cards(
     return f"<div class=items>{''.join(cards)}</div>" if cards else "<p class=muted>none</p>"
 
 
-def _flipped(record: dict[str, Any], pictures: Mapping[str, Thumbnail]) -> str:
+def _flipped(record: dict[str, Any], pictures: Mapping[Source, Thumbnail]) -> str:
     flipped = record["flipped"]
     if flipped is None:
         return (
@@ -407,11 +420,11 @@ def _facts(record: dict[str, Any]) -> str:
 def html_report(
     record: dict[str, Any],
     history: list[dict[str, Any]],
-    pictures: Mapping[str, Thumbnail] | None = None,
+    pictures: Mapping[Source, Thumbnail] | None = None,
 ) -> str:
     """The report page for ``record`` (an evaluation's result.json) and the job's history.
 
-    ``pictures``: the items' pictures by path (:func:`shown_items`; made by
+    ``pictures``: the items' pictures by where they are (:func:`shown_items`; made by
     :func:`~batchinfer.evaluate.thumbnails.make_thumbnails`: the page never opens an item).
     """
     pictures = pictures or {}

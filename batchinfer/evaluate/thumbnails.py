@@ -17,9 +17,13 @@ its pipe, one item at a time, for at most ``reliability.decode_timeout_s``:
 Images are decoded under the job's ``preprocess.max_pixels`` (Pillow's decompression-bomb
 check as an error, as readers do); a ``.npy`` larger than that is not drawn either.
 
-Protocol: coordinator -> child ``("make", [path, ...])``, ``("stop",)``; child ->
+An item is a file (its path) or a member of a tar shard (a :data:`Source` tuple: the
+shard's path, the member's offset and size in bytes, its name): the member's bytes are read
+with one ``pread`` and decoded from memory, as the engine's readers do (data/shards.py).
+
+Protocol: coordinator -> child ``("make", [source, ...])``, ``("stop",)``; child ->
 coordinator ``("ready",)`` once imported, then ``("made", uri or None, note or None)`` for
-each path, in order.
+each source, in order.
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ from batchinfer.engine.pool import ChildPool, Exited, Message
 
 #: Items allowed to hang before the remaining ones are skipped.
 MAX_HUNG = 2
+#: Items pictured of each of the lost and the gained since the baseline.
+FLIPPED_PICTURED = 24
+
+#: Where an item's picture is read from: its file, or (shard, offset, size, member name).
+Source = str | tuple[str, int, int, str]
 _SLICE_S = 0.25  # longest wait between two looks at the clock (and at a pending Ctrl-C)
 _REAP_S = 1.0
 
@@ -80,22 +89,26 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
             send_or_exit(results, ("made", *picture(path, spec.size, spec.max_pixels)))
 
 
-def picture(path: str, size: int, max_pixels: int | None) -> tuple[str | None, str | None]:
+def picture(source: Source, size: int, max_pixels: int | None) -> tuple[str | None, str | None]:
     """(PNG data: URI of at most ``size`` pixels a side, None) or (None, why not)."""
     from PIL import Image
 
+    path, name = (source, source) if isinstance(source, str) else (source[0], source[3])
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None, "not a regular file"
-        if path.lower().endswith(".npy"):
-            image = _npy_image(path, max_pixels)
+        where: str | io.BytesIO = path
+        if not isinstance(source, str):
+            where = io.BytesIO(_member_bytes(*source[:3]))
+        if name.lower().endswith(".npy"):
+            image = _npy_image(where, max_pixels)
             if image is None:
                 return None, "not an image-shaped array"
         else:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 Image.MAX_IMAGE_PIXELS = max_pixels
-                with Image.open(path) as opened:
+                with Image.open(where) as opened:
                     mode = opened.mode if opened.mode in ("L", "RGB") else "RGB"
                     image = opened.convert(mode)
     except Exception as exc:  # an unreadable item has no picture; its row says why
@@ -110,10 +123,23 @@ def picture(path: str, size: int, max_pixels: int | None) -> tuple[str | None, s
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None
 
 
-def _npy_image(path: str, max_pixels: int | None):  # -> PIL.Image.Image | None
+def _member_bytes(shard: str, offset: int, size: int) -> bytes:
+    """A tar member's bytes (all of them, or OSError)."""
+    fd = os.open(shard, os.O_RDONLY)
+    try:
+        data = os.pread(fd, size, offset)
+    finally:
+        os.close(fd)
+    if len(data) != size:
+        raise OSError(f"the shard ends {size - len(data)} bytes into the member")
+    return data
+
+
+def _npy_image(where: str | io.BytesIO, max_pixels: int | None):  # -> PIL.Image.Image | None
     from PIL import Image
 
-    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    mmap = "r" if isinstance(where, str) else None
+    array = np.load(where, mmap_mode=mmap, allow_pickle=False)
     if max_pixels is not None and array.size > 3 * max_pixels:
         raise ValueError("too many values")
     array = np.squeeze(array)
@@ -127,14 +153,14 @@ def _npy_image(path: str, max_pixels: int | None):  # -> PIL.Image.Image | None
 
 
 # --------------------------------------------------------------------------- the coordinator
-def _give_up(todo: list[str], out: dict[str, Thumbnail], why: str) -> None:
+def _give_up(todo: list[Source], out: dict[Source, Thumbnail], why: str) -> None:
     for path in todo:
         out[path] = Thumbnail(None, why)
     todo.clear()
 
 
 def make_thumbnails(
-    paths: Sequence[str],
+    paths: Sequence[Source],
     *,
     decode_timeout_s: float,
     startup_timeout_s: float,
@@ -142,13 +168,14 @@ def make_thumbnails(
     size: int = 96,
     clock: Callable[[], float] = time.monotonic,
     maker: Callable[[ThumbnailSpec, Connection, Connection], None] | None = None,
-) -> dict[str, Thumbnail]:
-    """A Thumbnail for each of ``paths`` (see the module docstring); never blocks longer
-    than the timeouts, and leaves no process behind. ``maker``: the child's entry point
-    (default :func:`thumbnail_main`; the tests give one that hangs)."""
+) -> dict[Source, Thumbnail]:
+    """A Thumbnail for each of ``paths`` (files or shard members: :data:`Source`; see the
+    module docstring); never blocks longer than the timeouts, and leaves no process behind.
+    ``maker``: the child's entry point (default :func:`thumbnail_main`; the tests give one
+    that hangs)."""
     maker = maker or thumbnail_main
     todo = list(dict.fromkeys(paths))
-    out: dict[str, Thumbnail] = {}
+    out: dict[Source, Thumbnail] = {}
     hung = 0
     while todo and hung < MAX_HUNG:
         hung += _run_child(
@@ -161,8 +188,8 @@ def make_thumbnails(
 
 def _run_child(
     maker: Callable[[ThumbnailSpec, Connection, Connection], None],
-    todo: list[str],
-    out: dict[str, Thumbnail],
+    todo: list[Source],
+    out: dict[Source, Thumbnail],
     decode_timeout_s: float,
     startup_timeout_s: float,
     max_pixels: int | None,
