@@ -192,3 +192,28 @@ def test_importing_batchinfer_stays_cheap():
         "assert callable(batchinfer.infer) and 'batchinfer.api' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_detector_on_image_paths_gives_the_boxes_a_run_gives(demo_kit, tmp_path):
+    model = demo_kit.models["digits-det"]
+    paths = sorted(demo_kit.detection.images.glob("*.png"))[:6]
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for path in paths:
+        (folder / path.name).write_bytes(path.read_bytes())
+    result = run(config(folder, model, backend="sim", cores=(0, 1), out=tmp_path / "out"))
+    ran = read_predictions(result.out).sort_by("index")
+
+    table = batchinfer.infer(model, paths, runtime=RUNTIME)
+
+    assert table.schema.names == ran.schema.names
+    for column in ("boxes", "n_boxes", "width", "height"):
+        assert table[column].to_pylist() == ran[column].to_pylist(), column
+    assert sum(table["n_boxes"].to_pylist()) > 0
+
+
+def test_arrays_through_a_detector_are_refused_for_want_of_an_image(demo_kit):
+    with pytest.raises(UsageError, match="original image"):
+        batchinfer.infer(
+            demo_kit.models["digits-det"], [np.zeros((64, 64, 3), np.uint8)], runtime=RUNTIME
+        )
