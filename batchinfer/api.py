@@ -68,6 +68,8 @@ from batchinfer.sink.rows import Row
 
 log = logging.getLogger("batchinfer")
 
+_NOTHING = object()
+
 #: Rows a stream of arrays lets wait for the caller, beyond the slots, before it waits.
 WAITING_ROWS = 256
 
@@ -124,7 +126,7 @@ def infer_iter(
     labels: str | os.PathLike[str] | None = None,
     observers: Sequence[Observer] = (),
 ) -> InferStream:
-    """:func:`infer` as a stream: small ``pyarrow.RecordBatch`` es of rows in the order the
+    """:func:`infer` as a stream: small ``pyarrow.RecordBatch`` objects of rows in the order the
     items finish (sort by ``index`` for input order). Close it, or use it in a ``with``,
     when not reading it to the end (see the module docstring)."""
     runtime = runtime or RuntimeOptions()
@@ -188,8 +190,8 @@ def _given(data: Any) -> tuple[Any, list[str] | None]:
         )
     if not isinstance(data, Sequence):  # a stream: its first element says what it holds
         stream = iter(data)
-        first = next(stream, None)
-        if first is None:
+        first = next(stream, _NOTHING)
+        if first is _NOTHING:
             raise UsageError("data holds no items; give at least one.")
         if isinstance(first, (str, os.PathLike)):
             return None, _paths([first, *stream])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from runs import config, fast_sim
 
 import batchinfer
 from batchinfer import run
+from batchinfer.api import ArrayItems
 from batchinfer.demo import load_digits
 from batchinfer.errors import ModelError, RunInterrupted, UsageError
 from batchinfer.options import OutputOptions, PreprocessOptions, RuntimeOptions
@@ -194,6 +196,7 @@ def test_importing_batchinfer_stays_cheap():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+@pytest.mark.slow  # a detector's start-up and decoding, twice: several seconds
 def test_a_detector_on_image_paths_gives_the_boxes_a_run_gives(demo_kit, tmp_path):
     model = demo_kit.models["digits-det"]
     paths = sorted(demo_kit.detection.images.glob("*.png"))[:6]
@@ -217,3 +220,27 @@ def test_arrays_through_a_detector_are_refused_for_want_of_an_image(demo_kit):
         batchinfer.infer(
             demo_kit.models["digits-det"], [np.zeros((64, 64, 3), np.uint8)], runtime=RUNTIME
         )
+
+
+def test_a_stream_of_arrays_waits_while_rows_wait_for_the_caller():
+    arrays = (np.zeros((8, 8), np.uint8) for _ in range(10))
+    source = ArrayItems(arrays, None, (1, 8, 8, 1), np.dtype("uint8"), waiting=2)
+    items = iter(source)
+    next(items)
+    source.rows_queued(2)  # two rows wait in the caller's queue: no more items for now
+    taken = threading.Event()
+
+    def take() -> None:
+        next(items)
+        taken.set()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(0.2)
+    assert thread.is_alive() and not taken.is_set()  # it waits (a loaded machine too)
+    source.rows_taken(1)  # the caller took one: the source goes on
+    assert taken.wait(10)
+    thread.join()
+    source.rows_queued(5)
+    source.close()  # the caller went away: no more items, no wait
+    assert next(items, None) is None
