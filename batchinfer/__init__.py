@@ -4,6 +4,8 @@ The library is the product; the ``batchinfer`` command is a thin shell over it::
 
     from batchinfer import RunConfig, run
     result = run(RunConfig(dataset="demo/dataset", model="demo/models/digits.onnx"))
+
+    table = batchinfer.infer("demo/models/digits.onnx", arrays)  # data in memory (api.py)
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ _ENGINE = (
     "SimOptions",
     "run",
 )
-__all__ = [*_ENGINE, "__version__"]
+_API = ("InferStream", "infer", "infer_iter")
+__all__ = [*_ENGINE, *_API, "__version__"]
 
 
 def __getattr__(name: str):
@@ -30,4 +33,8 @@ def __getattr__(name: str):
         from batchinfer import engine
 
         return getattr(engine, name)
+    if name in _API:
+        from batchinfer import api
+
+        return getattr(api, name)
     raise AttributeError(name)

@@ -334,7 +334,7 @@ class PredictionWriter:
 
     def __init__(
         self,
-        out_dir: Path,
+        out_dir: Path | None,
         *,
         topk: int = 5,
         save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
@@ -353,11 +353,13 @@ class PredictionWriter:
         names = [name for name, _ in save_outputs or ()]
         if len(set(names)) != len(names):
             raise ValueError(f"save_outputs names must be unique, got {names}")
-        self.directory = Path(out_dir) / PREDICTIONS_DIR
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise write_error(self.directory, exc) from exc
+        # None: no folder; the rows are taken as tables (take_table, the library's infer).
+        self.directory = None if out_dir is None else Path(out_dir) / PREDICTIONS_DIR
+        if self.directory is not None:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise write_error(self.directory, exc) from exc
         self.topk = topk
         self.task = task
         # Box labels by class id (a detection run's names; none known: null labels).
@@ -498,6 +500,8 @@ class PredictionWriter:
         if not self.rows_buffered:
             self._last_write = self._clock()
             return None
+        if self.directory is None:
+            raise ValueError("a PredictionWriter without a folder hands rows on by take_table")
         if self._ledger is not None:
             self._ledger.check_held()  # before the tmp file: OUT may be another run's now
         path = self.directory / part_name(self._next_part)
@@ -528,6 +532,12 @@ class PredictionWriter:
         self._reset_buffers()
         self._last_write = self._clock()
         return path
+
+    def take_table(self) -> pa.Table:
+        """The buffered rows as one table (the schema of a part), the buffers emptied."""
+        table = self._table()
+        self._reset_buffers()
+        return table
 
     def close(self) -> None:
         """Write what is buffered; further adds raise. Calling it twice is harmless."""
