@@ -4,7 +4,9 @@ and the default run's parallelism (pytest-xdist, when it is installed)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import pickle
 import time
 from pathlib import Path
 
@@ -99,5 +101,20 @@ def no_leaks():
 
 @pytest.fixture(scope="session")
 def demo_kit(tmp_path_factory):
-    """The demo kit (1,797 digit PNGs and the three models), written once per session."""
-    return write_demo(Path(tmp_path_factory.mktemp("demo")) / "kit")
+    """The demo kit (1,797 digit PNGs and the three models), written once per session.
+
+    Under pytest-xdist, once for all the workers (each is a session): the first writes it in
+    their common temporary folder under a lock, the others wait and read what it wrote. No
+    test changes the kit.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return write_demo(Path(tmp_path_factory.mktemp("demo")) / "kit")
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        written = shared / "demo.pickle"
+        if written.exists():
+            return pickle.loads(written.read_bytes())
+        kit = write_demo(shared / "demo" / "kit")
+        written.write_bytes(pickle.dumps(kit))
+        return kit
