@@ -488,6 +488,9 @@ def _check_detection(job: Job) -> None:
         )
     if not ds.ground_truth.exists():
         raise _missing(job, key, ds.ground_truth, "a COCO .json file or a YOLO labels folder")
+    from batchinfer.evaluate.detection import require_scoring  # numpy: only for detection jobs
+
+    require_scoring()
     sides = [("device", job.device)] + ([("reference", job.reference)] if job.reference else [])
     for side, settings in sides:
         if settings.detect.task not in ("auto", "detect"):
