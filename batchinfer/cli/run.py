@@ -79,7 +79,7 @@ def command(
     list file (.txt, or .csv / .jsonl / .parquet with a path column, optional id and label);
     a COCO .json; an Ultralytics data.yaml (its val split); a quoted glob
     ('images/**/*.jpg'); or WebDataset tar shards, read without unpacking
-    ('shards/train-{000..099}.tar'). README "Datasets" has one example of each.
+    ('shards/train-{000..099}.tar'). The docs' Datasets page has one example of each.
 
     \b
     Examples:
