@@ -6,7 +6,7 @@
     run.boxes()  # a detection run: one row per box (id, class_id, label, score, x1..y2)
 
 The output folder holds ``manifest.json``, ``predictions/part-*.parquet``,
-``core_stats.parquet`` and ``timeline.parquet`` (README "Output" lists every column). Only
+``core_stats.parquet`` and ``timeline.parquet`` (docs/reference/output.md lists every column). Only
 the prediction parts the manifest vouches for are read, so a stray file never adds rows.
 Works on a folder whose run is still going (what is on disk so far).
 """

@@ -574,3 +574,18 @@ def test_no_progress_bar_off_a_terminal(demo_kit, tmp_path):
     result = invoke(*[a for a in args if a != "--no-progress"])
     assert result.exit_code == 0
     assert "\r" not in result.stderr and "item/s" not in result.stderr
+
+
+def test_an_unquoted_glob_is_one_sentence_that_says_to_quote_it(tmp_path):
+    # A shell expands `run photos/*.jpg` into every file; click's own message listed all of
+    # them as "unexpected extra arguments" (178 names for one demo class).
+    files = [tmp_path / f"{n}.png" for n in range(40)]
+    result = invoke("run", *files, "--model", tmp_path / "m.onnx", "--out", tmp_path / "o")
+    assert result.exit_code == 2
+    error = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert error == [
+        f"Error: run takes one DATASET, not 40 paths: the shell expanded a glob? Quote it (for "
+        f"example '{tmp_path}/*.png') or pass a list file (a .txt with one path a line)."
+    ]
+    assert not (tmp_path / "o").exists()
+    assert "39.png" not in result.output

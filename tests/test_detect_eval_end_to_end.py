@@ -320,6 +320,19 @@ def test_a_bad_ground_truth_file_exits_2_before_anything_runs(kit):
     assert not (root / "eval" / "broken").exists()
 
 
+def test_a_missing_scorer_exits_2_before_anything_runs(kit, monkeypatch):
+    # Before, both sides ran (500 items twice for the demo job) and then the scoring said
+    # that faster-coco-eval was missing (a base install has no [detect] extra).
+    root, _, _ = kit
+    monkeypatch.setitem(sys.modules, "faster_coco_eval", None)  # its import fails
+    job = write_job(root, "noscorer")
+    result = invoke("eval", job)
+    assert result.exit_code == 2, result.output + result.stderr
+    assert "needs faster-coco-eval" in result.stderr and "batchinfer[detect]" in result.stderr
+    assert "started:" not in result.stdout + result.stderr
+    assert not (root / "eval" / "noscorer").exists()
+
+
 def test_a_detector_in_a_classification_job_is_refused(kit):
     root, _, _ = kit
     job = root / "classify.toml"

@@ -64,7 +64,7 @@ def test_the_toolkit_detection_job_scores_the_int8_detector(tmp_path, monkeypatc
     metrics = record["metrics"]
     assert record["device"]["backend"] == "toolkit"
     assert metrics["errors"] == 0
-    # The int8 model finds the digits (on all 500 images: mAP50 0.893, README) and loses
+    # The int8 model finds the digits (on all 500 images: mAP50 0.893, docs/guide/eval.md) and loses
     # little against the float graph it was converted from.
     assert metrics["map50"] > 0.8 and metrics["reference.map50"] > 0.8
     assert abs(metrics["map_drop"]) < 0.03

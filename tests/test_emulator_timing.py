@@ -94,7 +94,7 @@ def test_estimate_is_within_the_documented_error_on_every_calibration_model() ->
     works = _tool().calibration_work()
     for name, _shape, fps in timing.CALIBRATION:
         error = timing.predict(works[name]) * fps / 1000.0 - 1
-        assert abs(error) < 0.14, (name, error)  # README: largest in-sample error 13 %
+        assert abs(error) < 0.14, (name, error)  # docs: largest in-sample error 13 %
 
 
 # ---------------------------------------------------------------- in the emulator

@@ -271,16 +271,18 @@ def test_a_gate_on_a_custom_metric_is_left_to_the_custom_metrics(folder):
 
 
 def test_jobs_readme_documents_every_key_and_metric():
-    text = (Path(__file__).resolve().parents[1] / "jobs" / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference" / "jobs.md").read_text()
     groups = [RuntimeOptions, SimOptions, PreprocessOptions, ReliabilityOptions, DetectOptions]
     groups += [RaySettings, DatasetSettings, MetricsSettings, GateSettings, OutputSettings]
     for cls in groups:
         for f in options_fields(cls):
-            assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in jobs/README.md"
+            assert f"`{f.name}`" in text, (
+                f"{cls.__name__}.{f.name} is not in docs/reference/jobs.md"
+            )
     for name in builtin_metrics(5):
-        assert f"`{name}`" in text, f"metric {name} is not in jobs/README.md"
+        assert f"`{name}`" in text, f"metric {name} is not in docs/reference/jobs.md"
     for name in detection_metrics():
-        assert f"`{name}`" in text, f"detection metric {name} is not in jobs/README.md"
+        assert f"`{name}`" in text, f"detection metric {name} is not in docs/reference/jobs.md"
 
 
 @pytest.mark.parametrize("kind", ["csv", "folder", "empty"])

@@ -1,6 +1,6 @@
 """A benchmark's result, and its JSON (the file ``--json`` writes and ``--compare`` reads).
 
-JSON keys (README "Benchmarking" lists them): ``valid``, ``reasons``, ``diagnosis``
+JSON keys (docs/guide/bench.md lists them): ``valid``, ``reasons``, ``diagnosis``
 (``bound`` one of npu/host/decode/coordinator/cpu, with the numbers), ``samples_per_s``,
 ``latency_ms`` (min, mean, p50, p90, p95, p99, p999, max), ``cores`` (per core: core,
 samples_per_s, p50_ms, p99_ms, utilization, ...), ``windows``, ``stability``, ``cpu``

@@ -22,7 +22,11 @@ def resume_command(argv: list[str], out: Path) -> str:
 
 
 @click.command("run")
-@click.argument("dataset", type=click.Path(path_type=Path))
+# nargs=-1 only to say what went wrong when a shell expanded an unquoted glob into many
+# paths (click's own message lists every one of them); one DATASET is taken.
+@click.argument(
+    "dataset", nargs=-1, required=True, metavar="DATASET", type=click.Path(path_type=Path)
+)
 @click.option(
     "--model", "-m", required=True, type=click.Path(path_type=Path), help=".rknn or .onnx model."
 )
@@ -59,7 +63,7 @@ def resume_command(argv: list[str], out: Path) -> str:
     "nodes), or on storage every node mounts at the same path (each node reads).",
 )
 def command(
-    dataset: Path,
+    dataset: tuple[Path, ...],
     model: Path,
     limit: int | None,
     labels: Path | None,
@@ -75,7 +79,7 @@ def command(
     list file (.txt, or .csv / .jsonl / .parquet with a path column, optional id and label);
     a COCO .json; an Ultralytics data.yaml (its val split); a quoted glob
     ('images/**/*.jpg'); or WebDataset tar shards, read without unpacking
-    ('shards/train-{000..099}.tar'). README "Datasets" has one example of each.
+    ('shards/train-{000..099}.tar'). The docs' Datasets page has one example of each.
 
     \b
     Examples:
@@ -90,7 +94,24 @@ def command(
     """
     from batchinfer.cli import fail_cleanly
 
-    args = (dataset, model, limit, labels, no_progress, params, ray_address, ray_data, image_root)
+    if len(dataset) > 1:
+        first = dataset[0]
+        raise click.UsageError(
+            f"run takes one DATASET, not {len(dataset)} paths: the shell expanded a glob? "
+            f"Quote it (for example '{first.parent / ('*' + first.suffix)}') or pass a list "
+            "file (a .txt with one path a line)."
+        )
+    args = (
+        dataset[0],
+        model,
+        limit,
+        labels,
+        no_progress,
+        params,
+        ray_address,
+        ray_data,
+        image_root,
+    )
     # The children's fork server is launched by the program's entry point (before this
     # module is imported) and by the engine's run() before it plans.
     fail_cleanly(_run)(*args)

@@ -11,7 +11,7 @@ run.py writes the same run folder as a single-board run.
 
 ``batchinfer eval`` runs its device side through :func:`connect_cluster` and
 :meth:`ClusterSession.engine`: a :class:`ClusterEngine` takes any item source, row sink and
-observers, like :class:`batchinfer.engine.Engine` (README, "Scale-out on Ray").
+observers, like :class:`batchinfer.engine.Engine` (docs/guide/ray.md).
 """
 
 from batchinfer.cluster.connect import (

@@ -172,7 +172,7 @@ class ClusterEngine(EngineLoop):
             raise NoCoreError(
                 "no node of the Ray cluster declares the NPU cores to use "
                 f"({', '.join(str(c) for c in plan.cores)}) as resources npu_core_N; start "
-                "each board with ray start --resources (see README, Scale-out on Ray)."
+                "each board with ray start --resources (see docs/guide/ray.md)."
             )
         k = plan.instances_per_core
         where = [

@@ -166,6 +166,6 @@ def usable_nodes(nodes: list[NodeInfo], cores: Sequence[int]) -> list[NodeInfo]:
         wanted = ", ".join(f"npu_core_{c}" for c in cores)
         raise NoCoreError(
             f"no node of the Ray cluster declares the NPU cores to use as resources ({wanted}); "
-            "start each board with ray start --resources (README: Scale-out on Ray)."
+            "start each board with ray start --resources (docs/guide/ray.md)."
         )
     return usable

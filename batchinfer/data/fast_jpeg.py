@@ -7,7 +7,7 @@ Pillow's: both are libjpeg-turbo with the same settings (``tools/bench_jpeg_deco
 measured a largest difference of 0 on 640x480 and 4000x3000 photos, and
 tests/test_fast_jpeg.py holds it within 1 level of 255). What it saves is Pillow's
 per-image overhead around libjpeg: 3-6 % of the CPU of reading a 640x480 JPEG into a
-224x224 input, 2-3 % for a 12 MP photo (README, "Performance").
+224x224 input, 2-3 % for a 12 MP photo (docs/performance.md).
 
 Anything simplejpeg is not asked to or cannot do goes back to Pillow: not installed, CMYK
 or YCCK files, more than one tile, and any file it refuses (truncated or damaged: Pillow

@@ -4,7 +4,7 @@
     result = evaluate(load_job("jobs/digits.toml"))
     result.verdict.passed, result.metrics["top1"], result.report
 
-``batchinfer eval JOB`` is the command; README "Nightly evaluation" and jobs/README.md
+``batchinfer eval JOB`` is the command; docs/guide/eval.md and docs/reference/jobs.md
 describe the job file and the outputs.
 """
 

@@ -77,6 +77,12 @@ def _coco_api() -> tuple[Any, Any]:
     return COCO, COCOeval_faster
 
 
+def require_scoring() -> None:
+    """DetectEvalUnavailable now when faster-coco-eval is missing: checked when a detection
+    job is loaded, so a user does not wait for both sides' runs to learn it."""
+    _coco_api()
+
+
 # --------------------------------------------------------------------------- scoring
 @dataclass(frozen=True)
 class DetectionScore:

@@ -2,7 +2,7 @@
 
 A job names the device model and its runtime settings, the dataset, an optional float
 reference model with its own runtime and preprocessing, the metrics, the gates and where
-the outputs go (jobs/README.md has every key). The runtime, preprocessing and
+the outputs go (docs/reference/jobs.md has every key). The runtime, preprocessing and
 reliability tables are the option groups of :mod:`batchinfer.options`, read with
 :func:`~batchinfer.options.from_mapping`, so their keys, types and defaults are the CLI's.
 
@@ -488,6 +488,9 @@ def _check_detection(job: Job) -> None:
         )
     if not ds.ground_truth.exists():
         raise _missing(job, key, ds.ground_truth, "a COCO .json file or a YOLO labels folder")
+    from batchinfer.evaluate.detection import require_scoring  # numpy: only for detection jobs
+
+    require_scoring()
     sides = [("device", job.device)] + ([("reference", job.reference)] if job.reference else [])
     for side, settings in sides:
         if settings.detect.task not in ("auto", "detect"):

@@ -183,7 +183,7 @@ class OnnxBackend(Backend):
 class ToolkitBackend(Backend):
     """rknn-toolkit2's simulator: the NPU's quantised numerics on x86, without timing.
 
-    Needs rknn-toolkit2 (its own environment: README "Real RKNN on x86"); the chip is the
+    Needs rknn-toolkit2 (its own environment: docs/guide/toolkit.md); the chip is the
     one the .rknn was converted for.
     """
 

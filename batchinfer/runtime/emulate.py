@@ -5,7 +5,7 @@
 The script's ``from rknnlite.api import RKNNLite``, ``from rknnlite.api.rknn_lite import
 RKNNLite`` (the module the class is defined in) or ``import rknnlite.api`` gets the
 emulator's class, :class:`batchinfer.runtime.sim.RKNNLite`; nothing else in it changes.
-Settings come from the BATCHINFER_SIM_* environment variables (see the README).
+Settings come from the BATCHINFER_SIM_* environment variables (docs/guide/emulator.md).
 
 Importing the real ``rknnlite.api`` renames Python's logging levels to single letters, so
 ``logging.basicConfig(level="INFO")`` after it fails on a board

@@ -17,7 +17,7 @@ squares to the single-core RK3588 INT8 figures of Rockchip's model zoo
 (:data:`CALIBRATION`, from airockchip/rknn_model_zoo's README, v2.3.2).
 ``tools/npu_ms_calibration.py`` builds the calibration architectures as ONNX graphs,
 counts them with :func:`count_work`, refits and prints the table with each model's error;
-the README quotes it. It is an estimate for an INT8 model on one RK3588 core: not
+docs/guide/emulator.md quotes it. It is an estimate for an INT8 model on one RK3588 core: not
 calibrated for float16 models or other chips, and no substitute for timing the model on a
 board. The fitted intercept is 0: models of 2 to 62 ms cannot tell a fixed per-call cost,
 so below about 2 ms (the smallest calibration model) the estimate is extrapolation.

@@ -1,6 +1,6 @@
 """Output writers: rows, prediction parts, the run folder, stats, manifest, resume state.
 
-README "Output" describes the folder layout. Everything here writes atomically (tmp file,
+docs/reference/output.md describes the folder layout. Everything here writes atomically (tmp file,
 fsync, rename) and raises OutputWriteError when the disk refuses. Names are imported on
 first use, so a module that needs one writer does not import them all.
 """

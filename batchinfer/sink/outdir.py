@@ -1,6 +1,6 @@
 """The output folder: may this run use it, who holds it, and clearing only what is ours.
 
-Rules (see README "Output"):
+Rules (see docs/reference/output.md):
 - A folder is continued (``resume``) or cleared (``overwrite``) only when its manifest.json
   is one a batchinfer run wrote (:func:`~batchinfer.sink.manifest.is_run_manifest`).
   Clearing removes the files that manifest lists (its parts, stats, timeline, itself) and
