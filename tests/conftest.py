@@ -1,8 +1,13 @@
-"""Shared fixtures: the leak guard every test runs under, and a demo kit made once per session."""
+"""Shared fixtures: the leak guard every test runs under, and a demo kit made once per session;
+and the default run's parallelism (pytest-xdist, when it is installed)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pickle
+import time
 from pathlib import Path
 
 import psutil
@@ -10,6 +15,28 @@ import pytest
 
 from batchinfer.demo import write_demo
 from batchinfer.engine.slots import SEGMENT_PREFIX, SHM_DIR
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads -n
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """`pytest` with no paths (the README's test command, .ci/run's tiers) runs on one
+    pytest-xdist worker per CPU (at most 4), when xdist is installed and no -n was given.
+
+    Not in pyproject's addopts: an environment without xdist (the toolkit's, tools/
+    toolkit-env.sh) would refuse the option. Whole files go to one worker (loadfile), so a
+    module's fixtures are made once. Each worker is its own session: its own demo kit and
+    leak guard. `pytest -n 0` or `-p no:xdist` runs in one process (for a debugger).
+    """
+    if (
+        config.pluginmanager.hasplugin("xdist")
+        and config.getoption("numprocesses", None) is None
+        and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not os.environ.get("PYTEST_XDIST_WORKER")
+    ):
+        cpus = min(len(os.sched_getaffinity(0)), 4)
+        if cpus > 1:
+            config.option.numprocesses = cpus
+            config.option.dist = "loadfile"
 
 
 def _our_segments() -> set[str]:
@@ -59,13 +86,35 @@ def no_leaks():
         except psutil.Error:
             del leaked_children[pid]
     leaked_segments = _our_segments() - segments_before
+    # A dead coordinator's segments may be another test's, in another xdist worker or
+    # session (a kill -9 test), until that run's janitor removes them: give it a moment.
+    deadline = time.monotonic() + 2
+    while leaked_segments and time.monotonic() < deadline:
+        time.sleep(0.05)
+        leaked_segments &= _our_segments()
     for name in leaked_segments:
-        os.unlink(os.path.join(SHM_DIR, name))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(SHM_DIR, name))
     assert not leaked_children, f"test left processes behind: {leaked_children}"
     assert not leaked_segments, f"test left shared-memory segments behind: {leaked_segments}"
 
 
 @pytest.fixture(scope="session")
 def demo_kit(tmp_path_factory):
-    """The demo kit (1,797 digit PNGs and the three models), written once per session."""
-    return write_demo(Path(tmp_path_factory.mktemp("demo")) / "kit")
+    """The demo kit (1,797 digit PNGs and the three models), written once per session.
+
+    Under pytest-xdist, once for all the workers (each is a session): the first writes it in
+    their common temporary folder under a lock, the others wait and read what it wrote. No
+    test changes the kit.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return write_demo(Path(tmp_path_factory.mktemp("demo")) / "kit")
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "demo.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        written = shared / "demo.pickle"
+        if written.exists():
+            return pickle.loads(written.read_bytes())
+        kit = write_demo(shared / "demo" / "kit")
+        written.write_bytes(pickle.dumps(kit))
+        return kit

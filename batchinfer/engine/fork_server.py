@@ -39,6 +39,11 @@ What the rest of the engine relies on, and how it still holds:
   modules still wins in the server).
 - The server is multiprocessing's one per process (``multiprocessing.forkserver``): the
   preload list is set when it is launched.
+- Its socket is a file in multiprocessing's ``pymp-*`` folder under TMPDIR, and a UNIX
+  socket's path holds at most 107 bytes: with a long TMPDIR (a CI runner's, a test runner's
+  per-worker one) Python 3.11 fails with "AF_UNIX path too long". That folder is then made
+  in the system's own temporary folder instead (:func:`_short_temp_dir`; Python 3.13 does
+  the same by itself).
 """
 
 from __future__ import annotations
@@ -49,9 +54,10 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 from typing import Any
 
 import psutil
@@ -107,6 +113,7 @@ def ensure_running() -> None:
     """
     if _running():
         return
+    _short_temp_dir()
     forkserver.set_forkserver_preload(PRELOAD)
     keys = ("PYTHONPATH", "PYTHONSAFEPATH")
     saved = {key: os.environ.get(key) for key in keys}
@@ -123,6 +130,42 @@ def ensure_running() -> None:
             else:
                 os.environ[key] = value
         os.environ.pop(ENV_KEY, None)
+
+
+#: A UNIX socket's path holds at most 107 bytes and its NUL on Linux (sun_path, 108).
+_SUN_PATH_MAX = 107
+#: What the server's socket path adds to the temporary folder: "/pymp-" and 8 random
+#: characters (util.get_temp_dir), "/listener-" and 8 more (connection.arbitrary_address).
+_SOCKET_SUFFIX = len("/pymp-12345678/listener-12345678")
+#: Where the socket's folder goes when TMPDIR is too long: the system's temporary folders.
+_SHORT_TEMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")
+
+
+def _short_temp_dir() -> None:
+    """Have multiprocessing make its ``pymp-*`` folder (the server's socket's) where the
+    socket's path fits, if TMPDIR is too long for it.
+
+    multiprocessing makes that folder once per process, in ``tempfile.gettempdir()``, and
+    keeps it: so it is made here, with ``tempfile.tempdir`` pointing at a short folder for
+    the moment it takes. Nothing else of the process changes: TMPDIR and tempfile's own
+    choice stay the user's, and the folder is removed at exit as before (entry.py removes it
+    when the program ends with os._exit). A folder multiprocessing already made for some
+    other use of this process stays, too long or not.
+    """
+    if len(os.fsencode(tempfile.gettempdir())) + _SOCKET_SUFFIX <= _SUN_PATH_MAX:
+        return
+    short = next(
+        (d for d in _SHORT_TEMP_DIRS if os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK)),
+        None,
+    )
+    if short is None:  # nowhere shorter to go: the bind fails as it would have
+        return
+    saved = tempfile.tempdir
+    tempfile.tempdir = short
+    try:
+        util.get_temp_dir()
+    finally:
+        tempfile.tempdir = saved
 
 
 def _running() -> bool:
