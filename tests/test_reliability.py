@@ -53,11 +53,13 @@ def _core_stats(out: Path) -> dict:
 
 
 def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_path):
+    # Early calls: each core's share of the 600 items depends on the machine's load, and on a
+    # loaded one a core that started late did fewer than 80 calls (its fault never fired).
     result = _run_digits(
         demo_kit,
-        "crash:core=1:call=50",
-        "hang:core=2:call=80",
-        "none:core=0:call=30",
+        "crash:core=1:call=12",
+        "hang:core=2:call=16",
+        "none:core=0:call=8",
         timeout_s=1.0,
         limit=600,
         out=tmp_path / "o",
