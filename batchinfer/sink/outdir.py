@@ -38,7 +38,7 @@ from batchinfer.errors import (
     OutputWriteError,
     UsageError,
 )
-from batchinfer.sink._atomic import fsync_dir, tmp_path_for, write_error
+from batchinfer.sink.atomic import fsync_dir, tmp_path_for, write_error
 from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,
