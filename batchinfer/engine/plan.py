@@ -1,8 +1,9 @@
 """Planning: a RunConfig checked against the machine, the model, the dataset and OUT.
 
 Planning only reads. It finds every configuration error (exit 2) before any process,
-shared-memory segment or file exists; preparing the output folder is a separate step
-(:func:`batchinfer.sink.outdir.claim`), and so is running (:class:`Engine`).
+shared-memory segment or file exists. OUT is looked at here and taken when the run begins,
+both by its owner (:class:`batchinfer.sink.output_folder.OutputFolder`); running is
+:class:`Engine`.
 Errors name settings by field (``{runtime.cores}``); each front end renders them.
 """
 
@@ -46,22 +47,21 @@ from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
-from batchinfer.sink.fingerprint import check_resume_fingerprint, run_fingerprint
+from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
-from batchinfer.sink.out_lock import refuse_if_held
-from batchinfer.sink.outdir import OutFolder, check_out, check_separate, inspect_out
-from batchinfer.sink.resume import verify_parts
+from batchinfer.sink.output_folder import OutputFolder
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A validated run: the engine's plan, the dataset, OUT as it is, the fingerprint."""
+    """A validated run: the engine's plan, the dataset, OUT (looked at, not yet taken), the
+    fingerprint."""
 
     config: RunConfig
     engine: EnginePlan
     model: Path
     dataset: Dataset
-    out: OutFolder
+    out: OutputFolder
     fingerprint: dict
     model_sha256: str
 
@@ -336,20 +336,12 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     is called with the number of entries listed so far while a big dataset is listed.
     """
     out = config.output
-    if out.out is not None:  # a held OUT first, before any other check (engine.run too)
-        refuse_if_held(out.out)
+    # OUT first (a held one before anything else): refused before any slow check.
+    dataset_folder = Path(config.dataset) if is_folder(config.dataset) else None
+    folder = OutputFolder.look(
+        _out_path(out.out), out, dataset=dataset_folder, command=config.command
+    )
     check_settings(config)
-    if out.resume and out.out is None:
-        raise ConfigError(
-            "{output.resume} needs {output.out}: the folder of the run to continue (without "
-            "it a new folder would be made, and everything run again).",
-            "output.resume",
-        )
-    # OUT first: a folder held by another run is refused before any slow check.
-    folder = inspect_out(_out_path(out.out))
-    if is_folder(config.dataset):  # results written into a listed folder would be items
-        check_separate(folder.path, Path(config.dataset).expanduser())
-    check_out(folder, overwrite=out.overwrite, resume=out.resume)
     model = Path(config.model).expanduser().resolve()
     if not model.is_file():
         raise ModelError(
@@ -391,9 +383,7 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         ),
         task=engine.task.fingerprint() if engine.task is not None else None,
     )
-    if out.resume and folder.manifest is not None:
-        check_resume_fingerprint(folder, fingerprint)
-        verify_parts(folder.manifest)
+    folder.accept(fingerprint)  # a --resume: the same run, its parts intact
     return RunPlan(
         config=config,
         engine=engine,
