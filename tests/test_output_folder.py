@@ -159,3 +159,28 @@ def test_planning_refuses_resume_without_out_and_a_held_out_first(tmp_path):
         OutputFolder.look(out, dataclasses.replace(OutputOptions(), resume=True))
     with OutLock(out, command="holder"), pytest.raises(OutputLockedError, match="holder"):
         OutputFolder.look(out, _options(out, resume=True, overwrite=True))
+
+
+def test_a_planned_run_whose_out_was_taken_meanwhile_starts_no_engine(tmp_path):
+    import models as M
+    from PIL import Image
+    from runs import config
+
+    from batchinfer.engine.plan import plan_run
+    from batchinfer.engine.runner import run_plan
+    from batchinfer.engine.signals import StopSignals
+
+    data = tmp_path / "d"
+    data.mkdir()
+    Image.new("L", (8, 8)).save(data / "x.png")
+    out = tmp_path / "o"
+    plan = plan_run(config(data, M.nhwc_uint8_model(tmp_path), backend="onnx", out=out))
+    _a_run(out)  # another run, between planning and running
+
+    def no_engine(*args):
+        raise AssertionError("an engine was made for an OUT this run may not use")
+
+    with StopSignals() as signals, pytest.raises(OutputExistsError, match="already holds"):
+        run_plan(plan, signals, make_engine=no_engine)
+    assert _manifest(out)["invocations"][0]["command"] == "earlier"
+    assert lock_holder(out) is None
