@@ -184,3 +184,17 @@ def test_a_planned_run_whose_out_was_taken_meanwhile_starts_no_engine(tmp_path):
         run_plan(plan, signals, make_engine=no_engine)
     assert _manifest(out)["invocations"][0]["command"] == "earlier"
     assert lock_holder(out) is None
+
+
+def test_out_moved_before_the_first_row_gets_no_predictions_folder_in_the_new_one(tmp_path):
+    """The row sink opens when the first core is ready, after the run has started: an OUT
+    moved away before then must not get predictions/ made in the folder now at its path."""
+    from batchinfer.errors import OutputLostError
+
+    out, moved = tmp_path / "o", tmp_path / "o-moved"
+    with _looked(out).begin({}, save_outputs=False) as folder:
+        out.rename(moved)
+        out.mkdir()  # another run's folder now, say
+        with pytest.raises(OutputLostError, match="deleted, moved or replaced"):
+            folder.rows.open([((1, 10), "float32")])
+    assert list(out.iterdir()) == []
