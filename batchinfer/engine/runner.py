@@ -5,7 +5,8 @@
       → plan.out.finish (last rows, stats, manifest; lock released)
 
 OUT's life is :class:`batchinfer.sink.output_folder.OutputFolder`'s (plan.out): the engine
-calls it before the run and after it, and nothing else here touches the folder.
+calls it before the run and after it; nothing else here touches the folder, but for
+:func:`run`'s probe for a held OUT before the fork server is launched.
 
 The same steps run a plan on a Ray cluster (batchinfer.cluster): :func:`run_plan` takes
 the engine to use (``make_engine``) and extra manifest fields.
