@@ -51,7 +51,7 @@ from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.plan import model_input, plan_engine, plan_input_feeds
+from batchinfer.engine.plan import plan_inference
 from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.errors import ModelError, RunInterrupted, UsageError
 from batchinfer.options import (
@@ -62,7 +62,6 @@ from batchinfer.options import (
     RuntimeOptions,
 )
 from batchinfer.runtime import describe_model
-from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
 
@@ -239,16 +238,10 @@ def _paths(values: Iterable[Any]) -> list[str]:
 # --------------------------------------------------------------------------- planning
 def _plan_paths(config: RunConfig, paths: list[str]) -> tuple[EnginePlan, ItemSource, Any]:
     """Paths are a dataset named by a list, planned as ``run`` plans one (engine/plan.py)."""
-    backend = make_backend(config.model, config.runtime)
-    shape, dtype = model_input(config.model, config, several=True)
-    engine = plan_engine(config, backend, shape, dtype, "")
     entries = PathList("paths", f"the {len(paths)} paths given", Path.cwd(), paths, "path")
-    labels = None if engine.detects else config.labels
-    dataset = open_listed(entries, labels_file=labels)
-    engine = plan_input_feeds(config, config.model, engine, dataset)
-    if not engine.feeds:
-        engine.preprocess.validate_for(dataset.kind)
-    return engine, DatasetSource(dataset), dataset.meta_type
+    planned = plan_inference(config, lambda labels: open_listed(entries, labels_file=labels))
+    assert planned.dataset is not None  # opened by the function above
+    return planned.engine, DatasetSource(planned.dataset), planned.dataset.meta_type
 
 
 def _plan_arrays(config: RunConfig, arrays: Any) -> tuple[EnginePlan, ItemSource]:
@@ -260,9 +253,7 @@ def _plan_arrays(config: RunConfig, arrays: Any) -> tuple[EnginePlan, ItemSource
         several = False  # a bare .rknn: model_input reads its shape off the settings
     if several:
         raise _several_inputs()
-    backend = make_backend(config.model, config.runtime)
-    shape, dtype = model_input(config.model, config)
-    engine = plan_engine(config, backend, shape, dtype, "")
+    engine = plan_inference(config, several_inputs=False).engine
     if engine.detects:
         raise UsageError(
             "a detector's boxes are mapped back onto the original image, which arrays do not "

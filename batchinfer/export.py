@@ -24,7 +24,7 @@ from typing import Any
 
 from batchinfer.errors import UsageError
 from batchinfer.results import read_run
-from batchinfer.sink._atomic import write_bytes_atomically
+from batchinfer.sink.atomic import write_bytes_atomically
 
 
 @dataclass(frozen=True)

@@ -71,10 +71,10 @@ from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine import events as ev
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.plan import plan_inference
 from batchinfer.options import OutputOptions, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
-from batchinfer.runtime.backends import Backend, make_backend
+from batchinfer.runtime.backends import Backend
 
 PEERS = ("engine", "threads", "pool")
 
@@ -185,11 +185,10 @@ class Setting:
             sim=SimOptions(npu_ms=w.npu_ms, host_ms=w.host_ms),
         )
         config = RunConfig(dataset=dataset, model=model, runtime=self.runtime)
-        shape, dtype = model_input(model, config)
         data = open_dataset(dataset)
         self.kind = data.kind
         self.paths = [item.path for item in data]
-        self.plan = plan_engine(config, make_backend(model, self.runtime), shape, dtype, data.kind)
+        self.plan = plan_inference(config, data, several_inputs=False).engine
         self.pre: Preprocess = self.plan.preprocess
         self.cores = self.plan.cores
 

@@ -43,10 +43,9 @@ from dataclasses import dataclass, field
 from batchinfer.demo import model_path
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine import events as ev
-from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.plan import plan_inference
 from batchinfer.engine.sources import SyntheticSource
 from batchinfer.options import RuntimeOptions, SimOptions
-from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.rows import NullSink
 
 CORES = (0, 1, 2)
@@ -91,9 +90,7 @@ def _plan(npu_ms: float, host_ms: float, k: int):
         sim=SimOptions(npu_ms=npu_ms, host_ms=host_ms),
     )
     config = RunConfig(dataset=model.parent, model=model, runtime=runtime)
-    backend = make_backend(model, runtime)
-    shape, dtype = model_input(model, config)
-    return plan_engine(config, backend, shape, dtype, kind="")
+    return plan_inference(config, several_inputs=False).engine
 
 
 def _throughput(stats) -> float:

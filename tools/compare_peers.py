@@ -50,11 +50,11 @@ from batchinfer.demo import model_path
 from batchinfer.engine import events as ev
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.plan import plan_inference
 from batchinfer.engine.sources import ArraySource
 from batchinfer.options import RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
-from batchinfer.runtime.backends import Backend, make_backend
+from batchinfer.runtime.backends import Backend
 from batchinfer.sink.rows import MemorySink
 
 PEERS = ("engine", "loop", "threads", "processes")
@@ -189,14 +189,14 @@ class Workload:
         )
         model = Path(args.model)
         config = RunConfig(dataset=Path("."), model=model, runtime=runtime)
-        shape, dtype = model_input(model, config)
-        self.plan = plan_engine(config, make_backend(model, runtime), shape, dtype, kind="")
+        planned = plan_inference(config, several_inputs=False)
+        self.plan = planned.engine
         self.backend = self.plan.backend.for_run()  # the peers' board, shared by them all
         self.cores = self.plan.cores
         self.k = args.k
         self.layout = self.plan.preprocess.layout
         self.items = args.items
-        self.shape, self.dtype = tuple(shape), str(dtype)
+        self.shape, self.dtype = planned.shape, planned.dtype
         self.inputs = make_inputs(self.plan.preprocess.shape, self.plan.preprocess.dtype,
                                   args.distinct, args.seed)  # fmt: skip
 

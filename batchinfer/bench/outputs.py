@@ -26,7 +26,7 @@ from batchinfer.bench import plots
 from batchinfer.bench.result import KIND, BenchResult, write_json
 from batchinfer.bench.sweep import SweepResult
 from batchinfer.errors import UsageError
-from batchinfer.sink._atomic import write_table_atomically
+from batchinfer.sink.atomic import write_table_atomically
 
 MARK = "bench.json"
 

@@ -24,7 +24,7 @@ from batchinfer.bench.limits import Limits
 from batchinfer.bench.verdict import Verdict
 from batchinfer.bench.windows import Samples
 from batchinfer.errors import UsageError, render_fields
-from batchinfer.sink._atomic import write_bytes_atomically
+from batchinfer.sink.atomic import write_bytes_atomically
 
 #: Marks a file as a batchinfer bench result (and its format's version).
 KIND = "batchinfer-bench"

@@ -39,10 +39,9 @@ from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.plan import plan_inference
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, SyntheticSource
-from batchinfer.errors import ModelError
 from batchinfer.hostinfo import host_facts
 from batchinfer.options import (
     DetectOptions,
@@ -50,7 +49,6 @@ from batchinfer.options import (
     ReliabilityOptions,
     RuntimeOptions,
 )
-from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import NullSink
 
@@ -111,24 +109,25 @@ class Prepared:
 def prepare(config: BenchConfig) -> Prepared:
     """Check ``config`` against the model, the backend and the dataset; changes nothing."""
     check_bench(config.bench)
-    model = Path(config.model).expanduser().resolve()
-    if not model.is_file():
-        raise ModelError(f"model file {model} does not exist; pass the path of a .rknn or .onnx.")
     run_config = RunConfig(
         dataset=config.dataset or Path("."),
-        model=model,
+        model=config.model,
         runtime=config.runtime,
         preprocess=config.preprocess,
         reliability=config.reliability,
         detect=config.detect,
     )
-    backend = make_backend(model, config.runtime)
-    shape, dtype = model_input(model, run_config)
-    dataset = open_source(config.dataset) if config.dataset else None
-    plan = plan_engine(run_config, backend, shape, dtype, dataset.kind if dataset else "")
-    if dataset is not None:
-        say_notes(dataset, labels=False)  # a benchmark does not score labels
-    return Prepared(config, model, plan, dataset, tuple(shape), str(dtype))
+    # One input, fed whole (no feeds); a benchmark does not score labels, so none are read.
+    planned = plan_inference(
+        run_config,
+        (lambda _labels: open_source(config.dataset)) if config.dataset else None,
+        several_inputs=False,
+    )
+    if planned.dataset is not None:
+        say_notes(planned.dataset, labels=False)  # a benchmark does not score labels
+    return Prepared(
+        config, planned.model, planned.engine, planned.dataset, planned.shape, planned.dtype
+    )
 
 
 def label(backend: dict[str, Any]) -> str:

@@ -1,8 +1,9 @@
 """Planning: a RunConfig checked against the machine, the model, the dataset and OUT.
 
 Planning only reads. It finds every configuration error (exit 2) before any process,
-shared-memory segment or file exists; preparing the output folder is a separate step
-(:func:`batchinfer.sink.outdir.claim`), and so is running (:class:`Engine`).
+shared-memory segment or file exists. OUT is looked at here and taken when the run begins,
+both by its owner (:class:`batchinfer.sink.output_folder.OutputFolder`); running is
+:class:`Engine`.
 Errors name settings by field (``{runtime.cores}``); each front end renders them.
 """
 
@@ -46,22 +47,21 @@ from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
-from batchinfer.sink.fingerprint import check_resume_fingerprint, run_fingerprint
+from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
-from batchinfer.sink.out_lock import refuse_if_held
-from batchinfer.sink.outdir import OutFolder, check_out, check_separate, inspect_out
-from batchinfer.sink.resume import verify_parts
+from batchinfer.sink.output_folder import OutputFolder
 
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A validated run: the engine's plan, the dataset, OUT as it is, the fingerprint."""
+    """A validated run: the engine's plan, the dataset, OUT (looked at, not yet taken), the
+    fingerprint."""
 
     config: RunConfig
     engine: EnginePlan
     model: Path
     dataset: Dataset
-    out: OutFolder
+    out: OutputFolder
     fingerprint: dict
     model_sha256: str
 
@@ -291,6 +291,8 @@ def plan_engine(
     warning = raw_pixels_warning(preprocess, kind, Path(config.model).name)
     if warning:
         logging.getLogger("batchinfer").warning(warning)
+    # Instances per core are decided here, once: the slots below and the plan use this.
+    instances = rt.instances_per_core
     cpus = resolve_affinity(rt.cpu_affinity)
     readers, max_readers = rt.readers, rt.readers
     if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
@@ -302,12 +304,12 @@ def plan_engine(
     slots = rt.slots
     if slots is None:
         per_instance = QUEUED_PER_INSTANCE + 1
-        slots = len(cores) * rt.instances_per_core * per_instance + max_readers * 2
+        slots = len(cores) * instances * per_instance + max_readers * 2
     check_slots_fit(slots, preprocess, given=rt.slots is not None)
     return EnginePlan(
         backend=backend,
         cores=cores,
-        instances_per_core=rt.instances_per_core,
+        instances_per_core=instances,
         preprocess=preprocess,
         slots=slots,
         readers=readers,
@@ -336,41 +338,21 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
     is called with the number of entries listed so far while a big dataset is listed.
     """
     out = config.output
-    if out.out is not None:  # a held OUT first, before any other check (engine.run too)
-        refuse_if_held(out.out)
-    check_settings(config)
-    if out.resume and out.out is None:
-        raise ConfigError(
-            "{output.resume} needs {output.out}: the folder of the run to continue (without "
-            "it a new folder would be made, and everything run again).",
-            "output.resume",
-        )
-    # OUT first: a folder held by another run is refused before any slow check.
-    folder = inspect_out(_out_path(out.out))
-    if is_folder(config.dataset):  # results written into a listed folder would be items
-        check_separate(folder.path, Path(config.dataset).expanduser())
-    check_out(folder, overwrite=out.overwrite, resume=out.resume)
-    model = Path(config.model).expanduser().resolve()
-    if not model.is_file():
-        raise ModelError(
-            f"model file {model} does not exist; pass the path of a .rknn or .onnx file."
-        )
-    backend = make_backend(model, config.runtime)
-    shape, dtype = model_input(model, config, several=True)
-    engine = plan_engine(config, backend, shape, dtype, "")
-    # A detection run's labels file names the head's classes (engine/task.py), not class
-    # folders of the dataset.
-    labels = None if engine.detects else config.labels
-    dataset = open_source(
-        config.dataset, labels_file=labels, image_root=config.image_root, progress=listing
+    # OUT first (a held one before anything else): refused before any slow check.
+    dataset_folder = Path(config.dataset) if is_folder(config.dataset) else None
+    folder = OutputFolder.look(
+        _out_path(out.out), out, dataset=dataset_folder, command=config.command
     )
-    engine = plan_input_feeds(config, model, engine, dataset)
-    for feed_preprocess, kind in _validations(engine, dataset.kind):
-        feed_preprocess.validate_for(kind)
-        # plan_engine could not say it: the dataset is opened after it here (see above).
-        warning = raw_pixels_warning(feed_preprocess, kind, model.name)
-        if warning:
-            logging.getLogger("batchinfer").warning(warning)
+    check_settings(config)
+    planned = plan_inference(
+        config,
+        lambda labels: open_source(
+            config.dataset, labels_file=labels, image_root=config.image_root, progress=listing
+        ),
+    )
+    model, engine, dataset = planned.model, planned.engine, planned.dataset
+    assert dataset is not None  # opened by the function above
+    backend = engine.backend
     sha = model_sha256(model)
     fingerprint = run_fingerprint(
         model_sha256=sha,
@@ -391,9 +373,7 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         ),
         task=engine.task.fingerprint() if engine.task is not None else None,
     )
-    if out.resume and folder.manifest is not None:
-        check_resume_fingerprint(folder, fingerprint)
-        verify_parts(folder.manifest)
+    folder.accept(fingerprint)  # a --resume: the same run, its parts intact
     return RunPlan(
         config=config,
         engine=engine,
@@ -403,6 +383,59 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         fingerprint=fingerprint,
         model_sha256=sha,
     )
+
+
+@dataclass(frozen=True)
+class InferencePlan:
+    """What :func:`plan_inference` found: the model, the engine's plan, the dataset."""
+
+    model: Path
+    engine: EnginePlan
+    dataset: Dataset | None
+    shape: tuple[int, ...]  # the model's (first image) input, in the runtime's view
+    dtype: str
+
+
+#: Opens the dataset given the labels file to read (None: the task reads none).
+OpenDataset = Callable[[Path | None], Dataset]
+
+
+def plan_inference(
+    config: RunConfig,
+    dataset: Dataset | OpenDataset | None = None,
+    *,
+    model: Path | None = None,
+    several_inputs: bool = True,
+) -> InferencePlan:
+    """The planning path of run, infer, bench and eval: the backend, the model's input,
+    the engine's plan, then the dataset and what feeds each model input. Reads only.
+
+    ``model``: the model file (default: ``config.model``, resolved). ``dataset``: None (the
+    caller feeds tensors itself), one already open, or a function that opens it with the
+    labels file the task reads (a detector's labels file names the head's classes, not
+    the dataset's class folders: engine/task.py). ``several_inputs`` False: a model with
+    several inputs is refused and no input is fed apart (bench, arrays).
+    """
+    model = Path(config.model).expanduser().resolve() if model is None else model
+    if not model.is_file():
+        raise ModelError(
+            f"model file {model} does not exist; pass the path of a .rknn or .onnx file."
+        )
+    backend = make_backend(model, config.runtime)
+    shape, dtype = model_input(model, config, several=several_inputs)
+    engine = plan_engine(config, backend, shape, dtype, "")
+    if callable(dataset):
+        dataset = dataset(None if engine.detects else config.labels)
+    if dataset is not None:
+        if several_inputs:
+            engine = plan_input_feeds(config, model, engine, dataset)
+        for feed_preprocess, kind in _validations(engine, dataset.kind):
+            feed_preprocess.validate_for(kind)
+            # plan_engine could not say it: the dataset's kind was not known to it.
+            warning = raw_pixels_warning(feed_preprocess, kind, model.name)
+            if warning:
+                logging.getLogger("batchinfer").warning(warning)
+    return InferencePlan(model, engine, dataset, tuple(shape), str(dtype))
 
 
 def _validations(engine: EnginePlan, kind: str) -> list[tuple[Preprocess, str]]:

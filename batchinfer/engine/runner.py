@@ -1,7 +1,12 @@
 """The main job: a dataset folder, through the engine, into a run folder.
 
-    plan_run (reads only) → claim OUT (lock, clear or verify) → RunFolder.begin (manifest)
-      → Engine(DatasetSource, RunFolder sink, observers).run() → RunFolder.finish
+    plan_run (reads only; looks at OUT) → plan.out.begin (lock OUT, look again, clear or
+      resume it, manifest "running") → Engine(DatasetSource, plan.out.rows, observers).run()
+      → plan.out.finish (last rows, stats, manifest; lock released)
+
+OUT's life is :class:`batchinfer.sink.output_folder.OutputFolder`'s (plan.out): the engine
+calls it before the run and after it; nothing else here touches the folder, but for
+:func:`run`'s probe for a held OUT before the fork server is launched.
 
 The same steps run a plan on a Ray cluster (batchinfer.cluster): :func:`run_plan` takes
 the engine to use (``make_engine``) and extra manifest fields.
@@ -33,9 +38,8 @@ from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.errors import render_fields
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.out_lock import refuse_if_held
-from batchinfer.sink.outdir import OutLock, claim
+from batchinfer.sink.output_folder import OutputFolder
 from batchinfer.sink.rows import RowSink
-from batchinfer.sink.run_folder import RunFolder
 from batchinfer.sink.stats import CoreStatsRecorder
 
 
@@ -93,7 +97,6 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
         "config": config.to_json(),
         "model": str(plan.model),
         "model_sha256": plan.model_sha256,
-        "fingerprint": plan.fingerprint,
         "backend": plan.backend.name,
         "dataset": plan.dataset.manifest_json(),
         "preprocess": plan.preprocess_json(),
@@ -171,49 +174,26 @@ def run_plan(
     make_engine: EngineFactory = _board_engine,
     fields: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Claim OUT and run ``plan`` with the engine ``make_engine`` makes; ``fields`` go
+    """Take OUT and run ``plan`` with the engine ``make_engine`` makes; ``fields`` go
     into the manifest too. Called inside :class:`StopSignals` (and the Arrow allocator)."""
-    lock = OutLock(plan.out.path, command=plan.config.command)
-    try:
-        return _run(plan, signals, observers, lock, make_engine, fields or {})
-    finally:
-        lock.release()
+    with plan.out.begin({**_manifest_fields(plan), **(fields or {})}, **_task_sink(plan)) as out:
+        return _run(plan, out, signals, observers, make_engine)
 
 
 def _run(
     plan: RunPlan,
+    out: OutputFolder,
     signals: StopSignals,
     observers: Sequence[Observer],
-    lock: OutLock,
     make_engine: EngineFactory,
-    fields: dict[str, Any],
 ) -> RunResult:
-    out = plan.config.output
-    folder, continued, done = claim(
-        plan.out, lock, overwrite=out.overwrite, resume=out.resume, fingerprint=plan.fingerprint
-    )
     limit = plan.config.limit
     n = len(plan.dataset) if limit is None else min(len(plan.dataset), limit)
-    skipped = 0 if done is None else done.done_below(n)
-    run_folder = RunFolder.begin(
-        folder.path,
-        continued,
-        {**_manifest_fields(plan), **fields},
-        topk=out.topk,
-        part_rows=out.part_rows,
-        first_part=done.next_part if done is not None else 0,
-        guard=lock.check,
-        **_task_sink(plan),
-    )
-    source = DatasetSource(
-        plan.dataset,
-        skip=done.is_done if done is not None and done.done_keys.size else None,
-        limit=limit,
-        todo=n - skipped,
-    )
+    skipped = out.done_below(n)
+    source = DatasetSource(plan.dataset, skip=out.skip(), limit=limit, todo=n - skipped)
     failed, first_row, notes = _FirstFailures(), _FirstRow(), _DatasetNotes(plan.dataset)
     engine = make_engine(
-        plan, source, run_folder, [notes, failed, first_row, *observers], run_folder.invocation
+        plan, source, out.rows, [notes, failed, first_row, *observers], out.invocation
     )
     stats = engine.stats
     signals.engine = engine
@@ -225,7 +205,7 @@ def _run(
         skipped_done=skipped,
         collected=result.counts["succeeded"] + result.counts["errors"],
     )
-    status, error, counts = run_folder.finish(
+    status, error, counts = out.finish(
         status=result.status,
         error=result.error,
         stats=stats,
@@ -241,13 +221,13 @@ def _run(
             "cpu_s": result.cpu_s,
             "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
             "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
-            **_detect_record(run_folder, result.detect, plan),
+            **_detect_record(out, result.detect, plan),
         },
     )
     if error is not None:
         raise error
     return RunResult(
-        out=folder.path,
+        out=out.path,
         status=status,
         total=len(plan.dataset),
         skipped=skipped,
@@ -286,11 +266,11 @@ def _task_sink(plan: RunPlan) -> dict[str, Any]:
     return out
 
 
-def _detect_record(run_folder: RunFolder, detect: dict[str, float], plan: RunPlan) -> dict:
+def _detect_record(out: OutputFolder, detect: dict[str, float], plan: RunPlan) -> dict:
     """The manifest's ``detect`` figures, summed over a resumed run's invocations."""
     if not plan.engine.detects:
         return {}
-    earlier = run_folder.manifest.data.get("detect_totals") or {}
+    earlier = out.earlier("detect_totals") or {}
     keys = ("items", "boxes", "nonfinite", "cpu_s")
     totals = {k: earlier.get(k, 0) + detect.get(k, 0) for k in keys}
     return {"detect": detect_figures(totals), "detect_totals": totals}

@@ -1,7 +1,7 @@
 """Whole-or-absent writes of the evaluation's files (tmp, fsync, rename), eval's messages,
 and how eval knows the report and summary it may replace.
 
-The sink's writer (batchinfer.sink._atomic) does the work; only its message, which
+The sink's writer (batchinfer.sink.atomic) does the work; only its message, which
 speaks of resuming a run, is replaced by one that fits an evaluation.
 
 The report and the summary go where the job says (``output.report``, ``output.summary``),
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.errors import OutputWriteError
-from batchinfer.sink._atomic import write_atomically
+from batchinfer.sink.atomic import write_atomically
 
 
 def _failed(path: Path, exc: BaseException) -> OutputWriteError:

@@ -1,6 +1,6 @@
 """The device model and the float reference, each through the engine, into ItemResults.
 
-Each side is planned like a main run (``plan_engine``: the same checks and defaults), then
+Each side is planned like a main run (``plan_inference``: the same checks and defaults), then
 run as ``Engine(DatasetSource, MemorySink(keep_outputs=True))``: rows stay in memory,
 outputs included, because cosine similarity needs them. Memory is about items x output
 size x 4 bytes per side (1,797 x 10 floats for the demo; 50,000 x 1,000 is 200 MB).
@@ -31,13 +31,7 @@ from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.plan import (
-    engine_preprocess_record,
-    model_input,
-    plan_engine,
-    plan_input_feeds,
-    runtime_files,
-)
+from batchinfer.engine.plan import engine_preprocess_record, plan_inference, runtime_files
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
 from batchinfer.engine.task import NotADetectorError
@@ -46,7 +40,6 @@ from batchinfer.evaluate.files import write_table
 from batchinfer.evaluate.items import ItemResults
 from batchinfer.evaluate.job import Job, ModelSettings
 from batchinfer.options import OutputOptions
-from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import MemorySink
@@ -126,18 +119,15 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         labels=labels,
     )
     try:
-        backend = make_backend(settings.model, settings.runtime)
-        shape, dtype = model_input(settings.model, config, several=True)
-        engine = plan_engine(config, backend, shape, dtype, dataset.kind)
-        engine = plan_input_feeds(config, settings.model, engine, dataset)
+        engine = plan_inference(config, dataset, model=settings.model).engine
         raw = not (engine.classifies or engine.detects)
         if job.task != "detect" and detect.task == "auto" and raw:
             # A classification job scores the first output's top-1 whatever else the model
             # returns; a raw run's rows would have none (a detector is refused later).
             classify = dataclasses.replace(detect, task="classify")
             config = dataclasses.replace(config, detect=classify)
-            engine = plan_engine(config, backend, shape, dtype, dataset.kind)
-            engine = plan_input_feeds(config, settings.model, engine, dataset)
+            engine = plan_inference(config, dataset, model=settings.model).engine
+        backend = engine.backend
         # Per-core metrics compare cores: none may take the first items alone while the
         # others start (datasets are often in class order).
         engine = dataclasses.replace(engine, cores_start_together=True)

@@ -1,5 +1,7 @@
 """Output writers: rows, prediction parts, the run folder, stats, manifest, resume state.
 
+:class:`OutputFolder` (output_folder.py) owns a run's OUT from planning to its last write.
+
 docs/reference/output.md describes the folder layout. Everything here writes atomically (tmp file,
 fsync, rename) and raises OutputWriteError when the disk refuses. Names are imported on
 first use, so a module that needs one writer does not import them all.
@@ -17,6 +19,7 @@ _WHERE = {
     "PredictionWriter": "batchinfer.sink.predictions",
     "prediction_schema": "batchinfer.sink.predictions",
     "top_k": "batchinfer.sink.predictions",
+    "OutputFolder": "batchinfer.sink.output_folder",
     "ResumeState": "batchinfer.sink.resume",
     "prepare_resume": "batchinfer.sink.resume",
     "CoreStatsRecorder": "batchinfer.sink.stats",

@@ -11,12 +11,10 @@ it: a resume may use other cores, for instance to leave out one that failed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from batchinfer.errors import UsageError
-
-if TYPE_CHECKING:
-    from batchinfer.sink.outdir import OutFolder
 
 #: Human names of the fingerprint's entries, in the order differences are reported.
 _LABELS = {
@@ -115,15 +113,15 @@ def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[st
     return out
 
 
-def check_resume_fingerprint(folder: OutFolder, fingerprint: dict[str, Any]) -> None:
-    """UsageError naming every difference between the run in ``folder`` and this one."""
-    if folder.state != "run" or folder.manifest is None:
-        return
-    before = folder.manifest.data.get("fingerprint") or {}
-    differences = fingerprint_differences(before, fingerprint)
+def check_resume_fingerprint(
+    out: Path, recorded: dict[str, Any] | None, fingerprint: dict[str, Any]
+) -> None:
+    """UsageError naming every difference between the run in ``out`` (its manifest's
+    ``recorded`` fingerprint) and this one."""
+    differences = fingerprint_differences(recorded or {}, fingerprint)
     if differences:
         raise UsageError(
-            f"{{output.resume}}: the run in {folder.path} was made with a different "
+            f"{{output.resume}}: the run in {out} was made with a different "
             + "; ".join(differences)
             + ". Resume it with the settings it was started with, or start a new run "
             "(another {output.out}, or {output.overwrite})."

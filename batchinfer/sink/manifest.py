@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from batchinfer.errors import ModelError, OutputTamperedError, UsageError
-from batchinfer.sink._atomic import write_bytes_atomically, write_error
+from batchinfer.sink.atomic import write_bytes_atomically, write_error
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 
 MANIFEST_FILE = "manifest.json"

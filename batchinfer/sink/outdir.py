@@ -15,7 +15,8 @@ Rules (see docs/reference/output.md):
   replaced under it stops the run (exit 3) instead of mixing into another run's folder.
 
 :func:`inspect_out` and :func:`check_out` only read; :class:`OutLock` and :func:`clear_run`
-change things, and run only after every check of the configuration has passed.
+change things, and run only after every check of the configuration has passed. These are
+the parts; :class:`batchinfer.sink.output_folder.OutputFolder` puts them in order for a run.
 """
 
 from __future__ import annotations
@@ -28,17 +29,15 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from batchinfer.errors import (
     OutputExistsError,
     OutputLockedError,
     OutputLostError,
     OutputTamperedError,
-    OutputWriteError,
     UsageError,
 )
-from batchinfer.sink._atomic import fsync_dir, tmp_path_for, write_error
+from batchinfer.sink.atomic import fsync_dir, tmp_path_for, write_error
 from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,
@@ -56,9 +55,6 @@ from batchinfer.sink.out_lock import (  # re-exported: the lock's probe lives th
 )
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
-
-if TYPE_CHECKING:
-    from batchinfer.sink.resume import ResumeState
 
 _RUN_FILES = (CORE_STATS_FILE, TIMELINE_FILE)
 
@@ -358,36 +354,3 @@ class OutLock:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-
-def claim(
-    folder: OutFolder, lock: OutLock, *, overwrite: bool, resume: bool, fingerprint: dict
-) -> tuple[OutFolder, RunManifest | None, ResumeState | None]:
-    """Take OUT's lock, then clear it (overwrite) or verify and clean it (resume).
-
-    OUT is inspected again under the lock: another run may have changed it since planning.
-    Returns OUT as it now is, the manifest being continued (None for a new run) and what
-    is already done.
-    """
-    from batchinfer.sink.fingerprint import check_resume_fingerprint
-    from batchinfer.sink.resume import prepare_resume
-
-    lock.acquire()
-    folder = inspect_out(folder.path)
-    check_out(folder, overwrite=overwrite, resume=resume, probe_lock=False)
-    continued, done = None, None
-    if folder.state == "run" and overwrite:
-        clear_run(folder)
-    elif folder.state == "run" and resume:
-        check_resume_fingerprint(folder, fingerprint)
-        continued = folder.manifest
-        assert continued is not None  # a folder in state "run" has its manifest read
-        done = prepare_resume(continued)
-    try:
-        (folder.path / PREDICTIONS_DIR).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputWriteError(
-            f"output folder {folder.path} is not writable ({e.strerror}); pass an "
-            "{output.out} you can write to."
-        ) from e
-    return folder, continued, done

@@ -31,7 +31,7 @@ from batchinfer.errors import OutputWriteError
 
 if TYPE_CHECKING:
     from batchinfer.sink.manifest import RunManifest
-from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.atomic import file_sha256, write_error, write_table_atomically
 from batchinfer.sink.rows import Row
 
 PREDICTIONS_DIR = "predictions"

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.errors import RunFailedError, UsageError
-from batchinfer.sink._atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.atomic import file_sha256, write_error, write_table_atomically
 from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,

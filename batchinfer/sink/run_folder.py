@@ -109,6 +109,8 @@ class RunFolder:
 
     # -- RowSink --------------------------------------------------------------------
     def open(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
+        # The writer makes predictions/: not in a folder that took OUT's place meanwhile.
+        self.manifest.check_held()
         self.writer = PredictionWriter(
             self.path,
             topk=self.topk,

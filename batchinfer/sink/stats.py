@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchinfer.sink._atomic import write_table_atomically
+from batchinfer.sink.atomic import write_table_atomically
 
 HIST_LO_MS = 1e-3
 HIST_HI_MS = 3_600_000.0
