@@ -335,12 +335,13 @@ class Engine(EngineLoop):
 
     def _yield(self, reader: Child) -> None:
         """Lower a reader's priority below the coordinator's (once: it cannot be raised)."""
-        if reader.yielding:
+        pid = reader.proc.pid  # None: not forked yet (its fork server is late)
+        if reader.yielding or pid is None:
             return
         reader.yielding = True
         lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + READER_NICENESS)
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, reader.proc.pid, lower)
+            os.setpriority(os.PRIO_PROCESS, pid, lower)
 
     def _finished(self) -> bool:
         if super()._finished():
