@@ -45,7 +45,7 @@ def test_children_ignore_sigint_and_sighup_from_their_first_instruction_and_hold
         _, handlers, (spec, ppid), runtimes, env = _first_message(pool)
         assert handlers == [signal.SIG_IGN, signal.SIG_IGN]
         assert runtimes == []  # forked from a server that never imported a runtime
-        # The server's launch environment (fork_server.ensure_running) is not the child's.
+        # The child has the coordinator's environment (the server is launched with it).
         assert env == {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH", "HOME")}
         assert spec == "spec" and ppid == pool.parent_pid == fork_server.server_pid()
     finally:
