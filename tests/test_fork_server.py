@@ -104,6 +104,8 @@ def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_ki
     fake = tmp_path / "cwd" / "batchinfer"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    # Nor a module of the standard library's name that the server imports first.
+    (fake.parent / "signal.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     # As the `batchinfer` command starts: its own folder, not the current one, on the path.
     entry = "import sys; del sys.path[0]; from batchinfer.entry import main; main()"
     args = [str(demo_kit.dataset), "--model", str(demo_kit.models["digits"])]
@@ -116,7 +118,7 @@ def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_ki
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert not marker.exists(), "the fork server imported the current folder's batchinfer"
+    assert not marker.exists(), "the fork server imported the current folder's modules"
 
 
 def _wait_for_exit(pool: ChildPool, child, deadline_s: float = 30.0) -> Exited:

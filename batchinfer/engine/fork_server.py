@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import logging
 import os
 import pickle
@@ -109,15 +108,19 @@ PRELOAD = [
     "batchinfer.engine.fork_server_frozen",
 ]
 
-#: The server's program: signals first, then the coordinator's path, then :func:`serve`.
+#: The server's program (``python -c PROGRAM FD PATH... -- PRELOAD...``): the coordinator's
+#: path before any import (``-c`` put the current folder first: a ``signal.py`` or
+#: ``batchinfer`` there would be imported), then signals, then :func:`serve`.
 _PROGRAM = """\
+import sys
+_, fd, *rest = sys.argv
+cut = rest.index("--")
+sys.path[:] = rest[:cut]
 import signal
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN)
-import json, sys
-sys.path[:] = json.loads(sys.argv[2])
 from batchinfer.engine.fork_server import serve
-serve(int(sys.argv[1]), json.loads(sys.argv[3]))
+serve(int(fd), rest[cut + 1 :])
 """
 
 #: A start's payload may not exceed this (a spec is a few kB).
@@ -239,10 +242,12 @@ class _Server:
     def __init__(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         path = [os.getcwd() if entry == "" else entry for entry in sys.path]
-        args = [str(theirs.fileno()), json.dumps(path), json.dumps(PRELOAD)]
+        args = [str(theirs.fileno()), *path, "--", *PRELOAD]
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", _PROGRAM, *args], pass_fds=(theirs.fileno(),)
+            self.proc = subprocess.Popen(  # children read nothing: stdin is /dev/null
+                [sys.executable, "-c", _PROGRAM, *args],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
             )
         except BaseException:
             mine.close()
@@ -294,8 +299,7 @@ class _Server:
         with self._lock:
             wait = timeout_s
             while True:
-                ready, _, _ = select.select([self.sock], [], [], wait)
-                if not ready:
+                if not _readable(self.sock.fileno(), wait):
                     return
                 try:
                     data = self.sock.recv(_EXIT.size, socket.MSG_DONTWAIT)
@@ -398,8 +402,7 @@ class ForkedChild:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            with contextlib.suppress(InterruptedError):
-                select.select([self.sentinel], [], [], left)
+            _readable(self.sentinel, left)
         if self._dead and self._pid is not None and self.exitcode is None:
             left = max(0.0, deadline - time.monotonic())
             self.exitcode = self.server.exit_code(self._pid, left)
@@ -408,6 +411,14 @@ class ForkedChild:
         if self.sentinel >= 0:
             os.close(self.sentinel)
             self.sentinel = -1
+
+
+def _readable(fd: int, timeout_s: float) -> bool:
+    """Whether ``fd`` is readable (or at end-of-file) within ``timeout_s``. A poll, not a
+    select: a run may hold more than 1,024 file descriptors (engine/fd_limit.py)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000))
 
 
 # ---------------------------------------------------------------- the process's servers
