@@ -214,12 +214,14 @@ def test_kill_9_of_the_coordinator_while_a_reader_is_blocked_leaves_nothing(demo
     for line in proc.stderr:
         if line.startswith("started:"):
             break
-    family = psutil.Process(proc.pid).children(recursive=True)
     deadline = time.monotonic() + 30
     # No event says "the reader is blocked in open()": the kernel says where it waits.
+    # (Children are forked asynchronously: the reader may not exist yet at "started:".)
+    family = _children(psutil.Process(proc.pid))
     while "wait_for_partner" not in [_wchan(p.pid) for p in family]:
         assert time.monotonic() < deadline, "no reader blocked on the FIFO"
         time.sleep(0.05)
+        family = _children(psutil.Process(proc.pid))
     proc.kill()
     _, err = proc.communicate(timeout=30)
     _, alive = psutil.wait_procs(family, timeout=30)
