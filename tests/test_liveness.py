@@ -97,7 +97,6 @@ class _StopServerAndKillWorker:
                     os.kill(self.pids[self.core], signal.SIGKILL)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     ("server_signal", "said"),
     [(signal.SIGSTOP, "is stopped (SIGSTOP)"), (signal.SIGKILL, "exited (exit code -9)")],
