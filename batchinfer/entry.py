@@ -80,8 +80,9 @@ def _exit(code: object) -> NoReturn:
 def _remove_multiprocessing_temp_dir() -> None:
     """Remove the folder multiprocessing made in TMPDIR for this process, if it made one.
 
-    The fork server's socket lives in a ``pymp-*`` folder that multiprocessing removes at
-    the interpreter's exit, which ``os._exit`` skips: every run left one behind. Only a
+    Some of multiprocessing's uses (its own fork server, whose socket every run left there
+    before the engine had a fork server of its own, a listener) make a ``pymp-*`` folder
+    that multiprocessing removes at the interpreter's exit, which ``os._exit`` skips. Only a
     process that imported multiprocessing can have made it; ``get_temp_dir`` hands back the
     folder it already made (it would make one otherwise: a mkdir and an rmdir, ~0.1 ms).
     """

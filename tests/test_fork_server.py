@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from batchinfer.engine import fork_server
-from batchinfer.engine.pool import ChildPool, Message
+from batchinfer.engine.pool import ChildPool, Exited, Message
 
 
 def _report_signals(spec, tasks, results) -> None:
@@ -45,7 +45,7 @@ def test_children_ignore_sigint_and_sighup_from_their_first_instruction_and_hold
         _, handlers, (spec, ppid), runtimes, env = _first_message(pool)
         assert handlers == [signal.SIG_IGN, signal.SIG_IGN]
         assert runtimes == []  # forked from a server that never imported a runtime
-        # The server's launch environment (fork_server.ensure_running) is not the child's.
+        # The child has the coordinator's environment (the server is launched with it).
         assert env == {k: os.environ.get(k) for k in ("PYTHONPATH", "PYTHONSAFEPATH", "HOME")}
         assert spec == "spec" and ppid == pool.parent_pid == fork_server.server_pid()
     finally:
@@ -104,6 +104,8 @@ def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_ki
     fake = tmp_path / "cwd" / "batchinfer"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    # Nor a module of the standard library's name that the server imports first.
+    (fake.parent / "signal.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     # As the `batchinfer` command starts: its own folder, not the current one, on the path.
     entry = "import sys; del sys.path[0]; from batchinfer.entry import main; main()"
     args = [str(demo_kit.dataset), "--model", str(demo_kit.models["digits"])]
@@ -116,4 +118,113 @@ def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_ki
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert not marker.exists(), "the fork server imported the current folder's batchinfer"
+    assert not marker.exists(), "the fork server imported the current folder's modules"
+
+
+def _wait_for_exit(pool: ChildPool, child, deadline_s: float = 30.0) -> Exited:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for event in pool.poll(0.1):
+            if isinstance(event, Exited) and event.child is child:
+                return event
+    raise AssertionError("the child's exit was never reported")
+
+
+def test_a_childs_death_is_seen_with_its_server_frozen_and_the_next_start_uses_a_fresh_one(
+    caplog,
+):
+    """multiprocessing's server reported a child's exit only through itself: with the
+    server stopped, a killed worker was never seen gone and the run waited for ever."""
+    pool = ChildPool(time.monotonic)
+    try:
+        child = pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        _first_message(pool)
+        frozen = fork_server.server_pid()
+        os.kill(frozen, signal.SIGSTOP)
+        pool.kill(child, "killed by the test")
+        exited = _wait_for_exit(pool, child)
+        assert exited.exitcode is None  # only the frozen server could have told it
+        again = pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        _, _, (_, ppid), _, _ = _first_message(pool)
+        assert ppid == fork_server.server_pid() != frozen
+        assert again.proc.pid is not None
+        said = [r.getMessage() for r in caplog.records if "fork server" in r.getMessage()]
+        assert said == [f"the fork server (pid {frozen}) is stopped (SIGSTOP); children start "
+                        "from a fresh one"]  # fmt: skip
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+    assert not psutil.pid_exists(frozen), "the stopped server is stopped for good at the end"
+
+
+def test_a_start_a_frozen_server_never_serves_is_given_up_when_the_child_is_killed(
+    monkeypatch,
+):
+    """The server froze with the start queued: no child, no pid, nothing to kill. Killing it
+    (what the watchdog does at the start-up deadline) reports it gone at once."""
+    pool = ChildPool(time.monotonic)
+    try:
+        pool.open()
+        server = fork_server._current
+        os.kill(server.pid, signal.SIGSTOP)
+        # As if it froze a moment after the check that it could serve.
+        monkeypatch.setattr(server, "unresponsive", lambda: None)
+        child = pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        assert pool.poll(0.2) == [] and child.proc.pid is None
+        pool.kill(child, "did not start in time")
+        assert [type(e) for e in pool.poll(30.0)] == [Exited]
+        monkeypatch.undo()
+        assert fork_server.serving_pid() != server.pid  # retired: starts go elsewhere
+        os.kill(server.pid, signal.SIGCONT)  # the child it forks now finds nobody and exits
+        pool.start("reader", 0, _report_signals, "spec", 30.0, "starting")
+        _first_message(pool)
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+
+
+def test_a_dead_server_takes_its_children_and_the_next_start_launches_another():
+    pool = ChildPool(time.monotonic)
+    try:
+        child = pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        _first_message(pool)
+        dead = fork_server.server_pid()
+        os.kill(dead, signal.SIGKILL)
+        _wait_for_exit(pool, child)  # PR_SET_PDEATHSIG
+        pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        _, _, (_, ppid), _, _ = _first_message(pool)
+        assert ppid == fork_server.server_pid() != dead
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+
+
+def _exit_with(spec, tasks, results) -> None:
+    results.send(("ready",))
+    if spec == "raise":
+        raise RuntimeError("boom")
+    sys.exit(spec)
+
+
+@pytest.mark.parametrize(("spec", "code"), [(0, 0), (3, 3), ("raise", 1)])
+def test_a_childs_exit_code_comes_back(spec, code, capfd):
+    pool = ChildPool(time.monotonic)
+    try:
+        child = pool.start("worker", 0, _exit_with, spec, 30.0, "starting")
+        assert _wait_for_exit(pool, child).exitcode == code
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+    assert ("RuntimeError: boom" in capfd.readouterr().err) == (spec == "raise")
+
+
+def test_the_servers_socket_needs_no_path_however_long_tmpdir_is(monkeypatch, tmp_path):
+    """multiprocessing's server listened on a socket file in TMPDIR: a TMPDIR longer than
+    a UNIX socket's path (107 bytes) failed the run ("AF_UNIX path too long")."""
+    long = tmp_path / ("t" * 120)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    pool = ChildPool(time.monotonic)
+    try:
+        pool.start("reader", 0, _report_signals, "spec", 30.0, "starting")
+        _first_message(pool)
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+    assert list(long.iterdir()) == []

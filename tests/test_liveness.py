@@ -3,6 +3,7 @@ or neighbouring runs do (frozen processes, poison items, kill -9, Ctrl-Z, /dev/s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from runs import config, fast_sim
 
 from batchinfer import run
 from batchinfer.engine import events as ev
-from batchinfer.engine import janitor
+from batchinfer.engine import fork_server, janitor
 from batchinfer.engine.slots import (
     SEGMENT_PREFIX,
     SHM_DIR,
@@ -73,6 +74,53 @@ def test_a_frozen_worker_is_detected_and_its_items_done_elsewhere(demo_kit, tmp_
     killed = [w for w in result.warnings if w.startswith("core 1:")]
     hung = f"hung for more than {timeout_s:g} s"
     assert killed and ("frozen or stopped" in killed[0] or hung in killed[0])
+
+
+class _StopServerAndKillWorker:
+    """Once core ``core``'s worker has done ``n`` rows: ``server_signal`` to the fork server
+    (SIGSTOP: frozen; SIGKILL: dead, and every child with it), then SIGKILL to that worker,
+    so the run needs a restart its fork server cannot give."""
+
+    def __init__(self, core: int, n: int, server_signal: signal.Signals) -> None:
+        self.core, self.n, self.server_signal = core, n, server_signal
+        self.done, self.pids, self.server = 0, {}, None
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.ChildReady) and event.kind == "worker":
+            self.pids[event.key] = event.pid
+        elif isinstance(event, ev.RowsDone) and self.server is None:
+            self.done += sum(row.core == self.core for row in event.rows)
+            if self.done >= self.n:
+                self.server = fork_server.server_pid()
+                os.kill(self.server, self.server_signal)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.pids[self.core], signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("server_signal", "said"),
+    [(signal.SIGSTOP, "is stopped (SIGSTOP)"), (signal.SIGKILL, "exited (exit code -9)")],
+)
+def test_a_frozen_or_dead_fork_server_does_not_keep_workers_from_restarting(
+    demo_kit, tmp_path, caplog, server_signal, said
+):
+    """issue 27: with multiprocessing's fork server frozen, a killed worker's exit was never
+    reported (only the server could tell it) and nothing could be started again."""
+    stopper = _StopServerAndKillWorker(core=0, n=10, server_signal=server_signal)
+    cfg = config(  # one core: the run cannot end unless its worker is started again
+        dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+        sim=fast_sim(npu_ms=1.0), cores=(0,), limit=300, out=tmp_path / "o",
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="batchinfer.engine.fork_server"):
+        result = run(cfg, observers=[stopper])
+    assert stopper.server is not None
+    table = read_predictions(result.out)
+    assert sorted(table["index"].to_pylist()) == list(range(300))  # each item once
+    assert table["error"].null_count == 300
+    fresh = f"the fork server (pid {stopper.server}) {said}; children start from a fresh one"
+    assert [r.getMessage() for r in caplog.records] == [fresh]  # said once
+    assert any(w.startswith("core 0:") and "restarting it" in w for w in result.warnings)
+    assert not psutil.pid_exists(stopper.server)  # the stopped one too: killed and reaped
 
 
 def test_one_poison_item_costs_one_error_row_and_no_core(demo_kit, tmp_path):
@@ -165,12 +213,14 @@ def test_kill_9_of_the_coordinator_while_a_reader_is_blocked_leaves_nothing(demo
     for line in proc.stderr:
         if line.startswith("started:"):
             break
-    family = psutil.Process(proc.pid).children(recursive=True)
     deadline = time.monotonic() + 30
     # No event says "the reader is blocked in open()": the kernel says where it waits.
+    # (Children are forked asynchronously: the reader may not exist yet at "started:".)
+    family = _children(psutil.Process(proc.pid))
     while "wait_for_partner" not in [_wchan(p.pid) for p in family]:
         assert time.monotonic() < deadline, "no reader blocked on the FIFO"
         time.sleep(0.05)
+        family = _children(psutil.Process(proc.pid))
     proc.kill()
     _, err = proc.communicate(timeout=30)
     _, alive = psutil.wait_procs(family, timeout=30)
@@ -281,7 +331,7 @@ def _wait_for(moment: str, proc: subprocess.Popen) -> list[psutil.Process]:
     deadline = time.monotonic() + 60
     while True:
         family = _children(me)
-        servers = [c for c in family if "multiprocessing.forkserver" in _cmdline(c)]
+        servers = [c for c in family if "fork_server import serve" in _cmdline(c)]
         forked = [c for s in servers for c in _children(s)]
         if servers and (forked if moment == "children starting" else not forked):
             return family + forked
@@ -335,6 +385,12 @@ def _cmdline(proc: psutil.Process) -> str:
         return ""
 
 
+def _is_janitor(process: psutil.Process) -> bool:
+    """janitor.py's program ignores SIGINT, SIGTERM and SIGHUP (so does the fork server's)."""
+    cmd = _cmdline(process)
+    return "SIG_IGN" in cmd and "fork_server" not in cmd
+
+
 class _StopTheJanitor:
     """SIGSTOPs this process's shared-memory janitor when the run starts."""
 
@@ -343,9 +399,7 @@ class _StopTheJanitor:
 
     def notify(self, event) -> None:
         if isinstance(event, ev.Started):
-            (janitor,) = [
-                c for c in psutil.Process().children() if "SIG_IGN" in _cmdline(c)
-            ]  # janitor.py's program: it ignores SIGINT, SIGTERM and SIGHUP
+            (janitor,) = [c for c in psutil.Process().children() if _is_janitor(c)]
             janitor.send_signal(signal.SIGSTOP)
             self.stopped = janitor
 
@@ -380,7 +434,7 @@ def test_the_command_ends_with_a_frozen_janitor_and_says_why_it_waits(demo_kit, 
     for line in proc.stderr:
         if line.startswith("started:"):
             break
-    (frozen,) = [c for c in _children(psutil.Process(proc.pid)) if "SIG_IGN" in _cmdline(c)]
+    (frozen,) = [c for c in _children(psutil.Process(proc.pid)) if _is_janitor(c)]
     frozen.send_signal(signal.SIGSTOP)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err

@@ -5,8 +5,8 @@
   are forked by a fork server that ignores them, engine/fork_server.py).
 - A child must never outlive the coordinator, even blocked in a read of a hanging file:
   on Linux the kernel sends it SIGKILL when its parent, the fork server, dies
-  (PR_SET_PDEATHSIG), and the server exits when the coordinator does. The child closes its
-  copy of the pipe that tells the server so first.
+  (PR_SET_PDEATHSIG, set by the server's code in the child right after the fork, and
+  checked again here), and the server exits when the coordinator does.
 - A child whose coordinator is gone exits quietly (no BrokenPipeError traceback).
 - An exception during start-up travels back as ("failed", traceback text), so the
   coordinator shows it once, instead of seeing only "exit code 1" (PyTorch's
@@ -15,30 +15,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import resource
 import signal
-import sys
 import traceback
 from multiprocessing.connection import Connection
 
-from batchinfer.engine import fork_server
 from batchinfer.engine.affinity import pin_current_process
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
-
+from batchinfer.engine.fork_server import die_with_parent
 
 # Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.
 _TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
@@ -50,8 +34,7 @@ def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
     for s in _TERMINAL_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    fork_server.close_inherited_alive_pipe()
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     pin_current_process(cpus)
 
 

@@ -338,9 +338,14 @@ class Engine(EngineLoop):
         if reader.yielding:
             return
         reader.yielding = True
-        lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + READER_NICENESS)
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, reader.proc.pid, lower)
+        self._lower(reader.proc.pid)  # None: not forked yet; lowered when it is ready
+
+    @staticmethod
+    def _lower(pid: int | None) -> None:
+        if pid is not None:
+            lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + READER_NICENESS)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, pid, lower)
 
     def _finished(self) -> bool:
         if super()._finished():
@@ -425,6 +430,8 @@ class Engine(EngineLoop):
             child.state, child.deadline = "ready", None
             pid = msg[1] if child.kind == "reader" else msg[1]["pid"]
             child.cpu_s = child.cpu_at_ready = msg[2] if child.kind == "reader" else msg[1]["cpu_s"]
+            if child.yielding:
+                self._lower(pid)  # it was to yield before its pid was known
             self.notify(ev.ChildReady(child.kind, child.key, pid))
             if child.kind == "worker":
                 self._on_worker_ready(child, msg[1])
@@ -483,7 +490,8 @@ class Engine(EngineLoop):
         child = event.child
         self.usage.child_gone(child)
         died = "died" if child.kind == "reader" else "worker process crashed"
-        what = child.killed_for or f"{died} (exit code {event.exitcode})"
+        code = "unknown" if event.exitcode is None else event.exitcode  # its server is gone
+        what = child.killed_for or f"{died} (exit code {code})"
         rows = self._board_rows(child)
         working = [(int(i), t) for i, t in self.board.snapshot()[rows] if t > 0]
         self.board.rows[rows] = 0.0

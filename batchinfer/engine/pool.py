@@ -16,10 +16,12 @@ import contextlib
 import select
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from typing import Any
 
 from batchinfer.engine import fork_server
+from batchinfer.engine.fork_server import ForkedChild
 
 _REAP_TIMEOUT_S = 1.0
 
@@ -30,7 +32,7 @@ class Child:
 
     kind: str  # "reader" | "worker"
     key: int  # reader number, or NPU core
-    proc: Any
+    proc: ForkedChild
     tasks: Connection
     results: Connection
     started_at: float
@@ -63,16 +65,20 @@ class Exited:
 
 
 class ChildPool:
-    """Processes of one run, forked by the run's fork server (engine/fork_server.py; a
-    runtime is never forked: children create theirs)."""
+    """Processes of one run, forked by the process's fork server (engine/fork_server.py; a
+    runtime is never forked: children create theirs).
+
+    A child's sentinel (its life pipe) is watched here, not its server: its death is seen
+    with the server frozen or dead, and one the server never forked is reported gone when
+    it is killed (at its start-up deadline)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
-        self.ctx = fork_server.context()
         self.clock = clock
         self.children: list[Child] = []
         self._poller = select.poll()
         self._fds: dict[int, tuple[bool, Child]] = {}  # fd -> (is sentinel, child)
         self._server = False
+        self._abandoned: list[Child] = []  # killed before they were forked: gone at once
         self.server_cpu_s = 0.0  # the fork server's own CPU seconds, read when the pool closes
 
     def open(self) -> None:
@@ -83,27 +89,27 @@ class ChildPool:
 
     @property
     def parent_pid(self) -> int:
-        """The pid a child's parent will have: the fork server's."""
+        """The pid a child's parent will have: the fork server's (a fresh one's, if the
+        last one is stopped or dead)."""
         self.open()
-        pid = fork_server.server_pid()
-        assert pid is not None  # open() launched it
-        return pid
+        return fork_server.serving_pid()
 
     def start(
         self, kind: str, key: int, target: Callable, spec: Any, timeout_s: float, phase: str
     ) -> Child:
         """Start a child with a task pipe to it and a result pipe from it, and watch it."""
         self.open()
-        fork_server.ensure_running()  # relaunched with the right path if it died
-        task_r, task_w = self.ctx.Pipe(duplex=False)
-        res_r, res_w = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(
-            target=target, args=(spec, task_r, res_w), name=f"batchinfer-{kind}{key}"
-        )
-        proc.daemon = True
-        proc.start()
-        task_r.close()  # the child's ends: closed here so EOF means the other side is gone
-        res_w.close()
+        task_r, task_w = Pipe(duplex=False)
+        res_r, res_w = Pipe(duplex=False)
+        try:
+            proc = fork_server.start_child(target, spec, task_r.fileno(), res_w.fileno())
+        except BaseException:
+            task_w.close()
+            res_r.close()
+            raise
+        finally:
+            task_r.close()  # the child's ends: closed here so EOF means the other side is gone
+            res_w.close()
         now = self.clock()
         child = Child(
             kind, key, proc, task_w, res_r, now, now + timeout_s, phase, last_progress=now
@@ -133,20 +139,26 @@ class ChildPool:
             child.killed_for = reason
         with contextlib.suppress(OSError, ValueError):
             child.proc.kill()
+        if child.proc.abandoned and child not in self._abandoned:
+            self._abandoned.append(child)
 
     def poll(self, timeout_s: float) -> list[Message | Exited]:
         """What children sent or did within ``timeout_s``: messages first, then exits."""
         events: list[Message | Exited] = []
         exits: dict[int, Child] = {}
-        for fd, _ in self._poller.poll(timeout_s * 1000):
+        for fd, _ in self._poller.poll(0 if self._abandoned else timeout_s * 1000):
             entry = self._fds.get(fd)
             if entry is None:
                 continue
             sentinel, child = entry
-            if sentinel:
-                exits[id(child)] = child
-            else:
+            if not sentinel:
                 events += self._drain(child)
+            elif not child.proc.is_alive():  # else its pid arrived: read, nothing more
+                exits[id(child)] = child
+        for child in self._abandoned:
+            if child.state != "gone":
+                exits[id(child)] = child
+        self._abandoned.clear()
         for child in exits.values():
             # The sentinel closes as the process exits; reaping can lag a moment behind.
             child.proc.join(_REAP_TIMEOUT_S)
@@ -170,6 +182,7 @@ class ChildPool:
             del self._fds[fd]
         for conn in (child.tasks, child.results):
             conn.close()
+        child.proc.close()
 
     def close(self, hard: bool, join_timeout_s: float) -> None:
         """Stop every child: ask, wait up to ``join_timeout_s``, then SIGKILL (at once if
@@ -183,7 +196,7 @@ class ChildPool:
             child.proc.join(max(0.0, deadline - self.clock()))
         for child in live:
             if child.proc.is_alive():
-                child.proc.kill()
+                child.proc.kill()  # a stopped child too; one never forked is abandoned
                 child.proc.join(join_timeout_s)
         for child in live:
             self._forget(child)

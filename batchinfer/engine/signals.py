@@ -15,10 +15,24 @@ included), sets SIGINT and SIGHUP to ignored for good (so children start immune)
 takes the signals with ``sigwaitinfo`` in one thread of its own (a blocked signal is never
 discarded, even while ignored). That thread hands each signal to the current route.
 
+When the main thread itself must stop (a signal before the run's engine exists, or with no
+route), the router's thread raises the exception in it with a signal of its own:
+it stores the exception and sends :data:`WAKE` to the main thread (``pthread_kill``), whose
+Python handler raises it. Public API only, and better than the asynchronous exception
+set through CPython's C API that the router used before: a system call the main thread is
+in returns EINTR, so the exception is seen there too.
+
+Whatever else starts in this process must not unblock the three signals in the main
+thread; multiprocessing's resource tracker does when it starts (a ``spawn`` or
+``forkserver`` child, a ``multiprocessing.shared_memory`` segment). The engine uses none
+of them; and :class:`StopSignals` blocks the three again in the main thread whenever a run
+takes or retakes them (after ``ray.init``), so a library that unblocked them loses nothing
+but the time before.
+
 A second signal must end the program even when its main thread cannot act on anything:
-blocked in a system call (opening a FIFO, reading a dead network mount) it never runs
-another bytecode, so neither a flag nor an exception raised into it would ever be seen,
-and its output folders would stay locked for every later run. So, with a router, the
+blocked in a system call that restarts after a signal or cannot be interrupted (reading a
+dead network mount) it never runs another bytecode, and its output folders would stay
+locked for every later run. So, with a router, the
 second signal also arms a deadline: if the command is still inside its
 :class:`StopSignals` :data:`HARD_EXIT_AFTER_S` later (a third signal: at once), the
 router's thread ends the process itself (:func:`hard_exit`): SIGKILL to every child
@@ -34,7 +48,6 @@ first instruction too: they are forked by a fork server that ignores SIGINT and 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import threading
@@ -49,11 +62,9 @@ _IGNORED = (signal.SIGINT, signal.SIGHUP)
 HARD_EXIT_AFTER_S = 5.0
 
 
-def _raise_in_main_thread(exc_type: type[BaseException]) -> None:
-    """Raise ``exc_type`` in the main thread at its next bytecode (from another thread)."""
-    ident = threading.main_thread().ident
-    assert ident is not None  # the main thread has started: it is running this program
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc_type))
+#: The signal the router's thread makes the main thread raise with (the docstring): a
+#: real-time one, which neither the engine nor the libraries it loads use.
+WAKE = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else signal.SIGUSR2
 
 
 def hard_exit(why: str, code: int = 130) -> NoReturn:
@@ -96,20 +107,17 @@ class SignalRouter:
 
     def __init__(self) -> None:
         self._route: Callable[[int], None] | None = None
+        self._raise: type[BaseException] | None = None  # for the main thread, at WAKE
 
     @classmethod
     def install(cls) -> SignalRouter:
         """Install the process's router (once; call it first, from the main thread)."""
         if cls._installed is None:
             router = cls()
-            # multiprocessing's resource tracker, when it starts, *unblocks* SIGINT and
-            # SIGTERM in the calling thread: start it now, then block.
-            from multiprocessing import resource_tracker
-
-            resource_tracker.ensure_running()
-            signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+            block()
             for s in _IGNORED:
                 signal.signal(s, signal.SIG_IGN)
+            signal.signal(WAKE, router._on_wake)
             threading.Thread(target=router._wait, name="batchinfer-signals", daemon=True).start()
             cls._installed = router
         return cls._installed
@@ -130,7 +138,24 @@ class SignalRouter:
             if handler is not None:
                 handler(info.si_signo)
             else:
-                _raise_in_main_thread(KeyboardInterrupt)
+                self.raise_in_main_thread(KeyboardInterrupt)
+
+    def raise_in_main_thread(self, exc_type: type[BaseException]) -> None:
+        """Have the main thread raise ``exc_type`` (from another thread; the docstring)."""
+        ident = threading.main_thread().ident
+        assert ident is not None  # the main thread has started: it is running this program
+        self._raise = exc_type
+        signal.pthread_kill(ident, WAKE)
+
+    def _on_wake(self, _signum: int, _frame: object) -> None:
+        exc_type, self._raise = self._raise, None
+        if exc_type is not None:
+            raise exc_type
+
+
+def block() -> None:
+    """Block SIGINT, SIGTERM and SIGHUP in the calling thread (a router takes them)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
 class StopSignals:
@@ -163,7 +188,7 @@ class StopSignals:
             hard_exit(f"interrupted by {name} a third time; stopped at once.")
         if self.engine is None:
             if self._router is not None:
-                _raise_in_main_thread(RunInterrupted)
+                self._router.raise_in_main_thread(RunInterrupted)
                 return
             raise RunInterrupted(f"interrupted by {name} before the run started")
         self.engine.request_stop(f"interrupted by {name}")
@@ -182,6 +207,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if self._router is not None:
+            _block_in_main_thread()
             self._router.route(self._dispatch)
         elif threading.current_thread() is threading.main_thread():
             self._old = {s: signal.signal(s, self._handler) for s in SIGNALS}
@@ -190,6 +216,7 @@ class StopSignals:
     def reinstall(self) -> None:
         """Take the signals back from a library that set its own meanwhile (ray.init does)."""
         if self._router is not None:
+            _block_in_main_thread()
             for s in _IGNORED:  # children started from now on must still start immune
                 signal.signal(s, signal.SIG_IGN)
             self._router.route(self._dispatch)
@@ -203,3 +230,10 @@ class StopSignals:
             self._router.route(None)
         for s, h in self._old.items():
             signal.signal(s, h)
+
+
+def _block_in_main_thread() -> None:
+    """Block the three signals again, should something have unblocked them in the main
+    thread (multiprocessing's resource tracker does when it starts: the docstring)."""
+    if threading.current_thread() is threading.main_thread():
+        block()

@@ -42,14 +42,15 @@ Rules that make this safe:
    items that were being worked on (charged one attempt) from the ones only queued (not
    charged).
 3. Only the coordinator creates and unlinks segments (:func:`create_segment`). Children map
-   them by name with :func:`attach`, outside Python's resource tracker (which would unlink a
-   segment when the child exits). A SIGKILLed coordinator loses nothing: its janitor process
-   (janitor.py) unlinks the run's segments when the coordinator is gone. Each run also holds
-   an ``flock`` on its own ``…-owner`` segment for as long as it lives;
-   :func:`sweep_dead_segments` removes the segments of runs whose owner lock nobody holds
-   (should a janitor have died too). A lock, not a pid: across PID namespaces (containers
-   sharing /dev/shm) every pid of another namespace looks dead, and a live run's segments
-   must survive that.
+   them by name with :func:`attach`. Segments are files of /dev/shm opened with ``os.open``
+   (what shm_open(3) does on Linux), never ``multiprocessing.shared_memory``, whose resource
+   tracker would unlink a segment when a child that attached it exits. A SIGKILLed
+   coordinator loses nothing: its janitor process (janitor.py) unlinks the run's segments
+   when the coordinator is gone. Each run also holds an ``flock`` on its own ``…-owner``
+   segment for as long as it lives; :func:`sweep_dead_segments` removes the segments of
+   runs whose owner lock nobody holds (should a janitor have died too). A lock, not a pid:
+   across PID namespaces (containers sharing /dev/shm) every pid of another namespace looks
+   dead, and a live run's segments must survive that.
 4. Space is reserved when a segment is created (``posix_fallocate``), so a /dev/shm too small
    for the slots is one clear error at start, never a SIGBUS in a reader later.
 
@@ -109,14 +110,24 @@ def segment_name(token: str, role: str) -> str:
     return f"{SEGMENT_PREFIX}-{os.getpid()}-{token}-{role}"
 
 
-def _shm_open(name: str, flags: int) -> int:
-    import _posixshmem  # CPython's own shm_open binding, as multiprocessing uses it
+def _shm_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
 
-    return _posixshmem.shm_open("/" + name, flags, mode=0o600)
+
+def _shm_open(name: str, flags: int) -> int:
+    """shm_open(3) itself: on Linux a POSIX shared-memory object is the file ``name`` in
+    /dev/shm, which glibc opens with O_NOFOLLOW and O_CLOEXEC, as here."""
+    return os.open(_shm_path(name), flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
+def _shm_unlink(name: str) -> None:
+    """shm_unlink(3): remove the name (the memory goes with the last map)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_shm_path(name))
 
 
 def attach(name: str) -> mmap.mmap:
-    """Map an existing segment without registering it with the resource tracker (rule 3)."""
+    """Map an existing segment (rule 3)."""
     fd = _shm_open(name, os.O_RDWR)
     try:
         return mmap.mmap(fd, os.fstat(fd).st_size)
@@ -165,12 +176,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the segment's name (coordinator only); the memory goes with the last map."""
-        if not self.created:
-            return
-        import _posixshmem
-
-        with contextlib.suppress(FileNotFoundError):
-            _posixshmem.shm_unlink("/" + self.name)
+        if self.created:
+            _shm_unlink(self.name)
 
 
 def create_segment(name: str, size: int) -> Segment:
@@ -203,10 +210,8 @@ def create_segment(name: str, size: int) -> Segment:
     finally:
         os.close(fd)
         if segment is None:  # failed: leave nothing behind
-            import _posixshmem
-
             with contextlib.suppress(OSError):
-                _posixshmem.shm_unlink("/" + name)
+                _shm_unlink(name)
 
 
 class RunOwner:
