@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from batchinfer.data.classes import ClassMap, read_labels_file
 from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, Skipped, open_dataset
-from batchinfer.data.images import DEFAULT_MAX_PIXELS
+from batchinfer.data.input_spec import DEFAULT_MAX_PIXELS
 from batchinfer.data.preprocess import Preprocess, load_into, parse_background, preprocess_for
 from batchinfer.data.sources import open_source
 
