@@ -53,7 +53,7 @@ from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
-from batchinfer.runtime._rknn_log import quiet_instance_logs
+from batchinfer.runtime.rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 

@@ -36,7 +36,7 @@ from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph
 from batchinfer.runtime._emulated_runtime import EmulatedRuntime, InputRejected, UnbuiltRuntime
-from batchinfer.runtime._rknn_log import RKNNLog
+from batchinfer.runtime.rknn_log import RKNNLog
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import (
     ORT_DTYPES,
