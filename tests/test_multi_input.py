@@ -20,7 +20,7 @@ from runs import config, fast_sim
 from test_cli import FAST_SIM, assert_error, invoke
 
 from batchinfer import demo, run
-from batchinfer.data.dataset import Item, open_dataset
+from batchinfer.data.dataset import Item
 from batchinfer.data.feeds import (
     FROM_COLUMN,
     FROM_ITEM,
@@ -29,6 +29,7 @@ from batchinfer.data.feeds import (
     load_feeds,
     parse_input_map,
 )
+from batchinfer.data.folder import open_dataset
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import model_input, plan_engine, plan_input_feeds
 from batchinfer.engine.sources import ItemSource
