@@ -61,11 +61,11 @@ from batchinfer.cluster.connect import (
     ClusterLostError,
     NodeInfo,
     check_shared_dataset,
-    core_resource,
     import_ray,
     live_node_ids,
 )
 from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
+from batchinfer.cluster.resources import core_resource
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
