@@ -53,9 +53,9 @@ from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
-from batchinfer.runtime.rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
+from batchinfer.runtime.rknn_log import quiet_instance_logs
 
 # Results per message and how long one may wait for others (see _Outbox).
 BATCH_MAX = 16
