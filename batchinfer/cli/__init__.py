@@ -16,7 +16,9 @@ import click
 
 from batchinfer import __version__
 from batchinfer.cli import failures
+from batchinfer.cli.options import flag_of
 from batchinfer.errors import BatchinferError
+from batchinfer.messages import Message
 
 
 class _CliLogHandler(logging.Handler):
@@ -24,6 +26,9 @@ class _CliLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
+        if isinstance(record.msg, Message) and not record.args:  # settings named as flags
+            ctx = click.get_current_context(silent=True)
+            text = record.msg.render(failures.setting_names(ctx) if ctx else flag_of)
         if record.levelno >= logging.WARNING:
             text = f"{record.levelname.lower()}: {text}"
         click.echo(text, err=True)

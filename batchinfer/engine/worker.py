@@ -293,8 +293,12 @@ def _data_format(spec: WorkerSpec) -> str | list[str]:
 
 
 def _template(e: BaseException) -> str:
-    """An error's message with its ``{settings}`` unrendered: the front end names them."""
-    return e.args[0] if isinstance(e, BatchinferError) and e.args else str(e)
+    """An error's message with its settings as ``{group.setting}`` templates, the text form
+    the coordinator's reasons are still made of (batchinfer.messages); it reads them back
+    into references when it warns or raises, so the front end names them."""
+    if isinstance(e, BatchinferError):
+        return e.message.render(lambda field: "{" + field + "}")
+    return str(e)
 
 
 def _serve(
