@@ -35,8 +35,8 @@ from batchinfer.errors import (
     RunFailedError,
     RuntimeUnavailableError,
     UsageError,
-    render_fields,
 )
+from batchinfer.messages import setting
 
 _RESOURCE_RE = re.compile(rf"^{RESOURCE_PREFIX}(\d+)$")
 #: Open files each process may have for ``local:N``: with 64, the GCS waits for descriptors
@@ -69,7 +69,7 @@ class ClusterLostError(RunFailedError):
             return text
         if self.resume_command:
             return f"{text}; resume it with: {self.resume_command}"
-        return f"{text}; resume it with {render_fields('{output.resume}', name)}"
+        return f"{text}; resume it with {setting('output.resume').render(name)}"
 
 
 def live_node_ids(ray: Any, timeout_s: float = GCS_TIMEOUT_S) -> set[str] | None:
@@ -100,7 +100,7 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise RuntimeUnavailableError(
-            "Ray is not installed, so {ray} cannot run; install it with "
+            "Ray is not installed, so " + setting("ray") + " cannot run; install it with "
             "pip install 'batchinfer[ray]' (on every node of the cluster)."
         ) from None
     return ray
@@ -149,17 +149,19 @@ def parse_address(address: str) -> tuple[str, int]:
             n = 0
         if n < 1:
             raise UsageError(
-                f"{{ray}} {address!r} is not a number of simulated nodes; pass e.g. local:3."
+                setting("ray")
+                + f" {address!r} is not a number of simulated nodes; pass e.g. local:3."
             )
         most, why = local_nodes_ceiling()
         if n > most:
             raise UsageError(
-                f"{{ray}} {address!r} asks for more simulated nodes than this machine can "
+                setting("ray")
+                + f" {address!r} asks for more simulated nodes than this machine can "
                 f"run: at most {most} ({why}); pass e.g. local:3."
             )
         return "local", n
     if not address.strip():
-        raise UsageError("{ray} is empty; pass auto, HOST:PORT, local or local:N.")
+        raise UsageError(setting("ray") + " is empty; pass auto, HOST:PORT, local or local:N.")
     return "remote", 0
 
 
@@ -206,7 +208,9 @@ class RayConnection:
                 raise
             if isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
                 raise RunFailedError(
-                    f"cannot connect to the Ray cluster at {{ray}} {self.address} ({exc}); "
+                    "cannot connect to the Ray cluster at "
+                    + setting("ray")
+                    + f" {self.address} ({exc}); "
                     "start it first (ray start --head on the head node) or pass local:N."
                 ) from exc
             raise
@@ -247,7 +251,9 @@ def check_open_files(address: str) -> None:
     if soft < MIN_OPEN_FILES:
         raise RuntimeUnavailableError(
             f"only {soft} files may be open per process here (ulimit -n {soft}), too few for "
-            f"the Ray processes of {{ray}} {address}, which would wait for ever: raise the "
+            f"the Ray processes of "
+            + setting("ray")
+            + f" {address}, which would wait for ever: raise the "
             f"limit to {MIN_OPEN_FILES} or more (ulimit -n {MIN_OPEN_FILES}; above the hard "
             f"limit of {hard} only root can) and run again."
         )
@@ -275,6 +281,8 @@ def check_shared_dataset(nodes: Sequence[NodeInfo], dataset: Dataset, timeout_s:
         if missing is not None:
             raise UsageError(
                 f"node {name} cannot read {missing}, so the dataset is not on storage every "
-                "node mounts at the same path; mount it there, or pass {ray_data} head to "
+                "node mounts at the same path; mount it there, or pass "
+                + setting("ray_data")
+                + " head to "
                 "read it on this node only."
             )

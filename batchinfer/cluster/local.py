@@ -38,6 +38,7 @@ import psutil
 
 from batchinfer.cluster.resources import node_resources
 from batchinfer.errors import RunFailedError
+from batchinfer.messages import setting
 
 #: CPUs each simulated node of ``local:N`` declares (for read tasks; actors take none).
 LOCAL_NODE_CPUS = 2
@@ -93,7 +94,7 @@ class LocalCluster:
         if "address" not in reply:
             self.stop(graceful=False)
             raise RunFailedError(
-                f"the local Ray cluster ({{ray}} local:{self.n}) did not start: "
+                "the local Ray cluster (" + setting("ray") + f" local:{self.n}) did not start: "
                 f"{reply.get('error', 'no reason given')}"
             )
         self.address = reply["address"]
@@ -188,7 +189,7 @@ def start_local_cluster(n: int, cores: Sequence[int]) -> Any:
     """
     from ray.cluster_utils import Cluster
 
-    common = {
+    common: dict[str, Any] = {
         "num_cpus": LOCAL_NODE_CPUS,
         "resources": node_resources(cores),
         "include_dashboard": False,

@@ -18,6 +18,7 @@ import numpy as np
 from PIL import ImageColor
 
 from batchinfer.errors import UsageError
+from batchinfer.messages import setting
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
 
 #: Default ``Preprocess.max_pixels``: Pillow's own decompression-bomb threshold
@@ -82,7 +83,9 @@ class Preprocess:
         if not shape or not all(isinstance(d, int | np.integer) and d > 0 for d in shape):
             raise UsageError(
                 f"The input shape {shape} has a dimension that is not a positive integer; "
-                "give every dimension a size (e.g. {preprocess.size} for height and width)."
+                "give every dimension a size (e.g. "
+                + setting("preprocess.size")
+                + " for height and width)."
             )
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         object.__setattr__(self, "dtype", _dtype_name(self.dtype))
@@ -97,18 +100,20 @@ class Preprocess:
         object.__setattr__(self, "background", _background(self.background))
         pad = _background(self.pad)
         if pad is None:
-            raise UsageError("{detect.pad_colour} must be a colour, not none.")
+            raise UsageError(setting("detect.pad_colour") + " must be a colour, not none.")
         object.__setattr__(self, "pad", pad)
         if self.max_pixels is not None:
             if isinstance(self.max_pixels, bool) or not isinstance(
                 self.max_pixels, int | np.integer
             ):
                 raise UsageError(
-                    f"{{preprocess.max_pixels}} {self.max_pixels!r} is not a whole number."
+                    setting("preprocess.max_pixels")
+                    + f" {self.max_pixels!r} is not a whole number."
                 )
             if self.max_pixels < 1:
                 raise UsageError(
-                    f"{{preprocess.max_pixels}} must be at least 1, not {self.max_pixels}."
+                    setting("preprocess.max_pixels")
+                    + f" must be at least 1, not {self.max_pixels}."
                 )
             object.__setattr__(self, "max_pixels", int(self.max_pixels))
         if self.is_image:
@@ -116,7 +121,11 @@ class Preprocess:
         elif self.mean is not None or self.std is not None:
             raise UsageError(
                 f"mean/std apply to image inputs, and the input shape {self.shape} is not "
-                "one; drop {preprocess.mean}/{preprocess.std} and feed .npy tensors."
+                "one; drop "
+                + setting("preprocess.mean")
+                + "/"
+                + setting("preprocess.std")
+                + " and feed .npy tensors."
             )
 
     def _check_image_spec(self) -> None:
@@ -124,14 +133,16 @@ class Preprocess:
         if channels not in (1, 3):
             raise UsageError(
                 f"The input shape {self.shape} ({self.layout}) has {channels} channels; an "
-                "image input takes 1 (gray) or 3 (rgb/bgr), so check {preprocess.layout} or "
+                "image input takes 1 (gray) or 3 (rgb/bgr), so check "
+                + setting("preprocess.layout")
+                + " or "
                 "feed .npy."
             )
         if (self.color == "gray") != (channels == 1):
             want = "gray" if channels == 1 else "rgb or bgr"
             raise UsageError(
                 f"Color {self.color} does not fit an input with {channels} channel(s); "
-                f"use {{preprocess.color}} {want}."
+                f"use " + setting("preprocess.color") + f" {want}."
             )
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -147,12 +158,15 @@ class Preprocess:
                 )
             if name == "std" and not all(v != 0 and math.isfinite(v) for v in value):
                 raise UsageError(
-                    f"{{preprocess.std}} {value} has a zero or non-finite value; fix it."
+                    setting("preprocess.std") + f" {value} has a zero or non-finite value; fix it."
                 )
             object.__setattr__(self, name, value)
         if (self.mean is not None or self.std is not None) and not self.is_float:
             raise UsageError(
-                "{preprocess.mean}/{preprocess.std} give fractional values, which a "
+                setting("preprocess.mean")
+                + "/"
+                + setting("preprocess.std")
+                + " give fractional values, which a "
                 f"{self.dtype} input cannot hold; drop them (an integer input takes raw 0..255 "
                 "pixels and the model normalises inside its graph)."
             )
@@ -200,7 +214,10 @@ class Preprocess:
             if self.mean is not None or self.std is not None:
                 raise UsageError(
                     ".npy tensors are fed as they are, so mean/std do not apply; drop "
-                    "{preprocess.mean}/{preprocess.std} or store the tensors already normalised."
+                    + setting("preprocess.mean")
+                    + "/"
+                    + setting("preprocess.std")
+                    + " or store the tensors already normalised."
                 )
             return
         if kind != "images":
@@ -214,7 +231,8 @@ class Preprocess:
         if self.dtype in _NOT_FOR_IMAGES:
             raise UsageError(
                 f"Images are 0..255 pixels and cannot be fed as {self.dtype}; pass "
-                "{preprocess.dtype} uint8 or float32."
+                + setting("preprocess.dtype")
+                + " uint8 or float32."
             )
 
     def _require_image(self) -> None:
@@ -239,7 +257,7 @@ def parse_background(text: str) -> tuple[int, int, int] | None:
         return ImageColor.getrgb(value)[:3]  # type: ignore[return-value]
     except ValueError as exc:
         raise UsageError(
-            f"{{preprocess.background}} {text!r} is not a colour; {_BACKGROUND_FORMS}."
+            setting("preprocess.background") + f" {text!r} is not a colour; {_BACKGROUND_FORMS}."
         ) from exc
 
 
@@ -258,7 +276,9 @@ def _background(value: object) -> tuple[int, int, int] | None:
         and all(0 <= v <= 255 for v in value)
     ):
         return (int(value[0]), int(value[1]), int(value[2]))
-    raise UsageError(f"{{preprocess.background}} {value!r} is not a colour; {_BACKGROUND_FORMS}.")
+    raise UsageError(
+        setting("preprocess.background") + f" {value!r} is not a colour; {_BACKGROUND_FORMS}."
+    )
 
 
 def _dtype_name(dtype: object) -> str:

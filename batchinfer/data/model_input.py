@@ -12,6 +12,7 @@ import numpy as np
 
 from batchinfer.data.input_spec import DEFAULT_MAX_PIXELS, LAYOUTS, Preprocess
 from batchinfer.errors import UsageError
+from batchinfer.messages import setting
 
 
 def raw_pixels_warning(preprocess: Preprocess, kind: str, model: str) -> str | None:
@@ -27,10 +28,13 @@ def raw_pixels_warning(preprocess: Preprocess, kind: str, model: str) -> str | N
     if preprocess.std is not None:
         return None
     return (
-        f"{model} takes {preprocess.dtype} input and no mean/std were given (--mean/--std, "
-        "mean/std in an eval job's preprocess settings, or mean_values/std_values in the "
-        ".config.json beside a .rknn), so raw 0-255 pixel values are fed; give the "
-        "normalisation the model was trained with, unless it expects 0-255."
+        f"{model} takes {preprocess.dtype} input and no mean/std were given ("
+        + setting("preprocess.mean")
+        + "/"
+        + setting("preprocess.std")
+        + ", or mean_values/std_values in the .config.json beside a .rknn), so raw 0-255 "
+        "pixel values are fed; give the normalisation the model was trained with, unless it "
+        "expects 0-255."
     )
 
 
@@ -91,7 +95,8 @@ def preprocess_for(
         if layout == "nchw":
             raise UsageError(
                 f"The model input {tuple(shape)} is a 3-D gray image with no channel axis; "
-                "{preprocess.layout} applies to 4-D inputs only."
+                + setting("preprocess.layout")
+                + " applies to 4-D inputs only."
             )
         n, h, w = dims
         h, w = _image_size(shape, h, w, size)
@@ -101,8 +106,8 @@ def preprocess_for(
     else:
         if size is not None:
             raise UsageError(
-                "{preprocess.size} applies to image inputs, and the model input "
-                f"{tuple(shape)} is not one; drop {{preprocess.size}}."
+                setting("preprocess.size") + " applies to image inputs, and the model input "
+                f"{tuple(shape)} is not one; drop " + setting("preprocess.size") + "."
             )
         if any(d is None for d in dims):
             raise UsageError(f"The model input {tuple(shape)} has a dynamic dimension.")
@@ -135,13 +140,23 @@ def _check_normalisation(model_dtype: object, dtype_override: str | None) -> Non
     if model.kind in "iub":
         raise UsageError(
             f"The model's input is {model.name}, so it takes raw 0..255 pixels and does any "
-            "normalisation inside its graph; drop {preprocess.mean}/{preprocess.std}, which would "
+            "normalisation inside its graph; drop "
+            + setting("preprocess.mean")
+            + "/"
+            + setting("preprocess.std")
+            + ", which would "
             "normalise twice."
         )
     if override is not None and override.kind in "iub":
         raise UsageError(
-            "{preprocess.mean}/{preprocess.std} give fractional values, which "
-            f"{{preprocess.dtype}} {override.name} cannot hold; drop {{preprocess.dtype}} to "
+            setting("preprocess.mean")
+            + "/"
+            + setting("preprocess.std")
+            + " give fractional values, which "
+            + setting("preprocess.dtype")
+            + f" {override.name} cannot hold; drop "
+            + setting("preprocess.dtype")
+            + f" to "
             f"feed the model's {model.name} input."
         )
 
@@ -172,12 +187,13 @@ def _image_size(
     if size is not None:
         if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
             raise UsageError(
-                f"{{preprocess.size}} {size} is not (height, width) in positive pixels."
+                setting("preprocess.size") + f" {size} is not (height, width) in positive pixels."
             )
         return size[0], size[1]
     if h is None or w is None:
         raise UsageError(
             f"The model input {tuple(shape)} has a dynamic height or width; pass "
-            "{preprocess.size} H,W."
+            + setting("preprocess.size")
+            + " H,W."
         )
     return h, w

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from batchinfer.errors import InputError
+from batchinfer.messages import setting
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
 
 # Parsed .npy headers by their bytes: a dataset's tensors usually share one header, and
@@ -157,7 +158,9 @@ def _dtype_mismatch(label: str, dtype: np.dtype, target: np.dtype) -> str:
         # The runtime converts a supported dtype to the model's, so feeding as-is works too.
         return (
             f"{label} has dtype {_dtype_text(dtype)} but the input takes {target.name}; "
-            f"{save}, or pass {{preprocess.dtype}} {native.name} to feed them as they are."
+            f"{save}, or pass "
+            + setting("preprocess.dtype")
+            + f" {native.name} to feed them as they are."
         )
     return (
         f"{label} has dtype {_dtype_text(dtype)}, which RKNNLite does not take, and the "
