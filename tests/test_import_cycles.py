@@ -21,8 +21,8 @@ ROOT = Path(batchinfer.__file__).resolve().parent
 KNOWN = {
     # Being removed (issue 29 item 5, on the branch that reorganises batchinfer/sink/).
     frozenset({"batchinfer.sink.fingerprint", "batchinfer.sink.outdir"}),
-    # Being removed with it: the sink's owner is told (manifest names PREDICTIONS_DIR,
-    # predictions names RunManifest for its type hints).
+    # Also in batchinfer/sink/, for the same work: manifest imports PREDICTIONS_DIR from
+    # predictions, which names RunManifest in its type hints (under TYPE_CHECKING).
     frozenset({"batchinfer.sink.manifest", "batchinfer.sink.predictions"}),
 }
 
