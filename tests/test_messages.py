@@ -116,3 +116,16 @@ def test_settings_are_named_with_setting_not_templates() -> None:
     assert not new, f"name settings with batchinfer.messages.setting(), not templates: {new}"
     done = STILL_TEMPLATES - found.keys()
     assert not done, f"no templates left: take these off STILL_TEMPLATES: {sorted(done)}"
+
+
+def test_a_preprocess_error_names_the_setting_as_each_front_end_sets_it() -> None:
+    # It said "--mean" to eval jobs too, whose users set device.preprocess.mean.
+    from batchinfer.cli.options import flag_of
+    from batchinfer.data.input_spec import Preprocess
+    from batchinfer.evaluate.job import job_key
+
+    with pytest.raises(UsageError) as caught:
+        Preprocess(shape=(1, 8, 8, 3), dtype="float32", mean=(1.0, 2.0))
+    assert caught.value.render(flag_of).startswith("--mean has 2 values")
+    said = caught.value.render(lambda field: job_key("device", field))
+    assert said.startswith("device.preprocess.mean has 2 values")

@@ -176,9 +176,7 @@ def diagnose(e: Evidence) -> Diagnosis:
         if npu:
             suggest = max(k + 1, math.ceil(k / npu - 1e-9))
             advice = (
-                "overlap the host side of the calls: "
-                + setting("runtime.instances_per_core")
-                + f" "
+                "overlap the host side of the calls: " + setting("runtime.instances_per_core") + " "
                 f"{suggest} (k / NPU load = {k}/{npu:.2f}); an instances sweep confirms it"
             )
         else:

@@ -89,7 +89,7 @@ def check_bench(opts: BenchOptions) -> None:
             setting("bench.window_s")
             + f" {opts.window_s:g} s is longer than "
             + setting("bench.duration_s")
-            + f" "
+            + " "
             f"{opts.duration_s:g} s; measure at least three windows (e.g. --duration "
             f"{3 * opts.window_s:g}).",
             "bench.window_s",

@@ -103,11 +103,11 @@ def judge(opts: BenchOptions, m: Measured) -> Verdict:
     if m.samples < opts.min_samples:
         reasons.append(
             f"too few samples: {m.samples} measured, {opts.min_samples} needed "
-            f"("
+            "("
             + setting("bench.min_samples")
             + "); allow a longer "
             + setting("bench.max_duration_s")
-            + f" (it was "
+            + " (it was "
             f"{opts.limit_s:g} s) or lower " + setting("bench.min_samples") + "."
         )
     steady = stability(m.rates, STABLE_WINDOWS, STABLE_TOLERANCE)

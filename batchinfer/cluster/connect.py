@@ -251,7 +251,7 @@ def check_open_files(address: str) -> None:
     if soft < MIN_OPEN_FILES:
         raise RuntimeUnavailableError(
             f"only {soft} files may be open per process here (ulimit -n {soft}), too few for "
-            f"the Ray processes of "
+            "the Ray processes of "
             + setting("ray")
             + f" {address}, which would wait for ever: raise the "
             f"limit to {MIN_OPEN_FILES} or more (ulimit -n {MIN_OPEN_FILES}; above the hard "

@@ -149,7 +149,7 @@ def plan_feeds(
         raise UsageError(
             f"{model} has {len(inputs)} inputs ({', '.join(repr(n) for n in names)}) and "
             f"the dataset's items can feed only one of {', '.join(repr(n) for n in unmapped)}: "
-            f"pass "
+            "pass "
             + setting("preprocess.inputs")
             + " NAME=COLUMN (a column of a manifest) for the others, "
             "or use a dataset of .npz files holding one array per input name."

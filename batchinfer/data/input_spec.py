@@ -142,7 +142,7 @@ class Preprocess:
             want = "gray" if channels == 1 else "rgb or bgr"
             raise UsageError(
                 f"Color {self.color} does not fit an input with {channels} channel(s); "
-                f"use " + setting("preprocess.color") + f" {want}."
+                "use " + setting("preprocess.color") + f" {want}."
             )
         for name in ("mean", "std"):
             value = getattr(self, name)
@@ -153,7 +153,8 @@ class Preprocess:
                 value *= channels
             if len(value) != channels:
                 raise UsageError(
-                    f"--{name} has {len(value)} values but the input has {channels} "
+                    setting(f"preprocess.{name}")
+                    + f" has {len(value)} values but the input has {channels} "
                     f"channel(s); give 1 or {channels} values."
                 )
             if name == "std" and not all(v != 0 and math.isfinite(v) for v in value):

@@ -156,7 +156,7 @@ def _check_normalisation(model_dtype: object, dtype_override: str | None) -> Non
             + setting("preprocess.dtype")
             + f" {override.name} cannot hold; drop "
             + setting("preprocess.dtype")
-            + f" to "
+            + " to "
             f"feed the model's {model.name} input."
         )
 

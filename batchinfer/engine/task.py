@@ -348,7 +348,7 @@ def _model_outputs(
         if task == DETECT:
             raise ConfigError(
                 setting("detect.task")
-                + f" detect needs the model's output shapes, which cannot be read "
+                + " detect needs the model's output shapes, which cannot be read "
                 f"({e}); put the .onnx it was converted from beside it.",
                 "detect.task",
             ) from e
@@ -428,7 +428,7 @@ def _class_names(
         raise ConfigError(
             f"The labels file {class_map.file} ("
             + setting("labels")
-            + f") does not name each class id "
+            + ") does not name each class id "
             f"0..{len(ids) - 1} (a detection head's classes are numbered from 0); list one "
             "name per line, line 1 being class 0.",
             "labels",

@@ -219,7 +219,7 @@ class SimSettings:
         if chip not in C.CHIP_CORES:
             raise UsageError(
                 f"Sim chip {chip!r} is unknown; use one of {', '.join(C.CHIP_CORES)} "
-                f"(" + setting("runtime.sim.chip") + f" or {_ENV['chip']})."
+                "(" + setting("runtime.sim.chip") + f" or {_ENV['chip']})."
             )
         npu_ms = _npu_ms(raw.get("npu_ms", _DEFAULTS["npu_ms"]))
         host_ms = _milliseconds(raw.get("host_ms", _DEFAULTS["host_ms"]), "host_ms")
