@@ -86,11 +86,12 @@ def check_one_input(plan: EnginePlan) -> None:
     tensor per item (cluster/actors.py), not one per input (batchinfer.data.feeds)."""
     if plan.feeds:
         raise UsageError(
-            "--ray feeds one tensor per item, and this run feeds the model's inputs "
+            setting("ray") + " feeds one tensor per item, and this run feeds the model's inputs "
             "separately (several inputs, .npz items or "
             + setting("preprocess.inputs")
-            + "); run it "
-            "without --ray."
+            + "); run it without "
+            + setting("ray")
+            + "."
         )
 
 
