@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from batchinfer.errors import ConfigError
+from batchinfer.messages import setting
 
 #: Timeouts and durations longer than a day are refused (they would switch hang
 #: detection off in all but name).
@@ -106,7 +107,8 @@ def check_value(bounds: Bounds | None, value: Any, name: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         whole = _range_words(b, *b.ceiling())
         raise ConfigError(
-            f"{{{name}}} must be a finite number{', ' + whole if whole else ''}, not {value}.",
+            setting(name)
+            + f" must be a finite number{', ' + whole if whole else ''}, not {value}.",
             name,
         )
     high, why = b.ceiling()
@@ -117,7 +119,7 @@ def check_value(bounds: Bounds | None, value: Any, name: str) -> None:
             words = _range_words(b, high, why)
         else:
             words = _low_words(b) if too_low else _high_words(high, why, b.below)
-        raise ConfigError(f"{{{name}}} must be {words}, not {_num(value)}.", name)
+        raise ConfigError(setting(name) + f" must be {words}, not {_num(value)}.", name)
 
 
 # ------------------------------------------------------------------- this machine

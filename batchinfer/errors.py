@@ -13,25 +13,58 @@ with its ``exit_code``. Exit codes are a contract with schedulers:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
-_FIELD_RE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+from batchinfer.messages import Message, as_message
+from batchinfer.messages import render as render_fields
+
+__all__ = [
+    "BatchinferError",
+    "ConfigError",
+    "DatasetError",
+    "InferenceError",
+    "InputError",
+    "ModelError",
+    "NoCoreError",
+    "OutputExistsError",
+    "OutputLockedError",
+    "OutputLostError",
+    "OutputTamperedError",
+    "OutputWriteError",
+    "RunFailedError",
+    "RunInterrupted",
+    "RuntimeUnavailableError",
+    "SharedMemoryError",
+    "UsageError",
+    "render_fields",
+]
 
 
 class BatchinferError(Exception):
     """Base of every error batchinfer raises on purpose.
 
-    Its message may name settings as ``{group.setting}``: ``str()`` shows the field name
-    (``runtime.slots``), and each front end renders its own with :meth:`render` (the CLI
-    shows ``--slots``).
+    Its message names settings as data (batchinfer.messages: ``"lower " +
+    setting("runtime.slots")``): ``str()`` shows the field name (``runtime.slots``), and each
+    front end renders its own with :meth:`render` (the CLI shows ``--slots``). A plain string
+    with ``{group.setting}`` templates (the older convention) is read into one on the way in.
     """
 
     exit_code = 3
 
+    def __init__(self, *args: object) -> None:
+        if args and isinstance(args[0], str):
+            args = (as_message(args[0]), *args[1:])
+        super().__init__(*args)
+
+    @property
+    def message(self) -> Message:
+        """The message, its settings as references."""
+        first = self.args[0] if self.args else ""
+        return first if isinstance(first, Message) else as_message(str(first))
+
     def render(self, name: Callable[[str], str]) -> str:
-        """The message with every ``{field}`` replaced by ``name(field)``."""
-        return render_fields(str(self.args[0]) if self.args else "", name)
+        """The message with every setting named by ``name(field)``."""
+        return self.message.render(name)
 
     def __str__(self) -> str:
         return self.render(lambda field: field)
@@ -43,21 +76,12 @@ class UsageError(BatchinferError):
     exit_code = 2
 
 
-def render_fields(text: str, name: Callable[[str], str]) -> str:
-    """``text`` with every ``{group.setting}`` replaced by ``name(setting)``.
-
-    Messages of the library (errors and warnings) name settings this way; the CLI renders
-    them as flags, a job file as keys.
-    """
-    return _FIELD_RE.sub(lambda m: name(m.group(1)), text)
-
-
 class ConfigError(UsageError):
     """A setting is wrong; ``fields`` lists the settings at fault, the main one first."""
 
-    def __init__(self, template: str, *fields: str) -> None:
-        super().__init__(template)
-        self.fields = fields or tuple(_FIELD_RE.findall(template))
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields or self.message.settings
 
 
 class DatasetError(UsageError):

@@ -35,6 +35,7 @@ from typing import Any
 
 from batchinfer.bounds import DAY_S, Bounds, check_value, pixels_ceiling, readers_ceiling
 from batchinfer.errors import ConfigError
+from batchinfer.messages import setting
 
 #: Every backend a run can name (batchinfer.runtime.backends has their classes).
 BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim", "toolkit")
@@ -459,7 +460,7 @@ def from_mapping(
     absolute ones (job files resolve them against their own folder).
     """
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{{{where}}} must be a table of settings.", where)
+        raise ConfigError(setting(where) + " must be a table of settings.", where)
     known = {f.name: f for f in dataclasses.fields(cls)}
     values: dict[str, Any] = {}
     for key, value in data.items():
@@ -468,7 +469,7 @@ def from_mapping(
             close = [k for k in known if _similar(k, key)]
             hint = f"; did you mean {where}.{close[0]}?" if close else ""
             raise ConfigError(
-                f"{{{name}}} is not a setting (settings of {where}: "
+                setting(name) + f" is not a setting (settings of {where}: "
                 f"{', '.join(sorted(known))}){hint}",
                 name,
             )
@@ -480,14 +481,14 @@ def from_mapping(
             converted = _conforms(value, hint_type)
         except ValueError:
             raise ConfigError(
-                f"{{{name}}} must be {_type_name(hint_type)}, not {value!r}.", name
+                setting(name) + f" must be {_type_name(hint_type)}, not {value!r}.", name
             ) from None
         if isinstance(converted, Path) and resolve is not None:
             converted = resolve(converted)
         choices = known[key].metadata.get("choices")
         if choices and converted is not None and converted not in choices:
             raise ConfigError(
-                f"{{{name}}} must be one of {', '.join(choices)}, not {converted!r}.", name
+                setting(name) + f" must be one of {', '.join(choices)}, not {converted!r}.", name
             )
         check_value(known[key].metadata.get("bounds"), converted, name)
         values[key] = converted

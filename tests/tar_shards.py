@@ -6,7 +6,7 @@ import io
 import tarfile
 from pathlib import Path
 
-from batchinfer.data.dataset import open_dataset
+from batchinfer.data.folder import open_dataset
 
 
 def write_shards(folder: Path, out: Path, count: int, *, labels: bool = True) -> list[Path]:

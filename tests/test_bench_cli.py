@@ -20,7 +20,7 @@ from batchinfer.bench.diagnosis import BOUNDS
 from batchinfer.bench.options import BenchOptions
 from batchinfer.bench.runner import BenchConfig, RepeatedDataset, bench
 from batchinfer.cli import main
-from batchinfer.data.dataset import open_dataset
+from batchinfer.data.folder import open_dataset
 from batchinfer.demo import make_npy_dataset
 from batchinfer.engine import events as ev
 from batchinfer.options import RuntimeOptions, SimOptions

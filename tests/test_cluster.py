@@ -33,13 +33,13 @@ pytestmark = pytest.mark.ray
 
 from batchinfer import run  # noqa: E402
 from batchinfer.cluster import ClusterEngine, run_on_cluster  # noqa: E402
-from batchinfer.cluster.connect import (  # noqa: E402
+from batchinfer.cluster.connect import npu_nodes  # noqa: E402
+from batchinfer.cluster.local import (  # noqa: E402
     LOCAL_NODE_CPUS,
-    node_resources,
-    npu_nodes,
     start_local_cluster,
     stop_local_cluster,
 )
+from batchinfer.cluster.resources import node_resources  # noqa: E402
 from batchinfer.engine import events as ev  # noqa: E402
 from batchinfer.engine.plan import model_input, plan_engine  # noqa: E402
 from batchinfer.engine.sources import ArraySource, SyntheticSource  # noqa: E402

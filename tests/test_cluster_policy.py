@@ -14,7 +14,8 @@ import pytest
 from test_cli import assert_error, invoke, run_args
 
 from batchinfer.cli.console import format_summary
-from batchinfer.cluster.connect import import_ray, node_resources, npu_nodes, parse_address
+from batchinfer.cluster.connect import import_ray, npu_nodes, parse_address
+from batchinfer.cluster.resources import node_resources
 from batchinfer.data.dataset import Item
 from batchinfer.engine.scheduler import Scheduler
 from batchinfer.errors import RuntimeUnavailableError, UsageError

@@ -25,7 +25,7 @@ from onnx import numpy_helper
 from PIL import Image
 
 from batchinfer.cli import main
-from batchinfer.data.dataset import open_dataset
+from batchinfer.data.folder import open_dataset
 from batchinfer.evaluate import load_job
 from batchinfer.evaluate.runs import cache_key, plan_side
 

@@ -14,7 +14,7 @@ from PIL import Image
 from test_eval_metrics import FIVE
 
 from batchinfer.cli import main
-from batchinfer.data.dataset import open_dataset
+from batchinfer.data.folder import open_dataset
 from batchinfer.engine.events import RowsDone
 from batchinfer.errors import RunInterrupted
 from batchinfer.evaluate import JobError, evaluate, load_job

@@ -20,7 +20,8 @@ from runs import config, fast_sim
 from test_cli import FAST_SIM, assert_error, invoke
 
 from batchinfer import demo, run
-from batchinfer.data.dataset import Item, open_dataset
+from batchinfer.cli.options import flag_of
+from batchinfer.data.dataset import Item
 from batchinfer.data.feeds import (
     FROM_COLUMN,
     FROM_ITEM,
@@ -29,10 +30,12 @@ from batchinfer.data.feeds import (
     load_feeds,
     parse_input_map,
 )
+from batchinfer.data.folder import open_dataset
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import model_input, plan_engine, plan_input_feeds
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import DatasetError, InputError, UsageError
+from batchinfer.evaluate.job import job_key
 from batchinfer.results import read_predictions
 from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.rows import MemorySink
@@ -343,8 +346,13 @@ def test_ray_refuses_a_plan_that_feeds_inputs_separately(prompt_set: Path):
     engine = plan_engine(cfg, backend, shape, dtype, "")
     check_one_input(engine)  # the image input alone: fine
     engine = plan_input_feeds(cfg, MODEL, engine, open_dataset(prompt_set))
-    with pytest.raises(UsageError, match="--ray feeds one tensor per item"):
+    with pytest.raises(UsageError) as caught:
         check_one_input(engine)
+    # An eval job sets it as [device.ray] address, the CLI as --ray.
+    assert caught.value.render(flag_of).startswith("--ray feeds one tensor per item")
+    said = caught.value.render(lambda field: job_key("device", field))
+    assert said.startswith("device.ray.address feeds one tensor per item")
+    assert said.endswith("run it without device.ray.address.")
 
 
 def _tensor_model(path: Path) -> Path:

@@ -211,9 +211,10 @@ def test_cores_that_fail_alike_at_start_are_said_in_one_line(demo_kit, tmp_path)
     retired = [line for line in said.lines if "retired" in line]
     assert retired == [
         "cores 0, 2 retired: NPU cores 0, 2 could not be initialised (init_runtime returned "
-        "-1); leave cores 0, 2 out of {runtime.cores}, or check the sim faults "
+        "-1); leave cores 0, 2 out of runtime.cores, or check the sim faults "
         "(runtime.sim.faults, BATCHINFER_SIM_FAULTS) and the E lines above."
     ]
+    assert retired[0].settings == ("runtime.cores",)  # a reference each front end renders
     recorded = [w for w in result.warnings if "retired" in w]  # one per core in the record
     assert sorted(w.split(":")[0] for w in recorded) == ["core 0 retired", "core 2 retired"]
     _exactly_once(result.out, 60)

@@ -66,7 +66,7 @@ import numpy as np
 from batchinfer.bench.cpu import usable_cpus
 from batchinfer.bench.limits import Limits
 from batchinfer.bench.limits import measure as measure_limits
-from batchinfer.data.dataset import open_dataset
+from batchinfer.data.folder import open_dataset
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine import events as ev

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import ray
 
-    from batchinfer.cluster.connect import npu_nodes, start_local_cluster, stop_local_cluster
+    from batchinfer.cluster.connect import npu_nodes
+    from batchinfer.cluster.local import start_local_cluster, stop_local_cluster
 
     plan = _plan(args.npu_ms, args.host_ms, args.instances)
     per_core = min(args.instances / (args.host_ms + args.npu_ms), 1 / args.npu_ms) * 1e3

@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchinfer.messages import setting
+
 BOUNDS = ("npu", "host", "decode", "coordinator", "cpu")
 NPU_BUSY = 0.95
 INSTANCES_BUSY = 0.90
@@ -139,8 +141,12 @@ def diagnose(e: Evidence) -> Diagnosis:
         f"{e.other_cpus:.2f} CPUs) on {e.cpus} CPUs, {_pct(e.machine_cpus / e.cpus)} busy"
     )
     cpu_advice = (
-        "fewer busy processes than CPUs: lower {runtime.readers} or {runtime.cores}, stop "
-        "other work on the machine, or pin to the big cores with {runtime.cpu_affinity}"
+        "fewer busy processes than CPUs: lower "
+        + setting("runtime.readers")
+        + " or "
+        + setting("runtime.cores")
+        + ", stop "
+        "other work on the machine, or pin to the big cores with " + setting("runtime.cpu_affinity")
     )
     if npu is not None and npu >= NPU_BUSY:
         return Diagnosis(
@@ -170,11 +176,15 @@ def diagnose(e: Evidence) -> Diagnosis:
         if npu:
             suggest = max(k + 1, math.ceil(k / npu - 1e-9))
             advice = (
-                f"overlap the host side of the calls: {{runtime.instances_per_core}} "
+                "overlap the host side of the calls: " + setting("runtime.instances_per_core") + " "
                 f"{suggest} (k / NPU load = {k}/{npu:.2f}); an instances sweep confirms it"
             )
         else:
-            advice = f"try {{runtime.instances_per_core}} {k + 1} or more; an instances sweep tells"
+            advice = (
+                "try "
+                + setting("runtime.instances_per_core")
+                + f" {k + 1} or more; an instances sweep tells"
+            )
         return Diagnosis(
             "host",
             f"host-bound per instance: each of the {k} instance(s) per core was inside "
@@ -198,8 +208,11 @@ def diagnose(e: Evidence) -> Diagnosis:
             f"(decode p50 {_ms(e.read_p50_ms)} per item) while {idle} and inputs waited "
             f"{_ms(e.wait_p50_ms)} (p50) for a core, less than one inference "
             f"({_ms(e.latency_p50_ms)}).",
-            "decode faster: more {runtime.readers} where CPUs are free, "
-            "{runtime.cpu_affinity} on the big cores, or smaller inputs (images stored near "
+            "decode faster: more "
+            + setting("runtime.readers")
+            + " where CPUs are free, "
+            + setting("runtime.cpu_affinity")
+            + " on the big cores, or smaller inputs (images stored near "
             "the model's input size)",
             numbers=numbers,
         )
@@ -208,7 +221,9 @@ def diagnose(e: Evidence) -> Diagnosis:
             "coordinator",
             f"coordinator-bound: the coordinator used {e.coordinator_cpu:.2f} CPUs (one "
             f"process, near its limit) while {idle}.",
-            "the coordinator is the limit: more {runtime.slots} (larger batches of "
+            "the coordinator is the limit: more "
+            + setting("runtime.slots")
+            + " (larger batches of "
             "messages), or fewer CPU-hungry processes beside it; report it, it is the "
             "engine's to fix",
             numbers=numbers,
@@ -227,8 +242,10 @@ def diagnose(e: Evidence) -> Diagnosis:
         f"{_cpus(e.reader_cpu)}, coordinator {e.coordinator_cpu:.2f} CPUs, machine "
         f"{_pct(e.machine_cpus / e.cpus)} busy).",
         "the pipeline waits on something none of these shows (few slots, a slow "
-        "filesystem): look at the per-window plot, then try more {runtime.slots} or "
-        "{runtime.readers}",
+        "filesystem): look at the per-window plot, then try more "
+        + setting("runtime.slots")
+        + " or "
+        + setting("runtime.readers"),
         saturated=False,
         numbers=numbers,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from batchinfer.bounds import Bounds
 from batchinfer.errors import ConfigError
+from batchinfer.messages import setting
 from batchinfer.options import check_group, option
 
 #: A measurement lasts an hour at most: every sample is kept in memory until the end.
@@ -85,14 +86,19 @@ def check_bench(opts: BenchOptions) -> None:
     check_group(opts, "bench")
     if opts.window_s > opts.duration_s:
         raise ConfigError(
-            f"{{bench.window_s}} {opts.window_s:g} s is longer than {{bench.duration_s}} "
+            setting("bench.window_s")
+            + f" {opts.window_s:g} s is longer than "
+            + setting("bench.duration_s")
+            + " "
             f"{opts.duration_s:g} s; measure at least three windows (e.g. --duration "
             f"{3 * opts.window_s:g}).",
             "bench.window_s",
         )
     if opts.max_duration_s is not None and opts.max_duration_s < opts.duration_s:
         raise ConfigError(
-            f"{{bench.max_duration_s}} {opts.max_duration_s:g} s is shorter than "
-            f"{{bench.duration_s}} {opts.duration_s:g} s; give at least the duration.",
+            setting("bench.max_duration_s")
+            + f" {opts.max_duration_s:g} s is shorter than "
+            + setting("bench.duration_s")
+            + f" {opts.duration_s:g} s; give at least the duration.",
             "bench.max_duration_s",
         )

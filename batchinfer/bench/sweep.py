@@ -22,6 +22,7 @@ from typing import Any
 from batchinfer.bench.result import FORMAT, KIND, BenchResult
 from batchinfer.bounds import DAY_S, Bounds, check_value
 from batchinfer.errors import ConfigError, render_fields
+from batchinfer.messages import setting as named_setting
 
 SWEEPS = ("cores", "instances")
 #: Keys of the recommended setting's result repeated at the top of a sweep's JSON.
@@ -48,7 +49,9 @@ def settings(kind: str, cores: tuple[int, ...], instances_per_core: int) -> list
         ]
     if kind == "instances":
         return [Setting(f"k={k}", tuple(cores), k) for k in INSTANCES_SWEPT]
-    raise ConfigError(f"{{bench.sweep}} must be one of {', '.join(SWEEPS)}, not {kind!r}.")
+    raise ConfigError(
+        named_setting("bench.sweep") + f" must be one of {', '.join(SWEEPS)}, not {kind!r}."
+    )
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,9 @@ def recommend(
             return Recommendation(
                 None,
                 f"no setting kept p99 at or under {max_p99_ms:g} ms (the lowest was "
-                f"{lowest.p99_ms:.2f} ms, {lowest.name}); relax {{bench.max_p99_ms}}.",
+                f"{lowest.p99_ms:.2f} ms, {lowest.name}); relax "
+                + named_setting("bench.max_p99_ms")
+                + ".",
             )
         pool = kept
     best = max(pool, key=lambda r: r.samples_per_s)

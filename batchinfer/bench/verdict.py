@@ -14,7 +14,8 @@ VALID only when all of these hold (pure functions, tested with synthetic series)
 - steady board: no throttling and no CPU or NPU frequency change was seen while measuring
   (see :mod:`batchinfer.bench.conditions`).
 
-Reasons name settings as ``{bench.duration_s}``; front ends render them.
+Reasons name settings as data (``setting("bench.duration_s")``, batchinfer.messages);
+front ends render them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from batchinfer.bench.options import BenchOptions
 from batchinfer.bench.windows import Stability, stability
+from batchinfer.messages import setting
 
 MIN_DURATION_S = 5.0
 STABLE_WINDOWS = 3
@@ -96,13 +98,17 @@ def judge(opts: BenchOptions, m: Measured) -> Verdict:
     elif short:
         reasons.append(
             f"too short: measured {m.measured_s:.1f} s; a VALID run measures at least "
-            f"{need:g} s (raise {{bench.duration_s}})."
+            f"{need:g} s (raise " + setting("bench.duration_s") + ")."
         )
     if m.samples < opts.min_samples:
         reasons.append(
             f"too few samples: {m.samples} measured, {opts.min_samples} needed "
-            f"({{bench.min_samples}}); allow a longer {{bench.max_duration_s}} (it was "
-            f"{opts.limit_s:g} s) or lower {{bench.min_samples}}."
+            "("
+            + setting("bench.min_samples")
+            + "); allow a longer "
+            + setting("bench.max_duration_s")
+            + " (it was "
+            f"{opts.limit_s:g} s) or lower " + setting("bench.min_samples") + "."
         )
     steady = stability(m.rates, STABLE_WINDOWS, STABLE_TOLERANCE)
     if not steady.stable and not (short or m.stopped):
@@ -114,17 +120,18 @@ def judge(opts: BenchOptions, m: Measured) -> Verdict:
         if per_window < FEW_PER_WINDOW:
             fix = (
                 f"windows of ~{per_window:.0f} samples cannot agree within "
-                f"{STABLE_TOLERANCE:.0%} by counting alone: use a longer {{bench.window_s}}"
+                f"{STABLE_TOLERANCE:.0%} by counting alone: use a longer "
+                + setting("bench.window_s")
             )
         else:
             fix = (
                 "remove what disturbs the run (other load, throttling) or allow a longer "
-                "{bench.max_duration_s}"
+                + setting("bench.max_duration_s")
             )
         reasons.append(
             f"unstable: after {m.measured_s:.0f} s the last {STABLE_WINDOWS} windows did not "
             f"agree within {STABLE_TOLERANCE:.0%} ({what}; windows "
-            f"{', '.join(f'{r:.0f}' for r in m.rates[-STABLE_WINDOWS:])} samples/s); {fix}."
+            f"{', '.join(f'{r:.0f}' for r in m.rates[-STABLE_WINDOWS:])} samples/s); " + fix + "."
         )
     if m.errors:
         first = f" (first: {m.first_error})" if m.first_error else ""

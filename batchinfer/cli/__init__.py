@@ -8,34 +8,17 @@ regressed), 2 usage/configuration, 3 the run could not proceed, 130 interrupted.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
-import sys
-from collections.abc import Callable
+from typing import Any
 
 import click
 
 from batchinfer import __version__
+from batchinfer.cli import failures
 from batchinfer.cli.options import flag_of
 from batchinfer.errors import BatchinferError
-
-
-def fail_cleanly(fn: Callable) -> Callable:
-    """Turn a BatchinferError into its one-line message and exit code (the one catch point)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except BatchinferError as e:
-            click.echo(f"error: {e.render(flag_of)}", err=True)
-            sys.exit(e.exit_code)
-        except KeyboardInterrupt:  # Ctrl-C outside a run (click would say "Aborted!", exit 1)
-            click.echo("error: interrupted; nothing was started.", err=True)
-            sys.exit(130)
-
-    return wrapper
+from batchinfer.messages import Message
 
 
 class _CliLogHandler(logging.Handler):
@@ -43,6 +26,9 @@ class _CliLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
+        if isinstance(record.msg, Message) and not record.args:  # settings named as flags
+            ctx = click.get_current_context(silent=True)
+            text = record.msg.render(failures.setting_names(ctx) if ctx else flag_of)
         if record.levelno >= logging.WARNING:
             text = f"{record.levelname.lower()}: {text}"
         click.echo(text, err=True)
@@ -58,10 +44,20 @@ def _setup_logging() -> None:
     log.propagate = False
 
 
-class _LazyGroup(click.Group):
-    """Imports a command's module only when that command runs (click's lazy-loading
-    recipe): ``batchinfer run`` need not import the evaluation and benchmark code, which
-    would cost its start-up about a tenth of a second."""
+class Commands(click.Group):
+    """The commands, each imported only when it runs (click's lazy-loading recipe:
+    ``batchinfer run`` need not import the evaluation and benchmark code, which would cost
+    its start-up about a tenth of a second), and the one place their failures are caught
+    (batchinfer.cli.failures): an error of the library's tree becomes one line and its
+    exit code, whichever command raised it."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BatchinferError as e:
+            failures.fail(ctx, e)
+        except KeyboardInterrupt:
+            failures.interrupted()
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_COMMANDS)
@@ -77,7 +73,7 @@ _COMMANDS = ("run", "bench", "eval", "info", "demo", "export")
 
 
 @click.group(
-    cls=_LazyGroup,
+    cls=Commands,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
 )
 @click.version_option(__version__, prog_name="batchinfer")

@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 
 from batchinfer.bench.options import BenchOptions, bench_flag
+from batchinfer.cli.failures import name_settings
 from batchinfer.cli.options import build_group, flag_of, group_options
 from batchinfer.engine import events as ev
-from batchinfer.errors import BatchinferError, UsageError, render_fields
+from batchinfer.errors import UsageError, render_fields
 
 EXIT_VALID, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 130
 EXIT_REGRESSION = 1
@@ -120,23 +121,8 @@ def command(**params) -> None:
     setting), or B regresses A, 2 usage error or unreadable/mismatched files, 3 the run
     could not proceed, 130 interrupted.
     """
-    from batchinfer.cli import fail_cleanly
-
-    fail_cleanly(_named(_bench))(params)
-
-
-def _named(fn):
-    """Render bench's own settings in error messages; flag_of renders the others."""
-
-    def wrapper(*args):
-        try:
-            return fn(*args)
-        except BatchinferError as e:
-            if e.args:
-                e.args = (render_fields(str(e.args[0]), lambda f: bench_flag(f) or f"{{{f}}}"),)
-            raise
-
-    return wrapper
+    name_settings(name_of)  # bench's own settings have flags of their own
+    _bench(params)
 
 
 def _bench(params: dict) -> None:

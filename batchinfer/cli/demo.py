@@ -17,9 +17,7 @@ def command(target: Path, overwrite: bool) -> None:
     Then:
       batchinfer run TARGET/dataset --model TARGET/models/digits.onnx --cores 0,1,2
     """
-    from batchinfer.cli import fail_cleanly
-
-    fail_cleanly(_demo)(target, overwrite)
+    _demo(target, overwrite)
 
 
 def _demo(target: Path, overwrite: bool) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from batchinfer.cli.console import ConsoleObserver
+from batchinfer.cli.failures import name_settings
 
 if TYPE_CHECKING:
     from batchinfer.evaluate.job import Job
@@ -63,9 +64,7 @@ def command(
     3 the evaluation could not run (runtime failure, outputs locked or unwritable),
     130 interrupted (nothing recorded).
     """
-    from batchinfer.cli import fail_cleanly
-
-    fail_cleanly(_eval)(job, update_baseline, no_progress, ray_address, ray_data)
+    _eval(job, update_baseline, no_progress, ray_address, ray_data)
 
 
 def _eval(
@@ -75,7 +74,6 @@ def _eval(
     ray_address: str | None = None,
     ray_data: str | None = None,
 ) -> None:
-    from batchinfer.errors import BatchinferError
     from batchinfer.evaluate import evaluate, load_job
     from batchinfer.evaluate.job import job_key
 
@@ -88,19 +86,16 @@ def _eval(
     def observers(side: str) -> list[ConsoleObserver]:
         return [ConsoleObserver(functools.partial(key, side), progress=not no_progress)]
 
-    try:
-        job = with_cluster(load_job(job_path), ray_address, ray_data)
-        result = evaluate(
-            job,
-            update_baseline=update_baseline,
-            observers=observers,
-            command=shlex.join(["batchinfer", *sys.argv[1:]]),
-        )
-    except BatchinferError as e:
-        # Job errors name job keys already; anything else names engine fields, shown as
-        # the device's keys (a job file has no flags).
-        click.echo(f"error: {e.render(functools.partial(key, 'device'))}", err=True)
-        sys.exit(e.exit_code)
+    # Job errors name job keys already; anything else names engine fields, shown as the
+    # device's keys (a job file has no flags).
+    name_settings(functools.partial(key, "device"))
+    job = with_cluster(load_job(job_path), ray_address, ray_data)
+    result = evaluate(
+        job,
+        update_baseline=update_baseline,
+        observers=observers,
+        command=shlex.join(["batchinfer", *sys.argv[1:]]),
+    )
     click.echo(result.summary, nl=False)
     failed = result.verdict.failed
     if failed:

@@ -38,9 +38,7 @@ def coco(run: Path, dest: Path, annotations: Path | None) -> None:
     """Write RUN's boxes (a detection run folder) as COCO result JSON:
     [{"image_id", "category_id", "bbox": [x, y, w, h], "score"}, ...], what pycocotools'
     loadRes and faster-coco-eval read."""
-    from batchinfer.cli import fail_cleanly
-
-    fail_cleanly(_coco)(run, dest, annotations)
+    _coco(run, dest, annotations)
 
 
 def _coco(run: Path, dest: Path, annotations: Path | None) -> None:

@@ -32,9 +32,7 @@ def command(model: Path, backend: str, inputs: tuple[str, ...]) -> None:
     Example:
       batchinfer info demo/models/digits.onnx --backend sim
     """
-    from batchinfer.cli import fail_cleanly
-
-    fail_cleanly(_info)(model, backend, inputs)
+    _info(model, backend, inputs)
 
 
 def _info(model: Path, backend: str, inputs: tuple[str, ...]) -> None:

@@ -92,8 +92,6 @@ def command(
     Exit codes: 0 all items succeeded, 1 some items are error rows, 2 usage error,
     3 the run could not proceed, 130 interrupted (continue with --resume).
     """
-    from batchinfer.cli import fail_cleanly
-
     if len(dataset) > 1:
         first = dataset[0]
         raise click.UsageError(
@@ -114,7 +112,7 @@ def command(
     )
     # The children's fork server is launched by the program's entry point (before this
     # module is imported) and by the engine's run() before it plans.
-    fail_cleanly(_run)(*args)
+    _run(*args)
 
 
 def _run(

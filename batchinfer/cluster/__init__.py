@@ -18,10 +18,9 @@ from batchinfer.cluster.connect import (
     ClusterLostError,
     NodeInfo,
     RayConnection,
-    core_resource,
-    node_resources,
 )
 from batchinfer.cluster.driver import CALL_ITEMS, DATA_MODES, ClusterEngine
+from batchinfer.cluster.resources import core_resource, node_resources
 from batchinfer.cluster.run import ClusterSession, connect_cluster, run_on_cluster, usable_nodes
 
 __all__ = [

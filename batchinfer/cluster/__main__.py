@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from batchinfer.cluster.connect import node_resources
+from batchinfer.cluster.resources import node_resources
 from batchinfer.runtime.backends import detect_chip
 from batchinfer.runtime.constants import CHIP_CORES
 

@@ -54,9 +54,9 @@ from batchinfer.engine.canary import canary_input
 from batchinfer.engine.detection import ItemDecoder, write_geometry
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError, InputError
-from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
+from batchinfer.runtime.rknn_log import quiet_instance_logs
 
 
 class NodeHost:

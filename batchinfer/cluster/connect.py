@@ -28,27 +28,22 @@ from typing import Any
 
 from batchinfer.bounds import local_nodes_ceiling
 from batchinfer.cluster.local import LocalCluster
+from batchinfer.cluster.resources import RESOURCE_PREFIX
 from batchinfer.data.dataset import Dataset
 from batchinfer.errors import (
     BatchinferError,
     RunFailedError,
     RuntimeUnavailableError,
     UsageError,
-    render_fields,
 )
+from batchinfer.messages import setting
 
-RESOURCE_PREFIX = "npu_core_"
 _RESOURCE_RE = re.compile(rf"^{RESOURCE_PREFIX}(\d+)$")
-#: CPUs each simulated node of ``local:N`` declares (for read tasks; actors take none).
-LOCAL_NODE_CPUS = 2
 #: Open files each process may have for ``local:N``: with 64, the GCS waits for descriptors
 #: and nothing starts; 256 ran local:2 here, and the GCS of local:3 with 18 actors peaked at
 #: 107 descriptors; 1024 is the usual default.
 MIN_OPEN_FILES = 1024
 _RAISE_OPEN_FILES = 65536  # what ray.init raises the soft limit to, when the hard one allows
-# Simulated nodes are processes on this machine: a node that is removed is found dead
-# within ~1.5 s instead of Ray's default ~15 s (health checks every 3 s, 5 misses).
-_LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
 
 
 #: How long one question to the cluster's GCS (its list of nodes) may take.
@@ -74,7 +69,7 @@ class ClusterLostError(RunFailedError):
             return text
         if self.resume_command:
             return f"{text}; resume it with: {self.resume_command}"
-        return f"{text}; resume it with {render_fields('{output.resume}', name)}"
+        return f"{text}; resume it with {setting('output.resume').render(name)}"
 
 
 def live_node_ids(ray: Any, timeout_s: float = GCS_TIMEOUT_S) -> set[str] | None:
@@ -99,23 +94,13 @@ def live_node_ids(ray: Any, timeout_s: float = GCS_TIMEOUT_S) -> set[str] | None
     return {node_id.hex() for node_id, info in infos.items() if info.state == alive}
 
 
-def core_resource(core: int) -> str:
-    """The Ray resource that stands for NPU core ``core`` of a node."""
-    return f"{RESOURCE_PREFIX}{core}"
-
-
-def node_resources(cores: Sequence[int]) -> dict[str, float]:
-    """The resources a node with these NPU cores declares (``ray start --resources``)."""
-    return {core_resource(c): 1.0 for c in cores}
-
-
 def import_ray() -> Any:
     """The ray module, or RuntimeUnavailableError saying how to install it."""
     try:
         import ray
     except ImportError:
         raise RuntimeUnavailableError(
-            "Ray is not installed, so {ray} cannot run; install it with "
+            "Ray is not installed, so " + setting("ray") + " cannot run; install it with "
             "pip install 'batchinfer[ray]' (on every node of the cluster)."
         ) from None
     return ray
@@ -164,17 +149,19 @@ def parse_address(address: str) -> tuple[str, int]:
             n = 0
         if n < 1:
             raise UsageError(
-                f"{{ray}} {address!r} is not a number of simulated nodes; pass e.g. local:3."
+                setting("ray")
+                + f" {address!r} is not a number of simulated nodes; pass e.g. local:3."
             )
         most, why = local_nodes_ceiling()
         if n > most:
             raise UsageError(
-                f"{{ray}} {address!r} asks for more simulated nodes than this machine can "
+                setting("ray")
+                + f" {address!r} asks for more simulated nodes than this machine can "
                 f"run: at most {most} ({why}); pass e.g. local:3."
             )
         return "local", n
     if not address.strip():
-        raise UsageError("{ray} is empty; pass auto, HOST:PORT, local or local:N.")
+        raise UsageError(setting("ray") + " is empty; pass auto, HOST:PORT, local or local:N.")
     return "remote", 0
 
 
@@ -221,7 +208,9 @@ class RayConnection:
                 raise
             if isinstance(exc, (ConnectionError, RuntimeError, ValueError)):
                 raise RunFailedError(
-                    f"cannot connect to the Ray cluster at {{ray}} {self.address} ({exc}); "
+                    "cannot connect to the Ray cluster at "
+                    + setting("ray")
+                    + f" {self.address} ({exc}); "
                     "start it first (ray start --head on the head node) or pass local:N."
                 ) from exc
             raise
@@ -262,46 +251,12 @@ def check_open_files(address: str) -> None:
     if soft < MIN_OPEN_FILES:
         raise RuntimeUnavailableError(
             f"only {soft} files may be open per process here (ulimit -n {soft}), too few for "
-            f"the Ray processes of {{ray}} {address}, which would wait for ever: raise the "
+            "the Ray processes of "
+            + setting("ray")
+            + f" {address}, which would wait for ever: raise the "
             f"limit to {MIN_OPEN_FILES} or more (ulimit -n {MIN_OPEN_FILES}; above the hard "
             f"limit of {hard} only root can) and run again."
         )
-
-
-def start_local_cluster(n: int, cores: Sequence[int]) -> Any:
-    """N simulated nodes on this machine (ray.cluster_utils.Cluster), each with ``cores``.
-
-    In this process: they live as long as it does, or until :func:`stop_local_cluster`.
-    ``--ray local:N`` starts them in a keeper process instead (local.py).
-    """
-    from ray.cluster_utils import Cluster
-
-    common = {
-        "num_cpus": LOCAL_NODE_CPUS,
-        "resources": node_resources(cores),
-        "include_dashboard": False,
-    }
-    cluster = Cluster(shutdown_at_exit=True)
-    try:
-        cluster.add_node(node_name="node0", _system_config=_LOCAL_SYSTEM_CONFIG, **common)
-        for i in range(1, n):
-            cluster.add_node(node_name=f"node{i}", wait=False, **common)
-        cluster.wait_for_nodes()
-    except BaseException:
-        stop_local_cluster(cluster)
-        raise
-    return cluster
-
-
-def stop_local_cluster(cluster: Any) -> None:
-    """Stop every node of a local cluster, the head last (call ray.shutdown() first).
-
-    ``Cluster.shutdown`` removes the worker nodes only; the head's processes would live
-    until this process exits.
-    """
-    cluster.shutdown()
-    if cluster.head_node is not None:
-        cluster.remove_node(cluster.head_node)
 
 
 def check_shared_dataset(nodes: Sequence[NodeInfo], dataset: Dataset, timeout_s: float) -> None:
@@ -326,6 +281,8 @@ def check_shared_dataset(nodes: Sequence[NodeInfo], dataset: Dataset, timeout_s:
         if missing is not None:
             raise UsageError(
                 f"node {name} cannot read {missing}, so the dataset is not on storage every "
-                "node mounts at the same path; mount it there, or pass {ray_data} head to "
+                "node mounts at the same path; mount it there, or pass "
+                + setting("ray_data")
+                + " head to "
                 "read it on this node only."
             )

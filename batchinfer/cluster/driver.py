@@ -61,11 +61,11 @@ from batchinfer.cluster.connect import (
     ClusterLostError,
     NodeInfo,
     check_shared_dataset,
-    core_resource,
     import_ray,
     live_node_ids,
 )
 from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
+from batchinfer.cluster.resources import core_resource
 from batchinfer.engine import events as ev
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector
@@ -78,6 +78,7 @@ from batchinfer.engine.scheduler import (
 )
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import NoCoreError, RunFailedError, UsageError
+from batchinfer.messages import Message, join, setting
 from batchinfer.runtime.backends import Backend
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder, place_name
@@ -156,7 +157,9 @@ class ClusterEngine(EngineLoop):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if data not in DATA_MODES:
-            raise UsageError(f"{{ray_data}} must be one of {', '.join(DATA_MODES)}, not {data!r}.")
+            raise UsageError(
+                setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
+            )
         self.ray = import_ray()
         self.plan = plan
         self.source = source
@@ -213,7 +216,7 @@ class ClusterEngine(EngineLoop):
         self.hosts: dict[str, Any] = {}
         self.backends: dict[str, Backend] = {}
         self.lost_nodes: set[str] = set()
-        self.warnings: list[str] = []
+        self.warnings: list[Message] = []
         self.sdk_versions: dict[str, str | None] = {}
         self.stop_reason: str | None = None
         self.hard_stop = False
@@ -254,7 +257,9 @@ class ClusterEngine(EngineLoop):
     def _reader_deaths(self, e: ReaderDeathsExceeded) -> RunFailedError:
         return RunFailedError(
             f"read tasks died {self.scheduler.reader_deaths} times without a file to blame "
-            f"(last: {e}); the nodes may be out of memory: run with fewer {{runtime.readers}}, "
+            f"(last: {e}); the nodes may be out of memory: run with fewer "
+            + setting("runtime.readers")
+            + ", "
             "then resume."
         )
 
@@ -349,8 +354,8 @@ class ClusterEngine(EngineLoop):
         for message in self.canary.settle():
             self.warn(message)
         if not self._alive():
-            reasons = "; ".join(self.warnings) or "every actor failed to start"
-            raise NoCoreError(f"no NPU core of the cluster could be started: {reasons}")
+            reasons = join("; ", self.warnings) or "every actor failed to start"
+            raise NoCoreError("no NPU core of the cluster could be started: " + reasons)
         self._items = iter(self.source)
         self.notify(
             ev.Started(

@@ -32,12 +32,19 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn, TextIO
+from typing import Any, NoReturn, TextIO
 
 import psutil
 
+from batchinfer.cluster.resources import node_resources
 from batchinfer.errors import RunFailedError
+from batchinfer.messages import setting
 
+#: CPUs each simulated node of ``local:N`` declares (for read tasks; actors take none).
+LOCAL_NODE_CPUS = 2
+# Simulated nodes are processes on this machine: a node that is removed is found dead
+# within ~1.5 s instead of Ray's default ~15 s (health checks every 3 s, 5 misses).
+_LOCAL_SYSTEM_CONFIG = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
 #: How long the keeper may take to stop the nodes gracefully before it kills them.
 GRACEFUL_STOP_S = 15.0
 #: How long the driver waits for the keeper to end after asking it to stop.
@@ -87,7 +94,7 @@ class LocalCluster:
         if "address" not in reply:
             self.stop(graceful=False)
             raise RunFailedError(
-                f"the local Ray cluster ({{ray}} local:{self.n}) did not start: "
+                "the local Ray cluster (" + setting("ray") + f" local:{self.n}) did not start: "
                 f"{reply.get('error', 'no reason given')}"
             )
         self.address = reply["address"]
@@ -174,6 +181,42 @@ def kill_session(sid: int) -> None:
         psutil.wait_procs(procs, timeout=5)
 
 
+def start_local_cluster(n: int, cores: Sequence[int]) -> Any:
+    """N simulated nodes on this machine (ray.cluster_utils.Cluster), each with ``cores``.
+
+    In this process: they live as long as it does, or until :func:`stop_local_cluster`.
+    ``--ray local:N`` starts them in a keeper process instead (:class:`LocalCluster`).
+    """
+    from ray.cluster_utils import Cluster
+
+    common: dict[str, Any] = {
+        "num_cpus": LOCAL_NODE_CPUS,
+        "resources": node_resources(cores),
+        "include_dashboard": False,
+    }
+    cluster = Cluster(shutdown_at_exit=True)
+    try:
+        cluster.add_node(node_name="node0", _system_config=_LOCAL_SYSTEM_CONFIG, **common)
+        for i in range(1, n):
+            cluster.add_node(node_name=f"node{i}", wait=False, **common)
+        cluster.wait_for_nodes()
+    except BaseException:
+        stop_local_cluster(cluster)
+        raise
+    return cluster
+
+
+def stop_local_cluster(cluster: Any) -> None:
+    """Stop every node of a local cluster, the head last (call ray.shutdown() first).
+
+    ``Cluster.shutdown`` removes the worker nodes only; the head's processes would live
+    until this process exits.
+    """
+    cluster.shutdown()
+    if cluster.head_node is not None:
+        cluster.remove_node(cluster.head_node)
+
+
 # ---------------------------------------------------------------------- the keeper
 def _keeper(n: int, cores: Sequence[int]) -> int:
     """Start the nodes, say where they are, wait until the driver stops or dies; stop them
@@ -181,8 +224,6 @@ def _keeper(n: int, cores: Sequence[int]) -> int:
     # The reply channel is the real stdout; anything else printed goes to stderr.
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    from batchinfer.cluster.connect import start_local_cluster, stop_local_cluster
-
     try:
         cluster = start_local_cluster(n, cores)
     except Exception as e:  # told to the driver, which says it in its error

@@ -29,6 +29,7 @@ from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import NoCoreError, UsageError
+from batchinfer.messages import setting
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -74,7 +75,7 @@ def run_on_cluster(
                 return run_plan(plan, signals, observers, make_engine, fields)
             except ClusterLostError as e:
                 raise ClusterLostError(
-                    f"{e.args[0]}; the rows done until then are written and the run is marked "
+                    e.message + "; the rows done until then are written and the run is marked "
                     "interrupted",
                     out=plan.out.path,
                 ) from e
@@ -85,9 +86,12 @@ def check_one_input(plan: EnginePlan) -> None:
     tensor per item (cluster/actors.py), not one per input (batchinfer.data.feeds)."""
     if plan.feeds:
         raise UsageError(
-            "--ray feeds one tensor per item, and this run feeds the model's inputs "
-            "separately (several inputs, .npz items or {preprocess.inputs}); run it "
-            "without --ray."
+            setting("ray") + " feeds one tensor per item, and this run feeds the model's inputs "
+            "separately (several inputs, .npz items or "
+            + setting("preprocess.inputs")
+            + "); run it without "
+            + setting("ray")
+            + "."
         )
 
 
@@ -151,7 +155,9 @@ def connect_cluster(
     of the plan's cores, RunFailedError when the cluster cannot be reached.
     """
     if data not in DATA_MODES:
-        raise UsageError(f"{{ray_data}} must be one of {', '.join(DATA_MODES)}, not {data!r}.")
+        raise UsageError(
+            setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
+        )
     with RayConnection(address, plan.backend.cores()) as connection:
         if signals is not None:
             signals.reinstall()

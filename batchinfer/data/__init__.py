@@ -4,8 +4,9 @@ streamed in a stable order, and preprocessing into input buffers."""
 from __future__ import annotations
 
 from batchinfer.data.classes import ClassMap, read_labels_file
-from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, Skipped, open_dataset
-from batchinfer.data.images import DEFAULT_MAX_PIXELS
+from batchinfer.data.dataset import IMAGE_EXTENSIONS, Dataset, Item, Skipped
+from batchinfer.data.folder import open_dataset
+from batchinfer.data.input_spec import DEFAULT_MAX_PIXELS
 from batchinfer.data.preprocess import Preprocess, load_into, parse_background, preprocess_for
 from batchinfer.data.sources import open_source
 

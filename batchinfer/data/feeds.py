@@ -34,6 +34,7 @@ import numpy as np
 from batchinfer.data.dataset import IMAGE_EXTENSIONS, NPY_EXTENSIONS, Item
 from batchinfer.data.preprocess import Preprocess, load_into, read_npy
 from batchinfer.errors import InputError, UsageError
+from batchinfer.messages import setting
 
 FROM_ITEM = "item"
 FROM_NPZ = "npz"
@@ -99,11 +100,14 @@ def parse_input_map(pairs: Sequence[str]) -> dict[str, str]:
         name, sep, column = (part.strip() for part in str(pair).partition("="))
         if not sep or not name or not column:
             raise UsageError(
-                f"{{preprocess.inputs}} {pair!r} is not NAME=COLUMN; give the model input's "
+                setting("preprocess.inputs")
+                + f" {pair!r} is not NAME=COLUMN; give the model input's "
                 "name, '=', and the manifest column that feeds it, e.g. prompt=prompt_path."
             )
         if name in mapping:
-            raise UsageError(f"{{preprocess.inputs}} names the input {name!r} twice; give it once.")
+            raise UsageError(
+                setting("preprocess.inputs") + f" names the input {name!r} twice; give it once."
+            )
         mapping[name] = column
     return mapping
 
@@ -134,7 +138,8 @@ def plan_feeds(
     unknown = [name for name in mapping if name not in names]
     if unknown:
         raise UsageError(
-            f"{{preprocess.inputs}} names {', '.join(repr(n) for n in unknown)}, but {model} "
+            setting("preprocess.inputs")
+            + f" names {', '.join(repr(n) for n in unknown)}, but {model} "
             f"has no such input; its inputs are {', '.join(repr(n) for n in names)}."
         )
     if len(inputs) == 1 and not mapping and kind != FROM_NPZ:
@@ -144,7 +149,9 @@ def plan_feeds(
         raise UsageError(
             f"{model} has {len(inputs)} inputs ({', '.join(repr(n) for n in names)}) and "
             f"the dataset's items can feed only one of {', '.join(repr(n) for n in unmapped)}: "
-            f"pass {{preprocess.inputs}} NAME=COLUMN (a column of a manifest) for the others, "
+            "pass "
+            + setting("preprocess.inputs")
+            + " NAME=COLUMN (a column of a manifest) for the others, "
             "or use a dataset of .npz files holding one array per input name."
         )
     feeds = []
@@ -196,14 +203,16 @@ def check_first_item(feeds: Sequence[Feed], item: Item | None, dataset: str) -> 
     for feed in wanted:
         if columns is None:
             raise UsageError(
-                f"{{preprocess.inputs}} {feed.name}={feed.column} needs a manifest with a "
+                setting("preprocess.inputs")
+                + f" {feed.name}={feed.column} needs a manifest with a "
                 f"column {feed.column!r}, but the items of {dataset} have no columns; pass a "
                 "list file (.csv, .jsonl, .parquet) that has one."
             )
         if feed.column not in columns:
             have = ", ".join(repr(c) for c in columns) or "none"
             raise UsageError(
-                f"{{preprocess.inputs}} {feed.name}={feed.column}: the manifest {dataset} has "
+                setting("preprocess.inputs")
+                + f" {feed.name}={feed.column}: the manifest {dataset} has "
                 f"no column {feed.column!r} (its other columns: {have})."
             )
         value = columns[feed.column]

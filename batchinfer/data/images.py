@@ -1,6 +1,6 @@
 """Decoding one image file into pixels at the model's size, as an image viewer shows it.
 
-Steps, in order (see :class:`~batchinfer.data.preprocess.Preprocess` for the switches):
+Steps, in order (see :class:`~batchinfer.data.input_spec.Preprocess` for the switches):
 
 1. **Pixel limit**, from the header before any pixel is decoded: an image over
    ``max_pixels`` (a decompression bomb, or a scan too big for a reader's memory) is an
@@ -42,13 +42,9 @@ from batchinfer.data import fast_jpeg
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
-    from batchinfer.data.preprocess import Preprocess
+    from batchinfer.data.input_spec import Preprocess
     from batchinfer.detect import Letterbox
 
-#: Default ``Preprocess.max_pixels``: Pillow's own decompression-bomb threshold
-#: (``PIL.Image.MAX_IMAGE_PIXELS``, about 9,459 × 9,459), written out so that a program
-#: changing Pillow's global does not change batchinfer's results or run fingerprint.
-DEFAULT_MAX_PIXELS = 89_478_485
 
 _ORIENTATION_TAG = 0x0112
 #: EXIF orientation -> the transpose that shows the image upright (EXIF 2.32, 4.6.4).

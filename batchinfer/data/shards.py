@@ -51,6 +51,7 @@ from batchinfer.data.dataset import (
     SKIPPED_NAMES_KEPT,
     Dataset,
     Item,
+    Member,
     Skipped,
     display_name,
 )
@@ -73,18 +74,6 @@ _IMAGE_EXT = frozenset(e[1:] for e in IMAGE_EXTENSIONS)
 _NPY_EXT = frozenset(e[1:] for e in NPY_EXTENSIONS)
 _RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
 _COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-
-
-@dataclass(frozen=True)
-class Member:
-    """Where an item's bytes are inside the tar shard at ``Item.path``."""
-
-    offset: int  # of the member's data, in bytes from the start of the shard
-    size: int
-    name: str  # the member's name in the shard (valid UTF-8), for messages
-    #: Why the item cannot be read (a corrupt header, a truncated shard), found when the
-    #: shard was listed; its row is this error.
-    fault: str | None = None
 
 
 # --------------------------------------------------------------------------- naming

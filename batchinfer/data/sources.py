@@ -19,7 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchinfer.data.dataset import PROGRESS_EVERY, Dataset, open_dataset
+from batchinfer.data.dataset import PROGRESS_EVERY, Dataset
+from batchinfer.data.folder import open_dataset
 from batchinfer.data.listed import open_listed
 from batchinfer.data.listing import ProgressCallback
 from batchinfer.data.manifest import FORMS, list_entries, list_form

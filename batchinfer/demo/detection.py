@@ -3,7 +3,7 @@
 Every image is made from a seed by numpy alone (no image library, so the pixels are the
 same with any Pillow), from the digits of ``digits.npz``: the ``train`` split uses only the
 digits the demo models are trained on, the ``val`` split only the held-out ones
-(:func:`batchinfer.demo.test_split`). Image ``i`` of a split depends only on the seed, the
+(:func:`batchinfer.demo.digits.test_split`). Image ``i`` of a split depends only on the seed, the
 split and ``i``, never on how many images are asked for.
 
 A canvas is 160-320 pixels a side (about one in eight is a strip, 2:1 to 3:1 either way, so
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchinfer.demo.digits import load_digits, test_split
 from batchinfer.errors import UsageError
 
 #: The seed of the bundled sets; image i of a split is the same for every count asked for.
@@ -90,7 +91,6 @@ class DetectionSet:
 
 def split_digits(split: str) -> tuple[np.ndarray, np.ndarray]:
     """Return (images float32 (n, 8, 8) as ink 0..1, indices into digits.npz) of a split."""
-    from batchinfer.demo import load_digits, test_split
 
     if split not in SPLITS:
         raise UsageError(f"There is no detection split {split!r}; use train or val.")
@@ -102,7 +102,6 @@ def split_digits(split: str) -> tuple[np.ndarray, np.ndarray]:
 
 def scenes(split: str, n: int, seed: int = SEED, start: int = 0) -> Iterator[Scene]:
     """Yield images ``start`` .. ``start + n - 1`` of ``split``."""
-    from batchinfer.demo import load_digits
 
     glyphs, index = split_digits(split)
     labels = load_digits(raw=True)[1].astype(np.int64)

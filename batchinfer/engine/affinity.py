@@ -8,6 +8,7 @@ from pathlib import Path
 import psutil
 
 from batchinfer.errors import UsageError
+from batchinfer.messages import setting
 
 
 def _max_freqs() -> dict[int, int]:
@@ -47,13 +48,13 @@ def resolve_affinity(value: str) -> tuple[int, ...] | None:
             cpus.update(range(int(lo), int(hi or lo) + 1))
     except ValueError:
         raise UsageError(
-            f"{{runtime.cpu_affinity}} {value!r} is not a CPU list; "
+            setting("runtime.cpu_affinity") + f" {value!r} is not a CPU list; "
             "give e.g. 4-7 or 4,5,6,7, or auto, or none."
         ) from None
     available = set(range(psutil.cpu_count() or 1))
     if not cpus or not cpus <= available:
         raise UsageError(
-            f"{{runtime.cpu_affinity}} {value!r} names CPUs this machine does not have "
+            setting("runtime.cpu_affinity") + f" {value!r} names CPUs this machine does not have "
             f"(it has 0-{max(available)}); give CPUs in that range, or auto."
         )
     return tuple(sorted(cpus))

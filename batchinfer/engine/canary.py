@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from batchinfer.errors import InferenceError
+from batchinfer.messages import setting
 
 # Canary outputs of two cores agree when they differ by at most this share of their range.
 CANARY_RTOL = 1e-3
@@ -97,5 +98,5 @@ class Canary:
             f"{self.name(core)} gives different outputs from {self.name(ref_core)} for the same "
             f"canary input (largest difference {diff:.2%} of the output range); some models do on "
             "real boards (airockchip/rknn-toolkit2#228): check this core's rows before "
-            "trusting them, or leave it out of {runtime.cores}."
+            "trusting them, or leave it out of " + setting("runtime.cores") + "."
         ]

@@ -8,8 +8,9 @@ raise (an exception from an observer stops the run as a failure).
 On a cluster (batchinfer.cluster) the same events come from the Ray driver: a core is then
 a core of one node, named by ``node`` (None on one board).
 
-Messages (``Warned.message``) name settings as ``{group.setting}``; render them with
-:func:`batchinfer.errors.render_fields`.
+Messages (``Warned.message``) are :class:`batchinfer.messages.Message` strings: their text
+names settings by field (``runtime.cores``); a front end renders them its own way with
+``message.render(name)`` or :func:`batchinfer.messages.render`.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import errno
 import resource
 
 from batchinfer.errors import RunFailedError
+from batchinfer.messages import setting
 
 #: Descriptors the coordinator holds whatever the plan, and the margin on top.
 BASE_FDS = 19
@@ -44,7 +45,7 @@ def _message(limit: int | str, need: int, children: int) -> str:
     return (
         f"the limit on open files is {limit} (ulimit -n), and this run needs about {need} "
         f"({children} reader and core worker processes); raise it (ulimit -n "
-        f"{max(need, 1024)}) or run with fewer {{runtime.readers}}."
+        f"{max(need, 1024)}) or run with fewer " + setting("runtime.readers") + "."
     )
 
 

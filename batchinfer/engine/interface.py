@@ -74,6 +74,7 @@ class EngineResult:
     error: BatchinferError | None
     counts: dict[str, int]
     stats: CoreStatsRecorder
+    # Messages (batchinfer.messages): str, naming settings by field, renderable per front end.
     warnings: list[str]
     sdk_versions: dict[int, str | None]
     retired_cores: list[int]

@@ -43,6 +43,8 @@ from batchinfer.engine.spawn import start_reader, start_worker
 from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import NoCoreError, RunFailedError
+from batchinfer.messages import Message as Said
+from batchinfer.messages import as_message, join, setting
 from batchinfer.runtime.adapter import leave_core_out
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
@@ -93,7 +95,7 @@ class Engine(EngineLoop):
         self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by, tick_s)
         self.canary = Canary()
         self.usage = Usage()
-        self.warnings: list[str] = []
+        self.warnings: list[Said] = []
         self._retired_for: dict[int, str] = {}  # core -> why it was retired
         # Retirements during start-up, said when it is over (_say_held_retirements).
         self._starting = False
@@ -145,7 +147,10 @@ class Engine(EngineLoop):
         return RunFailedError(
             f"reader processes died {self.scheduler.reader_deaths} times without a file "
             f"to blame (last: {e}); the machine may be out of memory: run with fewer "
-            "{runtime.readers} or {runtime.slots}, then resume."
+            + setting("runtime.readers")
+            + " or "
+            + setting("runtime.slots")
+            + ", then resume."
         )
 
     def _setup(self) -> None:
@@ -232,7 +237,7 @@ class Engine(EngineLoop):
             # The error says the retirements held back during start-up (each is in the
             # manifest's warnings too): cores that failed alike are said once, here.
             self._held.clear()
-            raise NoCoreError(f"no NPU core could be started: {self._why_no_core()}")
+            raise NoCoreError("no NPU core could be started: " + self._why_no_core())
 
     def _why_no_core(self) -> str:
         # Cores that all failed the same way (a model the runtime refuses, a missing driver)
@@ -243,7 +248,7 @@ class Engine(EngineLoop):
             if len(groups) == 1:
                 ((reason, cores),) = groups.items()
                 return _for_cores(reason, cores, advice=False)
-        return "; ".join(self.warnings) or "every worker exited during start-up"
+        return join("; ", self.warnings) or "every worker exited during start-up"
 
     def _say_held_retirements(self) -> None:
         """Say the cores retired while the others started, once for cores that failed
@@ -255,7 +260,7 @@ class Engine(EngineLoop):
             else:
                 every = ", ".join(map(str, cores))
                 message = f"cores {every} retired: {_for_cores(reason, cores, advice=True)}"
-            self.notify(ev.Warned(message))  # already in self.warnings, one per core
+            self.notify(ev.Warned(as_message(message)))  # in self.warnings, one per core
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
@@ -479,7 +484,7 @@ class Engine(EngineLoop):
         if self._starting:
             # Recorded now, said when start-up is over: if every core fails alike, the run's
             # error says it once instead of a line per core before it.
-            self.warnings.append(message)
+            self.warnings.append(as_message(message))
             self._held[core] = reason
         else:
             self.warn(message)

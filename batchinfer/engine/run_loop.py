@@ -11,6 +11,7 @@ from batchinfer.engine import events as ev
 from batchinfer.engine.fd_limit import too_many_files
 from batchinfer.engine.scheduler import ReaderDeathsExceeded, Scheduler
 from batchinfer.errors import BatchinferError, RunFailedError
+from batchinfer.messages import Message, as_message
 from batchinfer.options import ReliabilityOptions
 
 
@@ -32,7 +33,7 @@ class EngineLoop:
     rel: ReliabilityOptions
     clock: Callable[[], float]
     observers: list[ev.Observer]
-    warnings: list[str]
+    warnings: list[Message]
     stop_reason: str | None
     hard_stop: bool
     _drain_until: float
@@ -44,8 +45,11 @@ class EngineLoop:
             observer.notify(event)
 
     def warn(self, message: str) -> None:
-        self.warnings.append(message)
-        self.notify(ev.Warned(message))
+        # Kept and sent with its settings as references (batchinfer.messages): a front end
+        # renders them, and whatever writes a warning unrendered writes field names.
+        said = as_message(message)
+        self.warnings.append(said)
+        self.notify(ev.Warned(said))
 
     def request_stop(self, reason: str) -> None:
         """Stop gracefully (items in flight finish); a second call stops at once.

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchinfer.errors import ConfigError, ModelError
+from batchinfer.messages import setting
 
 if TYPE_CHECKING:
     from batchinfer.detect import DetectSettings, Head
@@ -146,7 +147,10 @@ class NotADetectorError(ConfigError):
     def __init__(self, why: str, could_classify: bool) -> None:
         tasks = "classify or raw" if could_classify else "raw (its outputs stored in the rows)"
         super().__init__(
-            f"{{detect.task}} detect: {why} Use {{detect.task}} {tasks} for this model.",
+            setting("detect.task")
+            + f" detect: {why} Use "
+            + setting("detect.task")
+            + f" {tasks} for this model.",
             "detect.task",
         )
         self.why = why
@@ -231,7 +235,8 @@ def check_detect_options(opts: DetectOptions) -> None:
         if bad:
             lowest = f"above {low:g}" if open_low else f"at least {low:g}"
             raise ConfigError(
-                f"{{detect.{name}}} must be {lowest} and at most {high:g}, not {value:g}.",
+                setting(f"detect.{name}")
+                + f" must be {lowest} and at most {high:g}, not {value:g}.",
                 f"detect.{name}",
             )
 
@@ -244,7 +249,8 @@ def check_detect_options(opts: DetectOptions) -> None:
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in values
     ):
         raise ConfigError(
-            f"{{detect.pad_colour}} must be a grey level or r,g,b, each 0-255, not {pad!r}.",
+            setting("detect.pad_colour")
+            + f" must be a grey level or r,g,b, each 0-255, not {pad!r}.",
             "detect.pad_colour",
         )
 
@@ -341,7 +347,8 @@ def _model_outputs(
     except ModelError as e:
         if task == DETECT:
             raise ConfigError(
-                f"{{detect.task}} detect needs the model's output shapes, which cannot be read "
+                setting("detect.task")
+                + " detect needs the model's output shapes, which cannot be read "
                 f"({e}); put the .onnx it was converted from beside it.",
                 "detect.task",
             ) from e
@@ -419,14 +426,18 @@ def _class_names(
     ids = [label for _, label in by_label]
     if ids != list(range(len(ids))):
         raise ConfigError(
-            f"The labels file {class_map.file} ({{labels}}) does not name each class id "
+            f"The labels file {class_map.file} ("
+            + setting("labels")
+            + ") does not name each class id "
             f"0..{len(ids) - 1} (a detection head's classes are numbered from 0); list one "
             "name per line, line 1 being class 0.",
             "labels",
         )
     if len(ids) != head.num_classes:
         raise ConfigError(
-            f"The labels file {class_map.file} ({{labels}}) names {len(ids)} classes, but the "
+            f"The labels file {class_map.file} ("
+            + setting("labels")
+            + f") names {len(ids)} classes, but the "
             f"model's head has {head.num_classes} ({head.describe()}); give one name per "
             "class, line 1 being class 0.",
             "labels",
@@ -455,9 +466,9 @@ def _anchors(
         groups = [groups[0][i * per : (i + 1) * per] for i in range(strides)]
     want = 2 * head.num_anchors
     if len(groups) != strides or any(len(g) != want for g in groups):
-        where = "{detect.anchors}" if source == "option" else f"anchors in {source}"
+        where = setting("detect.anchors") if source == "option" else f"anchors in {source}"
         raise ConfigError(
-            f"{where} gives {[len(g) // 2 for g in groups]} anchors per stride, but the "
+            where + f" gives {[len(g) // 2 for g in groups]} anchors per stride, but the "
             f"model's {head.describe()} needs {head.num_anchors} (w,h pairs) for each of its "
             f"{strides} strides.",
             "detect.anchors",

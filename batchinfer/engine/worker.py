@@ -53,9 +53,9 @@ from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
-from batchinfer.runtime._rknn_log import quiet_instance_logs
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
+from batchinfer.runtime.rknn_log import quiet_instance_logs
 
 # Results per message and how long one may wait for others (see _Outbox).
 BATCH_MAX = 16
@@ -293,8 +293,12 @@ def _data_format(spec: WorkerSpec) -> str | list[str]:
 
 
 def _template(e: BaseException) -> str:
-    """An error's message with its ``{settings}`` unrendered: the front end names them."""
-    return e.args[0] if isinstance(e, BatchinferError) and e.args else str(e)
+    """An error's message with its settings as ``{group.setting}`` templates, the text form
+    the coordinator's reasons are still made of (batchinfer.messages); it reads them back
+    into references when it warns or raises, so the front end names them."""
+    if isinstance(e, BatchinferError):
+        return e.message.render(lambda field: "{" + field + "}")
+    return str(e)
 
 
 def _serve(

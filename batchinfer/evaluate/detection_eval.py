@@ -34,17 +34,6 @@ from batchinfer.evaluate import baseline as baseline_files
 from batchinfer.evaluate.baseline import write_baseline
 from batchinfer.evaluate.detection_items import DetectionItems
 from batchinfer.evaluate.detection_metrics import DetectInputs, detection_metrics
-from batchinfer.evaluate.evaluation import (
-    ITEMS,
-    RECORD,
-    Evaluation,
-    _record_dir,
-    _score,
-    _side_facts,
-    check_cluster,
-    device_cluster,
-    output_locks,
-)
 from batchinfer.evaluate.files import write_bytes, write_json, write_table
 from batchinfer.evaluate.gates import check_gates
 from batchinfer.evaluate.groundtruth import (
@@ -58,6 +47,18 @@ from batchinfer.evaluate.history import append_history, history_row
 from batchinfer.evaluate.job import Job
 from batchinfer.evaluate.metrics import CustomMetricError, load_custom
 from batchinfer.evaluate.runs import SidePlan, SideRun, plan_side, reference_results, run_side
+from batchinfer.evaluate.steps import (
+    ITEMS,
+    RECORD,
+    Evaluation,
+    check_cluster,
+    device_cluster,
+    new_record_dir,
+    now_utc,
+    output_locks,
+    score_metrics,
+    side_facts,
+)
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.rows import MemorySink
 
@@ -149,8 +150,6 @@ def evaluate_detection(
     clock: Callable[[], dt.datetime] | None = None,
 ) -> Evaluation:
     """Run the detection ``job`` once (see the module docstring)."""
-    from batchinfer.evaluate.evaluation import now_utc
-
     observers = observers or (lambda side: ())
     command = command or f"batchinfer eval {job.path}"
     clock = clock or now_utc
@@ -209,11 +208,11 @@ def evaluate_detection(
                 seed=job.metrics.seed,
                 core_stats=device.core_stats,
             )
-            metrics = _score(job, inputs, registry, custom)
+            metrics = score_metrics(job, inputs, registry, custom)
             baseline_metrics = dict(baseline[1].get("metrics") or {}) if baseline else None
             verdict = check_gates(job.gates, metrics, baseline_metrics, _worst_core(inputs))
             date = clock()
-            eval_id, record_dir = _record_dir(job, date)
+            eval_id, record_dir = new_record_dir(job, date)
             record = detection_record(
                 job, eval_id, date, inputs, metrics, verdict, dataset, names, category_ids,
                 (device_plan, device), (reference_plan, reference),
@@ -312,13 +311,13 @@ def detection_record(
 ) -> dict[str, Any]:
     """The evaluation's result.json (the classification record's keys where they apply)."""
     d = inputs.device
-    device_facts = _side_facts(*device)
+    device_facts = side_facts(*device)
     assert device_facts is not None
     device_facts["cluster"] = cluster
     device_facts["task"] = device[0].engine.task.to_json() if device[0].engine.task else None
     render = job.key_of("device")
     device_facts["warnings"] = [render_fields(w, render) for w in device_facts["warnings"]]
-    reference_facts = _side_facts(*reference)
+    reference_facts = side_facts(*reference)
     if reference_facts is not None and reference[0] is not None and reference[0].engine.task:
         reference_facts["task"] = reference[0].engine.task.to_json()
     error_rows = [

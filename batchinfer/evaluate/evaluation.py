@@ -16,12 +16,10 @@ its holder ends.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,12 +34,10 @@ from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import (
     BatchinferError,
-    OutputLockedError,
-    OutputWriteError,
-    RunFailedError,
     render_fields,
 )
 from batchinfer.evaluate.baseline import Baseline, read_baseline, write_baseline
+from batchinfer.evaluate.detection_eval import evaluate_detection
 from batchinfer.evaluate.files import (
     REPORT_MARK,
     SUMMARY_MARK,
@@ -54,61 +50,40 @@ from batchinfer.evaluate.gates import Verdict, check_gates
 from batchinfer.evaluate.history import append_history, history_row
 from batchinfer.evaluate.job import Job
 from batchinfer.evaluate.metrics import (
-    CustomMetric,
     CustomMetricError,
     EvalInputs,
     builtin_metrics,
     class_counts,
     confusion_matrix,
     load_custom,
-    score,
 )
 from batchinfer.evaluate.runs import (
-    SidePlan,
     SideRun,
     plan_side,
     reference_results,
     run_side,
 )
+from batchinfer.evaluate.steps import (
+    ITEMS,
+    RECORD,
+    EvalLockedError,
+    Evaluation,
+    check_cluster,
+    device_cluster,
+    new_record_dir,
+    now_utc,
+    output_locks,
+    score_metrics,
+    side_facts,
+)
 from batchinfer.evaluate.summary import markdown_summary
 from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED
 from batchinfer.hostinfo import host_facts
-from batchinfer.sink.outdir import OutLock, lock_holder
 
 if TYPE_CHECKING:
-    from batchinfer.cluster import ClusterSession
+    pass
 
 log = logging.getLogger("batchinfer")
-
-RECORD = "result.json"
-ITEMS = "items.parquet"
-
-
-class EvalLockedError(RunFailedError):
-    """Another evaluation holds one of the job's output folders (exit 3: nothing ran)."""
-
-
-@dataclass
-class Evaluation:
-    """What one evaluation found and wrote."""
-
-    job: Job
-    eval_id: str
-    verdict: Verdict
-    metrics: dict[str, float]
-    record: dict[str, Any]
-    record_dir: Path
-    report: Path | None
-    summary: str
-    baseline: dict[str, Any] | None  # the record of the baseline accepted now, if any
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.verdict.passed else 1
-
-
-def now_utc() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
 
 
 # --------------------------------------------------------------------------- class map
@@ -153,39 +128,6 @@ def class_map(job: Job, dataset: Dataset) -> tuple[tuple[str, ...], dict[str, in
     return tuple(names), relabel, source
 
 
-# --------------------------------------------------------------------------- the lock
-@contextlib.contextmanager
-def output_locks(job: Job, command: str) -> Iterator[None]:
-    """Hold the lock of every folder the job writes to, or refuse at once (exit 3)."""
-    held: list[OutLock] = []
-    try:
-        for folder in job.outputs.folders():
-            lock = OutLock(folder, command=command)
-            try:
-                lock.acquire()
-            except OutputLockedError:
-                holder = lock_holder(folder) or {}
-                who = ", ".join(
-                    f"{k} {holder[k]}" for k in ("pid", "host", "started_at") if holder.get(k)
-                )
-                what = f" ({who}: {holder['command']})" if holder.get("command") else ""
-                raise EvalLockedError(
-                    f"{folder} is in use by another evaluation{what}; it was not started "
-                    "again. Wait for that one to finish (or give this job other output "
-                    "folders)."
-                ) from None
-            except OutputWriteError as exc:
-                raise OutputWriteError(
-                    f"cannot lock {folder} ({exc.__cause__ or exc}); fix the permissions of "
-                    f"{job.path}'s output folders."
-                ) from None
-            held.append(lock)
-        yield
-    finally:
-        for lock in reversed(held):
-            lock.release()
-
-
 # --------------------------------------------------------------------------- the outputs
 def check_own_outputs(job: Job) -> None:
     """Before anything runs: the report and summary paths hold nothing but files eval
@@ -203,31 +145,6 @@ def check_own_outputs(job: Job) -> None:
             )
 
 
-# --------------------------------------------------------------------------- the cluster
-def check_cluster(job: Job) -> None:
-    """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
-    if job.device.ray.address is not None:
-        from batchinfer.cluster.connect import import_ray, parse_address
-
-        parse_address(job.device.ray.address)
-        import_ray()
-
-
-@contextlib.contextmanager
-def device_cluster(
-    job: Job, plan: SidePlan, signals: StopSignals
-) -> Iterator[ClusterSession | None]:
-    """The Ray cluster the device side runs on (``[device.ray]`` or ``--ray``), or None."""
-    ray = job.device.ray
-    if ray.address is None:
-        yield None
-        return
-    from batchinfer.cluster import connect_cluster
-
-    with connect_cluster(ray.address, plan.engine, signals, ray.data) as cluster:
-        yield cluster
-
-
 # --------------------------------------------------------------------------- evaluate
 def evaluate(
     job: Job,
@@ -243,8 +160,6 @@ def evaluate(
     (observers with a ``close()`` are closed after their run).
     """
     if job.task == "detect":  # the same steps with boxes: evaluate/detection_eval.py
-        from batchinfer.evaluate.detection_eval import evaluate_detection
-
         return evaluate_detection(
             job, update_baseline=update_baseline, observers=observers, command=command,
             clock=clock,
@@ -308,12 +223,12 @@ def evaluate(
                 job.metrics.topk,
                 device.core_stats,
             )
-            metrics = _score(job, inputs, registry, custom)
+            metrics = score_metrics(job, inputs, registry, custom)
             verdict = check_gates(
                 job.gates, metrics, baseline.metrics if baseline else None, _worst_of(inputs)
             )
             date = clock()
-            eval_id, record_dir = _record_dir(job, date)
+            eval_id, record_dir = new_record_dir(job, date)
             record = _record(
                 job,
                 eval_id,
@@ -344,24 +259,6 @@ def evaluate(
     return Evaluation(job, eval_id, verdict, metrics, record, record_dir, report, summary, accepted)
 
 
-def _score(
-    job: Job, inputs: EvalInputs, registry: dict, custom: list[CustomMetric]
-) -> dict[str, float]:
-    try:
-        metrics = score(inputs, registry, custom)
-    except CustomMetricError as exc:
-        raise job.error(f"metrics.custom {exc}.", "metrics.custom") from None
-    for gate in job.gates:
-        if gate.metric not in registry and gate.metric not in metrics:
-            produced = sorted(k for k in metrics if k not in registry and "." not in k)
-            raise job.error(
-                f"gates.{gate.metric}: no metric of that name was computed (custom metrics "
-                f"gave: {', '.join(produced) or 'nothing'}); fix the gate's name.",
-                f"gates.{gate.metric}",
-            )
-    return metrics
-
-
 def _worst_of(inputs: EvalInputs) -> dict[str, str]:
     """Which core or item each "worst" metric comes from, for the verdict."""
     notes = {}
@@ -377,15 +274,6 @@ def _worst_of(inputs: EvalInputs) -> dict[str, str]:
     if not np.isnan(cosine).all():
         notes["cosine_min"] = f"worst item {inputs.device.id[int(np.nanargmin(cosine))]}"
     return notes
-
-
-def _record_dir(job: Job, date: dt.datetime) -> tuple[str, Path]:
-    stamp = date.astimezone(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    eval_id, n = stamp, 1
-    while (job.outputs.evals / eval_id).exists():
-        n += 1
-        eval_id = f"{stamp}-{n}"
-    return eval_id, job.outputs.evals / eval_id
 
 
 def _items_table(inputs: EvalInputs) -> pa.Table:
@@ -465,29 +353,6 @@ def _flipped_places(dataset: Dataset, lost: list[str], gained: list[str]) -> dic
     return item_places(dataset, lost[:FLIPPED_PICTURED] + gained[:FLIPPED_PICTURED])
 
 
-def _side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
-    if plan is None or run is None:
-        return None
-    api, drv = run.versions
-    result = run.result
-    engine = plan.engine
-    return {
-        "model": str(plan.model),
-        "model_sha256": plan.model_sha256,
-        "backend": engine.backend.name,
-        "backend_settings": result.backend if result else None,
-        "runtime_version": api,
-        "driver_version": drv,
-        "cores": list(engine.cores),
-        "instances_per_core": engine.instances_per_core,
-        "preprocess": plan.fingerprint["preprocess"],
-        "cached": run.cached,
-        "warnings": [] if result is None else list(result.warnings),
-        "retired_cores": [] if result is None else list(result.retired_cores),
-        "core_stats": run.core_stats,
-    }
-
-
 def _record(
     job: Job,
     eval_id: str,
@@ -508,7 +373,7 @@ def _record(
     names = [classes[i] if i < len(classes) else str(i) for i in range(n_classes)]
     total, correct, errors = class_counts(d, n_classes)
     flips = inputs.flips
-    device_facts = _side_facts(*device)
+    device_facts = side_facts(*device)
     assert device_facts is not None
     device_facts["cluster"] = cluster
     render = job.key_of("device")
@@ -529,7 +394,7 @@ def _record(
         "model": device_facts["model"],
         "model_sha256": device_facts["model_sha256"],
         "device": device_facts,
-        "reference": _side_facts(*reference),
+        "reference": side_facts(*reference),
         "dataset": {
             "path": str(dataset.root),
             "items": len(dataset),

@@ -30,6 +30,7 @@ from batchinfer.bounds import Bounds
 from batchinfer.data.shards import is_shard_spec
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
+from batchinfer.messages import setting
 from batchinfer.options import (
     ITEMS,
     TOPK_MAX,
@@ -344,12 +345,15 @@ def load_job(path: Path | str) -> Job:
         name = data.get("name", path.stem)
         if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise ConfigError(
-                f"{{name}} must be a short name of letters, digits, '.', '_' or '-', not {name!r}.",
+                setting("name")
+                + f" must be a short name of letters, digits, '.', '_' or '-', not {name!r}.",
                 "name",
             )
         task = data.get("task", "classify")
         if task not in TASKS:
-            raise ConfigError(f'{{task}} must be "classify" or "detect", not {task!r}.', "task")
+            raise ConfigError(
+                setting("task") + f' must be "classify" or "detect", not {task!r}.', "task"
+            )
         device = from_mapping(DeviceSettings, _table(path, data, "device"), "device", resolve)
         reference = None
         if "reference" in data:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from batchinfer.messages import setting
 from batchinfer.options import BACKEND_NAMES
 from batchinfer.runtime.model_info import ModelInfo, TensorInfo, describe_model
 
@@ -38,7 +39,8 @@ def runtime_class(backend: str) -> type:
 
     if backend not in BACKENDS or backend == "auto":
         raise ConfigError(
-            f"{{runtime.backend}} {backend!r} is not a concrete runtime; resolve 'auto' with "
+            setting("runtime.backend")
+            + f" {backend!r} is not a concrete runtime; resolve 'auto' with "
             "resolve_backend() first, or use one of "
             + ", ".join(b for b in BACKENDS if b != "auto")
             + ".",

@@ -53,10 +53,10 @@ from typing import Any
 import numpy as np
 
 from batchinfer.runtime import constants as C
-from batchinfer.runtime._rknn_log import RKNNLog
 from batchinfer.runtime.conversion import normalise
 from batchinfer.runtime.graph import NativeType
 from batchinfer.runtime.model_info import InputSpec, concrete_dims
+from batchinfer.runtime.rknn_log import RKNNLog
 
 RKNN_MAX_DIMS = 16
 RKNN_MAX_NAME_LEN = 256

@@ -36,7 +36,6 @@ from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph
 from batchinfer.runtime._emulated_runtime import EmulatedRuntime, InputRejected, UnbuiltRuntime
-from batchinfer.runtime._rknn_log import RKNNLog
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import (
     ORT_DTYPES,
@@ -46,6 +45,7 @@ from batchinfer.runtime.model_info import (
     open_session,
 )
 from batchinfer.runtime.rknn_file import read_rknn_metadata
+from batchinfer.runtime.rknn_log import RKNNLog
 
 #: Platforms list_support_target_platform() prints when given no model (rknn-toolkit-lite2 2.5.0).
 SUPPORTED_PLATFORMS = {"RKNPU2": ["RK3562", "RK3566", "RK3568", "RK3576", "RK3588", "RV1126B"]}

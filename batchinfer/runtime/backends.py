@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from batchinfer.errors import BatchinferError, ConfigError, RuntimeUnavailableError, UsageError
+from batchinfer.messages import join, setting
 from batchinfer.options import BACKEND_NAMES, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.constants import (
@@ -151,10 +152,13 @@ def check_onnx_beside(backend: Backend) -> None:
     if model.suffix.lower() != ".rknn" or model.with_suffix(".onnx").is_file():
         return
     raise ConfigError(
-        f"{{runtime.backend}} {backend.name} runs a .rknn from the .onnx it was converted "
+        setting("runtime.backend")
+        + f" {backend.name} runs a .rknn from the .onnx it was converted "
         f"from, and there is no {model.with_suffix('.onnx').name} beside {model}; put that "
-        "file there (same stem), or run the .rknn on a board ({runtime.backend} rknnlite) or "
-        "in rknn-toolkit2's simulator ({runtime.backend} toolkit).",
+        "file there (same stem), or run the .rknn on a board ("
+        + setting("runtime.backend")
+        + " rknnlite) or "
+        "in rknn-toolkit2's simulator (" + setting("runtime.backend") + " toolkit).",
         "runtime.backend",
     )
 
@@ -248,7 +252,8 @@ class SimBackend(Backend):
         chip = self.chip()
         if chip not in CHIP_CORES:
             raise ConfigError(
-                f"{{runtime.sim.chip}} {chip!r} is unknown; use one of {', '.join(CHIP_CORES)}.",
+                setting("runtime.sim.chip")
+                + f" {chip!r} is unknown; use one of {', '.join(CHIP_CORES)}.",
                 "runtime.sim.chip",
             )
         from batchinfer.runtime.sim import parse_fault
@@ -257,10 +262,13 @@ class SimBackend(Backend):
             try:
                 fault = parse_fault(spec)
             except UsageError as e:
-                raise ConfigError(f"{{runtime.sim.faults}}: {e}", "runtime.sim.faults") from None
+                raise ConfigError(
+                    setting("runtime.sim.faults") + f": {e}", "runtime.sim.faults"
+                ) from None
             if fault.core is not None and fault.core >= CHIP_CORES[chip]:
                 raise ConfigError(
-                    f"{{runtime.sim.faults}} {spec}: core {fault.core} does not exist on {chip} "
+                    setting("runtime.sim.faults")
+                    + f" {spec}: core {fault.core} does not exist on {chip} "
                     f"(cores 0-{CHIP_CORES[chip] - 1}); name one of those cores.",
                     "runtime.sim.faults",
                 )
@@ -375,7 +383,7 @@ def resolve_name(name: str, model: Path) -> str:
     """The concrete backend for ``model``: 'auto' picks rknnlite for .rknn, onnx for .onnx."""
     if name not in NAMES:
         raise ConfigError(
-            f"{{runtime.backend}} {name!r} is unknown; use one of {', '.join(NAMES)}.",
+            setting("runtime.backend") + f" {name!r} is unknown; use one of {', '.join(NAMES)}.",
             "runtime.backend",
         )
     if name != "auto":
@@ -386,7 +394,9 @@ def resolve_name(name: str, model: Path) -> str:
     if suffix == ".onnx":
         return "onnx"
     raise ConfigError(
-        f"Cannot pick a backend for model {model} (not .rknn or .onnx); pass {{runtime.backend}} "
+        f"Cannot pick a backend for model {model} (not .rknn or .onnx); pass "
+        + setting("runtime.backend")
+        + " "
         "rknnlite, onnx or sim.",
         "runtime.backend",
     )
@@ -397,13 +407,13 @@ def make_backend(model: Path, options: RuntimeOptions) -> Backend:
     name = resolve_name(options.backend, model)
     if name != "sim" and not options.sim.is_default():
         set_fields = [
-            f"{{runtime.sim.{f.name}}}"
+            setting(f"runtime.sim.{f.name}")
             for f in dataclasses.fields(SimOptions)
             if getattr(options.sim, f.name) != f.default
         ]
         raise ConfigError(
-            f"{', '.join(set_fields)} only apply to the sim backend, and the backend is {name}; "
-            "drop them, or pass {runtime.backend} sim.",
+            join(", ", set_fields) + f" only apply to the sim backend, and the backend is {name}; "
+            "drop them, or pass " + setting("runtime.backend") + " sim.",
             "runtime.sim",
         )
     backend = SimBackend(Path(model), options.sim) if name == "sim" else _CLASSES[name](Path(model))

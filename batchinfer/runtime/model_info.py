@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from batchinfer.errors import ModelError
+from batchinfer.messages import setting
 from batchinfer.runtime.conversion import ConversionSettings, settings_path
 from batchinfer.runtime.onnx_graph import GraphValue, read_graph_interface
 
@@ -305,7 +306,9 @@ def describe_model(path: Path | str) -> ModelInfo:
     """
     path = Path(path)
     if not path.is_file():
-        raise ModelError(f"Model file {path} does not exist; check the {{model}} path.")
+        raise ModelError(
+            f"Model file {path} does not exist; check the " + setting("model") + " path."
+        )
     if path.suffix.lower() not in (".onnx", ".rknn"):
         raise ModelError(
             f"Model file {path} is neither .rknn nor .onnx; pass an .rknn or .onnx model."
@@ -314,8 +317,11 @@ def describe_model(path: Path | str) -> ModelInfo:
     if onnx_path is None:
         raise ModelError(
             f"Input shapes of {path} cannot be read off the board; put "
-            f"{path.with_suffix('.onnx').name} beside it or pass {{preprocess.size}} and "
-            "{preprocess.dtype}."
+            f"{path.with_suffix('.onnx').name} beside it or pass "
+            + setting("preprocess.size")
+            + " and "
+            + setting("preprocess.dtype")
+            + "."
         )
     converted = path.suffix.lower() == ".rknn"
     settings = ConversionSettings.load_beside(path) if converted else None

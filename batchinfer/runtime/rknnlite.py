@@ -14,6 +14,7 @@ import platform
 from pathlib import Path
 
 from batchinfer.errors import RuntimeUnavailableError
+from batchinfer.messages import setting
 from batchinfer.runtime import _level_names
 
 LIBRKNNRT = Path("/usr/lib/librknnrt.so")
@@ -31,7 +32,11 @@ def unavailable_reason(
     if machine.lower() not in _ARM64:
         return (
             f"The rknnlite backend (rknn-toolkit-lite2) exists only for aarch64 boards and this "
-            f"machine is {machine}; use {{runtime.backend}} onnx or {{runtime.backend}} sim on "
+            f"machine is {machine}; use "
+            + setting("runtime.backend")
+            + " onnx or "
+            + setting("runtime.backend")
+            + " sim on "
             "this machine."
         )
     if has_wheel is None:

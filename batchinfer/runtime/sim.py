@@ -87,6 +87,7 @@ from pathlib import Path
 import numpy as np
 
 from batchinfer.errors import ModelError, UsageError
+from batchinfer.messages import setting
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph, timing
 from batchinfer.runtime._emulated_runtime import EmulatedRuntime
@@ -218,7 +219,7 @@ class SimSettings:
         if chip not in C.CHIP_CORES:
             raise UsageError(
                 f"Sim chip {chip!r} is unknown; use one of {', '.join(C.CHIP_CORES)} "
-                f"({{runtime.sim.chip}} or {_ENV['chip']})."
+                "(" + setting("runtime.sim.chip") + f" or {_ENV['chip']})."
             )
         npu_ms = _npu_ms(raw.get("npu_ms", _DEFAULTS["npu_ms"]))
         host_ms = _milliseconds(raw.get("host_ms", _DEFAULTS["host_ms"]), "host_ms")

@@ -1,0 +1,164 @@
+"""The steps both kinds of evaluation share: classification (evaluation.py) and detection
+(detection_eval.py) lock the job's output folders, run the device side on its cluster,
+score the metrics, and record the evaluation the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchinfer.engine.signals import StopSignals
+from batchinfer.errors import OutputLockedError, OutputWriteError, RunFailedError
+from batchinfer.evaluate.gates import Verdict
+from batchinfer.evaluate.job import Job
+from batchinfer.evaluate.metrics import CustomMetric, CustomMetricError, EvalInputs, score
+from batchinfer.evaluate.runs import SidePlan, SideRun
+from batchinfer.sink.outdir import OutLock, lock_holder
+
+if TYPE_CHECKING:
+    from batchinfer.cluster import ClusterSession
+
+RECORD = "result.json"
+ITEMS = "items.parquet"
+
+
+class EvalLockedError(RunFailedError):
+    """Another evaluation holds one of the job's output folders (exit 3: nothing ran)."""
+
+
+@dataclass
+class Evaluation:
+    """What one evaluation found and wrote."""
+
+    job: Job
+    eval_id: str
+    verdict: Verdict
+    metrics: dict[str, float]
+    record: dict[str, Any]
+    record_dir: Path
+    report: Path | None
+    summary: str
+    baseline: dict[str, Any] | None  # the record of the baseline accepted now, if any
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.verdict.passed else 1
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+# --------------------------------------------------------------------------- the lock
+@contextlib.contextmanager
+def output_locks(job: Job, command: str) -> Iterator[None]:
+    """Hold the lock of every folder the job writes to, or refuse at once (exit 3)."""
+    held: list[OutLock] = []
+    try:
+        for folder in job.outputs.folders():
+            lock = OutLock(folder, command=command)
+            try:
+                lock.acquire()
+            except OutputLockedError:
+                holder = lock_holder(folder) or {}
+                who = ", ".join(
+                    f"{k} {holder[k]}" for k in ("pid", "host", "started_at") if holder.get(k)
+                )
+                what = f" ({who}: {holder['command']})" if holder.get("command") else ""
+                raise EvalLockedError(
+                    f"{folder} is in use by another evaluation{what}; it was not started "
+                    "again. Wait for that one to finish (or give this job other output "
+                    "folders)."
+                ) from None
+            except OutputWriteError as exc:
+                raise OutputWriteError(
+                    f"cannot lock {folder} ({exc.__cause__ or exc}); fix the permissions of "
+                    f"{job.path}'s output folders."
+                ) from None
+            held.append(lock)
+        yield
+    finally:
+        for lock in reversed(held):
+            lock.release()
+
+
+# --------------------------------------------------------------------------- the cluster
+def check_cluster(job: Job) -> None:
+    """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
+    if job.device.ray.address is not None:
+        from batchinfer.cluster.connect import import_ray, parse_address
+
+        parse_address(job.device.ray.address)
+        import_ray()
+
+
+@contextlib.contextmanager
+def device_cluster(
+    job: Job, plan: SidePlan, signals: StopSignals
+) -> Iterator[ClusterSession | None]:
+    """The Ray cluster the device side runs on (``[device.ray]`` or ``--ray``), or None."""
+    ray = job.device.ray
+    if ray.address is None:
+        yield None
+        return
+    from batchinfer.cluster import connect_cluster
+
+    with connect_cluster(ray.address, plan.engine, signals, ray.data) as cluster:
+        yield cluster
+
+
+def score_metrics(
+    job: Job, inputs: EvalInputs, registry: dict, custom: list[CustomMetric]
+) -> dict[str, float]:
+    try:
+        metrics = score(inputs, registry, custom)
+    except CustomMetricError as exc:
+        raise job.error(f"metrics.custom {exc}.", "metrics.custom") from None
+    for gate in job.gates:
+        if gate.metric not in registry and gate.metric not in metrics:
+            produced = sorted(k for k in metrics if k not in registry and "." not in k)
+            raise job.error(
+                f"gates.{gate.metric}: no metric of that name was computed (custom metrics "
+                f"gave: {', '.join(produced) or 'nothing'}); fix the gate's name.",
+                f"gates.{gate.metric}",
+            )
+    return metrics
+
+
+def new_record_dir(job: Job, date: dt.datetime) -> tuple[str, Path]:
+    """(evaluation id, its record folder, not yet made): the UTC date, -2, -3... if taken."""
+    stamp = date.astimezone(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    eval_id, n = stamp, 1
+    while (job.outputs.evals / eval_id).exists():
+        n += 1
+        eval_id = f"{stamp}-{n}"
+    return eval_id, job.outputs.evals / eval_id
+
+
+def side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
+    """What a side ran on, as the record keeps it (None when it did not run)."""
+    if plan is None or run is None:
+        return None
+    api, drv = run.versions
+    result = run.result
+    engine = plan.engine
+    return {
+        "model": str(plan.model),
+        "model_sha256": plan.model_sha256,
+        "backend": engine.backend.name,
+        "backend_settings": result.backend if result else None,
+        "runtime_version": api,
+        "driver_version": drv,
+        "cores": list(engine.cores),
+        "instances_per_core": engine.instances_per_core,
+        "preprocess": plan.fingerprint["preprocess"],
+        "cached": run.cached,
+        "warnings": [] if result is None else list(result.warnings),
+        "retired_cores": [] if result is None else list(result.retired_cores),
+        "core_stats": run.core_stats,
+    }

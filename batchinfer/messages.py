@@ -1,0 +1,139 @@
+"""Messages that name settings as data, which each front end renders its own way.
+
+A library message (an error, a warning, a benchmark's reason) that tells the user to
+change a setting names it with :func:`setting`::
+
+    raise ConfigError(f"{n} slots do not fit /dev/shm; lower " + setting("runtime.slots") + ".")
+
+The result is a :class:`Message`: a ``str`` whose text names every setting by its field
+(``runtime.slots``, the library's own name, what ``str()`` and files written without a
+front end show), and which keeps the references as :class:`Setting` objects, so each
+front end renders them as its user sets them (:meth:`Message.render`): the CLI as flags
+(``--slots``), an eval job as keys (``device.runtime.slots``). No template is stored, so
+no message can reach a file or a screen unrendered.
+
+Concatenation keeps the references (``"lower " + setting("x.y") + "."`` is a Message);
+formatting a Message into an f-string, ``str.join`` or slicing gives plain text with the
+field names, which is correct, only no longer renderable per front end.
+
+Older code still writes settings as ``{group.setting}`` templates in plain strings; the
+errors of batchinfer.errors and the engine's warnings turn those into Messages when they
+are made (:func:`as_message`), and tests/test_messages.py lists the modules still to
+convert (the list only shrinks).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+#: A ``{group.setting}`` template of the older convention (see the module docstring).
+TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A reference to a setting in a message, by its field name (``runtime.slots``)."""
+
+    field: str
+
+
+Part = str | Setting
+
+
+class Message(str):
+    """Text naming settings as :class:`Setting` references; its ``str`` value names them by
+    field. Make one with :func:`setting` and ``+`` (see the module docstring)."""
+
+    parts: tuple[Part, ...]
+
+    def __new__(cls, *parts: Part) -> Message:
+        merged: list[Part] = []
+        for part in parts:
+            # Plain text may still hold {group.setting} templates (the older convention):
+            # read as references, so that mixing the two never leaves one unrendered.
+            pieces = part.parts if isinstance(part, Message) else _read(part)
+            for piece in pieces:
+                if isinstance(piece, str) and merged and isinstance(merged[-1], str):
+                    merged[-1] = merged[-1] + piece
+                elif piece:
+                    merged.append(piece)
+        self = super().__new__(cls, _join(merged, _field))
+        self.parts = tuple(merged)
+        return self
+
+    def render(self, name: Callable[[str], str]) -> str:
+        """The text with every setting named by ``name(field)``."""
+        return _join(self.parts, name)
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """The fields of the settings named, in order (repeats left out)."""
+        return tuple(dict.fromkeys(p.field for p in self.parts if isinstance(p, Setting)))
+
+    def __add__(self, other: str) -> Message:
+        if not isinstance(other, str):
+            return NotImplemented
+        return Message(self, other)
+
+    def __radd__(self, other: str) -> Message:
+        if not isinstance(other, str):
+            return NotImplemented
+        return Message(other, self)
+
+    def __repr__(self) -> str:
+        return f"Message({', '.join(map(repr, self.parts))})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across processes (a warning from a child)
+        return (Message, self.parts)
+
+
+def setting(field: str) -> Message:
+    """A message naming the setting ``field`` (``"runtime.slots"``); add text with ``+``."""
+    return Message(Setting(field))
+
+
+def join(separator: str, messages: Iterable[str]) -> Message:
+    """``separator.join(messages)``, keeping the settings the messages name."""
+    parts: list[Part] = []
+    for i, message in enumerate(messages):
+        if i:
+            parts.append(separator)
+        parts.append(message)
+    return Message(*parts)
+
+
+def as_message(text: str) -> Message:
+    """``text`` as a Message: a Message as it is, a plain string with its ``{group.setting}``
+    templates (the older convention) read as setting references."""
+    return text if isinstance(text, Message) else Message(text)
+
+
+def render(text: str, name: Callable[[str], str]) -> str:
+    """``text`` with the settings it names rendered by ``name``: a Message's references,
+    or a plain string's ``{group.setting}`` templates."""
+    return as_message(text).render(name)
+
+
+def _read(part: Part) -> list[Part]:
+    """A part as text and references: a plain string's templates read as settings."""
+    if isinstance(part, Setting):
+        return [part]
+    text = str(part)
+    pieces: list[Part] = []
+    at = 0
+    for match in TEMPLATE.finditer(text):
+        pieces += [text[at : match.start()], Setting(match.group(1))]
+        at = match.end()
+    pieces.append(text[at:])
+    return pieces
+
+
+def _field(field: str) -> str:
+    return field
+
+
+def _join(parts: Iterable[Part], name: Callable[[str], str]) -> str:
+    return "".join(name(p.field) if isinstance(p, Setting) else p for p in parts)
