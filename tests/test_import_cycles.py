@@ -18,13 +18,7 @@ import batchinfer
 ROOT = Path(batchinfer.__file__).resolve().parent
 
 #: Circles left on purpose, each as the set of its modules.
-KNOWN = {
-    # Being removed (issue 29 item 5, on the branch that reorganises batchinfer/sink/).
-    frozenset({"batchinfer.sink.fingerprint", "batchinfer.sink.outdir"}),
-    # Also in batchinfer/sink/, for the same work: manifest imports PREDICTIONS_DIR from
-    # predictions, which names RunManifest in its type hints (under TYPE_CHECKING).
-    frozenset({"batchinfer.sink.manifest", "batchinfer.sink.predictions"}),
-}
+KNOWN: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

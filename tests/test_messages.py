@@ -76,7 +76,6 @@ STILL_TEMPLATES = {
     "batchinfer/engine/plan.py",
     "batchinfer/engine/slots.py",
     "batchinfer/runtime/adapter.py",  # leave_core_out(): matched in engine/loop.py's reasons
-    "batchinfer/sink/_atomic.py",
     "batchinfer/sink/fingerprint.py",
     "batchinfer/sink/manifest.py",
     "batchinfer/sink/out_lock.py",

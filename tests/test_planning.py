@@ -42,7 +42,7 @@ def test_run_infer_bench_and_eval_make_their_backend_through_the_one_planning_pa
 ):
     from batchinfer.api import _plan_paths
     from batchinfer.bench.runner import BenchConfig, prepare
-    from batchinfer.data.dataset import open_dataset
+    from batchinfer.data.folder import open_dataset
     from batchinfer.evaluate import load_job
     from batchinfer.evaluate.runs import plan_side
 

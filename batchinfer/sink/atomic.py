@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.errors import OutputWriteError
+from batchinfer.messages import setting
 
 
 def tmp_path_for(path: Path) -> Path:
@@ -30,7 +31,8 @@ def write_error(path: Path, exc: BaseException) -> OutputWriteError:
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return OutputWriteError(
         f"Could not write {path} ({reason}); free disk space or fix permissions, "
-        "then run again with {output.resume} to continue where the run stopped."
+        + ("then run again with " + setting("output.resume"))
+        + " to continue where the run stopped."
     )
 
 

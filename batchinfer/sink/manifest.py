@@ -22,7 +22,6 @@ import numpy as np
 
 from batchinfer.errors import ModelError, OutputTamperedError, UsageError
 from batchinfer.sink.atomic import write_bytes_atomically, write_error
-from batchinfer.sink.predictions import PREDICTIONS_DIR
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "batchinfer-run"
@@ -34,6 +33,9 @@ MANIFEST_VERSION = 1
 PART_RE = re.compile(r"part-([0-9]{5,})\.parquet\Z")
 PART_STATES = ("live", "retired")
 _SHOWN = 300  # characters of a hostile name or record shown in a message
+
+#: The run folder's folder of prediction parts (written by sink/predictions.py).
+PREDICTIONS_DIR = "predictions"
 
 
 def _to_json(value: Any) -> Any:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from batchinfer.errors import BatchinferError, ConfigError, OutputWriteError
+from batchinfer.messages import setting
 from batchinfer.options import OutputOptions
 from batchinfer.sink.fingerprint import check_resume_fingerprint
 from batchinfer.sink.manifest import RunManifest
@@ -98,7 +99,10 @@ class OutputFolder:
             refuse_if_held(path)
         if output.resume and output.out is None:
             raise ConfigError(
-                "{output.resume} needs {output.out}: the folder of the run to continue "
+                setting("output.resume")
+                + " needs "
+                + setting("output.out")
+                + ": the folder of the run to continue "
                 "(without it a new folder would be made, and everything run again).",
                 "output.resume",
             )
@@ -185,7 +189,8 @@ class OutputFolder:
         except OSError as e:
             raise OutputWriteError(
                 f"output folder {self.path} is not writable ({e.strerror}); pass an "
-                "{output.out} you can write to."
+                + setting("output.out")
+                + " you can write to."
             ) from e
         return continued
 

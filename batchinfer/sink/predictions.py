@@ -22,19 +22,15 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import OutputWriteError
-
-if TYPE_CHECKING:
-    from batchinfer.sink.manifest import RunManifest
 from batchinfer.sink.atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.manifest import PREDICTIONS_DIR, RunManifest
 from batchinfer.sink.rows import Row
 
-PREDICTIONS_DIR = "predictions"
 PART_GLOB = "part-*.parquet"
 META_TOPK = b"batchinfer.topk"
 META_OUTPUT_SHAPES = b"batchinfer.output_shapes"
