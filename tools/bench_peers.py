@@ -71,7 +71,6 @@ from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine import events as ev
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.plan import model_input, plan_engine
 from batchinfer.options import OutputOptions, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend, make_backend
@@ -147,6 +146,7 @@ class Outcome:
     end_to_end_s: float
     cpu_ms_per_item: float
     preds: list[int]
+    roles: dict[str, float] | None = None  # the engine's CPU ms per item by role (manifest)
 
 
 class _Span:
@@ -184,6 +184,12 @@ class Setting:
             instances_per_core=w.k,
             sim=SimOptions(npu_ms=w.npu_ms, host_ms=w.host_ms),
         )
+        # Imported here, not at the top: the engine's children (forked by its fork server)
+        # import this script again as their __main__ (multiprocessing does that for a main
+        # script), and plan's imports (pyarrow, 42 ms of CPU) in each of 4 children would be
+        # counted as the engine's start-up in this harness, which `batchinfer run` never pays.
+        from batchinfer.engine.plan import model_input, plan_engine
+
         config = RunConfig(dataset=dataset, model=model, runtime=self.runtime)
         shape, dtype = model_input(model, config)
         data = open_dataset(dataset)
@@ -227,7 +233,9 @@ class Setting:
             raise SystemExit(f"engine: {result.errors} error rows")
         preds = read_predictions(out, columns=["pred"])["pred"].to_pylist()
         n = len(preds)
-        return Outcome(span.items_per_s, wall, 1e3 * cpu / n, preds)
+        manifest = json.loads((out / "manifest.json").read_text())
+        roles = {role: 1e3 * s / n for role, s in manifest["cpu_s"].items()}
+        return Outcome(span.items_per_s, wall, 1e3 * cpu / n, preds, roles)
 
     def _top1(self, adapter: RuntimeAdapter, path: str) -> int:
         x = np.empty(self.pre.shape, self.pre.dtype)
@@ -341,6 +349,7 @@ def sitting(args: argparse.Namespace) -> dict:
             }
             for p in PEERS
         }
+        results[name]["engine"]["roles"] = [o.roles for o in runs["engine"]]
         results[name]["limits"] = [lim.to_json() for lim in limits]
     return results
 
@@ -395,7 +404,7 @@ def report(results: dict, args: argparse.Namespace) -> str:
             f"| {e2e['engine'] / e2e['pool']:.2f} "
             f"| {cpu['engine']:.2f}, {cpu['threads']:.2f}, {cpu['pool']:.2f} |"
         )
-    lines += ["", *limits_table(results)]
+    lines += ["", *limits_table(results), "", *roles_table(results)]
     bad = [f"{n}/{p}" for n, r in results.items() for p in PEERS if r[p]["mismatches"]]
     lines.append(
         "top-1 differed from the engine's for: " + ", ".join(bad)
@@ -438,6 +447,32 @@ def limits_table(results: dict) -> list[str]:
         lines.append(
             f"| {name} | {npu:.0f} | {dec:.0f} ({read:.3f} + {call:.3f}) | {bound} "
             f"| {of['engine']:.2f} | {of['threads']:.2f} | {of['pool']:.2f} |"
+        )
+    return lines
+
+
+def roles_table(results: dict) -> list[str]:
+    """The engine's CPU ms per item by role (its manifest's cpu_s over the items; start-up is
+    every process until it was ready), beside the emulator's own call and the thread pool's
+    whole CPU per item: what the engine pays beyond the runtime call."""
+    lines = [
+        "Engine CPU ms per item by role (manifest cpu_s, medians); the emulator's call is "
+        "part of the workers' share; the rest of the whole is this process's own",
+        "| workload | whole | coordinator | readers | workers | of which emulator call "
+        "| start-up | threads' whole |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        roles = r["engine"].get("roles") or []
+        if not roles:
+            continue
+        med = {k: statistics.median(x[k] for x in roles) for k in roles[0]}
+        call = statistics.median(x["call_cpu_ms"] for x in r["limits"])
+        whole = statistics.median(r["engine"]["cpu_ms_per_item"])
+        threads = statistics.median(r["threads"]["cpu_ms_per_item"])
+        lines.append(
+            f"| {name} | {whole:.3f} | {med['coordinator']:.3f} | {med['readers']:.3f} "
+            f"| {med['workers']:.3f} | {call:.3f} | {med['startup']:.3f} | {threads:.3f} |"
         )
     return lines
 

@@ -418,4 +418,3 @@ def _serve(
         t.join()
     outbox.send()  # normally nothing waits: an instance with nothing left sends at once
     sender.close()
-
