@@ -20,7 +20,8 @@ Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue (the main thread fills it from the
 task pipe); results leave in batches (_Outbox decides when, a sender thread writes the
-message): one thread hand-off per item (the queue) and one per message. The main thread
+message, or the thread that finished them when it has nothing left to infer): one thread
+hand-off per item (the queue) and at most one per message. The main thread
 also sends results that have waited BATCH_WAIT_S, so a hung call holds back none. While an
 instance infers, its row on the status board holds (index, start time). Runtimes are
 created here, after the fork (the fork server never imports a runtime:
