@@ -15,8 +15,12 @@ class _Rig:
     def __init__(self, left: int, busy: _BusyClock | None = None) -> None:
         self.left = left
         self.sent: list[tuple[list[int], float]] = []
+        self.direct: list[bool] = []
         self.outbox = _Outbox(
-            lambda batch, busy_s: self.sent.append(([r[0] for r in batch], busy_s)),
+            lambda batch, busy_s, direct: (
+                self.sent.append(([r[0] for r in batch], busy_s)),
+                self.direct.append(direct),
+            ),
             busy or _BusyClock(),
             lambda: self.left,
             REFILL_AT,
@@ -108,6 +112,27 @@ def test_the_sender_writes_every_delivered_batch_in_order_before_close_returns()
     assert [m[1] for m in got] == batches
     assert [m[2] for m in got] == [float(i) for i in range(50)]
     assert all(m[0] == "done" and m[3] > 0 for m in got)  # cpu seconds of the worker
+
+
+def test_only_a_thread_with_nothing_left_sends_itself() -> None:
+    rig = _Rig(left=2)
+    rig.add(0, 10.0, 10.0 + 1.5 * BATCH_WAIT_S)  # long: goes at once, items still in hand
+    rig.left = 0
+    rig.add(1, 20.0, 20.001)  # the last: goes at once, nothing left to infer
+    assert rig.take() == [[0], [1]]
+    assert rig.direct == [False, True]
+
+
+def test_direct_sends_keep_the_order_of_queued_ones() -> None:
+    receive, send = Pipe(duplex=False)
+    sender = _Sender(send)
+    for i in range(200):  # a direct one never overtakes one queued before it
+        sender.deliver([(i, i, 0, 0.0, 0.0, None)], float(i), direct=i % 3 == 0)
+    sender.close()
+    got = []
+    while receive.poll(0):
+        got.append(receive.recv())
+    assert [m[2] for m in got] == [float(i) for i in range(200)]
 
 
 def test_due_in_says_when_to_look_again() -> None:

@@ -21,8 +21,12 @@ loading and writing included, what a user waits for. (The peers' commands plan w
 batchinfer's own functions, which import pyarrow: about 0.1 s a minimal script of theirs
 would not pay; the engine's command writes Parquet, which theirs do not.) **CPU ms per
 item** counts this process and every child it reaped (``getrusage``), start-up included,
-so the three are comparable. Peers run interleaved, ``--repeats`` times; medians and
-min-max are printed, with the ratio of each peer to the engine.
+so the three are comparable (the engine's children, forked by its fork server, also run
+this script again as their ``__main__``: a cost of this harness, not of ``batchinfer run``).
+**As commands** is the same for each job run as a command of its own (its whole process
+tree: interpreter, imports, planning, start-up), what a user pays. Peers run
+interleaved, ``--repeats`` times; medians and min-max are printed, with the ratio of each
+peer to the engine.
 
 Before each repeat the **limits** are measured in this process (``batchinfer.bench.limits``,
 CPU time): the emulated NPU limit (cores / npu ms) and the decode limit (CPUs / (one
@@ -71,7 +75,6 @@ from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine import events as ev
 from batchinfer.engine.config import RunConfig
-from batchinfer.engine.plan import plan_inference
 from batchinfer.options import OutputOptions, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
@@ -147,6 +150,8 @@ class Outcome:
     end_to_end_s: float
     cpu_ms_per_item: float
     preds: list[int]
+    roles: dict[str, float] | None = None  # the engine's CPU ms per item by role (manifest)
+    command_cpu_ms_per_item: float = 0.0  # the whole job as a command: its process tree's CPU
 
 
 class _Span:
@@ -184,6 +189,11 @@ class Setting:
             instances_per_core=w.k,
             sim=SimOptions(npu_ms=w.npu_ms, host_ms=w.host_ms),
         )
+        # Imported here, not at the top: a script whose children import it again as their
+        # __main__ would count plan's imports (pyarrow, 42 ms of CPU) per child as the engine's
+        # start-up in this harness, which `batchinfer run` never pays.
+        from batchinfer.engine.plan import plan_inference
+
         config = RunConfig(dataset=dataset, model=model, runtime=self.runtime)
         data = open_dataset(dataset)
         self.kind = data.kind
@@ -226,7 +236,9 @@ class Setting:
             raise SystemExit(f"engine: {result.errors} error rows")
         preds = read_predictions(out, columns=["pred"])["pred"].to_pylist()
         n = len(preds)
-        return Outcome(span.items_per_s, wall, 1e3 * cpu / n, preds)
+        manifest = json.loads((out / "manifest.json").read_text())
+        roles = {role: 1e3 * s / n for role, s in manifest["cpu_s"].items()}
+        return Outcome(span.items_per_s, wall, 1e3 * cpu / n, preds, roles)
 
     def _top1(self, adapter: RuntimeAdapter, path: str) -> int:
         x = np.empty(self.pre.shape, self.pre.dtype)
@@ -320,7 +332,8 @@ def sitting(args: argparse.Namespace) -> dict:
             print(f"  limits   #{r + 1}: {_limits_text(limits[-1])}", flush=True)
             for peer in PEERS:
                 outcome = getattr(setting, f"run_{peer}")(r)
-                outcome.end_to_end_s = command_wall(peer, setting, args, r)
+                outcome.end_to_end_s, command_cpu_s = command_wall(peer, setting, args, r)
+                outcome.command_cpu_ms_per_item = 1e3 * command_cpu_s / args.items
                 runs[peer].append(outcome)
                 reference = reference or outcome.preds
                 mismatches[peer] += sum(
@@ -328,24 +341,30 @@ def sitting(args: argparse.Namespace) -> dict:
                 )
                 print(
                     f"  {peer:8} #{r + 1}: {outcome.items_per_s:8.1f} items/s, end to end "
-                    f"{outcome.end_to_end_s:6.2f} s, {outcome.cpu_ms_per_item:.3f} CPU ms/item",
+                    f"{outcome.end_to_end_s:6.2f} s, {outcome.cpu_ms_per_item:.3f} CPU ms/item, "
+                    f"as a command {outcome.command_cpu_ms_per_item:.3f}",
                     flush=True,
                 )
         results[name] = {
             p: {
                 "items_per_s": [o.items_per_s for o in runs[p]],
                 "end_to_end_s": [o.end_to_end_s for o in runs[p]],
+                "command_cpu_ms_per_item": [o.command_cpu_ms_per_item for o in runs[p]],
                 "cpu_ms_per_item": [o.cpu_ms_per_item for o in runs[p]],
                 "mismatches": mismatches[p],
             }
             for p in PEERS
         }
+        results[name]["engine"]["roles"] = [o.roles for o in runs["engine"]]
         results[name]["limits"] = [lim.to_json() for lim in limits]
     return results
 
 
-def command_wall(peer: str, setting: Setting, args: argparse.Namespace, repeat: int) -> float:
-    """Seconds from launching ``peer``'s whole job as a command of its own to its exit."""
+def command_wall(
+    peer: str, setting: Setting, args: argparse.Namespace, repeat: int
+) -> tuple[float, float]:
+    """Seconds from launching ``peer``'s whole job as a command of its own to its exit, and
+    the CPU seconds of that command and every process it started (``wait4``'s rusage)."""
     w = setting.w
     if peer == "engine":
         out = setting.workdir / "out" / f"{w.name}-cmd-{repeat}"
@@ -356,12 +375,18 @@ def command_wall(peer: str, setting: Setting, args: argparse.Namespace, repeat: 
     else:
         argv = [__file__, "--one", peer, "--workloads", w.name, "--workdir", str(args.workdir)]
         argv += ["--items", str(args.items), "--model", str(setting.model)]
-    t0 = time.monotonic()
+    c0, t0 = _children_cpu(), time.monotonic()
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
-    wall = time.monotonic() - t0
+    wall, cpu = time.monotonic() - t0, _children_cpu() - c0
     if done.returncode != 0:
         raise SystemExit(f"{peer} as a command failed ({done.returncode}):\n{done.stderr}")
-    return wall
+    return wall, cpu
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's reaped children (and theirs, reaped by them)."""
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
 
 
 def one(args: argparse.Namespace) -> int:
@@ -378,13 +403,15 @@ def report(results: dict, args: argparse.Namespace) -> str:
         f"{args.items} items per run, {args.repeats} interleaved repeats; medians (min-max); "
         "emulated NPU (batchinfer sim), cores 0,1,2, on this machine",
         "| workload | engine items/s | threads / engine | pool / engine | engine end to end s "
-        "| threads e2e / engine | pool e2e / engine | CPU ms/item engine, threads, pool |",
-        "|---|---|---|---|---|---|---|---|",
+        "| threads e2e / engine | pool e2e / engine | CPU ms/item engine, threads, pool "
+        "| as commands |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         med = {p: statistics.median(r[p]["items_per_s"]) for p in PEERS}
         e2e = {p: statistics.median(r[p]["end_to_end_s"]) for p in PEERS}
         cpu = {p: statistics.median(r[p]["cpu_ms_per_item"]) for p in PEERS}
+        cmd = {p: statistics.median(r[p]["command_cpu_ms_per_item"]) for p in PEERS}
         ideal = WORKLOADS[name].ideal
         of_ideal = f" ({med['engine'] / ideal:.2f} of ideal)" if ideal else ""
         lines.append(
@@ -392,9 +419,10 @@ def report(results: dict, args: argparse.Namespace) -> str:
             f"| {med['threads'] / med['engine']:.2f} | {med['pool'] / med['engine']:.2f} "
             f"| {e2e['engine']:.2f} | {e2e['engine'] / e2e['threads']:.2f} "
             f"| {e2e['engine'] / e2e['pool']:.2f} "
-            f"| {cpu['engine']:.2f}, {cpu['threads']:.2f}, {cpu['pool']:.2f} |"
+            f"| {cpu['engine']:.2f}, {cpu['threads']:.2f}, {cpu['pool']:.2f} "
+            f"| {cmd['engine']:.2f}, {cmd['threads']:.2f}, {cmd['pool']:.2f} |"
         )
-    lines += ["", *limits_table(results)]
+    lines += ["", *limits_table(results), "", *roles_table(results)]
     bad = [f"{n}/{p}" for n, r in results.items() for p in PEERS if r[p]["mismatches"]]
     lines.append(
         "top-1 differed from the engine's for: " + ", ".join(bad)
@@ -437,6 +465,32 @@ def limits_table(results: dict) -> list[str]:
         lines.append(
             f"| {name} | {npu:.0f} | {dec:.0f} ({read:.3f} + {call:.3f}) | {bound} "
             f"| {of['engine']:.2f} | {of['threads']:.2f} | {of['pool']:.2f} |"
+        )
+    return lines
+
+
+def roles_table(results: dict) -> list[str]:
+    """The engine's CPU ms per item by role (its manifest's cpu_s over the items; start-up is
+    every process until it was ready), beside the emulator's own call and the thread pool's
+    whole CPU per item: what the engine pays beyond the runtime call."""
+    lines = [
+        "Engine CPU ms per item by role (manifest cpu_s, medians); the emulator's call is "
+        "part of the workers' share; the rest of the whole is this process's own",
+        "| workload | whole | coordinator | readers | workers | of which emulator call "
+        "| start-up | threads' whole |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        roles = r["engine"].get("roles") or []
+        if not roles:
+            continue
+        med = {k: statistics.median(x[k] for x in roles) for k in roles[0]}
+        call = statistics.median(x["call_cpu_ms"] for x in r["limits"])
+        whole = statistics.median(r["engine"]["cpu_ms_per_item"])
+        threads = statistics.median(r["threads"]["cpu_ms_per_item"])
+        lines.append(
+            f"| {name} | {whole:.3f} | {med['coordinator']:.3f} | {med['readers']:.3f} "
+            f"| {med['workers']:.3f} | {call:.3f} | {med['startup']:.3f} | {threads:.3f} |"
         )
     return lines
 

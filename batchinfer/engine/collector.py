@@ -158,10 +158,12 @@ class Collector:
             else:
                 preds = np.argmax(scores, axis=1).tolist()
         rows = []
+        flights, place = self.scheduler.flights, self.place
         for i, (slot, key, instance, t0, t1, boxes) in enumerate(self._successes):
-            flight = self.scheduler.flight(slot)
+            flight = flights[slot]
+            assert flight is not None  # DONE until released, below
             item = flight.item
-            node, core = self.place(key)
+            node, core = place(key)
             rows.append(
                 Row(
                     index=item.index,

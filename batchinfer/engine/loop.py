@@ -402,8 +402,8 @@ class Engine(EngineLoop):
         return tuple(columns.get(column) for column in self._columns)
 
     def _child(self, kind: str, key: int) -> Child | None:
-        for child in self.pool.live(kind):
-            if child.key == key:
+        for child in reversed(self.pool.children):  # the newest incarnation first
+            if child.key == key and child.kind == kind and child.state != "gone":
                 return child
         return None
 

@@ -62,7 +62,7 @@ READ_BATCH = 4
 FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
 
 
-@dataclass
+@dataclass(slots=True)
 class Flight:
     """One item between its source and its row; lives in a slot."""
 
@@ -210,7 +210,10 @@ class Scheduler:
         return [r for r in range(len(self.unsent)) if r not in self.closing]
 
     def _assign_reader(self, slot: int) -> None:
-        reader = min(self.open_readers(), key=lambda r: len(self.unsent[r]) + len(self.reading[r]))
+        if len(self.unsent) == 1 and not self.closing:  # one reader: every item's case
+            reader = 0
+        else:
+            reader = min(self.open_readers(), key=lambda r: self.held_by_reader(r))
         self.flight(slot).reader = reader
         self.unsent[reader].append(slot)
 
@@ -274,7 +277,7 @@ class Scheduler:
         """READY slots to send to each core now (they are INFERRING from here on): to cores
         that are down to REFILL_AT items per instance, up to their capacity."""
         out: dict[int, list[int]] = {}
-        if self.stopping:
+        if self.stopping or not self.ready:  # the usual turn: nothing READY (cheap to say)
             return out
         waiting: list[int] = []
         hungry = [
