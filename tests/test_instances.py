@@ -182,6 +182,6 @@ def test_a_run_with_k_auto_records_the_choice_in_its_manifest(demo_kit, tmp_path
     choice = manifest["instances_auto"]
     assert manifest["instances_per_core"] == choice["instances_per_core"]
     assert 1 <= choice["instances_per_core"] <= AUTO_MAX
-    assert choice["core"] == 0 and choice["calls"] > 0
+    assert choice["core"] == 0 and choice["calls"] > 0 and choice["probe_cpu_s"] > 0
     assert manifest["config"]["runtime"]["instances_per_core"] == "auto"
     assert choice["instances_per_core"] in result.stats.column("instances").to_pylist()

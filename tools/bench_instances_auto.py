@@ -5,7 +5,9 @@ For each emulated workload (``--sim-npu-ms`` / ``--sim-host-ms`` pairs), every s
 (the inference path alone: what the instances decide), on cores 0,1,2, run interleaved
 ``--repeats`` times. Per setting: the median samples/s (min-max), and for auto the k it
 chose (the bench JSON's ``config.instances_auto``). The last column is auto's median over
-the best fixed setting's median. Emulator figures on this machine, not a board's.
+the best fixed setting's median; ``chosen/best`` is the median of the fixed setting auto chose
+(most often) over the best: the quality of the choice, apart from the noise of auto's own
+runs. Emulator figures on this machine, not a board's.
 
     python tools/bench_instances_auto.py --repeats 3
     python tools/bench_instances_auto.py --workloads 2:4,2:1 --duration 3 --repeats 5
@@ -66,7 +68,8 @@ def main() -> None:
             )
         model = kit / "models" / "digits.onnx"
     print("emulator figures (batchinfer sim on this machine), synthetic inputs, cores 0,1,2")
-    print(f"{'npu:host ms':<12}" + "".join(f"{'k=' + s:>22}" for s in SETTINGS) + "  auto/best")
+    header = "".join(f"{'k=' + s:>22}" for s in SETTINGS)
+    print(f"{'npu:host ms':<12}{header}  auto/best  chosen/best")
     for workload in args.workloads.split(","):
         npu, host = workload.split(":")
         runs: dict[str, list[dict]] = {s: [] for s in SETTINGS}
@@ -83,7 +86,9 @@ def main() -> None:
                 text = f"k={','.join(map(str, chose))}: " + text
             cells.append(f"{text:>22}")
         best = max(med[s] for s in SETTINGS if s != "auto")
-        print(f"{workload:<12}" + "".join(cells) + f"  {med['auto'] / best:9.3f}", flush=True)
+        chosen = statistics.mode(r["chose"] for r in runs["auto"])
+        ratios = f"  {med['auto'] / best:9.3f}  {med[str(chosen)] / best:11.3f}"
+        print(f"{workload:<12}" + "".join(cells) + ratios, flush=True)
 
 
 if __name__ == "__main__":

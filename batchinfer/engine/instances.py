@@ -130,7 +130,8 @@ class Timings:
     rate_per_s: float  # ``concurrent`` instances at once: calls per second, steady state
     concurrent: int
     calls: int  # calls timed in all (warm-up left out)
-    seconds: float  # how long the measurement took, instances' start-up included
+    seconds: float  # how long the calls took (warm-up included, loading the model not)
+    cpu_s: float = 0.0  # the probe process's CPU seconds (imports, loading, calls)
 
     @property
     def npu_ms(self) -> float:
@@ -166,6 +167,7 @@ class Choice:
                 concurrent=t.concurrent,
                 calls=t.calls,
                 probe_s=round(t.seconds, 3),
+                probe_cpu_s=round(t.cpu_s, 3),
             )
         return out
 
@@ -253,7 +255,7 @@ class ProbeSpec:
 def probe_main(spec: ProbeSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of the probe child: make the instances, :func:`measure`, report, release."""
     from batchinfer.engine.canary import canary_input
-    from batchinfer.engine.child import report_failure, send_or_exit, setup_child
+    from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
     from batchinfer.runtime._rknn_log import quiet_instance_logs
 
     setup_child(spec.parent_pid, spec.cpus)
@@ -267,7 +269,8 @@ def probe_main(spec: ProbeSpec, tasks: Connection, results: Connection) -> None:
         calls = [
             (lambda a=a: a.infer(inputs, data_format=fmt, reuse_outputs=True)) for a in adapters
         ]
-        send_or_exit(results, ("timings", measure(calls)))
+        timings = dataclasses.replace(measure(calls), cpu_s=cpu_seconds())
+        send_or_exit(results, ("timings", timings))
     except BaseException as exc:
         report_failure(results, exc)
     finally:
