@@ -49,6 +49,7 @@ from batchinfer.data.dataset import Item
 from batchinfer.data.listed import PathList, open_listed
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
+from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import plan_inference
@@ -161,6 +162,7 @@ def infer_iter(
     else:
         plan, source = _plan_arrays(config, items)
         meta = None
+    plan = settle_instances(plan)  # -k auto: measured now, before the engine is made
     sink = _BatchSink(plan, output.topk, meta)
     return InferStream(plan, source, sink, observers)
 

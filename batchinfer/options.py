@@ -12,6 +12,7 @@ A field's metadata says how a front end shows it:
 - ``short``: a one-letter alias;
 - ``parse``: how the CLI turns its text into the value (e.g. ``0,1,2`` -> (0, 1, 2));
 - ``choices``: the allowed values, when there is a fixed set;
+- ``words``: the only strings a number-or-word setting takes (``-k auto``);
 - ``bounds``: the range of a numeric setting (:class:`batchinfer.bounds.Bounds`), e.g.
   ``option(0.25, "...", bounds=Bounds(0, 1))`` (0 <= x <= 1), ``Bounds(0, 1, above=True,
   below=True)`` (0 < x < 1), ``Bounds(1, 10_000, why="...")``; a ceiling may be a function
@@ -93,6 +94,15 @@ def _ms_or_estimate(text: str) -> float | str:
         raise ValueError(f"{text!r} is not milliseconds (or 'estimate')") from None
 
 
+def _instances(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number of instances (or 'auto')") from None
+
+
 # ------------------------------------------------------------------------ shared ranges
 #: Timeouts: positive, and a day at most (longer would switch hang detection off).
 TIMEOUT = Bounds(0, DAY_S, above=True, why="one day")
@@ -147,10 +157,13 @@ class RuntimeOptions:
     cores: tuple[int, ...] | None = option(
         None, "NPU cores to use, e.g. 0,1,2 (default: every core of the chip).", parse=_ints
     )
-    instances_per_core: int = option(
+    instances_per_core: int | str = option(
         1,
-        "Runtime instances per core (threads of the core's worker); 2-3 keep a core busy.",
+        "Runtime instances per core (threads of the core's worker); 2-3 keep a core busy; "
+        "auto: chosen from a short measurement on one core at start.",
         short="-k",
+        parse=_instances,
+        words=("auto",),
         bounds=Bounds(1, 16, why="a core runs one inference at a time; more only queue"),
     )
     slots: int | None = option(
@@ -489,6 +502,13 @@ def from_mapping(
         if choices and converted is not None and converted not in choices:
             raise ConfigError(
                 setting(name) + f" must be one of {', '.join(choices)}, not {converted!r}.", name
+            )
+        words = known[key].metadata.get("words")
+        if words and isinstance(converted, str) and converted not in words:
+            raise ConfigError(
+                f"{{{name}}} must be {_type_name(hint_type).replace(' or a string', '')} or "
+                f"{' or '.join(repr(w) for w in words)}, not {converted!r}.",
+                name,
             )
         check_value(known[key].metadata.get("bounds"), converted, name)
         values[key] = converted

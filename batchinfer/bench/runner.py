@@ -37,6 +37,7 @@ from batchinfer.data.dataset import Dataset, Item, say_notes
 from batchinfer.data.sources import open_source
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
+from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import plan_inference
@@ -171,6 +172,7 @@ def _config_json(p: Prepared) -> dict[str, Any]:
         "backend": plan.backend.name,
         "cores": list(plan.cores),
         "instances_per_core": plan.instances_per_core,
+        **({"instances_auto": plan.instances_choice} if plan.instances_choice else {}),
         "slots": plan.slots,
         "readers": plan.readers if p.dataset is not None else 0,
         "cpu_affinity": list(plan.cpus) if plan.cpus else None,
@@ -224,6 +226,7 @@ def run_bench(
         with StopSignals() as own:
             return run_bench(prepared, observers, read_conditions, own)
     read_conditions = read_conditions or probe()
+    prepared = dataclasses.replace(prepared, plan=settle_instances(prepared.plan))
     plan = prepared.plan
     source = RepeatedDataset(prepared.dataset) if prepared.dataset else SyntheticSource()
     before = read_conditions()

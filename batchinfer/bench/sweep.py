@@ -237,11 +237,14 @@ def run_sweep(
     measured (its result is kept, INVALID) and the sweep with it.
     """
     from batchinfer.bench.runner import prepare, run_bench
+    from batchinfer.engine.instances import settle_instances
     from batchinfer.engine.signals import StopSignals
 
     check_value(MAX_P99_MS, max_p99_ms, "bench.max_p99_ms")
     base = prepare(config)
-    chosen = settings(kind, base.plan.cores, base.plan.instances_per_core)
+    # -k auto: a cores sweep measures once and runs every setting with the choice.
+    k = settle_instances(base.plan).instances_per_core if kind == "cores" else 1
+    chosen = settings(kind, base.plan.cores, k)
     prepared = [prepare(with_setting(config, s)) for s in chosen]
     results: list[tuple[Setting, BenchResult]] = []
     interrupted = False

@@ -23,6 +23,7 @@ from batchinfer.cluster.connect import (
 from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
+from batchinfer.engine.instances import refuse_on_cluster
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
@@ -158,6 +159,7 @@ def connect_cluster(
         raise UsageError(
             setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
         )
+    refuse_on_cluster(plan)
     with RayConnection(address, plan.backend.cores()) as connection:
         if signals is not None:
             signals.reinstall()

@@ -39,8 +39,8 @@ from batchinfer.data.preprocess import (
 from batchinfer.data.sources import is_folder, open_source
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
+from batchinfer.engine.instances import default_slots, is_auto, planned_instances
 from batchinfer.engine.interface import EnginePlan
-from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
 from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
 from batchinfer.engine.task import RAW, TaskPlan, pad_rgb, plan_task
 from batchinfer.errors import ConfigError, ModelError, UsageError
@@ -291,25 +291,21 @@ def plan_engine(
     warning = raw_pixels_warning(preprocess, kind, Path(config.model).name)
     if warning:
         logging.getLogger("batchinfer").warning(warning)
-    # Instances per core are decided here, once: the slots below and the plan use this.
-    instances = rt.instances_per_core
     cpus = resolve_affinity(rt.cpu_affinity)
     readers, max_readers = rt.readers, rt.readers
     if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
         usable = len(cpus) if cpus else len(os.sched_getaffinity(0))
         readers, max_readers = max(1, usable // 2), max(1, usable)
-    # Each instance holds up to QUEUED_PER_INSTANCE slots in its worker; one more per
-    # instance waits READY, so a finished item is replaced at once; two per reader are
-    # being decoded.
-    slots = rt.slots
-    if slots is None:
-        per_instance = QUEUED_PER_INSTANCE + 1
-        slots = len(cores) * instances * per_instance + max_readers * 2
+    # Instances per core are decided here, once: the slots and the plan use this. -k auto:
+    # sized for the most it may choose; settle_instances (at start) sizes it down.
+    k = planned_instances(rt.instances_per_core)
+    slots = rt.slots if rt.slots is not None else default_slots(len(cores), k, max_readers)
     check_slots_fit(slots, preprocess, given=rt.slots is not None)
     return EnginePlan(
         backend=backend,
         cores=cores,
-        instances_per_core=instances,
+        instances_per_core=k,
+        instances_auto=is_auto(rt.instances_per_core),
         preprocess=preprocess,
         slots=slots,
         readers=readers,

@@ -17,6 +17,7 @@ Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call (engine/signa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +31,7 @@ from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.engine import fork_server
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer, RowsDone, Started
+from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EngineResult
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
@@ -102,6 +104,7 @@ def _manifest_fields(plan: RunPlan) -> dict[str, Any]:
         "preprocess": plan.preprocess_json(),
         "cores": list(engine.cores),
         "instances_per_core": engine.instances_per_core,
+        **({"instances_auto": engine.instances_choice} if engine.instances_choice else {}),
         "slots": engine.slots,
         "readers": engine.readers,
         "cpu_affinity": list(engine.cpus) if engine.cpus else None,
@@ -176,6 +179,7 @@ def run_plan(
 ) -> RunResult:
     """Take OUT and run ``plan`` with the engine ``make_engine`` makes; ``fields`` go
     into the manifest too. Called inside :class:`StopSignals` (and the Arrow allocator)."""
+    plan = dataclasses.replace(plan, engine=settle_instances(plan.engine))  # -k auto
     with plan.out.begin({**_manifest_fields(plan), **(fields or {})}, **_task_sink(plan)) as out:
         return _run(plan, out, signals, observers, make_engine)
 

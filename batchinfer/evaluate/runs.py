@@ -30,6 +30,7 @@ from batchinfer.data.dataset import Dataset
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
+from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.plan import engine_preprocess_record, plan_inference, runtime_files
 from batchinfer.engine.signals import StopSignals
@@ -73,6 +74,7 @@ class SideRun:
     result: EngineResult | None  # None: the reference came from the cache
     core_stats: list[dict[str, Any]]
     cached: bool = False
+    instances: EnginePlan | None = None  # the plan run, instances per core chosen (-k auto)
 
     @property
     def versions(self) -> tuple[str | None, str | None]:
@@ -189,7 +191,7 @@ def run_side(
     ``collect``: makes the side's items of the rows (default: ItemResults; a detection
     job's are DetectionItems).
     """
-    engine_plan = plan.engine
+    engine_plan = plan.engine if cluster is not None else settle_instances(plan.engine)
     sink = MemorySink(keep_outputs=True)
     source = DatasetSource(dataset, limit=job.dataset.limit)
     engine: Engine | ClusterEngine
@@ -220,7 +222,7 @@ def run_side(
     else:
         shapes = [shape for shape, _ in sink.output_shapes]
         items = ItemResults.from_rows(sink.rows, shapes, job.metrics.topk, relabel)
-    return SideRun(items, result, result.stats.table().to_pylist())
+    return SideRun(items, result, result.stats.table().to_pylist(), instances=engine_plan)
 
 
 # --------------------------------------------------------------------------- the cache

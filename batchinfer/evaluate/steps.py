@@ -155,7 +155,12 @@ def side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
         "runtime_version": api,
         "driver_version": drv,
         "cores": list(engine.cores),
-        "instances_per_core": engine.instances_per_core,
+        "instances_per_core": (run.instances or engine).instances_per_core,
+        **(
+            {"instances_auto": run.instances.instances_choice}
+            if run.instances is not None and run.instances.instances_choice
+            else {}
+        ),
         "preprocess": plan.fingerprint["preprocess"],
         "cached": run.cached,
         "warnings": [] if result is None else list(result.warnings),
