@@ -213,6 +213,7 @@ def hanging_maker(spec: ThumbnailSpec, tasks, results) -> None:
         send_or_exit(results, ("made", *picture(path, spec.size, spec.max_pixels)))
 
 
+@pytest.mark.slow  # waits out a timeout (2-5 s); moved for the default tier's 90 s
 def test_pictures_that_hang_cost_their_timeout_and_the_rest_go_on_or_are_skipped(
     tmp_path, demo_kit
 ):

@@ -52,6 +52,7 @@ class _StopWorkerAfter:
                 os.kill(self.pids[self.core], signal.SIGSTOP)
 
 
+@pytest.mark.slow  # waits out a timeout (2-5 s); moved for the default tier's 90 s
 def test_a_frozen_worker_is_detected_and_its_items_done_elsewhere(demo_kit, tmp_path):
     """The timeout is what the test waits for after the freeze; at 1 s a loaded machine
     (parallel test workers) made healthy workers miss it too, and their items failed."""
@@ -200,6 +201,7 @@ def _cli(*args: str, **popen) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow  # waits out a timeout (2-5 s); moved for the default tier's 90 s
 def test_kill_9_of_the_coordinator_while_a_reader_is_blocked_leaves_nothing(demo_kit, tmp_path):
     data = tmp_path / "data"
     (data / "0").mkdir(parents=True)

@@ -55,12 +55,16 @@ def _core_stats(out: Path) -> dict:
 def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_path):
     # Early calls: each core's share of the 600 items depends on the machine's load, and on a
     # loaded one a core that started late did fewer than 80 calls (its fault never fired).
+    # Which item each fault meets depends on the load too: the item in flight when core 1
+    # crashes can be the one retried into core 2's hang. Each fault fires once, so four
+    # attempts are enough for an item to meet all three and still succeed.
     result = _run_digits(
         demo_kit,
         "crash:core=1:call=12",
         "hang:core=2:call=16",
         "none:core=0:call=8",
         timeout_s=1.0,
+        max_attempts=4,
         limit=600,
         out=tmp_path / "o",
     )
@@ -70,7 +74,7 @@ def test_crash_hang_and_none_are_survived_without_losing_an_item(demo_kit, tmp_p
     stats = _core_stats(result.out)
     assert stats[1]["restarts"] >= 1 and stats[2]["restarts"] >= 1
     assert stats[None]["restarts"] >= 2
-    assert max(table["attempt"].to_pylist()) == 2  # the None and the crashed item were retried
+    assert max(table["attempt"].to_pylist()) >= 2  # the None and the crashed item were retried
     assert any("hung for more than 1 s" in w for w in result.warnings)
     assert any("core 1: worker process crashed" in w for w in result.warnings)
 
@@ -220,6 +224,7 @@ def test_cores_that_fail_alike_at_start_are_said_in_one_line(demo_kit, tmp_path)
     _exactly_once(result.out, 60)
 
 
+@pytest.mark.slow  # waits out a timeout (2-5 s); moved for the default tier's 90 s
 def test_a_none_or_hang_on_the_canary_is_retried_before_a_core_is_retired(demo_kit, tmp_path):
     # Each fault fires once, at the first call on its core: the canary.
     result = _run_digits(
