@@ -223,6 +223,7 @@ def test_the_report_loads_in_chromium_with_its_plots(two_nights, tmp_path):
     assert len(shot["data"]) > 10_000
 
 
+@pytest.mark.slow  # 3 s; default-tier sibling: the detection eval names its skewed core
 def test_a_core_that_computes_differently_fails_its_gate_and_is_named(tmp_path, demo_kit, fast_sim):
     # The float model on the device too, so healthy cores match the reference exactly and
     # the test does not depend on the job's device model.

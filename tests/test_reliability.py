@@ -433,6 +433,7 @@ def _resume_and_check(demo_kit, out: Path) -> None:
     assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow  # 2.5 s; default-tier sibling: test_output_safety.py's SIGHUP stop and resume
 def test_sigint_finishes_in_flight_items_then_resume_completes(demo_kit, tmp_path):
     out = tmp_path / "o"
     proc = _start_cli(demo_kit, out)

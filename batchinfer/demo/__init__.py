@@ -8,6 +8,7 @@ accuracies and ``assets/ATTRIBUTION.md`` for the data's source and licence.
 
 from __future__ import annotations
 
+import functools
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,12 +145,27 @@ def calibration_indices(labels: np.ndarray, test_index: np.ndarray) -> np.ndarra
 def calibration_images(name: str) -> list[tuple[str, np.ndarray]]:
     """The calibration set ``name`` as (file name, uint8 image) pairs, always the same.
 
+    Made once per process (a kit's 15 .rknn models share four sets); the arrays are
+    read-only, since every caller gets the same ones.
+
     ``digits``: the first CALIBRATION_PER_CLASS train images of each class, as 0..255
     pixels (8x8). ``digits-raw``: the same images as their raw 0..16 values, the mistake
     behind digits-lowcal. ``pool224``: POOL224_CALIBRATION seeded colour ramps (224x224x3).
     ``digits-det``: the first DETECTOR_CALIBRATION train scenes of the detection set,
     letterboxed to the detector's input (DETECTOR_INPUT square, grey 114 padding).
     """
+    return list(_calibration_set(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _calibration_set(name: str) -> tuple[tuple[str, np.ndarray], ...]:
+    pairs = _make_calibration_set(name)
+    for _, image in pairs:
+        image.setflags(write=False)
+    return tuple(pairs)
+
+
+def _make_calibration_set(name: str) -> list[tuple[str, np.ndarray]]:
     if name in ("digits", "digits-raw"):
         raw, labels = load_digits(raw=True)
         images = raw if name == "digits-raw" else to_pixels(raw)
