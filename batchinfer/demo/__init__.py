@@ -157,7 +157,7 @@ def calibration_images(name: str) -> list[tuple[str, np.ndarray]]:
     return list(_calibration_set(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _calibration_set(name: str) -> tuple[tuple[str, np.ndarray], ...]:
     pairs = _make_calibration_set(name)
     for _, image in pairs:
