@@ -34,35 +34,35 @@ def scandir_calls(monkeypatch) -> dict[str, int]:
 
 
 def test_a_big_directory_is_listed_once_per_walk(
-    tmp_path: Path, monkeypatch, scandir_calls: dict[str, int]
+    tmp_path: Path, scandir_calls: dict[str, int]
 ) -> None:
     # With runs of 4 entries, a folder of 40 is 10 runs: earlier versions listed it once
     # per run (quadratic in the folder's size); it must be listed once per walk.
-    monkeypatch.setattr(listing, "_RUN", 4)
     root = tmp_path / "flat"
     touch(root, *(f"{i:03d}.png" for i in range(40)))
+    walked = list(listing.walk(str(root), run=4, block=2))
+    assert [path for path, _ in walked] == [f"{i:03d}.png" for i in range(40)]
+    assert scandir_calls["flat"] == 1
     ds = open_dataset(root)
     assert len(ds) == 40
-    assert scandir_calls["flat"] == 1
-    assert next(iter(ds)).id == "000.png"
     assert scandir_calls["flat"] == 2
+    assert next(iter(ds)).id == "000.png"
+    assert scandir_calls["flat"] == 3
 
 
-def test_sorted_runs_merge_into_the_same_order(tmp_path: Path, monkeypatch) -> None:
+def test_sorted_runs_merge_into_the_same_order(tmp_path: Path) -> None:
     names = [f"{n}.png" for n in ("k", "a", "q", "b", "z", "c", "m", "d", "y", "e", "x")]
     touch(tmp_path, *names, "f/1.png", "f/0.png", "f/2.png", "g/readme.txt", "ab/9.png")
     expected = ids(open_dataset(tmp_path))
     assert expected == sorted(expected)  # one level per name here, so plain sorting agrees
+    whole = list(listing.walk(str(tmp_path)))  # one run: a plain sort
+    pngs = [path for path, kind in whole if kind == listing.FILE and path.endswith(".png")]
+    assert pngs == expected
     for run, block in ((1, 1), (2, 1), (3, 2), (5, 2), (5, 5), (7, 3)):
-        monkeypatch.setattr(listing, "_RUN", run)
-        monkeypatch.setattr(listing, "_BLOCK", block)
-        ds = open_dataset(tmp_path)
-        assert len(ds) == 15
-        assert ids(ds) == expected
-        assert ds.classes == ("ab", "f", "g")
+        assert list(listing.walk(str(tmp_path), run=run, block=block)) == whole
 
 
-def test_merged_runs_equal_a_plain_sort_of_random_names(tmp_path: Path, monkeypatch) -> None:
+def test_merged_runs_equal_a_plain_sort_of_random_names(tmp_path: Path) -> None:
     rng = random.Random(7)
     alphabet = "aAbB0_-. é한😀"
     names = set()
@@ -73,12 +73,11 @@ def test_merged_runs_equal_a_plain_sort_of_random_names(tmp_path: Path, monkeypa
     for name in names:
         (tmp_path / name).touch()
     for run, block in ((1, 1), (7, 3), (16, 16), (50, 4), (299, 2), (1000, 10)):
-        monkeypatch.setattr(listing, "_RUN", run)
-        monkeypatch.setattr(listing, "_BLOCK", block)
-        assert [name for name, _ in listing.sorted_entries(str(tmp_path))] == sorted(names)
+        listed = listing.sorted_entries(str(tmp_path), run=run, block=block)
+        assert [name for name, _ in listed] == sorted(names)
 
 
-def test_non_utf8_names_sort_as_surrogates_deterministically(tmp_path: Path, monkeypatch) -> None:
+def test_non_utf8_names_sort_as_surrogates_deterministically(tmp_path: Path) -> None:
     # U+D55C < the surrogate U+DCFF (from byte 0xFF) < U+E000 in Python's str order; byte
     # order would put 0xFF last. The order must not depend on how the listing is split.
     raw = [b"a\xed\x95\x9c.png", b"a\xff.png", b"a\xee\x80\x80.png", b"a.png", b"b.png"]
@@ -86,10 +85,10 @@ def test_non_utf8_names_sort_as_surrogates_deterministically(tmp_path: Path, mon
         with open(os.path.join(os.fsencode(tmp_path), name), "wb"):
             pass
     expected = [b"a.png", b"a\xed\x95\x9c.png", b"a\xff.png", b"a\xee\x80\x80.png", b"b.png"]
+    assert [item.key for item in open_dataset(tmp_path)] == expected
     for run, block in ((1, 1), (2, 1), (3, 2), (16384, 1024)):
-        monkeypatch.setattr(listing, "_RUN", run)
-        monkeypatch.setattr(listing, "_BLOCK", block)
-        assert [item.key for item in open_dataset(tmp_path)] == expected
+        listed = listing.walk(str(tmp_path), run=run, block=block)
+        assert [os.fsencode(path) for path, _ in listed] == expected
 
 
 def test_progress_is_reported_every_n_entries_and_at_the_end(tmp_path: Path) -> None:
@@ -103,9 +102,7 @@ def test_progress_is_reported_every_n_entries_and_at_the_end(tmp_path: Path) -> 
         open_dataset(tmp_path, progress=seen.append, progress_every=0)
 
 
-def test_memory_of_a_listing_is_a_few_bytes_per_name(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(listing, "_RUN", 256)  # the default ratio of run to block size
-    monkeypatch.setattr(listing, "_BLOCK", 16)
+def test_memory_of_a_listing_is_a_few_bytes_per_name(tmp_path: Path) -> None:
     small, big = tmp_path / "small", tmp_path / "big"
     touch(small, *(f"{i:06d}.png" for i in range(500)))
     touch(big, *(f"{i:06d}.png" for i in range(2500)))
@@ -113,7 +110,9 @@ def test_memory_of_a_listing_is_a_few_bytes_per_name(tmp_path: Path, monkeypatch
     def peak(root: Path) -> int:
         tracemalloc.start()
         try:
-            assert sum(1 for _ in listing.sorted_entries(str(root))) in (500, 2500)
+            # Runs of 256 in blocks of 16: the default ratio of run to block size.
+            listed = listing.sorted_entries(str(root), run=256, block=16)
+            assert sum(1 for _ in listed) in (500, 2500)
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()

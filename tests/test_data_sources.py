@@ -84,21 +84,24 @@ def test_a_jsonl_list_infers_the_types_of_its_other_columns(tmp_path):
     assert items[0].columns == {"w": 2, "f": 1.5, "tags": '["x"]', "ok": True}
 
 
-def test_a_parquet_list_keeps_its_column_types_and_reads_in_batches(tmp_path, monkeypatch):
-    from batchinfer.data import manifest
+def test_a_parquet_list_keeps_its_column_types_and_reads_in_batches(tmp_path):
+    from batchinfer.data.listed import open_listed
+    from batchinfer.data.manifest import ParquetList
 
-    monkeypatch.setattr(manifest, "PARQUET_BATCH", 2)
     _images(tmp_path / "i", [f"{n}.png" for n in range(5)])
     pq.write_table(
         pa.table({"path": [f"i/{n}.png" for n in range(5)], "label": [0, 1, 0, 1, None],
                   "weight": pa.array([0.5] * 5, pa.float32())}),
         tmp_path / "m.parquet",
     )  # fmt: skip
-    ds = open_source(tmp_path / "m.parquet")
+    ds = open_listed(ParquetList(tmp_path / "m.parquet", batch_rows=2))  # 3 batches
     items = list(ds)
     assert [i.index for i in items] == list(range(5))
     assert [i.label for i in items] == [0, 1, 0, 1, None]
     assert str(ds.meta_type) == "struct<weight: float>"
+    assert [(i.id, i.label) for i in open_source(tmp_path / "m.parquet")] == [
+        (i.id, i.label) for i in items
+    ]
 
 
 def test_a_coco_json_reads_its_images_against_the_image_root(tmp_path):

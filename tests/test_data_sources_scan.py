@@ -10,22 +10,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchinfer.data.sources import open_source
+from batchinfer.data.dataset import Dataset
+from batchinfer.data.listed import open_listed
+from batchinfer.data.manifest import ParquetList
 from batchinfer.errors import DatasetError
 
 
-@pytest.fixture(autouse=True)
-def small_batches(monkeypatch):
-    from batchinfer.data import manifest
-
-    monkeypatch.setattr(manifest, "SCAN_BATCH", 2)
-
-
-def _parquet(tmp_path, ids) -> object:
+def _parquet(tmp_path, ids) -> Dataset:
+    """A Parquet list of ``ids``, opened to be scanned two rows at a time."""
     path = tmp_path / "m.parquet"
     paths = [f"{n}.png" for n in range(len(ids))]
     pq.write_table(pa.table({"path": paths, "id": ids}), path)
-    return path
+    return open_listed(ParquetList(path, scan_rows=2))
 
 
 @pytest.mark.parametrize(
@@ -38,11 +34,11 @@ def _parquet(tmp_path, ids) -> object:
 )
 def test_a_parquet_lists_repeated_ids_are_found_across_batches(tmp_path, ids, needle):
     with pytest.raises(DatasetError, match=re.escape(needle)):
-        open_source(_parquet(tmp_path, ids))
+        _parquet(tmp_path, ids)
 
 
 @pytest.mark.parametrize("ids", [["a", "b", "c", "d", "e"], [5, 4, 3, 2, 1], ["a", None, "c"]])
 def test_a_parquet_list_with_unique_ids_opens(tmp_path, ids):
-    ds = open_source(_parquet(tmp_path, ids))
+    ds = _parquet(tmp_path, ids)
     assert [i.id for i in ds] == [str(i) if i is not None else f"{n}.png"
                                   for n, i in enumerate(ids)]  # fmt: skip

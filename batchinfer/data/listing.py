@@ -17,11 +17,11 @@ indexes and listing hashes of existing outputs stay valid.
 
 Cost. Each directory is listed once (one ``os.scandir`` pass, closed before anything is
 yielded), so a walk is O(N log N) in time whatever the directory sizes. A directory's
-entries are kept in sorted runs of ``_RUN``, each packed into blocks of ``_BLOCK`` entries
+entries are kept in sorted runs of ``RUN``, each packed into blocks of ``BLOCK`` entries
 joined into one ``str`` (``name NUL type``, joined by '/', which no name contains), and the
 runs are merged a block at a time (see ``_merge``): about (name length + 3) bytes per entry
 for ASCII names, instead of ~130 bytes for a list of (name, type) tuples. Besides the
-packed runs, a run being filled holds ``_RUN`` strings and the merge one block per run.
+packed runs, a run being filled holds ``RUN`` strings and the merge one block per run.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ from batchinfer.errors import DatasetError
 #: Called with the number of directory entries listed so far (see :class:`Progress`).
 ProgressCallback = Callable[[int], None]
 
-#: How many entries of one directory are sorted as one run before being packed.
-_RUN = 16384
-#: Entries per packed block of a run (the unit the merge unpacks at a time).
-_BLOCK = 1024
+#: How many entries of one directory are sorted as one run before being packed (the
+#: default of ``run``; tests pass small ones to exercise the merge on small folders).
+RUN = 16384
+#: Entries per packed block of a run (the unit the merge unpacks at a time; ``block``).
+BLOCK = 1024
 
 #: Entry types, one character each so a run's types pack into one str.
 DIR, FILE, OTHER = "d", "f", "o"
@@ -100,13 +101,18 @@ class Progress:
 
 
 def walk(
-    root: str, progress: Progress | None = None, leftovers: Counter[str] | None = None
+    root: str,
+    progress: Progress | None = None,
+    leftovers: Counter[str] | None = None,
+    *,
+    run: int = RUN,
+    block: int = BLOCK,
 ) -> Iterator[tuple[str, str]]:
     """Yield (POSIX path relative to root, DIR | FILE | OTHER) for every visible entry.
 
     A folder is yielded just before its contents. Leftovers (see :func:`leftover_kind`)
-    are not yielded nor entered; ``leftovers`` counts them by kind. Raises DatasetError
-    for a folder that cannot be listed.
+    are not yielded nor entered; ``leftovers`` counts them by kind. ``run`` and ``block``:
+    see :func:`sorted_entries`. Raises DatasetError for a folder that cannot be listed.
     """
     try:
         top = os.stat(root)
@@ -119,7 +125,7 @@ def walk(
     # assembled from links is a normal thing to do).
     root_key = (top.st_dev, top.st_ino)
     ancestors = {root_key}
-    stack = [(root, "", root_key, sorted_entries(root, progress, leftovers))]
+    stack = [(root, "", root_key, sorted_entries(root, progress, leftovers, run=run, block=block))]
     while stack:
         directory, rel, key, entries = stack[-1]
         entry = next(entries, None)
@@ -139,18 +145,26 @@ def walk(
             child_key = (st.st_dev, st.st_ino)
             if child_key not in ancestors:
                 ancestors.add(child_key)
-                entries = sorted_entries(child, progress, leftovers)
+                entries = sorted_entries(child, progress, leftovers, run=run, block=block)
                 stack.append((child, child_rel, child_key, entries))
 
 
 def sorted_entries(
-    directory: str, progress: Progress | None = None, leftovers: Counter[str] | None = None
+    directory: str,
+    progress: Progress | None = None,
+    leftovers: Counter[str] | None = None,
+    *,
+    run: int = RUN,
+    block: int = BLOCK,
 ) -> Iterator[tuple[str, str]]:
     """Yield (name, DIR | FILE | OTHER) for the visible entries of ``directory``, by name.
 
     Leftovers are left out (counted in ``leftovers`` when given). The directory is listed
-    once and closed before the first entry is yielded.
+    once and closed before the first entry is yielded. ``run``: entries sorted as one run
+    before being packed; ``block``: entries per packed block (see the module's "Cost").
     """
+    if run < 1 or block < 1:
+        raise ValueError(f"run ({run}) and block ({block}) must be at least 1")
     runs: list[list[str]] = []
     batch: list[str] = []
     try:
@@ -168,14 +182,14 @@ def sorted_entries(
                 batch.append(f"{name}\0{_entry_type(entry)}")
                 if progress is not None:
                     progress.add()
-                if len(batch) == _RUN:
-                    runs.append(_pack(batch))
+                if len(batch) == run:
+                    runs.append(_pack(batch, block))
                     batch = []
     except OSError as exc:
         raise unreadable(directory, exc) from exc
     if runs:
         if batch:
-            runs.append(_pack(batch))
+            runs.append(_pack(batch, block))
         del batch
         ordered: Iterable[str] = _merge(runs)
     else:  # the usual directory: one sort, nothing packed
@@ -185,10 +199,10 @@ def sorted_entries(
         yield item[:-2], item[-1]
 
 
-def _pack(batch: list[str]) -> list[str]:
-    """A sorted run as blocks of _BLOCK entries, each block one '/'-joined str."""
+def _pack(batch: list[str], block: int) -> list[str]:
+    """A sorted run as blocks of ``block`` entries, each block one '/'-joined str."""
     batch.sort()
-    return ["/".join(batch[i : i + _BLOCK]) for i in range(0, len(batch), _BLOCK)]
+    return ["/".join(batch[i : i + block]) for i in range(0, len(batch), block)]
 
 
 def _merge(runs: list[list[str]]) -> Iterator[str]:

@@ -224,7 +224,20 @@ class JsonlList(_ListFile):
 
 
 class ParquetList(_ListFile):
+    """A Parquet list, read ``batch_rows`` rows at a time (``scan_rows`` when scanned)."""
+
     form = "parquet"
+
+    def __init__(
+        self,
+        file: Path,
+        base: Path | None = None,
+        *,
+        batch_rows: int = PARQUET_BATCH,
+        scan_rows: int = SCAN_BATCH,
+    ) -> None:
+        super().__init__(file, base)
+        self.batch_rows, self.scan_rows = batch_rows, scan_rows
 
     def _schema(self) -> Any:
         import pyarrow.parquet as pq
@@ -281,7 +294,7 @@ class ParquetList(_ListFile):
 
         columns = [c for c in RESERVED if c in self._schema().names]
         with pq.ParquetFile(self.file) as f:
-            for batch in f.iter_batches(batch_size=SCAN_BATCH, columns=columns):
+            for batch in f.iter_batches(batch_size=self.scan_rows, columns=columns):
                 first, n = scan.count, batch.num_rows
                 path = batch.column("path")
                 empty = pc.fill_null(pc.equal(path, ""), True)
@@ -322,7 +335,7 @@ class ParquetList(_ListFile):
         others = [n for n in names if n not in RESERVED]
         n = 0
         with pq.ParquetFile(self.file) as f:
-            for batch in f.iter_batches(batch_size=PARQUET_BATCH):
+            for batch in f.iter_batches(batch_size=self.batch_rows):
                 data = batch.to_pydict()
                 paths = data["path"]
                 ids = data.get("id") or [None] * len(paths)
