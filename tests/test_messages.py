@@ -67,20 +67,6 @@ def test_a_message_without_settings_is_its_text(make) -> None:
     assert error.render(_flag) == str(error)
 
 
-# Modules whose string literals still name settings as {group.setting} templates (the older
-# convention; errors and warnings read them into references when they are made, so nothing
-# leaks, but the text is not yet data). Convert a module with setting() and take it off the
-# list; never add one. The sink's and engine/plan.py's belong to other work in progress.
-STILL_TEMPLATES = {
-    "batchinfer/engine/loop.py",  # the reasons a core retires, compared and rewritten as text
-    "batchinfer/engine/plan.py",
-    "batchinfer/engine/slots.py",
-    "batchinfer/runtime/adapter.py",  # leave_core_out(): matched in engine/loop.py's reasons
-    "batchinfer/sink/fingerprint.py",
-    "batchinfer/sink/manifest.py",
-    "batchinfer/sink/out_lock.py",
-    "batchinfer/sink/outdir.py",
-}
 # A setting's field (group.name) or one of the few settings outside any group.
 _TEMPLATE = re.compile(
     r"\{((?:[a-z_]+\.)+[a-z_][a-z0-9_]*|model|dataset|limit|labels|ray|ray_data|image_root)\}"
@@ -111,10 +97,7 @@ def test_settings_are_named_with_setting_not_templates() -> None:
         for path in sorted((root / "batchinfer").rglob("*.py"))
         if (hits := _templates(path))
     }
-    new = {path: hits for path, hits in found.items() if path not in STILL_TEMPLATES}
-    assert not new, f"name settings with batchinfer.messages.setting(), not templates: {new}"
-    done = STILL_TEMPLATES - found.keys()
-    assert not done, f"no templates left: take these off STILL_TEMPLATES: {sorted(done)}"
+    assert not found, f"name settings with batchinfer.messages.setting(), not templates: {found}"
 
 
 def test_a_preprocess_error_names_the_setting_as_each_front_end_sets_it() -> None:
