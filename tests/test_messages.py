@@ -81,13 +81,27 @@ def _templates(path: Path) -> list[str]:
             first = node.body[0] if node.body else None
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
-    return [
+    found = [
         match.group(0)
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str)
         if id(node) not in docstrings
         for match in _TEMPLATE.finditer(node.value)
     ]
+    # A template made at run time: f"{{{name}}}", a value between a "{" and a "}".
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            values = node.values
+            for before, value, after in zip(values, values[1:], values[2:], strict=False):
+                if (
+                    isinstance(before, ast.Constant)
+                    and str(before.value).endswith("{")
+                    and isinstance(value, ast.FormattedValue)
+                    and isinstance(after, ast.Constant)
+                    and str(after.value).startswith("}")
+                ):
+                    found.append("{" + ast.unparse(value.value) + "}")
+    return found
 
 
 def test_settings_are_named_with_setting_not_templates() -> None:
@@ -97,6 +111,8 @@ def test_settings_are_named_with_setting_not_templates() -> None:
         for path in sorted((root / "batchinfer").rglob("*.py"))
         if (hits := _templates(path))
     }
+    braces = found.pop("batchinfer/data/shards.py", [])
+    assert set(braces) <= {"{body}"}, braces  # a shard pattern's brace ({000..099}), not a setting
     assert not found, f"name settings with batchinfer.messages.setting(), not templates: {found}"
 
 
@@ -186,9 +202,23 @@ def _outdir(tmp: Path) -> None:
     check_out(inspect_out(tmp), overwrite=True, resume=True)
 
 
+def _instances() -> None:
+    from batchinfer.engine.instances import planned_instances
+
+    planned_instances("many")
+
+
+def _options() -> None:
+    from batchinfer.options import RuntimeOptions, from_mapping
+
+    from_mapping(RuntimeOptions, {"instances_per_core": "many"}, "runtime")
+
+
 @pytest.mark.parametrize(
     ("make", "cli", "job"),
     [
+        (_instances, "--instances-per-core must be", "device.runtime.instances_per_core must"),
+        (_options, "--instances-per-core must be", "device.runtime.instances_per_core must"),
         (_plan_cores, "--cores 7 is not a list", "device.runtime.cores 7 is not a list"),
         (_slots, "fewer slots (--slots)", "fewer slots (device.runtime.slots)"),
         (_adapter, "leave core 1 out of --cores, or", "leave core 1 out of device.runtime.cores"),
