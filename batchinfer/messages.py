@@ -16,10 +16,9 @@ Concatenation keeps the references (``"lower " + setting("x.y") + "."`` is a Mes
 formatting a Message into an f-string, ``str.join`` or slicing gives plain text with the
 field names, which is correct, only no longer renderable per front end.
 
-Older code still writes settings as ``{group.setting}`` templates in plain strings; the
-errors of batchinfer.errors and the engine's warnings turn those into Messages when they
-are made (:func:`as_message`), and tests/test_messages.py lists the modules still to
-convert (the list only shrinks).
+The older convention, settings written as ``{group.setting}`` templates in plain strings,
+is gone from the package (tests/test_messages.py fails on a new one); plain strings are
+still read for them (:func:`as_message`), so that text from elsewhere cannot leak one.
 """
 
 from __future__ import annotations

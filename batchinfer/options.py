@@ -506,7 +506,7 @@ def from_mapping(
         words = known[key].metadata.get("words")
         if words and isinstance(converted, str) and converted not in words:
             raise ConfigError(
-                f"{{{name}}} must be {_type_name(hint_type).replace(' or a string', '')} or "
+                setting(name) + f" must be {_type_name(hint_type).replace(' or a string', '')} or "
                 f"{' or '.join(repr(w) for w in words)}, not {converted!r}.",
                 name,
             )

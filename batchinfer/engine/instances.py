@@ -85,7 +85,8 @@ def planned_instances(value: int | str, where: str = "runtime.instances_per_core
     if isinstance(value, str):
         if value.strip().lower() != AUTO:
             raise ConfigError(
-                f"{{{where}}} must be a number of instances per core or {AUTO!r}, not {value!r}.",
+                setting(where)
+                + f" must be a number of instances per core or {AUTO!r}, not {value!r}.",
                 where,
             )
         return AUTO_MAX

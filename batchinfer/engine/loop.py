@@ -45,7 +45,7 @@ from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import NoCoreError, RunFailedError
 from batchinfer.messages import Message as Said
 from batchinfer.messages import as_message, join, setting
-from batchinfer.runtime.adapter import leave_core_out
+from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -96,7 +96,7 @@ class Engine(EngineLoop):
         self.canary = Canary()
         self.usage = Usage()
         self.warnings: list[Said] = []
-        self._retired_for: dict[int, str] = {}  # core -> why it was retired
+        self._retired_for: dict[int, CoreReason] = {}  # core -> why it was retired
         # Retirements during start-up, said when it is over (_say_held_retirements).
         self._starting = False
         self._held: dict[int, str] = {}
@@ -256,11 +256,11 @@ class Engine(EngineLoop):
         held, self._held = self._held, {}
         for reason, cores in _alike(held).items():
             if len(cores) == 1:
-                message = f"core {cores[0]} retired: {held[cores[0]]}"
+                message = f"core {cores[0]} retired: " + reason.said(cores)
             else:
                 every = ", ".join(map(str, cores))
-                message = f"cores {every} retired: {_for_cores(reason, cores, advice=True)}"
-            self.notify(ev.Warned(as_message(message)))  # in self.warnings, one per core
+                message = f"cores {every} retired: " + _for_cores(reason, cores, advice=True)
+            self.notify(ev.Warned(message))  # in self.warnings, one per core
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
@@ -476,11 +476,11 @@ class Engine(EngineLoop):
         child.killed_for = f"failed to start ({last})"
         if child.kind == "worker":
             self.scheduler.core_retired(child.key)
-            self._retire(child.key, f"its worker failed to start:\n{text.rstrip()}")
+            self._retire(child.key, CoreReason.of(f"its worker failed to start:\n{text.rstrip()}"))
 
-    def _retire(self, core: int, reason: str) -> None:
+    def _retire(self, core: int, reason: CoreReason) -> None:
         self._retired_for[core] = reason
-        message = f"core {core} retired: {reason}"
+        message = f"core {core} retired: " + reason.said([core])
         if self._starting:
             # Recorded now, said when start-up is over: if every core fails alike, the run's
             # error says it once instead of a line per core before it.
@@ -488,7 +488,7 @@ class Engine(EngineLoop):
             self._held[core] = reason
         else:
             self.warn(message)
-        self.notify(ev.CoreRetired(core, reason))
+        self.notify(ev.CoreRetired(core, reason.said([core])))
 
     # ------------------------------------------------------------------ deaths
     def _on_exit(self, event: Exited) -> None:
@@ -569,24 +569,20 @@ class Engine(EngineLoop):
         self.backend.end_run()
 
 
-# Marks, in a retirement reason, where its core's number and the advice to leave the core
-# out were (_alike), so that reasons differing only there fall together.
-_NUMBER, _ADVICE = "\0", "\1"
-
-
-def _alike(reasons: dict[int, str]) -> dict[str, list[int]]:
-    """Cores grouped by reason, each reason with its core's number and advice marked."""
-    groups: dict[str, list[int]] = {}
+def _alike(reasons: dict[int, CoreReason]) -> dict[CoreReason, list[int]]:
+    """Cores grouped by reason: a reason names its core by a mark, so cores that failed
+    alike have equal reasons."""
+    groups: dict[CoreReason, list[int]] = {}
     for core in sorted(reasons):
-        general = reasons[core].replace(leave_core_out(core), _ADVICE)
-        groups.setdefault(general.replace(f"core {core}", _NUMBER), []).append(core)
+        groups.setdefault(reasons[core], []).append(core)
     return groups
 
 
-def _for_cores(reason: str, cores: list[int], *, advice: bool) -> str:
+def _for_cores(reason: CoreReason, cores: list[int], *, advice: bool) -> Said:
     """A reason from :func:`_alike` said of ``cores``: with ``advice``, to leave them out
     where the reason advised it (not when every core failed: it cannot help then)."""
+    text = reason.said(cores, advice=advice)
+    if reason.names_core:
+        return text
     every = f"core {cores[0]}" if len(cores) == 1 else f"cores {', '.join(map(str, cores))}"
-    leave = f"leave {every} out of {{runtime.cores}}, or " if advice else ""
-    text = reason.replace(_ADVICE, leave)
-    return text.replace(_NUMBER, every) if _NUMBER in text else f"{every}: {text}"
+    return f"{every}: " + text

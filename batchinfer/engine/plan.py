@@ -4,7 +4,7 @@ Planning only reads. It finds every configuration error (exit 2) before any proc
 shared-memory segment or file exists. OUT is looked at here and taken when the run begins,
 both by its owner (:class:`batchinfer.sink.output_folder.OutputFolder`); running is
 :class:`Engine`.
-Errors name settings by field (``{runtime.cores}``); each front end renders them.
+Errors name settings with ``setting("runtime.cores")``; each front end renders them.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
 from batchinfer.engine.task import RAW, TaskPlan, pad_rgb, plan_task
 from batchinfer.errors import ConfigError, ModelError, UsageError
+from batchinfer.messages import setting
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
@@ -120,7 +121,7 @@ def check_cores(runtime: RuntimeOptions, backend: Backend) -> tuple[int, ...]:
         listed = ",".join(str(c) for c in valid)
         given = ",".join(str(c) for c in cores) or "(empty)"
         raise ConfigError(
-            f"{{runtime.cores}} {given} is not a list of distinct NPU cores of "
+            setting("runtime.cores") + f" {given} is not a list of distinct NPU cores of "
             f"{backend.chip().upper()}, which has cores {listed}; pass e.g. {listed}.",
             "runtime.cores",
         )
@@ -150,7 +151,8 @@ def check_slots_fit(slots: int, inputs: Preprocess | TensorLayout, given: bool) 
         most = free // per_slot
         fix = f"give at most {most}, or" if most >= 2 else "that is not even 2 slots:"
         raise ConfigError(
-            f"{{runtime.slots}} {slots} needs {slots * per_slot / 2**20:.1f} MiB of shared "
+            setting("runtime.slots")
+            + f" {slots} needs {slots * per_slot / 2**20:.1f} MiB of shared "
             f"memory for the model's inputs ({per_slot / 2**10:.1f} KiB each) but {SHM_DIR} "
             f"has {free / 2**20:.1f} MiB free; {fix} make {SHM_DIR} bigger (docker: "
             "--shm-size).",
@@ -178,7 +180,7 @@ def model_input(
     if len(info.inputs) != 1 and not several:
         raise UsageError(
             f"model {model} has {len(info.inputs)} inputs; only run and eval feed several "
-            "(see {preprocess.inputs}), so use a model with one input here."
+            "(see " + setting("preprocess.inputs") + "), so use a model with one input here."
         )
     images = [t for t in info.inputs if is_image_shape(t.shape)]
     if len(info.inputs) > 1 and not images:
@@ -203,14 +205,18 @@ def plan_input_feeds(
         if mapping or dataset.kind == "npz":
             raise UsageError(
                 f"the input names of {model} cannot be read without its .onnx beside it, so "
-                "{preprocess.inputs} and .npz datasets cannot be matched to them; put the "
+                + setting("preprocess.inputs")
+                + " and .npz datasets cannot be matched to them; put the "
                 ".onnx it was converted from beside it."
             ) from None
         return engine
     if engine.detects and (len(info.inputs) > 1 or mapping):
         raise UsageError(
             f"{model} is run as a detector, which takes one image input; drop "
-            "{preprocess.inputs} or pass {detect.task} raw."
+            + setting("preprocess.inputs")
+            + " or pass "
+            + setting("detect.task")
+            + " raw."
         )
 
     def image_preprocess(tensor: Any) -> Preprocess:
@@ -258,9 +264,11 @@ def _check_size(shape: tuple[int, ...], preprocess: Preprocess, asked: tuple[int
         hw = shape[1:3]
     if all(d > 0 for d in hw) and tuple(hw) != tuple(asked):
         raise ConfigError(
-            f"{{preprocess.size}} {asked[0]}x{asked[1]} does not fit the model, whose input "
-            f"is fixed at {hw[0]}x{hw[1]}; drop {{preprocess.size}} (inputs are resized to "
-            "the model's size anyway).",
+            setting("preprocess.size")
+            + f" {asked[0]}x{asked[1]} does not fit the model, whose input "
+            f"is fixed at {hw[0]}x{hw[1]}; drop "
+            + setting("preprocess.size")
+            + " (inputs are resized to the model's size anyway).",
             "preprocess.size",
         )
 

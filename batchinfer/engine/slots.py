@@ -82,6 +82,7 @@ import numpy as np
 import psutil
 
 from batchinfer.errors import SharedMemoryError
+from batchinfer.messages import setting
 
 SEGMENT_PREFIX = "batchinfer"
 SHM_DIR = "/dev/shm"
@@ -149,8 +150,9 @@ def _too_small(nbytes: int, name: str, shm_dir: str = SHM_DIR) -> SharedMemoryEr
     has = "" if free is None else f" but {shm_dir} has only {free / 2**20:.1f} MiB free"
     return SharedMemoryError(
         f"the input/output slots need {nbytes / 2**20:.1f} MiB of shared memory ({name}){has}; "
-        f"run with fewer slots ({{runtime.slots}}), or give the machine a bigger {shm_dir} "
-        "(docker: --shm-size)."
+        "run with fewer slots ("
+        + setting("runtime.slots")
+        + f"), or give the machine a bigger {shm_dir} (docker: --shm-size)."
     )
 
 
@@ -188,7 +190,7 @@ def create_segment(name: str, size: int) -> Segment:
     except OSError as e:
         raise SharedMemoryError(
             f"shared memory segment {name} could not be created ({e.strerror}); free {SHM_DIR} "
-            "or run with fewer slots ({runtime.slots})."
+            "or run with fewer slots (" + setting("runtime.slots") + ")."
         ) from e
     segment = None
     try:
@@ -205,7 +207,9 @@ def create_segment(name: str, size: int) -> Segment:
     except OSError as e:
         raise SharedMemoryError(
             f"shared memory segment {name} ({size / 2**20:.1f} MiB) could not be created "
-            f"({e.strerror}); run with fewer slots ({{runtime.slots}}) or free {SHM_DIR}."
+            f"({e.strerror}); run with fewer slots ("
+            + setting("runtime.slots")
+            + f") or free {SHM_DIR}."
         ) from e
     finally:
         os.close(fd)

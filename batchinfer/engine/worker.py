@@ -1,7 +1,7 @@
 """Core workers: one process per NPU core, ``instances`` runtime threads pinned to that core.
 
 Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
-  worker -> coordinator  ("init_failed", message)      a runtime could not start; then exit
+  worker -> coordinator  ("init_failed", reason)       a runtime could not start; then exit
                          ("failed", traceback)          any other start-up failure; then exit
                          ("initialised",)               runtimes up; the canary runs next
                          ("ready", info)                canary done; info: sdk version, output
@@ -55,7 +55,7 @@ from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
-from batchinfer.runtime.adapter import RuntimeAdapter
+from batchinfer.runtime.adapter import CoreError, CoreReason, RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 from batchinfer.runtime.rknn_log import quiet_instance_logs
 
@@ -242,7 +242,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             for _ in range(spec.instances):
                 adapters.append(spec.backend.instance(spec.core))
         except (BatchinferError, OSError) as e:
-            send_or_exit(results, ("init_failed", _template(e)))
+            send_or_exit(results, ("init_failed", _reason(e)))
             return
         send_or_exit(results, ("initialised",))
         inputs = SlotRegion.attach(spec.inputs)
@@ -255,7 +255,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                 )
             )
         except InferenceError as e:
-            send_or_exit(results, ("init_failed", f"the canary inference failed: {_template(e)}"))
+            reason = _reason(e).after("the canary inference failed: ")
+            send_or_exit(results, ("init_failed", reason))
             return
         decoders: list[ItemDecoder] = []
         if spec.task is not None:
@@ -266,7 +267,10 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                 shapes = ", ".join(str(list(o.shape)) for o in outs)
                 send_or_exit(
                     results,
-                    ("init_failed", f"its outputs ({shapes}) cannot be decoded as planned: {e}"),
+                    (
+                        "init_failed",
+                        CoreReason.of(f"its outputs ({shapes}) cannot be decoded as planned: {e}"),
+                    ),
                 )
                 return
         info = {
@@ -312,13 +316,12 @@ def _data_format(spec: WorkerSpec) -> str | list[str]:
     return layout if isinstance(layout, str) else list(layout)
 
 
-def _template(e: BaseException) -> str:
-    """An error's message with its settings as ``{group.setting}`` templates, the text form
-    the coordinator's reasons are still made of (batchinfer.messages); it reads them back
-    into references when it warns or raises, so the front end names them."""
-    if isinstance(e, BatchinferError):
-        return e.message.render(lambda field: "{" + field + "}")
-    return str(e)
+def _reason(e: BaseException) -> CoreReason:
+    """Why the core could not start, as the coordinator compares and says it: the adapter's
+    reason naming the core, or an error's message (its settings kept as references)."""
+    if isinstance(e, CoreError):
+        return e.reason
+    return CoreReason.of(e.message if isinstance(e, BatchinferError) else str(e))
 
 
 def _serve(

@@ -7,17 +7,67 @@ messages say what failed and what to do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchinfer.errors import InferenceError, ModelError
+from batchinfer.messages import Message, as_message, setting
 
 
-def leave_core_out(core: int) -> str:
-    """The advice, in an init failure's message, to run without ``core``."""
-    return f"leave core {core} out of {{runtime.cores}}, or "
+class Mark(Enum):
+    """Where a :class:`CoreReason` names its core, and where it advises leaving it out."""
+
+    CORE = "core"
+    ADVICE = "advice"
+
+
+@dataclass(frozen=True)
+class CoreReason:
+    """Why a core could not start, as data: text with the core's name and the advice to
+    leave it out marked (:class:`Mark`), not written in. The coordinator says one reason of
+    every core that failed alike ("cores 0, 2 ...", engine/loop.py) by comparing reasons,
+    never their text, and leaves the advice out when every core failed (it cannot help)."""
+
+    parts: tuple[Message | Mark, ...]
+
+    @classmethod
+    def of(cls, *parts: str | Mark) -> CoreReason:
+        return cls(tuple(p if isinstance(p, Mark) else as_message(p) for p in parts))
+
+    def after(self, text: str) -> CoreReason:
+        """This reason with ``text`` before it."""
+        return CoreReason((as_message(text), *self.parts))
+
+    @property
+    def names_core(self) -> bool:
+        return Mark.CORE in self.parts
+
+    def said(self, cores: Sequence[int], *, advice: bool = True) -> Message:
+        """The reason said of ``cores``, with the advice to leave them out if ``advice``."""
+        name = f"core {cores[0]}" if len(cores) == 1 else f"cores {', '.join(map(str, cores))}"
+        said = Message()
+        for part in self.parts:
+            if part is Mark.CORE:
+                said += name
+            elif part is Mark.ADVICE:
+                if advice:
+                    said += f"leave {name} out of " + setting("runtime.cores") + ", or "
+            else:
+                said += part
+        return said
+
+
+class CoreError(InferenceError):
+    """An InferenceError on one core, with its :class:`CoreReason` (``reason``)."""
+
+    def __init__(self, message: str, reason: CoreReason | None = None) -> None:
+        super().__init__(message, reason)
+        self.reason = reason or CoreReason.of(message)
 
 
 class RuntimeAdapter:
@@ -62,10 +112,19 @@ class RuntimeAdapter:
                 f"{self._hint()}."
             ) from exc
         if ret != 0:
-            leave_out = "" if self.core is None else leave_core_out(self.core)
-            raise InferenceError(
-                f"{self._where} could not be initialised (init_runtime returned {ret}); "
-                f"{leave_out}{self._hint()}."
+            if self.core is None:
+                raise InferenceError(
+                    f"{self._where} could not be initialised (init_runtime returned {ret}); "
+                    + self._hint()
+                    + "."
+                )
+            raise self._on_core(
+                "NPU ",
+                Mark.CORE,
+                f" could not be initialised (init_runtime returned {ret}); ",
+                Mark.ADVICE,
+                self._hint(),
+                ".",
             )
 
     def infer(
@@ -80,11 +139,17 @@ class RuntimeAdapter:
             inputs=inputs, data_format=data_format, reuse_outputs=reuse_outputs
         )
         if outputs is None:
-            core = "the NPU" if self.core is None else f"core {self.core}"
-            raise InferenceError(
-                f"Inference returned None on {core}; the runtime's E log lines above say why."
-            )
+            why = "; the runtime's E log lines above say why."
+            if self.core is None:
+                raise InferenceError("Inference returned None on the NPU" + why)
+            raise self._on_core("Inference returned None on ", Mark.CORE, why)
         return outputs
+
+    def _on_core(self, *parts: str | Mark) -> CoreError:
+        """The error, on this adapter's core, whose reason is ``parts``."""
+        assert self.core is not None
+        reason = CoreReason.of(*parts)
+        return CoreError(reason.said([self.core]), reason)
 
     def sdk_version(self) -> str | None:
         """The runtime's multi-line version text, or None when it gives none."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.errors import UsageError
+from batchinfer.messages import Message, as_message, join, setting
 
 #: Human names of the fingerprint's entries, in the order differences are reported.
 _LABELS = {
@@ -22,13 +23,13 @@ _LABELS = {
     "runtime_files": "files the runtime reads beside the model (sha256)",
     "backend": "backend",
     "preprocess": "preprocessing",
-    "topk": "{output.topk}",
-    "save_outputs": "{output.save_outputs}",
+    "topk": setting("output.topk"),
+    "save_outputs": setting("output.save_outputs"),
     "dataset_root": "dataset folder",
     "dataset_items": "number of dataset items",
     "dataset_listing_sha256": "dataset listing (the items' names, sha256)",
     "class_map": "class map (labels)",
-    "resume_check": "{output.resume_check}",
+    "resume_check": setting("output.resume_check"),
     "dataset_stat_sha256": "state of the dataset's files (each one's size and modification "
     "time, sha256)",
     "dataset_content_sha256": "content of the dataset's files (sha256)",
@@ -99,17 +100,17 @@ def _dict_diff(old: dict, new: dict) -> str:
     return ", ".join(f"{k} {_short(old.get(k))} → {_short(new.get(k))}" for k in keys)
 
 
-def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def fingerprint_differences(old: dict[str, Any], new: dict[str, Any]) -> list[Message]:
     """One phrase per entry that differs, e.g. ``--topk 5 → 3``; [] when they agree."""
-    out = []
+    out: list[Message] = []
     for key, label in _LABELS.items():
         a, b = old.get(key), new.get(key)
         if a == b or (key in _ADDED_LATER and key not in old):
             continue
         if isinstance(a, dict) and isinstance(b, dict):
-            out.append(f"{label}: {_dict_diff(a, b)}")
+            out.append(as_message(label) + f": {_dict_diff(a, b)}")
         else:
-            out.append(f"{label} {_short(a)} → {_short(b)}")
+            out.append(as_message(label) + f" {_short(a)} → {_short(b)}")
     return out
 
 
@@ -121,8 +122,9 @@ def check_resume_fingerprint(
     differences = fingerprint_differences(recorded or {}, fingerprint)
     if differences:
         raise UsageError(
-            f"{{output.resume}}: the run in {out} was made with a different "
-            + "; ".join(differences)
+            setting("output.resume")
+            + f": the run in {out} was made with a different "
+            + join("; ", differences)
             + ". Resume it with the settings it was started with, or start a new run "
-            "(another {output.out}, or {output.overwrite})."
+            "(another " + setting("output.out") + ", or " + setting("output.overwrite") + ")."
         )

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from batchinfer.errors import ModelError, OutputTamperedError, UsageError
+from batchinfer.messages import setting
 from batchinfer.sink.atomic import write_bytes_atomically, write_error
 
 MANIFEST_FILE = "manifest.json"
@@ -127,7 +128,8 @@ def check_ledger(out_dir: Path, parts: dict) -> None:
                 f"{Path(out_dir) / MANIFEST_FILE} lists {_shown(name)} as a prediction part, "
                 f"which {problem}: the manifest was edited or damaged, so nothing in {out_dir} "
                 "was deleted, continued or read; move that folder aside and pass another "
-                "{output.out}."
+                + setting("output.out")
+                + "."
             )
 
 
@@ -289,6 +291,8 @@ def model_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
                 digest.update(chunk)
     except OSError as exc:
         raise ModelError(
-            f"Model file {path} cannot be read ({exc.strerror or exc}); check the {{model}} path."
+            f"Model file {path} cannot be read ({exc.strerror or exc}); check the "
+            + setting("model")
+            + " path."
         ) from None
     return digest.hexdigest()

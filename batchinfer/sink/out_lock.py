@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from batchinfer.errors import OutputLockedError
+from batchinfer.messages import Message, setting
 
 LOCK_FILE = ".batchinfer.lock"
 
@@ -84,7 +85,7 @@ def _read_holder(fd: int) -> dict:
     return {}
 
 
-def locked_message(path: Path, holder: dict) -> str:
+def locked_message(path: Path, holder: dict) -> Message:
     who = ", ".join(
         f"{k} {holder[k]}" for k in ("pid", "host", "started_at") if holder.get(k) is not None
     )
@@ -94,5 +95,6 @@ def locked_message(path: Path, holder: dict) -> str:
         what += f": {command}"
     return (
         f"output folder {path} is in use by {what}; wait for it to finish, or pass another "
-        "{output.out}."
+        + setting("output.out")
+        + "."
     )

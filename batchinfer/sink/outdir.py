@@ -37,6 +37,7 @@ from batchinfer.errors import (
     OutputTamperedError,
     UsageError,
 )
+from batchinfer.messages import setting
 from batchinfer.sink.atomic import fsync_dir, tmp_path_for, write_error
 from batchinfer.sink.manifest import (
     MANIFEST_FILE,
@@ -76,14 +77,16 @@ def inspect_out(path: Path) -> OutFolder:
         return OutFolder(path, "absent")
     if not path.is_dir():
         raise OutputExistsError(
-            f"{{output.out}} {path} is a file, not a folder; pass the path of a folder to write "
+            setting("output.out")
+            + f" {path} is a file, not a folder; pass the path of a folder to write "
             "results to."
         )
     try:
         entries = [e for e in os.listdir(path) if e != LOCK_FILE]
     except OSError as exc:
         raise OutputExistsError(
-            f"{{output.out}} {path} cannot be read ({exc.strerror}); pass an output folder you "
+            setting("output.out")
+            + f" {path} cannot be read ({exc.strerror}); pass an output folder you "
             "can write to."
         ) from exc
     if not entries:
@@ -116,7 +119,8 @@ def check_separate(out: Path, dataset: Path) -> None:
     else:
         return
     raise UsageError(
-        f"{{output.out}} {out} {where} ({dataset}); results and the dataset must not mix, "
+        setting("output.out")
+        + f" {out} {where} ({dataset}); results and the dataset must not mix, "
         "so choose an output folder outside the dataset."
     )
 
@@ -129,8 +133,10 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
     path = folder.path
     if overwrite and resume:
         raise UsageError(
-            "{output.overwrite} and {output.resume} contradict each other (replace the run, or "
-            "continue it); pass one of them."
+            setting("output.overwrite")
+            + " and "
+            + setting("output.resume")
+            + " contradict each other (replace the run, or continue it); pass one of them."
         )
     holder = lock_holder(path) if probe_lock and folder.state != "absent" else None
     if holder is not None:
@@ -138,8 +144,13 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
     if folder.state == "run":
         if not (overwrite or resume):
             raise OutputExistsError(
-                f"output folder {path} already holds a run; pass {{output.resume}} to continue it, "
-                "{output.overwrite} to replace it, or another {output.out}."
+                f"output folder {path} already holds a run; pass "
+                + setting("output.resume")
+                + " to continue it, "
+                + setting("output.overwrite")
+                + " to replace it, or another "
+                + setting("output.out")
+                + "."
             )
         if overwrite:
             _check_predictions_are_ours(folder)
@@ -147,17 +158,23 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
     elif folder.state == "foreign":
         if resume:
             raise UsageError(
-                f"{{output.resume}}: {path} is not a batchinfer run ({folder.why_foreign}), so "
+                setting("output.resume")
+                + f": {path} is not a batchinfer run ({folder.why_foreign}), so "
                 "there is nothing to continue; pass the output folder of an earlier run."
             )
         if overwrite:
             raise OutputExistsError(
                 f"output folder {path} exists and is not a batchinfer run "
-                f"({folder.why_foreign}), so {{output.overwrite}} deletes nothing in it; pass "
-                "another {output.out}."
+                f"({folder.why_foreign}), so "
+                + setting("output.overwrite")
+                + " deletes nothing in it; pass another "
+                + setting("output.out")
+                + "."
             )
         raise OutputExistsError(
-            f"output folder {path} already exists and is not empty; pass another {{output.out}}."
+            f"output folder {path} already exists and is not empty; pass another "
+            + setting("output.out")
+            + "."
         )
 
 
@@ -173,7 +190,8 @@ def _check_predictions_are_ours(folder: OutFolder) -> None:
         if strays:
             raise OutputExistsError(
                 f"{directory} holds {strays[0]!r}, which no batchinfer run wrote, so "
-                "{output.overwrite} would leave it among the new results; move it out, then "
+                + setting("output.overwrite")
+                + " would leave it among the new results; move it out, then "
                 "run again."
             )
 
@@ -317,16 +335,20 @@ class OutLock:
         if lost:
             moved = self._now_at()
             then = (
-                f"it is now {moved}: continue it there with {{output.resume}} {{output.out}} "
-                f"{moved}."
+                f"it is now {moved}: continue it there with "
+                + setting("output.resume")
+                + " "
+                + setting("output.out")
+                + f" {moved}."
                 if moved
                 else "find the folder it was moved to and continue it there with "
-                "{output.resume}, or start again."
+                + setting("output.resume")
+                + ", or start again."
             )
             raise OutputLostError(
                 f"output folder {self.path} was deleted, moved or replaced while this run "
                 "wrote to it, so the run stopped and wrote nothing more there (another run "
-                f"may be using that path now); {then}"
+                "may be using that path now); " + then
             )
 
     def _now_at(self) -> str | None:
