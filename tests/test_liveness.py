@@ -30,6 +30,7 @@ from batchinfer.engine.slots import (
     sweep_dead_segments,
 )
 from batchinfer.errors import SharedMemoryError
+from batchinfer.options import SimOptions
 from batchinfer.results import read_predictions
 
 
@@ -143,6 +144,53 @@ def test_one_poison_item_costs_one_error_row_and_no_core(demo_kit, tmp_path):
     manifest = json.loads((result.out / "manifest.json").read_text())
     assert manifest["retired_cores"] == []
     assert any("blamed on the item" in w for w in result.warnings)
+
+
+def test_a_poison_item_among_three_instances_charges_no_neighbour(demo_kit, tmp_path):
+    """Issue 27: with -k 3 a crash charged every item inside inference() then, so the
+    poison item's neighbours lost an attempt each (and two such accidents made an error
+    row). The host time keeps the other two instances inside inference() when it crashes."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=SimOptions(npu_ms=1.0, host_ms=5.0, faults=("crash:item=10",)),
+        cores=(0,),
+        instances_per_core=3,
+        max_attempts=2,
+        limit=40,
+        out=tmp_path / "o",
+    )
+    result = run(cfg)
+    assert (result.status, result.errors, result.succeeded) == ("complete", 1, 39)
+    rows = read_predictions(result.out).to_pylist()
+    (row,) = [r for r in rows if r["error"] is not None]
+    assert row["index"] == 10 and row["attempt"] == 2 and row["error"].count("crashed") == 2
+    assert [r["index"] for r in rows if r["attempt"] != 1 and r["index"] != 10] == []
+
+
+def test_a_hung_item_among_three_instances_charges_no_neighbour(demo_kit, tmp_path):
+    """The watchdog knows which instance hung: only its item is charged when the worker is
+    killed; the other two instances' items (inside inference() then) go back uncharged.
+    The NPU time keeps the run going well past the timeout (about 10 calls a second)."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        sim=SimOptions(npu_ms=100.0, host_ms=5.0, faults=("hang:item=10",)),
+        cores=(0,),
+        instances_per_core=3,
+        max_attempts=2,
+        inference_timeout_s=1.5,
+        limit=40,
+        out=tmp_path / "o",
+    )
+    result = run(cfg)
+    assert (result.status, result.errors, result.succeeded) == ("complete", 1, 39)
+    rows = read_predictions(result.out).to_pylist()
+    (row,) = [r for r in rows if r["error"] is not None]
+    assert row["index"] == 10 and row["attempt"] == 2 and row["error"].count("hung") == 2
+    assert [r["index"] for r in rows if r["attempt"] != 1 and r["index"] != 10] == []
 
 
 def test_shared_memory_is_reserved_when_created_so_a_shortage_fails_at_once():

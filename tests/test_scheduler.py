@@ -462,17 +462,17 @@ def test_readers_do_not_grow_when_idle_or_unobserved():
     assert s.decide(t + WINDOW_S, readers=1, idle_cpus=lambda: 1.0) == 0
 
 
-def test_items_charged_with_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():
+def test_items_in_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():
     """Soak: with k=3, a poison item and its neighbour crashed together, went back together,
     landed on one core together and crashed together again, so the innocent one became an
-    error row. An item that was in a crash is now retried alone on a core."""
+    error row. Items that were in a crash together are now retried alone on a core."""
     s = ready_scheduler(slots=20, cores=(0, 1, 2), k=3, max_attempts=3)
     admit_ready(s, 12)
     sent = s.dispatch(0.0)
     poison, innocent = sent[0][0], sent[0][1]
     indexes = {s.flight(poison).item.index, s.flight(innocent).item.index}
     s.core_lost(0, indexes, "worker process crashed", 0.0)
-    assert s.flight(poison).crashes == s.flight(innocent).crashes == 1
+    assert s.flight(poison).suspect and s.flight(innocent).suspect
     for core in (1, 2):  # cores 1 and 2 still hold their first items
         assert s.cores[core].inflight
     # Neither suspect may join a core that has other items in flight ...
@@ -505,3 +505,97 @@ def test_slots_are_wanted_when_what_is_ready_or_read_does_not_cover_the_cores_ro
     assert not s.slots_wanted()
     s.core_retired(1)  # a retired core has no room; its items are READY again
     assert not s.slots_wanted()
+
+
+def _inferring(s: Scheduler, core: int, k: int) -> set[int]:
+    """The item indexes inside inference() on ``core``: its first k items."""
+    return {s.flight(slot).item.index for slot in sorted(s.cores[core].inflight)[:k]}
+
+
+def test_a_crash_with_three_inferring_charges_none_and_only_the_poison_becomes_a_row():
+    """Issue 27: with k=3 a crash charged every item inside inference(), so an innocent
+    neighbour of a poison item (or of a random crash) lost an attempt, and two such
+    accidents made an error row. Now: the crash charges none of the three, each is retried
+    alone (nothing else in flight on the core meanwhile), the poison crashes alone and is
+    charged (an error row after max_attempts, never retiring the core), and the two
+    innocents succeed on their first charged attempt with no failure recorded."""
+    s = ready_scheduler(slots=20, cores=(0,), k=3, max_attempts=2)
+    admit_ready(s, 10)
+    sent = s.dispatch(0.0)[0]
+    three = sent[:3]
+    poison = three[1]
+    p_index = s.flight(poison).item.index
+    loss = s.core_lost(0, _inferring(s, 0, 3), "worker process crashed (exit code -11)", 0.0)
+    assert loss.finished == [] and not loss.blamed_items
+    for slot in three:
+        f = s.flight(slot)
+        assert f.failures == [] and f.crashes == 0 and f.suspect  # uncharged suspects
+    assert s.cores[0].crashes_in_row == 1  # nobody blamed yet: it counts against the core
+    now, rows, successes = loss.restart_at, [], {}
+    while len(rows) + len(successes) < 10:
+        for core in s.restarts_due(now):
+            s.core_ready(core)
+        out = s.dispatch(now).get(0, [])
+        suspects = [slot for slot in s.cores[0].inflight if s.flight(slot).suspect]
+        if suspects:  # a suspect is inferred alone, and nothing joins it
+            assert s.cores[0].inflight == set(suspects) and len(suspects) == 1
+        for slot in sorted(s.cores[0].inflight):
+            if s.flight(slot).item.index == p_index:
+                loss = s.core_lost(0, {p_index}, "worker process crashed", now)
+                assert loss.blamed_items and loss.restart_at is not None  # never retired
+                rows += loss.finished
+                now = loss.restart_at
+                break
+            row = s.done(0, slot, None)
+            successes[slot] = row
+            s.release(slot)
+        else:
+            assert out or s.cores[0].inflight or rows, "no progress"
+        now += 0.01
+    assert [(r.slot, r.attempt) for r in rows] == [(poison, 2)]
+    assert "exit code -11" not in rows[0].error  # the shared crash was never charged to it
+    assert all(r.error is None and r.attempt == 1 for r in successes.values())
+    assert set(successes) == set(range(10)) - {poison}
+    assert s.cores[0].state != "retired"
+
+
+def test_a_hang_charges_only_the_hung_item_and_the_others_go_back_uncharged():
+    s = ready_scheduler(slots=20, cores=(0, 1), k=3, max_attempts=2)
+    admit_ready(s, 12)
+    sent = s.dispatch(0.0)[0]
+    indexes = [s.flight(slot).item.index for slot in sent[:3]]
+    loss = s.core_lost(
+        0, set(indexes), "inference of item hung; worker killed", 5.0, culprits={indexes[2]}
+    )
+    assert loss.finished == []
+    assert s.flight(sent[2]).failures == ["core 0: inference of item hung; worker killed"]
+    for slot in sent[:2]:
+        assert s.flight(slot).failures == [] and not s.flight(slot).suspect
+        assert slot in s.ready
+
+
+def test_the_watchdog_names_only_the_instance_that_hung():
+    w, c = watchdog(), child()
+    ((who, _),) = w.hung(3.5, [c], board((7, 1.0), (8, 3.0), (0, 0)))
+    assert who.hung_items == {7}  # item 8 was inferring too, but not for too long
+
+
+def test_a_core_that_crashes_whatever_it_runs_is_retired_and_no_item_becomes_a_row():
+    """Uncharged multi-item crashes still count against the core: core 0 crashes with every
+    item it infers (three at a time, or a suspect alone); core 1 is healthy."""
+    k = 3
+    s = ready_scheduler(slots=24, cores=(0, 1), k=k, max_attempts=2)
+    admit_ready(s, 24)
+    now, rows, done = 0.0, [], 0
+    while s.cores[0].state != "retired":
+        now += 10.0
+        for core in s.restarts_due(now):
+            s.core_ready(core)
+        s.dispatch(now)
+        for slot in sorted(s.cores[1].inflight):
+            s.release(s.done(1, slot, None).slot)
+            done += 1
+        if s.cores[0].state == "ready" and s.cores[0].inflight:
+            rows += s.core_lost(0, _inferring(s, 0, k), "crashed", now).finished
+        assert now < 1000.0, "core 0 was never retired"
+    assert rows == []

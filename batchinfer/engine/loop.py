@@ -503,7 +503,7 @@ class Engine(EngineLoop):
         if child.kind == "reader":
             self._on_reader_exit(child, working, what)
         else:
-            self._on_worker_exit(child, {i for i, _ in working}, what)
+            self._on_worker_exit(child, {i for i, _ in working}, what, child.hung_items)
 
     def _board_rows(self, child: Child) -> slice:
         if child.kind == "worker":
@@ -532,12 +532,14 @@ class Engine(EngineLoop):
             self._start_reader(child.key)
             self.warn(f"reader {child.key} {what}; started a new one.")
 
-    def _on_worker_exit(self, child: Child, charged: set[int], what: str) -> None:
+    def _on_worker_exit(
+        self, child: Child, working: set[int], what: str, culprits: set[int] | None
+    ) -> None:
         if self.scheduler.cores[child.key].state == "retired":
             return  # init_failed or failed already said why
         self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
         self.stats.set_busy(child.key, 0.0)
-        loss: CoreLoss = self.scheduler.core_lost(child.key, charged, what, self.clock())
+        loss: CoreLoss = self.scheduler.core_lost(child.key, working, what, self.clock(), culprits)
         for finished in loss.finished:
             self.collector.error(finished)
         if self.scheduler.stopping:

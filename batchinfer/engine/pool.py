@@ -41,6 +41,7 @@ class Child:
     state: str = "starting"  # starting | ready | gone
     last_progress: float = 0.0
     killed_for: str | None = None
+    hung_items: set[int] | None = None  # workers killed as hung: the items that hung
     busy_s: float = 0.0  # workers: this incarnation's cumulative busy seconds, as reported
     cpu_s: float = 0.0  # this incarnation's CPU seconds, as last reported
     cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)

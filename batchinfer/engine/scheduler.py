@@ -8,17 +8,26 @@ is tested in milliseconds with scripted events (tests/test_scheduler.py).
 Slot states follow the NOTE in slots.py: FREE → READING → READY → INFERRING → DONE → FREE.
 
 Failure policy:
-- A core worker that dies, or hangs (killed by the loop), charges one attempt to each item
-  it was inferring at that moment; items only queued in it go back to the front of the
-  ready queue uncharged.
+- A core worker that dies, or hangs (killed by the loop), charges attempts only where the
+  cause is known; items only queued in it go back to the front of the ready queue
+  uncharged. A hang names its item (the watchdog saw which instance hung): that item is
+  charged, the others that were inside inference() go back uncharged. A crash charges the
+  item inside inference() if there was exactly one; when several instances were inferring,
+  any of them may have crashed the process, so none is charged: each becomes an uncharged
+  *suspect*, and no innocent item loses an attempt to its neighbour.
 - Whom to blame for a crash: when an item that was being inferred had already been in a
-  crash (on this core or another), the item is the likely cause, so the crash does not
-  count against the core. Otherwise the core's count of crashes in a row goes up; a success
+  crash (on this core or another, charged or not), the item is the likely cause, so the
+  crash does not count against the core. Otherwise (a first crash, with one item or
+  several inferring, or with none) the core's count of crashes in a row goes up; a success
   on the core resets it. After ``MAX_CRASHES_IN_ROW`` the core is retired; before that it
-  restarts after a back-off (``BACKOFF_S``).
+  restarts after a back-off (``BACKOFF_S``). So a poison item never retires a core (its
+  first crash counts once, its crashes alone are blamed on it), and a core that crashes
+  whatever it runs is still retired (its crashes with fresh items count).
 - An item that was in a crash is a *suspect*: it is retried alone, on a core with nothing
   else in flight, and nothing joins that core until it is done, so a poison item can never
-  take an innocent neighbour down with it a second time.
+  take an innocent neighbour down with it a second time. Suspects wait at the front of the
+  ready queue and go out one at a time per core (the restarted core, empty, takes them
+  first); one that crashes alone is charged, one that comes back was innocent.
 - ``inference()`` returning None (or raising) charges one attempt; the retry goes to a core
   the item has not tried while one is alive, even if it has to wait for room there.
 - An item that failed ``max_attempts`` times is due as an error row naming each failure.
@@ -76,6 +85,7 @@ class Flight:
     failures: list[str] = field(default_factory=list)
     cores_tried: list[int] = field(default_factory=list)
     crashes: int = 0  # worker deaths this item was charged with
+    suspect: bool = False  # in a crash with others, not charged: to be retried alone
 
 
 @dataclass
@@ -297,7 +307,7 @@ class Scheduler:
             flight = self.flight(slot)
             flight.state, flight.core, flight.t_dispatched = INFERRING, core.core, now
             core.inflight.add(slot)
-            if flight.crashes:
+            if flight.crashes or flight.suspect:
                 core.suspect = slot
             out.setdefault(core.core, []).append(slot)
         self.ready.extendleft(reversed(waiting))
@@ -307,7 +317,7 @@ class Scheduler:
         """The least loaded open core; a retry waits for a core it has not tried (on a
         cluster, another physical core); a suspect (an item that was in a crash) waits for an
         empty core."""
-        if flight.crashes:
+        if flight.crashes or flight.suspect:
             open_cores = [c for c in open_cores if not c.inflight]
             if not open_cores:
                 return None
@@ -331,6 +341,7 @@ class Scheduler:
             state.suspect = None
         flight = self.flight(slot)
         flight.cores_tried.append(core)
+        flight.suspect = False  # it came back: it did not crash its worker
         if error is None:
             state.crashes_in_row = 0
             flight.state = DONE
@@ -364,19 +375,36 @@ class Scheduler:
         state.state = "retired"
         self._requeue(state)
 
-    def core_lost(self, core: int, charged: set[int], reason: str, now: float) -> CoreLoss:
-        """Core ``core``'s worker died or was killed; ``charged``: item indexes that were
-        inside inference() then (from the status board)."""
+    def core_lost(
+        self,
+        core: int,
+        working: set[int],
+        reason: str,
+        now: float,
+        culprits: set[int] | None = None,
+    ) -> CoreLoss:
+        """Core ``core``'s worker died or was killed; ``working``: item indexes that were
+        inside inference() then (from the status board); ``culprits``: the ones known to
+        have caused it (a hang names them), None when any of ``working`` may have (a crash).
+
+        Charged: the culprits, else the one item working; several items working and no
+        culprit known: none is charged, each becomes a suspect (module docstring)."""
         state = self.cores[core]
         finished = []
-        blamed_items = False
+        charged = working if culprits is None else culprits
+        mine = [s for s in sorted(state.inflight) if self.flight(s).item.index in working]
+        blamed_items = any(self.flight(s).crashes or self.flight(s).suspect for s in mine)
+        if culprits is None and len(mine) > 1:
+            charged = set()
+            for slot in mine:
+                self.flight(slot).suspect = True
         for slot in sorted(state.inflight):
             flight = self.flight(slot)
             if flight.item.index not in charged:
                 continue
             state.inflight.discard(slot)
-            blamed_items |= flight.crashes > 0
             flight.crashes += 1
+            flight.suspect = False
             flight.cores_tried.append(core)
             result = self._fail(slot, f"{self.name(core)}: {reason}", core)
             if result is not None:

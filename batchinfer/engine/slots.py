@@ -39,8 +39,8 @@ Rules that make this safe:
    reads the output region only after the worker's ``done``, and reuses a slot only after
    the sink has taken that item's row (sinks copy what they keep).
 2. A child that dies or hangs leaves its slots to the coordinator: the status board tells the
-   items that were being worked on (charged one attempt) from the ones only queued (not
-   charged).
+   items that were being worked on (the ones an attempt may be charged to: scheduler.py says
+   which) from the ones only queued (never charged).
 3. Only the coordinator creates and unlinks segments (:func:`create_segment`). Children map
    them by name with :func:`attach`. Segments are files of /dev/shm opened with ``os.open``
    (what shm_open(3) does on Linux), never ``multiprocessing.shared_memory``, whose resource

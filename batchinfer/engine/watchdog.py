@@ -81,6 +81,8 @@ class Watchdog:
             if late:
                 index = late[0][0]
                 if child.kind == "worker":
+                    # Its other instances did not hang: only these items are charged.
+                    child.hung_items = {i for i, _ in late}
                     reason = (
                         f"inference of item {index} hung for more than {limit:g} s ({name}); "
                         "worker killed"
