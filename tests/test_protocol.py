@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from batchinfer.engine import protocol
-from batchinfer.engine.protocol import KINDS
+from batchinfer.engine.protocol import KINDS, decode, encode
 from batchinfer.engine.slots import RegionSpec, TensorLayout
 from batchinfer.engine.states import ChildState, CoreStatus, SlotState
 
@@ -51,10 +51,21 @@ def test_every_kind_is_a_namedtuple_of_this_module() -> None:
 
 @pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.__name__)
 def test_every_kind_round_trips_through_pickle(kind: type) -> None:
+    """Pickled as it is, and as it travels (encode, pickle, decode: what the pipes do)."""
     msg = _sample(kind)
     back = pickle.loads(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
     assert type(back) is kind
     assert repr(back) == repr(msg)
+    wire = encode(msg)
+    assert type(wire) is tuple  # no class named on the wire: it costs CPU per message
+    travelled = decode(pickle.loads(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)))
+    assert type(travelled) is kind
+    assert repr(travelled) == repr(msg)
+
+
+def test_tuples_of_no_kind_travel_unchanged() -> None:
+    for other in [("ready",), ("made", "data:...", None), ("timings", 1.5), ()]:
+        assert decode(encode(other)) == other
 
 
 def test_the_protocol_tables_name_every_kind_and_no_other() -> None:

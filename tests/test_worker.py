@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multiprocessing import Pipe
 
-from batchinfer.engine.protocol import Done
+from batchinfer.engine.protocol import Done, decode
 from batchinfer.engine.worker import BATCH_MAX, BATCH_WAIT_S, _BusyClock, _Outbox, _Sender
 
 REFILL_AT = 3
@@ -109,7 +109,7 @@ def test_the_sender_writes_every_delivered_batch_in_order_before_close_returns()
     sender.close()
     got = []
     while receive.poll(0):
-        got.append(receive.recv())
+        got.append(decode(receive.recv()))
     assert [m.results for m in got] == batches
     assert [m.busy_s for m in got] == [float(i) for i in range(50)]
     assert all(isinstance(m, Done) and m.cpu_s > 0 for m in got)  # cpu seconds of the worker
@@ -132,7 +132,7 @@ def test_direct_sends_keep_the_order_of_queued_ones() -> None:
     sender.close()
     got = []
     while receive.poll(0):
-        got.append(receive.recv())
+        got.append(decode(receive.recv()))
     assert [m.busy_s for m in got] == [float(i) for i in range(200)]
 
 

@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 
 from batchinfer.engine.affinity import pin_current_process
 from batchinfer.engine.fork_server import die_with_parent
-from batchinfer.engine.protocol import Failed
+from batchinfer.engine.protocol import Failed, encode
 
 # Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.
 _TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
@@ -42,7 +42,7 @@ def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
 def send_or_exit(conn: Connection, message: tuple) -> None:
     """Send to the coordinator; if it is gone, exit at once and quietly."""
     try:
-        conn.send(message)
+        conn.send(encode(message))
     except OSError:
         os._exit(0)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from batchinfer.engine import fork_server
 from batchinfer.engine.fork_server import ForkedChild
-from batchinfer.engine.protocol import Stop
+from batchinfer.engine.protocol import Stop, decode, encode
 from batchinfer.engine.states import ChildState
 
 _REAP_TIMEOUT_S = 1.0
@@ -134,7 +134,7 @@ class ChildPool:
     def send(child: Child, message: tuple) -> None:
         """Send to a child; if it has just died, say nothing: its sentinel will tell."""
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
-            child.tasks.send(message)
+            child.tasks.send(encode(message))
 
     def kill(self, child: Child, reason: str) -> None:
         """SIGKILL ``child``; its exit comes back from :meth:`poll` with ``killed_for`` set."""
@@ -175,7 +175,7 @@ class ChildPool:
         out = []
         with contextlib.suppress(EOFError, OSError):
             while child.readable.poll(0):
-                out.append(Message(child, child.results.recv()))
+                out.append(Message(child, decode(child.results.recv())))
         return out
 
     def _forget(self, child: Child) -> None:

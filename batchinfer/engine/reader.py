@@ -39,7 +39,7 @@ from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shards import ShardFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry
-from batchinfer.engine.protocol import Loaded, ReaderReady, Stop
+from batchinfer.engine.protocol import Loaded, ReaderReady, Stop, decode
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -99,7 +99,7 @@ def _serve(
     row = spec.board_row
     while True:
         try:
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             return
         if isinstance(msg, Stop):

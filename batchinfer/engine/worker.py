@@ -62,6 +62,7 @@ from batchinfer.engine.protocol import (
     Initialised,
     Stop,
     WorkerReady,
+    decode,
 )
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.engine.task import TaskPlan
@@ -289,7 +290,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         )
         send_or_exit(results, ready)
         try:
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             return
         if not isinstance(msg, Attach):
@@ -431,7 +432,7 @@ def _serve(
             if wait is not None and not readable.poll(wait * 1e3):
                 outbox.send_due(time.monotonic())
                 continue
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             os._exit(0)  # the coordinator is gone: nobody will read our results
         if isinstance(msg, Infer):

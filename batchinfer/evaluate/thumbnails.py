@@ -42,7 +42,7 @@ import numpy as np
 
 from batchinfer.engine.child import send_or_exit, setup_child
 from batchinfer.engine.pool import ChildPool, Exited, Message
-from batchinfer.engine.protocol import Stop
+from batchinfer.engine.protocol import Stop, decode
 
 #: Items allowed to hang before the remaining ones are skipped.
 MAX_HUNG = 2
@@ -81,7 +81,7 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
     send_or_exit(results, ("ready",))
     while True:
         try:
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             return
         if isinstance(msg, Stop):
