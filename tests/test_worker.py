@@ -1,9 +1,10 @@
-"""The core worker's outbox and sender: how finished results become "done" messages."""
+"""The core worker's outbox and sender: how finished results become Done messages."""
 
 from __future__ import annotations
 
 from multiprocessing import Pipe
 
+from batchinfer.engine.protocol import Done, decode
 from batchinfer.engine.worker import BATCH_MAX, BATCH_WAIT_S, _BusyClock, _Outbox, _Sender
 
 REFILL_AT = 3
@@ -108,10 +109,10 @@ def test_the_sender_writes_every_delivered_batch_in_order_before_close_returns()
     sender.close()
     got = []
     while receive.poll(0):
-        got.append(receive.recv())
-    assert [m[1] for m in got] == batches
-    assert [m[2] for m in got] == [float(i) for i in range(50)]
-    assert all(m[0] == "done" and m[3] > 0 for m in got)  # cpu seconds of the worker
+        got.append(decode(receive.recv()))
+    assert [m.results for m in got] == batches
+    assert [m.busy_s for m in got] == [float(i) for i in range(50)]
+    assert all(isinstance(m, Done) and m.cpu_s > 0 for m in got)  # cpu seconds of the worker
 
 
 def test_only_a_thread_with_nothing_left_sends_itself() -> None:
@@ -131,8 +132,8 @@ def test_direct_sends_keep_the_order_of_queued_ones() -> None:
     sender.close()
     got = []
     while receive.poll(0):
-        got.append(receive.recv())
-    assert [m[2] for m in got] == [float(i) for i in range(200)]
+        got.append(decode(receive.recv()))
+    assert [m.busy_s for m in got] == [float(i) for i in range(200)]
 
 
 def test_due_in_says_when_to_look_again() -> None:

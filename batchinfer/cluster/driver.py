@@ -77,6 +77,7 @@ from batchinfer.engine.scheduler import (
     Scheduler,
 )
 from batchinfer.engine.sources import ItemSource
+from batchinfer.engine.states import CoreStatus
 from batchinfer.errors import NoCoreError, RunFailedError, UsageError
 from batchinfer.messages import Message, join, setting
 from batchinfer.runtime.backends import Backend
@@ -115,7 +116,7 @@ class _Actor:
     core: int
     instance: int
     handle: Any = None
-    state: str = "starting"  # starting | ready | down | retired
+    state: CoreStatus = CoreStatus.STARTING
     calls: deque[_Call] = field(default_factory=deque)
     epoch: int = 0
     probe: Any = None
@@ -240,7 +241,8 @@ class ClusterEngine(EngineLoop):
         if isinstance(error, ClusterLostError):
             status = "interrupted"  # what is written stands; --resume continues it
         retired = sorted(
-            {a.where for a in self.actors} - {a.where for a in self.actors if a.state != "retired"}
+            {a.where for a in self.actors}
+            - {a.where for a in self.actors if a.state != CoreStatus.RETIRED}
         )
         return EngineResult(
             status=status,
@@ -298,7 +300,7 @@ class ClusterEngine(EngineLoop):
         for actor in self.actors:
             backend = self.backends.get(actor.node.node_id)
             if backend is None:
-                actor.state = "retired"
+                actor.state = CoreStatus.RETIRED
                 self.scheduler.core_retired(actor.key)
                 continue
             actor.handle = actor_cls.options(
@@ -345,7 +347,7 @@ class ClusterEngine(EngineLoop):
 
     def _start(self) -> None:
         """Wait until every actor is ready or retired; then compare canaries."""
-        while any(a.state == "starting" for a in self.actors):
+        while any(a.state == CoreStatus.STARTING for a in self.actors):
             if not self._alive():
                 break
             if self.stop_reason is not None:
@@ -360,7 +362,7 @@ class ClusterEngine(EngineLoop):
         self.notify(
             ev.Started(
                 self.source.total,
-                tuple(sorted({a.core for a in self.actors if a.state != "retired"})),
+                tuple(sorted({a.core for a in self.actors if a.state != CoreStatus.RETIRED})),
                 self.plan.backend.name,
                 self.plan.instances_per_core,
                 self.clock(),
@@ -370,7 +372,7 @@ class ClusterEngine(EngineLoop):
         self.notify(ev.CoresReady(self.clock()))
 
     def _alive(self) -> bool:
-        return any(a.state != "retired" for a in self.actors)
+        return any(a.state != CoreStatus.RETIRED for a in self.actors)
 
     # ------------------------------------------------------------------ sending
     def _admit(self) -> None:
@@ -415,7 +417,7 @@ class ClusterEngine(EngineLoop):
         return [[s] for s in alone] + [rest[i : i + n] for i in range(0, len(rest), n)]
 
     def _probe(self, actor: _Actor, now: float, again: bool = False) -> None:
-        actor.state = "starting"
+        actor.state = CoreStatus.STARTING
         shape, dtype = self.plan.preprocess.shape, self.plan.preprocess.dtype
         actor.probe = actor.handle.start.remote(shape, dtype)
         actor.probe_again_at = None
@@ -475,7 +477,7 @@ class ClusterEngine(EngineLoop):
             self._on_actor_death(owner, what, exc)
         elif kind == "read":
             self._on_read_failed(owner, what, exc)
-        elif what is owner.probe and owner.state == "starting":
+        elif what is owner.probe and owner.state == CoreStatus.STARTING:
             owner.probe = None
             if isinstance(exc, self.ray.exceptions.ActorUnavailableError):
                 owner.probe_again_at = self.clock() + _PROBE_AGAIN_S  # still restarting
@@ -497,7 +499,7 @@ class ClusterEngine(EngineLoop):
 
     # ------------------------------------------------------------------ actors
     def _on_started(self, actor: _Actor, probe: Any, info: dict) -> None:
-        if probe is not actor.probe or actor.state != "starting":
+        if probe is not actor.probe or actor.state != CoreStatus.STARTING:
             return
         actor.probe = None
         if "init_failed" in info:
@@ -508,7 +510,7 @@ class ClusterEngine(EngineLoop):
         if not self._opened:
             self._opened = True
             self.sink.open([(tuple(s), "float32") for s, _ in info["outputs"]])
-        actor.state = "ready"
+        actor.state = CoreStatus.READY
         actor.last_progress = self.clock()
         self.notify(ev.ChildReady("actor", core, info["pid"], node=node))
         self.scheduler.core_ready(actor.key)
@@ -543,7 +545,7 @@ class ClusterEngine(EngineLoop):
         self.stats.set_busy(where, self._busy[where].seconds(idle, final))
 
     def _on_actor_death(self, actor: _Actor, call: _Call, exc: Exception) -> None:
-        if call.epoch != actor.epoch or actor.state == "retired":
+        if call.epoch != actor.epoch or actor.state == CoreStatus.RETIRED:
             return
         if self._node_gone(actor.node):
             self._node_lost(actor.node)
@@ -568,14 +570,14 @@ class ClusterEngine(EngineLoop):
         if loss.restart_at is None:
             crashes = self.scheduler.cores[actor.key].crashes_in_row
             self._kill(actor)
-            actor.state = "retired"
+            actor.state = CoreStatus.RETIRED
             self.warn(
                 f"{name} retired after {crashes} crashes in a row (last: {what}); the run "
                 "goes on with the other cores."
             )
             self.notify(ev.CoreRetired(core, what, node=node))
             return
-        actor.state = "down"
+        actor.state = CoreStatus.DOWN
         if not self.scheduler.stopping:
             delay = loss.restart_at - self.clock()
             blame = " (blamed on the item, not the core)" if loss.blamed_items else ""
@@ -596,7 +598,7 @@ class ClusterEngine(EngineLoop):
         """An actor that will not come back (it failed to start): its items go back."""
         self._drop_calls(actor)
         self._kill(actor)
-        actor.state = "retired"
+        actor.state = CoreStatus.RETIRED
         self.scheduler.core_retired(actor.key)
         node, core = actor.where
         self.warn(f"core {core} of node {node} (instance {actor.instance}) retired: {reason}")
@@ -610,7 +612,7 @@ class ClusterEngine(EngineLoop):
     def _check_hangs(self, now: float) -> None:
         limit = self.rel.inference_timeout_s
         for actor in self.actors:
-            if actor.state == "starting" and now > actor.probe_deadline:
+            if actor.state == CoreStatus.STARTING and now > actor.probe_deadline:
                 self._retire(
                     actor,
                     f"it did not start within {self.rel.startup_timeout_s:g} s (the start-up "
@@ -682,11 +684,11 @@ class ClusterEngine(EngineLoop):
         self.lost_nodes.add(node.node_id)
         cores = set()
         for actor in self.actors:
-            if actor.node.node_id != node.node_id or actor.state == "retired":
+            if actor.node.node_id != node.node_id or actor.state == CoreStatus.RETIRED:
                 continue
             self._drop_calls(actor)
             self._kill(actor)
-            actor.state = "retired"
+            actor.state = CoreStatus.RETIRED
             self.scheduler.core_retired(actor.key)
             cores.add(actor.core)
         self.warn(
@@ -719,7 +721,7 @@ class ClusterEngine(EngineLoop):
         ray = self.ray
         if self.reads is not None:
             self.reads.cancel()
-        live = [a for a in self.actors if a.handle is not None and a.state != "retired"]
+        live = [a for a in self.actors if a.handle is not None and a.state != CoreStatus.RETIRED]
         stops = []
         for actor in live:
             with contextlib.suppress(Exception):

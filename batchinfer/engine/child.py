@@ -8,7 +8,7 @@
   (PR_SET_PDEATHSIG, set by the server's code in the child right after the fork, and
   checked again here), and the server exits when the coordinator does.
 - A child whose coordinator is gone exits quietly (no BrokenPipeError traceback).
-- An exception during start-up travels back as ("failed", traceback text), so the
+- An exception during start-up travels back as Failed(traceback text), so the
   coordinator shows it once, instead of seeing only "exit code 1" (PyTorch's
   ExceptionWrapper does the same for DataLoader workers).
 """
@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 
 from batchinfer.engine.affinity import pin_current_process
 from batchinfer.engine.fork_server import die_with_parent
+from batchinfer.engine.protocol import Failed, encode
 
 # Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.
 _TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGHUP)
@@ -41,15 +42,15 @@ def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
 def send_or_exit(conn: Connection, message: tuple) -> None:
     """Send to the coordinator; if it is gone, exit at once and quietly."""
     try:
-        conn.send(message)
+        conn.send(encode(message))
     except OSError:
         os._exit(0)
 
 
 def report_failure(conn: Connection, exc: BaseException) -> None:
-    """Send ("failed", traceback text) for an exception the child cannot go on after."""
+    """Send Failed(traceback text) for an exception the child cannot go on after."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    send_or_exit(conn, ("failed", text))
+    send_or_exit(conn, Failed(text))
 
 
 def cpu_seconds() -> float:

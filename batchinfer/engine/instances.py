@@ -285,6 +285,7 @@ def probe(plan: Any, timeout_s: float) -> Timings:
     (as a core worker is: a runtime never lives in the coordinator). RuntimeError when it
     fails or takes longer than ``timeout_s``."""
     from batchinfer.engine.pool import ChildPool, Exited
+    from batchinfer.engine.protocol import Failed
 
     pool = ChildPool(time.monotonic)
     finished = False
@@ -306,11 +307,11 @@ def probe(plan: Any, timeout_s: float) -> Timings:
             for event in pool.poll(min(left, 0.5)):
                 if isinstance(event, Exited):
                     raise RuntimeError(f"the probe exited (code {event.exitcode})")
-                kind, value = event.body
-                if kind == "timings":
-                    finished = True  # it releases its instances and exits by itself
-                    return value
-                raise RuntimeError(str(value).strip().splitlines()[-1])
+                if isinstance(event.body, Failed):
+                    raise RuntimeError(event.body.traceback.strip().splitlines()[-1])
+                _, value = event.body  # ("timings", Timings)
+                finished = True  # it releases its instances and exits by itself
+                return value
         raise RuntimeError(f"the measurement took longer than {timeout_s:g} s")
     finally:
         pool.close(hard=not finished, join_timeout_s=5.0)

@@ -26,6 +26,21 @@ from batchinfer.engine.fd_limit import check_fd_limit
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pool import Child, ChildPool, Exited, Message
+from batchinfer.engine.protocol import (
+    Attach,
+    Done,
+    Failed,
+    FromReader,
+    FromWorker,
+    Infer,
+    InitFailed,
+    Initialised,
+    Loaded,
+    Read,
+    ReaderReady,
+    Stop,
+    WorkerReady,
+)
 from batchinfer.engine.reader_scaling import ReaderScaler
 from batchinfer.engine.run_loop import EngineLoop, HardStop
 from batchinfer.engine.scheduler import (
@@ -40,6 +55,7 @@ from batchinfer.engine.slots import (
 )
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.spawn import start_reader, start_worker
+from batchinfer.engine.states import ChildState, CoreStatus
 from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.errors import NoCoreError, RunFailedError
@@ -135,7 +151,9 @@ class Engine(EngineLoop):
             stats=self.stats,
             warnings=self.warnings,
             sdk_versions=self.sdk_versions,
-            retired_cores=[c for c, s in self.scheduler.cores.items() if s.state == "retired"],
+            retired_cores=[
+                c for c, s in self.scheduler.cores.items() if s.state == CoreStatus.RETIRED
+            ],
             backend=self.backend.describe(),
             collect_s=self.collector.collect_s,
             cpu_s=self.usage.cpu_by_role(),
@@ -210,7 +228,7 @@ class Engine(EngineLoop):
         first = {c.key: c for c in self.pool.live("worker")}
         self._starting = True
         try:
-            while starting := any(c.state == "starting" for c in first.values()):
+            while starting := any(c.state == ChildState.STARTING for c in first.values()):
                 if self._exhausted and not self.scheduler.busy():
                     break  # every item has its row: a core still starting is not waited for
                 self._check_some_core_alive()
@@ -301,7 +319,7 @@ class Engine(EngineLoop):
         10-18 % of the time.)"""
         s, k = self.scheduler, self.plan.instances_per_core
         return not s.ready and any(
-            c.state == "ready" and len(c.inflight) < k for c in s.cores.values()
+            c.state == CoreStatus.READY and len(c.inflight) < k for c in s.cores.values()
         )
 
     def _scale_readers(self, now: float) -> None:
@@ -315,7 +333,7 @@ class Engine(EngineLoop):
             child = self._child("reader", reader)
             if child is not None and not s.held_by_reader(reader) and not child.killed_for:
                 child.killed_for = "stopped: fewer readers are enough"
-                self.pool.send(child, ("stop",))
+                self.pool.send(child, Stop())
         open_readers = s.open_readers()
         change = self.scaler.decide(now, len(open_readers), self.usage.idle_cpus)
         if change > 0:
@@ -382,14 +400,14 @@ class Engine(EngineLoop):
                 (s, it.index, it.path, it.id, it.member, self._column_values(it))
                 for s, it in zip(slots, items, strict=True)
             ]
-            self.pool.send(child, ("read", tasks))
+            self.pool.send(child, Read(tasks))
         for core, slots in self.scheduler.dispatch(now).items():
             child = self._child("worker", core)
             if len(self.scheduler.cores[core].inflight) == len(slots):
                 child.last_progress = now
             self.stats.mark_dispatch(now)
             tasks = [(s, self.scheduler.flight(s).item.index) for s in slots]
-            self.pool.send(child, ("infer", tasks))
+            self.pool.send(child, Infer(tasks))
             self.notify(ev.Dispatched(core, len(slots), now))
 
     def _column_values(self, item: Item) -> tuple | None:
@@ -403,69 +421,68 @@ class Engine(EngineLoop):
 
     def _child(self, kind: str, key: int) -> Child | None:
         for child in reversed(self.pool.children):  # the newest incarnation first
-            if child.key == key and child.kind == kind and child.state != "gone":
+            if child.key == key and child.kind == kind and child.state != ChildState.GONE:
                 return child
         return None
 
     # ------------------------------------------------------------------ messages
-    def _on_message(self, child: Child, msg: tuple) -> None:
+    def _on_message(self, child: Child, msg: FromReader | FromWorker) -> None:
         now = self.clock()
         child.last_progress = now
-        kind = msg[0]
-        if kind == "loaded":
-            child.cpu_s = msg[2]
-            if self.scaler is not None:
-                self.scaler.decoded(sum(m[2] for m in msg[1]) / 1e3)
-            for slot, _index, read_ms, error in msg[1]:
-                finished = self.scheduler.loaded(slot, read_ms, error, now)
-                if finished is not None:
-                    self.collector.error(finished)
-        elif kind == "done":
-            for slot, _index, instance, t0, t1, error, *boxes in msg[1]:
-                finished = self.scheduler.done(child.key, slot, error)
-                if finished is None:
-                    continue
-                if finished.error is None:
-                    self.collector.success(slot, child.key, instance, t0, t1, *boxes)
-                else:
-                    self.collector.error(finished)
-            child.busy_s, child.cpu_s = msg[2], msg[3]
-            self.stats.set_busy(child.key, msg[2])
-        elif kind == "ready":
-            child.state, child.deadline = "ready", None
-            pid = msg[1] if child.kind == "reader" else msg[1]["pid"]
-            child.cpu_s = child.cpu_at_ready = msg[2] if child.kind == "reader" else msg[1]["cpu_s"]
-            if child.yielding:
-                self._lower(pid)  # it was to yield before its pid was known
-            self.notify(ev.ChildReady(child.kind, child.key, pid))
-            if child.kind == "worker":
-                self._on_worker_ready(child, msg[1])
-        elif kind == "initialised":
-            child.phase = (
-                f"the canary inference took longer than {self.rel.inference_timeout_s:g} s "
-                "(the inference timeout)"
-            )
-            child.deadline = now + self.rel.inference_timeout_s
-        elif kind == "init_failed":
-            self.scheduler.core_retired(child.key)
-            self._retire(child.key, msg[1])
-        elif kind == "failed":
-            self._on_failed(child, msg[1])
+        match msg:
+            case Loaded(items, cpu_s):
+                child.cpu_s = cpu_s
+                if self.scaler is not None:
+                    self.scaler.decoded(sum(m[2] for m in items) / 1e3)
+                for slot, _index, read_ms, error in items:
+                    finished = self.scheduler.loaded(slot, read_ms, error, now)
+                    if finished is not None:
+                        self.collector.error(finished)
+            case Done(results, busy_s, cpu_s):
+                for slot, _index, instance, t0, t1, error, *boxes in results:
+                    finished = self.scheduler.done(child.key, slot, error)
+                    if finished is None:
+                        continue
+                    if finished.error is None:
+                        self.collector.success(slot, child.key, instance, t0, t1, *boxes)
+                    else:
+                        self.collector.error(finished)
+                child.busy_s, child.cpu_s = busy_s, cpu_s
+                self.stats.set_busy(child.key, busy_s)
+            case ReaderReady() | WorkerReady():
+                child.state, child.deadline = ChildState.READY, None
+                child.cpu_s = child.cpu_at_ready = msg.cpu_s
+                if child.yielding:
+                    self._lower(msg.pid)  # it was to yield before its pid was known
+                self.notify(ev.ChildReady(child.kind, child.key, msg.pid))
+                if isinstance(msg, WorkerReady):
+                    self._on_worker_ready(child, msg)
+            case Initialised():
+                child.phase = (
+                    f"the canary inference took longer than {self.rel.inference_timeout_s:g} s "
+                    "(the inference timeout)"
+                )
+                child.deadline = now + self.rel.inference_timeout_s
+            case InitFailed(reason):
+                self.scheduler.core_retired(child.key)
+                self._retire(child.key, reason)
+            case Failed(text):
+                self._on_failed(child, text)
 
-    def _on_worker_ready(self, child: Child, info: dict) -> None:
-        self.sdk_versions[child.key] = info.get("sdk_version")
+    def _on_worker_ready(self, child: Child, info: WorkerReady) -> None:
+        self.sdk_versions[child.key] = info.sdk_version
         if self.outputs is None:
-            shapes = [(tuple(s), "float32") for s, _ in info["outputs"]]
+            shapes = [(tuple(s), "float32") for s, _ in info.outputs]
             # A detection run's workers send boxes, not outputs: no output slots to fill
             # unless the rows store the raw outputs too.
             keep = not self.plan.detects or self.plan.save_outputs
             self.outputs = self.memory.create_outputs(shapes if keep else [])
             self.collector.outputs = self.outputs
             self.sink.open(shapes)
-        self.pool.send(child, ("attach", self.outputs.spec))
+        self.pool.send(child, Attach(self.outputs.spec))
         self.scheduler.core_ready(child.key)
         if self.rel.canary:
-            for message in self.canary.add(child.key, info["canary"]):
+            for message in self.canary.add(child.key, info.canary):
                 self.warn(message)
 
     def _on_failed(self, child: Child, text: str) -> None:
@@ -535,8 +552,8 @@ class Engine(EngineLoop):
     def _on_worker_exit(
         self, child: Child, working: set[int], what: str, culprits: set[int] | None
     ) -> None:
-        if self.scheduler.cores[child.key].state == "retired":
-            return  # init_failed or failed already said why
+        if self.scheduler.cores[child.key].state == CoreStatus.RETIRED:
+            return  # InitFailed or Failed already said why
         self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
         self.stats.set_busy(child.key, 0.0)
         loss: CoreLoss = self.scheduler.core_lost(child.key, working, what, self.clock(), culprits)

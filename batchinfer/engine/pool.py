@@ -6,7 +6,8 @@ each child's pipes, process, state, start-up deadline and the last time it made 
 returns what happened, every message of a child before its death, so a child's last
 results are always counted before its exit is.
 
-Messages are described where each child lives (reader.py, worker.py); the slot life cycle
+Messages are described where each child lives (reader.py, worker.py; their types in
+protocol.py); the slot life cycle
 and shutdown order in the NOTE of slots.py.
 """
 
@@ -22,6 +23,8 @@ from typing import Any
 
 from batchinfer.engine import fork_server
 from batchinfer.engine.fork_server import ForkedChild
+from batchinfer.engine.protocol import Stop, decode, encode
+from batchinfer.engine.states import ChildState
 
 _REAP_TIMEOUT_S = 1.0
 
@@ -38,7 +41,7 @@ class Child:
     started_at: float
     deadline: float | None  # start-up deadline; None once ready
     phase: str  # what it is doing while starting, for messages
-    state: str = "starting"  # starting | ready | gone
+    state: ChildState = ChildState.STARTING
     last_progress: float = 0.0
     killed_for: str | None = None
     hung_items: set[int] | None = None  # workers killed as hung: the items that hung
@@ -126,13 +129,13 @@ class ChildPool:
         return child
 
     def live(self, kind: str | None = None) -> list[Child]:
-        return [c for c in self.children if c.state != "gone" and kind in (None, c.kind)]
+        return [c for c in self.children if c.state != ChildState.GONE and kind in (None, c.kind)]
 
     @staticmethod
     def send(child: Child, message: tuple) -> None:
         """Send to a child; if it has just died, say nothing: its sentinel will tell."""
         with contextlib.suppress(BrokenPipeError, ConnectionResetError, OSError):
-            child.tasks.send(message)
+            child.tasks.send(encode(message))
 
     def kill(self, child: Child, reason: str) -> None:
         """SIGKILL ``child``; its exit comes back from :meth:`poll` with ``killed_for`` set."""
@@ -157,7 +160,7 @@ class ChildPool:
             elif not child.proc.is_alive():  # else its pid arrived: read, nothing more
                 exits[id(child)] = child
         for child in self._abandoned:
-            if child.state != "gone":
+            if child.state != ChildState.GONE:
                 exits[id(child)] = child
         self._abandoned.clear()
         for child in exits.values():
@@ -173,11 +176,11 @@ class ChildPool:
         out = []
         with contextlib.suppress(EOFError, OSError):
             while child.readable.poll(0):
-                out.append(Message(child, child.results.recv()))
+                out.append(Message(child, decode(child.results.recv())))
         return out
 
     def _forget(self, child: Child) -> None:
-        child.state = "gone"
+        child.state = ChildState.GONE
         for fd in [fd for fd, (_, c) in self._fds.items() if c is child]:
             self._poller.unregister(fd)
             del self._fds[fd]
@@ -191,7 +194,7 @@ class ChildPool:
         live = self.live()
         if not hard:
             for child in live:
-                self.send(child, ("stop",))
+                self.send(child, Stop())
         deadline = self.clock() + (0.0 if hard else join_timeout_s)
         for child in live:
             child.proc.join(max(0.0, deadline - self.clock()))

@@ -1,18 +1,19 @@
 """Reader processes: decode and preprocess dataset items straight into input slots.
 
-Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
-  reader -> coordinator  ("ready", pid, cpu_s)                   imports done, segments mapped
-                         ("loaded", [(slot, index, read_ms, error or None), ...], cpu_s)
+Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
+side: pool.py):
+  reader -> coordinator  ReaderReady(pid, cpu_s)                 imports done, segments mapped
+                         Loaded([(slot, index, read_ms, error or None), ...], cpu_s)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
-                         ("failed", traceback)                    start-up failed; then exit
-  coordinator -> reader  ("read", [(slot, index, path, id, member, values), ...])
+                         Failed(traceback)                        start-up failed; then exit
+  coordinator -> reader  Read([(slot, index, path, id, member, values), ...])
                                   decode these, in order; id names the file in errors;
                                   member: None, or where the item is inside the tar shard
                                   at path (data/shards.py Member); the reader keeps the
                                   shard it last read open (ShardFiles);
                                   values: None, or the item's value of each manifest
                                   column that feeds a model input (feeds)
-                         ("stop",)
+                         Stop()
 Results go back in batches: after the last item of a task, or as soon as the oldest unsent
 one is ``_SEND_AFTER_S`` old; a slow item (a large photo) goes back on its own at once.
 While decoding an item the reader's row on the status board holds (index, start time):
@@ -21,9 +22,9 @@ A model with several inputs (or .npz items, or inputs fed from manifest columns)
 ``feeds``: the slot's input region holds one view per model input and each is written from
 its own source (batchinfer.data.feeds); a fault in any is the item's error row.
 Detection runs letterbox images: the reader also writes where each image went into the
-slot's row of the geometry segment (engine/detection.py) before it reports "loaded", so
+slot's row of the geometry segment (engine/detection.py) before it reports Loaded, so
 the core worker finds it there; the messages do not change.
-A reader exits on "stop", when its pipe from the coordinator closes, or with the coordinator.
+A reader exits on Stop, when its pipe from the coordinator closes, or with the coordinator.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shards import ShardFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry
+from batchinfer.engine.protocol import Loaded, ReaderReady, Stop, decode
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -73,7 +75,7 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
     except BaseException as exc:
         report_failure(results, exc)
         return
-    send_or_exit(results, ("ready", os.getpid(), cpu_seconds()))
+    send_or_exit(results, ReaderReady(os.getpid(), cpu_seconds()))
     shards = ShardFiles()
     try:
         _serve(spec, inputs, board, tasks, results, geometry, shards)
@@ -97,14 +99,14 @@ def _serve(
     row = spec.board_row
     while True:
         try:
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             return
-        if msg[0] == "stop":
+        if isinstance(msg, Stop):
             return
         done: list[tuple] = []
         first_unsent = 0.0
-        for slot, index, path, item_id, member, values in msg[1]:
+        for slot, index, path, item_id, member, values in msg.items:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
             error = None
@@ -144,7 +146,7 @@ def _serve(
             # Slow items go back one by one (a message is cheap next to their decode); fast
             # ones in batches, none of them waiting more than _SEND_AFTER_S.
             if t1 - first_unsent >= _SEND_AFTER_S or t1 - t0 >= _SEND_AFTER_S:
-                send_or_exit(results, ("loaded", done, cpu_seconds()))
+                send_or_exit(results, Loaded(done, cpu_seconds()))
                 done = []
         if done:
-            send_or_exit(results, ("loaded", done, cpu_seconds()))
+            send_or_exit(results, Loaded(done, cpu_seconds()))

@@ -52,6 +52,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from batchinfer.data.dataset import Item
+from batchinfer.engine.states import CoreStatus, SlotState
 
 MAX_CRASHES_IN_ROW = 3
 BACKOFF_S = (0.25, 1.0, 4.0)
@@ -68,7 +69,13 @@ QUEUED_PER_INSTANCE = 6
 REFILL_AT = QUEUED_PER_INSTANCE // 2
 READ_BATCH = 4
 
-FREE, READING, READY, INFERRING, DONE = "free", "reading", "ready", "inferring", "done"
+FREE, READING, READY, INFERRING, DONE = (
+    SlotState.FREE,
+    SlotState.READING,
+    SlotState.READY,
+    SlotState.INFERRING,
+    SlotState.DONE,
+)
 
 
 @dataclass(slots=True)
@@ -76,7 +83,7 @@ class Flight:
     """One item between its source and its row; lives in a slot."""
 
     item: Item
-    state: str
+    state: SlotState
     reader: int | None = None
     core: int | None = None
     read_ms: float = 0.0
@@ -92,7 +99,7 @@ class Flight:
 class CoreState:
     core: int
     capacity: int
-    state: str = "starting"  # starting | ready | down | retired
+    state: CoreStatus = CoreStatus.STARTING
     inflight: set[int] = field(default_factory=set)
     crashes_in_row: int = 0
     restart_at: float | None = None
@@ -170,13 +177,15 @@ class Scheduler:
         return any(c.inflight for c in self.cores.values()) or any(self.reading)
 
     def alive_cores(self) -> list[int]:
-        return [c for c, s in self.cores.items() if s.state != "retired"]
+        return [c for c, s in self.cores.items() if s.state != CoreStatus.RETIRED]
 
     def slots_wanted(self) -> bool:
         """True when the cores have more room than what is READY or being read covers:
         then a slot freed now lets another item start (the collector frees its slots at
         once instead of holding them for a larger batch)."""
-        room = sum(c.capacity - len(c.inflight) for c in self.cores.values() if c.state == "ready")
+        room = sum(
+            c.capacity - len(c.inflight) for c in self.cores.values() if c.state == CoreStatus.READY
+        )
         coming = len(self.ready)
         for reading, unsent in zip(self.reading, self.unsent, strict=True):
             coming += len(reading) + len(unsent)
@@ -293,7 +302,9 @@ class Scheduler:
         hungry = [
             c
             for c in self.cores.values()
-            if c.state == "ready" and len(c.inflight) <= self.refill_at and c.suspect is None
+            if c.state == CoreStatus.READY
+            and len(c.inflight) <= self.refill_at
+            and c.suspect is None
         ]
         while self.ready:
             open_cores = [c for c in hungry if len(c.inflight) < c.capacity and c.suspect is None]
@@ -328,7 +339,8 @@ class Scheduler:
         if fresh:
             return min(fresh, key=lambda c: len(c.inflight))
         if any(
-            c.state != "retired" and self.physical(c.core) not in tried for c in self.cores.values()
+            c.state != CoreStatus.RETIRED and self.physical(c.core) not in tried
+            for c in self.cores.values()
         ):
             return None
         return min(open_cores, key=lambda c: len(c.inflight))
@@ -363,16 +375,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ worker life cycle
     def core_ready(self, core: int) -> None:
-        self.cores[core].state = "ready"
+        self.cores[core].state = CoreStatus.READY
 
     def core_starting(self, core: int) -> None:
         state = self.cores[core]
-        state.state, state.restart_at = "starting", None
+        state.state, state.restart_at = CoreStatus.STARTING, None
 
     def core_retired(self, core: int) -> None:
         """A core that will not come back (its init failed): its items go back to READY."""
         state = self.cores[core]
-        state.state = "retired"
+        state.state = CoreStatus.RETIRED
         self._requeue(state)
 
     def core_lost(
@@ -414,10 +426,10 @@ class Scheduler:
         if not blamed_items:
             state.crashes_in_row += 1
         if state.crashes_in_row >= MAX_CRASHES_IN_ROW:
-            state.state = "retired"
+            state.state = CoreStatus.RETIRED
             return CoreLoss(finished, None, reason, blamed_items)
         delay = BACKOFF_S[min(max(state.crashes_in_row, 1), len(BACKOFF_S)) - 1]
-        state.state, state.restart_at = "down", now + delay
+        state.state, state.restart_at = CoreStatus.DOWN, now + delay
         return CoreLoss(finished, state.restart_at, reason, blamed_items)
 
     def _requeue(self, state: CoreState) -> None:
@@ -438,7 +450,7 @@ class Scheduler:
         due = [
             c.core
             for c in self.cores.values()
-            if c.state == "down" and c.restart_at is not None and now >= c.restart_at
+            if c.state == CoreStatus.DOWN and c.restart_at is not None and now >= c.restart_at
         ]
         for core in due:
             self.core_starting(core)

@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from batchinfer.engine.pool import Child
+from batchinfer.engine.states import ChildState
 from batchinfer.options import ReliabilityOptions
 
 #: A gap between two turns of the loop longer than this (plus the tick) means we were
@@ -72,7 +73,7 @@ class Watchdog:
                 if now > child.deadline:
                     out.append((child, f"{child.phase}; killed"))
                 continue
-            if child.state != "ready":
+            if child.state != ChildState.READY:
                 continue
             limit, name = self._limit(child)
             rows = board[self.rows_of(child)]

@@ -1,16 +1,19 @@
 """Core workers: one process per NPU core, ``instances`` runtime threads pinned to that core.
 
-Protocol (slot life cycle: NOTE in slots.py; the coordinator's side: pool.py):
-  worker -> coordinator  ("init_failed", reason)       a runtime could not start; then exit
-                         ("failed", traceback)          any other start-up failure; then exit
-                         ("initialised",)               runtimes up; the canary runs next
-                         ("ready", info)                canary done; info: sdk version, output
-                                                        shapes, canary outputs, pid
-  coordinator -> worker  ("attach", outputs RegionSpec) once, before any task
-                         ("infer", [(slot, index), ...])
-                         ("stop",)                      finish queued work, release, exit
-  worker -> coordinator  ("done", [(slot, index, instance, t_start, t_end, error, boxes), ...],
-                          busy_s, cpu_s)
+Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
+side: pool.py):
+  worker -> coordinator  InitFailed(reason)             a runtime could not start; then exit
+                                                        (reason: runtime/adapter.py's CoreReason)
+                         Failed(traceback)              any other start-up failure; then exit
+                         Initialised()                  runtimes up; the canary runs next
+                         WorkerReady(sdk_version, outputs, canary, pid, cpu_s)
+                                                        canary done: output shapes, canary
+                                                        outputs, start-up CPU seconds
+  coordinator -> worker  Attach(outputs RegionSpec)     once, before any task
+                         Infer([(slot, index), ...])
+                         Stop()                         finish queued work, release, exit
+  worker -> coordinator  Done([(slot, index, instance, t_start, t_end, error, boxes), ...],
+                         busy_s, cpu_s)
                          error None: outputs are in the slot's output region (a detection run
                          without --save-outputs copies none); else one sentence.
                          boxes: None, or for a detection run the item's decoded boxes in the
@@ -52,6 +55,16 @@ import numpy as np
 from batchinfer.engine.canary import canary_input, infer_canary
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import ItemDecoder
+from batchinfer.engine.protocol import (
+    Attach,
+    Done,
+    Infer,
+    InitFailed,
+    Initialised,
+    Stop,
+    WorkerReady,
+    decode,
+)
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
@@ -120,7 +133,7 @@ class _BusyClock:
 
 
 class _Sender:
-    """Writes "done" messages on a thread of its own, so the instance that decided to send goes
+    """Writes Done messages on a thread of its own, so the instance that decided to send goes
     straight to its next inference: one thread hand-off per message, none per result.
 
     A thread with nothing left to infer sends itself (``direct``), when no message waits for
@@ -139,7 +152,7 @@ class _Sender:
     def deliver(self, batch: list[tuple], busy_s: float, direct: bool = False) -> None:
         with self._lock:
             if direct and not self._queued:
-                send_or_exit(self._results, ("done", batch, busy_s, cpu_seconds()))
+                send_or_exit(self._results, Done(batch, busy_s, cpu_seconds()))
                 return
             self._queued += 1
         self._outgoing.put((batch, busy_s))
@@ -153,7 +166,7 @@ class _Sender:
         while (item := self._outgoing.get()) is not None:
             batch, busy_s = item
             with self._lock:
-                send_or_exit(self._results, ("done", batch, busy_s, cpu_seconds()))
+                send_or_exit(self._results, Done(batch, busy_s, cpu_seconds()))
                 self._queued -= 1
 
 
@@ -242,9 +255,9 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             for _ in range(spec.instances):
                 adapters.append(spec.backend.instance(spec.core))
         except (BatchinferError, OSError) as e:
-            send_or_exit(results, ("init_failed", _reason(e)))
+            send_or_exit(results, InitFailed(_reason(e)))
             return
-        send_or_exit(results, ("initialised",))
+        send_or_exit(results, Initialised())
         inputs = SlotRegion.attach(spec.inputs)
         layout = inputs.spec.layout
         canary = [canary_input(s, d) for s, d in zip(layout.shapes, layout.dtypes, strict=True)]
@@ -256,7 +269,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             )
         except InferenceError as e:
             reason = _reason(e).after("the canary inference failed: ")
-            send_or_exit(results, ("init_failed", reason))
+            send_or_exit(results, InitFailed(reason))
             return
         decoders: list[ItemDecoder] = []
         if spec.task is not None:
@@ -267,27 +280,26 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                 shapes = ", ".join(str(list(o.shape)) for o in outs)
                 send_or_exit(
                     results,
-                    (
-                        "init_failed",
-                        CoreReason.of(f"its outputs ({shapes}) cannot be decoded as planned: {e}"),
+                    InitFailed(
+                        CoreReason.of(f"its outputs ({shapes}) cannot be decoded as planned: {e}")
                     ),
                 )
                 return
-        info = {
-            "sdk_version": adapters[0].sdk_version(),
-            "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
-            "canary": [np.asarray(o) for o in outs],
-            "pid": os.getpid(),
-            "cpu_s": cpu_seconds(),  # start-up's share, kept apart from the run's
-        }
-        send_or_exit(results, ("ready", info))
+        ready = WorkerReady(
+            sdk_version=adapters[0].sdk_version(),
+            outputs=[(tuple(o.shape), str(o.dtype)) for o in outs],
+            canary=[np.asarray(o) for o in outs],
+            pid=os.getpid(),
+            cpu_s=cpu_seconds(),  # start-up's share, kept apart from the run's
+        )
+        send_or_exit(results, ready)
         try:
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             return
-        if msg[0] != "attach":
+        if not isinstance(msg, Attach):
             return
-        outputs = SlotRegion.attach(msg[1])
+        outputs = SlotRegion.attach(msg.outputs)
         board = StatusBoard.attach(spec.board)
         geometry = SlotRegion.attach(spec.geometry) if spec.geometry is not None else None
     except BaseException as exc:
@@ -335,7 +347,7 @@ def _serve(
     decoders: list[ItemDecoder] | None = None,
     geometry: SlotRegion | None = None,
 ) -> None:
-    """Feed the instance threads from the task pipe until "stop"."""
+    """Feed the instance threads from the task pipe until Stop."""
     work: queue.SimpleQueue = queue.SimpleQueue()
     busy = _BusyClock()
     sender = _Sender(results)
@@ -423,13 +435,13 @@ def _serve(
             if wait is not None and not readable.poll(wait * 1e3):
                 outbox.send_due(time.monotonic())
                 continue
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             os._exit(0)  # the coordinator is gone: nobody will read our results
-        if msg[0] == "infer":
-            for task in msg[1]:
+        if isinstance(msg, Infer):
+            for task in msg.tasks:
                 work.put(task)
-        elif msg[0] == "stop":
+        elif isinstance(msg, Stop):
             break
     for _ in threads:
         work.put(None)

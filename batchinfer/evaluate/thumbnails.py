@@ -21,9 +21,9 @@ An item is a file (its path) or a member of a tar shard (a :data:`Source` tuple:
 shard's path, the member's offset and size in bytes, its name): the member's bytes are read
 with one ``pread`` and decoded from memory, as the engine's readers do (data/shards.py).
 
-Protocol: coordinator -> child ``("make", [source, ...])``, ``("stop",)``; child ->
-coordinator ``("ready",)`` once imported, then ``("made", uri or None, note or None)`` for
-each source, in order.
+Protocol: coordinator -> child ``("make", [source, ...])``, ``Stop()`` (the pool's, from
+engine/protocol.py); child -> coordinator ``("ready",)`` once imported, then
+``("made", uri or None, note or None)`` for each source, in order.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import numpy as np
 
 from batchinfer.engine.child import send_or_exit, setup_child
 from batchinfer.engine.pool import ChildPool, Exited, Message
+from batchinfer.engine.protocol import Stop, decode
 
 #: Items allowed to hang before the remaining ones are skipped.
 MAX_HUNG = 2
@@ -80,10 +81,10 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
     send_or_exit(results, ("ready",))
     while True:
         try:
-            msg = tasks.recv()
+            msg = decode(tasks.recv())
         except (EOFError, OSError):
             return
-        if msg[0] == "stop":
+        if isinstance(msg, Stop):
             return
         for path in msg[1]:
             send_or_exit(results, ("made", *picture(path, spec.size, spec.max_pixels)))
@@ -225,7 +226,7 @@ def _run_child(
                 limit = f"{decode_timeout_s:g} s (the decode timeout)"
                 out[todo.pop(0)] = Thumbnail(None, f"reading it took longer than {limit}")
                 return 1
-        pool.send(child, ("stop",))
+        pool.send(child, Stop())
         return 0
     finally:
         pool.close(hard=bool(todo), join_timeout_s=_REAP_S)
