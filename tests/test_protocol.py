@@ -16,6 +16,7 @@ from batchinfer.engine import protocol
 from batchinfer.engine.protocol import KINDS, decode, encode
 from batchinfer.engine.slots import RegionSpec, TensorLayout
 from batchinfer.engine.states import ChildState, CoreStatus, SlotState
+from batchinfer.runtime.adapter import CoreReason
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = ("batchinfer/engine/reader.py", "batchinfer/engine/worker.py")
@@ -28,7 +29,7 @@ def _sample(kind: type) -> Any:
         "items": [(0, 7, "a.png", "a.png", None, None)],
         "pid": 1234,
         "cpu_s": 0.5,
-        "message": "the runtime said no",
+        "reason": CoreReason.of("the runtime said no"),
         "sdk_version": "2.3.0",
         "outputs": [((1, 10), "float32")],
         "canary": [np.arange(3, dtype=np.float32)],
