@@ -206,7 +206,8 @@ class ChildPool:
         deadline = start + (join_timeout_s if polite else 0.0)
         said = False
         for child in polite:
-            while child.proc.is_alive() and self.clock() < deadline:
+            # Checked again while waiting: a SIGSTOP may come after the "stop" was sent.
+            while not child.proc.stopped() and child.proc.is_alive() and self.clock() < deadline:
                 if not said and self.clock() - start >= _SAY_AFTER_S:
                     said = True
                     log.warning(
