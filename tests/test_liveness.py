@@ -32,6 +32,8 @@ from batchinfer.engine.slots import (
 )
 from batchinfer.errors import RunFailedError, SharedMemoryError
 from batchinfer.results import read_predictions
+from batchinfer.sink.manifest import PREDICTIONS_DIR
+from batchinfer.sink.predictions import PART_GLOB
 
 
 class _StopWorkerAfter:
@@ -550,3 +552,38 @@ def test_freezing_every_process_of_a_run_for_ever_ends_it_with_exit_3_then_resum
     table = read_predictions(result.out)
     assert sorted(table["index"].to_pylist()) == list(range(200))
     assert result.status == "complete"
+
+
+@pytest.mark.slow  # the issue's minute of freezing, on the command
+def test_the_command_outlives_a_minute_with_every_process_of_its_run_frozen(demo_kit, tmp_path):
+    """issue 27, done when: every descendant of ``batchinfer run`` (fork server, janitor,
+    readers, workers) frozen for 60 s once rows are written, then continued: the frozen
+    children are replaced at the 20 s timeouts, and the run ends with every item once
+    (before the minute is up, or after it)."""
+    out = tmp_path / "o"
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "30", "--sim-host-ms", "0", "--inference-timeout-s", "20",
+        "--decode-timeout-s", "20", "--part-rows", "10", "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    # The first part on disk: rows flow (the command gives no event a test could await).
+    while not list((out / PREDICTIONS_DIR).glob(PART_GLOB)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no rows written"
+        time.sleep(0.05)
+    family = _children(psutil.Process(proc.pid))
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGSTOP)
+    time.sleep(60.0)  # the freeze itself is what is tested
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert "is stopped (SIGSTOP); children start from a fresh one" in err  # not just waited
+    total = json.loads((out / "manifest.json").read_text())["counts"]["succeeded"]
+    assert sorted(read_predictions(out)["index"].to_pylist()) == list(range(total))
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive
