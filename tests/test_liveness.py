@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,9 +30,11 @@ from batchinfer.engine.slots import (
     segment_name,
     sweep_dead_segments,
 )
-from batchinfer.errors import SharedMemoryError
+from batchinfer.errors import RunFailedError, SharedMemoryError
 from batchinfer.options import SimOptions
 from batchinfer.results import read_predictions
+from batchinfer.sink.manifest import PREDICTIONS_DIR
+from batchinfer.sink.predictions import PART_GLOB
 
 
 class _StopWorkerAfter:
@@ -491,3 +494,144 @@ def test_the_command_ends_with_a_frozen_janitor_and_says_why_it_waits(demo_kit, 
     assert f"warning: waiting for the shared-memory janitor (pid {frozen.pid})" in err
     assert f"warning: the shared-memory janitor (pid {frozen.pid}) did not exit" in err
     assert not frozen.is_running()
+
+
+class _FreezeTheWholeRun:
+    """Once ``n`` rows are done, SIGSTOPs every descendant of this process (the run's fork
+    server, janitor, readers and workers); ``for_ever`` keeps freezing every one that
+    appears since (fresh fork servers and their children), else the frozen ones are
+    continued once the engine has killed one of them (the freeze outlived a timeout)."""
+
+    def __init__(self, n: int, for_ever: bool) -> None:
+        self.n, self.for_ever, self.done = n, for_ever, 0
+        self.frozen: list[psutil.Process] = []
+        self.thawed = False
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    def _freeze_all(self) -> None:
+        for p in _children(psutil.Process()):
+            if p not in self.frozen:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGSTOP)
+                    self.frozen.append(p)
+
+    def _keep_freezing(self) -> None:
+        # No event says "a process was forked": look (the harness, not the engine, polls).
+        while not self._stop.wait(0.005):
+            self._freeze_all()
+
+    def notify(self, event) -> None:
+        if isinstance(event, ev.RowsDone) and not self.frozen:
+            self.done += len(event.rows)
+            if self.done >= self.n:
+                self._freeze_all()
+                if self.for_ever:
+                    self._keeper = threading.Thread(target=self._keep_freezing, daemon=True)
+                    self._keeper.start()
+        elif isinstance(event, ev.Warned) and self._first_kill(str(event.message)):
+            self.thawed = True
+            for p in self.frozen:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGCONT)
+
+    def _first_kill(self, said: str) -> bool:
+        return bool(self.frozen) and not self.for_ever and not self.thawed and "killed" in said
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join()
+
+
+def test_freezing_every_process_of_a_run_past_its_timeouts_loses_nothing(
+    demo_kit, tmp_path, monkeypatch
+):
+    """issue 27: the run's whole tree (fork server and janitor too) frozen for longer than
+    the inference and decode timeouts, then continued: what was frozen is killed and
+    started again from a fresh fork server, and every item is done once."""
+    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
+    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
+    freezer = _FreezeTheWholeRun(n=20, for_ever=False)
+    cfg = config(
+        dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+        sim=fast_sim(npu_ms=1.0), timeout_s=0.5, limit=200, out=tmp_path / "o",
+    )  # fmt: skip
+    try:
+        result = run(cfg, observers=[freezer])
+    finally:
+        freezer.close()
+    assert freezer.thawed
+    table = read_predictions(result.out)
+    assert sorted(table["index"].to_pylist()) == list(range(200))
+    assert (result.status, result.errors) == ("complete", 0)
+    assert not [p for p in freezer.frozen if p.is_running() and p.status() != "zombie"]
+
+
+@pytest.mark.slow  # three start-up timeouts and back-offs per core before it is retired
+def test_freezing_every_process_of_a_run_for_ever_ends_it_with_exit_3_then_resume_completes(
+    demo_kit, tmp_path, monkeypatch, caplog
+):
+    """issue 27: every process of the run frozen, and every one started since: each core is
+    retired after its restarts, the run fails (exit 3, saying to resume) instead of
+    hanging, frozen children are killed without waiting for them to stop (that wait was
+    silent: 5 s, at the end), and --resume does the rest, each item once."""
+    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
+    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
+    freezer = _FreezeTheWholeRun(n=20, for_ever=True)
+    settings = dict(
+        dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
+        sim=fast_sim(npu_ms=1.0), timeout_s=0.5, limit=200, out=tmp_path / "o",
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="batchinfer.engine.pool"):
+        try:
+            with pytest.raises(RunFailedError, match="resume the run") as info:
+                run(config(startup_timeout_s=1.0, **settings), observers=[freezer])
+        finally:
+            freezer.close()
+    assert info.value.exit_code == 3
+    assert not [p for p in freezer.frozen if p.is_running() and p.status() != "zombie"]
+    said = [r.getMessage() for r in caplog.records]
+    assert [m for m in said if m.startswith("stopped (SIGSTOP) at the end of the run")], said
+    assert not [m for m in said if m.startswith("waiting up to")], said
+    written = read_predictions(tmp_path / "o")["index"].to_pylist()
+    assert len(written) == len(set(written))  # each written row once
+    result = run(config(resume=True, **settings))
+    table = read_predictions(result.out)
+    assert sorted(table["index"].to_pylist()) == list(range(200))
+    assert result.status == "complete"
+
+
+@pytest.mark.slow  # the issue's minute of freezing, on the command
+def test_the_command_outlives_a_minute_with_every_process_of_its_run_frozen(demo_kit, tmp_path):
+    """issue 27, done when: every descendant of ``batchinfer run`` (fork server, janitor,
+    readers, workers) frozen for 60 s once rows are written, then continued: the frozen
+    children are replaced at the 20 s timeouts, and the run ends with every item once
+    (before the minute is up, or after it)."""
+    out = tmp_path / "o"
+    proc = _cli(
+        str(demo_kit.dataset), "--model", str(demo_kit.models["digits"]), "--backend", "sim",
+        "--sim-npu-ms", "30", "--sim-host-ms", "0", "--inference-timeout-s", "20",
+        "--decode-timeout-s", "20", "--part-rows", "10", "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    # The first part on disk: rows flow (the command gives no event a test could await).
+    while not list((out / PREDICTIONS_DIR).glob(PART_GLOB)):
+        assert proc.poll() is None and time.monotonic() < deadline, "no rows written"
+        time.sleep(0.05)
+    family = _children(psutil.Process(proc.pid))
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGSTOP)
+    time.sleep(60.0)  # the freeze itself is what is tested
+    for p in family:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(signal.SIGCONT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    assert "is stopped (SIGSTOP); children start from a fresh one" in err  # not just waited
+    total = json.loads((out / "manifest.json").read_text())["counts"]["succeeded"]
+    assert sorted(read_predictions(out)["index"].to_pylist()) == list(range(total))
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive

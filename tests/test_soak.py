@@ -21,7 +21,9 @@ CASES = {
     "interrupt": ["--mode", "interrupt"],
     # More than 10 hanging files: more than the reader-death limit allows without blame.
     "kill-fifos": ["--mode", "kill", "--fifos", "11", "--decode-timeout-s", "2"],
-    "freeze": ["--mode", "freeze", "--freezes", "1"],
+    # Slower, frozen early: a worker is frozen only while no fault is open, and at 0.3 ms
+    # the run (about 2 s) was often over before a window came.
+    "freeze": ["--mode", "freeze", "--freezes", "1", "--npu-ms", "2", "--at", "0.2"],
     "ctrl-z": ["--mode", "ctrl-z", "--stops", "1"],
     "second-run": ["--mode", "second-run", "--npu-ms", "2"],
 }

@@ -240,11 +240,12 @@ class RunWatcher:
         return self.proc.poll() is None
 
     def workers(self) -> list[int]:
-        """Pids of the run's core workers now: the children that map the output segment."""
+        """Pids of the run's core workers now: the descendants that map the output segment
+        (grandchildren: they are forked by the run's fork server)."""
         out_segment = f"/dev/shm/{SEGMENT_PREFIX}-{self.proc.pid}-"
         pids = []
         with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(self.proc.pid).children():
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
                 with contextlib.suppress(OSError):
                     maps = Path(f"/proc/{child.pid}/maps").read_text()
                     if any(

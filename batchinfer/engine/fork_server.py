@@ -381,6 +381,19 @@ class ForkedChild:
         self._read()
         return not self._dead and not self.abandoned
 
+    def stopped(self) -> bool:
+        """Whether the child cannot run now: stopped (SIGSTOP), or not forked yet by a
+        server that is stopped or gone."""
+        if not self.is_alive():
+            return False
+        if self._pid is None:
+            return self.server.unresponsive() is not None
+        try:
+            status = psutil.Process(self._pid).status()
+        except psutil.Error:
+            return False
+        return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
     def kill(self) -> None:
         """SIGKILL the child; one its server never forked is abandoned, and its server
         retired (it takes no more starts: the next one launches a fresh server)."""

@@ -14,6 +14,7 @@ and shutdown order in the NOTE of slots.py.
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +27,11 @@ from batchinfer.engine.fork_server import ForkedChild
 from batchinfer.engine.protocol import Stop, decode, encode
 from batchinfer.engine.states import ChildState
 
+log = logging.getLogger(__name__)
+
 _REAP_TIMEOUT_S = 1.0
+#: How long :meth:`ChildPool.close` waits for children to stop before saying it waits.
+_SAY_AFTER_S = 2.0
 
 
 @dataclass
@@ -192,12 +197,28 @@ class ChildPool:
         """Stop every child: ask, wait up to ``join_timeout_s``, then SIGKILL (at once if
         ``hard``). Shutdown step 3 of the NOTE in slots.py."""
         live = self.live()
-        if not hard:
-            for child in live:
-                self.send(child, Stop())
-        deadline = self.clock() + (0.0 if hard else join_timeout_s)
-        for child in live:
-            child.proc.join(max(0.0, deadline - self.clock()))
+        # A stopped (SIGSTOP) child cannot read "stop": waiting for it only delays the end
+        # by join_timeout_s, silently. It is killed at once (SIGKILL ends it stopped).
+        stopped = [c for c in live if not hard and c.proc.stopped()]
+        if stopped:
+            names = ", ".join(f"{c.name} (pid {c.proc.pid})" for c in stopped)
+            log.warning("stopped (SIGSTOP) at the end of the run, so killed at once: %s", names)
+        polite = [c for c in live if not hard and c not in stopped]
+        for child in polite:
+            self.send(child, Stop())
+        start = self.clock()
+        deadline = start + (join_timeout_s if polite else 0.0)
+        said = False
+        for child in polite:
+            # Checked again while waiting: a SIGSTOP may come after the "stop" was sent.
+            while not child.proc.stopped() and child.proc.is_alive() and self.clock() < deadline:
+                if not said and self.clock() - start >= _SAY_AFTER_S:
+                    said = True
+                    log.warning(
+                        "waiting up to %g s for %s (pid %s) to stop; then it is killed",
+                        join_timeout_s, child.name, child.proc.pid,
+                    )  # fmt: skip
+                child.proc.join(min(0.1, max(0.0, deadline - self.clock())))
         for child in live:
             if child.proc.is_alive():
                 child.proc.kill()  # a stopped child too; one never forked is abandoned
