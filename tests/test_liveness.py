@@ -457,11 +457,19 @@ class _StopTheJanitor:
             self.stopped = janitor
 
 
-def test_a_stopped_janitor_does_not_keep_the_run_from_ending(
-    demo_kit, tmp_path, monkeypatch, caplog
-):
-    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
-    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
+def test_a_stopped_janitor_is_said_then_killed_when_it_does_not_exit(caplog):
+    keeper = janitor.Janitor()
+    keeper.proc.send_signal(signal.SIGSTOP)
+    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+        keeper.close(say_after_s=0.01, kill_after_s=0.05)
+    assert keeper.proc.returncode == -signal.SIGKILL  # killed and reaped
+    said = [r.getMessage() for r in caplog.records]
+    assert any("waiting for the shared-memory janitor" in m for m in said), said
+    assert any("did not exit in 0.05 s; killed it" in m for m in said), said
+
+
+@pytest.mark.slow  # the janitor's default wait: said after 2 s, killed after 10 s
+def test_a_stopped_janitor_does_not_keep_the_run_from_ending(demo_kit, tmp_path, caplog):
     stop = _StopTheJanitor()
     cfg = config(
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
@@ -544,14 +552,10 @@ class _FreezeTheWholeRun:
             self._keeper.join()
 
 
-def test_freezing_every_process_of_a_run_past_its_timeouts_loses_nothing(
-    demo_kit, tmp_path, monkeypatch
-):
+def test_freezing_every_process_of_a_run_past_its_timeouts_loses_nothing(demo_kit, tmp_path):
     """issue 27: the run's whole tree (fork server and janitor too) frozen for longer than
     the inference and decode timeouts, then continued: what was frozen is killed and
     started again from a fresh fork server, and every item is done once."""
-    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
-    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
     freezer = _FreezeTheWholeRun(n=20, for_ever=False)
     cfg = config(
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
@@ -570,14 +574,13 @@ def test_freezing_every_process_of_a_run_past_its_timeouts_loses_nothing(
 
 @pytest.mark.slow  # three start-up timeouts and back-offs per core before it is retired
 def test_freezing_every_process_of_a_run_for_ever_ends_it_with_exit_3_then_resume_completes(
-    demo_kit, tmp_path, monkeypatch, caplog
+    demo_kit, tmp_path, caplog
 ):
     """issue 27: every process of the run frozen, and every one started since: each core is
     retired after its restarts, the run fails (exit 3, saying to resume) instead of
     hanging, frozen children are killed without waiting for them to stop (that wait was
     silent: 5 s, at the end), and --resume does the rest, each item once."""
-    monkeypatch.setattr(janitor, "SAY_AFTER_S", 0.01)
-    monkeypatch.setattr(janitor, "KILL_AFTER_S", 0.02)
+    # The frozen janitor too: said after 2 s, killed after 10 s (janitor.py's defaults).
     freezer = _FreezeTheWholeRun(n=20, for_ever=True)
     settings = dict(
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",

@@ -64,15 +64,16 @@ class Janitor:
             stdin.write(name + "\n")
             stdin.flush()
 
-    def close(self) -> None:
+    def close(self, say_after_s: float = SAY_AFTER_S, kill_after_s: float = KILL_AFTER_S) -> None:
         """The run removed its segments: let the janitor check and go (waiting at most
-        KILL_AFTER_S for it, see the module docstring)."""
+        ``kill_after_s`` for it, and saying so after ``say_after_s``; see the module
+        docstring)."""
         assert self.proc.stdin is not None  # started with stdin=PIPE
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         pid = self.proc.pid
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=SAY_AFTER_S)
+            self.proc.wait(timeout=say_after_s)
             return
         log.warning(
             "waiting for the shared-memory janitor (pid %d) to exit; it is stopped or starved "
@@ -80,15 +81,15 @@ class Janitor:
             pid,
         )
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=max(0.0, KILL_AFTER_S - SAY_AFTER_S))
+            self.proc.wait(timeout=max(0.0, kill_after_s - say_after_s))
             return
         log.warning(
             "the shared-memory janitor (pid %d) did not exit in %g s; killed it (nothing "
             "was left for it to remove)",
             pid,
-            KILL_AFTER_S,
+            kill_after_s,
         )
         with contextlib.suppress(OSError):
             self.proc.kill()  # SIGKILL ends a stopped process too
         with contextlib.suppress(subprocess.TimeoutExpired):  # not in uninterruptible sleep
-            self.proc.wait(timeout=KILL_AFTER_S)
+            self.proc.wait(timeout=kill_after_s)
