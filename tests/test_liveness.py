@@ -149,38 +149,28 @@ def test_one_poison_item_costs_one_error_row_and_no_core(demo_kit, tmp_path):
     assert any("blamed on the item" in w for w in result.warnings)
 
 
-def test_a_poison_item_among_three_instances_charges_no_neighbour(demo_kit, tmp_path):
-    """Issue 27: with -k 3 a crash charged every item inside inference() then, so the
-    poison item's neighbours lost an attempt each (and two such accidents made an error
-    row). The host time keeps the other two instances inside inference() when it crashes."""
+@pytest.mark.parametrize(
+    ("fault", "npu_ms", "said"),
+    [
+        # A crash charged every item inside inference() then, so the poison item's
+        # neighbours lost an attempt each (two such accidents made an error row); the host
+        # time keeps the other two instances inside inference() when it crashes.
+        ("crash:item=10", 1.0, "crashed"),
+        # The watchdog knows which instance hung: only its item is charged when the worker is
+        # killed. The NPU time keeps the run going well past the timeout (~10 calls a second).
+        ("hang:item=10", 100.0, "hung"),
+    ],
+)
+def test_a_faulty_item_among_three_instances_charges_no_neighbour(
+    demo_kit, tmp_path, fault, npu_ms, said
+):
+    """Issue 27: with -k 3, only the faulty item is charged; the items the core's other two
+    instances were inferring go back uncharged."""
     cfg = config(
         dataset=demo_kit.dataset,
         model=demo_kit.models["digits"],
         backend="sim",
-        sim=SimOptions(npu_ms=1.0, host_ms=5.0, faults=("crash:item=10",)),
-        cores=(0,),
-        instances_per_core=3,
-        max_attempts=2,
-        limit=40,
-        out=tmp_path / "o",
-    )
-    result = run(cfg)
-    assert (result.status, result.errors, result.succeeded) == ("complete", 1, 39)
-    rows = read_predictions(result.out).to_pylist()
-    (row,) = [r for r in rows if r["error"] is not None]
-    assert row["index"] == 10 and row["attempt"] == 2 and row["error"].count("crashed") == 2
-    assert [r["index"] for r in rows if r["attempt"] != 1 and r["index"] != 10] == []
-
-
-def test_a_hung_item_among_three_instances_charges_no_neighbour(demo_kit, tmp_path):
-    """The watchdog knows which instance hung: only its item is charged when the worker is
-    killed; the other two instances' items (inside inference() then) go back uncharged.
-    The NPU time keeps the run going well past the timeout (about 10 calls a second)."""
-    cfg = config(
-        dataset=demo_kit.dataset,
-        model=demo_kit.models["digits"],
-        backend="sim",
-        sim=SimOptions(npu_ms=100.0, host_ms=5.0, faults=("hang:item=10",)),
+        sim=SimOptions(npu_ms=npu_ms, host_ms=5.0, faults=(fault,)),
         cores=(0,),
         instances_per_core=3,
         max_attempts=2,
@@ -192,7 +182,7 @@ def test_a_hung_item_among_three_instances_charges_no_neighbour(demo_kit, tmp_pa
     assert (result.status, result.errors, result.succeeded) == ("complete", 1, 39)
     rows = read_predictions(result.out).to_pylist()
     (row,) = [r for r in rows if r["error"] is not None]
-    assert row["index"] == 10 and row["attempt"] == 2 and row["error"].count("hung") == 2
+    assert row["index"] == 10 and row["attempt"] == 2 and row["error"].count(said) == 2
     assert [r["index"] for r in rows if r["attempt"] != 1 and r["index"] != 10] == []
 
 
