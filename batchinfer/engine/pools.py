@@ -1,0 +1,217 @@
+"""The one interface between the engine loop and what runs its items.
+
+The loop (loop.py, :class:`batchinfer.engine.Engine`) holds the policy: admission, which
+worker gets an item, retries and error rows (scheduler.py), rows and statistics
+(collector.py), start-up, retirement and restart texts, time (gaps when the loop itself did
+not run), draining and stopping. A pool holds the mechanics of one kind of worker and owns
+its workers' state; no other module writes it:
+
+- :class:`batchinfer.engine.board.BoardPool`: one core-worker process per NPU core of this
+  board, reader processes, inputs and outputs in shared memory;
+- :class:`batchinfer.cluster.pool.RayPool`: one Ray actor per runtime instance of each
+  core of each node, read tasks, inputs and outputs as Ray objects.
+
+Keys. The scheduler knows workers by key. On a board a key is an NPU core; on a cluster it
+is one actor (instance i of core c of node n). :class:`Layout` says how many keys there are
+and what each stands for; readers are numbered 0.. (reader processes, or read lanes).
+
+PROTOCOL (loop ⇄ pool), all on the loop's thread, all times on the loop's clock:
+
+    loop                                              pool
+    Engine(plan, source, sink, pool=...) ──layout──►  Layout (read once, before setup)
+    setup(scheduler, stats, now) ───────────────────► starts every worker (and reader)
+    fill(slot, item)           (sources in memory)    the item's tensors into its slot
+    send_reads(reader, slots, now)                    the slots' items are to be read
+    send_work(key, slots, now)                        the slots' items are to be inferred
+    wait(timeout_s) ◄──────────────────────────────── events, in the order they happened
+    check(now) ◄───────────────────────────────────── events: hangs found (the worker is
+                                                      killed; its WorkerLost follows)
+    shift(gap_s)                                      the loop was not running: move clocks
+    start_worker(key, now)     (after a back-off)     start the key's worker again
+    retire(key)                (never again)          stop it for good, drop what it holds
+    close(hard)                                       stop everything (hard: kill at once)
+
+Events (pool → loop) are the NamedTuples below. Every slot sent with ``send_work`` comes
+back exactly once: in an :class:`ItemsDone` of its key, or as held by a worker that is then
+lost (:class:`WorkerLost`) or retired (:class:`WorkerRetired`), after which the scheduler
+gives it back; likewise every slot sent with ``send_reads`` comes back in an
+:class:`ItemsRead` or with a :class:`ReaderLost`. A pool never decides what is retried or
+charged: it reports what it saw (which items were inside inference when a worker died,
+which one hung) and the scheduler decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from batchinfer.data.dataset import Item
+from batchinfer.engine.scheduler import Scheduler
+from batchinfer.runtime.adapter import CoreReason
+from batchinfer.sink.stats import CoreStatsRecorder
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the loop builds its scheduler and statistics from (read before ``setup``)."""
+
+    keys: tuple[int, ...]  # the scheduler's worker keys
+    instances: int  # runtime instances behind one key (k on a board, 1 per Ray actor)
+    capacity: int | None  # items a key may hold at once; None: the scheduler's default
+    slots: int  # items in flight at most
+    readers: int  # readers to start with (0: the source fills slots itself)
+    places: tuple[Hashable, ...]  # what the statistics count per: cores, (node, core)s
+    place: Callable[[int], Hashable]  # key -> its place in ``places``
+    physical: Callable[[int], Hashable] | None = None  # keys that share a core (retries)
+
+
+class Where(NamedTuple):
+    """How events and texts name a key: its NPU core and node (None on one board), and
+    the instance when a key is one of several runtime instances of a core (the loop says
+    "core 2", "core 2 of node b", "core 2 of node b (instance 1)")."""
+
+    core: int
+    node: str | None = None
+    instance: int | None = None
+
+
+# ---------------------------------------------------------------- events: pool -> loop
+class WorkerUp(NamedTuple):
+    """The key's worker is ready for items (its model loaded, its canary inferred)."""
+
+    key: int
+    pid: int
+    sdk_version: str | None
+    outputs: list  # [(shape, dtype)] of the model's outputs
+    canary: Any = None  # the canary's outputs; None: not compared (engine/canary.py)
+
+
+class WorkerRetired(NamedTuple):
+    """The key's worker will not come back (its runtime refused the model, it failed to
+    start, its node left): the loop retires the key; the slots it held go back.
+    ``quiet``: the pool said why already (one warning for a whole node)."""
+
+    key: int
+    reason: CoreReason
+    quiet: bool = False
+
+
+class WorkerLost(NamedTuple):
+    """The key's worker died or was killed (crash, hang); ``what`` says how. ``working``:
+    indexes of the items that were inside inference then; ``culprits``: the ones known to
+    have caused it (a hang names them), None when any of ``working`` may have."""
+
+    key: int
+    what: str
+    working: frozenset[int]
+    culprits: frozenset[int] | None = None
+
+
+class ReaderUp(NamedTuple):
+    """A reader process is up (observers account CPU by pid); read lanes send none."""
+
+    reader: int
+    pid: int
+
+
+class ItemResult(NamedTuple):
+    """One item inferred. Times are on the loop's clock; ``boxes`` is a detection run's
+    (engine/task.py), else empty. Outputs, when kept, are in the pool's output store."""
+
+    slot: int
+    instance: int
+    t0: float
+    t1: float
+    error: str | None
+    boxes: tuple = ()
+
+
+class ItemsDone(NamedTuple):
+    key: int
+    results: list[ItemResult]
+
+
+class ItemsRead(NamedTuple):
+    """Reader ``reader`` finished these slots: (slot, read_ms, error or None)."""
+
+    reader: int
+    items: list[tuple[int, float, str | None]]
+
+
+class ReaderLost(NamedTuple):
+    """A reader died or hung; ``culprit``: the slot it was decoding, if known."""
+
+    reader: int
+    what: str
+    culprit: int | None = None
+
+
+class Said(NamedTuple):
+    """Something the pool wants the user to know (a node left, a node's set-up failed)."""
+
+    message: str
+
+
+PoolEvent = (
+    WorkerUp | WorkerRetired | WorkerLost | ItemsDone | ReaderUp | ItemsRead | ReaderLost | Said
+)
+
+
+@dataclass
+class PoolReport:
+    """What the pool says of the run once it is closed (EngineResult's fields)."""
+
+    backend: dict[str, Any]
+    cpu_s: dict[str, float]  # CPU seconds by role; empty where not measured
+    peak_rss_mb: float = 0.0
+
+
+class WorkerPool(Protocol):
+    """What runs the engine's items (see the module docstring for the protocol)."""
+
+    layout: Layout
+    #: Where the model's outputs of a slot are kept for the collector (a SlotRegion, or a
+    #: dict of slot -> outputs); set before the first WorkerUp is returned.
+    outputs: Any
+    #: The cluster's nodes taking part, known after ``setup``; () on one board.
+    nodes: tuple[str, ...]
+
+    def where(self, key: int) -> Where: ...
+
+    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
+        """Start every worker and reader; ``scheduler`` is read (flights, what each holds),
+        never written; ``stats`` gets the workers' busy time (set_busy, add_busy)."""
+
+    def fill(self, slot: int, item: Item) -> None:
+        """Sources that need no reader: put ``item``'s tensors into ``slot``."""
+
+    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None: ...
+
+    def send_work(self, key: int, slots: Sequence[int], now: float) -> None: ...
+
+    def wait(self, timeout_s: float) -> list[PoolEvent]:
+        """What happened, waiting at most ``timeout_s`` for the first event."""
+
+    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+        """Called every turn: find hung workers and readers (kill them: their loss comes
+        back from ``wait``), retire workers that did not start in time, adapt readers
+        (not when ``stopping``; demand is measured until the source is ``exhausted``)."""
+
+    def shift(self, gap_s: float) -> None:
+        """The loop was not running for ``gap_s``: not held against workers or readers."""
+
+    def start_worker(self, key: int, now: float) -> None:
+        """Start the key's worker again (after WorkerLost and the scheduler's back-off)."""
+
+    def restart_reader(self, reader: int) -> None:
+        """Start reader ``reader`` again after ReaderLost (a read lane: nothing to do)."""
+
+    def retire(self, key: int) -> None:
+        """The key takes no more items: stop its worker for good, forget what it held."""
+
+    def close(self, hard: bool) -> None:
+        """Stop every worker and reader (ask, then kill; ``hard``: kill at once) and free
+        what the pool made (segments, actors). Called once, also after errors."""
+
+    def report(self) -> PoolReport: ...
