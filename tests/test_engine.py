@@ -343,12 +343,14 @@ class _ScriptedScaler:
 def _run_with_scaler(cfg, watch: _Readers, scaler: _ScriptedScaler):
     """``run(cfg)`` with the engine's reader scaler replaced by ``scaler``."""
     from batchinfer.engine import fork_server
+    from batchinfer.engine.board import BoardPool
     from batchinfer.engine.loop import Engine
     from batchinfer.sink.stats import CoreStatsRecorder
 
     def engine(plan, source, sink, observers, invocation):
         stats = CoreStatsRecorder(plan.engine.cores, plan.engine.instances_per_core, invocation)
-        return Engine(plan.engine, source, sink, observers, stats, make_scaler=lambda *_: scaler)
+        pool = BoardPool(plan.engine, source, make_scaler=lambda *_: scaler)
+        return Engine(plan.engine, source, sink, observers, stats, pool=pool)
 
     with StopSignals() as signals, fork_server.running():
         return run_plan(plan_run(cfg), signals, [watch], make_engine=engine)
@@ -402,6 +404,7 @@ def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(demo_kit, 
     from PIL import Image
 
     from batchinfer.engine import fork_server
+    from batchinfer.engine.board import BoardPool
     from batchinfer.engine.loop import Engine
     from batchinfer.engine.reader_scaling import ReaderScaler
     from batchinfer.engine.usage import Usage
@@ -427,17 +430,11 @@ def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(demo_kit, 
 
     def engine(plan, source, sink, observers, invocation):
         stats = CoreStatsRecorder(plan.engine.cores, plan.engine.instances_per_core, invocation)
-        made = Engine(
-            plan.engine,
-            source,
-            sink,
-            observers,
-            stats,
-            tick_s=1.0,
-            make_scaler=functools.partial(ReaderScaler, window_s=0.5),
+        pool = BoardPool(
+            plan.engine, source, make_scaler=functools.partial(ReaderScaler, window_s=0.5)
         )
-        made.usage = _Free()
-        return made
+        pool.usage = _Free()
+        return Engine(plan.engine, source, sink, observers, stats, tick_s=1.0, pool=pool)
 
     cfg = config(
         dataset=data,
@@ -462,7 +459,7 @@ def test_readers_of_npy_tensors_yield_to_the_core_workers_from_the_start(tmp_pat
     """Loading a tensor is a copy: such readers never hold the cores back, and at normal
     priority they made the workers' 2 ms calls overrun (bench_run's ideal run: -6 %)."""
     from batchinfer.demo import make_npy_dataset
-    from batchinfer.engine import loop
+    from batchinfer.engine import board
 
     make_npy_dataset(tmp_path / "npy", 40)
     watch = _Readers()
@@ -478,7 +475,7 @@ def test_readers_of_npy_tensors_yield_to_the_core_workers_from_the_start(tmp_pat
     )
     assert (result.status, result.errors) == ("complete", 0)
     mine = psutil.Process().nice()
-    assert watch.niceness and set(watch.niceness) == {min(mine + loop.READER_NICENESS, 19)}
+    assert watch.niceness and set(watch.niceness) == {min(mine + board.READER_NICENESS, 19)}
 
 
 def test_readers_yield_to_the_core_workers_once_the_scaler_says_the_cores_are_fed(
@@ -487,7 +484,7 @@ def test_readers_yield_to_the_core_workers_once_the_scaler_says_the_cores_are_fe
     """Once the scaler says the cores are well fed (reader_scaling.py: after a judged window
     that showed it, tested in test_scheduler.py), the loop lowers the readers' priority
     below the core workers' (never before)."""
-    from batchinfer.engine import loop
+    from batchinfer.engine import board
 
     watch = _Readers()
     scaler = _ScriptedScaler(watch, fed_at=300)
@@ -508,4 +505,4 @@ def test_readers_yield_to_the_core_workers_once_the_scaler_says_the_cores_are_fe
     mine = psutil.Process().nice()
     assert scaler.fed_since is not None and scaler.fed_since >= 300
     assert watch.niceness[0] == mine
-    assert watch.niceness[-1] == min(mine + loop.READER_NICENESS, 19)
+    assert watch.niceness[-1] == min(mine + board.READER_NICENESS, 19)

@@ -10,6 +10,7 @@ from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine.slots import TensorLayout
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError
+from batchinfer.messages import Message
 from batchinfer.options import ReliabilityOptions
 from batchinfer.runtime.backends import Backend
 from batchinfer.sink.stats import CoreStatsRecorder
@@ -80,7 +81,7 @@ class EngineResult:
     counts: dict[str, int]
     stats: CoreStatsRecorder
     # Messages (batchinfer.messages): str, naming settings by field, renderable per front end.
-    warnings: list[str]
+    warnings: list[Message]
     sdk_versions: dict[int, str | None]
     retired_cores: list[int]
     backend: dict[str, Any] = field(default_factory=dict)

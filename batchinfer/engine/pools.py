@@ -49,7 +49,7 @@ from typing import Any, NamedTuple, Protocol
 from batchinfer.data.dataset import Item
 from batchinfer.engine.scheduler import Scheduler
 from batchinfer.runtime.adapter import CoreReason
-from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.sink.stats import CoreKey, CoreStatsRecorder
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class Layout:
     capacity: int | None  # items a key may hold at once; None: the scheduler's default
     slots: int  # items in flight at most
     readers: int  # readers to start with (0: the source fills slots itself)
-    places: tuple[Hashable, ...]  # what the statistics count per: cores, (node, core)s
-    place: Callable[[int], Hashable]  # key -> its place in ``places``
+    places: tuple[CoreKey, ...]  # what the statistics count per: cores, (node, core)s
+    place: Callable[[int], CoreKey]  # key -> its place in ``places``
     physical: Callable[[int], Hashable] | None = None  # keys that share a core (retries)
 
 

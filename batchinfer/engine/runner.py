@@ -238,7 +238,7 @@ def _run(
         succeeded=counts["succeeded"],
         errors=counts["errors"],
         stats=stats.table(),
-        warnings=result.warnings,
+        warnings=list(result.warnings),
         failed_items=failed.items,
         skipped_files=plan.dataset.skipped.to_json(),
     )

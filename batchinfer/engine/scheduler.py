@@ -143,11 +143,15 @@ class Scheduler:
         max_attempts: int,
         physical: Callable[[int], Hashable] | None = None,
         name: Callable[[int], str] | None = None,
+        capacity: int | None = None,
     ) -> None:
+        """``capacity``: items a core (key) holds at most; by default QUEUED_PER_INSTANCE
+        per instance (a cluster's key, one Ray actor, takes several calls' worth)."""
         self.flights: list[Flight | None] = [None] * slots
         self.free: deque[int] = deque(range(slots))
         self.ready: deque[int] = deque()
-        capacity = QUEUED_PER_INSTANCE * instances_per_core
+        if capacity is None:
+            capacity = QUEUED_PER_INSTANCE * instances_per_core
         self.cores = {c: CoreState(c, capacity) for c in cores}
         self.refill_at = REFILL_AT * instances_per_core
         self.max_attempts = max_attempts

@@ -9,8 +9,9 @@ A child is hung when any of these holds (each with its own limit from Reliabilit
 
 The coordinator itself can stop running (Ctrl-Z, a frozen VM, starvation). Every clock here
 is CLOCK_MONOTONIC, which keeps counting meanwhile, so after such a gap every child would
-look hung at once. :meth:`Watchdog.tick` notices a gap between two turns of the loop and
-moves every deadline by it: a child is judged only on time we could watch it.
+look hung at once. The loop notices a gap between two of its turns, and
+:meth:`Watchdog.shift` moves every deadline by it: a child is judged only on time we could
+watch it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from batchinfer.engine.pool import Child
 from batchinfer.engine.states import ChildState
 from batchinfer.options import ReliabilityOptions
 
-#: A gap between two turns of the loop longer than this (plus the tick) means we were
-#: not running.
-SUSPENDED_S = 1.0
-
 
 class Watchdog:
     """Finds hung children (see the module docstring)."""
@@ -36,27 +33,20 @@ class Watchdog:
         rel: ReliabilityOptions,
         rows_of: Callable[[Child], slice],
         held_by: Callable[[Child], int],
-        tick_s: float,
     ) -> None:
         self.rel = rel
         self.rows_of = rows_of
         self.held_by = held_by
-        self.tick_s = tick_s
-        self._last = 0.0
         self._resumed_at = 0.0
 
-    def tick(self, now: float, children: list[Child]) -> float:
-        """Note a turn of the loop; returns the gap (s) we were not running, else 0."""
-        gap = now - self._last if self._last else 0.0
-        self._last = now
-        if gap < SUSPENDED_S + self.tick_s:
-            return 0.0
+    def shift(self, now: float, gap: float, children: list[Child]) -> None:
+        """The loop was not running for ``gap`` seconds until ``now`` (the loop finds such
+        gaps, loop.py): not held against ``children``."""
         self._resumed_at = now
         for child in children:
             child.last_progress += gap
             if child.deadline is not None:
                 child.deadline += gap
-        return gap
 
     def _limit(self, child: Child) -> tuple[float, str]:
         if child.kind == "worker":

@@ -1,0 +1,446 @@
+"""The board's worker pool: one core-worker process per NPU core, reader processes, and
+the run's shared memory (input and output slots, the status board).
+
+It implements :class:`batchinfer.engine.pools.WorkerPool` for the engine loop (loop.py):
+the loop decides, this pool carries out and reports. It owns its children's state
+(pool.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates their messages
+(protocol.py; what each child does is in reader.py and worker.py) into the pool events the
+loop handles. The slot life cycle and shutdown order are in the NOTE of slots.py.
+
+What only a board has lives here too:
+- hangs are read from the status board (watchdog.py: which instance hung, since when);
+- readers grow and shrink with demand and yield to the core workers once those are seen
+  well fed (reader_scaling.py): the one place this pool changes the scheduler, by adding
+  and closing readers;
+- CPU and memory of every child are accounted by role (usage.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+
+from batchinfer.data.dataset import Item
+from batchinfer.data.feeds import FROM_COLUMN
+from batchinfer.engine.fd_limit import check_fd_limit
+from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.memory import RunMemory
+from batchinfer.engine.pool import Child, ChildPool, Exited, Message
+from batchinfer.engine.pools import (
+    ItemResult,
+    ItemsDone,
+    ItemsRead,
+    Layout,
+    PoolEvent,
+    PoolReport,
+    ReaderLost,
+    ReaderUp,
+    Where,
+    WorkerLost,
+    WorkerRetired,
+    WorkerUp,
+)
+from batchinfer.engine.protocol import (
+    Attach,
+    Done,
+    Failed,
+    Infer,
+    InitFailed,
+    Initialised,
+    Loaded,
+    Read,
+    ReaderReady,
+    Stop,
+    WorkerReady,
+)
+from batchinfer.engine.reader_scaling import ReaderScaler
+from batchinfer.engine.scheduler import Scheduler
+from batchinfer.engine.slots import SlotRegion, StatusBoard, sweep_dead_segments
+from batchinfer.engine.sources import ItemSource
+from batchinfer.engine.spawn import start_reader, start_worker
+from batchinfer.engine.states import ChildState, CoreStatus
+from batchinfer.engine.usage import Usage
+from batchinfer.engine.watchdog import Watchdog
+from batchinfer.runtime.adapter import CoreReason
+from batchinfer.sink.stats import CoreStatsRecorder
+
+log = logging.getLogger("batchinfer")
+
+#: How much nicer than the coordinator readers run once the cores are seen well fed.
+READER_NICENESS = 10
+#: Hangs, restarts and readers are checked this often, not on every turn of the loop: at
+#: thousands of items a second a turn comes every millisecond.
+CHECK_EVERY_S = 0.05
+_JOIN_TIMEOUT_S = 5.0
+
+
+class BoardPool:
+    """Child processes and shared memory of a run on this board (see the module docstring).
+
+    ``make_scaler`` (fewest, most readers, start time -> the scaler) is the readers'
+    tuning: tests give a scripted one.
+    """
+
+    def __init__(
+        self,
+        plan: EnginePlan,
+        source: ItemSource,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        make_scaler: Callable[[int, int, float], ReaderScaler] = ReaderScaler,
+    ) -> None:
+        self.plan = plan
+        self.source = source
+        self.clock = clock
+        self.rel = plan.reliability
+        readers = plan.readers if source.needs_reader else 0
+        self._max_readers = max(readers, plan.max_readers) if source.needs_reader else 0
+        self.layout = Layout(
+            keys=tuple(plan.cores),
+            instances=plan.instances_per_core,
+            capacity=None,
+            slots=plan.slots,
+            readers=readers,
+            places=tuple(plan.cores),
+            place=lambda core: core,
+        )
+        self.nodes: tuple[str, ...] = ()
+        self.children = ChildPool(clock)
+        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by)
+        self.usage = Usage()
+        # With runtime.readers fixed (or one CPU) the count stays, but the scaler's windows
+        # still decide the readers' priority (_yield_to_workers).
+        least = 1 if self._max_readers > readers else readers
+        self.scaler = make_scaler(least, self._max_readers, clock()) if readers else None
+        self.backend = plan.backend
+        # The manifest columns that feed model inputs (sent with each item to its reader).
+        self._columns = tuple(
+            f.column for f in plan.feeds if f.source == FROM_COLUMN and f.column is not None
+        )
+        self._next_check = 0.0
+        self._starved = False
+        self.outputs: SlotRegion | None = None
+        self._memory: RunMemory | None = None
+        self._inputs: SlotRegion | None = None
+        self._board: StatusBoard | None = None
+        self._scheduler: Scheduler | None = None
+        self._stats: CoreStatsRecorder | None = None
+
+    def where(self, key: int) -> Where:
+        return Where(key)
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def memory(self) -> RunMemory:
+        assert self._memory is not None, "the pool is not set up"
+        return self._memory
+
+    @property
+    def inputs(self) -> SlotRegion:
+        assert self._inputs is not None, "the pool is not set up"
+        return self._inputs
+
+    @property
+    def board(self) -> StatusBoard:
+        assert self._board is not None, "the pool is not set up"
+        return self._board
+
+    @property
+    def scheduler(self) -> Scheduler:
+        assert self._scheduler is not None, "the pool is not set up"
+        return self._scheduler
+
+    @property
+    def stats(self) -> CoreStatsRecorder:
+        assert self._stats is not None, "the pool is not set up"
+        return self._stats
+
+    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
+        self._scheduler, self._stats = scheduler, stats
+        plan = self.plan
+        # Segments and runtimes a killed earlier run left behind, then this run's backend.
+        plan.backend.sweep()
+        sweep_dead_segments()
+        self.backend = plan.backend.for_run()
+        check_fd_limit(len(plan.cores) + self._max_readers)  # before any process or segment
+        self.children.open()  # the fork server imports while the segments are made
+        self._memory = RunMemory(
+            plan.slots,
+            plan.input_layout,
+            plan.cores,
+            plan.instances_per_core,
+            self._max_readers,
+            geometry=plan.detects,
+        )
+        self._inputs, self._board = self.memory.inputs, self.memory.board
+        for core in plan.cores:
+            self.start_worker(core, now)
+        for reader in range(self.layout.readers):
+            self._start_reader(reader)
+        inputs = self.inputs
+        self.source.prefill(lambda slot: inputs[slot], plan.slots)
+        self.usage.started()  # the coordinator's CPU from here on is the run's
+
+    def start_worker(self, key: int, now: float) -> None:
+        start_worker(self.children, self.plan, self.memory, self.backend, key)
+
+    def restart_reader(self, reader: int) -> None:
+        self._start_reader(reader)
+
+    def _start_reader(self, reader: int) -> Child:
+        child = start_reader(
+            self.children,
+            self.plan,
+            self.memory,
+            self.source.kind,
+            reader,
+            self.source.column_base,
+        )
+        if self.source.kind in ("npy", "npz"):
+            # Loading a tensor is a copy into its slot, never what the cores wait for: such
+            # a reader yields to the core workers from the start.
+            self._yield(child)
+        return child
+
+    # ------------------------------------------------------------------ sending
+    def fill(self, slot: int, item: Item) -> None:
+        self.source.fill(item, self.inputs[slot])
+
+    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
+        child = self._child("reader", reader)
+        if child is None:
+            return  # being restarted: reader_lost has re-queued its slots already
+        s = self.scheduler
+        if not s.held_by_reader(reader) - len(slots):
+            child.last_progress = now  # it was idle: its clock starts now
+        items = [s.flight(slot).item for slot in slots]
+        tasks = [
+            (slot, it.index, it.path, it.id, it.member, self._column_values(it))
+            for slot, it in zip(slots, items, strict=True)
+        ]
+        self.children.send(child, Read(tasks))
+
+    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
+        child = self._child("worker", key)
+        if child is None:
+            return  # cannot happen: the scheduler dispatches to ready cores only
+        if len(self.scheduler.cores[key].inflight) == len(slots):
+            child.last_progress = now  # it was idle: its clock starts now
+        tasks = [(slot, self.scheduler.flight(slot).item.index) for slot in slots]
+        self.children.send(child, Infer(tasks))
+
+    def _column_values(self, item: Item) -> tuple | None:
+        """The item's values of the columns that feed model inputs (engine.feeds), in feed
+        order; None when no input is fed from a column. Missing ones are None: the reader
+        makes them the item's error row."""
+        if not self._columns:
+            return None
+        columns = item.columns or {}
+        return tuple(columns.get(column) for column in self._columns)
+
+    def _child(self, kind: str, key: int) -> Child | None:
+        for child in reversed(self.children.children):  # the newest incarnation first
+            if child.key == key and child.kind == kind and child.state != ChildState.GONE:
+                return child
+        return None
+
+    # ------------------------------------------------------------------ events
+    def wait(self, timeout_s: float) -> list[PoolEvent]:
+        # Starvation is the state before the events, held for the time the turn waited.
+        self._starved = self.scaler is not None and self._is_starved()
+        events: list[PoolEvent] = []
+        for event in self.children.poll(timeout_s):
+            if isinstance(event, Message):
+                said = self._on_message(event.child, event.body)
+            else:
+                said = self._on_exit(event)
+            if said is not None:
+                events.append(said)
+        return events
+
+    def _on_message(self, child: Child, msg: tuple) -> PoolEvent | None:
+        """A child's message (FromReader, FromWorker) as the event it means, if any."""
+        now = self.clock()
+        child.last_progress = now
+        match msg:
+            case Loaded(items, cpu_s):
+                child.cpu_s = cpu_s
+                if self.scaler is not None:
+                    self.scaler.decoded(sum(m[2] for m in items) / 1e3)
+                return ItemsRead(child.key, [(slot, ms, err) for slot, _i, ms, err in items])
+            case Done(results, busy_s, cpu_s):
+                child.busy_s, child.cpu_s = busy_s, cpu_s
+                self.stats.set_busy(child.key, busy_s)
+                return ItemsDone(
+                    child.key,
+                    [
+                        ItemResult(slot, instance, t0, t1, error, tuple(boxes))
+                        for slot, _index, instance, t0, t1, error, *boxes in results
+                    ],
+                )
+            case ReaderReady() | WorkerReady():
+                child.state, child.deadline = ChildState.READY, None
+                child.cpu_s = child.cpu_at_ready = msg.cpu_s
+                if child.yielding:
+                    self._lower(msg.pid)  # it was to yield before its pid was known
+                if isinstance(msg, ReaderReady):
+                    return ReaderUp(child.key, msg.pid)
+                return self._on_worker_ready(child, msg)
+            case Initialised():
+                child.phase = (
+                    f"the canary inference took longer than {self.rel.inference_timeout_s:g} s "
+                    "(the inference timeout)"
+                )
+                child.deadline = now + self.rel.inference_timeout_s
+            case InitFailed(reason):
+                return WorkerRetired(child.key, reason)
+            case Failed(text):
+                # A start-up exception with its traceback: said once, then the child exits.
+                last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
+                log.debug("%s failed to start:\n%s", child.name, text)
+                child.killed_for = f"failed to start ({last})"
+                if child.kind == "worker":
+                    reason = CoreReason.of(f"its worker failed to start:\n{text.rstrip()}")
+                    return WorkerRetired(child.key, reason)
+        return None
+
+    def _on_worker_ready(self, child: Child, info: WorkerReady) -> WorkerUp:
+        shapes = [(tuple(s), "float32") for s, _ in info.outputs]
+        if self.outputs is None:
+            # A detection run's workers send boxes, not outputs: no output slots to fill
+            # unless the rows store the raw outputs too.
+            keep = not self.plan.detects or self.plan.save_outputs
+            self.outputs = self.memory.create_outputs(shapes if keep else [])
+        self.children.send(child, Attach(self.outputs.spec))
+        return WorkerUp(child.key, info.pid, info.sdk_version, shapes, info.canary)
+
+    def _on_exit(self, event: Exited) -> PoolEvent | None:
+        child = event.child
+        self.usage.child_gone(child)
+        died = "died" if child.kind == "reader" else "worker process crashed"
+        code = "unknown" if event.exitcode is None else event.exitcode  # its server is gone
+        what = child.killed_for or f"{died} (exit code {code})"
+        board = self.board
+        rows = self._board_rows(child)
+        working = [(int(i), t) for i, t in board.snapshot()[rows] if t > 0]
+        board.rows[rows] = 0.0
+        s = self.scheduler
+        if child.kind == "reader":
+            if child.key in s.closing and not s.held_by_reader(child.key):
+                return None  # stopped because fewer readers are enough: nothing to redo
+            culprit = None
+            if working:
+                index = working[0][0]
+                for slot in s.reading[child.key]:
+                    if s.flight(slot).item.index == index:
+                        culprit = slot
+                        what += f" while decoding {s.flight(slot).item.id}"
+            return ReaderLost(child.key, what, culprit)
+        if s.cores[child.key].state != CoreStatus.RETIRED:
+            self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
+            self.stats.set_busy(child.key, 0.0)
+        hung = frozenset(child.hung_items) if child.hung_items is not None else None
+        return WorkerLost(child.key, what, frozenset(i for i, _ in working), hung)
+
+    # ------------------------------------------------------------------ checks
+    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+        if self.scaler is not None and not exhausted:
+            self.scaler.observe(now, self._starved)
+        if now < self._next_check:
+            return []
+        self._next_check = now + CHECK_EVERY_S
+        live = self.children.live()
+        self.usage.sample(now)
+        for child, reason in self.watchdog.hung(now, live, self.board.snapshot()):
+            self.children.kill(child, reason)  # its exit comes back from wait()
+        if self.scaler is not None and not stopping:
+            self._scale_readers(now)
+        return []
+
+    def shift(self, gap_s: float) -> None:
+        self.watchdog.shift(self.clock(), gap_s, self.children.live())
+
+    def _board_rows(self, child: Child) -> slice:
+        if child.kind == "worker":
+            return self.memory.worker_rows(child.key)
+        row = self.memory.reader_row(child.key)
+        return slice(row, row + 1)
+
+    def _held_by(self, child: Child) -> int:
+        if child.kind == "worker":
+            return len(self.scheduler.cores[child.key].inflight)
+        return len(self.scheduler.reading[child.key])  # sent to it (unsent ones wait here)
+
+    # ------------------------------------------------------------------ readers
+    def _is_starved(self) -> bool:
+        """A runtime instance has nothing to infer and no item is READY: the cores wait for
+        the readers. (Not "a core has room": a core is refilled long before it runs dry, so
+        with room to spare and its instances busy it waits for nothing; counted that way,
+        8x8 PNGs that one reader decodes far faster than the cores consume looked starved
+        10-18 % of the time.)"""
+        s, k = self.scheduler, self.plan.instances_per_core
+        return not s.ready and any(
+            c.state == CoreStatus.READY and len(c.inflight) < k for c in s.cores.values()
+        )
+
+    def _scale_readers(self, now: float) -> None:
+        """Grow or shrink the readers from what the run measures (reader_scaling.py)."""
+        assert self.scaler is not None
+        s = self.scheduler
+        for reader in list(s.closing):
+            child = self._child("reader", reader)
+            if child is not None and not s.held_by_reader(reader) and not child.killed_for:
+                child.killed_for = "stopped: fewer readers are enough"
+                self.children.send(child, Stop())
+        open_readers = s.open_readers()
+        change = self.scaler.decide(now, len(open_readers), self.usage.idle_cpus)
+        if change > 0:
+            # A stopped reader's number (and board row) is used again; else a new one, up
+            # to the rows the board has.
+            free = [r for r in sorted(s.closing) if self._child("reader", r) is None]
+            if free or len(s.unsent) < self._max_readers:
+                reader = free[0] if free else s.add_reader()
+                s.closing.discard(reader)
+                self._start_reader(reader)
+                log.info("reader %d started: decoding was the bottleneck", reader)
+        elif change < 0 and len(open_readers) > 1:
+            s.close_reader(open_readers[-1])
+        if self.scaler.fed:
+            for child in self.children.live("reader"):
+                self._yield(child)
+
+    def _yield(self, reader: Child) -> None:
+        """Lower a reader's priority below the coordinator's (once: it cannot be raised)."""
+        if reader.yielding:
+            return
+        reader.yielding = True
+        self._lower(reader.proc.pid)  # None: not forked yet; lowered when it is ready
+
+    @staticmethod
+    def _lower(pid: int | None) -> None:
+        if pid is not None:
+            lower = min(19, os.getpriority(os.PRIO_PROCESS, 0) + READER_NICENESS)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, pid, lower)
+
+    # ------------------------------------------------------------------ ending
+    def retire(self, key: int) -> None:
+        child = self._child("worker", key)
+        if child is not None and child.killed_for is None:
+            self.children.kill(child, "retired")  # it exits anyway after InitFailed
+
+    def close(self, hard: bool) -> None:
+        """Shutdown steps 3-4 of the NOTE in slots.py; the sink is closed by the caller."""
+        for child in self.children.live():
+            self.usage.child_gone(child)  # its last report: stopped children send no more
+        self.children.close(hard, _JOIN_TIMEOUT_S)
+        self.usage.add_startup(self.children.server_cpu_s)
+        if self._memory is not None:
+            self._memory.close()
+        self.backend.end_run()
+
+    def report(self) -> PoolReport:
+        return PoolReport(self.backend.describe(), self.usage.cpu_by_role(), self.usage.peak_rss_mb)
