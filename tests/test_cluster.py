@@ -10,6 +10,7 @@ fixture then checks, once the cluster is stopped, that not one process of it is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -140,7 +141,9 @@ def test_digits_on_two_nodes_give_the_single_board_predictions(cluster, demo_kit
     b = _exactly_once(out, 400)
     assert b["pred"].to_pylist() == a["pred"].to_pylist()
     assert set(a["node"].to_pylist()) == {None}
-    assert {(r["node"], r["core"]) for r in b.to_pylist()} == {
+    # Items flow while the actors start, so which of them serve 400 quick items depends on
+    # when each came up; each row names one of the run's (node, core)s.
+    assert {(r["node"], r["core"]) for r in b.to_pylist()} <= {
         (n, c) for n in ("node0", "node1") for c in CORES
     }
     stats = read_run(out).core_stats().to_pylist()
@@ -170,7 +173,8 @@ def test_an_actor_killed_mid_run_is_restarted_and_loses_no_item(cluster, demo_ki
 
     def act(watch: _Watch) -> None:
         if "victim" not in state:
-            if len(watch.rows) >= 60:
+            # Items flow while actors start: the victim is chosen once every one is up.
+            if len(watch.rows) >= 60 and watch.of(ev.CoresReady):
                 state["victim"] = victim = watch.of(ev.ChildReady)[-1]
                 state["ready"] = len(watch.of(ev.ChildReady))
                 os.kill(victim.pid, signal.SIGKILL)
@@ -355,8 +359,9 @@ min = 0.9999
 @pytest.mark.slow
 def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
     """The hook for eval: tensors in memory, a memory sink; each node its own board, two
-    instances (actors) on its core 0."""
+    instances (actors) on its core 0, every one of which gets items (they start together)."""
     plan, nodes = _plan(demo_kit, cores=(0,), instances_per_core=2)
+    plan = dataclasses.replace(plan, cores_start_together=True)
     rng = np.random.default_rng(0)
     shape, dtype = plan.preprocess.shape, plan.preprocess.dtype
     arrays = [rng.integers(0, 255, shape).astype(dtype) for _ in range(50)]
@@ -378,7 +383,7 @@ def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
             np.testing.assert_allclose(r.outputs[0], expected[0], rtol=1e-5)
     finally:
         reference.release()
-    boards = {b.state_dir for b in engine.backends.values()}
+    boards = {b.state_dir for b in engine.ray_pool.backends.values()}
     assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
 
 
