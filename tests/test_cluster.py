@@ -236,7 +236,8 @@ def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, t
         dataset=data, model=demo_kit.models["digits"], backend="sim", sim=fast_sim(*faults),
         out=tmp_path / "o", timeout_s=3.0,  # a crash is noticed within it on a loaded machine
     )  # fmt: skip
-    result = run_on_cluster(cfg, cluster.address, data="shared")
+    watch = _Watch()
+    result = run_on_cluster(cfg, cluster.address, [watch], data="shared")
     assert result.status == "complete"
     table = _exactly_once(result.out, 202)
     errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
@@ -256,6 +257,9 @@ def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, t
     assert len({f.split(":")[0] for f in failures}) == 2  # two different cores
     assert {r["core"] for r in table.to_pylist() if r["error"] is None} == {0, 1}
     assert sum("core 2 of node" in w and "retired" in w for w in result.warnings) == 2
+    # On the console, core 2 of both boards is said once (they failed alike at start-up).
+    (said,) = [str(e.message) for e in watch.of(ev.Warned) if "retired" in str(e.message)]
+    assert said.startswith("core 2 of nodes node0, node1 retired: NPU core 2 could not"), said
     assert sum("hung for more than" in w for w in result.warnings) == 2  # once per board
     stats = {(r["node"], r["core"]): r for r in read_run(result.out).core_stats().to_pylist()}
     for node in ("node0", "node1"):
