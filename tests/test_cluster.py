@@ -428,7 +428,8 @@ def test_a_csv_list_and_a_coco_json_run_on_the_cluster_as_on_one_board(
     assert "line 7 of" in bad["error"] and bad["meta"] == {"note": None}
     assert [r["pred"] for r in table] == expected
     assert [r["meta"]["note"] for r in table] == [f"n{i.index}" for i in items]
-    assert {r["node"] for r in table} == {"node0", "node1"}
+    # Items flow while the actors start: the first nodes up may infer all 300.
+    assert {r["node"] for r in table} <= {"node0", "node1"}
     out = tmp_path / "coco"
     args = run_args(coco, model, out, "--image-root", demo_kit.dataset)
     result = invoke(*args, "--ray", cluster.address, "--ray-data", data)

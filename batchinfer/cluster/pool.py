@@ -141,6 +141,7 @@ class RayPool:
     ``nodes``: the nodes to use (``RayConnection.nodes()``); ``data``: where read tasks run,
     ``head`` (on ``head_node_id``, the node this process is on: the dataset is there
     only) or ``shared`` (on every node: each mounts the dataset at the same path).
+    ``ray``: the ray module (tests give a scripted one).
     """
 
     def __init__(
@@ -153,12 +154,13 @@ class RayPool:
         head_node_id: str | None = None,
         call_items: int = CALL_ITEMS,
         clock: Callable[[], float] = time.monotonic,
+        ray: Any = None,
     ) -> None:
         if data not in DATA_MODES:
             raise UsageError(
                 setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
             )
-        self.ray = import_ray()
+        self.ray = ray if ray is not None else import_ray()
         self.plan = plan
         self.source = source
         self.clock = clock
