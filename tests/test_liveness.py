@@ -576,7 +576,7 @@ def test_freezing_every_process_of_a_run_for_ever_ends_it_with_exit_3_then_resum
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
         sim=fast_sim(npu_ms=1.0), timeout_s=0.5, limit=200, out=tmp_path / "o",
     )  # fmt: skip
-    with caplog.at_level("WARNING", logger="batchinfer.engine.pool"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.children"):
         try:
             with pytest.raises(RunFailedError, match="resume the run") as info:
                 run(config(startup_timeout_s=1.0, **settings), observers=[freezer])
