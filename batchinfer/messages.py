@@ -17,19 +17,16 @@ formatting a Message into an f-string, ``str.join`` or slicing gives plain text 
 field names, which is correct, only no longer renderable per front end.
 
 The older convention, settings written as ``{group.setting}`` templates in plain strings,
-is gone from the package (tests/test_messages.py fails on a new one); plain strings are
-still read for them (:func:`as_message`), so that text from elsewhere cannot leak one.
+is gone from the package (tests/test_messages.py fails on a new one), and plain text is
+never read for templates: braces in it are the user's (an output folder named
+``/tmp/{model}/out``, a shard pattern ``{0..9}``) and stay as they are.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-
-#: A ``{group.setting}`` template of the older convention (see the module docstring).
-TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
 
 
 @dataclass(frozen=True)
@@ -51,9 +48,7 @@ class Message(str):
     def __new__(cls, *parts: Part) -> Message:
         merged: list[Part] = []
         for part in parts:
-            # Plain text may still hold {group.setting} templates (the older convention):
-            # read as references, so that mixing the two never leaves one unrendered.
-            pieces = part.parts if isinstance(part, Message) else _read(part)
+            pieces: tuple[Part, ...] = part.parts if isinstance(part, Message) else (part,)
             for piece in pieces:
                 if isinstance(piece, str) and merged and isinstance(merged[-1], str):
                     merged[-1] = merged[-1] + piece
@@ -105,29 +100,13 @@ def join(separator: str, messages: Iterable[str]) -> Message:
 
 
 def as_message(text: str) -> Message:
-    """``text`` as a Message: a Message as it is, a plain string with its ``{group.setting}``
-    templates (the older convention) read as setting references."""
+    """``text`` as a Message: a Message as it is, a plain string as text naming no setting."""
     return text if isinstance(text, Message) else Message(text)
 
 
 def render(text: str, name: Callable[[str], str]) -> str:
-    """``text`` with the settings it names rendered by ``name``: a Message's references,
-    or a plain string's ``{group.setting}`` templates."""
+    """``text`` with the settings it names rendered by ``name`` (plain text: as it is)."""
     return as_message(text).render(name)
-
-
-def _read(part: Part) -> list[Part]:
-    """A part as text and references: a plain string's templates read as settings."""
-    if isinstance(part, Setting):
-        return [part]
-    text = str(part)
-    pieces: list[Part] = []
-    at = 0
-    for match in TEMPLATE.finditer(text):
-        pieces += [text[at : match.start()], Setting(match.group(1))]
-        at = match.end()
-    pieces.append(text[at:])
-    return pieces
 
 
 def _field(field: str) -> str:

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from batchinfer.cli import Commands
 from batchinfer.cli.failures import name_settings
 from batchinfer.errors import ConfigError, RunFailedError
+from batchinfer.messages import setting
 
 
 class _Group(Commands):
@@ -27,13 +28,13 @@ def group() -> None:
 
 @group.command("flags")
 def _flags() -> None:
-    raise ConfigError("{runtime.slots} is too small; raise it.", "runtime.slots")
+    raise ConfigError(setting("runtime.slots") + " is too small; raise it.", "runtime.slots")
 
 
 @group.command("keys")
 def _keys() -> None:
     name_settings(lambda field: f"[{field}]")
-    raise ConfigError("{runtime.slots} is too small; raise it.", "runtime.slots")
+    raise ConfigError(setting("runtime.slots") + " is too small; raise it.", "runtime.slots")
 
 
 @group.group("nested")

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from batchinfer.engine import fork_server
-from batchinfer.engine.pool import ChildPool, Exited, Message
+from batchinfer.engine.children import ChildPool, Exited, Message
 
 
 def _report_signals(spec, tasks, results) -> None:

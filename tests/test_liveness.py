@@ -447,18 +447,32 @@ class _StopTheJanitor:
             self.stopped = janitor
 
 
-def test_a_stopped_janitor_is_said_then_killed_when_it_does_not_exit(caplog):
+def test_a_janitor_that_does_not_exit_is_said_then_killed(caplog):
+    """The bounded wait, for a janitor that does not exit while it could run (starved):
+    stopped here, with the stopped case's shortcut off."""
     keeper = janitor.Janitor()
     keeper.proc.send_signal(signal.SIGSTOP)
     with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
-        keeper.close(say_after_s=0.01, kill_after_s=0.05)
+        keeper.close(say_after_s=0.01, kill_after_s=0.05, kill_stopped=False)
     assert keeper.proc.returncode == -signal.SIGKILL  # killed and reaped
     said = [r.getMessage() for r in caplog.records]
     assert any("waiting for the shared-memory janitor" in m for m in said), said
     assert any("did not exit in 0.05 s; killed it" in m for m in said), said
 
 
-@pytest.mark.slow  # the janitor's default wait: said after 2 s, killed after 10 s
+def test_a_stopped_janitor_is_killed_at_once_and_said(caplog):
+    """A stopped janitor cannot exit: the run's end does not wait for it (it once waited
+    10 s, silently for the first 2)."""
+    keeper = janitor.Janitor()
+    keeper.proc.send_signal(signal.SIGSTOP)
+    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+        keeper.close(say_after_s=60.0, kill_after_s=120.0)
+    assert keeper.proc.returncode == -signal.SIGKILL  # killed and reaped
+    said = [r.getMessage() for r in caplog.records]
+    assert any("is stopped (SIGSTOP), so it was killed at once" in m for m in said), said
+    assert not any("waiting for" in m for m in said), said
+
+
 def test_a_stopped_janitor_does_not_keep_the_run_from_ending(demo_kit, tmp_path, caplog):
     stop = _StopTheJanitor()
     cfg = config(
@@ -470,8 +484,7 @@ def test_a_stopped_janitor_does_not_keep_the_run_from_ending(demo_kit, tmp_path,
     assert result.status == "complete" and result.succeeded == 50
     assert stop.stopped is not None and not stop.stopped.is_running()  # killed and reaped
     said = [r.getMessage() for r in caplog.records]
-    assert any("waiting for the shared-memory janitor" in m for m in said), said
-    assert any("killed it" in m for m in said), said
+    assert any("janitor (pid" in m and "killed at once" in m for m in said), said
     assert not [n for n in os.listdir(SHM_DIR) if f"-{os.getpid()}-" in n]
 
 
@@ -489,8 +502,7 @@ def test_the_command_ends_with_a_frozen_janitor_and_says_why_it_waits(demo_kit, 
     frozen.send_signal(signal.SIGSTOP)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert f"warning: waiting for the shared-memory janitor (pid {frozen.pid})" in err
-    assert f"warning: the shared-memory janitor (pid {frozen.pid}) did not exit" in err
+    assert f"warning: the shared-memory janitor (pid {frozen.pid}) is stopped (SIGSTOP)" in err
     assert not frozen.is_running()
 
 
@@ -576,7 +588,7 @@ def test_freezing_every_process_of_a_run_for_ever_ends_it_with_exit_3_then_resum
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
         sim=fast_sim(npu_ms=1.0), timeout_s=0.5, limit=200, out=tmp_path / "o",
     )  # fmt: skip
-    with caplog.at_level("WARNING", logger="batchinfer.engine.pool"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.children"):
         try:
             with pytest.raises(RunFailedError, match="resume the run") as info:
                 run(config(startup_timeout_s=1.0, **settings), observers=[freezer])

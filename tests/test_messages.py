@@ -21,14 +21,18 @@ def _flag(field: str) -> str:
 
 def test_a_message_keeps_its_settings_as_references_through_concatenation() -> None:
     said = (
-        f"{3} slots do not fit; lower " + setting("runtime.slots") + " or " + "{runtime.readers}."
+        f"{3} slots do not fit; lower "
+        + setting("runtime.slots")
+        + " or "
+        + setting("runtime.readers")
+        + "."
     )
     assert isinstance(said, Message)
     assert said.parts == (
         "3 slots do not fit; lower ",
         Setting("runtime.slots"),
         " or ",
-        Setting("runtime.readers"),  # the older template, read on the way in
+        Setting("runtime.readers"),
         ".",
     )
     assert str(said) == "3 slots do not fit; lower runtime.slots or runtime.readers."
@@ -50,15 +54,18 @@ def test_a_message_crosses_processes_whole() -> None:
     assert error.render(_flag) == "--slots is too small." and error.fields == ("runtime.slots",)
 
 
-def test_errors_take_messages_and_older_templates_alike() -> None:
+def test_errors_take_messages_and_plain_text_with_braces_stays_as_it_is() -> None:
     new = ConfigError(setting("preprocess.size") + " is not a size.")
-    old = ConfigError("{preprocess.size} is not a size.")
-    for error in (new, old):
-        assert str(error) == "preprocess.size is not a size."
-        assert error.render(_flag) == "--size is not a size."
-        assert error.fields == ("preprocess.size",)
-    assert render("plain {x.y}", str.upper) == "plain X.Y"
+    assert str(new) == "preprocess.size is not a size."
+    assert new.render(_flag) == "--size is not a size."
+    assert new.fields == ("preprocess.size",)
     assert as_message(new.message) is new.message
+    # Braces in plain text are the user's (a folder, a shard pattern), never a setting:
+    # "/tmp/{model}/o" was once said as "/tmp/--model/o".
+    path = ConfigError("/tmp/{model}/o is not empty; use " + setting("output.overwrite") + ".")
+    assert path.render(_flag) == "/tmp/{model}/o is not empty; use --overwrite."
+    assert path.fields == ("output.overwrite",)
+    assert render("plain {runtime.cores}", str.upper) == "plain {runtime.cores}"
 
 
 @pytest.mark.parametrize("make", [lambda: UsageError("no settings here"), lambda: UsageError()])

@@ -645,3 +645,14 @@ def test_ctrl_c_while_the_dataset_is_listed_exits_130(data, digits, tmp_path, mo
     assert result.exit_code == 130, result.output
     assert "interrupted by SIGINT before the run started" in result.stderr
     assert "Aborted" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_braces_in_a_folder_name_are_said_as_they_are(data, digits, tmp_path):
+    """A path with braces is the user's text, not a setting: "{model}" was once said as
+    "--model" (messages read braces in plain text as setting templates)."""
+    home = tmp_path / "{model}" / "out"
+    home.mkdir(parents=True)
+    (home / "notes.txt").write_text("mine\n")
+    line = refused(invoke(*run_args(data, digits, home, "--resume")), "not a batchinfer run")
+    assert str(home) in line
+    assert (home / "notes.txt").read_text() == "mine\n"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from batchinfer.data.dataset import Item
-from batchinfer.engine.pool import Child
+from batchinfer.engine.children import Child
 from batchinfer.engine.scheduler import (
     BACKOFF_S,
     MAX_CRASHES_IN_ROW,
@@ -283,14 +283,14 @@ def board(*rows):
 def test_an_inference_past_its_timeout_is_hung_and_named():
     w, c = watchdog(), child()
     assert w.hung(2.0, [c], board((7, 1.0), (0, 0), (0, 0))) == []
-    ((who, why),) = w.hung(3.5, [c], board((7, 1.0), (0, 0), (0, 0)))
+    ((who, why, _),) = w.hung(3.5, [c], board((7, 1.0), (0, 0), (0, 0)))
     assert who is c and why.startswith("inference of item 7 hung for more than 2 s")
 
 
 def test_a_reader_uses_the_decode_timeout():
     w, r = watchdog(), child("reader", 0)
     assert w.hung(5.0, [r], board((0, 0), (0, 0), (3, 1.0))) == []
-    ((_, why),) = w.hung(6.5, [r], board((0, 0), (0, 0), (3, 1.0)))
+    ((_, why, _),) = w.hung(6.5, [r], board((0, 0), (0, 0), (3, 1.0)))
     assert "more than 5 s (the decode timeout)" in why
 
 
@@ -298,7 +298,7 @@ def test_a_child_frozen_between_items_while_holding_some_is_hung():
     idle = board((0, 0), (0, 0), (0, 0))
     assert watchdog(held=0).hung(100.0, [child()], idle) == []  # idle and empty: fine
     assert watchdog(held=3).hung(1.5, [child()], idle) == []  # held briefly: fine
-    ((_, why),) = watchdog(held=3).hung(2.5, [child()], idle)
+    ((_, why, _),) = watchdog(held=3).hung(2.5, [child()], idle)
     assert "made no progress for more than 2 s" in why and "holding 3 item(s)" in why
 
 
@@ -307,7 +307,7 @@ def test_a_child_still_starting_is_judged_by_its_deadline_only():
     c.state, c.deadline, c.phase = "starting", 10.0, "loading the model took too long"
     assert watchdog(held=3).hung(9.0, [c], board((7, 1.0), (0, 0), (0, 0))) == []
     assert watchdog().hung(10.5, [c], board((0, 0), (0, 0), (0, 0))) == [
-        (c, "loading the model took too long; killed")
+        (c, "loading the model took too long; killed", None)
     ]
 
 
@@ -315,7 +315,9 @@ def test_time_the_coordinator_was_not_running_is_not_held_against_children():
     """Ctrl-Z for longer than the timeout: when the job continues, nobody is killed."""
     w, c = watchdog(held=2), child(last_progress=1.0)
     busy = board((7, 1.0), (0, 0), (0, 0))
-    w.shift(61.0, 60.0, [c])  # a minute stopped, as the loop found (tests/test_loop.py)
+    # A minute stopped, as the loop found (tests/test_loop.py); the pool moves the clocks.
+    w.resumed(61.0)
+    c.last_progress += 60.0
     assert w.hung(61.1, [c], busy) == []
     assert w.hung(61.1, [c], board((0, 0), (0, 0), (0, 0))) == []
     # ... but time after the pause counts again.
@@ -575,8 +577,8 @@ def test_a_hang_charges_only_the_hung_item_and_the_others_go_back_uncharged():
 
 def test_the_watchdog_names_only_the_instance_that_hung():
     w, c = watchdog(), child()
-    ((who, _),) = w.hung(3.5, [c], board((7, 1.0), (8, 3.0), (0, 0)))
-    assert who.hung_items == {7}  # item 8 was inferring too, but not for too long
+    ((who, _, items),) = w.hung(3.5, [c], board((7, 1.0), (8, 3.0), (0, 0)))
+    assert who is c and items == {7}  # item 8 was inferring too, but not for too long
 
 
 def test_a_core_that_crashes_whatever_it_runs_is_retired_and_no_item_becomes_a_row():

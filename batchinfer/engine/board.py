@@ -3,7 +3,7 @@ the run's shared memory (input and output slots, the status board).
 
 It implements :class:`batchinfer.engine.pools.WorkerPool` for the engine loop (loop.py):
 the loop decides, this pool carries out and reports. It owns its children's state
-(pool.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates their messages
+(children.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates their messages
 (protocol.py; what each child does is in reader.py and worker.py) into the pool events the
 loop handles. The slot life cycle and shutdown order are in the NOTE of slots.py.
 
@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.feeds import FROM_COLUMN
+from batchinfer.engine.children import Child, ChildPool, Exited, Message
 from batchinfer.engine.fd_limit import check_fd_limit
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.memory import RunMemory
-from batchinfer.engine.pool import Child, ChildPool, Exited, Message
 from batchinfer.engine.pools import (
     ItemResult,
     ItemsDone,
@@ -342,8 +342,7 @@ class BoardPool:
         if s.cores[child.key].state != CoreStatus.RETIRED:
             self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
             self.stats.set_busy(child.key, 0.0)
-        hung = frozenset(child.hung_items) if child.hung_items is not None else None
-        return WorkerLost(child.key, what, frozenset(i for i, _ in working), hung)
+        return WorkerLost(child.key, what, frozenset(i for i, _ in working), child.hung_items)
 
     # ------------------------------------------------------------------ checks
     def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
@@ -354,14 +353,19 @@ class BoardPool:
         self._next_check = now + CHECK_EVERY_S
         live = self.children.live()
         self.usage.sample(now)
-        for child, reason in self.watchdog.hung(now, live, self.board.snapshot()):
+        for child, reason, items in self.watchdog.hung(now, live, self.board.snapshot()):
+            child.hung_items = items
             self.children.kill(child, reason)  # its exit comes back from wait()
         if self.scaler is not None and not stopping:
             self._scale_readers(now)
         return []
 
     def shift(self, gap_s: float) -> None:
-        self.watchdog.shift(self.clock(), gap_s, self.children.live())
+        self.watchdog.resumed(self.clock())
+        for child in self.children.live():
+            child.last_progress += gap_s
+            if child.deadline is not None:
+                child.deadline += gap_s
 
     def _board_rows(self, child: Child) -> slice:
         if child.kind == "worker":

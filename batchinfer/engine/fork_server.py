@@ -32,7 +32,7 @@ What the rest of the engine relies on, and how it holds:
   keep the server, and so itself, alive after a kill -9 of the coordinator.
 - Nothing outlives the run: :func:`release` stops and reaps the server (every server this
   process launched, see below) when the last user of the process is done (a
-  :class:`~batchinfer.engine.pool.ChildPool` when it closes, after its children are gone;
+  :class:`~batchinfer.engine.children.ChildPool` when it closes, after its children are gone;
   the ``run`` command, which launches it before it imports the engine, when it ends), so
   the leak guard of the tests and the "nothing leaked" rule hold, and the next run's server
   sees the environment of that run. A pool reads the servers' CPU (their imports, their

@@ -284,7 +284,7 @@ def probe(plan: Any, timeout_s: float) -> Timings:
     """:func:`measure` on ``plan``'s first core, in a child forked by the run's fork server
     (as a core worker is: a runtime never lives in the coordinator). RuntimeError when it
     fails or takes longer than ``timeout_s``."""
-    from batchinfer.engine.pool import ChildPool, Exited
+    from batchinfer.engine.children import ChildPool, Exited
     from batchinfer.engine.protocol import Failed
 
     pool = ChildPool(time.monotonic)

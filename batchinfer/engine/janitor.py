@@ -9,10 +9,10 @@ unlinks whatever is left, silently. It ignores SIGINT, SIGTERM and SIGHUP, which
 whole process group, so it outlives the coordinator by the moment it needs. On a normal end
 the coordinator has already unlinked everything and the janitor finds nothing to do.
 
-Closing waits for it, boundedly: a janitor that does not exit (stopped with SIGSTOP, or
-starved) is said on the console after :data:`SAY_AFTER_S` and killed after
-:data:`KILL_AFTER_S`. Killing it loses nothing: :meth:`Janitor.close` is called once the
-run has unlinked its segments itself.
+Closing waits for it, boundedly: a janitor stopped with SIGSTOP cannot exit, so it is killed
+at once (and said); one that does not exit otherwise (starved) is said on the console after
+:data:`SAY_AFTER_S` and killed after :data:`KILL_AFTER_S`. Killing it loses nothing:
+:meth:`Janitor.close` is called once the run has unlinked its segments itself.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import contextlib
 import logging
 import subprocess
 import sys
+
+import psutil
 
 from batchinfer.engine.slots import SHM_DIR
 
@@ -64,14 +66,28 @@ class Janitor:
             stdin.write(name + "\n")
             stdin.flush()
 
-    def close(self, say_after_s: float = SAY_AFTER_S, kill_after_s: float = KILL_AFTER_S) -> None:
+    def close(
+        self,
+        say_after_s: float = SAY_AFTER_S,
+        kill_after_s: float = KILL_AFTER_S,
+        *,
+        kill_stopped: bool = True,
+    ) -> None:
         """The run removed its segments: let the janitor check and go (waiting at most
-        ``kill_after_s`` for it, and saying so after ``say_after_s``; see the module
-        docstring)."""
+        ``kill_after_s`` for it, and saying so after ``say_after_s``; one that is stopped,
+        at once unless not ``kill_stopped``; see the module docstring)."""
         assert self.proc.stdin is not None  # started with stdin=PIPE
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         pid = self.proc.pid
+        if kill_stopped and _stopped(pid):
+            log.warning(
+                "the shared-memory janitor (pid %d) is stopped (SIGSTOP), so it was killed "
+                "at once (the run is done and its shared memory removed)",
+                pid,
+            )
+            self._kill(kill_after_s)
+            return
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=say_after_s)
             return
@@ -89,7 +105,18 @@ class Janitor:
             pid,
             kill_after_s,
         )
+        self._kill(kill_after_s)
+
+    def _kill(self, wait_s: float) -> None:
         with contextlib.suppress(OSError):
             self.proc.kill()  # SIGKILL ends a stopped process too
         with contextlib.suppress(subprocess.TimeoutExpired):  # not in uninterruptible sleep
-            self.proc.wait(timeout=kill_after_s)
+            self.proc.wait(timeout=wait_s)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.Error:
+        return False
+    return status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)

@@ -1,7 +1,7 @@
 """Reader processes: decode and preprocess dataset items straight into input slots.
 
 Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
-side: pool.py):
+side: engine/board.py):
   reader -> coordinator  ReaderReady(pid, cpu_s)                 imports done, segments mapped
                          Loaded([(slot, index, read_ms, error or None), ...], cpu_s)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import psutil
 
 from batchinfer.engine.child import cpu_seconds
-from batchinfer.engine.pool import Child
+from batchinfer.engine.children import Child
 
 SAMPLE_EVERY_S = 0.5
 

@@ -10,19 +10,29 @@ A child is hung when any of these holds (each with its own limit from Reliabilit
 The coordinator itself can stop running (Ctrl-Z, a frozen VM, starvation). Every clock here
 is CLOCK_MONOTONIC, which keeps counting meanwhile, so after such a gap every child would
 look hung at once. The loop notices a gap between two of its turns, and
-:meth:`Watchdog.shift` moves every deadline by it: a child is judged only on time we could
-watch it.
+:meth:`BoardPool.shift` (board.py) moves every child's deadline by it and tells the
+watchdog: a child is judged only on time we could watch it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
-from batchinfer.engine.pool import Child
+from batchinfer.engine.children import Child
 from batchinfer.engine.states import ChildState
 from batchinfer.options import ReliabilityOptions
+
+
+class Hung(NamedTuple):
+    """A child to kill: why (its items' error), and for a worker whose instance hung the
+    items that hung (only they are charged); None when any item it held may be the cause."""
+
+    child: Child
+    reason: str
+    items: frozenset[int] | None = None
 
 
 class Watchdog:
@@ -39,29 +49,26 @@ class Watchdog:
         self.held_by = held_by
         self._resumed_at = 0.0
 
-    def shift(self, now: float, gap: float, children: list[Child]) -> None:
-        """The loop was not running for ``gap`` seconds until ``now`` (the loop finds such
-        gaps, loop.py): not held against ``children``."""
+    def resumed(self, now: float) -> None:
+        """The loop was not running until ``now`` (it finds such gaps, loop.py; the pool
+        moves its children's clocks by the gap): rows that started before ``now`` are
+        judged from ``now``."""
         self._resumed_at = now
-        for child in children:
-            child.last_progress += gap
-            if child.deadline is not None:
-                child.deadline += gap
 
     def _limit(self, child: Child) -> tuple[float, str]:
         if child.kind == "worker":
             return self.rel.inference_timeout_s, "the inference timeout"
         return self.rel.decode_timeout_s, "the decode timeout"
 
-    def hung(self, now: float, children: list[Child], board: np.ndarray) -> list[tuple[Child, str]]:
+    def hung(self, now: float, children: list[Child], board: np.ndarray) -> list[Hung]:
         """Children to kill now, each with the reason (it becomes their items' error)."""
-        out = []
+        out: list[Hung] = []
         for child in children:
             if child.killed_for is not None:
                 continue
             if child.deadline is not None:
                 if now > child.deadline:
-                    out.append((child, f"{child.phase}; killed"))
+                    out.append(Hung(child, f"{child.phase}; killed"))
                 continue
             if child.state != ChildState.READY:
                 continue
@@ -73,18 +80,17 @@ class Watchdog:
                 index = late[0][0]
                 if child.kind == "worker":
                     # Its other instances did not hang: only these items are charged.
-                    child.hung_items = {i for i, _ in late}
                     reason = (
                         f"inference of item {index} hung for more than {limit:g} s ({name}); "
                         "worker killed"
                     )
+                    out.append(Hung(child, reason, frozenset(i for i, _ in late)))
                 else:
-                    reason = f"was stuck for more than {limit:g} s ({name})"
-                out.append((child, reason))
+                    out.append(Hung(child, f"was stuck for more than {limit:g} s ({name})"))
             elif not active and self.held_by(child) and now - child.last_progress > limit:
                 held = self.held_by(child)
                 out.append(
-                    (
+                    Hung(
                         child,
                         f"made no progress for more than {limit:g} s ({name}) while holding "
                         f"{held} item(s): frozen or stopped; killed",

@@ -1,7 +1,7 @@
 """Core workers: one process per NPU core, ``instances`` runtime threads pinned to that core.
 
 Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
-side: pool.py):
+side: engine/board.py):
   worker -> coordinator  InitFailed(reason)             a runtime could not start; then exit
                                                         (reason: runtime/adapter.py's CoreReason)
                          Failed(traceback)              any other start-up failure; then exit

@@ -1,4 +1,4 @@
-"""The child-process pool: start, watch, stop and kill readers and core workers.
+"""The child processes of a run: start, watch, stop and kill readers and core workers.
 
 It decides nothing about items (the scheduler does) and keeps only what processes need:
 each child's pipes, process, state, start-up deadline and the last time it made progress.
@@ -49,7 +49,7 @@ class Child:
     state: ChildState = ChildState.STARTING
     last_progress: float = 0.0
     killed_for: str | None = None
-    hung_items: set[int] | None = None  # workers killed as hung: the items that hung
+    hung_items: frozenset[int] | None = None  # workers killed as hung: the items that hung
     busy_s: float = 0.0  # workers: this incarnation's cumulative busy seconds, as reported
     cpu_s: float = 0.0  # this incarnation's CPU seconds, as last reported
     cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
