@@ -10,6 +10,7 @@ fixture then checks, once the cluster is stopped, that not one process of it is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -140,7 +141,9 @@ def test_digits_on_two_nodes_give_the_single_board_predictions(cluster, demo_kit
     b = _exactly_once(out, 400)
     assert b["pred"].to_pylist() == a["pred"].to_pylist()
     assert set(a["node"].to_pylist()) == {None}
-    assert {(r["node"], r["core"]) for r in b.to_pylist()} == {
+    # Items flow while the actors start, so which of them serve 400 quick items depends on
+    # when each came up; each row names one of the run's (node, core)s.
+    assert {(r["node"], r["core"]) for r in b.to_pylist()} <= {
         (n, c) for n in ("node0", "node1") for c in CORES
     }
     stats = read_run(out).core_stats().to_pylist()
@@ -170,7 +173,8 @@ def test_an_actor_killed_mid_run_is_restarted_and_loses_no_item(cluster, demo_ki
 
     def act(watch: _Watch) -> None:
         if "victim" not in state:
-            if len(watch.rows) >= 60:
+            # Items flow while actors start: the victim is chosen once every one is up.
+            if len(watch.rows) >= 60 and watch.of(ev.CoresReady):
                 state["victim"] = victim = watch.of(ev.ChildReady)[-1]
                 state["ready"] = len(watch.of(ev.ChildReady))
                 os.kill(victim.pid, signal.SIGKILL)
@@ -232,7 +236,8 @@ def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, t
         dataset=data, model=demo_kit.models["digits"], backend="sim", sim=fast_sim(*faults),
         out=tmp_path / "o", timeout_s=3.0,  # a crash is noticed within it on a loaded machine
     )  # fmt: skip
-    result = run_on_cluster(cfg, cluster.address, data="shared")
+    watch = _Watch()
+    result = run_on_cluster(cfg, cluster.address, [watch], data="shared")
     assert result.status == "complete"
     table = _exactly_once(result.out, 202)
     errors = {r["id"]: r for r in table.to_pylist() if r["error"] is not None}
@@ -252,6 +257,9 @@ def test_sim_faults_and_broken_files_behave_as_on_one_board(cluster, demo_kit, t
     assert len({f.split(":")[0] for f in failures}) == 2  # two different cores
     assert {r["core"] for r in table.to_pylist() if r["error"] is None} == {0, 1}
     assert sum("core 2 of node" in w and "retired" in w for w in result.warnings) == 2
+    # On the console, core 2 of both boards is said once (they failed alike at start-up).
+    (said,) = [str(e.message) for e in watch.of(ev.Warned) if "retired" in str(e.message)]
+    assert said.startswith("core 2 of nodes node0, node1 retired: NPU core 2 could not"), said
     assert sum("hung for more than" in w for w in result.warnings) == 2  # once per board
     stats = {(r["node"], r["core"]): r for r in read_run(result.out).core_stats().to_pylist()}
     for node in ("node0", "node1"):
@@ -355,8 +363,9 @@ min = 0.9999
 @pytest.mark.slow
 def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
     """The hook for eval: tensors in memory, a memory sink; each node its own board, two
-    instances (actors) on its core 0."""
+    instances (actors) on its core 0, every one of which gets items (they start together)."""
     plan, nodes = _plan(demo_kit, cores=(0,), instances_per_core=2)
+    plan = dataclasses.replace(plan, cores_start_together=True)
     rng = np.random.default_rng(0)
     shape, dtype = plan.preprocess.shape, plan.preprocess.dtype
     arrays = [rng.integers(0, 255, shape).astype(dtype) for _ in range(50)]
@@ -378,7 +387,7 @@ def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
             np.testing.assert_allclose(r.outputs[0], expected[0], rtol=1e-5)
     finally:
         reference.release()
-    boards = {b.state_dir for b in engine.backends.values()}
+    boards = {b.state_dir for b in engine.ray_pool.backends.values()}
     assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
 
 
@@ -419,7 +428,8 @@ def test_a_csv_list_and_a_coco_json_run_on_the_cluster_as_on_one_board(
     assert "line 7 of" in bad["error"] and bad["meta"] == {"note": None}
     assert [r["pred"] for r in table] == expected
     assert [r["meta"]["note"] for r in table] == [f"n{i.index}" for i in items]
-    assert {r["node"] for r in table} == {"node0", "node1"}
+    # Items flow while the actors start: the first nodes up may infer all 300.
+    assert {r["node"] for r in table} <= {"node0", "node1"}
     out = tmp_path / "coco"
     args = run_args(coco, model, out, "--image-root", demo_kit.dataset)
     result = invoke(*args, "--ray", cluster.address, "--ray-data", data)

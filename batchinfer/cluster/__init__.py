@@ -1,10 +1,11 @@
 """Scale-out on Ray: the same run over a fleet of boards.
 
 Each node (board) declares its NPU cores as Ray custom resources (connect.py); a Ray actor
-holds one runtime instance pinned to one core (actors.py); the driver (driver.py) runs the
-engine's scheduler, failure policy and collector over Ray, so items keep the single-board
-semantics (an error row per bad item, retries on another core, exactly one row each);
-run.py writes the same run folder as a single-board run.
+holds one runtime instance pinned to one core (actors.py); the engine's one loop drives
+them through a worker pool (pool.py: :class:`RayPool`, the failure policy on Ray), with the
+single-board scheduler and collector (driver.py: :class:`ClusterEngine`), so items keep the
+single-board semantics (an error row per bad item, retries on another core, exactly one row
+each); run.py writes the same run folder as a single-board run.
 
     from batchinfer.cluster import run_on_cluster
     result = run_on_cluster(config, "local:3")          # or "auto" on a cluster's head node

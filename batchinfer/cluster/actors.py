@@ -1,15 +1,16 @@
-"""What runs on the nodes: core actors, node hosts and read tasks (plain code; driver.py
+"""What runs on the nodes: core actors, node hosts and read tasks (plain code; pool.py
 makes Ray actors and tasks of them, so importing this module needs no Ray).
 
-Protocol (the driver's side: driver.py):
+Protocol (the driver's side: pool.py):
   NodeHost, one per node    begin(model_files) -> the node's per-run backend
                               model_files: {file name: bytes} of the model and the files a
                               runtime reads beside it; a node that has no identical copy
                               at the model's path gets one in a private temp folder
                             end()      undo begin (the emulator's board folder and the
                               model's copy go)
-  CoreActor, one per        start(shape, dtype) -> info | {"init_failed": message}
-  runtime instance            the instance is made and runs the canary; called again after
+  CoreActor, one per        start(shape, dtype) -> info | {"init_failed": reason}
+  runtime instance            the instance is made and runs the canary (reason: a
+                              runtime/adapter.py CoreReason); called again after
                               Ray restarted the actor (a new process: a new instance)
                             infer(indexes, *inputs)
                               -> [(t_start, t_end, before_return_s, error, outputs, boxes)]
@@ -54,7 +55,7 @@ from batchinfer.engine.canary import canary_input
 from batchinfer.engine.detection import ItemDecoder, write_geometry
 from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError, InputError
-from batchinfer.runtime.adapter import RuntimeAdapter
+from batchinfer.runtime.adapter import CoreError, CoreReason, RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 from batchinfer.runtime.rknn_log import quiet_instance_logs
 
@@ -133,19 +134,19 @@ class CoreActor:
         self.keep_outputs = self.decode is None or save_outputs
 
     def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
-        """Make the instance and infer the canary; what the driver needs to know."""
+        """Make the instance and infer the canary; what the pool needs to know."""
         if self.adapter is None:
             quiet_instance_logs()  # as in a core worker: no start-up lines per actor
             try:
                 self.adapter = self.backend.instance(self.core)
             except (BatchinferError, OSError) as e:
-                return {"init_failed": str(e)}
+                return {"init_failed": _reason(e)}
         try:
             outs = self.adapter.infer(
                 [canary_input(shape, dtype)], data_format=self.input_layout, reuse_outputs=False
             )
         except InferenceError as e:
-            return {"init_failed": f"the canary inference failed: {e}"}
+            return {"init_failed": _reason(e).after("the canary inference failed: ")}
         return {
             "sdk_version": self.adapter.sdk_version(),
             "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
@@ -168,7 +169,7 @@ class CoreActor:
                 outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
             except InferenceError:
                 error = "inference() returned None"
-            except Exception as e:  # report, never vanish: the driver decides what follows
+            except Exception as e:  # report, never vanish: the scheduler decides what follows
                 error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
             t1 = time.monotonic()
             if self.decode is not None and error is None:
@@ -185,6 +186,13 @@ class CoreActor:
         if self.adapter is not None:
             self.adapter.release()
             self.adapter = None
+
+
+def _reason(e: BaseException) -> CoreReason:
+    """Why the instance could not start, as a core worker says it (engine/worker.py)."""
+    if isinstance(e, CoreError):
+        return e.reason
+    return CoreReason.of(e.message if isinstance(e, BatchinferError) else str(e))
 
 
 #: The shards this (Ray worker) process has open, reused by its read tasks.

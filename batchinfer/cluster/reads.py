@@ -1,25 +1,29 @@
 """Read lanes: Ray read tasks standing in for the engine's reader processes.
 
-The scheduler hands items to readers (``take_reads``); on a cluster a reader is a lane that
-runs one read task (up to READ_ITEMS items, actors.read_items) at a time, where its
-scheduling strategy puts it: on the head (dataset on the head only), on a node (shared
-storage), or anywhere. A task that fails (its worker died, or it ran past the decode
-timeout for each item it holds and was cancelled) is a reader death: a one-item task's
-item is charged an attempt, a larger task's items are read alone next time, so that a
-second death names its file (scheduler.reader_lost). Files that cannot be decoded are
-error rows at once.
+The engine loop hands items to readers (``scheduler.take_reads`` → ``RayPool.send_reads``);
+on a cluster a reader is a lane that runs one read task (up to READ_ITEMS items,
+actors.read_items) at a time, where its scheduling strategy puts it: on the head (dataset
+on the head only), on a node (shared storage), or anywhere. A task that fails (its worker
+died, or it ran past the decode timeout for each item it holds and was cancelled) is a
+reader death, reported as a :class:`~batchinfer.engine.pools.ReaderLost`: a one-item task
+names its item as the culprit (the scheduler charges it an attempt), a larger task's items
+are read alone next time, so that a second death names its file. Files that cannot be
+decoded come back as errors of :class:`~batchinfer.engine.pools.ItemsRead` (error rows at
+once). The lanes read the scheduler (which item is in a slot), never write it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from batchinfer.cluster.actors import read_items
 from batchinfer.data.preprocess import Preprocess
-from batchinfer.engine.scheduler import Finished, Scheduler
+from batchinfer.engine.pools import ItemsRead, ReaderLost
+from batchinfer.engine.scheduler import Scheduler
 
 #: Items per read task at most.
 READ_ITEMS = 8
@@ -64,16 +68,16 @@ class ReadLanes:
         self.alone: set[int] = set()  # items to read alone (they were in a task that died)
         self._task = ray.remote(num_cpus=1, max_retries=0)(read_items) if lanes else None
 
-    def send(self, now: float) -> list[tuple[Lane, ReadTask]]:
-        """Give the lanes what the scheduler wants read; the tasks started on idle lanes
-        (the driver waits for each one's ``meta``)."""
-        for lane, slots in self.scheduler.take_reads().items():
-            self.lanes[lane].queue.extend(slots)
-        return [
-            (lane, self._submit(lane, now)) for lane in self.lanes if not lane.task and lane.queue
-        ]
+    def send(self, lane: Lane, slots: Sequence[int], now: float) -> ReadTask | None:
+        """``slots`` are to be read on ``lane``: the task started if the lane was idle (the
+        pool waits for its ``meta``)."""
+        lane.queue.extend(slots)
+        return self.next(lane, now)
 
-    def _submit(self, lane: Lane, now: float) -> ReadTask:
+    def next(self, lane: Lane, now: float) -> ReadTask | None:
+        """The lane's next task, if it is idle and has slots queued."""
+        if lane.task is not None or not lane.queue:
+            return None
         batch: list[int] = []
         while lane.queue and len(batch) < READ_ITEMS:
             alone = self.scheduler.flight(lane.queue[0]).item.index in self.alone
@@ -86,33 +90,34 @@ class ReadLanes:
             (it.index, it.path, it.id, it.member)
             for it in (self.scheduler.flight(s).item for s in batch)
         ]
-        refs = self._task.options(  # type: ignore[union-attr]
+        assert self._task is not None, "a run with read lanes"
+        refs = self._task.options(
             num_returns=len(batch) + 1, scheduling_strategy=lane.strategy
         ).remote(items, self.preprocess, self.kind)
         lane.task = ReadTask(refs[0], refs[1:], batch, now)
         return lane.task
 
     def done(
-        self, lane: Lane, task: ReadTask, meta: list, now: float
-    ) -> tuple[list[tuple[int, Any]], list[Finished]]:
-        """A task's results: (slot, its tensor's object) of the items now ready, and the
-        error rows now due (files that cannot be decoded)."""
+        self, lane: Lane, task: ReadTask, meta: list
+    ) -> tuple[list[tuple[int, Any]], ItemsRead | None]:
+        """A task's results: (slot, its tensor's object) of the items read, and what the
+        scheduler is to be told (None: the task is stale)."""
         if lane.task is not task:
-            return [], []
+            return [], None
         lane.task = None
-        ready, errors = [], []
+        ready, items = [], []
         for slot, (read_ms, error), array in zip(task.slots, meta, task.arrays, strict=True):
             if error is None:
                 ready.append((slot, array))
-            finished = self.scheduler.loaded(slot, read_ms, error, now)
-            if finished is not None:
-                errors.append(finished)
-        return ready, errors
+            items.append((slot, read_ms, error))
+        return ready, ItemsRead(lane.index, items)
 
-    def failed(self, lane: Lane, task: ReadTask, exc: Exception, node_gone: bool) -> list[Finished]:
-        """A task died or was cancelled: error rows now due (see the module docstring)."""
+    def failed(
+        self, lane: Lane, task: ReadTask, exc: Exception, node_gone: bool
+    ) -> ReaderLost | None:
+        """A task died or was cancelled (see the module docstring); None: it was stale."""
         if lane.task is not task:
-            return []
+            return None
         what = task.cancel_reason or f"died ({type(exc).__name__})"
         culprit = None
         if len(task.slots) == 1 and not node_gone:
@@ -121,7 +126,7 @@ class ReadLanes:
             self.alone.update(self.scheduler.flight(s).item.index for s in task.slots)
         lane.task = None
         lane.queue.clear()  # reader_lost hands every slot of this lane out again
-        return self.scheduler.reader_lost(lane.index, culprit, what)
+        return ReaderLost(lane.index, what, culprit)
 
     def check_hangs(self, now: float) -> None:
         limit = self.decode_timeout_s
@@ -137,7 +142,7 @@ class ReadLanes:
                     self.ray.cancel(task.meta, force=True)
 
     def shift(self, gap: float) -> None:
-        """The driver was not running for ``gap`` seconds: not held against the tasks."""
+        """The loop was not running for ``gap`` seconds: not held against the tasks."""
         for lane in self.lanes:
             if lane.task is not None:
                 lane.task.t_sent += gap

@@ -294,11 +294,17 @@ class Engine:
                 message = f"{self._name(keys[0])} retired: " + reason.said(cores)
             else:
                 names = ", ".join(map(str, cores))
-                message = f"cores {names} retired: " + _for_cores(reason, cores, advice=True)
+                which = f"core {names}" if len(cores) == 1 else f"cores {names}"
+                # On a cluster, keys of one core number are that core of several nodes.
+                nodes = sorted({n for n in (self.pool.where(k).node for k in keys) if n})
+                if nodes:
+                    which += f" of node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
+                message = f"{which} retired: " + _for_cores(reason, cores, advice=True)
             self.notify(ev.Warned(message))  # in self.warnings, one per core
 
     def _cores(self, keys: list[int]) -> list[int]:
-        return [self.pool.where(k).core for k in keys]
+        """The cores of ``keys``, each once (a cluster's keys share core numbers)."""
+        return sorted({self.pool.where(k).core for k in keys})
 
     def _name(self, key: int) -> str:
         return _worker_text(self.pool.where(key))

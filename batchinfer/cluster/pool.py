@@ -1,0 +1,653 @@
+"""The Ray pool: the engine loop's workers are Ray actors on the NPU cores of a cluster.
+
+    loop ──send_reads──► read lanes (read tasks, reads.py) ──ItemsRead / ReaderLost──► loop
+    loop ──send_work───► CoreActor.infer calls (actors.py) ──ItemsDone / WorkerLost──► loop
+
+:class:`RayPool` implements :class:`batchinfer.engine.pools.WorkerPool`: the engine loop
+(engine/loop.py) holds the policy (admission, retries, error rows, restart back-offs,
+retirement texts), this pool carries it out on Ray and reports what it saw. What runs on
+the nodes, and its protocol, is in actors.py.
+
+Keys: one per actor, i.e. per runtime instance: key k is instance i of core c of node n
+(``where(k)``). The layout's ``physical`` tells the scheduler which keys share a core, so a
+retry still goes to another core; rows and stats name (node, core) through ``place``.
+
+Items travel as Ray objects: a read task (or ``ray.put`` for tensors in memory, ``fill``)
+makes one object per item; an actor call takes the objects of its items as arguments, so
+Ray moves each tensor straight from where it was made to the node that infers it. The pool
+holds references only (dropped once the slot is released), and the model's outputs come
+back in the call's result (``outputs``, by slot, for the collector).
+
+Failure policy (scheduler.py's single-board policy, carried onto Ray):
+- Actors are made with ``max_restarts=-1, max_task_retries=0``: Ray restarts an actor whose
+  process died and never runs a call twice; the scheduler decides what is retried, where,
+  and when an item becomes an error row.
+- An actor runs its calls one at a time, in order, so when it dies (crash, kill) its oldest
+  unfinished call was being inferred: its items are the WorkerLost's ``working`` (culprits
+  unknown). The scheduler charges a lone item an attempt; several items are charged none
+  and become suspects, each of which the scheduler then sends alone to an empty key (a
+  call of one item), so that a second death names its item. The actor's later calls go
+  back uncharged. MAX_CRASHES_IN_ROW deaths in a row retire it (``ray.kill``, no restart).
+- A call that runs longer than the inference timeout for each item it holds is hung: the
+  actor is killed (Ray restarts it) and that counts as its death.
+- A dead actor takes items again once the scheduler's back-off has passed
+  (``start_worker``) and its ``start()`` answered (Ray has restarted it by then; while Ray
+  says it is still restarting, it is asked again); no answer within the start-up timeout
+  retires it (WorkerRetired from ``check``).
+- A node that leaves (the GCS no longer lists it alive) is said once, and its actors are
+  retired quietly; their items go back uncharged and the run goes on with the other nodes.
+  A node whose set-up fails is left out the same way.
+- The cluster itself is lost when its GCS gives no answer for _GCS_LOST_S (each question is
+  bounded by GCS_TIMEOUT_S): ``check`` (or ``wait``) raises ClusterLostError, the run
+  stops at once and ends ``interrupted`` (ClusterEngine), so the rows done so far are
+  written and ``--resume`` continues it.
+- Reads: read lanes stand for reader processes (reads.py); a read task that dies or hangs
+  is a ReaderLost.
+- The loop's own gaps (``shift``) are not held against actors and read tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
+from batchinfer.cluster.busy import BusyUnion
+from batchinfer.cluster.connect import (
+    GCS_TIMEOUT_S,
+    ClusterLostError,
+    NodeInfo,
+    check_shared_dataset,
+    import_ray,
+    live_node_ids,
+)
+from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
+from batchinfer.cluster.resources import core_resource
+from batchinfer.data.dataset import Item
+from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.pools import (
+    ItemResult,
+    ItemsDone,
+    Layout,
+    PoolEvent,
+    PoolReport,
+    Said,
+    Where,
+    WorkerLost,
+    WorkerRetired,
+    WorkerUp,
+)
+from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
+from batchinfer.engine.sources import ItemSource
+from batchinfer.engine.states import CoreStatus
+from batchinfer.errors import NoCoreError, UsageError
+from batchinfer.messages import setting
+from batchinfer.runtime.adapter import CoreReason
+from batchinfer.runtime.backends import Backend
+from batchinfer.sink.stats import CoreStatsRecorder
+
+log = logging.getLogger("batchinfer")
+
+DATA_MODES = ("head", "shared")
+#: Items per actor call at most: one call costs the driver ~0.3 ms (measured here), so
+#: items share it; a call of one item is sent whenever only one is ready.
+CALL_ITEMS = 4
+_NODE_CHECK_S = 1.0
+_STOP_WAIT_S = 2.0
+_PROBE_AGAIN_S = 0.25
+# The GCS gave no answer for this long: the cluster is lost (Ray itself waits 60 s, then
+# ends the process, leaving the run folder unfinished).
+_GCS_LOST_S = 5.0
+
+
+@dataclass
+class _Call:
+    ref: Any
+    slots: list[int]
+    epoch: int
+
+
+@dataclass
+class _Actor:
+    key: int
+    node: NodeInfo
+    core: int
+    instance: int
+    handle: Any = None
+    state: CoreStatus = CoreStatus.STARTING
+    calls: deque[_Call] = field(default_factory=deque)
+    epoch: int = 0  # calls of an earlier epoch went back when the actor died
+    probe: Any = None  # the pending start() call
+    probe_deadline: float = 0.0
+    probe_again_at: float | None = None  # Ray is still restarting it: ask again then
+    last_progress: float = 0.0
+    kill_reason: str | None = None  # why this pool killed it (a hang)
+
+    @property
+    def where(self) -> tuple[str, int]:
+        return self.node.name, self.core
+
+
+class RayPool:
+    """Ray actors, read tasks and objects of a run (see the module docstring).
+
+    ``nodes``: the nodes to use (``RayConnection.nodes()``); ``data``: where read tasks run,
+    ``head`` (on ``head_node_id``, the node this process is on: the dataset is there
+    only) or ``shared`` (on every node: each mounts the dataset at the same path).
+    ``ray``: the ray module (tests give a scripted one).
+    """
+
+    def __init__(
+        self,
+        plan: EnginePlan,
+        source: ItemSource,
+        nodes: Sequence[NodeInfo],
+        *,
+        data: str = "head",
+        head_node_id: str | None = None,
+        call_items: int = CALL_ITEMS,
+        clock: Callable[[], float] = time.monotonic,
+        ray: Any = None,
+    ) -> None:
+        if data not in DATA_MODES:
+            raise UsageError(
+                setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
+            )
+        self.ray = ray if ray is not None else import_ray()
+        self.plan = plan
+        self.source = source
+        self.clock = clock
+        self.rel = plan.reliability
+        self.data = data
+        self.head_node_id = head_node_id
+        self.call_items = max(1, call_items)
+        self.usable = [n for n in nodes if set(n.cores) & set(plan.cores)]
+        if not self.usable:
+            raise NoCoreError(
+                "no node of the Ray cluster declares the NPU cores to use "
+                f"({', '.join(str(c) for c in plan.cores)}) as resources npu_core_N; start "
+                "each board with ray start --resources (see docs/guide/ray.md)."
+            )
+        k = plan.instances_per_core
+        where = [
+            (n, c, i) for n in self.usable for c in plan.cores if c in n.cores for i in range(k)
+        ]
+        self.actors = [_Actor(key, n, c, i) for key, (n, c, i) in enumerate(where)]
+        places = sorted({a.where for a in self.actors}, key=lambda w: (w[0], w[1]))
+        per_call = QUEUED_PER_INSTANCE * self.call_items
+        lanes = self._lanes_wanted() if source.needs_reader else 0
+        slots = len(self.actors) * (per_call + self.call_items) + lanes * READ_ITEMS * 2
+        self.layout = Layout(
+            keys=tuple(range(len(self.actors))),
+            instances=1,
+            capacity=per_call,
+            slots=slots,
+            readers=lanes,
+            places=tuple(places),
+            place=lambda key: self.actors[key].where,
+            physical=lambda key: self.actors[key].where,
+        )
+        self.outputs: dict[int, Any] = {}
+        self.nodes: tuple[str, ...] = ()
+        self.hosts: dict[str, Any] = {}
+        self.backends: dict[str, Backend] = {}
+        self.lost_nodes: set[str] = set()
+        self.reads: ReadLanes | None = None
+        self._busy = {w: BusyUnion(k) for w in places}
+        self._events: list[PoolEvent] = []  # found in setup(): the first wait() returns them
+        # ref -> what it answers: ("call", actor, call), ("read", lane, task), ("probe", ...)
+        self._waiting: dict[Any, tuple[str, Any, Any]] = {}
+        self._input_refs: dict[int, Any] = {}
+        self._slot_ref: dict[int, Any] = {}  # synthetic sources: one object per slot
+        self._buffers: list[list[np.ndarray]] = []
+        self._next_node_check = 0.0
+        self._gcs_silent_since: float | None = None
+        self._scheduler: Scheduler | None = None
+        self._stats: CoreStatsRecorder | None = None
+
+    def where(self, key: int) -> Where:
+        actor = self.actors[key]
+        return Where(actor.core, actor.node.name, actor.instance)
+
+    @property
+    def scheduler(self) -> Scheduler:
+        assert self._scheduler is not None, "the pool is not set up"
+        return self._scheduler
+
+    @property
+    def stats(self) -> CoreStatsRecorder:
+        assert self._stats is not None, "the pool is not set up"
+        return self._stats
+
+    def _lanes_wanted(self) -> int:
+        readers = self.plan.readers
+        return readers * len(self.usable) if self.data == "shared" else max(2, readers)
+
+    # ------------------------------------------------------------------ set-up
+    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
+        self._scheduler, self._stats = scheduler, stats
+        ray = self.ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
+
+        dataset = getattr(self.source, "dataset", None)
+        if self.source.needs_reader and self.data == "shared" and dataset is not None:
+            check_shared_dataset(self.usable, dataset, self.rel.startup_timeout_s)
+        host_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeHost)
+        files = ray.put(model_files(self.plan.backend.model))  # for nodes without the model
+        begins = {}
+        for node in self.usable:
+            host = host_cls.options(scheduling_strategy=Affinity(node.node_id, soft=False))
+            self.hosts[node.node_id] = handle = host.remote(self.plan.backend)
+            begins[node.node_id] = handle.begin.remote(files)
+        limit = self.rel.startup_timeout_s
+        for node in self.usable:
+            try:
+                self.backends[node.node_id] = ray.get(begins[node.node_id], timeout=limit)
+            except Exception as e:  # the node cannot take part; the others may
+                said = f"node {node.name} is left out: its set-up failed ({_short(e)})."
+                self._events += self._leave_out(node, said, "its node's set-up failed")
+        self.nodes = tuple(n.name for n in self.usable if n.node_id in self.backends)
+        actor_cls = ray.remote(CoreActor)
+        # A detection run's actors decode their outputs into boxes (actors.py).
+        task = self.plan.task if self.plan.detects else None
+        k = self.plan.instances_per_core
+        for actor in self.actors:
+            backend = self.backends.get(actor.node.node_id)
+            if backend is None:
+                continue  # retired with its node
+            actor.handle = actor_cls.options(
+                num_cpus=0,
+                resources={core_resource(actor.core): 1.0 / k},
+                scheduling_strategy=Affinity(actor.node.node_id, soft=False),
+                max_restarts=-1,
+                max_task_retries=0,
+            ).remote(
+                backend,
+                actor.core,
+                self.plan.preprocess.layout,
+                task,
+                self.plan.save_outputs,
+            )
+            self.start_worker(actor.key, now)
+        head = self.head_node_id
+        lanes: list[tuple[Any, str | None]] = []
+        for lane in range(self.layout.readers):
+            if self.data == "head" and head is not None:
+                lanes.append((Affinity(head, soft=False), head))
+            elif self.data == "shared":
+                node_id = self.usable[lane % len(self.usable)].node_id
+                lanes.append((Affinity(node_id, soft=True), node_id))
+            else:
+                lanes.append(("DEFAULT", None))
+        self.reads = ReadLanes(
+            ray,
+            scheduler,
+            lanes,
+            self.plan.preprocess,
+            self.source.kind,
+            self.rel.decode_timeout_s,
+        )
+        self._prefill()
+
+    def _prefill(self) -> None:
+        if self.source.needs_reader:
+            return
+        shape, dtype = self.plan.preprocess.shape, self.plan.preprocess.dtype
+        slots = self.layout.slots
+        self._buffers = [[np.zeros(shape, np.dtype(dtype))] for _ in range(slots)]
+        self.source.prefill(lambda slot: self._buffers[slot], slots)
+        if type(self.source).fill is ItemSource.fill:  # the slots' tensors never change
+            self._slot_ref = {s: self.ray.put(b[0]) for s, b in enumerate(self._buffers)}
+
+    def start_worker(self, key: int, now: float) -> None:
+        """Ask the actor to start (make its instance, infer the canary): its WorkerUp comes
+        when it answers; after a death, Ray has restarted its process meanwhile."""
+        self._probe(self.actors[key], now)
+
+    def _probe(self, actor: _Actor, now: float, again: bool = False) -> None:
+        actor.state = CoreStatus.STARTING
+        shape, dtype = self.plan.preprocess.shape, self.plan.preprocess.dtype
+        actor.probe = actor.handle.start.remote(shape, dtype)
+        actor.probe_again_at = None
+        if not again:
+            actor.probe_deadline = now + self.rel.startup_timeout_s
+        self._waiting[actor.probe] = ("probe", actor, actor.probe)
+
+    def restart_reader(self, reader: int) -> None:
+        """A read lane needs no restart: its next task starts when it is sent reads."""
+
+    # ------------------------------------------------------------------ sending
+    def fill(self, slot: int, item: Item) -> None:
+        if self._slot_ref:
+            self._input_refs[slot] = self._slot_ref[slot]
+        else:
+            self.source.fill(item, self._buffers[slot])
+            self._input_refs[slot] = self.ray.put(self._buffers[slot][0])
+
+    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
+        assert self.reads is not None
+        lane = self.reads.lanes[reader]
+        self._submitted(lane, self.reads.send(lane, slots, now))
+
+    def _submitted(self, lane: Lane, task: ReadTask | None) -> None:
+        if task is not None:
+            self._waiting[task.meta] = ("read", lane, task)
+
+    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
+        """Calls of up to ``call_items`` items (a suspect comes alone: the scheduler sends
+        it to an empty key and nothing else with it)."""
+        actor = self.actors[key]
+        if not actor.calls:
+            actor.last_progress = now  # it was idle: its clock starts now
+        n = self.call_items
+        for i in range(0, len(slots), n):
+            chunk = list(slots[i : i + n])
+            indexes = [self.scheduler.flight(s).item.index for s in chunk]
+            ref = actor.handle.infer.remote(indexes, *[self._input_refs[s] for s in chunk])
+            call = _Call(ref, chunk, actor.epoch)
+            actor.calls.append(call)
+            self._waiting[ref] = ("call", actor, call)
+
+    # ------------------------------------------------------------------ events
+    def wait(self, timeout_s: float) -> list[PoolEvent]:
+        events, self._events = self._events, []
+        refs = list(self._waiting)
+        ready: list = []
+        if refs:
+            ready, _ = self.ray.wait(refs, num_returns=1, timeout=0 if events else timeout_s)
+            if ready:
+                ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+        elif not events:
+            time.sleep(timeout_s)  # nothing Ray could answer: only the clock moves
+        for ref in ready:
+            entry = self._waiting.pop(ref, None)
+            if entry is None:
+                continue  # dropped while handling an earlier one (its actor died)
+            kind, owner, what = entry
+            try:
+                value = self.ray.get(ref)
+            except self.ray.exceptions.RayError as exc:
+                events += self._on_failure(kind, owner, what, exc)
+            else:
+                events += self._on_value(kind, owner, what, value)
+        return events
+
+    def _on_value(self, kind: str, owner: Any, what: Any, value: Any) -> list[PoolEvent]:
+        if kind == "call":
+            return self._on_results(owner, what, value)
+        if kind == "read":
+            return self._on_read(owner, what, value)
+        return self._on_started(owner, what, value)
+
+    def _on_failure(self, kind: str, owner: Any, what: Any, exc: Exception) -> list[PoolEvent]:
+        if kind == "call":
+            return self._on_actor_death(owner, what, exc)
+        if kind == "read":
+            return self._on_read_failed(owner, what, exc)
+        actor: _Actor = owner
+        if what is not actor.probe or actor.state != CoreStatus.STARTING:
+            return []
+        actor.probe = None
+        if isinstance(exc, self.ray.exceptions.ActorUnavailableError):
+            actor.probe_again_at = self.clock() + _PROBE_AGAIN_S  # still restarting
+            return []
+        reason = CoreReason.of(f"its actor failed to start ({_short(exc)})")
+        return [self._retired(actor, reason)]
+
+    def _on_started(self, actor: _Actor, probe: Any, info: dict) -> list[PoolEvent]:
+        if probe is not actor.probe or actor.state != CoreStatus.STARTING:
+            return []
+        actor.probe = None
+        if "init_failed" in info:
+            return [self._retired(actor, info["init_failed"])]
+        actor.state = CoreStatus.READY
+        actor.last_progress = self.clock()
+        outputs = [(tuple(s), "float32") for s, _ in info["outputs"]]
+        # The canary is compared per core: its instance 0 speaks for it.
+        canary = info["canary"] if actor.instance == 0 else None
+        return [WorkerUp(actor.key, info["pid"], info.get("sdk_version"), outputs, canary)]
+
+    def _on_results(self, actor: _Actor, call: _Call, value: list) -> list[PoolEvent]:
+        if call.epoch != actor.epoch:
+            return []  # the actor died meanwhile and its items went back already
+        with contextlib.suppress(ValueError):
+            actor.calls.remove(call)
+        now = self.clock()
+        actor.last_progress = now
+        self._busy[actor.where].add(actor.instance, [(t0, t1) for t0, t1, *_ in value])
+        self._report_busy(actor)
+        results = []
+        for slot, (t0, t1, after_s, error, outputs, *boxes) in zip(call.slots, value, strict=True):
+            if error is None:
+                self.outputs[slot] = outputs
+            done = now - after_s  # the node's clock is not ours: place its times on ours
+            t_start = done - (t1 - t0)
+            results.append(ItemResult(slot, actor.instance, t_start, done, error, tuple(boxes)))
+        return [ItemsDone(actor.key, results)]
+
+    def _report_busy(self, actor: _Actor, final: bool = False) -> None:
+        where = actor.where
+        idle = {a.instance for a in self.actors if a.where == where and not a.calls}
+        self.stats.set_busy(where, self._busy[where].seconds(idle, final))
+
+    def _on_actor_death(self, actor: _Actor, call: _Call, exc: Exception) -> list[PoolEvent]:
+        if call.epoch != actor.epoch or actor.state == CoreStatus.RETIRED:
+            return []
+        if self._node_gone(actor.node):
+            return self._node_lost(actor.node)
+        what = actor.kill_reason or f"actor process crashed ({type(exc).__name__})"
+        actor.kill_reason = None
+        # Calls run one at a time, in order: the oldest one was being inferred.
+        oldest = actor.calls[0] if actor.calls else call
+        working = frozenset(self.scheduler.flight(s).item.index for s in oldest.slots)
+        self._drop_calls(actor)
+        self._report_busy(actor)
+        actor.state = CoreStatus.DOWN
+        return [WorkerLost(actor.key, what, working)]
+
+    def _drop_calls(self, actor: _Actor) -> None:
+        for c in actor.calls:
+            self._waiting.pop(c.ref, None)
+        actor.calls.clear()
+        actor.epoch += 1
+        if actor.probe is not None:
+            self._waiting.pop(actor.probe, None)
+            actor.probe = None
+        actor.probe_again_at = None
+
+    def _on_read(self, lane: Lane, task: ReadTask, meta: list) -> list[PoolEvent]:
+        assert self.reads is not None
+        ready, read = self.reads.done(lane, task, meta)
+        for slot, array in ready:
+            self._input_refs[slot] = array
+        self._submitted(lane, self.reads.next(lane, self.clock()))
+        return [read] if read is not None else []
+
+    def _on_read_failed(self, lane: Lane, task: ReadTask, exc: Exception) -> list[PoolEvent]:
+        assert self.reads is not None
+        gone = lane.node_id is not None and any(
+            n.node_id == lane.node_id and self._node_gone(n) for n in self.usable
+        )
+        lost = self.reads.failed(lane, task, exc, gone)
+        return [lost] if lost is not None else []
+
+    # ------------------------------------------------------------------ checks
+    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+        """Hangs (killed: their deaths come from ``wait``), start-up timeouts, probes to
+        repeat, and the nodes (once a second)."""
+        self._forget_released()
+        events: list[PoolEvent] = []
+        limit = self.rel.inference_timeout_s
+        for actor in self.actors:
+            if actor.state == CoreStatus.STARTING and now > actor.probe_deadline:
+                reason = CoreReason.of(
+                    f"it did not start within {self.rel.startup_timeout_s:g} s (the start-up "
+                    "timeout)"
+                )
+                events.append(self._retired(actor, reason))
+            elif actor.state == CoreStatus.STARTING and actor.probe_again_at is not None:
+                if now >= actor.probe_again_at:
+                    self._probe(actor, now, again=True)
+            elif actor.calls and actor.kill_reason is None:
+                held = len(actor.calls[0].slots)
+                if now - actor.last_progress > limit * held:
+                    index = self.scheduler.flight(actor.calls[0].slots[0]).item.index
+                    item = f"item {index}" if held == 1 else f"a call of {held} items"
+                    actor.kill_reason = (
+                        f"inference of {item} hung for more than {limit * held:g} s (the "
+                        "inference timeout); actor killed"
+                    )
+                    with contextlib.suppress(Exception):
+                        self.ray.kill(actor.handle, no_restart=False)
+        if self.reads is not None:
+            self.reads.check_hangs(now)
+        if now >= self._next_node_check:
+            self._next_node_check = now + _NODE_CHECK_S
+            alive = self._live_nodes()
+            for node in self.usable:
+                if alive is not None and node.node_id not in alive:
+                    events += self._node_lost(node)
+        return events
+
+    def _forget_released(self) -> None:
+        """Drop the objects of slots whose item is done (so Ray can free them)."""
+        flights = self.scheduler.flights
+        for table in (self._input_refs, self.outputs):
+            for slot in [s for s in table if flights[s] is None]:
+                del table[slot]
+        if self.reads is not None and self.reads.alone:
+            self.reads.forget({f.item.index for f in flights if f is not None})
+
+    def shift(self, gap_s: float) -> None:
+        for actor in self.actors:
+            actor.last_progress += gap_s
+            actor.probe_deadline += gap_s
+        if self.reads is not None:
+            self.reads.shift(gap_s)
+
+    # ------------------------------------------------------------------ nodes
+    def _node_gone(self, node: NodeInfo) -> bool:
+        if node.node_id in self.lost_nodes:
+            return True
+        alive = self._live_nodes()
+        return alive is not None and node.node_id not in alive
+
+    def _live_nodes(self) -> set[str] | None:
+        """The live nodes' ids; None while the GCS is silent; ClusterLostError once it has
+        been silent for _GCS_LOST_S."""
+        alive = live_node_ids(self.ray, GCS_TIMEOUT_S)
+        if alive is not None:
+            self._gcs_silent_since = None
+            return alive
+        now = self.clock()
+        if self._gcs_silent_since is None:
+            self._gcs_silent_since = now - GCS_TIMEOUT_S  # asked that long ago
+        silent = now - self._gcs_silent_since
+        if silent >= _GCS_LOST_S:
+            raise ClusterLostError(
+                f"the Ray cluster stopped answering: its GCS{_gcs_address(self.ray)} (the "
+                f"gcs_server of the head node) gave no answer for {silent:.0f} s"
+            )
+        return None
+
+    def _node_lost(self, node: NodeInfo) -> list[PoolEvent]:
+        """``node`` left the cluster: said once; its actors are retired (quietly), their
+        items go back uncharged."""
+        if node.node_id in self.lost_nodes:
+            return []
+        return self._leave_out(
+            node,
+            f"node {node.name} left the cluster: its cores are retired and their items go to "
+            "the other nodes.",
+            "its node left the cluster",
+        )
+
+    def _leave_out(self, node: NodeInfo, said: str, why: str) -> list[PoolEvent]:
+        """``node`` takes no part from now on: ``said`` once, its actors retired quietly."""
+        self.lost_nodes.add(node.node_id)
+        events: list[PoolEvent] = [Said(said)]
+        for actor in self.actors:
+            if actor.node.node_id == node.node_id and actor.state != CoreStatus.RETIRED:
+                events.append(self._retired(actor, CoreReason.of(why), quiet=True))
+        return events
+
+    # ------------------------------------------------------------------ ending
+    def _retired(self, actor: _Actor, reason: CoreReason, quiet: bool = False) -> WorkerRetired:
+        self._stop_for_good(actor)
+        return WorkerRetired(actor.key, reason, quiet)
+
+    def retire(self, key: int) -> None:
+        self._stop_for_good(self.actors[key])
+
+    def _stop_for_good(self, actor: _Actor) -> None:
+        if actor.state == CoreStatus.RETIRED:
+            return
+        self._drop_calls(actor)
+        self._kill(actor)
+        actor.state = CoreStatus.RETIRED
+        if self._stats is not None:
+            self._report_busy(actor)
+
+    def _kill(self, actor: _Actor) -> None:
+        if actor.handle is not None:
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor.handle, no_restart=True)
+
+    def close(self, hard: bool) -> None:
+        """Stop the actors (asked first unless ``hard``) and read tasks, then undo each
+        node's set-up."""
+        ray = self.ray
+        if self.reads is not None:
+            self.reads.cancel()
+        live = [a for a in self.actors if a.handle is not None and a.state != CoreStatus.RETIRED]
+        stops = []
+        for actor in live if not hard else ():
+            with contextlib.suppress(Exception):
+                stops.append(actor.handle.stop.remote())
+        if stops:
+            with contextlib.suppress(Exception):
+                ray.wait(stops, num_returns=len(stops), timeout=_STOP_WAIT_S)
+        for actor in self.actors:
+            self._kill(actor)
+            actor.calls.clear()
+            if self._stats is not None:
+                self._report_busy(actor, final=True)
+        ends = {}
+        for node_id, host in self.hosts.items():
+            if node_id in self.backends and node_id not in self.lost_nodes:
+                with contextlib.suppress(Exception):
+                    ends[node_id] = host.end.remote()
+        if ends:
+            with contextlib.suppress(Exception):
+                ray.wait(list(ends.values()), num_returns=len(ends), timeout=_STOP_WAIT_S)
+        for host in self.hosts.values():
+            with contextlib.suppress(Exception):
+                ray.kill(host, no_restart=True)
+        self._waiting.clear()
+        self._input_refs.clear()
+        self._slot_ref.clear()
+        self.outputs.clear()
+
+    def report(self) -> PoolReport:
+        return PoolReport(self.plan.backend.describe(), {})
+
+
+def _gcs_address(ray: Any) -> str:
+    """`` at HOST:PORT``, or nothing when Ray does not say."""
+    try:
+        return f" at {ray.get_runtime_context().gcs_address}"
+    except Exception:
+        return ""
+
+
+def _short(exc: BaseException) -> str:
+    """The last line of an exception's text (Ray's carry the remote traceback)."""
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
