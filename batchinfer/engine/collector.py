@@ -98,9 +98,12 @@ class Collector:
         s = self.scheduler
         waiting = len(self._successes) + len(self._errors)
         others = len(s.flights) - len(s.free) - waiting  # items still on their way
+        # Due when wait_s says so, by the same expression: with ``now - since < AGE`` a
+        # clock that stops exactly at since + AGE (wait_s' deadline) could be told to wait
+        # 0 s for rows that are not yet due, by a rounding, for ever.
         if (
             waiting < FLUSH_ROWS
-            and now - self._since < FLUSH_AGE_S
+            and self._since + FLUSH_AGE_S - now > 0
             and not s.stopping
             and others
             and not s.slots_wanted()
