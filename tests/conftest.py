@@ -8,6 +8,7 @@ import fcntl
 import os
 import pickle
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -73,10 +74,27 @@ def _children() -> dict[int, str]:
 @pytest.fixture(autouse=True)
 def no_leaks():
     """Fail a test that leaves a child process or one of our /dev/shm segments behind."""
+    yield from guard_leaks()
+
+
+def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
+    """The leak guard's body, for a fixture to yield from.
+
+    ``spare_descendants``: the descendants of children that were there before the test are
+    not counted (a module's Ray cluster: its raylets and workers outlive each test by
+    design, and ``local_ray_cluster`` checks them when it stops).
+    """
     segments_before = _our_segments()
     children_before = set(_children())
     yield
-    leaked_children = {pid: cmd for pid, cmd in _children().items() if pid not in children_before}
+    spared: set[int] = set()
+    if spare_descendants:
+        for pid in children_before:
+            with contextlib.suppress(psutil.Error):
+                spared |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    leaked_children = {
+        pid: cmd for pid, cmd in _children().items() if pid not in children_before | spared
+    }
     for pid in list(leaked_children):
         try:  # give a child that is exiting right now a moment to be reaped
             psutil.Process(pid).wait(timeout=2)
@@ -97,6 +115,29 @@ def no_leaks():
             os.unlink(os.path.join(SHM_DIR, name))
     assert not leaked_children, f"test left processes behind: {leaked_children}"
     assert not leaked_segments, f"test left shared-memory segments behind: {leaked_segments}"
+
+
+def local_ray_cluster(cores: tuple[int, ...] = (0, 1, 2)) -> Iterator[object]:
+    """Two simulated Ray nodes on this machine, node0 (the head) and node1, each declaring
+    ``cores``, with this process connected: for a module fixture to yield from. Once it is
+    stopped, not one process of it may be left."""
+    import ray
+
+    from batchinfer.cluster.local import start_local_cluster, stop_local_cluster
+
+    before = set(_children())
+    local = start_local_cluster(2, cores)
+    ray.init(address=local.address, log_to_driver=False)
+    try:
+        yield local
+    finally:
+        ray.shutdown()
+        stop_local_cluster(local)
+        left = [psutil.Process(p) for p in set(_children()) - before if psutil.pid_exists(p)]
+        _, alive = psutil.wait_procs(left, timeout=10)
+        for p in alive:
+            p.kill()
+        assert not alive, f"the Ray cluster left processes behind: {alive}"
 
 
 @pytest.fixture(scope="session")

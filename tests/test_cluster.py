@@ -19,10 +19,9 @@ import signal
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pyarrow.parquet as pq
 import pytest
-from conftest import _children, _our_segments
+from conftest import guard_leaks, local_ray_cluster
 from runs import config, fast_sim
 from test_cli import invoke, run_args
 from test_eval_end_to_end import Workspace
@@ -37,8 +36,6 @@ from batchinfer.cluster import ClusterEngine, run_on_cluster  # noqa: E402
 from batchinfer.cluster.connect import npu_nodes  # noqa: E402
 from batchinfer.cluster.local import (  # noqa: E402
     LOCAL_NODE_CPUS,
-    start_local_cluster,
-    stop_local_cluster,
 )
 from batchinfer.cluster.resources import node_resources  # noqa: E402
 from batchinfer.engine import events as ev  # noqa: E402
@@ -55,41 +52,13 @@ CORES = (0, 1, 2)
 @pytest.fixture(scope="module")
 def cluster():
     """Two simulated nodes, node0 (the head) and node1, each declaring cores 0-2."""
-    before = set(_children())
-    local = start_local_cluster(2, CORES)
-    ray.init(address=local.address, log_to_driver=False)
-    try:
-        yield local
-    finally:
-        ray.shutdown()
-        stop_local_cluster(local)
-        left = [psutil.Process(p) for p in set(_children()) - before if psutil.pid_exists(p)]
-        _, alive = psutil.wait_procs(left, timeout=10)
-        for p in alive:
-            p.kill()
-        assert not alive, f"the Ray cluster left processes behind: {alive}"
+    yield from local_ray_cluster(CORES)
 
 
 @pytest.fixture(autouse=True)
 def no_leaks():
     """conftest's guard, except for the module cluster's processes (see the docstring)."""
-    segments, children = _our_segments(), set(_children())
-    yield
-    cluster_pids = set()
-    for pid in children:
-        try:
-            cluster_pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-        except psutil.Error:
-            continue
-    leaked = {p: c for p, c in _children().items() if p not in children | cluster_pids}
-    _, alive = psutil.wait_procs([psutil.Process(p) for p in leaked], timeout=2)
-    for p in alive:
-        p.kill()
-    new_segments = _our_segments() - segments
-    for name in new_segments:
-        os.unlink(os.path.join("/dev/shm", name))
-    assert not alive, f"test left processes behind: {leaked}"
-    assert not new_segments, f"test left shared-memory segments behind: {new_segments}"
+    yield from guard_leaks(spare_descendants=True)
 
 
 def _digits(demo_kit, tmp_path, *faults: str, **settings):

@@ -160,3 +160,14 @@ def test_the_design_page_quotes_the_modules_as_they_are():
         if name:
             tree = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
         assert ast.get_docstring(tree, clean=True) == quoted, f"docs/design.md: {where} has changed"
+
+
+def test_the_design_page_quotes_the_pool_protocol_as_it_is_in_the_code():
+    """docs/design.md shows engine/pools.py's protocol table; a change to one is a change
+    to both (the code's comment is the one written down; the page quotes it)."""
+    import batchinfer.engine.pools as pools
+
+    doc = pools.__doc__ or ""
+    table = doc[doc.index("PROTOCOL (loop") :].rstrip("\n")
+    page = (ROOT / "docs" / "design.md").read_text()
+    assert f"```text\n{table}\n```" in page

@@ -24,8 +24,12 @@ PROTOCOL (loop ⇄ pool), all on the loop's thread, all times on the loop's cloc
     send_reads(reader, slots, now)                    the slots' items are to be read
     send_work(key, slots, now)                        the slots' items are to be inferred
     wait(timeout_s) ◄──────────────────────────────── events, in the order they happened
-    check(now) ◄───────────────────────────────────── events: hangs found (the worker is
-                                                      killed; its WorkerLost follows)
+    check(now) ◄───────────────────────────────────── events found by looking: a worker
+                                                      that did not start in time
+                                                      (WorkerRetired), workers lost with
+                                                      their node (WorkerLost). A hung
+                                                      worker is killed here; its
+                                                      WorkerLost comes from wait()
     shift(gap_s)                                      the loop was not running: move clocks
     start_worker(key, now)     (after a back-off)     start the key's worker again
     retire(key)                (never again)          stop it for good, drop what it holds
@@ -195,8 +199,9 @@ class WorkerPool(Protocol):
 
     def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
         """Called every turn: find hung workers and readers (kill them: their loss comes
-        back from ``wait``), retire workers that did not start in time, adapt readers
-        (not when ``stopping``; demand is measured until the source is ``exhausted``)."""
+        back from ``wait``); return what is found by looking rather than heard (a worker
+        that did not start in time, workers lost with their node); adapt readers (not
+        when ``stopping``; demand is measured until the source is ``exhausted``)."""
 
     def shift(self, gap_s: float) -> None:
         """The loop was not running for ``gap_s``: not held against workers or readers."""
