@@ -473,6 +473,30 @@ def test_a_stopped_janitor_is_killed_at_once_and_said(caplog):
     assert not any("waiting for" in m for m in said), said
 
 
+def test_a_janitor_seen_stopped_only_after_the_first_look_is_killed_without_waiting(
+    caplog, monkeypatch
+):
+    """A SIGSTOP takes effect when the stopped process is next scheduled: on a loaded
+    machine the first look may still see it running (this once cost a run 120 s). Every
+    look of the wait checks again; here the first look is made to miss the stop."""
+    keeper = janitor.Janitor()
+    keeper.proc.send_signal(signal.SIGSTOP)
+    looks = []
+    real = janitor._stopped
+
+    def late(pid: int) -> bool:
+        looks.append(pid)
+        return len(looks) > 1 and real(pid)
+
+    monkeypatch.setattr(janitor, "_stopped", late)
+    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+        keeper.close(say_after_s=5.0, kill_after_s=10.0)
+    assert keeper.proc.returncode == -signal.SIGKILL
+    said = [r.getMessage() for r in caplog.records]
+    assert any("is stopped (SIGSTOP), so it was killed at once" in m for m in said), said
+    assert not any("waiting for" in m for m in said), said
+
+
 def test_a_stopped_janitor_does_not_keep_the_run_from_ending(demo_kit, tmp_path, caplog):
     stop = _StopTheJanitor()
     cfg = config(

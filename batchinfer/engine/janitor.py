@@ -21,6 +21,7 @@ import contextlib
 import logging
 import subprocess
 import sys
+import time
 
 import psutil
 
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 #: exits within milliseconds when it runs at all: only a stopped or starved one waits.
 SAY_AFTER_S = 2.0
 KILL_AFTER_S = 10.0
+#: How often a wait looks whether the janitor is stopped (cheap: one /proc read).
+STOPPED_CHECK_S = 0.05
 
 _JANITOR = f"""
 import os, signal, sys
@@ -80,32 +83,48 @@ class Janitor:
         with contextlib.suppress(OSError):
             self.proc.stdin.close()
         pid = self.proc.pid
-        if kill_stopped and _stopped(pid):
+        said = False
+        ended = self._wait(say_after_s, kill_stopped)
+        if ended == "timeout":
             log.warning(
-                "the shared-memory janitor (pid %d) is stopped (SIGSTOP), so it was killed "
-                "at once (the run is done and its shared memory removed)",
+                "waiting for the shared-memory janitor (pid %d) to exit; it is stopped or "
+                "starved (the run is done and its shared memory removed)",
                 pid,
             )
+            said = True
+            ended = self._wait(max(0.0, kill_after_s - say_after_s), kill_stopped)
+        if ended == "stopped":
+            log.warning(
+                "the shared-memory janitor (pid %d) is stopped (SIGSTOP), so it was killed "
+                "%s (the run is done and its shared memory removed)",
+                pid,
+                "then" if said else "at once",
+            )
             self._kill(kill_after_s)
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=say_after_s)
-            return
-        log.warning(
-            "waiting for the shared-memory janitor (pid %d) to exit; it is stopped or starved "
-            "(the run is done and its shared memory removed)",
-            pid,
-        )
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=max(0.0, kill_after_s - say_after_s))
-            return
-        log.warning(
-            "the shared-memory janitor (pid %d) did not exit in %g s; killed it (nothing "
-            "was left for it to remove)",
-            pid,
-            kill_after_s,
-        )
-        self._kill(kill_after_s)
+        elif ended == "timeout":
+            log.warning(
+                "the shared-memory janitor (pid %d) did not exit in %g s; killed it (nothing "
+                "was left for it to remove)",
+                pid,
+                kill_after_s,
+            )
+            self._kill(kill_after_s)
+
+    def _wait(self, timeout_s: float, kill_stopped: bool) -> str:
+        """Wait for the janitor to exit: "exited", "stopped" (when ``kill_stopped``: looked
+        at every STOPPED_CHECK_S, since a SIGSTOP takes effect only once the stopped
+        process is scheduled, and may come while we wait), or "timeout"."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if kill_stopped and _stopped(self.proc.pid):
+                return "stopped"
+            left = deadline - time.monotonic()
+            try:
+                self.proc.wait(timeout=max(0.0, min(STOPPED_CHECK_S, left)))
+                return "exited"
+            except subprocess.TimeoutExpired:
+                if left <= STOPPED_CHECK_S:
+                    return "timeout"
 
     def _kill(self, wait_s: float) -> None:
         with contextlib.suppress(OSError):
