@@ -185,3 +185,36 @@ def test_a_run_with_k_auto_records_the_choice_in_its_manifest(demo_kit, tmp_path
     assert choice["core"] == 0 and choice["calls"] > 0 and choice["probe_cpu_s"] > 0
     assert manifest["config"]["runtime"]["instances_per_core"] == "auto"
     assert choice["instances_per_core"] in result.stats.column("instances").to_pylist()
+
+
+@pytest.mark.slow  # a whole evaluation (both sides, the report): ~5 s
+def test_an_eval_job_with_instances_auto_runs_and_records_the_choice(
+    demo_kit, tmp_path, monkeypatch
+):
+    """`instances_per_core = "auto"` in a job file: the device side measures, runs with the
+    number it chose, and the evaluation's record and core statistics say which."""
+    from test_cli import invoke
+    from test_eval_end_to_end import Workspace
+
+    monkeypatch.setenv("BATCHINFER_SIM_NPU_MS", "1")
+    monkeypatch.setenv("BATCHINFER_SIM_HOST_MS", "2")  # 2 instances overlap, as above
+    ws = Workspace(tmp_path, demo_kit.root)
+    text = ws.job.read_text()
+    assert "instances_per_core = 2" in text and 'path = "../demo/dataset"' in text
+    text = text.replace("instances_per_core = 2", 'instances_per_core = "auto"')
+    small = tmp_path / "small"  # 10 digits of each class: the choice, not the accuracy
+    for png in sorted(demo_kit.dataset.glob("*/*.png")):
+        if len(list((small / png.parent.name).glob("*.png"))) < 10:
+            (small / png.parent.name).mkdir(parents=True, exist_ok=True)
+            (small / png.parent.name / png.name).symlink_to(png)
+    ws.job.write_text(text.replace('path = "../demo/dataset"', f'path = "{small}"'))
+    result = invoke("eval", ws.job, "--no-progress")
+    assert result.exit_code in (0, 1), result.output  # a verdict, not a usage error
+    (path,) = (ws.out / "evals").glob("*/result.json")
+    device = json.loads(path.read_text())["device"]
+    choice = device["instances_auto"]
+    assert device["instances_per_core"] == choice["instances_per_core"]
+    assert 1 <= choice["instances_per_core"] <= AUTO_MAX and choice["calls"] > 0
+    cores = [s for s in device["core_stats"] if s["core"] is not None]  # not the "all" row
+    assert [s["core"] for s in cores] == [0, 1, 2]
+    assert {s["instances"] for s in cores} == {choice["instances_per_core"]}
