@@ -54,7 +54,8 @@ def pool(request) -> Iterator[str]:
     guard, and the board's cases run first."""
     if request.param == "ray":
         pytest.importorskip("ray")
-        yield from (request.param for _ in local_ray_cluster(CORES))
+        for _cluster in local_ray_cluster(CORES):  # started; stopped and checked after
+            yield request.param
     else:
         yield request.param
 
