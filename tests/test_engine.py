@@ -323,6 +323,10 @@ class _ScriptedScaler:
         self.fed = False
         self.grown_at: int | None = None  # rows done when it said "grow"
         self.fed_since: int | None = None  # rows done when it first said "fed"
+        self.started_at: list[int] = []  # rows done when told start-up was over
+
+    def started(self, now: float, idle_cpus) -> None:
+        self.started_at.append(self.watch.rows)
 
     def observe(self, now: float, starved: bool) -> None:
         pass
@@ -385,6 +389,9 @@ def test_the_loop_starts_a_reader_when_the_scaler_says_grow(demo_kit, tmp_path):
     assert (result.status, result.errors) == ("complete", 0)
     assert sorted(watch.ready) == [0, 1]
     assert watch.ready[1] is not None and watch.ready[1] >= scaler.grown_at >= 100
+    # Told once that start-up was over: every core up, so before 700 rows were done (the
+    # scaler then judges a short window instead of the rest of its first second).
+    assert len(scaler.started_at) == 1 and scaler.started_at[0] < 700
     assert sorted(read_predictions(result.out)["index"].to_pylist()) == list(range(700))
     assert watch.niceness and set(watch.niceness) == {psutil.Process().nice()}
 

@@ -378,6 +378,37 @@ def test_a_starved_pipeline_grows_though_it_looks_fed_right_after_each_item_arri
     assert changes.count(1) == 1 and changes.index(1) > 0  # after the cool-down window
 
 
+def test_once_start_up_is_over_a_short_window_is_judged_instead_of_the_cool_down():
+    """Told that every process of the run is up, the scaler judges a window of
+    FIRST_WINDOW_S from then, not the rest of its cool-down: a run of a few seconds grew its
+    second reader only after 2 s, as the cool-down window (the first second) went unjudged.
+    Told again, or once the cool-down is over, nothing changes."""
+    from batchinfer.engine.reader_scaling import FIRST_WINDOW_S, WINDOW_S, ReaderScaler
+
+    def starved_window(s: ReaderScaler, t: float, length: float) -> tuple[float, int]:
+        t = _turns(s, t, [(length / 4, True)] * 4)
+        s.decoded(0.95 * length)  # one reader decoding 95 % of the time
+        return t, s.decide(t, readers=1, idle_cpus=lambda: 1.0)
+
+    calls = []
+    told = ReaderScaler(1, 2, start_at=0.0)
+    t = _turns(told, 0.0, [(0.3, False)])  # start-up: processes starting
+    told.started(t, idle_cpus=lambda: calls.append(t) or 1.0)
+    told.started(t + 0.01, idle_cpus=lambda: calls.append(t + 0.01) or 1.0)
+    assert calls == [t]  # once: the window's CPU measure starts there
+    assert starved_window(told, t, FIRST_WINDOW_S) == (t + FIRST_WINDOW_S, 1)
+
+    untold = ReaderScaler(1, 2, start_at=0.0)
+    t = _turns(untold, 0.0, [(0.3, False)])
+    assert starved_window(untold, t, WINDOW_S)[1] == 0  # still the cool-down window
+
+    late = ReaderScaler(1, 2, start_at=0.0)  # start-up outlasted the cool-down window
+    t, change = starved_window(late, 0.0, WINDOW_S)
+    late.started(t, idle_cpus=lambda: 1.0)
+    assert change == 0 and starved_window(late, t, FIRST_WINDOW_S)[1] == 0  # no short window
+    assert starved_window(late, t + FIRST_WINDOW_S, WINDOW_S)[1] == 1
+
+
 def test_the_window_after_a_change_is_not_judged():
     """It holds the new reader's start-up: judged, it would look like more of the same."""
     from batchinfer.engine.reader_scaling import WINDOW_S, ReaderScaler

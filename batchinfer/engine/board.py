@@ -122,6 +122,7 @@ class BoardPool:
         )
         self._next_check = 0.0
         self._starved = False
+        self._started = False  # the scaler was told that start-up is over
         self.outputs: SlotRegion | None = None
         self._memory: RunMemory | None = None
         self._inputs: SlotRegion | None = None
@@ -357,8 +358,20 @@ class BoardPool:
             child.hung_items = items
             self.children.kill(child, reason)  # its exit comes back from wait()
         if self.scaler is not None and not stopping:
+            if not self._started and self._all_ready():
+                self._started = True
+                self.scaler.started(now, self.usage.idle_cpus)
             self._scale_readers(now)
         return []
+
+    def _all_ready(self) -> bool:
+        """Every core is up (or retired) and every reader ready: start-up is over."""
+        cores = self.scheduler.cores.values()
+        return (
+            all(c.state in (CoreStatus.READY, CoreStatus.RETIRED) for c in cores)
+            and any(c.state == CoreStatus.READY for c in cores)
+            and all(r.state == ChildState.READY for r in self.children.live("reader"))
+        )
 
     def shift(self, gap_s: float) -> None:
         self.watchdog.resumed(self.clock())
