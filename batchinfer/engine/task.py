@@ -361,13 +361,10 @@ def _output_quant(onnx_path: Path, info: Any) -> tuple[tuple[float, int] | None,
     try:
         from batchinfer.runtime import graph
 
-        if not graph.onnx_available():
-            return ()
         data = Path(onnx_path).read_bytes()
         if not graph.mentions_quantisation(data):
             return ()
-        model = graph.load_graph(data)
-        _, outs = graph.native_types(model, [], [(o.name, o.dtype) for o in info.outputs])
+        _, outs = graph.native_types(data, [], [(o.name, o.dtype) for o in info.outputs])
     except Exception:  # quantisation parameters are a fallback for int8 outputs, never fatal
         return ()
     quant = tuple((n.scale, n.zero_point) if n.quantised else None for n in outs)

@@ -211,15 +211,9 @@ class OnnxRKNNBase:
         native_in = [graph.default_native(s.onnx_dtype) for s in specs]
         native_out = [graph.default_native(dtype) for _, dtype in outputs]
         if graph.mentions_quantisation(onnx_bytes):
-            if graph.onnx_available():
-                native_in, native_out = graph.native_types(
-                    graph.load_graph(onnx_bytes), [(s.name, s.onnx_dtype) for s in specs], outputs
-                )
-            else:
-                self.rknn_log.w(
-                    f"{onnx_path.name} is quantised, but {graph.ONNX_MISSING}; its int8 inputs "
-                    "and outputs are reported as float16 by get_tensor_attr."
-                )
+            native_in, native_out = graph.native_types(
+                onnx_bytes, [(s.name, s.onnx_dtype) for s in specs], outputs
+            )
         self._prepare(onnx_path, onnx_bytes, specs)
         api, drv = self._versions()
         return EmulatedRuntime(

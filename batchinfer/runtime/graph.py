@@ -1,8 +1,10 @@
-"""An ONNX model's graph, read with the ``onnx`` package, which is optional at run time.
+"""An ONNX model's graph, beyond what an ONNX Runtime session tells.
 
-Two things need the graph rather than an ONNX Runtime session: the native (NPU-side) type
-of each input and output, for ``get_tensor_attr`` and ``inputs_pass_through``, and the
-work a model does, for the ``npu_ms`` estimate (:mod:`batchinfer.runtime.timing`).
+Two things need the graph rather than a session: the native (NPU-side) type of each input
+and output, for ``get_tensor_attr`` and ``inputs_pass_through`` (read off the file's
+protobuf: runtime/onnx_graph.py), and the work a model does, for the ``npu_ms`` estimate
+(:mod:`batchinfer.runtime.timing`), which reads it with the ``onnx`` package, optional at
+run time.
 
 Native types, as rknn-toolkit2 models report them (airockchip/rknn-toolkit2#304, #432):
 a quantised model's input and output are int8 with a scale and zero point; a float model's
@@ -17,9 +19,10 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from batchinfer.runtime.onnx_graph import Affine, read_qdq_boundaries
 
 #: One sentence for when the onnx package is needed and missing.
 ONNX_MISSING = (
@@ -32,13 +35,6 @@ _FLOATS = ("float32", "float16", "float64")
 def onnx_available() -> bool:
     """True when the onnx package can be imported."""
     return importlib.util.find_spec("onnx") is not None
-
-
-def load_graph(model_bytes: bytes) -> Any:
-    """The ``onnx.ModelProto`` of ``model_bytes``; ImportError when onnx is missing."""
-    import onnx
-
-    return onnx.load_from_string(model_bytes)
 
 
 @dataclass(frozen=True)
@@ -61,52 +57,23 @@ def default_native(onnx_dtype: str) -> NativeType:
 
 
 def native_types(
-    model: Any, inputs: Iterable[tuple[str, str]], outputs: Iterable[tuple[str, str]]
+    model_bytes: bytes, inputs: Iterable[tuple[str, str]], outputs: Iterable[tuple[str, str]]
 ) -> tuple[list[NativeType], list[NativeType]]:
-    """Native types of the (name, onnx dtype) ``inputs`` and ``outputs`` of ``model``."""
-    constants = _constants(model.graph)
-    consumers: dict[str, list[Any]] = {}
-    producers: dict[str, Any] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-        for name in node.output:
-            producers[name] = node
-    ins = []
-    for name, dtype in inputs:
-        quant = [n for n in consumers.get(name, []) if n.op_type == "QuantizeLinear"]
-        native = _affine(quant[0], constants) if quant else None
-        ins.append(native or default_native(dtype))
-    outs = []
-    for name, dtype in outputs:
-        node = producers.get(name)
-        native = None
-        if node is not None and node.op_type == "DequantizeLinear":
-            native = _affine(node, constants)
-        outs.append(native or default_native(dtype))
-    return ins, outs
+    """Native types of the (name, onnx dtype) ``inputs`` and ``outputs`` of the serialised
+    model, read off its protobuf (runtime/onnx_graph.py), so the onnx package is not needed:
+    importing it took 0.9 s of CPU in the planner and again in every core worker."""
+    inputs, outputs = list(inputs), list(outputs)
+    ins, outs = read_qdq_boundaries(model_bytes, [n for n, _ in inputs], [n for n, _ in outputs])
 
+    def native(affine: Affine | None, dtype: str) -> NativeType:
+        if affine is None:
+            return default_native(dtype)
+        return NativeType(affine.dtype, affine.scale, affine.zero_point, True)
 
-def _constants(graph: Any) -> dict[str, np.ndarray]:
-    from onnx import numpy_helper
-
-    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant":
-            for attr in node.attribute:
-                if attr.name == "value":
-                    out[node.output[0]] = numpy_helper.to_array(attr.t)
-    return out
-
-
-def _affine(node: Any, constants: dict[str, np.ndarray]) -> NativeType | None:
-    """The per-tensor quantisation of a (De)QuantizeLinear node; None if it is per-axis."""
-    scale = constants.get(node.input[1]) if len(node.input) > 1 else None
-    zp_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
-    zp = constants.get(zp_name) if zp_name else np.zeros((), np.uint8)
-    if scale is None or zp is None or scale.size != 1 or zp.size != 1:
-        return None
-    return NativeType(zp.dtype.name, float(scale.reshape(())), int(zp.reshape(())), True)
+    return (
+        [native(a, dtype) for a, (_, dtype) in zip(ins, inputs, strict=True)],
+        [native(a, dtype) for a, (_, dtype) in zip(outs, outputs, strict=True)],
+    )
 
 
 def mentions_quantisation(model_bytes: bytes) -> bool:

@@ -36,10 +36,13 @@ refused when a runtime loads it.
 
 from __future__ import annotations
 
+import math
 import mmap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from batchinfer.errors import ModelError
 
@@ -222,6 +225,211 @@ def _dim(buf: memoryview) -> int | str | None:
         elif field == 2 and wire == _BYTES:
             dim = _text(value)
     return dim
+
+
+# ---------------------------------------------------------------- quantised boundaries
+@dataclass(frozen=True)
+class Affine:
+    """A tensor's per-tensor quantisation: its quantised type (the zero point's, a numpy
+    name), scale and zero point."""
+
+    dtype: str
+    scale: float
+    zero_point: int
+
+
+# The fields a QDQ graph's boundaries are read from, beyond those above:
+#
+#     GraphProto      1 node (NodeProto)
+#     NodeProto       1 input, 2 output (strings)      4 op_type     5 attribute
+#     AttributeProto  1 name                           5 t (TensorProto)
+#     TensorProto     1 dims (int64)   2 data_type     4 float_data  5 int32_data
+#                     7 int64_data     9 raw_data      10 double_data  11 uint64_data
+#                     14 data_location (1: the data is in another file)
+#
+# Only the scale and zero point tensors the boundary nodes name are decoded; the weights
+# are skipped as one length-delimited field each.
+_NUMPY_TYPES = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
+}  # fmt: skip
+_INT32_DATA = {2, 3, 4, 5, 6, 9, 10, 16}  # types whose typed values are in int32_data
+
+
+def read_qdq_boundaries(
+    model: bytes, inputs: Sequence[str], outputs: Sequence[str]
+) -> tuple[list[Affine | None], list[Affine | None]]:
+    """How a quantised (QDQ) ONNX graph quantises its boundaries, without the onnx package:
+    for each of ``inputs``, the first ``QuantizeLinear`` that consumes it, and for each of
+    ``outputs``, a ``DequantizeLinear`` that makes it, as that node's :class:`Affine`; None
+    where there is no such node or its quantisation is not one constant per tensor.
+
+    Read in the main graph, as ``onnx.load`` and numpy_helper would (a test compares them).
+    ModelError when ``model`` is not a well-formed ONNX model.
+    """
+    try:
+        nodes, tensors = _nodes_and_constants(memoryview(model))
+        first_consumer: dict[str, _Node] = {}
+        producer: dict[str, _Node] = {}
+        for node in nodes:
+            for name in node.inputs:
+                if node.op_type == "QuantizeLinear":
+                    first_consumer.setdefault(name, node)
+            for name in node.outputs:
+                producer[name] = node
+        ins = [_affine(first_consumer.get(name), tensors) for name in inputs]
+        outs = []
+        for name in outputs:
+            node = producer.get(name)
+            dequantised = node is not None and node.op_type == "DequantizeLinear"
+            outs.append(_affine(node, tensors) if dequantised else None)
+        return ins, outs
+    except _Malformed as exc:
+        raise ModelError(f"the ONNX model is not well formed ({exc}); re-export it.") from None
+
+
+@dataclass(frozen=True)
+class _Node:
+    op_type: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def _nodes_and_constants(buf: memoryview) -> tuple[list[_Node], dict[str, memoryview]]:
+    """The main graph's nodes, and its constant tensors (initializers and Constant nodes'
+    values) by name, undecoded."""
+    nodes: list[_Node] = []
+    tensors: dict[str, memoryview] = {}
+    for field, wire, graph in _fields(buf):
+        if field != 7 or wire != _BYTES:
+            continue
+        assert isinstance(graph, memoryview)
+        for gfield, gwire, value in _fields(graph):
+            if gwire != _BYTES:
+                continue
+            assert isinstance(value, memoryview)
+            if gfield == 5:
+                tensors[_tensor_name(value)] = value
+            elif gfield == 1:
+                node, value_tensor = _node(value)
+                nodes.append(node)
+                if node.op_type == "Constant" and value_tensor is not None and node.outputs:
+                    tensors[node.outputs[0]] = value_tensor
+    return nodes, tensors
+
+
+def _node(buf: memoryview) -> tuple[_Node, memoryview | None]:
+    """A node, and the tensor of its ``value`` attribute if it has one."""
+    op_type, inputs, outputs, value = "", [], [], None
+    for field, wire, v in _fields(buf):
+        if wire != _BYTES:
+            continue
+        assert isinstance(v, memoryview)
+        if field == 1:
+            inputs.append(_text(v))
+        elif field == 2:
+            outputs.append(_text(v))
+        elif field == 4:
+            op_type = _text(v)
+        elif field == 5:
+            name, tensor = "", None
+            for afield, awire, av in _fields(v):
+                if afield == 1 and awire == _BYTES:
+                    name = _text(av)  # type: ignore[arg-type]
+                elif afield == 5 and awire == _BYTES:
+                    tensor = av
+            if name == "value" and isinstance(tensor, memoryview):
+                value = tensor
+    return _Node(op_type, tuple(inputs), tuple(outputs)), value
+
+
+def _affine(node: _Node | None, tensors: dict[str, memoryview]) -> Affine | None:
+    """A (De)QuantizeLinear node's per-tensor quantisation (ONNX: the zero point is uint8 0
+    when absent); None when it is per-axis, not a constant, or of a type numpy lacks."""
+    if node is None or len(node.inputs) < 2 or node.inputs[1] not in tensors:
+        return None
+    scale = _scalar(tensors[node.inputs[1]])
+    zp_name = node.inputs[2] if len(node.inputs) > 2 else ""
+    if not zp_name:
+        zp: tuple[str, float | int] | None = ("uint8", 0)
+    else:
+        zp = _scalar(tensors[zp_name]) if zp_name in tensors else None
+    if scale is None or zp is None:
+        return None
+    return Affine(zp[0], float(scale[1]), int(zp[1]))
+
+
+def _scalar(buf: memoryview) -> tuple[str, float | int] | None:
+    """(numpy type name, value) of a one-element tensor; None for any other."""
+    dims: list[int] = []
+    data_type, raw, typed, external = 0, None, [], False
+    for field, wire, value in _fields(buf):
+        if field == 1:
+            dims += _ints(wire, value)
+        elif field == 2 and wire == _VARINT:
+            data_type = int(value)  # type: ignore[arg-type]
+        elif field == 9 and wire == _BYTES:
+            raw = bytes(value)  # type: ignore[arg-type]
+        elif field == 14 and wire == _VARINT:
+            external = value == 1
+        elif field in (4, 5, 7, 10, 11):
+            typed.append((field, wire, value))
+    dtype = _NUMPY_TYPES.get(data_type)
+    if dtype is None or external or math.prod(dims) != 1:
+        return None
+    size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    if raw is not None:
+        if len(raw) != size:
+            return None
+        bits = raw
+    else:
+        bits = _typed_bytes(data_type, dtype, size, typed)
+        if bits is None:
+            return None
+    if dtype == "bfloat16":  # numpy has no bfloat16: its bits are a float32's top half
+        return "float32", float(np.frombuffer(b"\0\0" + bits, "<f4")[0])
+    return dtype, np.frombuffer(bits, np.dtype(dtype).newbyteorder("<"))[0].item()
+
+
+def _typed_bytes(
+    data_type: int, dtype: str, size: int, typed: list[tuple[int, int, int | memoryview]]
+) -> bytes | None:
+    """The little-endian bytes of a tensor's one value held in its typed field."""
+    if data_type in _INT32_DATA:
+        values = [v for f, w, raw in typed if f == 5 for v in _ints(w, raw)]
+        if len(values) != 1:
+            return None
+        # int32_data holds int8..int32 values, and float16/bfloat16 bits, as int32.
+        return (values[0] & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+    field, fixed = {1: (4, 4), 11: (10, 8), 7: (7, 0), 12: (11, 0), 13: (11, 0)}.get(
+        data_type, (0, 0)
+    )
+    chunks = [(w, raw) for f, w, raw in typed if f == field]
+    if fixed:  # float_data, double_data: packed, or one fixed-size field per value
+        data = b"".join(
+            bytes(raw) if w == _BYTES else int(raw).to_bytes(fixed, "little")  # type: ignore[arg-type]
+            for w, raw in chunks
+        )
+        return data if len(data) == size else None
+    values = [v for w, raw in chunks for v in _ints(w, raw)]
+    if len(values) != 1:
+        return None
+    return (values[0] & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
+
+
+def _ints(wire: int, value: int | memoryview) -> list[int]:
+    """The values of a repeated varint field: packed (one length-delimited field) or not."""
+    if wire == _VARINT:
+        assert isinstance(value, int)
+        return [value]
+    if wire != _BYTES:
+        raise _Malformed("a number field of the wrong wire type")
+    assert isinstance(value, memoryview)
+    out, pos = [], 0
+    while pos < len(value):
+        v, pos = _varint(value, pos)
+        out.append(v)
+    return out
 
 
 # ---------------------------------------------------------------- the wire format
