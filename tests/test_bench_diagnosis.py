@@ -93,6 +93,34 @@ def test_idle_cores_on_a_machine_with_more_runnable_tasks_than_cpus_are_cpu_star
     assert d.numbers["busy_processes"] == 6
 
 
+def test_a_long_run_queue_is_cpu_starved_though_the_machine_looks_a_little_idle():
+    """bench at npu 0.5 ms, -k 2, on the 2-CPU VM: 4.5 tasks runnable on 2 CPUs, 89.5 %
+    busy (idle only while every process slept at once). It was said to be limited by
+    nothing, with the advice to add readers or slots; the CPUs were what it waited for."""
+    bench = replace(
+        BASE,
+        instances_per_core=2,
+        utilization={0: 0.90, 1: 0.89, 2: 0.88},
+        instances_busy={0: 0.84, 1: 0.82, 2: 0.81},
+        npu_load={0: 0.84, 1: 0.83, 2: 0.83},
+        coordinator_cpu=0.37,
+        reader_cpu=[0.30],
+        worker_cpu=[0.38, 0.38, 0.38],
+        other_cpus=0.0,
+        machine_cpus=1.79,
+        wait_p50_ms=0.3,
+        latency_p50_ms=0.98,
+        runnable=4.5,
+    )
+    d = diagnose(bench)
+    assert d.bound == "cpu" and d.saturated
+    assert "4.5 tasks running or waiting for a CPU" in d.summary
+    # A shorter queue on the same machine is not starvation: some processes merely ran.
+    assert not diagnose(replace(bench, runnable=3.5)).saturated
+    # Nor is a long queue on a machine mostly idle (samples taken in bursts).
+    assert not diagnose(replace(bench, machine_cpus=1.4)).saturated
+
+
 def test_busy_processes_count_ours_at_half_a_cpu_and_others_in_whole_cpus():
     e = replace(BASE, coordinator_cpu=0.6, reader_cpu=[0.9, 0.4], other_cpus=1.4, runnable=None)
     assert busy_processes(e) == 2 + 1

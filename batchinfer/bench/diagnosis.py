@@ -13,9 +13,14 @@ A pure function of what the run measured (:class:`Evidence`). The rules, in orde
    instances per core overlap it (``ceil(k / NPU load)`` fill the NPU when it is known).
 3. When the instances were waiting for work, the pipeline feeding them limits:
    ``cpu`` when CPU-starved: more busy processes than CPUs on a machine at least
-   ``MACHINE_BUSY`` busy. Busy processes: the mean number of tasks running or waiting for
-   a CPU (procs_running, read at every window boundary) where readable, and at least ours
-   using ``BUSY_PROCESS`` of a CPU plus other processes' load counted in whole CPUs.
+   ``MACHINE_BUSY`` busy, or at least ``MACHINE_QUEUED`` busy with ``RUN_QUEUE`` tasks or
+   more runnable per CPU (one waiting for each CPU, on average: the machine then looks
+   less than full only in the moments when every process sleeps at once, as the core
+   workers do in their NPU waits; at npu 0.5 ms the emulator's run showed 4.5 tasks
+   runnable on 2 CPUs 89.5 % busy, and was said to be limited by nothing). Busy
+   processes: the mean number of tasks running or waiting for a CPU (procs_running, read
+   at every window boundary) where readable, and at least ours using ``BUSY_PROCESS`` of
+   a CPU plus other processes' load counted in whole CPUs.
    ``decode`` when the readers were saturated (each near 100 % of a CPU: ``SATURATED``)
    while inputs waited less than an inference for a core (the ready queue ran empty).
    ``coordinator`` when the coordinator was saturated.
@@ -37,6 +42,8 @@ INSTANCES_BUSY = 0.90
 SATURATED = 0.85  # of one CPU: a single-threaded process near its limit
 BUSY_PROCESS = 0.5  # of one CPU: counts as a busy process
 MACHINE_BUSY = 0.90  # of every CPU
+MACHINE_QUEUED = 0.80  # of every CPU, with RUN_QUEUE runnable tasks per CPU
+RUN_QUEUE = 2.0  # mean runnable tasks per CPU: one running and one waiting
 
 
 @dataclass(frozen=True)
@@ -110,7 +117,12 @@ def diagnose(e: Evidence) -> Diagnosis:
     util = _mean(e.utilization.values())
     readers = _mean(e.reader_cpu) if e.reader_cpu else None
     busy = busy_processes(e)
-    starved = busy > e.cpus and e.machine_cpus >= MACHINE_BUSY * e.cpus
+    queued = (
+        e.runnable is not None
+        and e.runnable >= RUN_QUEUE * e.cpus
+        and e.machine_cpus >= MACHINE_QUEUED * e.cpus
+    )
+    starved = busy > e.cpus and (e.machine_cpus >= MACHINE_BUSY * e.cpus or queued)
     numbers: dict[str, Any] = {
         "npu_load": None if npu is None else round(npu, 4),
         "npu_load_per_core": (
