@@ -521,6 +521,64 @@ def test_items_in_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():
     assert s.dispatch(3.0).get(1), "the core takes items again once the suspect is done"
 
 
+def _finish(s: Scheduler, cores, n: int) -> None:
+    """Each of ``cores`` finishes ``n`` of the items it holds, successfully."""
+    for core in cores:
+        for slot in sorted(s.cores[core].inflight)[:n]:
+            s.release(s.done(core, slot, None).slot)
+
+
+def test_a_crash_retry_has_an_untried_core_drained_for_it_instead_of_waiting_for_the_end():
+    """An item charged with a crash may go only to an empty core it has not crashed. Cores
+    are refilled before they empty, so while items flowed it waited for the end of the run
+    (holding a slot). Now the least loaded untried core gets no refills until it is empty,
+    then takes the item alone; the reservation ends when the item goes."""
+    s = ready_scheduler(slots=40, cores=(0, 1, 2), k=1, max_attempts=3)
+    admit_ready(s, 30)
+    crashed = s.dispatch(0.0)[0][0]
+    s.core_lost(0, {s.flight(crashed).item.index}, "worker process crashed", 0.0)
+    assert s.flight(crashed).crashes == 1
+    drained, t = _until_reserved(s, crashed, (1, 2))
+    other = 3 - drained
+    # The drained core finishes what it holds and gets nothing new; the other one is
+    # refilled as usual; once the drained core is empty, the item goes there alone.
+    while True:
+        t += 1.0
+        _finish(s, (drained, other), 1)
+        out = s.dispatch(t)
+        if crashed in out.get(drained, []):
+            break
+        assert drained not in out and s.cores[drained].inflight, "drains, then takes it"
+    assert out[drained] == [crashed] and s.cores[drained].inflight == {crashed}
+    assert s.cores[drained].reserved is None
+    assert s.dispatch(t + 1).get(drained) is None  # nothing joins it until it is done
+    s.release(s.done(drained, crashed, None).slot)
+    assert s.dispatch(t + 2).get(drained)  # then it is refilled as before
+
+
+def _until_reserved(s: Scheduler, slot: int, cores) -> tuple[int, float]:
+    """Cores finish items and are refilled until one of ``cores`` is reserved for ``slot``
+    (the retry waits in the ready queue behind what was there before it)."""
+    for t in range(1, 20):
+        _finish(s, cores, 3)  # down to REFILL_AT: due a refill
+        s.dispatch(float(t))
+        reserved = [c for c in cores if s.cores[c].reserved == slot]
+        if reserved:
+            return reserved[0], float(t)
+    raise AssertionError("no core was reserved for the retry")
+
+
+def test_a_reservation_ends_when_its_core_goes_down():
+    s = ready_scheduler(slots=40, cores=(0, 1), k=1, max_attempts=3)
+    admit_ready(s, 30)
+    crashed = s.dispatch(0.0)[0][0]
+    s.core_lost(0, {s.flight(crashed).item.index}, "worker process crashed", 0.0)
+    _, t = _until_reserved(s, crashed, (1,))
+    s.core_lost(1, set(), "worker process crashed", t)  # nothing was inferring
+    s.dispatch(t + 0.1)
+    assert s.cores[1].reserved is None
+
+
 def test_slots_are_wanted_when_what_is_ready_or_read_does_not_cover_the_cores_room():
     s = ready_scheduler(slots=40, cores=(0, 1), k=1, readers=1)
     room = 2 * QUEUED_PER_INSTANCE

@@ -27,7 +27,10 @@ Failure policy:
   else in flight, and nothing joins that core until it is done, so a poison item can never
   take an innocent neighbour down with it a second time. Suspects wait at the front of the
   ready queue and go out one at a time per core (the restarted core, empty, takes them
-  first); one that crashes alone is charged, one that comes back was innocent.
+  first); one that crashes alone is charged, one that comes back was innocent. An item
+  charged with a crash goes to a core it has not crashed; cores are refilled before they
+  empty, so such a core is *drained* for it (no refills until it is empty, then the item
+  alone), or the item would wait for the end of the run.
 - ``inference()`` returning None (or raising) charges one attempt; the retry goes to a core
   the item has not tried while one is alive, even if it has to wait for room there.
 - An item that failed ``max_attempts`` times is due as an error row naming each failure.
@@ -105,6 +108,10 @@ class CoreState:
     restart_at: float | None = None
     restarts: int = 0
     suspect: int | None = None  # the slot of a suspect it is inferring alone
+    # The slot (and its flight: a slot is used again) of a crash retry this core drains
+    # for: no refills until it is empty, then that item goes to it alone (Scheduler._reserve).
+    reserved: int | None = None
+    reserved_flight: Flight | None = None
 
 
 @dataclass(frozen=True)
@@ -303,12 +310,14 @@ class Scheduler:
         if self.stopping or not self.ready:  # the usual turn: nothing READY (cheap to say)
             return out
         waiting: list[int] = []
+        self._dispatch_reserved(now, out)
         hungry = [
             c
             for c in self.cores.values()
             if c.state == CoreStatus.READY
             and len(c.inflight) <= self.refill_at
             and c.suspect is None
+            and c.reserved is None
         ]
         while self.ready:
             open_cores = [c for c in hungry if len(c.inflight) < c.capacity and c.suspect is None]
@@ -318,15 +327,64 @@ class Scheduler:
             core = self._pick_core(self.flight(slot), open_cores)
             if core is None:
                 waiting.append(slot)  # a retry waiting for a core it has not tried
+                self._reserve(slot)
                 continue
-            flight = self.flight(slot)
-            flight.state, flight.core, flight.t_dispatched = INFERRING, core.core, now
-            core.inflight.add(slot)
-            if flight.crashes or flight.suspect:
-                core.suspect = slot
-            out.setdefault(core.core, []).append(slot)
+            self._send(slot, core, now, out)
         self.ready.extendleft(reversed(waiting))
         return out
+
+    def _send(self, slot: int, core: CoreState, now: float, out: dict[int, list[int]]) -> None:
+        flight = self.flight(slot)
+        flight.state, flight.core, flight.t_dispatched = INFERRING, core.core, now
+        core.inflight.add(slot)
+        if flight.crashes or flight.suspect:
+            core.suspect = slot
+        for c in self.cores.values():
+            if c.reserved == slot:
+                c.reserved = c.reserved_flight = None
+        out.setdefault(core.core, []).append(slot)
+
+    def _reserve(self, slot: int) -> None:
+        """Have a core drain for a crash retry that may go only to an empty core it has not
+        tried: cores are refilled before they run dry, so while items flow no such core
+        empties, and the item waited for the end of the run. The least loaded such core
+        gets no refills until it is empty; then the item goes there (_dispatch_reserved)."""
+        flight = self.flight(slot)
+        if not (flight.crashes or flight.suspect) or not flight.cores_tried:
+            return
+        if any(c.reserved == slot for c in self.cores.values()):
+            return
+        tried = {self.physical(c) for c in flight.cores_tried}
+        free = [
+            c
+            for c in self.cores.values()
+            if c.state == CoreStatus.READY
+            and c.suspect is None
+            and c.reserved is None
+            and self.physical(c.core) not in tried
+        ]
+        if free:
+            core = min(free, key=lambda c: len(c.inflight))
+            core.reserved, core.reserved_flight = slot, flight
+
+    def _dispatch_reserved(self, now: float, out: dict[int, list[int]]) -> None:
+        """Send each reserved item to its core once that core is empty; a reservation whose
+        core is no longer up or whose item is no longer waiting is dropped."""
+        for core in self.cores.values():
+            slot = core.reserved
+            if slot is None:
+                continue
+            flight = self.flights[slot]
+            if (
+                flight is None
+                or flight is not core.reserved_flight
+                or flight.state != READY
+                or core.state != CoreStatus.READY
+            ):
+                core.reserved = core.reserved_flight = None
+            elif not core.inflight and core.suspect is None and slot in self.ready:
+                self.ready.remove(slot)
+                self._send(slot, core, now, out)
 
     def _pick_core(self, flight: Flight, open_cores: list[CoreState]) -> CoreState | None:
         """The least loaded open core; a retry waits for a core it has not tried (on a
