@@ -256,6 +256,25 @@ def test_every_key_failing_to_start_alike_is_one_no_core_error():
     assert rows == {} and not pool.of("send_work")
 
 
+def test_on_a_cluster_the_no_core_error_names_the_nodes_it_tried():
+    """Ray-shaped keys (core 0 of nodes a and b) that all fail alike: one error, which says
+    where (it said "cores 0" alone, leaving the user to guess which machines)."""
+    clock = FakeClock(T0)
+    starts = {k: FailsToStart(UNAVAILABLE, after_s=0.1) for k in (0, 1)}
+    pool = FakePool(
+        clock,
+        keys=(0, 1),
+        starts=starts,
+        where=lambda key: Where(core=0, node="ab"[key]),
+        place=lambda key: ("ab"[key], 0),
+        physical=lambda key: ("ab"[key], 0),
+        nodes=("a", "b"),
+    )
+    result, _, _ = _run(pool, _plan(keys=(0, 1)), n=5)
+    assert isinstance(result.error, NoCoreError)
+    assert str(result.error).startswith("no NPU core could be started on nodes a, b: core 0 ")
+
+
 @pytest.mark.parametrize(
     ("keys", "failing", "said"),
     [

@@ -19,7 +19,7 @@ for the gap. The slot life cycle and shutdown order are in the NOTE of slots.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine import events as ev
@@ -271,7 +271,9 @@ class Engine:
             # The error says the retirements held back during start-up (each is in the
             # result's warnings too): cores that failed alike are said once, here.
             self._held.clear()
-            raise NoCoreError("no NPU core could be started: " + self._why_no_core())
+            nodes = self._nodes(self.pool.layout.keys)  # on a cluster, where it tried
+            where = f" on node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}" if nodes else ""
+            raise NoCoreError(f"no NPU core could be started{where}: " + self._why_no_core())
 
     def _why_no_core(self) -> str:
         # Cores that all failed the same way (a model the runtime refuses, a missing driver)
@@ -296,7 +298,7 @@ class Engine:
                 names = ", ".join(map(str, cores))
                 which = f"core {names}" if len(cores) == 1 else f"cores {names}"
                 # On a cluster, keys of one core number are that core of several nodes.
-                nodes = sorted({n for n in (self.pool.where(k).node for k in keys) if n})
+                nodes = self._nodes(keys)
                 if nodes:
                     which += f" of node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
                 message = f"{which} retired: " + _for_cores(reason, cores, advice=True)
@@ -308,6 +310,10 @@ class Engine:
 
     def _name(self, key: int) -> str:
         return _worker_text(self.pool.where(key))
+
+    def _nodes(self, keys: Iterable[int]) -> list[str]:
+        """The nodes of ``keys``, each once: none on a board."""
+        return sorted({n for n in (self.pool.where(k).node for k in keys) if n})
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
