@@ -53,13 +53,13 @@ def main() -> None:
     p.add_argument("--model", default=str(model_path("pool224")))
     p.add_argument("--shape", default="1,224,224,3", help="the model's input, NHWC uint8")
     args = p.parse_args()
+    shape = tuple(int(v) for v in args.shape.split(","))
     print("npu ms | CPU ms/call with the loop, without | wall ms/call with, without")
     for npu in (float(v) for v in args.npu_ms.split(",")):
         runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
         for _ in range(args.repeats):
             for loop in (True, False):
                 spin = sim._SPIN_S if loop else 0.0
-                shape = tuple(int(v) for v in args.shape.split(","))
                 runs[loop].append(per_call(args.model, shape, npu, args.calls, spin))
         med = {k: [statistics.median(r[i] for r in v) for i in (0, 1)] for k, v in runs.items()}
         print(

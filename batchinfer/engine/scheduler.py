@@ -339,9 +339,9 @@ class Scheduler:
         core.inflight.add(slot)
         if flight.crashes or flight.suspect:
             core.suspect = slot
-        for c in self.cores.values():
-            if c.reserved == slot:
-                c.reserved = c.reserved_flight = None
+            for c in self.cores.values():  # only such items are reserved for (_reserve)
+                if c.reserved == slot:
+                    c.reserved = c.reserved_flight = None
         out.setdefault(core.core, []).append(slot)
 
     def _reserve(self, slot: int) -> None:

@@ -253,7 +253,12 @@ _NUMPY_TYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
     10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16",
 }  # fmt: skip
-_INT32_DATA = {2, 3, 4, 5, 6, 9, 10, 16}  # types whose typed values are in int32_data
+# data_type -> (the typed field holding its values, their fixed size in bytes; 0: varints).
+# int32_data holds int8..int32 values and float16/bfloat16 bits, each as an int32.
+_TYPED_FIELDS = {
+    **dict.fromkeys((2, 3, 4, 5, 6, 9, 10, 16), (5, 0)),
+    1: (4, 4), 11: (10, 8), 7: (7, 0), 12: (11, 0), 13: (11, 0),
+}  # fmt: skip
 
 
 def read_qdq_boundaries(
@@ -383,7 +388,7 @@ def _scalar(buf: memoryview) -> tuple[str, float | int] | None:
             return None
         bits = raw
     else:
-        bits = _typed_bytes(data_type, dtype, size, typed)
+        bits = _typed_bytes(data_type, size, typed)
         if bits is None:
             return None
     if dtype == "bfloat16":  # numpy has no bfloat16: its bits are a float32's top half
@@ -392,18 +397,10 @@ def _scalar(buf: memoryview) -> tuple[str, float | int] | None:
 
 
 def _typed_bytes(
-    data_type: int, dtype: str, size: int, typed: list[tuple[int, int, int | memoryview]]
+    data_type: int, size: int, typed: list[tuple[int, int, int | memoryview]]
 ) -> bytes | None:
     """The little-endian bytes of a tensor's one value held in its typed field."""
-    if data_type in _INT32_DATA:
-        values = [v for f, w, raw in typed if f == 5 for v in _ints(w, raw)]
-        if len(values) != 1:
-            return None
-        # int32_data holds int8..int32 values, and float16/bfloat16 bits, as int32.
-        return (values[0] & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
-    field, fixed = {1: (4, 4), 11: (10, 8), 7: (7, 0), 12: (11, 0), 13: (11, 0)}.get(
-        data_type, (0, 0)
-    )
+    field, fixed = _TYPED_FIELDS.get(data_type, (0, 0))
     chunks = [(w, raw) for f, w, raw in typed if f == field]
     if fixed:  # float_data, double_data: packed, or one fixed-size field per value
         data = b"".join(
