@@ -30,13 +30,16 @@ the run's or of the new reader's processes, not what the readers can do. The fir
 early when the pool says every process is up (:meth:`ReaderScaler.started`, every core
 ready): then a short window (``FIRST_WINDOW_S``) is judged. Waiting out the whole cool-down
 second meant a second reader came 2 s into a run at the earliest, after most of a run over
-a few thousand images. On the 2-CPU VM (emulated NPU at 2 ms, 3 cores, ``-k 1``,
-2026-12-06, the ``batchinfer run`` command's wall time, medians of 5 interleaved runs
-against the commit before): 1,000 640x480 JPEGs 2.78 → 2.10 s, 3,000 of them 5.64 → 5.13
-s; NPU-bound runs (3,000 64x64 JPEGs at npu 4 ms, one reader enough) grew no reader,
-4.84 → 4.65 s. Starting with every CPU as a reader instead (for images) did a little better
-on the decode-bound runs (1.90 and 4.79 s) but cost NPU-bound ones about 20 % more CPU per
-item (1.12 → 1.35 ms, the second reader contending with the core workers for nothing).
+a few thousand images. ``python tools/cpu_by_role.py --trees BEFORE,. --workload W
+--items N --repeats 5`` (the ``batchinfer run`` command's wall time, medians of 5 runs
+alternating with the commit before, 2-CPU VM, emulated NPU, 2026-12-06): ``jpeg-640``
+(640x480 JPEGs, npu 2 ms) 2.44 → 1.82 s at 1,000 items and 4.87 → 4.29 s at 3,000;
+``jpeg-64-4ms`` (3,000 64x64 JPEGs at npu 4 ms: one reader is enough) 4.53 s both, and
+the same CPU per item (1.27 and 1.26 ms), so no reader was added. Starting image runs with
+every CPU as a reader instead (``batchinfer run ... --readers 2`` against the default,
+interleaved, earlier that day) did a little better when decode-bound but made a run of
+3,000 64x64 JPEGs at npu 2 ms pay about 20 % more CPU per item (1.12 → 1.35 ms) for no
+speed, the second reader contending with the core workers.
 
 Starvation is measured in time, not in samples. The loop tells :meth:`ReaderScaler.observe`
 at the end of every turn whether the pipeline was starved while it waited for that turn's
