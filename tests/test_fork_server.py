@@ -72,6 +72,25 @@ def test_children_start_with_the_servers_objects_frozen():
         pool.close(hard=True, join_timeout_s=5.0)
 
 
+def _report_interpreter_options(spec, tasks, results) -> None:
+    results.send(("options", list(sys.warnoptions)))
+    tasks.recv()
+
+
+def test_children_run_with_the_coordinators_interpreter_options(monkeypatch):
+    """`python -W error ...` and `-X dev` reach the workers, as with multiprocessing's spawn:
+    the server was launched with a bare `python -c`, and its children saw neither."""
+    assert fork_server.server_pid() is None, "a server is still held: this test needs its own"
+    monkeypatch.setattr(sys, "warnoptions", [*sys.warnoptions, "error::ResourceWarning"])
+    pool = ChildPool(time.monotonic)
+    try:
+        pool.start("worker", 0, _report_interpreter_options, "spec", 30.0, "starting")
+        _, warnoptions = _first_message(pool)
+        assert "error::ResourceWarning" in warnoptions
+    finally:
+        pool.close(hard=True, join_timeout_s=5.0)
+
+
 def test_the_fork_server_goes_when_the_last_user_is_done_and_its_cpu_is_counted():
     first, second = ChildPool(time.monotonic), ChildPool(time.monotonic)
     first.open()

@@ -243,9 +243,13 @@ class _Server:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         path = [os.getcwd() if entry == "" else entry for entry in sys.path]
         args = [str(theirs.fileno()), *path, "--", *PRELOAD]
+        # The interpreter's own options (-W, -X dev, -X faulthandler, -O, ...) go to the
+        # server and so to every child, as multiprocessing's spawn passes them on (with the
+        # same stdlib helper): `python -W error -m batchinfer` means it in the workers too.
+        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
         try:
             self.proc = subprocess.Popen(  # children read nothing: stdin is /dev/null
-                [sys.executable, "-c", _PROGRAM, *args],
+                [sys.executable, *flags, "-c", _PROGRAM, *args],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
             )
