@@ -91,6 +91,36 @@ def test_children_run_with_the_coordinators_interpreter_options(monkeypatch):
         pool.close(hard=True, join_timeout_s=5.0)
 
 
+_SETTINGS = (
+    "import sys, faulthandler; f = sys.flags; print((f.dev_mode, f.optimize, "
+    "f.dont_write_bytecode, f.no_user_site, faulthandler.is_enabled(), sys.warnoptions))"
+)
+
+
+def test_interpreter_options_start_a_python_with_the_same_settings():
+    options = ["-X", "dev", "-X", "faulthandler", "-O", "-B", "-s", "-W", "error::ResourceWarning"]
+    given = subprocess.run(
+        [sys.executable, *options, "-c", _SETTINGS], capture_output=True, text=True, check=True
+    ).stdout
+    passed_on = subprocess.run(
+        [
+            sys.executable,
+            *options,
+            "-c",
+            "from batchinfer.engine.fork_server import interpreter_options; "
+            "print('\\n'.join(interpreter_options()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    again = subprocess.run(
+        [sys.executable, *passed_on, "-c", _SETTINGS], capture_output=True, text=True, check=True
+    ).stdout
+    assert again == given
+    assert given.startswith("(True, 1, 1, 1, True, [")  # the options took effect at all
+
+
 def test_the_fork_server_goes_when_the_last_user_is_done_and_its_cpu_is_counted():
     first, second = ChildPool(time.monotonic), ChildPool(time.monotonic)
     first.open()

@@ -236,6 +236,36 @@ def _child(
 # ---------------------------------------------------------------- the coordinator's side
 
 
+def interpreter_options() -> list[str]:
+    """Options that start a Python with this one's settings: ``python -W error -X dev -m
+    batchinfer ...`` means them in every worker and reader too, as multiprocessing's spawn
+    passes them on. Read from the public ``sys.flags`` and ``sys.warnoptions`` (spawn uses
+    a private helper of subprocess for the same); of the ``-X`` options, those sys.flags
+    or a module can tell: dev, utf8, faulthandler."""
+    import faulthandler
+
+    f = sys.flags
+    args = [f"-{letter * n}" for letter, n in (("O", f.optimize), ("b", f.bytes_warning)) if n]
+    for name, option in (
+        ("dont_write_bytecode", "-B"),
+        ("ignore_environment", "-E"),
+        ("no_user_site", "-s"),
+        ("isolated", "-I"),
+        ("safe_path", "-P"),  # Python 3.11+
+    ):
+        if getattr(f, name, 0):
+            args.append(option)
+    args += [f"-W{option}" for option in sys.warnoptions]
+    for on, option in (
+        (f.dev_mode, "dev"),
+        (f.utf8_mode == 1, "utf8"),
+        (faulthandler.is_enabled(), "faulthandler"),
+    ):
+        if on:
+            args += ["-X", option]
+    return args
+
+
 class _Server:
     """One server process and the coordinator's end of its socket."""
 
@@ -243,13 +273,9 @@ class _Server:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         path = [os.getcwd() if entry == "" else entry for entry in sys.path]
         args = [str(theirs.fileno()), *path, "--", *PRELOAD]
-        # The interpreter's own options (-W, -X dev, -X faulthandler, -O, ...) go to the
-        # server and so to every child, as multiprocessing's spawn passes them on (with the
-        # same stdlib helper): `python -W error -m batchinfer` means it in the workers too.
-        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
         try:
             self.proc = subprocess.Popen(  # children read nothing: stdin is /dev/null
-                [sys.executable, *flags, "-c", _PROGRAM, *args],
+                [sys.executable, *interpreter_options(), "-c", _PROGRAM, *args],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
             )
