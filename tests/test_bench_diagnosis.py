@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from batchinfer.bench.diagnosis import Evidence, busy_processes, diagnose
+from batchinfer.bench.diagnosis import Evidence, busy_processes, diagnose, with_emulator_share
 from batchinfer.errors import render_fields
 
 # A quiet 2-CPU machine; three cores, one instance each, everything moderate.
@@ -163,3 +163,31 @@ def test_nothing_saturated_names_the_most_loaded_and_says_so():
     assert d.bound == "decode"  # readers at 0.70 beat instances at 0.60 and the coordinator
     assert d.summary.startswith("nothing was saturated")
     assert d.to_json()["saturated"] is False
+
+
+def test_a_cpu_starved_emulated_run_says_how_many_cpus_the_emulators_calls_took():
+    starved = diagnose(
+        replace(
+            BASE,
+            utilization={0: 0.8, 1: 0.8, 2: 0.8},
+            instances_busy={0: 0.8, 1: 0.8, 2: 0.8},
+            worker_cpu=[0.6, 0.6, 0.6],
+            machine_cpus=1.9,
+            runnable=4.5,
+        )
+    )
+    assert starved.bound == "cpu"
+    d = with_emulator_share(starved, call_cpu_ms=0.164, samples_per_s=5300.0)
+    assert d.advice.startswith(starved.advice)
+    assert "its own calls took about 0.87 of these CPUs (0.164 ms" in d.advice
+    assert "× 5,300 calls/s" in d.advice
+    assert d.numbers["emulator_call_cpus"] == 0.869
+    assert d.summary == starved.summary and d.bound == "cpu"
+
+
+def test_the_emulators_share_is_said_only_of_a_cpu_starved_emulated_run():
+    npu = diagnose(replace(BASE, npu_load={0: 0.99, 1: 0.99, 2: 0.99}))
+    assert with_emulator_share(npu, call_cpu_ms=0.164, samples_per_s=1500.0) == npu
+    starved = diagnose(replace(BASE, machine_cpus=1.95, runnable=5.0))
+    assert starved.bound == "cpu"
+    assert with_emulator_share(starved, call_cpu_ms=None, samples_per_s=1500.0) == starved

@@ -31,7 +31,7 @@ A pure function of what the run measured (:class:`Evidence`). The rules, in orde
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from batchinfer.messages import setting
@@ -277,3 +277,27 @@ def _cpus(values: list[float]) -> str:
 
 def _ms(value: float | None) -> str:
     return "?" if value is None else f"{value:.2f} ms"
+
+
+def with_emulator_share(d: Diagnosis, call_cpu_ms: float | None, samples_per_s: float) -> Diagnosis:
+    """``d``, for a CPU-starved run on the emulator, with the CPUs its own calls took.
+
+    The emulator computes each call on this machine's CPU (ONNX Runtime, its checks, its
+    wait for the deadline), which a board's NPU does without the CPU: at npu 0.5 ms on a
+    2-CPU machine the calls alone took 0.9 CPUs. Said in the advice, so a CPU-starved
+    emulated run is not read as what a board would do. ``call_cpu_ms``: one emulated
+    call's CPU, timed alone (batchinfer.bench.limits); None on other backends.
+    """
+    if d.bound != "cpu" or not call_cpu_ms or samples_per_s <= 0:
+        return d
+    cpus = call_cpu_ms * samples_per_s / 1e3
+    note = (
+        f"; on the emulator its own calls took about {cpus:.2f} of these CPUs "
+        f"({call_cpu_ms:.3f} ms of CPU per call, timed alone, × {samples_per_s:,.0f} "
+        "calls/s), CPU a board's NPU does not use, so a board may not be CPU-starved here"
+    )
+    return replace(
+        d,
+        advice=d.advice + note,
+        numbers={**d.numbers, "emulator_call_cpus": round(cpus, 3)},
+    )

@@ -25,7 +25,7 @@ from typing import Any
 import batchinfer
 from batchinfer.bench.conditions import Probe, condition_reasons, npu_load, probe
 from batchinfer.bench.cpu import CpuSampler, cpu_use, reset_peak_rss, usable_cpus
-from batchinfer.bench.diagnosis import Evidence, diagnose
+from batchinfer.bench.diagnosis import Evidence, diagnose, with_emulator_share
 from batchinfer.bench.figures import figures
 from batchinfer.bench.limits import Limits
 from batchinfer.bench.limits import measure as measure_limits
@@ -251,6 +251,9 @@ def run_bench(
     result.postprocess = postprocess_share(outcome.detect, outcome.cpu_s)
     if not result.interrupted:
         result.limits = _limits(prepared, outcome.backend)
+        result.diagnosis = with_emulator_share(
+            result.diagnosis, result.limits.call_cpu_ms, result.figures.samples_per_s
+        )
     return result
 
 
