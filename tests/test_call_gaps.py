@@ -64,7 +64,7 @@ def test_overlapping_calls_count_once_and_late_is_not_split(tool) -> None:
     a = _calls([2.0] * 5, 0.0)
     b = _calls([2.0] * 5, 0.0, start=100.0 + 1e-3)
     split = tool.split_core(1, a + b, npu_ms=1.0, k=2, trim=0.0)
-    assert split.late is None and split.woken_late is None
+    assert split.late is None and split.woken_late is None and split.late_calls is None
     assert split.between == pytest.approx(0.0, abs=1e-9)
     assert split.npu == pytest.approx(10 * 1.0 / 11.0)
 
