@@ -26,6 +26,7 @@ _TOP = {
     "model": "--model",
     "limit": "--limit",
     "labels": "--labels",
+    "image_root": "--image-root",
     "ray": "--ray",
     "ray_data": "--ray-data",
 }

@@ -227,6 +227,10 @@ class Dataset:
         """How labels were assigned, in words; None for a dataset without classes."""
         return label_rule(self.class_map) if self.class_map.labels else None
 
+    def check_found(self) -> None:
+        """DatasetError when the dataset's files are plainly read against the wrong folder
+        (a list's, batchinfer.data.found); a folder's files were found by listing it."""
+
     def notes(self) -> tuple[list[str], list[str]]:
         """(lines to say once per run, warnings) about how this dataset was read."""
         lines, warnings = [], []

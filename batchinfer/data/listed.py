@@ -42,11 +42,15 @@ from batchinfer.data.classes import (
     read_labels_file,
 )
 from batchinfer.data.dataset import Dataset, Item, Skipped
+from batchinfer.data.found import check_some_exist
 from batchinfer.data.preprocess import BAD_ROW
 from batchinfer.errors import DatasetError
 
 #: (where, path, id, label, columns, error): see the module docstring.
 Row = tuple[str, "str | None", object, object, "dict[str, Any] | None", "str | None"]
+
+#: Forms whose relative paths are read against a base folder (the list's, the image root).
+_BASED_FORMS = frozenset(("txt", "csv", "jsonl", "parquet", "coco", "yaml"))
 
 #: Duplicate ids named in the error.
 _DUPLICATES_SHOWN = 3
@@ -235,6 +239,13 @@ class ListedDataset(Dataset):
         #: rows that name no file (malformed lines): error rows, counted when opened
         self.bad_rows = bad_rows
         self.first_bad = first_bad
+
+    def check_found(self) -> None:
+        # Only where paths are read against a folder the user may have got wrong: a glob's
+        # files were found, and paths given to infer() are the caller's (error rows).
+        if self.form in _BASED_FORMS:
+            rows = (row[1] for row in self.entries if row[5] is None)
+            check_some_exist(self.form, self.entries.source, str(self.root), rows)
 
     @property
     def location(self) -> str:

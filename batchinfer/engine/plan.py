@@ -431,6 +431,7 @@ def plan_inference(
     if callable(dataset):
         dataset = dataset(None if engine.detects else config.labels)
     if dataset is not None:
+        dataset.check_found()
         if several_inputs:
             engine = plan_input_feeds(config, model, engine, dataset)
         for feed_preprocess, kind in _validations(engine, dataset.kind):

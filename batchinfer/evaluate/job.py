@@ -268,6 +268,7 @@ _FLAT = {
     "output.topk": "metrics.topk",
     "dataset": "dataset.path",
     "limit": "dataset.limit",
+    "image_root": "dataset.image_root",
     "ray": "device.ray.address",
     "ray_data": "device.ray.data",
 }
