@@ -158,7 +158,8 @@ def test_one_poison_item_costs_one_error_row_and_no_core(demo_kit, tmp_path):
         ("crash:item=10", 1.0, "crashed"),
         # The watchdog knows which instance hung: only its item is charged when the worker is
         # killed. The NPU time keeps the run going well past the timeout (~10 calls a second).
-        ("hang:item=10", 100.0, "hung"),
+        # Slow (two 1.5 s timeouts and two restarts: 6.5 s); the crash above is its sibling.
+        pytest.param("hang:item=10", 100.0, "hung", marks=pytest.mark.slow),
     ],
 )
 def test_a_faulty_item_among_three_instances_charges_no_neighbour(
