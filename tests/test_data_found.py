@@ -16,6 +16,7 @@ from batchinfer import run
 from batchinfer.cli.options import flag_of
 from batchinfer.data.found import PROBE, check_some_exist
 from batchinfer.data.sources import open_source
+from batchinfer.engine.plan import plan_run
 from batchinfer.errors import DatasetError
 from batchinfer.evaluate.job import job_key
 
@@ -84,7 +85,7 @@ def test_no_folder_is_guessed_unless_it_holds_every_file_looked_for(tmp_path):
 def test_absolute_paths_that_are_missing_say_to_check_the_list(tmp_path):
     lst = tmp_path / "val.txt"
     lst.write_text(f"{tmp_path / 'gone' / 'a.png'}\n")
-    with pytest.raises(DatasetError, match=r"\(the first: .*a\.png\); check the paths it holds"):
+    with pytest.raises(DatasetError, match=r"\(/.*a\.png\); check the paths it holds"):
         open_source(lst).check_found()
 
 
@@ -129,3 +130,13 @@ def test_rows_that_name_no_file_and_globs_are_not_checked(tmp_path):
     lst.write_text('path\n""\na.png\n')
     open_source(lst).check_found()
     open_source(str(tmp_path / "*.png")).check_found()
+
+
+def test_a_plan_for_files_read_elsewhere_does_not_look_for_them(tmp_path, demo_kit):
+    # --ray-data shared: the nodes read the files (each is asked for the first), and the
+    # machine that plans the run need not mount them.
+    ann = _coco(tmp_path / "instances.json", ["on-the-nodes.png"])
+    cfg = config(ann, demo_kit.models["digits"], backend="sim", out=tmp_path / "o")
+    with pytest.raises(DatasetError, match=r"The first file the COCO file .* does not exist under"):
+        plan_run(cfg)
+    assert len(plan_run(cfg, files_here=False).dataset) == 1

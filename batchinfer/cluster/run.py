@@ -54,7 +54,9 @@ def run_on_cluster(
     (exit 3) once the rows done are written and the manifest says ``interrupted``.
     """
     with arrow_system_allocator(), StopSignals() as signals:
-        plan = plan_run(config, listing=listing)
+        # With shared data the nodes read the files (check_shared_dataset asks each for the
+        # first), which this machine may not mount.
+        plan = plan_run(config, listing=listing, files_here=data != "shared")
         check_one_input(plan.engine)
         with connect_cluster(address, plan.engine, signals, data) as cluster:
             if data == "shared":

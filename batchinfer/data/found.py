@@ -34,7 +34,7 @@ def check_some_exist(form: str, source: str, base: str, paths: Iterable[str | No
     (relative to ``base``, or absolute) exists; rows without a path are not counted."""
     tried: list[str] = []
     for path in paths:
-        if path is None:
+        if not path:  # a row without a path is its own error row
             continue
         if os.path.exists(os.path.join(base, path)):
             return
@@ -44,17 +44,22 @@ def check_some_exist(form: str, source: str, base: str, paths: Iterable[str | No
     if not tried:
         return
     first = tried[0]
-    what = "file" if len(tried) == 1 else f"first {len(tried)} files"
-    text = f"None of the {what} {_named_by(form, source)} exists"
+    named = _named_by(form, source)
+    if len(tried) == 1:
+        text, shown, they = f"The first file {named} does not exist", "", "it looks"
+    else:
+        text = f"None of the first {len(tried)} files {named} exists"
+        shown, they = "the first: ", "they look"
     if os.path.isabs(first):
-        raise DatasetError(f"{text} (the first: {first}); check the paths it holds.")
-    text += f" under {base} (the first: {os.path.join(base, first)})"
+        raise DatasetError(f"{text} ({shown}{first}); check the paths it holds.")
+    text += f" under {base} ({shown}{os.path.join(base, first)})"
     elsewhere = _folder_holding(tried, base)
     if elsewhere is not None:
         raise DatasetError(
-            f"{text}; they look to be in {elsewhere}: give it as " + setting("image_root") + "."
+            f"{text}; {they} to be in {elsewhere}: give it as " + setting("image_root") + "."
         )
-    raise DatasetError(f"{text}; give the folder they are in as " + setting("image_root") + ".")
+    folder = "the folder it is in" if len(tried) == 1 else "the folder they are in"
+    raise DatasetError(f"{text}; give {folder} as " + setting("image_root") + ".")
 
 
 def _named_by(form: str, source: str) -> str:

@@ -334,12 +334,18 @@ def runtime_files(model: Path) -> dict[str, str]:
     return {p.name: model_sha256(p) for p in beside if p.is_file()}
 
 
-def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) -> RunPlan:
+def plan_run(
+    config: RunConfig,
+    listing: Callable[[int], None] | None = None,
+    *,
+    files_here: bool = True,
+) -> RunPlan:
     """Check ``config`` against the machine, model, dataset and OUT; changes nothing.
 
     Raises a UsageError (exit 2) for anything wrong with the invocation, including an OUT
     this run may not use and a resume whose settings differ from the run's. ``listing``
     is called with the number of entries listed so far while a big dataset is listed.
+    ``files_here`` as for :func:`plan_inference`.
     """
     out = config.output
     # OUT first (a held one before anything else): refused before any slow check.
@@ -353,6 +359,7 @@ def plan_run(config: RunConfig, listing: Callable[[int], None] | None = None) ->
         lambda labels: open_source(
             config.dataset, labels_file=labels, image_root=config.image_root, progress=listing
         ),
+        files_here=files_here,
     )
     model, engine, dataset = planned.model, planned.engine, planned.dataset
     assert dataset is not None  # opened by the function above
@@ -410,6 +417,7 @@ def plan_inference(
     *,
     model: Path | None = None,
     several_inputs: bool = True,
+    files_here: bool = True,
 ) -> InferencePlan:
     """The planning path of run, infer, bench and eval: the backend, the model's input,
     the engine's plan, then the dataset and what feeds each model input. Reads only.
@@ -418,7 +426,9 @@ def plan_inference(
     caller feeds tensors itself), one already open, or a function that opens it with the
     labels file the task reads (a detector's labels file names the head's classes, not
     the dataset's class folders: engine/task.py). ``several_inputs`` False: a model with
-    several inputs is refused and no input is fed apart (bench, arrays).
+    several inputs is refused and no input is fed apart (bench, arrays). ``files_here``
+    False: the dataset's files are read elsewhere (a Ray cluster's nodes, ``--ray-data
+    shared``), so a list's first files are not looked for on this machine.
     """
     model = Path(config.model).expanduser().resolve() if model is None else model
     if not model.is_file():
@@ -431,7 +441,8 @@ def plan_inference(
     if callable(dataset):
         dataset = dataset(None if engine.detects else config.labels)
     if dataset is not None:
-        dataset.check_found()
+        if files_here:
+            dataset.check_found()
         if several_inputs:
             engine = plan_input_feeds(config, model, engine, dataset)
         for feed_preprocess, kind in _validations(engine, dataset.kind):
