@@ -25,11 +25,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.data.dataset import Dataset
-from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
-from batchinfer.errors import BatchinferError, RunFailedError, render_fields
+from batchinfer.errors import RunFailedError, render_fields
 from batchinfer.evaluate import baseline as baseline_files
 from batchinfer.evaluate.baseline import write_baseline
 from batchinfer.evaluate.detection_items import DetectionItems
@@ -43,21 +42,24 @@ from batchinfer.evaluate.groundtruth import (
     read_coco,
     read_yolo,
 )
-from batchinfer.evaluate.history import append_history, history_row
+from batchinfer.evaluate.history import append_history, record_history_row
 from batchinfer.evaluate.job import Job
-from batchinfer.evaluate.metrics import CustomMetricError, load_custom
 from batchinfer.evaluate.runs import SidePlan, SideRun, plan_side, reference_results, run_side
 from batchinfer.evaluate.steps import (
     ITEMS,
     RECORD,
     Evaluation,
     check_cluster,
+    custom_metrics,
     device_cluster,
     new_record_dir,
+    no_report,
     now_utc,
+    open_job_dataset,
     output_locks,
     score_metrics,
     side_facts,
+    write_report,
 )
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.rows import MemorySink
@@ -154,20 +156,9 @@ def evaluate_detection(
     command = command or f"batchinfer eval {job.path}"
     clock = clock or now_utc
     registry = detection_metrics()
-    custom = []
-    for spec in job.metrics.custom:
-        try:
-            custom.append(load_custom(spec, job.folder))
-        except CustomMetricError as exc:
-            raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
+    custom = custom_metrics(job)
     with arrow_system_allocator(), StopSignals() as signals:
-        try:
-            dataset = open_source(
-                job.dataset.path,  # type: ignore[arg-type]
-                image_root=job.dataset.image_root,
-            )
-        except BatchinferError as exc:
-            raise job.error(f"dataset.path: {exc}", "dataset.path") from None
+        dataset = open_job_dataset(job)
         device_plan = plan_side(job, "device", job.device, dataset)
         plans = [device_plan]
         reference_plan = None
@@ -222,7 +213,10 @@ def evaluate_detection(
             items_table = detection_items_table(inputs)
             write_table(record_dir / ITEMS, items_table)
             write_json(record_dir / RECORD, record)
-            history = append_history(job.outputs.history, detection_history_row(record))
+            history = append_history(
+                job.outputs.history,
+                record_history_row(record, record["dataset"]["evaluated"], None),
+            )
             accepted = None
             if update_baseline:
                 accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
@@ -406,32 +400,6 @@ def detection_items_table(inputs: DetectInputs) -> pa.Table:
     return table
 
 
-def detection_history_row(record: dict[str, Any]) -> pa.Table:
-    """The history row: the fixed columns (per_class_top1 null) and every metric."""
-    device, reference = record["device"], record["reference"]
-    cluster = device.get("cluster")
-    facts = {
-        "date": dt.datetime.fromisoformat(record["date"]),
-        "eval_id": record["eval_id"],
-        "job": record["job"],
-        "job_file": record["job_file"],
-        "model": device["model"],
-        "model_sha256": device["model_sha256"],
-        "backend": device["backend"],
-        "runtime_version": device["runtime_version"],
-        "driver_version": device["driver_version"],
-        "reference_model_sha256": reference["model_sha256"] if reference else None,
-        "items": record["dataset"]["evaluated"],
-        "verdict": record["verdict"],
-        "failed_gates": [g["line"] for g in record["gates"] if g["passed"] is False],
-        "baseline_eval_id": (record["baseline"] or {}).get("eval_id"),
-        "host": record["host"].get("node"),
-        "per_class_top1": None,
-        "nodes": [n["name"] for n in cluster["nodes"]] if cluster else None,
-    }
-    return history_row(facts, record["metrics"])
-
-
 def _write_report(
     job: Job, record: dict[str, Any], history: pa.Table, record_dir: Path
 ) -> Path | None:
@@ -439,22 +407,16 @@ def _write_report(
     try:
         from batchinfer.evaluate.detection_report import detection_html
     except ImportError as exc:
-        log.warning(
-            f"no HTML report: {exc.name or 'matplotlib'} is not installed (pip install "
-            "'batchinfer[plot]'); the summary and history are written."
-        )
+        no_report(exc)
         return None
     from batchinfer.evaluate.history import job_history
 
-    page = detection_html(record, job_history(history, job.name)).encode()
-    write_bytes(record_dir / "report.html", page)
-    write_bytes(job.outputs.report, page)
-    return job.outputs.report
+    page = detection_html(record, job_history(history, job.name))
+    return write_report(job, record_dir, page)
 
 
 __all__ = [
     "class_names",
-    "detection_history_row",
     "detection_items_table",
     "detection_record",
     "evaluate_detection",

@@ -28,12 +28,10 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.data.shards import ShardSet
-from batchinfer.data.sources import open_source
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import (
-    BatchinferError,
     render_fields,
 )
 from batchinfer.evaluate.baseline import Baseline, read_baseline, write_baseline
@@ -47,15 +45,13 @@ from batchinfer.evaluate.files import (
     write_table,
 )
 from batchinfer.evaluate.gates import Verdict, check_gates
-from batchinfer.evaluate.history import append_history, history_row
+from batchinfer.evaluate.history import append_history, record_history_row
 from batchinfer.evaluate.job import Job
 from batchinfer.evaluate.metrics import (
-    CustomMetricError,
     EvalInputs,
     builtin_metrics,
     class_counts,
     confusion_matrix,
-    load_custom,
 )
 from batchinfer.evaluate.runs import (
     SideRun,
@@ -69,12 +65,16 @@ from batchinfer.evaluate.steps import (
     EvalLockedError,
     Evaluation,
     check_cluster,
+    custom_metrics,
     device_cluster,
     new_record_dir,
+    no_report,
     now_utc,
+    open_job_dataset,
     output_locks,
     score_metrics,
     side_facts,
+    write_report,
 )
 from batchinfer.evaluate.summary import markdown_summary
 from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED
@@ -167,20 +167,9 @@ def evaluate(
     observers = observers or (lambda side: ())
     command = command or f"batchinfer eval {job.path}"
     registry = builtin_metrics(job.metrics.topk)
-    custom = []
-    for spec in job.metrics.custom:
-        try:
-            custom.append(load_custom(spec, job.folder))
-        except CustomMetricError as exc:
-            raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
+    custom = custom_metrics(job)
     with arrow_system_allocator(), StopSignals() as signals:
-        try:
-            dataset = open_source(
-                job.dataset.path,  # type: ignore[arg-type]
-                image_root=job.dataset.image_root,
-            )
-        except BatchinferError as exc:
-            raise job.error(f"dataset.path: {exc}", "dataset.path") from None
+        dataset = open_job_dataset(job)
         classes, relabel, class_source = class_map(job, dataset)
         device_plan = plan_side(job, "device", job.device, dataset)
         if device_plan.engine.detects:
@@ -248,7 +237,12 @@ def evaluate(
             items_table = _items_table(inputs)
             write_table(record_dir / ITEMS, items_table)
             write_json(record_dir / RECORD, record)
-            history = append_history(job.outputs.history, _history_row(record, inputs))
+            history = append_history(
+                job.outputs.history,
+                record_history_row(
+                    record, len(inputs.device), [c["top1"] for c in record["per_class"]]
+                ),
+            )
             accepted = None
             if update_baseline:
                 accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
@@ -446,31 +440,6 @@ def _record(
     }
 
 
-def _history_row(record: dict[str, Any], inputs: EvalInputs) -> pa.Table:
-    device, reference = record["device"], record["reference"]
-    cluster = device.get("cluster")
-    facts = {
-        "date": dt.datetime.fromisoformat(record["date"]),
-        "eval_id": record["eval_id"],
-        "job": record["job"],
-        "job_file": record["job_file"],
-        "model": device["model"],
-        "model_sha256": device["model_sha256"],
-        "backend": device["backend"],
-        "runtime_version": device["runtime_version"],
-        "driver_version": device["driver_version"],
-        "reference_model_sha256": reference["model_sha256"] if reference else None,
-        "items": len(inputs.device),
-        "verdict": record["verdict"],
-        "failed_gates": [g["line"] for g in record["gates"] if g["passed"] is False],
-        "baseline_eval_id": (record["baseline"] or {}).get("eval_id"),
-        "host": record["host"].get("node"),
-        "per_class_top1": [c["top1"] for c in record["per_class"]],
-        "nodes": [n["name"] for n in cluster["nodes"]] if cluster else None,
-    }
-    return history_row(facts, record["metrics"])
-
-
 def _write_report(
     job: Job, record: dict[str, Any], history: pa.Table, record_dir: Path
 ) -> Path | None:
@@ -478,10 +447,7 @@ def _write_report(
     try:
         from batchinfer.evaluate.report import html_report
     except ImportError as exc:
-        log.warning(
-            f"no HTML report: {exc.name or 'matplotlib'} is not installed (pip install "
-            "'batchinfer[plot]'); the summary and history are written."
-        )
+        no_report(exc)
         return None
     from batchinfer.evaluate.history import job_history
     from batchinfer.evaluate.report import shown_items
@@ -495,10 +461,8 @@ def _write_report(
         startup_timeout_s=rel.startup_timeout_s,
         max_pixels=max_pixels if isinstance(max_pixels, int) else None,
     )
-    page = html_report(record, job_history(history, job.name), pictures).encode()
-    write_bytes(record_dir / "report.html", page)
-    write_bytes(job.outputs.report, page)
-    return job.outputs.report
+    page = html_report(record, job_history(history, job.name), pictures)
+    return write_report(job, record_dir, page)
 
 
 __all__ = ["EvalLockedError", "Evaluation", "class_map", "evaluate", "now_utc"]

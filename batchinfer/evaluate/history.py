@@ -14,6 +14,7 @@ is small, and a reader never sees half a row. The evaluation lock keeps two writ
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,35 @@ def history_row(facts: Mapping[str, Any], metrics: Mapping[str, float]) -> pa.Ta
     values = {name: [facts.get(name)] for name in FIXED_COLUMNS}
     values.update({name: [float(v)] for name, v in metrics.items()})
     return pa.Table.from_pydict(values, schema=pa.schema(fields))
+
+
+def record_history_row(
+    record: Mapping[str, Any], items: int, per_class_top1: list[float] | None
+) -> pa.Table:
+    """The history row of an evaluation's record (``result.json``): its fixed columns, with
+    ``items`` evaluated and the per-class top-1 (None for detection), and every metric."""
+    device, reference = record["device"], record["reference"]
+    cluster = device.get("cluster")
+    facts = {
+        "date": dt.datetime.fromisoformat(record["date"]),
+        "eval_id": record["eval_id"],
+        "job": record["job"],
+        "job_file": record["job_file"],
+        "model": device["model"],
+        "model_sha256": device["model_sha256"],
+        "backend": device["backend"],
+        "runtime_version": device["runtime_version"],
+        "driver_version": device["driver_version"],
+        "reference_model_sha256": reference["model_sha256"] if reference else None,
+        "items": items,
+        "verdict": record["verdict"],
+        "failed_gates": [g["line"] for g in record["gates"] if g["passed"] is False],
+        "baseline_eval_id": (record["baseline"] or {}).get("eval_id"),
+        "host": record["host"].get("node"),
+        "per_class_top1": per_class_top1,
+        "nodes": [n["name"] for n in cluster["nodes"]] if cluster else None,
+    }
+    return history_row(facts, record["metrics"])
 
 
 def history_problem(path: Path) -> str | None:

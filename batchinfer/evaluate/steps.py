@@ -7,21 +7,38 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchinfer.data.dataset import Dataset
+from batchinfer.data.sources import open_source
 from batchinfer.engine.signals import StopSignals
-from batchinfer.errors import OutputLockedError, OutputWriteError, RunFailedError
+from batchinfer.errors import (
+    BatchinferError,
+    OutputLockedError,
+    OutputWriteError,
+    RunFailedError,
+)
+from batchinfer.evaluate.files import write_bytes
 from batchinfer.evaluate.gates import Verdict
 from batchinfer.evaluate.job import Job
-from batchinfer.evaluate.metrics import CustomMetric, CustomMetricError, EvalInputs, score
+from batchinfer.evaluate.metrics import (
+    CustomMetric,
+    CustomMetricError,
+    EvalInputs,
+    load_custom,
+    score,
+)
 from batchinfer.evaluate.runs import SidePlan, SideRun
 from batchinfer.sink.outdir import OutLock, lock_holder
 
 if TYPE_CHECKING:
     from batchinfer.cluster import ClusterSession
+
+log = logging.getLogger("batchinfer")
 
 RECORD = "result.json"
 ITEMS = "items.parquet"
@@ -88,6 +105,44 @@ def output_locks(job: Job, command: str) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- the cluster
+def custom_metrics(job: Job) -> list[CustomMetric]:
+    """The job's ``metrics.custom`` functions, loaded; one that cannot be is the job's error."""
+    custom = []
+    for spec in job.metrics.custom:
+        try:
+            custom.append(load_custom(spec, job.folder))
+        except CustomMetricError as exc:
+            raise job.error(f"metrics.custom {spec!r}: {exc}.", "metrics.custom") from None
+    return custom
+
+
+def open_job_dataset(job: Job) -> Dataset:
+    """The job's dataset, opened; one that cannot be is the job's error (``dataset.path``)."""
+    try:
+        return open_source(
+            job.dataset.path,  # type: ignore[arg-type]
+            image_root=job.dataset.image_root,
+        )
+    except BatchinferError as exc:
+        raise job.error(f"dataset.path: {exc}", "dataset.path") from None
+
+
+def no_report(exc: ImportError) -> None:
+    """Say that no HTML report is written because its plotting library is missing."""
+    log.warning(
+        f"no HTML report: {exc.name or 'matplotlib'} is not installed (pip install "
+        "'batchinfer[plot]'); the summary and history are written."
+    )
+
+
+def write_report(job: Job, record_dir: Path, page: str) -> Path:
+    """The HTML report, written in the record folder and at the job's report path."""
+    data = page.encode()
+    write_bytes(record_dir / "report.html", data)
+    write_bytes(job.outputs.report, data)
+    return job.outputs.report
+
+
 def check_cluster(job: Job) -> None:
     """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
     if job.device.ray.address is not None:
