@@ -140,3 +140,36 @@ def test_a_plan_for_files_read_elsewhere_does_not_look_for_them(tmp_path, demo_k
     with pytest.raises(DatasetError, match=r"The first file the COCO file .* does not exist under"):
         plan_run(cfg)
     assert len(plan_run(cfg, files_here=False).dataset) == 1
+
+
+def test_a_data_yaml_whose_files_are_elsewhere_says_to_check_its_path_key(tmp_path):
+    # Its paths start at its path: key, which --image-root does not move: naming that flag
+    # sent the user to an option that is refused with a data.yaml.
+    _images(tmp_path / "ds" / "images" / "val", ["a.png", "b.png"])
+    (tmp_path / "ds" / "val.txt").write_text("val/a.png\nval/b.png\n")
+    spec = tmp_path / "ds.yaml"
+    spec.write_text("path: ds\nval: val.txt\n")
+    with pytest.raises(DatasetError) as caught:
+        open_source(spec).check_found()
+    said = caught.value.render(flag_of)
+    assert f"(they look to be in {tmp_path / 'ds' / 'images'})" in said
+    assert said.endswith("check its path: key and its val split.")
+    assert "--image-root" not in said
+
+
+@pytest.mark.parametrize(
+    ("make", "what"),
+    [
+        (lambda p: p, "is a folder"),
+        (lambda p: str(p / "*.png"), "is a glob"),
+        (lambda p: (p / "d.yaml").write_text("val: .\n") and p / "d.yaml", "is a data.yaml"),
+    ],
+)
+def test_an_image_root_that_cannot_move_the_datasets_paths_is_refused(tmp_path, make, what):
+    # It was ignored: a user who gave it believed the run read their images from there.
+    _images(tmp_path, ["a.png"])
+    with pytest.raises(DatasetError) as caught:
+        open_source(make(tmp_path), image_root=tmp_path)
+    said = caught.value.render(flag_of)
+    assert said.startswith("--image-root moves the relative paths of a list file or a COCO")
+    assert what in said and said.endswith("so leave it out.")

@@ -11,7 +11,8 @@ against and, when they are all found one folder away, that folder.
 
 Only a few files are looked at: a list may name millions, on slow storage. A list whose
 first files are missing but whose later ones exist runs as before, with error rows for
-the missing ones.
+the missing ones. A data.yaml's paths start at its ``path:`` key, which ``--image-root``
+does not move: its refusal says to check that key instead.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def check_some_exist(form: str, source: str, base: str, paths: Iterable[str | No
         raise DatasetError(f"{text} ({shown}{first}); check the paths it holds.")
     text += f" under {base} ({shown}{os.path.join(base, first)})"
     elsewhere = _folder_holding(tried, base)
+    if form == "yaml":  # its paths start at its path: key, which no image root moves
+        where = f" ({they} to be in {elsewhere})" if elsewhere else ""
+        raise DatasetError(f"{text}{where}; check its path: key and its val split.")
     if elsewhere is not None:
         raise DatasetError(
             f"{text}; {they} to be in {elsewhere}: give it as " + setting("image_root") + "."

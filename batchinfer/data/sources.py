@@ -25,6 +25,7 @@ from batchinfer.data.listed import open_listed
 from batchinfer.data.listing import ProgressCallback
 from batchinfer.data.manifest import FORMS, list_entries, list_form
 from batchinfer.errors import DatasetError
+from batchinfer.messages import Message, setting
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,25 @@ OPENERS: list[tuple[Callable[[str], bool], Callable[[str, SourceOptions], Datase
     (_is_glob, _open_glob),
 ]
 
+#: The openers whose relative paths an image root moves.
+_ROOTED = (_open_list, _open_coco)
+
+
+def _no_image_root(spec: str, opener: Callable[[str, SourceOptions], Dataset]) -> Message:
+    """An image root given with a dataset whose paths it cannot move: said, not ignored."""
+    what = {
+        _open_folder: "a folder",
+        _open_shards: "tar shards",
+        _open_yaml: "a data.yaml, whose split paths start at its path: key",
+        _open_glob: "a glob",
+    }[opener]
+    return (
+        setting("image_root")
+        + f" moves the relative paths of a list file or a COCO JSON; {spec} is {what}, so "
+        "leave it out."
+    )
+
+
 _FORMS_TEXT = (
     f"a folder of images or .npy tensors, a list file ({', '.join(FORMS)}), a COCO .json, "
     "an Ultralytics data.yaml, a glob such as 'images/**/*.jpg' or tar shards "
@@ -134,6 +154,8 @@ def open_source(
     options = SourceOptions(labels_file, image_root, progress, progress_every)
     for recognises, opener in OPENERS:
         if recognises(text):
+            if image_root is not None and opener not in _ROOTED:
+                raise DatasetError(_no_image_root(text, opener))
             return opener(text, options)
     if os.path.isfile(text):
         raise DatasetError(
