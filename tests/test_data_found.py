@@ -173,3 +173,22 @@ def test_an_image_root_that_cannot_move_the_datasets_paths_is_refused(tmp_path, 
     said = caught.value.render(flag_of)
     assert said.startswith("--image-root moves the relative paths of a list file or a COCO")
     assert what in said and said.endswith("so leave it out.")
+
+
+def test_bench_takes_an_image_root_for_a_coco_dataset(tmp_path, demo_kit):
+    # bench --dataset took a COCO JSON but had no --image-root: the refusal above named a
+    # flag bench did not have, and before it the benchmark measured error rows.
+    from batchinfer.bench.runner import BenchConfig, prepare
+
+    names = [f"{i:05d}.png" for i in range(6)]
+    _images(tmp_path / "images", names)
+    ann = _coco(tmp_path / "instances.json", names)
+    model = demo_kit.models["digits"]
+    result = invoke("bench", "--model", model, "--dataset", ann, "--backend", "sim")
+    assert_error(result, 2, "give it as --image-root")
+    config = BenchConfig(model=model, dataset=ann, image_root=tmp_path / "images")
+    prepared = prepare(config)
+    assert prepared.dataset is not None
+    assert [item.path for item in prepared.dataset] == [str(tmp_path / "images" / n) for n in names]
+    result = invoke("bench", "--compare", ann, ann, "--image-root", tmp_path)
+    assert_error(result, 2, "drop --image-root")

@@ -62,6 +62,7 @@ class BenchConfig:
     runtime: RuntimeOptions = field(default_factory=RuntimeOptions)
     bench: BenchOptions = field(default_factory=BenchOptions)
     dataset: Path | None = None  # None: synthetic inputs, inference path only
+    image_root: Path | None = None  # where a list's or COCO file's relative paths start
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
     detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
@@ -121,7 +122,9 @@ def prepare(config: BenchConfig) -> Prepared:
     # One input, fed whole (no feeds); a benchmark does not score labels, so none are read.
     planned = plan_inference(
         run_config,
-        (lambda _labels: open_source(config.dataset)) if config.dataset else None,
+        (lambda _labels: open_source(config.dataset, image_root=config.image_root))
+        if config.dataset
+        else None,
         several_inputs=False,
     )
     if planned.dataset is not None:

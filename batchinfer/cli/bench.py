@@ -68,6 +68,12 @@ class _Progress:
     "from the start when shorter than the run). Without it: synthetic inputs of the "
     "model's input shape, prepared once in the slots, so only the inference path counts.",
 )
+@click.option(
+    "--image-root",
+    type=click.Path(path_type=Path),
+    help="Where the relative paths of a --dataset list file or COCO JSON start (default: the "
+    "list's folder).",
+)
 # --input: bench feeds one input (model_input refuses a model with several).
 @group_options(
     "runtime", "runtime.sim", "preprocess", "reliability", "detect", skip=("preprocess.inputs",)
@@ -127,11 +133,12 @@ def command(**params) -> None:
 
 def _bench(params: dict) -> None:
     model, dataset, sweep = params.pop("model"), params.pop("dataset"), params.pop("sweep")
+    image_root = params.pop("image_root")
     max_p99_ms, json_path = params.pop("max_p99_ms"), params.pop("json_path")
     out, compare = params.pop("out"), params.pop("compare")
     if compare:
         given = [f for f, v in (("--model", model), ("--dataset", dataset), ("--sweep", sweep),
-                                ("--out", out)) if v]  # fmt: skip
+                                ("--out", out), ("--image-root", image_root)) if v]  # fmt: skip
         if given:
             raise UsageError(
                 f"--compare reads two saved results; drop {', '.join(given)} (or run the "
@@ -159,6 +166,7 @@ def _bench(params: dict) -> None:
         runtime=build_group("runtime", params, sim=build_group("runtime.sim", params)),
         bench=opts,
         dataset=dataset,
+        image_root=image_root,
         preprocess=build_group("preprocess", params),
         reliability=build_group("reliability", params),
         detect=build_group("detect", params),
