@@ -269,6 +269,43 @@ def test_different_cores_run_in_parallel(state: Path, model: Path) -> None:
     on_0.release(), on_1.release()
 
 
+def test_a_call_frozen_in_its_reservation_holds_up_its_own_core_only(
+    state: Path, model: Path
+) -> None:
+    # A core worker stopped (SIGSTOP) while a call of it was reserving its core: the one
+    # chip-wide lock then stalled every core's calls until the watchdog killed the frozen
+    # worker, and the healthy cores' items were killed as hung (a soak's freeze in CI).
+    # On a board a frozen process holds up no other core.
+    frozen, same_core = sim(state, model, mask=C.NPU_CORE_2), sim(state, model, mask=C.NPU_CORE_2)
+    other_core = sim(state, model, mask=C.NPU_CORE_0)
+    inside, thaw = threading.Event(), threading.Event()
+    board = frozen._board
+    assert board is not None
+    reserve = board.set_busy_until
+
+    def stop_inside(core: int, t: float) -> None:
+        inside.set()
+        thaw.wait()
+        reserve(core, t)
+
+    board.set_busy_until = stop_inside  # type: ignore[method-assign]
+    threads = [threading.Thread(target=_hold, args=(r,)) for r in (frozen, same_core, other_core)]
+    try:
+        threads[0].start()
+        assert inside.wait(10)
+        threads[1].start()
+        threads[2].start()
+        threads[2].join(10)
+        assert not threads[2].is_alive(), "core 0 waited for the frozen call on core 2"
+        assert threads[1].is_alive()  # core 2's own calls do wait for it
+    finally:
+        thaw.set()
+        for t in threads:
+            t.join(10)
+    for r in (frozen, same_core, other_core):
+        r.release()
+
+
 def test_auto_takes_the_core_that_frees_first(state: Path, model: Path) -> None:
     held = [sim(state, model, mask=mask, npu_ms=LONG_MS) for mask in (C.NPU_CORE_0, C.NPU_CORE_2)]
     ends = [_hold(r) for r in held]

@@ -27,7 +27,7 @@ Time model
     exclusively for ``npu_ms``. A core is shared by every instance pinned to it, across
     processes: the "board" is a small mmap'd file per chip in ``state_dir`` holding, per
     core, the time (CLOCK_MONOTONIC, system-wide on Linux) until which the core is
-    reserved. Under an exclusive ``flock`` a call takes ``start = max(entry + host_ms,
+    reserved. Under its core's exclusive ``flock`` a call takes ``start = max(entry + host_ms,
     busy_until)`` (``entry``: when inference() was called, so the emulator's own input
     checks count as host time) and sets ``busy_until = start + npu_ms``; it computes the
     ONNX outputs meanwhile and waits until that absolute deadline (sleeping, then yielding
@@ -313,8 +313,12 @@ def _boot_id() -> bytes:
 class _Board:
     """One chip's shared state: per-core reservations and call counters, under flock.
 
-    Each instance opens its own file description, so flock also serialises threads
-    of one process (flock locks belong to the open file description).
+    Each instance opens its own file descriptions, so flock also serialises threads
+    of one process (flock locks belong to the open file description). A core's
+    reservation and counters are changed under that core's own lock file
+    (``<chip>.core<N>.lock``; several cores in ascending order), the board file's lock
+    only guards its set-up: a worker stopped (SIGSTOP) in the middle of a call holds up
+    the calls on its own core, never another core's, as on a board.
     """
 
     def __init__(self, state_dir: Path, chip: str) -> None:
@@ -333,17 +337,37 @@ class _Board:
         except BaseException:
             os.close(self._fd)
             raise
-        # An RKNNLite dropped without release() must not keep the descriptor: close it
+        self._core_fds: dict[int, int] = {}  # opened when a call first locks the core
+        # An RKNNLite dropped without release() must not keep the descriptors: close them
         # when this object goes away (200 forgotten instances hit "too many open files").
-        self._closer = weakref.finalize(self, _close_board, self._mm, self._fd)
+        self._closer = weakref.finalize(self, _close_board, self._mm, self._fd, self._core_fds)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
+        """The whole board (its set-up)."""
         fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def cores_locked(self, cores: Iterable[int]) -> Iterator[None]:
+        """``cores``' reservations and counters, locked in ascending order (no deadlock
+        between two multi-core masks)."""
+        taken: list[int] = []
+        try:
+            for core in sorted(set(cores)):
+                fd = self._core_fds.get(core)
+                if fd is None:
+                    lock_file = self.path.with_name(f"{self.path.stem}.core{core}.lock")
+                    fd = self._core_fds[core] = open_private_file(lock_file)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                taken.append(fd)
+            yield
+        finally:
+            for fd in reversed(taken):
+                fcntl.flock(fd, fcntl.LOCK_UN)
 
     def _offset(self, core: int) -> int:
         return _HEADER.size + core * _CORE.size
@@ -387,9 +411,11 @@ def _model_chip(path: Path) -> str | None:
     return chip if chip in C.CHIP_CORES else None
 
 
-def _close_board(mm: mmap.mmap, fd: int) -> None:
+def _close_board(mm: mmap.mmap, fd: int, core_fds: dict[int, int]) -> None:
     mm.close()
     os.close(fd)
+    for core_fd in core_fds.values():
+        os.close(core_fd)
 
 
 # ---------------------------------------------------------------- timing helpers
@@ -512,7 +538,7 @@ class RKNNLite(OnnxRKNNBase):
         init_faults = [f for f in self.settings.faults if f.kind == "init"]
         if not cores or not init_faults:
             return
-        with self._board.locked():
+        with self._board.cores_locked(cores):
             counts = {c: self._board.count(c, init=True) for c in cores}
         for fault in init_faults:
             if fault.core in counts and fault.call in (None, counts[fault.core]):
@@ -623,11 +649,12 @@ class RKNNLite(OnnxRKNNBase):
         board = self._board
         assert board is not None and self.npu_ms is not None  # init_runtime succeeded
         ncores = C.CHIP_CORES[self.settings.chip]
-        with board.locked():
+        cores = self.cores
+        if not cores:  # AUTO: whichever core frees first (a choice: read without its lock)
             now = time.monotonic()
-            cores = self.cores
-            if not cores:  # AUTO: whichever core frees first
-                cores = (min(range(ncores), key=lambda c: board.busy_until(c, now)),)
+            cores = (min(range(ncores), key=lambda c: board.busy_until(c, now)),)
+        with board.cores_locked(cores):
+            now = time.monotonic()
             fired = None
             for core in cores:
                 n = board.count(core, init=False)
