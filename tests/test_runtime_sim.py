@@ -306,6 +306,25 @@ def test_a_call_frozen_in_its_reservation_holds_up_its_own_core_only(
         r.release()
 
 
+def test_a_runtime_is_created_while_another_holds_the_boards_set_up_lock(
+    state: Path, model: Path
+) -> None:
+    # A worker frozen while creating its runtime held the board's lock: every other core's
+    # worker restart then waited for it. Once the board is set up, creating one takes no lock.
+    first = sim(state, model)
+    board = first._board
+    assert board is not None
+    made: list[RKNNLite] = []
+    with board.locked():
+        t = threading.Thread(target=lambda: made.append(sim(state, model, mask=C.NPU_CORE_1)))
+        t.start()
+        t.join(10)
+        assert made, "creating a runtime waited for the board's lock"
+    t.join(10)
+    for r in (first, *made):
+        r.release()
+
+
 def test_auto_takes_the_core_that_frees_first(state: Path, model: Path) -> None:
     held = [sim(state, model, mask=mask, npu_ms=LONG_MS) for mask in (C.NPU_CORE_0, C.NPU_CORE_2)]
     ends = [_hold(r) for r in held]

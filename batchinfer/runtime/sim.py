@@ -326,14 +326,19 @@ class _Board:
         self.path = state_dir / f"{chip}.board"
         self._fd = open_private_file(self.path)
         try:
-            with self.locked():
-                if os.fstat(self._fd).st_size < _BOARD_SIZE:
-                    os.ftruncate(self._fd, _BOARD_SIZE)
-                self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
-                magic, boot = _HEADER.unpack_from(self._mm, 0)
-                if magic != _MAGIC or boot.rstrip(b"\0") != _boot_id():
-                    self._mm[:] = bytes(_BOARD_SIZE)
-                    _HEADER.pack_into(self._mm, 0, _MAGIC, _boot_id())
+            # Set up once per boot, under the board's lock; once it is, no lock is taken
+            # here either, so a worker frozen while creating a runtime holds up no other
+            # worker's (re)start.
+            self._mm = self._set_up()
+            if self._mm is None:
+                with self.locked():
+                    if os.fstat(self._fd).st_size < _BOARD_SIZE:
+                        os.ftruncate(self._fd, _BOARD_SIZE)
+                    self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
+                    magic, boot = _HEADER.unpack_from(self._mm, 0)
+                    if magic != _MAGIC or boot.rstrip(b"\0") != _boot_id():
+                        self._mm[:] = bytes(_BOARD_SIZE)
+                        _HEADER.pack_into(self._mm, 0, _MAGIC, _boot_id())
         except BaseException:
             os.close(self._fd)
             raise
@@ -341,6 +346,17 @@ class _Board:
         # An RKNNLite dropped without release() must not keep the descriptors: close them
         # when this object goes away (200 forgotten instances hit "too many open files").
         self._closer = weakref.finalize(self, _close_board, self._mm, self._fd, self._core_fds)
+
+    def _set_up(self) -> mmap.mmap | None:
+        """The board mapped, if it is set up for this boot already; else None."""
+        if os.fstat(self._fd).st_size < _BOARD_SIZE:
+            return None
+        mm = mmap.mmap(self._fd, _BOARD_SIZE)
+        magic, boot = _HEADER.unpack_from(mm, 0)
+        if magic == _MAGIC and boot.rstrip(b"\0") == _boot_id():
+            return mm
+        mm.close()
+        return None
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
