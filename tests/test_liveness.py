@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -202,28 +204,27 @@ def test_the_sweep_judges_runs_by_their_owner_lock_not_by_their_pid():
     # A live run whose pid looks dead from here (another PID namespace): its owner lock is
     # held, so its segments stay. A run whose pid is alive (ours) but whose lock nobody
     # holds is gone, so its segments go.
+    # Swept in a folder of /dev/shm of its own: in /dev/shm itself, a run started by a test
+    # on another xdist worker may sweep the gone run's segments first.
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     live_token, gone_token = "0a11be11", "0dead0ff"
+    shm = Path(tempfile.mkdtemp(prefix="sweep-test-", dir=SHM_DIR))
     owner = RunOwner(live_token)  # holds the lock, named with our pid
-    theirs = Path(SHM_DIR) / f"{SEGMENT_PREFIX}-{dead.pid}-{live_token}-in"
-    gone = [Path(SHM_DIR) / segment_name(gone_token, role) for role in ("owner", "in")]
+    theirs = shm / f"{SEGMENT_PREFIX}-{dead.pid}-{live_token}-in"
+    gone = [shm / segment_name(gone_token, role) for role in ("owner", "in")]
     try:
-        # Rename the live run's owner as if it were the other namespace's pid.
-        os.rename(
-            Path(SHM_DIR) / owner.segment.name, Path(SHM_DIR) / theirs.name.replace("-in", "-owner")
-        )
+        # Move the live run's owner in, renamed as if it were the other namespace's pid.
+        os.rename(Path(SHM_DIR) / owner.segment.name, shm / theirs.name.replace("-in", "-owner"))
         theirs.write_bytes(b"\0" * 64)
         for path in gone:
             path.write_bytes(b"\0" * 64)
-        swept = sweep_dead_segments()
+        swept = sweep_dead_segments(str(shm))
         assert theirs.exists(), "a live run's segment survives although its pid looks dead"
         assert all(p.name in swept and not p.exists() for p in gone)
     finally:
-        owner_path = Path(SHM_DIR) / theirs.name.replace("-in", "-owner")
         os.close(owner._fd)
-        for path in [theirs, owner_path, *gone]:
-            path.unlink(missing_ok=True)
+        shutil.rmtree(shm)
 
 
 def _wchan(pid: int) -> str:

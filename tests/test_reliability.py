@@ -307,20 +307,18 @@ def test_full_disk_while_writing_is_a_clear_error_and_the_run_resumes(
 
 
 def test_segments_of_dead_coordinators_are_swept(tmp_path):
+    # In a folder of its own: in /dev/shm, a run started by a test on another xdist worker
+    # swept the dead segment first, and this sweep found nothing (a CI failure).
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     name = f"{SEGMENT_PREFIX}-{dead.pid}-0badc0de-in"
-    path = Path("/dev/shm") / name
+    path = tmp_path / name
     path.write_bytes(b"\0" * 64)
-    alive = Path("/dev/shm") / f"{SEGMENT_PREFIX}-{os.getpid()}-0badc0de-in"
+    alive = tmp_path / f"{SEGMENT_PREFIX}-{os.getpid()}-0badc0de-in"
     alive.write_bytes(b"\0" * 64)
-    try:
-        swept = sweep_dead_segments()
-        assert name in swept and not path.exists()
-        assert alive.exists()  # a live coordinator's segment is never touched
-    finally:
-        alive.unlink(missing_ok=True)
-        path.unlink(missing_ok=True)
+    swept = sweep_dead_segments(str(tmp_path))
+    assert name in swept and not path.exists()
+    assert alive.exists()  # a live coordinator's segment is never touched
 
 
 def test_shm_space_is_checked_with_numbers_and_a_remedy():
