@@ -123,13 +123,17 @@ def test_a_run_whose_first_files_are_missing_but_later_ones_exist_makes_error_ro
     assert (result.status, result.succeeded, result.errors) == ("complete", 2, 1)
 
 
-def test_rows_that_name_no_file_and_globs_are_not_checked(tmp_path):
-    # A malformed row is its own error row; a glob's files were found by matching them.
+def test_rows_that_name_no_file_count_neither_as_found_nor_as_missing(tmp_path):
+    # A row without a path is its own error row: PROBE of them before a file that exists
+    # are no refusal, and one before PROBE missing files is no file found (the list's
+    # folder itself exists: joined with an empty path, it once passed for a file).
     _images(tmp_path, ["a.png"])
     lst = tmp_path / "m.csv"
-    lst.write_text('path\n""\na.png\n')
+    lst.write_text("path\n" + '""\n' * PROBE + "a.png\n")
     open_source(lst).check_found()
-    open_source(str(tmp_path / "*.png")).check_found()
+    lst.write_text('path\n""\n' + "".join(f"gone{i}.png\n" for i in range(PROBE)))
+    with pytest.raises(DatasetError, match=f"None of the first {PROBE} files"):
+        open_source(lst).check_found()
 
 
 def test_a_plan_for_files_read_elsewhere_does_not_look_for_them(tmp_path, demo_kit):

@@ -104,7 +104,7 @@ def output_locks(job: Job, command: str) -> Iterator[None]:
             lock.release()
 
 
-# --------------------------------------------------------------------------- the cluster
+# --------------------------------------------------------------------------- the inputs
 def custom_metrics(job: Job) -> list[CustomMetric]:
     """The job's ``metrics.custom`` functions, loaded; one that cannot be is the job's error."""
     custom = []
@@ -127,6 +127,7 @@ def open_job_dataset(job: Job) -> Dataset:
         raise job.error(f"dataset.path: {exc}", "dataset.path") from None
 
 
+# --------------------------------------------------------------------------- the report
 def no_report(exc: ImportError) -> None:
     """Say that no HTML report is written because its plotting library is missing."""
     log.warning(
@@ -143,6 +144,7 @@ def write_report(job: Job, record_dir: Path, page: str) -> Path:
     return job.outputs.report
 
 
+# --------------------------------------------------------------------------- the cluster
 def check_cluster(job: Job) -> None:
     """Before anything runs: a malformed ``[device.ray]`` address, or no Ray installed."""
     if job.device.ray.address is not None:

@@ -332,11 +332,11 @@ class _Board:
             self._mm = self._set_up()
             if self._mm is None:
                 with self.locked():
-                    if os.fstat(self._fd).st_size < _BOARD_SIZE:
-                        os.ftruncate(self._fd, _BOARD_SIZE)
-                    self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
-                    magic, boot = _HEADER.unpack_from(self._mm, 0)
-                    if magic != _MAGIC or boot.rstrip(b"\0") != _boot_id():
+                    self._mm = self._set_up()  # by another process while we waited?
+                    if self._mm is None:
+                        if os.fstat(self._fd).st_size < _BOARD_SIZE:
+                            os.ftruncate(self._fd, _BOARD_SIZE)
+                        self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
                         self._mm[:] = bytes(_BOARD_SIZE)
                         _HEADER.pack_into(self._mm, 0, _MAGIC, _boot_id())
         except BaseException:
