@@ -347,7 +347,11 @@ def test_lowcal_model_visibly_costs_accuracy_on_all_digits():
     assert 0.02 <= float_acc - low_acc <= 0.10
     assert 20 <= flipped <= 200
     text = (demo.ASSETS / "MODELS.md").read_text().split("## digits-lowcal.onnx", 1)[1]
-    assert f"**{flipped} items flipped**" in text
+    # ONNX Runtime's int8 kernels break a few near-ties differently on different CPUs (77 on
+    # the build machine, 75 on a Xeon VM): the page gives the figure it was built with, and
+    # a model that really changed moves it by far more than this slack.
+    recorded = int(re.search(r"\*\*about (\d+) items flipped\*\*", text).group(1))
+    assert abs(flipped - recorded) <= 5, (flipped, recorded)
 
 
 def _settings(stem: str) -> dict:

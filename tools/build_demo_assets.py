@@ -956,8 +956,9 @@ trained and calibrated on the train split only.
   skipped the preprocessing), so the normalised input and the hidden layer clip.
 - Top-1: **{_pct(low["top1_test"])} held-out**, {_pct(low["top1_train"])} train,
   {_pct(low["top1_all"])} on all {n:,}.
-- Against the float model on all {n:,} digits: top-1 agreement {_pct(low["agree_all"])},
-  **{low["flips_all"]} items flipped**; held-out: mean |probs difference|
+- Against the float model on all {n:,} digits: top-1 agreement about {_pct(low["agree_all"])},
+  **about {low["flips_all"]} items flipped** (ONNX Runtime's int8 kernels break a few
+  near-ties differently on different CPUs: 77 and 75 seen); held-out: mean |probs difference|
   {low["mad_test"]:.5f} (max {low["max_test"]:.4f}).
 
 ## pool224.onnx (throughput stand-in)
