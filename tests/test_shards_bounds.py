@@ -299,3 +299,18 @@ def test_the_bound_is_a_cli_option(demo_kit, tmp_path: Path) -> None:
     assert manifest["preprocess"]["max_item_bytes"] == big - 1
     refused = invoke(*run_args(shard, model, tmp_path / "p", "--max-item-bytes", "0"))
     assert_error(refused, 2, "--max-item-bytes must be at least 1")
+
+
+def test_a_sparse_image_file_over_the_default_bound_is_refused_unread(tmp_path: Path) -> None:
+    """A JPEG followed by a hole: 300 MiB by its size, a few KiB on disk. The fast-jpeg
+    decoder read such a file whole (3 GiB for the issue's size); now its size refuses it.
+    (300 MiB keeps the read bounded where the refusal is missing.)"""
+    buf = io.BytesIO()
+    Image.fromarray(np.full((8, 8, 3), 90, np.uint8)).save(buf, "JPEG")
+    path = tmp_path / "sparse.jpg"
+    with open(path, "wb") as f:
+        f.write(buf.getvalue())
+        f.truncate(300 * 2**20)
+    out = np.empty((1, 8, 8, 3), np.uint8)
+    with pytest.raises(InputError, match=r"sparse\.jpg: the file is 314,572,800 bytes, more than"):
+        load_into(str(path), preprocess_for((1, 8, 8, 3), "uint8"), out, "images")
