@@ -314,3 +314,16 @@ def test_a_sparse_image_file_over_the_default_bound_is_refused_unread(tmp_path: 
     out = np.empty((1, 8, 8, 3), np.uint8)
     with pytest.raises(InputError, match=r"sparse\.jpg: the file is 314,572,800 bytes, more than"):
         load_into(str(path), preprocess_for((1, 8, 8, 3), "uint8"), out, "images")
+
+
+def test_the_report_pictures_bound_image_files_but_not_mapped_npy_files(tmp_path: Path) -> None:
+    image, array = tmp_path / "a.png", tmp_path / "b.npy"
+    image.write_bytes(_png(3, 32))
+    np.save(array, np.full((16, 16), 7, np.uint8))
+    for path in (image, array):
+        limit = path.stat().st_size - 1
+        uri, note = picture(str(path), 16, DEFAULT_MAX_PIXELS, limit)
+        if path == image:
+            assert uri is None and f"more than the {limit:,}" in (note or "")
+        else:  # read as readers read it: mapped, so its size bounds nothing
+            assert uri is not None, note

@@ -16,9 +16,9 @@ its pipe, one item at a time, for at most ``reliability.decode_timeout_s``:
 
 Images are decoded under the job's ``preprocess.max_pixels`` (Pillow's decompression-bomb
 check as an error, as readers do); a ``.npy`` larger than that is not drawn either. An item
-larger than ``preprocess.max_item_bytes`` (a file by its size, a tar member by the size its
-header declares) is not read at all, as readers refuse it: a forged header must not make
-the child read gigabytes.
+larger than ``preprocess.max_item_bytes`` (an image file by its size, a tar member by the
+size its header declares) is not read at all, as readers refuse it: a forged header must
+not make the child read gigabytes.
 
 An item is a file (its path) or a member of a tar shard (a :data:`Source` tuple: the
 shard's path, the member's offset and size in bytes, its name): the member's bytes are read
@@ -108,7 +108,9 @@ def picture(
         if not stat.S_ISREG(st.st_mode):
             return None, "not a regular file"
         nbytes = st.st_size if isinstance(source, str) else source[2]
-        if max_item_bytes is not None and nbytes > max_item_bytes:
+        # As readers: a .npy file is mapped, never read whole; a member always is.
+        mapped = isinstance(source, str) and name.lower().endswith(".npy")
+        if max_item_bytes is not None and nbytes > max_item_bytes and not mapped:
             return None, f"not read: {nbytes:,} bytes, more than the {max_item_bytes:,} allowed"
         where: str | io.BytesIO = path
         if not isinstance(source, str):
