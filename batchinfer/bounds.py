@@ -161,6 +161,14 @@ def pixels_ceiling() -> tuple[int, str]:
     )
 
 
+def item_bytes_ceiling() -> tuple[int, str]:
+    """Bytes one item may hold at most: it is read into memory whole, so this machine's."""
+    memory = memory_bytes()
+    if memory is None:
+        return 2**40, "1 TiB"
+    return memory, f"an item is read into memory whole; this machine has {memory / 2**30:.1f} GiB"
+
+
 #: Memory a simulated Ray node (``--ray local:N``) takes at the least: a raylet, its
 #: object store's share and the actors of its cores.
 LOCAL_NODE_BYTES = 1 * 2**30

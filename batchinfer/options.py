@@ -34,7 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from batchinfer.bounds import DAY_S, Bounds, check_value, pixels_ceiling, readers_ceiling
+from batchinfer.bounds import (
+    DAY_S,
+    Bounds,
+    check_value,
+    item_bytes_ceiling,
+    pixels_ceiling,
+    readers_ceiling,
+)
 from batchinfer.errors import ConfigError
 from batchinfer.messages import setting
 
@@ -83,6 +90,28 @@ def _pixels(text: str) -> int | str:
     except ValueError:
         raise ValueError(f"{text!r} is not a number of pixels (or 'none')") from None
     return value
+
+
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def _bytes(text: str) -> int | str:
+    """A number of bytes (``268435456``, ``256MiB``, ``256M``, ``1.5GiB``), or a word."""
+    word = text.strip().lower()
+    if word in ("auto", "none"):
+        return word
+    number = word.replace(",", "").replace("_", "").removesuffix("b").removesuffix("i")
+    unit = number[-1:] if number[-1:] in _UNITS else ""
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not a number of bytes; give e.g. 268435456, 256MiB or 1GiB "
+            "(or 'auto', or 'none')"
+        ) from None
+    if not value.is_integer():
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
 
 
 def _ms_or_estimate(text: str) -> float | str:
@@ -236,6 +265,15 @@ class PreprocessOptions:
         True,
         "Decode large JPEGs at 1/2-1/8 scale when the model's input is that much smaller.",
         flag="--jpeg-draft/--no-jpeg-draft",
+    )
+    max_item_bytes: int | str = option(
+        "auto",
+        "Items larger than this (an image file's size, a tar member's as its header says) "
+        "become error rows, unread: bytes, or e.g. 512MiB; auto: 3 per pixel of "
+        "--max-pixels (256 MiB by default); none for no limit.",
+        parse=_bytes,
+        words=("auto", "none"),
+        bounds=Bounds(1, item_bytes_ceiling),
     )
     inputs: tuple[str, ...] = option(
         (),

@@ -25,6 +25,13 @@ from batchinfer.runtime.constants import SUPPORTED_DTYPES
 #: (``PIL.Image.MAX_IMAGE_PIXELS``, about 9,459 × 9,459), written out so that a program
 #: changing Pillow's global does not change batchinfer's results or run fingerprint.
 DEFAULT_MAX_PIXELS = 89_478_485
+#: ``Preprocess.max_item_bytes`` "auto": bytes one item may hold per pixel of
+#: ``max_pixels`` (what an uncompressed RGB image of that many pixels takes), rounded up to
+#: a whole MiB and at least :data:`MIN_ITEM_BYTES`: 256 MiB at the default pixel limit.
+ITEM_BYTES_PER_PIXEL = 3
+#: The least "auto" allows, whatever ``max_pixels`` is: metadata (EXIF, ICC profiles,
+#: thumbnails) does not shrink with the pixel limit.
+MIN_ITEM_BYTES = 16 * 2**20
 
 Layout = Literal["nhwc", "nchw"]
 Color = Literal["rgb", "bgr", "gray"]
@@ -58,6 +65,10 @@ class Preprocess:
       "white", "#808080" or "0,0,0" is parsed by :func:`parse_background`.
     - ``max_pixels``: images with more pixels (width × height, from the header) are error
       rows; None for no limit. Default: Pillow's decompression-bomb threshold.
+    - ``max_item_bytes``: items larger than this (an image file by its size on disk, a tar
+      member by the size its header declares) are error rows, and none of their bytes
+      is read; None for no limit; "auto" (the default): :func:`item_bytes_for`
+      ``max_pixels`` (256 MiB at its default; no limit when pixels are not limited).
     - ``jpeg_draft``: decode large JPEGs at 1/2, 1/4 or 1/8 scale when the model input
       is that much smaller (faster, far less memory; off reproduces a full decode).
     - ``resize``: "stretch" to the input's size, or "letterbox": aspect kept, centred, the
@@ -77,6 +88,7 @@ class Preprocess:
     background: tuple[int, int, int] | None = (255, 255, 255)
     max_pixels: int | None = DEFAULT_MAX_PIXELS
     jpeg_draft: bool = True
+    max_item_bytes: int | Literal["auto"] | None = "auto"
 
     def __post_init__(self) -> None:
         shape = tuple(self.shape)
@@ -116,6 +128,7 @@ class Preprocess:
                     + f" must be at least 1, not {self.max_pixels}."
                 )
             object.__setattr__(self, "max_pixels", int(self.max_pixels))
+        self._check_item_bytes()
         if self.is_image:
             self._check_image_spec()
         elif self.mean is not None or self.std is not None:
@@ -127,6 +140,35 @@ class Preprocess:
                 + setting("preprocess.std")
                 + " and feed .npy tensors."
             )
+
+    def _check_item_bytes(self) -> None:
+        limit = self.max_item_bytes
+        if limit == "auto":
+            object.__setattr__(self, "max_item_bytes", item_bytes_for(self.max_pixels))
+            return
+        if limit is None:
+            return
+        if isinstance(limit, bool) or not isinstance(limit, int | np.integer):
+            raise UsageError(
+                setting("preprocess.max_item_bytes") + f" {limit!r} is not a whole number."
+            )
+        if limit < 1:
+            raise UsageError(
+                setting("preprocess.max_item_bytes") + f" must be at least 1, not {limit}."
+            )
+        object.__setattr__(self, "max_item_bytes", int(limit))
+
+    @property
+    def item_limit(self) -> int | None:
+        """``max_item_bytes`` as a number of bytes, None for no limit ("auto" is resolved
+        on construction)."""
+        limit = self.max_item_bytes
+        return limit if isinstance(limit, int) else None
+
+    @property
+    def item_bytes_derived(self) -> bool:
+        """True when ``max_item_bytes`` is the one "auto" gives for ``max_pixels``."""
+        return self.max_item_bytes == item_bytes_for(self.max_pixels)
 
     def _check_image_spec(self) -> None:
         channels = self.channels
@@ -242,6 +284,16 @@ class Preprocess:
                 f"The input shape {self.shape} is not an image shape (N,H,W,C), (N,C,H,W) "
                 "or (N,H,W); feed .npy tensors of that shape instead."
             )
+
+
+def item_bytes_for(max_pixels: int | None) -> int | None:
+    """The most bytes one item may hold when ``max_item_bytes`` is "auto": 3 per pixel of
+    ``max_pixels`` rounded up to a whole MiB, at least 16 MiB (256 MiB at the default
+    pixel limit); None (no limit) when ``max_pixels`` is None."""
+    if max_pixels is None:
+        return None
+    mib = 2**20
+    return max(MIN_ITEM_BYTES, -(-ITEM_BYTES_PER_PIXEL * max_pixels // mib) * mib)
 
 
 def parse_background(text: str) -> tuple[int, int, int] | None:

@@ -53,6 +53,7 @@ def preprocess_for(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     jpeg_draft: bool = True,
     resize: str = "stretch",
+    max_item_bytes: int | str | None = "auto",
     pad: tuple[int, int, int] = (114, 114, 114),
 ) -> Preprocess:
     """Return the Preprocess for a model input of ``shape``/``dtype``, with overrides.
@@ -125,6 +126,7 @@ def preprocess_for(
         background=background,  # type: ignore[arg-type]  # parsed by Preprocess
         max_pixels=max_pixels,
         jpeg_draft=jpeg_draft,
+        max_item_bytes=max_item_bytes,  # type: ignore[arg-type]  # checked by Preprocess
         resize=resize,  # type: ignore[arg-type]
         pad=pad,
     )

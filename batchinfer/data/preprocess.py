@@ -37,7 +37,7 @@ from batchinfer.data.input_spec import (
 from batchinfer.data.model_input import preprocess_for, raw_pixels_warning
 from batchinfer.data.npy import fill_npy, read_npy
 from batchinfer.data.pixels import write_pixels
-from batchinfer.data.shards import Member, ShardFiles, member_label
+from batchinfer.data.shards import Member, ShardFiles, check_item_size, member_label
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def load_into(
         return _load_member(path, member, spec, out, kind, name, shards)
     label = name or path
     if kind == "images":
-        with _open(path, label) as f:
+        with _open(path, label, spec.item_limit) as f:
             pixels, placed = decode_image(f, spec, label)
         write_pixels(pixels, spec, out)
         return placed
@@ -121,7 +121,7 @@ def _load_member(
     label = member_label(path, member, name)
     files = shards if shards is not None else ShardFiles(keep=1)
     try:
-        data = files.read(path, member, label)
+        data = files.read(path, member, label, spec.item_limit)
     finally:
         if shards is None:
             files.close()
@@ -135,12 +135,19 @@ def _load_member(
     raise ValueError(f"unknown dataset kind {kind!r}")
 
 
-def _open(path: str, label: str) -> BinaryIO:
+def _open(path: str, label: str, limit: int | None) -> BinaryIO:
+    """The image file at ``path``, open; InputError when it is empty or larger than
+    ``limit`` bytes (Preprocess.max_item_bytes, as a tar member is refused)."""
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
     except OSError as exc:
         raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
-    if os.fstat(f.fileno()).st_size == 0:
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise InputError(f"Cannot read {label}: the file is empty.")
+        check_item_size(size, limit, label, "the file")
+    except BaseException:
         f.close()
-        raise InputError(f"Cannot read {label}: the file is empty.")
+        raise
     return f

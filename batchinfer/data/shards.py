@@ -9,11 +9,13 @@ path component (``a/000123.jpg`` and ``a/000123.cls`` have the key ``a/000123``)
 consecutive members sharing a key are one sample. A sample's item is its first member
 whose extension (after that dot) is an image extension or ``npy``; the item id is the key.
 A ``.cls`` member holding a non-negative integer (ASCII, as WebDataset writes it) gives the
-label; ``.txt`` members are not labels (in public shard sets they are captions). Other
-members, samples without an image or tensor, and non-file members are skipped and counted
-like a folder's other files; what tools leave behind (``._*``, ``__MACOSX/``, hidden
-names) is counted as leftovers. A key seen twice (in one shard or two) is a DatasetError
-naming it: ids must be unique for resume and joins.
+label (at most 2^63-1, :data:`MAX_LABEL`: labels are stored as int64); ``.txt`` members are
+not labels (in public shard sets they are captions). Other members, samples without an
+image or tensor, and non-file members are skipped and counted like a folder's other files;
+what tools leave behind (``._*``, ``__MACOSX/``, hidden names) is counted as leftovers.
+Members whose names climb out of the shard (``../x.png``) are skipped and named in a
+start-up warning. A key seen twice (in one shard or two) is a DatasetError naming it: ids
+must be unique for resume and joins.
 
 Faults. Listing reads headers only (tarfile, seeking past the data). Where a header is
 corrupt, the bytes up to the next valid header (found by its checksum, block by block)
@@ -26,7 +28,10 @@ can be listed is an item, and nothing lost goes unreported.
 Reading. :class:`Member` (in :attr:`Item.member`) is where the item's bytes are: a
 reader reads them with one ``pread`` from the shard it keeps open (:class:`ShardFiles`:
 items come to a reader in dataset order, so it works through one shard at a time and
-holds one open file, whatever the number of shards).
+holds one open file, whatever the number of shards). A member's size is what its header
+declares, and a header is easily forged (a sparse shard of 8 KiB can declare a member of
+3 GiB): a member larger than ``preprocess.max_item_bytes`` is its row's error, decided
+from the header, and none of it is read (:func:`check_item_size`).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import stat
 import tarfile
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -57,11 +62,17 @@ from batchinfer.data.dataset import (
 )
 from batchinfer.data.listing import leftover_kind
 from batchinfer.errors import DatasetError, InputError
+from batchinfer.messages import setting
 
 #: Source of a class map read from ``.cls`` members (ClassMap.source).
 FROM_CLS_MEMBERS = "cls-members"
 #: Most bytes a ``.cls`` member may hold (an integer and some whitespace).
 _CLS_MAX_BYTES = 64
+#: The largest class index: labels are stored as 64-bit integers (Arrow's int64), so a
+#: larger one would stop the run at its first Parquet part instead of being its row's error.
+MAX_LABEL = 2**63 - 1
+#: How many names a start-up warning shows (members named ``../x.png``, bad ``.cls``).
+NAMES_IN_WARNINGS = 5
 _BLOCK = tarfile.BLOCKSIZE
 #: Bytes read at a time while headers are listed (see _Window).
 _WINDOW = 1 << 16
@@ -303,6 +314,12 @@ def _normal(name: str) -> str:
     return name
 
 
+def _climbs(name: str) -> bool:
+    """True for a name with a ``..`` component: extracted, it would land outside the
+    folder it is extracted into (so it is skipped, and named in a warning)."""
+    return ".." in name.split("/")
+
+
 def _leftover(name: str) -> str | None:
     for part in name.split("/"):
         if part and part != ".":
@@ -327,6 +344,13 @@ class _Tally:
     skipped: Counter[str]
     skipped_first: list[str]
     leftovers: Counter[str]
+    climbing: int = 0
+    climbing_first: list[str] = field(default_factory=list)
+
+    def climb(self, name: str) -> None:
+        self.climbing += 1
+        if len(self.climbing_first) < NAMES_IN_WARNINGS:
+            self.climbing_first.append(display_name(name)[0])
 
     def skip(self, name: str, key: str) -> None:
         self.skipped[key] += 1
@@ -350,6 +374,10 @@ def _samples(shards: list[str], names: list[str], tally: _Tally | None) -> Itera
             if not entry.regular:
                 if tally is not None and not entry.directory:
                     tally.skip(name, NOT_A_FILE)
+                continue
+            if _climbs(name):  # "../x.png": not a leftover, a name no tool should write
+                if tally is not None:
+                    tally.climb(name)
                 continue
             left = _leftover(name)
             if left is not None:
@@ -399,7 +427,13 @@ class _ClassReader:
                 f"its class member {name} holds {text[:20]!r}, not a non-negative integer "
                 "class index"
             )
-        return int(text), None
+        label = int(text)
+        if label > MAX_LABEL:
+            return None, (
+                f"its class member {name} holds {text[:20]!r}{'...' if len(text) > 20 else ''}, "
+                f"a class index larger than {MAX_LABEL} (labels are 64-bit integers)"
+            )
+        return label, None
 
     def close(self) -> None:
         if self._file is not None:
@@ -429,6 +463,8 @@ class ShardSet(Dataset):
         listing_sha256: str,
         leftovers: dict[str, int],
         faults: int,
+        label_faults: tuple[int, tuple[str, ...]] = (0, ()),
+        climbing: tuple[int, tuple[str, ...]] = (0, ()),
     ) -> None:
         super().__init__(
             root=root,
@@ -442,8 +478,15 @@ class ShardSet(Dataset):
         self.shards = shards
         self.names = names
         self.counts = counts
-        #: items that are faults found while listing (corrupt headers, truncated members)
+        #: items that are faults found while listing (corrupt headers, truncated members,
+        #: and the items whose ``.cls`` member is not a class index)
         self.faults = faults
+        #: of those, the items whose ``.cls`` is not a class index: (count, the first few
+        #: as "key: why")
+        self.label_faults = label_faults
+        #: members skipped because their names climb out of the shard (``../x.png``):
+        #: (count, the first few names)
+        self.climbing = climbing
 
     def __repr__(self) -> str:
         return (
@@ -461,10 +504,28 @@ class ShardSet(Dataset):
 
     def notes(self) -> tuple[list[str], list[str]]:
         lines, warnings = super().notes()
-        if self.faults:
+        bad_labels, label_examples = self.label_faults
+        if self.faults > bad_labels:
             warnings.append(
-                f"{self.faults} item(s) of {self.root} cannot be read (corrupt or truncated "
-                "tar data); each is an error row naming its shard and member."
+                f"{self.faults - bad_labels} item(s) of {self.root} cannot be read (corrupt or "
+                "truncated tar data); each is an error row naming its shard and member."
+            )
+        if bad_labels:
+            more = bad_labels - len(label_examples)
+            more_text = f"; and {more} more" if more else ""
+            warnings.append(
+                f"{bad_labels} item(s) of {self.root} have a .cls member that is not a class "
+                f"index ({'; '.join(label_examples)}{more_text}); each is an error row saying so: "
+                "a .cls member holds one integer from 0 to 2^63-1."
+            )
+        climbing, names = self.climbing
+        if climbing:
+            shown = ", ".join(repr(n) for n in names)
+            more = f" and {climbing - len(names)} more" if climbing > len(names) else ""
+            warnings.append(
+                f"{climbing} member(s) of {self.root} have names that climb out of the shard "
+                f"with '..' ({shown}{more}) and are skipped (never items); whoever wrote the "
+                "shard should give them names inside it."
             )
         return lines, warnings
 
@@ -476,6 +537,8 @@ class ShardSet(Dataset):
                 "count": len(self.shards),
                 "names": self.names[:SHARD_NAMES_KEPT],  # the first ones of a huge set
                 "faults": self.faults,
+                **({"label_faults": self.label_faults[0]} if self.label_faults[0] else {}),
+                **({"climbing_names": list(self.climbing[1])} if self.climbing[0] else {}),
             },
         )
         return record
@@ -590,6 +653,8 @@ def open_shards(
     listing = hashlib.sha256()
     classes: set[int] = set()
     faults = 0
+    label_faults: list[str] = []
+    bad_labels = 0
     reader = _ClassReader()
     try:
         for sample in _samples(shards, names, tally):
@@ -609,9 +674,13 @@ def open_shards(
             listing.update(os.fsencode(sample.key) + f"\0{entry.offset}\0{entry.size}\0".encode())
             label = None
             if not (sample.fault or entry.fault) and sample.cls is not None:
-                label = reader.read(shards[sample.shard], sample.cls)[0]
+                label, why = reader.read(shards[sample.shard], sample.cls)
                 if label is not None:
                     classes.add(label)
+                elif sample.cls.fault is None:  # the member is there: its text is wrong
+                    bad_labels += 1
+                    if len(label_faults) < NAMES_IN_WARNINGS:
+                        label_faults.append(f"{display_name(sample.key)[0]}: {why}")
             if sample.fault or entry.fault or (sample.cls is not None and label is None):
                 faults += 1
             if progress is not None and counts[sample.shard] % 10_000 == 0:
@@ -660,6 +729,8 @@ def open_shards(
         listing_sha256=listing.hexdigest(),
         leftovers=dict(tally.leftovers),
         faults=faults,
+        label_faults=(bad_labels, tuple(label_faults)),
+        climbing=(tally.climbing, tuple(tally.climbing_first)),
     )
 
 
@@ -686,12 +757,15 @@ class ShardFiles:
             os.close(self._fds.popitem(last=False)[1])
         return fd
 
-    def read(self, path: str, member: Member, label: str) -> bytes:
-        """The member's bytes; InputError (naming ``label``) when they cannot be read."""
+    def read(self, path: str, member: Member, label: str, limit: int | None = None) -> bytes:
+        """The member's bytes; InputError (naming ``label``) when they cannot be read, or
+        when its header says it holds more than ``limit`` bytes (then nothing is read: a
+        sparse shard of a few KiB can declare a member of gigabytes)."""
         if member.fault is not None:
             raise InputError(f"Cannot read {label}: {member.fault}.")
         if member.size == 0:
             raise InputError(f"Cannot read {label}: the member is empty.")
+        check_item_size(member.size, limit, label, "the member")
         try:
             fd = self._fd(path)
             parts, got = [], 0
@@ -716,6 +790,23 @@ class ShardFiles:
 
     def __len__(self) -> int:
         return len(self._fds)
+
+
+def check_item_size(size: int, limit: int | None, label: str, what: str) -> None:
+    """InputError naming ``label`` when an item of ``size`` bytes (as its tar header or
+    its file's stat says; ``what`` says which: "the member", "the file") is larger than
+    ``limit``, the most one item may hold (Preprocess.max_item_bytes; None: no limit)."""
+    if limit is not None and size > limit:
+        raise InputError(
+            f"Cannot read {label}: {what} is {size:,} bytes, more than the {limit:,}"
+            f"{_in_mib(limit)} one item may hold ("
+            + setting("preprocess.max_item_bytes")
+            + "), so it is not read; raise that setting if the item is really that large."
+        )
+
+
+def _in_mib(n: int) -> str:
+    return f" ({n / 2**20:,.4g} MiB)" if n >= 2**20 else ""
 
 
 def member_label(path: str, member: Member, name: str | None) -> str:

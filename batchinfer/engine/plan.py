@@ -74,13 +74,23 @@ class RunPlan:
         return engine_preprocess_record(self.engine)
 
 
-def preprocess_record(preprocess: Preprocess) -> dict:
-    """The preprocessing as JSON values, for the manifest and the fingerprint. The pad colour
-    only where it is used (letterboxing), so a classification run's record is the one it had
-    before detection existed, and resuming such a run is not refused."""
+def preprocess_values(preprocess: Preprocess) -> dict:
+    """The preprocessing's fields as JSON values. ``max_item_bytes`` only when it is not the
+    one ``max_pixels`` gives, so the record of a run that leaves it alone is the one it had
+    before the setting existed, and resuming such a run is not refused."""
     record = {
         k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(preprocess).items()
     }
+    if preprocess.item_bytes_derived:
+        record.pop("max_item_bytes")
+    return record
+
+
+def preprocess_record(preprocess: Preprocess) -> dict:
+    """:func:`preprocess_values`, for the manifest and the fingerprint. The pad colour only
+    where it is used (letterboxing), so a classification run's record is the one it had
+    before detection existed, and resuming such a run is not refused."""
+    record = preprocess_values(preprocess)
     if preprocess.resize != "letterbox":
         record.pop("pad", None)
     return record
@@ -251,6 +261,7 @@ def input_preprocess(config: RunConfig, shape: tuple[int, ...], dtype: str) -> P
         background=parse_background(pre.background),
         max_pixels=None if pre.max_pixels == "none" else pre.max_pixels,
         jpeg_draft=pre.jpeg_draft,
+        max_item_bytes=None if pre.max_item_bytes == "none" else pre.max_item_bytes,
     )
 
 

@@ -455,11 +455,13 @@ def _write_report(
 
     rel = job.device.reliability
     max_pixels = job.device.preprocess.max_pixels
+    max_item_bytes = job.device.preprocess.max_item_bytes
     pictures = make_thumbnails(
         shown_items(record),
         decode_timeout_s=rel.decode_timeout_s,
         startup_timeout_s=rel.startup_timeout_s,
         max_pixels=max_pixels if isinstance(max_pixels, int) else None,
+        max_item_bytes=None if max_item_bytes == "none" else max_item_bytes,
     )
     page = html_report(record, job_history(history, job.name), pictures)
     return write_report(job, record_dir, page)

@@ -32,7 +32,12 @@ from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.plan import engine_preprocess_record, plan_inference, runtime_files
+from batchinfer.engine.plan import (
+    engine_preprocess_record,
+    plan_inference,
+    preprocess_values,
+    runtime_files,
+)
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
 from batchinfer.engine.task import NotADetectorError
@@ -149,10 +154,7 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
         ) from None
     except BatchinferError as exc:
         raise job.in_job(exc, side) from None
-    preprocess = {
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in dataclasses.asdict(engine.preprocess).items()
-    }
+    preprocess = preprocess_values(engine.preprocess)
     if engine.feeds:  # what feeds each model input (a single-input record stays as it was)
         preprocess["inputs"] = engine_preprocess_record(engine)["inputs"]
     fingerprint = run_fingerprint(

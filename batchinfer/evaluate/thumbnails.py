@@ -15,7 +15,10 @@ its pipe, one item at a time, for at most ``reliability.decode_timeout_s``:
 - a child that dies (a decoder crash) costs the item it was reading its picture only.
 
 Images are decoded under the job's ``preprocess.max_pixels`` (Pillow's decompression-bomb
-check as an error, as readers do); a ``.npy`` larger than that is not drawn either.
+check as an error, as readers do); a ``.npy`` larger than that is not drawn either. An item
+larger than ``preprocess.max_item_bytes`` (an image file by its size, a tar member by the
+size its header declares) is not read at all, as readers refuse it: a forged header must
+not make the child read gigabytes.
 
 An item is a file (its path) or a member of a tar shard (a :data:`Source` tuple: the
 shard's path, the member's offset and size in bytes, its name): the member's bytes are read
@@ -40,6 +43,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from batchinfer.data.input_spec import item_bytes_for
 from batchinfer.engine.child import send_or_exit, setup_child
 from batchinfer.engine.children import ChildPool, Exited, Message
 from batchinfer.engine.protocol import Stop, decode
@@ -70,6 +74,7 @@ class ThumbnailSpec:
     parent_pid: int
     size: int
     max_pixels: int | None
+    max_item_bytes: int | None = None
 
 
 # --------------------------------------------------------------------------- the child
@@ -87,17 +92,26 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
         if isinstance(msg, Stop):
             return
         for path in msg[1]:
-            send_or_exit(results, ("made", *picture(path, spec.size, spec.max_pixels)))
+            made = picture(path, spec.size, spec.max_pixels, spec.max_item_bytes)
+            send_or_exit(results, ("made", *made))
 
 
-def picture(source: Source, size: int, max_pixels: int | None) -> tuple[str | None, str | None]:
+def picture(
+    source: Source, size: int, max_pixels: int | None, max_item_bytes: int | None = None
+) -> tuple[str | None, str | None]:
     """(PNG data: URI of at most ``size`` pixels a side, None) or (None, why not)."""
     from PIL import Image
 
     path, name = (source, source) if isinstance(source, str) else (source[0], source[3])
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
             return None, "not a regular file"
+        nbytes = st.st_size if isinstance(source, str) else source[2]
+        # As readers: a .npy file is mapped, never read whole; a member always is.
+        mapped = isinstance(source, str) and name.lower().endswith(".npy")
+        if max_item_bytes is not None and nbytes > max_item_bytes and not mapped:
+            return None, f"not read: {nbytes:,} bytes, more than the {max_item_bytes:,} allowed"
         where: str | io.BytesIO = path
         if not isinstance(source, str):
             where = io.BytesIO(_member_bytes(*source[:3]))
@@ -125,7 +139,8 @@ def picture(source: Source, size: int, max_pixels: int | None) -> tuple[str | No
 
 
 def _member_bytes(shard: str, offset: int, size: int) -> bytes:
-    """A tar member's bytes (all of them, or OSError)."""
+    """A tar member's bytes (all of them, or OSError); its size was checked against the
+    item bound by :func:`picture` before this reads a byte."""
     fd = os.open(shard, os.O_RDONLY)
     try:
         data = os.pread(fd, size, offset)
@@ -166,21 +181,32 @@ def make_thumbnails(
     decode_timeout_s: float,
     startup_timeout_s: float,
     max_pixels: int | None,
+    max_item_bytes: int | str | None = "auto",
     size: int = 96,
     clock: Callable[[], float] = time.monotonic,
     maker: Callable[[ThumbnailSpec, Connection, Connection], None] | None = None,
 ) -> dict[Source, Thumbnail]:
     """A Thumbnail for each of ``paths`` (files or shard members: :data:`Source`; see the
     module docstring); never blocks longer than the timeouts, and leaves no process behind.
-    ``maker``: the child's entry point (default :func:`thumbnail_main`; the tests give one
-    that hangs)."""
+    ``max_item_bytes``: the most bytes an item may hold, "auto" for what ``max_pixels``
+    gives (as readers: Preprocess.max_item_bytes), None for no limit. ``maker``: the
+    child's entry point (default :func:`thumbnail_main`; the tests give one that hangs)."""
     maker = maker or thumbnail_main
+    limit = item_bytes_for(max_pixels) if max_item_bytes == "auto" else max_item_bytes
+    spec_limit = limit if isinstance(limit, int) else None
     todo = list(dict.fromkeys(paths))
     out: dict[Source, Thumbnail] = {}
     hung = 0
     while todo and hung < MAX_HUNG:
         hung += _run_child(
-            maker, todo, out, decode_timeout_s, startup_timeout_s, max_pixels, size, clock
+            maker,
+            todo,
+            out,
+            decode_timeout_s,
+            startup_timeout_s,
+            (max_pixels, spec_limit),
+            size,
+            clock,
         )
     for path in todo:
         out[path] = Thumbnail(None, f"not read: {hung} items before it took too long to read")
@@ -193,7 +219,7 @@ def _run_child(
     out: dict[Source, Thumbnail],
     decode_timeout_s: float,
     startup_timeout_s: float,
-    max_pixels: int | None,
+    limits: tuple[int | None, int | None],
     size: int,
     clock: Callable[[], float],
 ) -> int:
@@ -201,7 +227,7 @@ def _run_child(
     until done, or until an item hangs (returns 1) or kills it (returns 0)."""
     pool = ChildPool(clock)
     try:
-        spec = ThumbnailSpec(pool.parent_pid, size, max_pixels)
+        spec = ThumbnailSpec(pool.parent_pid, size, *limits)
         child = pool.start("thumbnails", 0, maker, spec, startup_timeout_s, "starting")
         pool.send(child, ("make", list(todo)))
         deadline, ready = clock() + startup_timeout_s, False
