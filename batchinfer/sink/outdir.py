@@ -13,6 +13,10 @@ Rules (see docs/reference/output.md):
   dies, so a crashed run never leaves a stale lock. Before each write the run checks that
   OUT is still the folder it locked (:meth:`OutLock.check`): one deleted, moved or
   replaced under it stops the run (exit 3) instead of mixing into another run's folder.
+- The lock's descriptor is also OUT held open (:attr:`OutLock.folder`): the run writes and
+  deletes inside it and OUT/predictions/ (opened once), never through a path looked up
+  again, so a folder swapped for a symbolic link meanwhile is never written through
+  (:func:`clear_run`; :func:`swapped_message` says what changed).
 
 :func:`inspect_out` and :func:`check_out` only read; :class:`OutLock` and :func:`clear_run`
 change things, and run only after every check of the configuration has passed. These are

@@ -17,8 +17,10 @@ planning builds it (:meth:`~OutputFolder.look`, :meth:`~OutputFolder.accept`):
                                  the lock is released (so is it by :meth:`release`, which
                                  an engine that raised reaches through ``with``)
 
-Nothing in OUT changes before ``begin`` holds the lock, and every write after it first
-checks that OUT is still the folder locked (outdir.OutLock.check). The parts: outdir.py
+Nothing in OUT changes before ``begin`` holds the lock. From then on OUT (the lock's
+descriptor) and OUT/predictions/ are held open, every file is written, renamed and deleted
+inside them (folder_handle.py), and every write first checks that their names still lead
+to them (:meth:`OutputFolder.check_held`): a swap stops the run, exit 3. The parts: outdir.py
 (looking, the lock, clearing), fingerprint.py, resume.py, run_folder.py (the row sink and
 manifest while the run lasts).
 """
