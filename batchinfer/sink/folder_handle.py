@@ -126,6 +126,10 @@ class Folder:
             os.close(self.fd)
         self.fd = -1
 
+    def __del__(self) -> None:  # a writer dropped without close() leaks no descriptor
+        with contextlib.suppress(OSError, AttributeError):
+            self.close()
+
     def __enter__(self) -> Folder:
         return self
 
