@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -78,25 +77,6 @@ def data_error(path: Path, exc: BaseException) -> OutputWriteError:
         f"({type(exc).__name__}: {reason}); the disk is not the cause. This is a batchinfer "
         "bug (such a row should have become an error row): please report it with this line."
     )
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename inside ``directory`` durable (best effort: not every filesystem allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def file_sha256(path: Path, chunk_size: int = 1 << 20) -> str:
-    """The hex SHA-256 of the file at ``path`` (OSError if it cannot be read)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def write_atomically(
