@@ -238,6 +238,9 @@ def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     first = invoke("eval", job, "--no-progress", "--update-baseline")
     assert first.exit_code == 0, first.output + first.stderr
     assert (root / "eval" / "regress" / "baseline" / "items.parquet").exists()
+    assert "No baseline yet" not in first.stdout  # this night's evaluation is the baseline
+    assert "`--update-baseline` accepted it as the baseline" in first.stdout
+    assert record_of(root, "regress")["accepted_as_baseline"] is True
     # Night 2: a device model whose boxes are twice too wide.
     job.write_text(job.read_text().replace('model = "detector.onnx"', 'model = "wider.onnx"', 1))
     second = invoke("eval", job, "--no-progress")

@@ -30,7 +30,7 @@ from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import RunFailedError, render_fields
 from batchinfer.evaluate import baseline as baseline_files
-from batchinfer.evaluate.baseline import write_baseline
+from batchinfer.evaluate.baseline import accept_evaluation
 from batchinfer.evaluate.detection_items import DetectionItems
 from batchinfer.evaluate.detection_metrics import DetectInputs, detection_metrics
 from batchinfer.evaluate.files import write_bytes, write_json, write_table
@@ -201,7 +201,9 @@ def evaluate_detection(
             )
             metrics = score_metrics(job, inputs, registry, custom)
             baseline_metrics = dict(baseline[1].get("metrics") or {}) if baseline else None
-            verdict = check_gates(job.gates, metrics, baseline_metrics, _worst_core(inputs))
+            verdict = check_gates(
+                job.gates, metrics, baseline_metrics, _worst_core(inputs), accepting=update_baseline
+            )
             date = clock()
             eval_id, record_dir = new_record_dir(job, date)
             record = detection_record(
@@ -219,8 +221,9 @@ def evaluate_detection(
             )
             accepted = None
             if update_baseline:
-                accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
-                log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
+                accepted = accept_evaluation(
+                    job.outputs.baseline, items_table, record, job.folder, record_dir / RECORD
+                )
             report = _write_report(job, record, history, record_dir)
             from batchinfer.evaluate.detection_summary import detection_summary
 

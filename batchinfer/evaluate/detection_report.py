@@ -31,6 +31,7 @@ from batchinfer.evaluate.report import (
     _facts,
     _gates_table,
     _metrics_table,
+    no_baseline_html,
     trend_plot,
 )
 from batchinfer.sink.stats import place_name
@@ -172,10 +173,7 @@ def _comparisons(record: dict[str, Any]) -> str:
         parts.append(f"<h3>device against the reference</h3><ul>{lines}</ul>")
     base = record["vs_baseline"]
     if base is None:
-        parts.append(
-            "<p class=muted>No baseline yet: accept an evaluation with "
-            "<code>batchinfer eval JOB --update-baseline</code>.</p>"
-        )
+        parts.append(no_baseline_html(record))
     else:
         info = record["baseline"] or {}
         lines = "".join(

@@ -34,7 +34,7 @@ from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import (
     render_fields,
 )
-from batchinfer.evaluate.baseline import Baseline, read_baseline, write_baseline
+from batchinfer.evaluate.baseline import Baseline, accept_evaluation, read_baseline
 from batchinfer.evaluate.detection_eval import evaluate_detection
 from batchinfer.evaluate.files import (
     REPORT_MARK,
@@ -214,7 +214,11 @@ def evaluate(
             )
             metrics = score_metrics(job, inputs, registry, custom)
             verdict = check_gates(
-                job.gates, metrics, baseline.metrics if baseline else None, _worst_of(inputs)
+                job.gates,
+                metrics,
+                baseline.metrics if baseline else None,
+                _worst_of(inputs),
+                accepting=update_baseline,
             )
             date = clock()
             eval_id, record_dir = new_record_dir(job, date)
@@ -245,8 +249,9 @@ def evaluate(
             )
             accepted = None
             if update_baseline:
-                accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
-                log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
+                accepted = accept_evaluation(
+                    job.outputs.baseline, items_table, record, job.folder, record_dir / RECORD
+                )
             report = _write_report(job, record, history, record_dir)
             summary = markdown_summary(record, report)
             write_bytes(job.outputs.summary, f"{SUMMARY_MARK}\n{summary}".encode())

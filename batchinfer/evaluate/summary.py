@@ -6,9 +6,11 @@ Every name (job, model, item, metric) and message is data: code spans and escape
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchinfer.evaluate.baseline import ACCEPTED
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.markdown import code, name, text
 
@@ -26,6 +28,7 @@ KEY_METRICS = (
     "items_per_s",
 )
 _SHOW_IDS = 10
+ACCEPT_ONE = "No baseline yet: accept this evaluation with `--update-baseline`."
 
 
 def _pct(value: float | None) -> str:
@@ -44,6 +47,18 @@ def on_cluster(device: dict[str, Any]) -> str:
         return ""
     names = [n["name"] for n in cluster["nodes"]]
     return f" of {len(names)} Ray nodes ({', '.join(names)})"
+
+
+def no_baseline(record: dict[str, Any], command: Callable[[str], str], advice: str) -> str:
+    """The sentence for an evaluation with no baseline to compare with: on the night
+    ``--update-baseline`` accepted it, that it is the baseline now; else ``advice`` (how to
+    accept one). ``command`` marks a flag up (a Markdown code span, an HTML ``<code>``)."""
+    if record.get(ACCEPTED):
+        return (
+            f"No baseline before this evaluation: {command('--update-baseline')} accepted it "
+            "as the baseline, so the next evaluation is compared with it."
+        )
+    return advice
 
 
 def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
@@ -93,7 +108,7 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
     flipped = record["flipped"]
     lines.append("")
     if flipped is None:
-        lines.append("No baseline yet: accept this evaluation with `--update-baseline`.")
+        lines.append(no_baseline(record, code, ACCEPT_ONE))
     else:
         test = flipped["mcnemar"]
         base = record["baseline"] or {}
