@@ -16,6 +16,7 @@ its holder ends.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -91,9 +92,12 @@ def class_map(job: Job, dataset: Dataset) -> tuple[tuple[str, ...], dict[str, in
     """(class names by index, folder -> class when a labels file says so, how it was made)."""
     labels_file = job.dataset.labels
     if labels_file is None:
+        # As many names as there are classes, never one per integer up to the largest
+        # label (a folder or list label 2000000000 once asked for 2e9 names): labels from
+        # names are 0..n-1, and a label from a number is named by that number anyway.
         inverse = {index: name for name, index in dataset.labels.items()}
-        n = max(inverse) + 1 if inverse else 0
-        return tuple(inverse.get(i, str(i)) for i in range(n)), None, {"source": "folders"}
+        names = tuple(inverse.get(i, str(i)) for i in range(len(inverse)))
+        return names, None, {"source": "folders"}
     try:
         text = labels_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -212,6 +216,8 @@ def evaluate(
                 job.metrics.topk,
                 device.core_stats,
             )
+            if inputs.outside.items:
+                log.warning(inputs.outside.sentence())
             metrics = score_metrics(job, inputs, registry, custom)
             verdict = check_gates(
                 job.gates,
@@ -404,6 +410,7 @@ def _record(
         },
         "classes": names,
         "class_map": class_source,
+        "labels_outside": dataclasses.asdict(inputs.outside),
         "per_class": [
             {
                 "class": i,

@@ -13,6 +13,7 @@ from typing import Any
 from batchinfer.evaluate.baseline import ACCEPTED
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.markdown import code, name, text
+from batchinfer.evaluate.outside import Outside
 
 #: Metrics the summary shows when computed (every gated metric is shown too).
 KEY_METRICS = (
@@ -47,6 +48,13 @@ def on_cluster(device: dict[str, Any]) -> str:
         return ""
     names = [n["name"] for n in cluster["nodes"]]
     return f" of {len(names)} Ray nodes ({', '.join(names)})"
+
+
+def labels_outside(record: dict[str, Any]) -> str:
+    """The sentence on labels outside the model's classes ('' when none; records written
+    before it was kept have none)."""
+    outside = record.get("labels_outside")
+    return Outside(**outside).sentence() if outside else ""
 
 
 def no_baseline(record: dict[str, Any], command: Callable[[str], str], advice: str) -> str:
@@ -124,6 +132,9 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
             lines.append(f"Gained: {_ids(flipped['gained'])}.")
     for warning in device["warnings"]:
         lines.append(f"Warning: {text(warning)}")
+    outside = labels_outside(record)
+    if outside:
+        lines.append(f"Warning: {text(outside)}")
     if record["errors"]:
         first = record["errors"][0]
         lines.append(f"Item errors, first: {code(first['id'])}: {text(first['error'])}")
