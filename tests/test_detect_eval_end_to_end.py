@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -30,6 +31,7 @@ from batchinfer.evaluate import load_job
 from batchinfer.evaluate.runs import cache_key, plan_side
 
 pytest.importorskip("faster_coco_eval")
+from cdp import Browser, chromium_path
 from detect_models import colour_detector, labels_file
 from models import nhwc_uint8_model
 
@@ -205,6 +207,10 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     assert metrics["core_disagreement_max"] == cores[2]["disagreement_mean"]
     assert {w["core"] for w in record["worst"]} == {2}
     assert record["worst"][0]["device_boxes"] and record["worst"][0]["reference_boxes"]
+    # ... drawn from the display threshold up, the ground truth beside them (issue 40 #16).
+    assert record["display_conf"] == 0.25
+    assert all(b["score"] >= 0.25 for w in record["worst"] for b in w["device_boxes"])
+    assert all(w["device_all"] > len(w["device_boxes"]) for w in record["worst"])
     # The ground truth's loose ends are counted, not ignored.
     assert record["ground_truth"]["unmatched_items"] == 1
     assert record["ground_truth"]["unmatched_items_first"] == ["extra.png"]
@@ -224,11 +230,44 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     assert "| map50_95 | 1 | 1 |" in summary
     page = (root / "eval" / "night" / "report.html").read_text()
     for marker in ("id=ap-table", 'id="detect-pr"', "id=core-table", "data:image/jpeg;base64,",
-                   "id=gt-table", "missing.png"):  # fmt: skip
+                   "id=gt-table", "missing.png", "ground truth: ", " &gt;= 0.25 (of "):  # fmt: skip
         assert marker in page
     # Self-contained: nothing loaded from elsewhere (SVG namespaces are not loads).
     assert not re.search(r"""(src|href)=['"]?(https?:|//)""", page)
     assert "<script" not in page
+
+
+@pytest.mark.slow  # default tier: tests/test_detect_examples.py on the same choice
+def test_a_report_whose_sides_agree_shows_its_images_in_chromium(kit):
+    # The shipped job's case: device and reference give the same boxes on every image.
+    # Its report showed no image ("Device and reference found the same boxes").
+    root, _, _ = kit
+    job = write_job(root, "agree")
+    job.write_text(job.read_text().replace("worst = 4", "worst = 4\ndisplay_conf = 0.5"))
+    result = invoke("eval", job, "--no-progress")
+    assert result.exit_code == 0, result.output + result.stderr
+    record = record_of(root, "agree")
+    assert record["metrics"]["box_disagreement_mean"] == 0.0
+    assert len(record["worst"]) == 4 and record["display_conf"] == 0.5
+    assert all(w["truth_boxes"] for w in record["worst"])
+    page = root / "eval" / "agree" / "report.html"
+    assert page.read_text().count("<div class=shot>") == 4
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: .ci/run must install it")
+        pytest.skip("chromium is not installed here (apt-get install chromium); CI runs this")
+    with Browser(window=(1200, 900)) as browser:
+        browser.open(page.as_uri())
+        assert browser.problems() == []
+        images = "[...document.querySelectorAll('#gallery img')]"
+        assert browser.evaluate(f"{images}.length") == 12  # truth, device, reference
+        assert browser.evaluate(f"{images}.every(i => i.complete && i.naturalWidth > 0)")
+        # Side by side: the three panels of a shot share one row.
+        tops = browser.evaluate(
+            "[...document.querySelector('#gallery .panels').children]"
+            ".map(f => f.getBoundingClientRect().top)"
+        )
+        assert len(tops) == 3 and len(set(tops)) == 1, tops
 
 
 @pytest.mark.slow  # default tier: the bootstrap p on fixed scores (test_detect_metrics.py)

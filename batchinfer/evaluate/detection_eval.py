@@ -31,6 +31,7 @@ from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import RunFailedError, render_fields
 from batchinfer.evaluate import baseline as baseline_files
 from batchinfer.evaluate.baseline import accept_evaluation
+from batchinfer.evaluate.detection_examples import detection_examples
 from batchinfer.evaluate.detection_items import DetectionItems
 from batchinfer.evaluate.detection_metrics import DetectInputs, detection_metrics
 from batchinfer.evaluate.files import write_bytes, write_json, write_table
@@ -265,32 +266,6 @@ def _none_if_nan(value: float) -> float | None:
     return None if value is None or not np.isfinite(value) else float(value)
 
 
-def _worst(inputs: DetectInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]:
-    """The ``n`` items where device and reference disagree most, with both box sets (the
-    report's gallery draws them); none without a reference."""
-    if n == 0 or inputs.reference is None:
-        return []
-    d, r = inputs.device, inputs.reference
-    score = inputs.disagreement
-    order = [i for i in np.argsort(-np.nan_to_num(score, nan=-1), kind="stable") if score[i] > 0]
-    out = []
-    paths = dataset.paths_of([d.id[i] for i in order[:n]])
-    for i in order[:n]:
-        out.append(
-            {
-                "index": int(d.index[i]),
-                "id": d.id[i],
-                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
-                "disagreement": float(score[i]),
-                "core": int(d.core[i]),
-                "node": d.node[i],
-                "device_boxes": d.box_dicts(int(i)),
-                "reference_boxes": r.box_dicts(int(i)),
-            }
-        )
-    return out
-
-
 def detection_record(
     job: Job,
     eval_id: str,
@@ -365,7 +340,8 @@ def detection_record(
             "reference": ref_score.pr_curves(0.5) if ref_score is not None else None,
         },
         "per_core": inputs.per_core,
-        "worst": _worst(inputs, dataset, job.metrics.worst),
+        "worst": detection_examples(inputs, dataset, job.metrics.worst, job.metrics.display_conf),
+        "display_conf": job.metrics.display_conf,
         "errors": error_rows,
         "vs_reference": None
         if bootstrap_ref is None
