@@ -14,6 +14,8 @@ import dataclasses
 import json
 import os
 import re
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -321,6 +323,33 @@ def test_yolo_labels_give_the_same_scores(kit):
     assert record["metrics"]["map50_95"] == pytest.approx(1.0)
     assert record["ground_truth"]["unmatched_items"] == 1  # extra.png has no .txt
     assert record["ground_truth"]["unknown_images"] == 1  # missing.txt has no image
+
+
+def test_a_yolo_class_beyond_the_detectors_is_refused_not_allocated_for(kit):
+    # Without class names, read_yolo took the largest class id as the class count: a label
+    # file naming class 2000000000 asked for that many categories (a MemoryError past
+    # 1.6 GB). The detector's head says how many classes there are. In a child under an
+    # address-space limit: before the fix this would take the machine's memory.
+    root, _, _ = kit
+    labels = root / "labels-huge"
+    labels.mkdir()
+    (labels / "img000.txt").write_text("2000000000 0.5 0.5 0.2 0.2\n")
+    job = write_job(root, "huge", ground_truth="labels-huge")
+    job.write_text(job.read_text().replace('labels = "labels.txt"\n', ""))
+    cap = 1_500_000_000
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "eval", str(job), "--no-progress"],
+        env={**os.environ, "PYTHONPATH": str(repo)}, preexec_fn=capped, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "img000.txt line 1 names class 2000000000; the class names list 2." in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(

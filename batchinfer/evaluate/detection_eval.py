@@ -80,7 +80,13 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
         if path.is_dir():
-            names = plan.engine.task.names if plan.engine.task is not None else ()
+            task = plan.engine.task
+            names = task.names if task is not None else ()
+            if not names and task is not None and task.head is not None:
+                # Unnamed classes are the head's: a YOLO class id beyond them is refused
+                # with its line, not taken as a count (class 2000000000 asked for that
+                # many categories).
+                names = tuple(str(i) for i in range(task.head.num_classes))
             return read_yolo(
                 path,
                 ids,
