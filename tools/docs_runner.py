@@ -17,7 +17,8 @@ the blocks before it wrote. ``batchinfer`` and ``python`` on the PATH are this c
   fence, with only blank lines between:
   - ``<!-- docs-runner: skip (REASON) -->``: the block is not run (a board, a real model,
     the network, the install commands themselves); the reason is required;
-  - ``<!-- docs-runner: exit N -->``: the sh block must exit with N instead of 0;
+  - ``<!-- docs-runner: exit N -->``: the sh block must exit with N instead of 0
+    (``exit 0,1``: with either, for a verdict the machine decides, as bench's);
   - ``<!-- docs-runner: output -->`` before a ```text block: that block is the output of
     the runnable block before it (stdout and stderr together, as on a terminal), checked
     after trailing spaces and blank lines at either end are dropped. ``...`` inside a line
@@ -71,7 +72,7 @@ class Block:
     language: str
     source: str
     skip: str | None = None  # the reason, when not run
-    exit_code: int = 0
+    exit_codes: tuple[int, ...] = (0,)
     is_output: bool = False
     expected: Block | None = None  # the ```text block that shows this block's output
     region: Region | None = field(default=None, repr=False)
@@ -123,13 +124,13 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
         for marker_line, body in _markers_before(document.text, region.start):
             where = f"{path}:{marker_line}"
             skip = re.fullmatch(r"skip(?:\s*\((?P<reason>.*)\))?", body)
-            exit_ = re.fullmatch(r"exit (?P<code>\d+)", body)
+            exit_ = re.fullmatch(r"exit (?P<codes>\d+(?:,\d+)*)", body)
             if skip:
                 if not (skip.group("reason") or "").strip():
                     problems.append(f"{where}: a skip says why: <!-- docs-runner: skip (why) -->")
                 block.skip = skip.group("reason")
             elif exit_ and language == "sh":
-                block.exit_code = int(exit_.group("code"))
+                block.exit_codes = tuple(int(c) for c in exit_.group("codes").split(","))
             elif body == "output" and language == "text":
                 block.is_output = True
             else:
@@ -234,9 +235,10 @@ def _run_sh(block: Block, folder: Path, env: dict[str, str]) -> str | None:
     except subprocess.TimeoutExpired as stopped:
         late = f"did not end within {BLOCK_TIMEOUT_S} s:\n{stopped.output}"
         return _shown(block, block.source) + late
-    if done.returncode != block.exit_code:
+    if done.returncode not in block.exit_codes:
+        expected = " or ".join(map(str, block.exit_codes))
         return (
-            f"{_shown(block, block.source)}exited {done.returncode} (expected {block.exit_code}); "
+            f"{_shown(block, block.source)}exited {done.returncode} (expected {expected}); "
             f"its output:\n{done.stdout}"
         )
     wrong = _check_output(block, done.stdout)
