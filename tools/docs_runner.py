@@ -60,6 +60,11 @@ _MARKER = re.compile(r"<!--\s*docs-runner:\s*(?P<body>.*?)\s*-->")
 _INFO = re.compile(r"(?P<language>[^\n]*)$\n", re.M)
 
 
+def shown_path(page: Path) -> Path:
+    """A page's path as messages name it: from the repository root when it is inside."""
+    return page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+
+
 def default_pages() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
@@ -110,6 +115,7 @@ def _markers_before(text: str, start: int) -> list[tuple[int, str]]:
 def parse_page(path: Path) -> tuple[Document, list[Block]]:
     """The page's fenced blocks, in order, with their markers applied."""
     document = Document(path.read_text(encoding="utf-8"), str(path))
+    name = shown_path(path)
     lexer = RawFencedCodeBlockLexer(info_pattern=_INFO)
     blocks: list[Block] = []
     problems: list[str] = []
@@ -119,10 +125,10 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
         block = Block(line, language, region.lexemes["source"], region=region)
         if not language:
             problems.append(
-                f"{path}:{line}: a fence without a language: say ```sh, ```python, ```text, ..."
+                f"{name}:{line}: a fence without a language: say ```sh, ```python, ```text, ..."
             )
         for marker_line, body in _markers_before(document.text, region.start):
-            where = f"{path}:{marker_line}"
+            where = f"{name}:{marker_line}"
             skip = re.fullmatch(r"skip(?:\s*\((?P<reason>.*)\))?", body)
             exit_ = re.fullmatch(r"exit (?P<codes>\d+(?:,\d+)*)", body)
             if skip:
@@ -139,7 +145,7 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
             runnable = [b for b in blocks if b.language in RUNNABLE]
             if not runnable or runnable[-1].expected is not None or runnable[-1] is not blocks[-1]:
                 problems.append(
-                    f"{path}:{line}: an output block must follow the sh or python block it shows"
+                    f"{name}:{line}: an output block must follow the sh or python block it shows"
                 )
             else:
                 runnable[-1].expected = block
@@ -303,7 +309,7 @@ def run_page(page: Path, kit: Path | None, keep: bool = False) -> PageResult:
                 failure = _run_python(block, example)
             result.ran += 1
             if failure is not None:
-                result.failure = f"{page}:{block.line}: {failure}"
+                result.failure = f"{shown_path(page)}:{block.line}: {failure}"
                 break
     finally:
         os.chdir(cwd)
@@ -333,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = 0
         for page in pages:
             result = run_page(page, kit, keep=args.keep)
-            name = page.relative_to(ROOT) if page.is_relative_to(ROOT) else page
+            name = shown_path(page)
             verdict = "FAILED" if result.failure else "ok"
             print(
                 f"{name}: {verdict}: {result.ran} block(s) run, {result.skipped} skipped"
