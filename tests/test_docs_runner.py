@@ -88,11 +88,25 @@ batchinfer run nowhere --model nothing.onnx --cors 0,1
 ```toml
 not = "run"
 ```
+
+<!-- docs-runner: file conf/job.toml -->
+```toml
+name = "written"
+```
+
+```sh
+cat conf/job.toml
+```
+
+<!-- docs-runner: output -->
+```text
+name = "written"
+```
 """,
     )
     result = runner.run_page(page, kit=None)
     assert result.failure is None, result.failure
-    assert (result.ran, result.skipped) == (3, 1)
+    assert (result.ran, result.skipped) == (4, 1)
 
 
 def test_a_renamed_option_fails_the_page_naming_the_block(tmp_path):
@@ -145,6 +159,7 @@ def test_a_python_block_that_raises_fails_with_the_page_line(tmp_path):
             "page.md:2: an output block must follow",
         ),
         ("<!-- docs-runner: exit 2 -->\n```python\nx\n```\n", "page.md:1: unknown marker"),
+        ("<!-- docs-runner: file ../up.toml -->\n```toml\nx\n```\n", "page.md:1: unknown marker"),
     ],
 )
 def test_markers_and_fences_the_runner_cannot_take_are_reported(tmp_path, text, problem):

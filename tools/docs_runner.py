@@ -19,6 +19,8 @@ the blocks before it wrote. ``batchinfer`` and ``python`` on the PATH are this c
     the network, the install commands themselves); the reason is required;
   - ``<!-- docs-runner: exit N -->``: the sh block must exit with N instead of 0
     (``exit 0,1``: with either, for a verdict the machine decides, as bench's);
+  - ``<!-- docs-runner: file PATH -->``: the block's text (a job file, say) is written to
+    PATH, relative to the page's folder, when the blocks before it have run;
   - ``<!-- docs-runner: output -->`` before a ```text block: that block is the output of
     the runnable block before it (stdout and stderr together, as on a terminal), checked
     after trailing spaces and blank lines at either end are dropped. ``...`` inside a line
@@ -79,6 +81,7 @@ class Block:
     skip: str | None = None  # the reason, when not run
     exit_codes: tuple[int, ...] = (0,)
     is_output: bool = False
+    write_to: str | None = None  # a file the block's text is written to, in page order
     expected: Block | None = None  # the ```text block that shows this block's output
     region: Region | None = field(default=None, repr=False)
 
@@ -131,6 +134,7 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
             where = f"{name}:{marker_line}"
             skip = re.fullmatch(r"skip(?:\s*\((?P<reason>.*)\))?", body)
             exit_ = re.fullmatch(r"exit (?P<codes>\d+(?:,\d+)*)", body)
+            file_ = re.fullmatch(r"file (?P<path>\S+)", body)
             if skip:
                 if not (skip.group("reason") or "").strip():
                     problems.append(f"{where}: a skip says why: <!-- docs-runner: skip (why) -->")
@@ -139,6 +143,8 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
                 block.exit_codes = tuple(int(c) for c in exit_.group("codes").split(","))
             elif body == "output" and language == "text":
                 block.is_output = True
+            elif file_ and not file_.group("path").startswith("/") and ".." not in body:
+                block.write_to = file_.group("path")
             else:
                 problems.append(f"{where}: unknown marker for a ```{language} block: {body!r}")
         if block.is_output:
@@ -279,7 +285,7 @@ def run_page(page: Path, kit: Path | None, keep: bool = False) -> PageResult:
         if block.language in RUNNABLE and block.region is not None and block.skip is None:
             block.region.parsed = block.region.lexemes["source"]
             document.add(block.region)
-    if not any(b.language in RUNNABLE and b.skip is None for b in blocks):
+    if not any(b.language in RUNNABLE and b.skip is None for b in blocks):  # nothing to run
         result.skipped = sum(b.language in RUNNABLE for b in blocks)
         return result
     folder = Path(tempfile.mkdtemp(prefix="docs-runner-"))
@@ -295,6 +301,9 @@ def run_page(page: Path, kit: Path | None, keep: bool = False) -> PageResult:
         document.namespace["__name__"] = "__main__"
         examples = {e.region.start: e for e in document}
         for block in blocks:
+            if block.write_to is not None:
+                (folder / block.write_to).parent.mkdir(parents=True, exist_ok=True)
+                (folder / block.write_to).write_text(block.source)
             if block.language not in RUNNABLE:
                 continue
             if block.skip is not None:
