@@ -139,6 +139,19 @@ def test_a_changed_output_fails_the_page_with_a_diff(tmp_path, language, code):
     assert "-top1 0.998...\n+top1 0.957" in result.failure
 
 
+def test_the_command_line_names_the_failed_page_and_exits_1(tmp_path, capsys):
+    good = _page(tmp_path, "```sh\ntest -d demo\n```\n")  # the kit is copied in as demo/
+    bad = tmp_path / "bad.md"
+    bad.write_text("```sh\necho 1\n```\n\n<!-- docs-runner: output -->\n```text\n2\n```\n")
+    (tmp_path / "kit").mkdir()
+    assert runner.main([str(good), str(bad), "--kit", str(tmp_path / "kit")]) == 1
+    out = capsys.readouterr().out
+    assert f"{good}: ok: 1 block(s) run, 0 skipped" in out
+    assert f"{bad}: FAILED: 1 block(s) run" in out
+    assert f"{bad}:1: ```sh block at line 1:\necho 1\nits output is not" in out
+    assert out.endswith("1 of 2 page(s) ok\n")
+
+
 def test_a_python_block_that_raises_fails_with_the_page_line(tmp_path):
     page = _page(tmp_path, "Text.\n\n```python\nx = 1\nprint(undefined_name)\n```\n")
     result = runner.run_page(page, kit=None)

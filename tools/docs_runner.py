@@ -43,9 +43,11 @@ import io
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -257,8 +259,20 @@ def _run_sh(block: Block, folder: Path, env: dict[str, str]) -> str | None:
     return None if wrong is None else f"{_shown(block, block.source)}{wrong}"
 
 
+class BlockTimeout(Exception):
+    """A Python block that ran longer than BLOCK_TIMEOUT_S."""
+
+
+def _timeout(signum: int, frame: object) -> None:
+    raise BlockTimeout(f"the block did not end within {BLOCK_TIMEOUT_S} s")
+
+
 def _run_python(block: Block, example: Example) -> str | None:
     captured = io.StringIO()
+    timed = threading.current_thread() is threading.main_thread()  # signals: main thread only
+    previous = signal.signal(signal.SIGALRM, _timeout) if timed else None
+    if timed:
+        signal.alarm(BLOCK_TIMEOUT_S)
     try:
         with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
             PythonEvaluator()(example)
@@ -267,6 +281,10 @@ def _run_python(block: Block, example: Example) -> str | None:
             f"{_shown(block, block.source)}raised:\n{traceback.format_exc()}"
             f"its output before:\n{captured.getvalue()}"
         )
+    finally:
+        if timed:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
     wrong = _check_output(block, captured.getvalue())
     return None if wrong is None else f"{_shown(block, block.source)}{wrong}"
 
