@@ -173,6 +173,7 @@ def test_a_python_block_that_raises_fails_with_the_page_line(tmp_path):
         ),
         ("<!-- docs-runner: exit 2 -->\n```python\nx\n```\n", "page.md:1: unknown marker"),
         ("<!-- docs-runner: file ../up.toml -->\n```toml\nx\n```\n", "page.md:1: unknown marker"),
+        ("<!-- docs-runner: skip (x) -->\nText.\n```sh\nls\n```\n", "page.md:1: a marker must be"),
     ],
 )
 def test_markers_and_fences_the_runner_cannot_take_are_reported(tmp_path, text, problem):

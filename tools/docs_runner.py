@@ -124,6 +124,7 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
     lexer = RawFencedCodeBlockLexer(info_pattern=_INFO)
     blocks: list[Block] = []
     problems: list[str] = []
+    attached: set[int] = set()  # the lines of the markers that belong to a block
     for region in lexer(document):
         line = document.text.count("\n", 0, region.start) + 1
         language = region.lexemes["language"].strip().split(" ")[0]
@@ -133,6 +134,7 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
                 f"{name}:{line}: a fence without a language: say ```sh, ```python, ```text, ..."
             )
         for marker_line, body in _markers_before(document.text, region.start):
+            attached.add(marker_line)
             where = f"{name}:{marker_line}"
             skip = re.fullmatch(r"skip(?:\s*\((?P<reason>.*)\))?", body)
             exit_ = re.fullmatch(r"exit (?P<codes>\d+(?:,\d+)*)", body)
@@ -158,6 +160,9 @@ def parse_page(path: Path) -> tuple[Document, list[Block]]:
             else:
                 runnable[-1].expected = block
         blocks.append(block)
+    for number, line in enumerate(document.text.split("\n"), 1):
+        if _MARKER.fullmatch(line.strip()) and number not in attached:
+            problems.append(f"{name}:{number}: a marker must be right before a fence: {line}")
     if problems:
         raise PageError("\n".join(problems))
     return document, blocks
