@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchinfer.detect.letterbox import Letterbox
-from batchinfer.detect.rle import cancel_pairs, counts_from_toggles, strings_from_counts
+from batchinfer.detect.rle import cancel_pairs, strings_from_counts, strings_of_toggles
 
 # Non-finite logits (a NaN in an output) count as outside, finitely, so crossings stay
 # paired and each column's runs stay inside it.
@@ -132,34 +132,52 @@ def mask_rles(
     k0 = np.floor(sx).astype(np.int64)
     k1 = np.minimum(k0 + 1, pw - 1)
     fx = (sx - k0).astype(np.float32)
-    gx = 1 - fx
-    tall = int((r1 - r0)[live].max())
-    grid = np.empty((tall, col_box.size), np.float32)  # column logits at prototype rows
-    for j, i in enumerate(live.tolist()):
-        a, b = int(starts[j]), int(starts[j] + counts_x[j])
-        c0, c1 = int(k0[a]), int(k1[b - 1]) + 1
-        window = proto[:, r0[i] : r1[i], c0:c1]
-        if quant is not None:
-            window = (window.astype(np.float32) - np.float32(quant[1])) * np.float32(quant[0])
-        logits = np.tensordot(coefs[i], window, axes=1)  # (rows, columns) of the window
-        h = r1[i] - r0[i]
-        grid[:h, a:b] = logits[:, k0[a:b] - c0] * gx[a:b] + logits[:, k1[a:b] - c0] * fx[a:b]
-        grid[h:, a:b] = grid[h - 1, a:b]
-    if not np.isfinite(grid).all():
-        np.nan_to_num(grid, copy=False, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
-    toggles = _toggles(grid, col_box, x, r0, ranges, pmap)
+    # each column's logits at its box's window rows, interpolated along x, one column
+    # after another (a column's rows contiguous) in one flat buffer. The loop is per box,
+    # and short: a few numpy calls each.
+    ends = starts + counts_x
+    c0 = k0[starts]
+    c1 = k1[ends - 1] + 1
+    box_of = np.repeat(np.arange(live.size), counts_x)
+    near_at, far_at = k0 - c0[box_of], k1 - c0[box_of]  # in each box's window
+    h = (r1 - r0)[live]
+    col_h = np.repeat(h, counts_x)
+    col_start = np.cumsum(col_h) - col_h
+    flat = np.empty(int(col_h.sum()), np.float32)
+    weight = fx[:, None]
+    for i, a, b, w0, w1, y0, y1, f0, f1 in zip(
+        live.tolist(), starts.tolist(), ends.tolist(), c0.tolist(), c1.tolist(),
+        r0[live].tolist(), r1[live].tolist(), col_start[starts].tolist(),
+        (col_start[starts] + counts_x * h).tolist(), strict=True,
+    ):  # fmt: skip
+        # (columns, rows): einsum reads the strided window in place (copying it for a
+        # matrix product costs as much again)
+        logits = np.einsum(
+            "m,mhw->wh", coefs[i], proto[:, y0:y1, w0:w1], dtype=np.float32, casting="unsafe"
+        )
+        if quant is not None:  # dequantise after the sum: it is linear
+            logits -= np.float32(quant[1]) * coefs[i].sum(dtype=np.float32)
+        near = logits[near_at[a:b]]
+        out = flat[f0:f1].reshape(b - a, y1 - y0)
+        np.subtract(logits[far_at[a:b]], near, out=out)
+        out *= weight[a:b]
+        out += near
+    if quant is not None:
+        flat *= np.float32(quant[0])
+    if not np.isfinite(flat).all():
+        np.nan_to_num(flat, copy=False, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
+    toggles = _toggles(flat, col_start, col_h, col_box, x, r0, ranges, pmap)
     # one sort for all: key = box x (H W + 1) + position
     size = height * width
     keys = cancel_pairs(col_box[toggles[0]] * (size + 1) + toggles[1])
     owner, where = np.divmod(keys, size + 1)
-    bounds = np.searchsorted(owner, np.arange(n + 1))
-    return strings_from_counts(
-        [counts_from_toggles(where[bounds[i] : bounds[i + 1]], size) for i in range(n)]
-    )
+    return strings_of_toggles(where, np.bincount(owner, minlength=n), size)
 
 
 def _toggles(
-    grid: np.ndarray,
+    flat: np.ndarray,
+    col_start: np.ndarray,
+    col_h: np.ndarray,
     col_box: np.ndarray,
     x: np.ndarray,
     r0: np.ndarray,
@@ -169,19 +187,21 @@ def _toggles(
     """(column index, column-major position) of every flip: box tops where the column
     starts inside, box bottoms where it ends inside, and each 0 crossing between."""
     ya, yb = ranges[col_box, 1], ranges[col_box, 3]
-    inside = grid > 0
-    rise = ~inside[:-1] & inside[1:]
-    fall = inside[:-1] & ~inside[1:]
-    seg, col = np.nonzero(rise | fall)
-    v0 = grid[seg, col].astype(np.float64)
-    v1 = grid[seg + 1, col].astype(np.float64)
+    inside = flat > 0
+    at = np.flatnonzero(inside[:-1] != inside[1:])
+    col = np.searchsorted(col_start, at, side="right") - 1
+    seg = at - col_start[col]
+    within = seg < col_h[col] - 1  # not from a column's last row to the next column
+    at, col, seg = at[within], col[within], seg[within]
+    v0 = flat[at].astype(np.float64)
+    v1 = flat[at + 1].astype(np.float64)
     s = r0[col_box[col]] + seg + v0 / (v0 - v1)  # sample position of the 0
     t = (s - pmap.by) / pmap.ay  # ... as a pixel row
     # rising: the first row past the 0 is in; falling: the first row at or past it is out
-    row = np.where(rise[seg, col], np.floor(t) + 1, np.ceil(t))
+    row = np.where(v1 > 0, np.floor(t) + 1, np.ceil(t))
     row = np.clip(row, ya[col], yb[col]).astype(np.int64)
-    top = np.flatnonzero(inside[0])
-    bottom = np.flatnonzero(inside[-1])
+    top = np.flatnonzero(inside[col_start])
+    bottom = np.flatnonzero(inside[col_start + col_h - 1])
     column = np.concatenate((top, col, bottom))
     rows = np.concatenate((ya[top], row, yb[bottom]))
     return column, x[column] * pmap.height + rows

@@ -19,33 +19,58 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# 8 chunks of 5 bits hold any count of an image up to 2^39 pixels (and its differences).
-_CHUNKS = 8
-_SHIFTS = np.arange(_CHUNKS, dtype=np.int64) * 5
-
 
 def strings_from_counts(counts: Sequence[np.ndarray]) -> list[str]:
     """The pycocotools ``counts`` string of each run-length array, all encoded at once."""
     if not counts:
         return []
     lengths = np.fromiter((len(c) for c in counts), np.int64, len(counts))
-    values = np.concatenate([np.asarray(c, np.int64) for c in counts])
+    return _strings(np.concatenate([np.asarray(c, np.int64) for c in counts]), lengths)
+
+
+def strings_of_toggles(toggles: np.ndarray, per_mask: np.ndarray, size: int) -> list[str]:
+    """The ``counts`` strings of several masks of ``size`` pixels from their flip positions:
+    ``toggles`` holds each mask's (sorted, distinct) in turn, ``per_mask`` how many each."""
+    n = len(per_mask)
+    if not n:
+        return []
+    # each mask's bounds are 0, its toggles, size; its counts their differences, but for an
+    # empty last run (a flip at size)
+    per_mask = np.asarray(per_mask, np.int64)
+    ends = np.cumsum(per_mask + 2) - 1  # where each mask's `size` goes
+    bounds = np.empty(int(ends[-1]) + 1, np.int64)
+    bounds[ends - per_mask - 1] = 0
+    bounds[ends] = size
+    inner = np.ones(bounds.size, bool)
+    inner[ends] = inner[ends - per_mask - 1] = False
+    bounds[inner] = toggles
+    diffs = np.diff(bounds)
+    keep = np.ones(diffs.size, bool)
+    keep[ends[:-1]] = False  # from one mask's size to the next mask's 0
+    keep[ends - 1] &= diffs[ends - 1] > 0  # an empty last run
+    keep[ends - per_mask - 1] = True  # but a first run of 0s is always written
+    lengths = per_mask + 1 - (diffs[ends - 1] == 0) * (per_mask > 0)
+    return _strings(diffs[keep], lengths)
+
+
+def _strings(values: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Encode the run lengths ``values``, ``lengths[i]`` of them for mask i, in turn."""
     # from the fourth count of each mask on: minus the count two before
     index = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     delta = values.copy()
     later = np.flatnonzero(index > 2)
     delta[later] -= values[later - 2]
-    chunks = (delta[:, None] >> _SHIFTS) & 0x1F  # (m, 8): arithmetic shift, as in C
-    rest = delta[:, None] >> (_SHIFTS + 5)  # what is left after each chunk
-    # a chunk is the last when what is left is all sign: 0, or -1 if the chunk's 0x10 is set
-    last = np.where(chunks & 0x10, rest == -1, rest == 0)
-    used = np.argmax(last, axis=1) + 1  # chunks written per value
-    valid = np.arange(_CHUNKS) < used[:, None]
-    more = np.arange(_CHUNKS) < (used - 1)[:, None]
-    chars = (chunks + 48 + np.where(more, 0x20, 0))[valid].astype(np.uint8)
-    text = chars.tobytes().decode("ascii")
-    ends = np.cumsum(np.bincount(np.repeat(np.arange(len(counts)), lengths), used, len(counts)))
-    ends = ends.astype(np.int64)
+    # chunks per value: the fewest n with -2^(5n-1) <= delta < 2^(5n-1) (two's complement),
+    # from the bit length of delta (or of ~delta when negative); exact in float64 below 2^53
+    magnitude = np.where(delta < 0, ~delta, delta)
+    used = np.frexp(magnitude.astype(np.float64))[1] // 5 + 1
+    first = np.cumsum(used) - used
+    which = np.repeat(np.arange(len(delta)), used)  # the value each character writes
+    k = np.arange(int(used.sum())) - first[which]  # and which of its chunks
+    chars = (delta[which] >> (5 * k)) & 0x1F  # an arithmetic shift, as in C
+    chars += 48 + 0x20 * (k < used[which] - 1)  # 0x20: more chunks follow
+    text = chars.astype(np.uint8).tobytes().decode("ascii")
+    ends = np.cumsum(np.add.reduceat(used, np.cumsum(lengths) - lengths))
     starts = np.concatenate(([0], ends[:-1]))
     return [text[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
 
