@@ -3,14 +3,23 @@ equal the definition evaluated at every pixel, on noisy prototypes (many crossin
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pycocotools.mask as mask_api
 import pytest
 
+from batchinfer.detect import masks
 from batchinfer.detect.letterbox import letterbox_geometry
 from batchinfer.detect.masks import mask_rles, pixel_ranges, proto_map
+from batchinfer.errors import InferenceError
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
+
+ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def dense(proto, coefs, box, pmap):
@@ -94,3 +103,54 @@ def test_no_instances_and_empty_boxes():
 def test_pixel_ranges_take_the_pixels_whose_centres_lie_in_the_box():
     ranges = pixel_ranges(np.array([[0.4, 0.6, 2.5, 3.49], [-3, np.nan, 99, 4]]), 10, 20)
     assert ranges.tolist() == [[0, 1, 2, 3], [0, 0, 20, 4]]
+
+
+def test_boxes_in_groups_give_the_same_masks(monkeypatch):
+    """Boxes are handled in groups bounded by _MAX_BUFFER values; a small bound (a group
+    per box or two) changes nothing."""
+    rng = np.random.default_rng(4)
+    proto = rng.normal(0, 1, (32, 80, 80)).astype(np.float32)
+    coefs = rng.normal(0, 1, (7, 32)).astype(np.float32)
+    corners = rng.uniform(0, 500, (7, 2))
+    boxes = np.concatenate([corners, corners + rng.uniform(1, 300, (7, 2))], axis=1)
+    boxes[3] = [10, 10, 5, 5]  # empty, among the others
+    pmap = proto_map(letterbox_geometry(600, 500, 320, 320), (320, 320), (80, 80))
+    whole = mask_rles(proto, coefs, boxes, pmap)
+    monkeypatch.setattr(masks, "_MAX_BUFFER", 3000)
+    assert mask_rles(proto, coefs, boxes, pmap) == whole
+
+
+@pytest.mark.slow
+def test_300_whole_image_boxes_on_a_large_photo_stay_within_memory():
+    """max_det boxes each covering an 8000 x 6000 photo: the column buffers of all at once
+    would take 300 x 8000 x 122 x 4 bytes (1.2 GB); in groups the process stays small."""
+    code = (
+        "import numpy as np, resource\n"
+        "from batchinfer.detect.letterbox import letterbox_geometry\n"
+        "from batchinfer.detect.masks import mask_rles, proto_map\n"
+        "rng = np.random.default_rng(0)\n"
+        "y, x = np.mgrid[0:160, 0:160] / 160\n"  # smooth: a disc per channel
+        "proto = np.stack([0.1 - (x - a) ** 2 - (y - b) ** 2 for a, b in rng.random((32, 2))])\n"
+        "boxes = np.tile(np.array([[0, 0, 8000, 6000]], np.float32), (300, 1))\n"
+        "pmap = proto_map(letterbox_geometry(8000, 6000, 640, 640), (640, 640), (160, 160))\n"
+        "out = mask_rles(proto.astype(np.float32), np.eye(32)[np.arange(300) % 32], boxes, pmap)\n"
+        "assert len(out) == 300\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    limit = 1_500_000_000  # address space: the 1.2 GB of one buffer would not fit beside numpy
+    result = subprocess.run(
+        ["prlimit", f"--as={limit}", "--", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert int(result.stdout.split()[-1]) < 600_000  # KiB of peak RSS (410 MB measured)
+
+
+def test_masks_of_noise_are_refused_before_they_fill_memory(monkeypatch):
+    rng = np.random.default_rng(5)
+    proto = rng.normal(0, 1, (32, 80, 80)).astype(np.float32)
+    boxes = np.tile(np.array([[0, 0, 320, 320]], np.float32), (10, 1))
+    pmap = proto_map(None, (320, 320), (80, 80))
+    monkeypatch.setattr(masks, "_MAX_FLIPS", 20_000)
+    with pytest.raises(InferenceError, match="look like noise"):
+        mask_rles(proto, rng.normal(0, 1, (10, 32)), boxes, pmap)

@@ -41,10 +41,16 @@ import numpy as np
 
 from batchinfer.detect.letterbox import Letterbox
 from batchinfer.detect.rle import cancel_pairs, strings_from_counts, strings_of_toggles
+from batchinfer.errors import InferenceError
 
 # Non-finite logits (a NaN in an output) count as outside, finitely, so crossings stay
 # paired and each column's runs stay inside it.
 _BIG = np.float32(1e30)
+#: Values (float32) of column logits made at once: 16 MiB, and about as much again in
+#: temporaries.
+_MAX_BUFFER = 1 << 22
+#: Value changes (RLE runs) of one image's masks at most: 128 MiB of positions.
+_MAX_FLIPS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,44 @@ def mask_rles(
     sy1 = np.clip(pmap.ay * (yb - 1) + pmap.by, 0, ph - 1)
     r0 = np.floor(sy0).astype(np.int64)
     r1 = np.minimum(np.floor(sy1).astype(np.int64) + 2, ph)
+    # boxes in groups whose buffers (a value per column and prototype row) stay under
+    # _MAX_BUFFER values together: 300 boxes (max_det) over a large photo would need GBs
+    size = height * width
+    work = (nx * (r1 - r0))[live]
+    group = (np.cumsum(work) - work) // _MAX_BUFFER
+    cuts = np.flatnonzero(np.diff(group)) + 1
+    parts, flips = [], 0
+    for part in np.split(live, cuts):
+        parts.append(_group_keys(proto, coefs, part, ranges, r0, r1, pmap, quant))
+        flips += parts[-1].size
+        if flips > _MAX_FLIPS:
+            # smooth masks flip about twice a column; noise up to once a pixel, and its RLE
+            # would be as big as the image for each instance
+            raise InferenceError(
+                f"The masks of this image change value more than {_MAX_FLIPS:,} times "
+                f"({len(live)} instances in a {width}x{height} image): the prototype or "
+                "coefficients look like noise, not a segmentation model's output."
+            )
+    keys = np.concatenate(parts)  # each group's keys sorted, the groups in box order
+    owner, where = np.divmod(keys, size + 1)
+    return strings_of_toggles(where, np.bincount(owner, minlength=n), size)
+
+
+def _group_keys(
+    proto: np.ndarray,
+    coefs: np.ndarray,
+    live: np.ndarray,
+    ranges: np.ndarray,
+    r0: np.ndarray,
+    r1: np.ndarray,
+    pmap: ProtoMap,
+    quant: tuple[float, int] | None,
+) -> np.ndarray:
+    """The flips of boxes ``live`` (sorted, none empty) as sorted keys box x (H W + 1) +
+    column-major position."""
+    pw = proto.shape[2]
+    xa, xb = ranges[:, 0], ranges[:, 2]
+    nx = xb - xa
     # every live box's columns, one after another
     counts_x = nx[live]
     col_box = np.repeat(live, counts_x)
@@ -168,10 +212,7 @@ def mask_rles(
         np.nan_to_num(flat, copy=False, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
     toggles = _toggles(flat, col_start, col_h, col_box, x, r0, ranges, pmap)
     # one sort for all: key = box x (H W + 1) + position
-    size = height * width
-    keys = cancel_pairs(col_box[toggles[0]] * (size + 1) + toggles[1])
-    owner, where = np.divmod(keys, size + 1)
-    return strings_of_toggles(where, np.bincount(owner, minlength=n), size)
+    return cancel_pairs(col_box[toggles[0]] * (pmap.height * pmap.width + 1) + toggles[1])
 
 
 def _toggles(
