@@ -159,7 +159,7 @@ def reference(family, outputs, input_hw, num_classes, lb):
 # (layout, model input (h, w), classes, original image (w, h))
 CASES = [
     ("yolov8-seg-zoo", (640, 640), 80, (640, 640)),
-    ("yolov8-seg-zoo", (640, 640), 80, (1280, 720)),
+    ("yolov8-seg-zoo", (640, 640), 80, (960, 540)),
     ("yolov8-seg-zoo", (320, 320), 20, (333, 517)),
     ("yolov5-seg-zoo", (640, 640), 12, (480, 640)),
     ("yolov5-seg-zoo", (320, 320), 12, (1920, 1080)),
@@ -278,3 +278,14 @@ def test_outputs_of_the_wrong_shape_are_refused():
     decoder = _decoder(family, input_hw, outputs)
     with pytest.raises(InferenceError, match="outputs of shapes"):
         decoder.decode([outputs[0][:, :-1], outputs[1]], lb)
+
+
+def test_no_letterbox_means_the_image_is_the_model_input():
+    family, input_hw, nc, src = "yolov8-seg-zoo", (256, 320), 20, (320, 256)
+    _, outputs, lb = _scene_outputs(family, input_hw, nc, src)
+    assert (lb.scale, lb.pad_x, lb.pad_y) == (1.0, 0.0, 0.0)
+    decoder = _decoder(family, input_hw, outputs)
+    plain, boxed = decoder.decode(outputs, None), decoder.decode(outputs, lb)
+    assert (plain.height, plain.width) == (256, 320)
+    assert plain.masks == boxed.masks and len(plain) == 8
+    np.testing.assert_array_equal(plain.boxes, boxed.boxes)
