@@ -29,8 +29,15 @@ How, at a cost of the boxes' width x prototype rows rather than their area:
   boundaries: the RLE's *toggles* (rle.py), in column-major positions x·H + y. Runs of 0s
   outside the box are counted, never made.
 
-Every kept box's columns are handled in one vectorised pass (windows padded to the
-tallest by repeating their last row, which adds no crossing).
+The per-box work is a few numpy calls (the window sum, the interpolation into one flat
+buffer, a column's rows contiguous); the crossings, runs and strings of all boxes are
+vectorised together. Boxes go in groups of at most ``_MAX_BUFFER`` column values, so 300
+boxes over a large photo stay within tens of MB; an image whose masks flip more than
+``_MAX_FLIPS`` times (noise: an RLE as big as the image per instance) is refused with an
+InferenceError, which the caller turns into that item's error row.
+
+Entry points: :func:`proto_map` (the geometry, once per image) and :func:`mask_rles`
+(the ``counts`` strings); ``seg_decode.SegmentDecoder`` calls both.
 """
 
 from __future__ import annotations
