@@ -288,8 +288,12 @@ class Decoder:
     def _yolov8_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         nc = self.head.num_classes
         cells = sum(gh * gw for gh, gw in self._grids)
-        self._check(outputs, [(1, 4 + nc, cells)])
-        raw = outputs[0].reshape(4 + nc, cells)
+        if self.head.rows:  # transposed: a row per cell, read through a transposed view
+            self._check(outputs, [(1, cells, 4 + nc)])
+            raw = outputs[0].reshape(cells, 4 + nc).T
+        else:
+            self._check(outputs, [(1, 4 + nc, cells)])
+            raw = outputs[0].reshape(4 + nc, cells)
         best = self._real(0, raw[4:].max(axis=0))
         idx, nonfinite = _passing(best, self.settings.conf)
 
