@@ -68,6 +68,8 @@ def test_random_scenes_of_every_size_with_small_blocks(
     # Small blocks and a small first ranking: many blocks, the rest ranked later, ties
     # across the cut, kept boxes of earlier blocks suppressing later ones.
     monkeypatch.setattr(N, "_BLOCK", 8 + seed)
+    monkeypatch.setattr(N, "_BLOCK_AGNOSTIC", 8 + seed)
+    monkeypatch.setattr(N, "_BLOCK_MIN", 1 + seed % 4)
     monkeypatch.setattr(N, "_UPPER", np.triu(np.ones((8 + seed, 8 + seed), bool), 1))
     monkeypatch.setattr(N, "_FIRST", 5 + 3 * seed)
     rng = np.random.default_rng(100 + seed)

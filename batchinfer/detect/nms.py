@@ -37,6 +37,7 @@ import numpy as np
 #: classes), every pair, in matrices (kept x block, block x block) that stay in the caches.
 _BLOCK = 512
 _BLOCK_AGNOSTIC = 256
+_BLOCK_MIN = 32
 #: The candidates ranked exactly at first: the best ``max(_FIRST, 4 * max_det)``; the rest
 #: are sorted only if NMS gets to them.
 _FIRST = 1024
@@ -80,7 +81,18 @@ def nms_ranked(
     kept_boxes: list[np.ndarray] = []
     kept = _Boxes(np.zeros((5, 0), dtype), np.zeros(0, np.int32))
     size = _BLOCK_AGNOSTIC if agnostic else _BLOCK
-    for block in _blocks(scores, max(_FIRST, 4 * max_det), size):
+    visited = 0
+
+    def next_size() -> int:
+        # After the first block, about as many as the boxes still wanted need at the rate
+        # boxes were kept so far (and a quarter more): each visited box is decoded.
+        if not visited:
+            return size
+        need = (max_det - len(kept.cls)) * visited / max(len(kept.cls), 1) * 1.25
+        return int(min(size, max(_BLOCK_MIN, need)))
+
+    for block in _blocks(scores, max(_FIRST, 4 * max_det), next_size):
+        visited += len(block)
         boxes, cls = fetch(block)
         here = _Boxes.of(boxes, cls)
         mine = None if wanted is None else np.isin(cls, wanted)
@@ -130,8 +142,9 @@ class _Boxes:
         )
 
 
-def _blocks(scores: np.ndarray, first: int, size: int) -> Iterator[np.ndarray]:
-    """Candidate indices by score, best first (ties: the lower index first), in blocks.
+def _blocks(scores: np.ndarray, first: int, next_size: Callable[[], int]) -> Iterator[np.ndarray]:
+    """Candidate indices by score, best first (ties: the lower index first), in blocks of
+    ``next_size()`` (asked before each block).
 
     The same order as ``np.argsort(-scores, kind="stable")``: the best ``first`` (all
     candidates scoring at least the ``first``-th best score, ties included) are sorted
@@ -145,10 +158,18 @@ def _blocks(scores: np.ndarray, first: int, size: int) -> Iterator[np.ndarray]:
         cut = np.partition(scores, k - first)[k - first]
         above = scores >= cut
         parts = iter((np.flatnonzero(above), np.flatnonzero(~above)))
-    for part in parts:
-        ranked = part[np.argsort(-scores[part], kind="stable")]
-        for start in range(0, len(ranked), size):
-            yield ranked[start : start + size]
+    ranked = np.zeros(0, np.intp)
+    while True:
+        size = next_size()
+        while len(ranked) < size:
+            part = next(parts, None)
+            if part is None:
+                break
+            ranked = np.concatenate([ranked, part[np.argsort(-scores[part], kind="stable")]])
+        if not len(ranked):
+            return
+        yield ranked[:size]
+        ranked = ranked[size:]
 
 
 def _hits(
