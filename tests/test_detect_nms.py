@@ -177,7 +177,12 @@ def reference_decode(decoder: Decoder, outputs) -> tuple:
 
 @pytest.mark.parametrize("family", D.FAMILIES)
 @pytest.mark.parametrize("nonfinite", [False, True])
-def test_the_decoder_at_conf_0_001_gives_the_reference_boxes(family: str, nonfinite: bool) -> None:
+@pytest.mark.parametrize("on_demand", [True, False])
+def test_the_decoder_at_conf_0_001_gives_the_reference_boxes(
+    family: str, nonfinite: bool, on_demand: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # on_demand: boxes computed as NMS asks for them (many candidates), else all at once
+    monkeypatch.setattr(decode_module, "_FEW_CANDIDATES", 0 if on_demand else 10**6)
     size = (160, 192)
     rng = np.random.default_rng(21)
     outputs = D.random_outputs(family, rng, size, classes=12)

@@ -42,6 +42,9 @@ COCO_ANCHORS: tuple[tuple[tuple[float, float], ...], ...] = (
 #: Box inputs whose values all lie within +-_SAFE give finite boxes in every head's formula
 #: (the largest: YOLOv5's (2 x)^2 x anchor): no box then needs computing to be counted.
 _SAFE = 1e15
+#: Candidates whose boxes are all computed at once: checking the whole output's box values
+#: (:meth:`Decoder._bounded`) costs more than computing this many boxes.
+_FEW_CANDIDATES = 1024
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,10 @@ class _Candidates:
     boxes_of: Callable[[np.ndarray], np.ndarray]  # indices -> (n, 4) float32 x1 y1 x2 y2
     classes_of: Callable[[np.ndarray], np.ndarray]  # indices -> (n,) int32
     nonfinite: int
-    safe: bool = True  # no box can be NaN/inf (else all are computed and checked first)
+    # whether no box can be NaN/inf, asked only of many candidates (else every box is
+    # computed and checked first)
+    safe: Callable[[], bool] = lambda: True
+    computed: tuple[np.ndarray, np.ndarray] | None = None  # every (box, class), when known
 
 
 class Decoder:
@@ -206,7 +212,7 @@ class Decoder:
         # Per stride: the cells whose best class passes (max then dequantise: dequantising
         # is increasing, scale > 0); their boxes and classes on demand, all strides at once.
         boxes_in, classes_in, scores, cells, strides = [], [], [], [], []
-        nonfinite, safe = 0, True
+        nonfinite = 0
         for b, (gh, gw) in enumerate(self._grids):
             i_box, i_cls = per_branch * b, per_branch * b + 1
             cls = outputs[i_cls].reshape(nc, gh * gw)
@@ -214,7 +220,6 @@ class Decoder:
             passing, bad = _passing(best, conf)
             nonfinite += bad
             box = outputs[i_box].reshape(4, DFL_BINS, gh * gw)
-            safe = safe and self._bounded(i_box, box)
             boxes_in.append((i_box, box))
             classes_in.append(cls)
             scores.append(best[passing])
@@ -242,6 +247,9 @@ class Decoder:
                 if mine.any():
                     out[mine] = cls.take(where[i[mine]], axis=1).argmax(axis=0)
             return out
+
+        def safe() -> bool:
+            return all(self._bounded(i_box, box) for i_box, box in boxes_in)
 
         return [_Candidates(np.concatenate(scores), boxes_of, classes_of, nonfinite, safe)]
 
@@ -283,7 +291,9 @@ class Decoder:
             values = _at(raw, anchor[k], cells[k], 5, 5 + nc)
             return self._real(i, values).argmax(axis=1).astype(np.int32)
 
-        safe = self._bounded(i, raw[:, :4, :])
+        def safe() -> bool:
+            return self._bounded(i, raw[:, :4, :])
+
         return _Candidates(scores, boxes_of, classes_of, nonfinite + bad, safe)
 
     def _yolov8_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
@@ -305,7 +315,10 @@ class Decoder:
         def classes_of(i: np.ndarray) -> np.ndarray:
             return raw[4:].take(idx[i], axis=1).argmax(axis=0).astype(np.int32)
 
-        return [_Candidates(best[idx], boxes_of, classes_of, nonfinite, self._bounded(0, raw[:4]))]
+        def safe() -> bool:
+            return self._bounded(0, raw[:4])
+
+        return [_Candidates(best[idx], boxes_of, classes_of, nonfinite, safe)]
 
     def _yolov5_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         nc = self.head.num_classes
@@ -329,7 +342,9 @@ class Decoder:
         def classes_of(i: np.ndarray) -> np.ndarray:
             return self._real(0, raw.take(idx[i], axis=0)[:, 5:]).argmax(axis=1).astype(np.int32)
 
-        safe = self._bounded(0, raw[:, :4])
+        def safe() -> bool:
+            return self._bounded(0, raw[:, :4])
+
         return [_Candidates(scores, boxes_of, classes_of, nonfinite + bad, safe)]
 
 
@@ -408,23 +423,32 @@ def _xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) 
 
 
 def _finite_boxes(part: _Candidates) -> _Candidates:
-    """``part`` whose boxes are sure to be finite: when they might not be (``safe`` False),
-    every candidate's box is computed, and those with a NaN/inf are dropped and counted."""
-    if part.safe or not len(part.scores):
+    """``part`` whose boxes are sure to be finite. A few candidates (at most
+    ``_FEW_CANDIDATES``) have every box computed, and those with a NaN/inf are dropped and
+    counted; of more, the boxes are left to compute on demand when the output's box values
+    are small enough that none can be (``safe``), else they are all computed too."""
+    if not len(part.scores) or (len(part.scores) > _FEW_CANDIDATES and part.safe()):
         return part
-    boxes = part.boxes_of(np.arange(len(part.scores)))
+    every = np.arange(len(part.scores))
+    boxes, classes = part.boxes_of(every), part.classes_of(every)
     ok = np.isfinite(boxes).all(axis=1)
-    if ok.all():
-        return _Candidates(part.scores, boxes.__getitem__, part.classes_of, part.nonfinite)
-    keep = np.flatnonzero(ok)
-    boxes = boxes[keep]
-    classes_of = part.classes_of
-    return _Candidates(
-        part.scores[keep],
-        boxes.__getitem__,
-        lambda i: classes_of(keep[i]),
-        part.nonfinite + len(ok) - len(keep),
+    if not ok.all():
+        keep = np.flatnonzero(ok)
+        part = _Candidates(part.scores[keep], part.boxes_of, part.classes_of, part.nonfinite)
+        part.nonfinite += len(ok) - len(keep)
+        boxes, classes = boxes[keep], classes[keep]
+    return _computed(part.scores, boxes, classes, part.nonfinite)
+
+
+def _computed(
+    scores: np.ndarray, boxes: np.ndarray, classes: np.ndarray, nonfinite: int
+) -> _Candidates:
+    """Candidates whose boxes and classes are all computed already."""
+    found = _Candidates(
+        scores, lambda i: boxes.take(i, axis=0), lambda i: classes.take(i), nonfinite
     )
+    found.computed = (boxes, classes)
+    return found
 
 
 def _joined(parts: Sequence[_Candidates]) -> _Candidates:
@@ -439,6 +463,11 @@ def _joined(parts: Sequence[_Candidates]) -> _Candidates:
             lambda i: none.astype(np.int32),
             0,
         )
+    scores = np.concatenate([p.scores for p in parts])
+    if all(p.computed is not None for p in parts):  # a few candidates: one table
+        boxes = np.concatenate([p.computed[0] for p in parts])  # type: ignore[index]
+        classes = np.concatenate([p.computed[1] for p in parts])  # type: ignore[index]
+        return _computed(scores, boxes, classes, 0)
     starts = np.cumsum([0] + [len(p.scores) for p in parts])
 
     def gather(i: np.ndarray, of: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -451,7 +480,7 @@ def _joined(parts: Sequence[_Candidates]) -> _Candidates:
         return out
 
     return _Candidates(
-        np.concatenate([p.scores for p in parts]),
+        scores,
         lambda i: gather(i, "boxes_of", (4,), np.float32),
         lambda i: gather(i, "classes_of", (), np.int32),
         0,
