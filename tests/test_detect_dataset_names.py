@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,9 @@ def test_coco_categories_that_cannot_name_classes_are_ignored(tmp_path):
         assert dataset_classes(path) is None
     assert dataset_classes(tmp_path / "missing.json") is None
     assert dataset_classes(tmp_path) is None
+    fifo = tmp_path / "data.yaml"
+    os.mkfifo(fifo)  # not a regular file: never opened (it would block)
+    assert dataset_classes(fifo) is None
 
 
 def test_export_without_annotations_uses_the_carried_image_ids(coco, tmp_path):

@@ -18,6 +18,8 @@ from typing import Any
 
 #: More classes than any detector has: a names list past this is not taken.
 MAX_CLASSES = 100_000
+#: A data.yaml larger than this is not read for names (Ultralytics' are a few KiB).
+MAX_YAML_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,8 @@ def _coco(path: Path) -> DatasetClasses | None:
 def _yaml(path: Path) -> DatasetClasses | None:
     import yaml
 
+    if path.stat().st_size > MAX_YAML_BYTES:
+        return None
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError):
