@@ -8,10 +8,13 @@ pycocotools' ``COCO.loadRes``, faster-coco-eval and most detection tools read.
 
 Image ids: with ``annotations`` (a COCO instances JSON), each prediction's ``id`` (its path
 in the dataset) is matched to an image's ``file_name``: the whole path, else its last
-component when that is unique. Without, an image whose name is a number (COCO's own
+component when that is unique. Without, the COCO image ids a run over a COCO file carried
+(each row's ``meta.image_id``); else an image whose name is a number (COCO's own
 ``000000397133.jpg``) gets that number, else every image gets its row's ``index``.
 Category ids: with annotations, by class name (the run's labels) among the categories;
-without, COCO's ids for a run with COCO's 80 names, else the class ids themselves.
+without, the category ids of the COCO file the run read (the manifest's
+``task.category_ids``), else COCO's ids for a run with COCO's 80 names, else the class ids
+themselves.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from batchinfer.errors import UsageError
+from batchinfer.errors import RunFailedError, UsageError
 from batchinfer.results import read_run
 from batchinfer.sink.atomic import write_bytes_atomically
 
@@ -101,6 +104,21 @@ def _category_ids(
     )
 
 
+def _rows(run: Any) -> list[dict[str, Any]]:
+    """The prediction rows' index, id, boxes and (a run over a COCO file) meta."""
+    try:
+        table = run.predictions(["index", "id", "boxes", "meta"])
+    except RunFailedError:  # no meta column: the dataset carried no columns of its own
+        table = run.predictions(["index", "id", "boxes"])
+    return table.to_pylist()
+
+
+def _carried_id(row: Mapping[str, Any]) -> int | None:
+    """The COCO image id a row carried from its dataset (``meta.image_id``), or None."""
+    value = (row.get("meta") or {}).get("image_id")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def export_coco(
     run_dir: Path | str,
     dest: Path | str | None = None,
@@ -119,14 +137,16 @@ def export_coco(
             f"{run_dir} is not a detection run (its task is {task.get('task', 'classify')}); "
             "COCO results come from a run with boxes."
         )
-    table = run.predictions(["index", "id", "boxes"])
-    rows = [r for r in table.to_pylist() if r["boxes"] is not None]
+    rows = [r for r in _rows(run) if r["boxes"] is not None]
     ids = [r["id"] for r in rows]
     data = None
     if annotations is not None:
         data = _load_annotations(Path(annotations))
         image_ids = _ids_from_annotations(ids, data, Path(annotations))
         how_images = f"the images of {annotations}, by file name"
+    elif ids and all(_carried_id(r) is not None for r in rows):
+        image_ids = {r["id"]: _carried_id(r) for r in rows}
+        how_images = "the COCO image ids the run carried (meta.image_id)"
     elif ids and all(PurePosixPath(i).stem.isdigit() for i in ids):
         image_ids = {i: int(PurePosixPath(i).stem) for i in ids}
         how_images = "the numbers the image files are named by"
@@ -134,12 +154,17 @@ def export_coco(
         image_ids = {r["id"]: int(r["index"]) for r in rows}
         how_images = "each row's index (dataset order)"
     names = task.get("names") or []
-    category_ids, how_categories = _category_ids(
-        names,
-        data,
-        None if annotations is None else Path(annotations),
-        task.get("names_source") == NAMES_COCO80,
-    )
+    carried = task.get("category_ids")
+    if annotations is None and carried and len(carried) == len(names):
+        category_ids: list[int] | None = [int(c) for c in carried]
+        how_categories = "the category ids of the COCO file the run read"
+    else:
+        category_ids, how_categories = _category_ids(
+            names,
+            data,
+            None if annotations is None else Path(annotations),
+            task.get("names_source") == NAMES_COCO80,
+        )
     results = coco_results(rows, image_ids, category_ids)
     path = None
     if dest is not None:

@@ -349,6 +349,8 @@ class ReliabilityOptions:
 # ------------------------------------------------------------------ detection (issue 25)
 #: What a run does with the model's outputs (batchinfer.engine.task decides "auto").
 TASKS = ("auto", "classify", "detect", "raw")
+#: The head layouts ``detect.head`` may name (batchinfer.detect.heads.HEAD_FAMILIES).
+DETECT_HEADS = ("auto", "yolov5-zoo", "yolov8-zoo", "yolov8-ultralytics", "yolov5-ultralytics")
 
 
 def _anchors(text: str) -> tuple[tuple[float, ...], ...]:
@@ -414,6 +416,27 @@ class DetectOptions:
         "Detection: the colour letterboxing pads with, a grey level or r,g,b (0-255).",
         parse=_colour,
         bounds=Bounds(0, 255, why="8-bit pixels"),
+    )
+    # -- issue 40: Ultralytics' NMS options, and the head layout when the shapes fit two
+    agnostic_nms: bool = option(
+        False,
+        "Detection: NMS across classes: a box suppresses overlapping boxes of every class, "
+        "not only of its own (Ultralytics' agnostic_nms).",
+        flag="--agnostic-nms/--no-agnostic-nms",
+    )
+    classes: tuple[int, ...] | None = option(
+        None,
+        "Detection: keep only boxes of these class ids, e.g. 0,2 (a box's class is its best "
+        "class, as in Ultralytics' classes filter).",
+        parse=_ints,
+        bounds=Bounds(0, 99_999, why="the most classes a head may have"),
+    )
+    head: str = option(
+        "auto",
+        "Detection: the head layout, when the output shapes fit two (one (1, N, 4+C) "
+        "output: transposed yolov8-ultralytics, or yolov5-ultralytics rows with an object "
+        "score); auto: by the class count the labels or the model's metadata give.",
+        choices=DETECT_HEADS,
     )
 
 

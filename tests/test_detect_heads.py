@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import detect_outputs as D  # tests/ is on sys.path under pytest
@@ -16,6 +17,7 @@ from batchinfer.detect import (
     explain_no_head,
     recognise,
 )
+from batchinfer.detect.heads import choose, readings
 from batchinfer.runtime import describe_model
 
 
@@ -58,10 +60,54 @@ def test_known_layouts_are_recognised(size, shapes, family, classes, anchors) ->
 def test_84_by_8400_and_8400_by_85_are_told_apart() -> None:
     assert recognise((640, 640), [(1, 84, 8400)]).family == "yolov8-ultralytics"
     assert recognise((640, 640), [(1, 8400, 85)]).family == "yolov5-ultralytics"
-    assert recognise((640, 640), [(1, 8400, 84)]).num_classes == 79  # object score + 79
-    # transposed v8 output (1, 8400, 84) is read as rows with an object score; (1, 85, 8400)
-    # as 81 classes: the cell count, not the size of the other axis, decides.
+    # (1, 85, 8400) is 81 classes: the cell count, not the size of the other axis, decides.
     assert recognise((640, 640), [(1, 85, 8400)]).num_classes == 81
+
+
+V8_ROWS = Head("yolov8-ultralytics", 80, (8, 16, 32), 1, rows=True)
+
+
+def test_a_row_per_cell_fits_two_heads_and_the_class_count_picks() -> None:
+    # (1, 8400, 84): a transposed YOLOv8 output of 80 classes, or rows with an object score
+    # and 79 classes. Before, it was always read as the second.
+    both = [Head("yolov5-ultralytics", 79, (8, 16, 32), 1), V8_ROWS]
+    assert readings((640, 640), [(1, 8400, 84)]) == both
+    assert recognise((640, 640), [(1, 8400, 84)], classes=80) == V8_ROWS
+    assert recognise((640, 640), [(1, 8400, 84)], classes=79) == both[0]
+    assert recognise((640, 640), [(1, 8400, 84)], family="yolov5-ultralytics") == both[0]
+    assert recognise((640, 640), [(1, 8400, 84)], family="yolov5-zoo") is None
+    # (1, 8400, 85): 80 classes with an object score, or 81 transposed
+    assert recognise((640, 640), [(1, 8400, 85)]).family == "yolov5-ultralytics"
+    assert recognise((640, 640), [(1, 8400, 85)], classes=81).rows
+    # one class, transposed: no reading with an object score has a class left
+    assert readings((640, 640), [(1, 8400, 5)]) == [dataclasses.replace(V8_ROWS, num_classes=1)]
+
+
+def test_an_undecided_reading_says_it_is_ambiguous_and_how_it_chose() -> None:
+    head, note = choose(readings((640, 640), [(1, 8400, 84)]))
+    assert head == V8_ROWS
+    assert note.startswith("The output layout is ambiguous: it fits a YOLOv8/YOLO11")
+    assert "read as the first (the reading with COCO's 80 classes)" in note
+    assert "detect.head yolov5-ultralytics reads it as the other" in note
+    head, note = choose(readings((320, 320), [(1, 2100, 20)]))
+    assert head.family == "yolov5-ultralytics" and head.num_classes == 15
+    assert "read as the first (by default)" in note and "detect.head yolov8-ultralytics" in note
+    assert choose(readings((640, 640), [(1, 8400, 84)]), classes=80) == (V8_ROWS, None)
+    assert choose(readings((640, 640), [(1, 84, 8400)]))[1] is None  # one reading
+
+
+def test_a_transposed_yolov8_output_decodes_as_the_usual_one() -> None:
+    rng = np.random.default_rng(3)
+    out = rng.random((1, 84, 8400)).astype(np.float32)
+    out[0, :4] *= 600
+    out[0, 4:] **= 8
+    usual = Decoder(recognise((640, 640), [out.shape]), (640, 640), DetectSettings())([out])
+    rows = np.ascontiguousarray(out.transpose(0, 2, 1))
+    got = Decoder(V8_ROWS, (640, 640), DetectSettings())([rows])
+    assert len(usual) > 10
+    np.testing.assert_array_equal(got.boxes, usual.boxes)
+    np.testing.assert_array_equal(got.scores, usual.scores)
+    np.testing.assert_array_equal(got.class_ids, usual.class_ids)
 
 
 def test_p6_exports_with_four_strides_are_recognised() -> None:
@@ -78,7 +124,6 @@ def test_p6_exports_with_four_strides_are_recognised() -> None:
         ((640, 640), [(1, 84, 8000)]),  # N is not the cell count of 640x640
         ((320, 320), [(1, 84, 8400)]),  # ... nor of 320x320 (2,100)
         ((640, 640), [(1, 4, 8400)]),  # no class
-        ((640, 640), [(1, 8400, 5)]),  # no class
         ((640, 640), [(2, 84, 8400)]),  # a batch of two
         ((640, 640), [(1, 84, "anchors")]),  # a dynamic candidate axis
         ((640, 640), [(1, -1, 8400)]),

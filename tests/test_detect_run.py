@@ -137,6 +137,8 @@ def test_boxes_land_in_the_original_images_pixels(kit, tmp_path, backend):
         "conf": 0.25,
         "iou": 0.45,
         "max_det": 300,
+        "agnostic_nms": False,
+        "classes": None,
         "anchors": None,
         "anchors_source": None,
     }

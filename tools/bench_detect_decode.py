@@ -8,6 +8,7 @@ than it would a wall clock): ``--number`` calls per repeat, the median of ``--re
 
     python tools/bench_detect_decode.py
     python tools/bench_detect_decode.py --heads yolov8-zoo --int8 --objects 40
+    python tools/bench_detect_decode.py --conf 0.001 --number 20   # every cell a candidate
 
 ``--int8`` quantises each output with one scale and zero point, as a runtime returning
 raw int8 outputs would. The single-output Ultralytics heads then find nothing: one scale
@@ -143,15 +144,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classes", type=int, default=80)
     p.add_argument("--objects", type=int, default=15)
     p.add_argument("--per-object", type=int, default=20, help="candidate cells per object")
+    p.add_argument(
+        "--conf",
+        type=float,
+        default=DetectSettings.conf,
+        help="score threshold; at 0.001 (mAP evaluations) every cell is a candidate",
+    )
     p.add_argument("--int8", action="store_true", help="also time int8 outputs")
     p.add_argument("--number", type=int, default=200)
     p.add_argument("--repeats", type=int, default=15)
     args = p.parse_args(argv)
     rng = np.random.default_rng(0)
     scores, dist = scene(rng, args.size, args.classes, args.objects, args.per_object)
-    settings = DetectSettings()
+    settings = DetectSettings(conf=args.conf)
     print(
-        f"{args.size}x{args.size}, {args.classes} classes, {args.objects} objects; "
+        f"{args.size}x{args.size}, {args.classes} classes, {args.objects} objects, "
+        f"conf {args.conf:g}; "
         f"CPU ms per image (median of {args.repeats} x {args.number} calls)"
     )
     print(f"{'head':>20} {'dtype':>7} {'candidates':>10} {'boxes':>6} {'ms':>8}")
@@ -164,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         for dtype, outs, quant in runs:
             decoder = Decoder(head, (args.size, args.size), settings, quant)
             above = Decoder(
-                head, (args.size, args.size), DetectSettings(iou=1.0, max_det=10**6), quant
+                head,
+                (args.size, args.size),
+                DetectSettings(conf=args.conf, iou=1.0, max_det=10**6),
+                quant,
             )
             candidates = len(above(outs))
             boxes = len(decoder(outs))

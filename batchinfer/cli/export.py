@@ -31,8 +31,9 @@ def command() -> None:
     "--annotations",
     type=click.Path(path_type=Path),
     help="A COCO instances JSON of the same images: image ids by file name, category ids by "
-    "class name. Without it: numeric file names are the image ids (COCO's own), else the "
-    "row index; COCO's category ids for COCO's 80 classes, else the class ids.",
+    "class name. Without it: the ids of the COCO file the run read (its images' ids, its "
+    "categories' ids), else numeric file names are the image ids (COCO's own), else the row "
+    "index; COCO's category ids for COCO's 80 classes, else the class ids.",
 )
 def coco(run: Path, dest: Path, annotations: Path | None) -> None:
     """Write RUN's boxes (a detection run folder) as COCO result JSON:

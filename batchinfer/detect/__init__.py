@@ -13,16 +13,20 @@ numpy only at run time (it runs inside the core workers on the board). The piece
                           (1, C, H, W) (sigmoid applied) and optionally a score sum
                           (1, 1, H, W): 6 or 9 outputs, stride 8 first.
   ``yolov8-ultralytics``  stock Ultralytics ONNX export of YOLOv8/YOLO11: (1, 4+C, N),
-                          boxes cx, cy, w, h in input pixels, class scores sigmoided.
+                          boxes cx, cy, w, h in input pixels, class scores sigmoided; or
+                          transposed, (1, N, 4+C) (``Head.rows``).
   ``yolov5-ultralytics``  stock YOLOv5 ONNX export: (1, N, 5+C): cx, cy, w, h, object
                           score, class scores.
 
   N must be the cell count of the strides for the input size (8,400 for 640x640; times 3
-  anchors for YOLOv5: 25,200).
+  anchors for YOLOv5: 25,200). One output of N rows, (1, N, K), fits both a transposed
+  YOLOv8 head and YOLOv5-style rows with an object score (``heads.readings``); a class
+  count or a named head family chooses (``heads.choose``, ``recognise``'s arguments).
 - :class:`Decoder` turns one image's outputs into :class:`Detections` in the model input's
   pixels: int8 outputs dequantised, candidates filtered on confidence before any box is
-  decoded, class-aware greedy NMS, at most ``max_det`` boxes, best first; candidates with
-  a NaN/inf score or box are dropped and counted.
+  decoded, class-aware greedy NMS (or class-agnostic; optionally of some classes only), at
+  most ``max_det`` boxes, best first; candidates with a NaN/inf score or box are dropped
+  and counted.
 - :func:`letterbox_geometry` / :func:`letterbox_array` place an image on the model's
   canvas as the model zoo does (keep aspect, centre, pad); :func:`boxes_to_original` maps
   boxes back to the original image's pixels.

@@ -9,17 +9,26 @@ is >= ``conf`` (the model zoo's rule; Ultralytics uses >). Where a head has an o
 score (YOLOv5), cells whose object score is below ``conf`` are dropped before their class
 scores are read, as the model zoo's C post-processing and Ultralytics do; with class
 scores in [0, 1] (sigmoids) that drops only cells whose score could not reach ``conf``.
+
+Boxes and classes are computed on demand: every candidate's score is needed to rank them,
+but NMS (nms.py) stops at ``max_det`` kept boxes, and at a low ``conf`` (0.001: all 8,400
+cells of a 640x640 output) the best few hundred candidates usually fill it, so only those
+have their box (and DFL softmax) and their class argmax computed. Each box is computed by
+elementwise operations alone, so it is the same to the last bit whichever other candidates
+are decoded with it. Candidates whose box is NaN/inf are dropped before NMS and counted:
+when an output's box values are so large (or non-finite) that a box could be, every
+candidate's box is computed first, so the count is the same as if all were decoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from batchinfer.detect.heads import DFL_BINS, Head, grid_sizes
-from batchinfer.detect.nms import nms
+from batchinfer.detect.nms import nms_ranked
 from batchinfer.errors import InferenceError, UsageError
 
 #: Anchors (w, h in input pixels) of the COCO YOLOv5 models, per stride 8/16/32; the
@@ -30,7 +39,12 @@ COCO_ANCHORS: tuple[tuple[tuple[float, float], ...], ...] = (
     ((116, 90), (156, 198), (373, 326)),
 )
 
-_BINS_AND_ONES = np.stack([np.arange(DFL_BINS), np.ones(DFL_BINS)]).astype(np.float32)
+#: Box inputs whose values all lie within +-_SAFE give finite boxes in every head's formula
+#: (the largest: YOLOv5's (2 x)^2 x anchor): no box then needs computing to be counted.
+_SAFE = 1e15
+#: Candidates whose boxes are all computed at once: checking the whole output's box values
+#: (:meth:`Decoder._bounded`) costs more than computing this many boxes.
+_FEW_CANDIDATES = 1024
 
 
 @dataclass(frozen=True)
@@ -40,6 +54,8 @@ class DetectSettings:
     conf: float = 0.25  # keep candidates whose score is >= conf
     iou: float = 0.45  # NMS: drop a box overlapping a better one of its class by more
     max_det: int = 300  # at most this many boxes per image
+    agnostic: bool = False  # NMS across classes: a box suppresses overlapped boxes of any class
+    classes: tuple[int, ...] | None = None  # keep only boxes of these classes (None: all)
     # per stride, (w, h) pixels; None = COCO defaults
     anchors: tuple[tuple[tuple[float, float], ...], ...] | None = None
 
@@ -64,12 +80,17 @@ class Detections:
 
 @dataclass
 class _Candidates:
-    """Candidates of one stride (or the whole output) that passed the threshold."""
+    """Candidates of one stride (or the whole output) that passed the threshold: every
+    score, and their boxes and classes computed on demand, by candidate index."""
 
-    boxes: np.ndarray  # (k, 4) float32 x1 y1 x2 y2
     scores: np.ndarray  # (k,) float32
-    class_ids: np.ndarray  # (k,) int32
+    boxes_of: Callable[[np.ndarray], np.ndarray]  # indices -> (n, 4) float32 x1 y1 x2 y2
+    classes_of: Callable[[np.ndarray], np.ndarray]  # indices -> (n,) int32
     nonfinite: int
+    # whether no box can be NaN/inf, asked only of many candidates (else every box is
+    # computed and checked first)
+    safe: Callable[[], bool] = lambda: True
+    computed: tuple[np.ndarray, np.ndarray] | None = None  # every (box, class), when known
 
 
 class Decoder:
@@ -116,23 +137,20 @@ class Decoder:
         """Boxes in the model input's pixels (the letterboxed canvas), class-aware NMS
         applied, sorted by score desc, at most ``max_det``; non-finite candidates dropped
         and counted."""
-        parts = self._decode(outputs)
+        parts = [_finite_boxes(p) for p in self._decode(outputs)]
         nonfinite = sum(p.nonfinite for p in parts)
-        parts = [p for p in parts if len(p.scores)]
-        if not parts:
-            return Detections(
-                np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32),
-                nonfinite,
-            )  # fmt: skip
-        if len(parts) == 1:
-            boxes, scores, class_ids = parts[0].boxes, parts[0].scores, parts[0].class_ids
-        else:
-            boxes = np.concatenate([p.boxes for p in parts])
-            scores = np.concatenate([p.scores for p in parts])
-            class_ids = np.concatenate([p.class_ids for p in parts])
-        keep = nms(boxes, scores, class_ids, self.settings.iou, self.settings.max_det)
+        found = _joined([p for p in parts if len(p.scores)])
+        s = self.settings
+        idx, boxes, class_ids = nms_ranked(
+            found.scores,
+            lambda i: (found.boxes_of(i), found.classes_of(i)),
+            s.iou,
+            s.max_det,
+            agnostic=s.agnostic,
+            classes=s.classes,
+        )
         return Detections(
-            np.ascontiguousarray(boxes[keep]), scores[keep], class_ids[keep], nonfinite
+            np.ascontiguousarray(boxes, np.float32), found.scores[idx], class_ids, nonfinite
         )
 
     # -- helpers ---------------------------------------------------------------------------
@@ -173,6 +191,13 @@ class Decoder:
 
     # -- one decoder per head family -------------------------------------------------------
 
+    def _bounded(self, i: int, values: np.ndarray) -> bool:
+        """Output ``i``'s ``values`` (box inputs) all lie within +-_SAFE once real."""
+        if values.dtype.kind in "iu":
+            scale, zero_point = self.quant[i]  # type: ignore[misc]  # _real checked it
+            return scale * (abs(zero_point) + 256) < _SAFE
+        return bool(values.min() > -_SAFE and values.max() < _SAFE)  # False for NaN
+
     def _yolov8_zoo(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         per_branch = len(outputs) // len(self.head.strides)
         if per_branch not in (2, 3):
@@ -184,71 +209,116 @@ class Decoder:
             expected += branch[:per_branch]
         self._check(outputs, expected)
         conf = self.settings.conf
-        # Per stride: the cells whose best class passes, their class and DFL logits; then
-        # one DFL softmax and one box computation for all strides at once.
+        # Per stride: the cells whose best class passes (max then dequantise: dequantising
+        # is increasing, scale > 0); their boxes and classes on demand, all strides at once.
+        boxes_in, classes_in, scores, cells, strides = [], [], [], [], []
         nonfinite = 0
-        picked: list[tuple[np.ndarray, ...]] = []
         for b, (gh, gw) in enumerate(self._grids):
             i_box, i_cls = per_branch * b, per_branch * b + 1
             cls = outputs[i_cls].reshape(nc, gh * gw)
-            # max then dequantise: dequantising is increasing (scale > 0).
             best = self._real(i_cls, cls.max(axis=0))
-            cells, bad = _passing(best, conf)
+            passing, bad = _passing(best, conf)
             nonfinite += bad
-            if not cells.size:
-                continue
-            logits = self._real(i_box, outputs[i_box].reshape(4, DFL_BINS, gh * gw)[:, :, cells])
-            where = cells + self._cell_offsets[b]
-            picked.append((best[cells], cls[:, cells].argmax(axis=0), logits, where))
-        if not picked:
-            return [_empty(nonfinite)]
-        scores, class_ids, logits, where = (
-            np.concatenate(parts, axis=-1) for parts in zip(*picked, strict=True)
-        )
-        dist = _dfl(logits)  # (4, k): left, top, right, bottom in cells
-        centre = self._cell_centres[:, where]  # (2, k) in cells
-        boxes = np.concatenate((centre - dist[:2], centre + dist[2:])) * self._cell_strides[where]
-        return [_finite_boxes(boxes.T, scores, class_ids.astype(np.int32), nonfinite)]
+            box = outputs[i_box].reshape(4, DFL_BINS, gh * gw)
+            boxes_in.append((i_box, box))
+            classes_in.append(cls)
+            scores.append(best[passing])
+            cells.append(passing)
+            strides.append(np.full(len(passing), b, np.intp))
+        where = np.concatenate(cells)  # each candidate's cell in its stride's grid
+        stride = np.concatenate(strides)
+
+        def boxes_of(i: np.ndarray) -> np.ndarray:
+            logits = np.empty((4, DFL_BINS, len(i)), np.float32)
+            for b, (i_box, box) in enumerate(boxes_in):
+                mine = stride[i] == b
+                if mine.any():
+                    logits[:, :, mine] = self._real(i_box, box.take(where[i[mine]], axis=2))
+            dist = _dfl(logits)  # (4, n): left, top, right, bottom in cells
+            at = where[i] + np.asarray(self._cell_offsets)[stride[i]]
+            centre = self._cell_centres[:, at]  # (2, n) in cells
+            xyxy = np.concatenate((centre - dist[:2], centre + dist[2:]))
+            return (xyxy * self._cell_strides[at]).T
+
+        def classes_of(i: np.ndarray) -> np.ndarray:
+            out = np.empty(len(i), np.int32)
+            for b, cls in enumerate(classes_in):
+                mine = stride[i] == b
+                if mine.any():
+                    out[mine] = cls.take(where[i[mine]], axis=1).argmax(axis=0)
+            return out
+
+        def safe() -> bool:
+            return all(self._bounded(i_box, box) for i_box, box in boxes_in)
+
+        return [_Candidates(np.concatenate(scores), boxes_of, classes_of, nonfinite, safe)]
 
     def _yolov5_zoo(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         na, nc = self.head.num_anchors, self.head.num_classes
         self._check(outputs, [(1, na * (5 + nc), gh, gw) for gh, gw in self._grids])
+        return [self._yolov5_zoo_stride(i, outputs[i]) for i in range(len(self._grids))]
+
+    def _yolov5_zoo_stride(self, i: int, output: np.ndarray) -> _Candidates:
+        """One stride's candidates: (anchor, cell) pairs whose object x class score passes."""
+        na, nc = self.head.num_anchors, self.head.num_classes
+        gh, gw = self._grids[i]
         conf = self.settings.conf
-        parts = []
-        for i, (stride, (gh, gw)) in enumerate(zip(self.head.strides, self._grids, strict=True)):
-            raw = outputs[i].reshape(na, 5 + nc, gh * gw)
-            obj = self._real(i, raw[:, 4, :])  # (A, cells)
-            passing, nonfinite = _passing(obj.ravel(), conf)
-            anchor, cells = np.divmod(passing, gh * gw)
-            if not cells.size:
-                parts.append(_empty(nonfinite))
-                continue
-            cls = self._real(i, raw[anchor, 5:, cells])  # (k, C)
-            scores, class_ids, kept, bad = _best_class(obj[anchor, cells], cls, conf)
-            anchor, cells = anchor[kept], cells[kept]
-            xywh = self._real(i, raw[anchor, :4, cells])  # (k, 4) sigmoids
-            s = np.float32(stride)
-            cx = (xywh[:, 0] * 2 - 0.5 + (cells % gw)) * s
-            cy = (xywh[:, 1] * 2 - 0.5 + (cells // gw)) * s
-            w = (xywh[:, 2] * 2) ** 2 * self._anchors[i, anchor, 0]
-            h = (xywh[:, 3] * 2) ** 2 * self._anchors[i, anchor, 1]
-            boxes = _xywh_to_xyxy(cx, cy, w, h)
-            parts.append(_finite_boxes(boxes, scores, class_ids, nonfinite + bad))
-        return parts
+        raw = output.reshape(na, 5 + nc, gh * gw)
+        obj = self._real(i, raw[:, 4, :])  # (A, cells)
+        passing, nonfinite = _passing(obj.ravel(), conf)
+        anchor, cells = np.divmod(passing, gh * gw)
+        # max then dequantise (increasing), over all cells when most pass (no gather)
+        if 4 * len(cells) > obj.size:
+            best_cls = self._real(i, raw[:, 5:, :].max(axis=1))[anchor, cells]
+        else:
+            best_cls = self._real(i, _at(raw, anchor, cells, 5, 5 + nc).max(axis=1))
+        scores, kept, bad = _scored(obj[anchor, cells], best_cls, conf)
+        anchor, cells = anchor[kept], cells[kept]
+        s = np.float32(self.head.strides[i])
+        anchors = self._anchors
+        assert anchors is not None
+
+        def boxes_of(k: np.ndarray) -> np.ndarray:
+            a, c = anchor[k], cells[k]
+            xywh = self._real(i, _at(raw, a, c, 0, 4))  # (n, 4) sigmoids
+            cx = (xywh[:, 0] * 2 - 0.5 + (c % gw)) * s
+            cy = (xywh[:, 1] * 2 - 0.5 + (c // gw)) * s
+            w = (xywh[:, 2] * 2) ** 2 * anchors[i, a, 0]
+            h = (xywh[:, 3] * 2) ** 2 * anchors[i, a, 1]
+            return _xywh_to_xyxy(cx, cy, w, h)
+
+        def classes_of(k: np.ndarray) -> np.ndarray:
+            values = _at(raw, anchor[k], cells[k], 5, 5 + nc)
+            return self._real(i, values).argmax(axis=1).astype(np.int32)
+
+        def safe() -> bool:
+            return self._bounded(i, raw[:, :4, :])
+
+        return _Candidates(scores, boxes_of, classes_of, nonfinite + bad, safe)
 
     def _yolov8_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         nc = self.head.num_classes
         cells = sum(gh * gw for gh, gw in self._grids)
-        self._check(outputs, [(1, 4 + nc, cells)])
-        raw = outputs[0].reshape(4 + nc, cells)
+        if self.head.rows:  # transposed: a row per cell, read through a transposed view
+            self._check(outputs, [(1, cells, 4 + nc)])
+            raw = outputs[0].reshape(cells, 4 + nc).T
+        else:
+            self._check(outputs, [(1, 4 + nc, cells)])
+            raw = outputs[0].reshape(4 + nc, cells)
         best = self._real(0, raw[4:].max(axis=0))
         idx, nonfinite = _passing(best, self.settings.conf)
-        if not idx.size:
-            return [_empty(nonfinite)]
-        class_ids = raw[4:, idx].argmax(axis=0).astype(np.int32)
-        cx, cy, w, h = self._real(0, raw[:4, idx])
-        boxes = _xywh_to_xyxy(cx, cy, w, h)
-        return [_finite_boxes(boxes, best[idx], class_ids, nonfinite)]
+
+        def boxes_of(i: np.ndarray) -> np.ndarray:
+            cx, cy, w, h = self._real(0, raw[:4].take(idx[i], axis=1))
+            return _xywh_to_xyxy(cx, cy, w, h)
+
+        def classes_of(i: np.ndarray) -> np.ndarray:
+            return raw[4:].take(idx[i], axis=1).argmax(axis=0).astype(np.int32)
+
+        def safe() -> bool:
+            return self._bounded(0, raw[:4])
+
+        return [_Candidates(best[idx], boxes_of, classes_of, nonfinite, safe)]
 
     def _yolov5_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         nc = self.head.num_classes
@@ -257,13 +327,33 @@ class Decoder:
         raw = outputs[0].reshape(rows, 5 + nc)
         obj = self._real(0, raw[:, 4])
         idx, nonfinite = _passing(obj, self.settings.conf)
-        if not idx.size:
-            return [_empty(nonfinite)]
-        picked = self._real(0, raw[idx])
-        scores, class_ids, kept, bad = _best_class(picked[:, 4], picked[:, 5:], self.settings.conf)
-        cx, cy, w, h = picked[kept, :4].T
-        boxes = _xywh_to_xyxy(cx, cy, w, h)
-        return [_finite_boxes(boxes, scores, class_ids, nonfinite + bad)]
+        # max then dequantise (increasing), over all rows when most pass (no gather)
+        if 4 * len(idx) > rows:
+            best_cls = self._real(0, raw[:, 5:].max(axis=1))[idx]
+        else:
+            best_cls = self._real(0, raw.take(idx, axis=0)[:, 5:].max(axis=1))
+        scores, kept, bad = _scored(obj[idx], best_cls, self.settings.conf)
+        idx = idx[kept]
+
+        def boxes_of(i: np.ndarray) -> np.ndarray:
+            cx, cy, w, h = self._real(0, raw.take(idx[i], axis=0)[:, :4]).T
+            return _xywh_to_xyxy(cx, cy, w, h)
+
+        def classes_of(i: np.ndarray) -> np.ndarray:
+            return self._real(0, raw.take(idx[i], axis=0)[:, 5:]).argmax(axis=1).astype(np.int32)
+
+        def safe() -> bool:
+            return self._bounded(0, raw[:, :4])
+
+        return [_Candidates(scores, boxes_of, classes_of, nonfinite + bad, safe)]
+
+
+def _at(raw: np.ndarray, anchor: np.ndarray, cells: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """``raw[anchor, lo:hi, cells]`` of an (A, channels, cells) output, as (n, hi - lo), by
+    a gather on the flat array (much faster than numpy's indexing on two axes)."""
+    _, channels, n = raw.shape
+    flat = (anchor * channels * n + cells)[:, None] + np.arange(lo, hi) * n
+    return raw.reshape(-1).take(flat)
 
 
 def _cell_tables(
@@ -295,33 +385,34 @@ def _passing(best: np.ndarray, conf: float) -> tuple[np.ndarray, int]:
     return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
 
 
-def _empty(nonfinite: int) -> _Candidates:
-    return _Candidates(
-        np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32), nonfinite
-    )
-
-
 def _dfl(logits: np.ndarray) -> np.ndarray:
-    """Expected bin of each side's 16-bin softmax: (4, 16, k) logits -> (4, k) distances."""
+    """Expected bin of each side's 16-bin softmax: (4, 16, k) logits -> (4, k) distances.
+
+    The sums over the bins are taken one bin at a time (elementwise): each box's sum is then
+    the same whatever other boxes are decoded with it, which a matrix product does not
+    promise (its order of summation may depend on how many columns it has).
+    """
     with np.errstate(invalid="ignore", over="ignore"):
         e = logits - logits.max(axis=1, keepdims=True)
         np.exp(e, out=e)
-        # one matrix product gives both sums over the bins: sum(bin * e) and sum(e)
-        weighted, total = np.matmul(_BINS_AND_ONES, e).transpose(1, 0, 2)
+        e = np.ascontiguousarray(e.transpose(1, 0, 2))  # (16, 4, k): each bin contiguous
+        weighted, total = e[1].copy(), e[0] + e[1]
+        for b in range(2, DFL_BINS):
+            weighted += b * e[b]
+            total += e[b]
         return weighted / total
 
 
-def _best_class(
-    obj: np.ndarray, cls: np.ndarray, conf: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """Score (object x best class), class, which pass ``conf``, and how many were NaN/inf."""
+def _scored(
+    obj: np.ndarray, best_cls: np.ndarray, conf: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Score (object x best class score), which pass ``conf``, and how many were NaN/inf."""
     with np.errstate(invalid="ignore", over="ignore"):
-        scores = obj * cls.max(axis=1)
+        scores = obj * best_cls
     finite = np.isfinite(scores)
     kept = np.flatnonzero(finite & (scores >= conf))
     bad = scores.size - int(np.count_nonzero(finite))
-    class_ids = cls[kept].argmax(axis=1).astype(np.int32)
-    return scores[kept], class_ids, kept, bad
+    return scores[kept], kept, bad
 
 
 def _xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -331,15 +422,69 @@ def _xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) 
         )
 
 
-def _finite_boxes(
-    boxes: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, nonfinite: int
-) -> _Candidates:
-    """The candidates whose box is finite; the others are counted in ``nonfinite``."""
+def _finite_boxes(part: _Candidates) -> _Candidates:
+    """``part`` whose boxes are sure to be finite. A few candidates (at most
+    ``_FEW_CANDIDATES``) have every box computed, and those with a NaN/inf are dropped and
+    counted; of more, the boxes are left to compute on demand when the output's box values
+    are small enough that none can be (``safe``), else they are all computed too."""
+    if not len(part.scores) or (len(part.scores) > _FEW_CANDIDATES and part.safe()):
+        return part
+    every = np.arange(len(part.scores))
+    boxes, classes = part.boxes_of(every), part.classes_of(every)
     ok = np.isfinite(boxes).all(axis=1)
-    if ok.all():
-        return _Candidates(boxes, scores, class_ids, nonfinite)
-    bad = len(ok) - int(np.count_nonzero(ok))
-    return _Candidates(boxes[ok], scores[ok], class_ids[ok], nonfinite + bad)
+    if not ok.all():
+        keep = np.flatnonzero(ok)
+        part = _Candidates(part.scores[keep], part.boxes_of, part.classes_of, part.nonfinite)
+        part.nonfinite += len(ok) - len(keep)
+        boxes, classes = boxes[keep], classes[keep]
+    return _computed(part.scores, boxes, classes, part.nonfinite)
+
+
+def _computed(
+    scores: np.ndarray, boxes: np.ndarray, classes: np.ndarray, nonfinite: int
+) -> _Candidates:
+    """Candidates whose boxes and classes are all computed already."""
+    found = _Candidates(
+        scores, lambda i: boxes.take(i, axis=0), lambda i: classes.take(i), nonfinite
+    )
+    found.computed = (boxes, classes)
+    return found
+
+
+def _joined(parts: Sequence[_Candidates]) -> _Candidates:
+    """The candidates of several strides as one list, in stride order."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        none = np.zeros(0, np.intp)
+        return _Candidates(
+            np.zeros(0, np.float32),
+            lambda i: np.zeros((len(i), 4), np.float32),
+            lambda i: none.astype(np.int32),
+            0,
+        )
+    scores = np.concatenate([p.scores for p in parts])
+    if all(p.computed is not None for p in parts):  # a few candidates: one table
+        boxes = np.concatenate([p.computed[0] for p in parts])  # type: ignore[index]
+        classes = np.concatenate([p.computed[1] for p in parts])  # type: ignore[index]
+        return _computed(scores, boxes, classes, 0)
+    starts = np.cumsum([0] + [len(p.scores) for p in parts])
+
+    def gather(i: np.ndarray, of: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        out = np.empty((len(i), *shape), dtype)
+        which = np.searchsorted(starts, i, "right") - 1
+        for n, part in enumerate(parts):
+            mine = which == n
+            if mine.any():
+                out[mine] = getattr(part, of)(i[mine] - starts[n])
+        return out
+
+    return _Candidates(
+        scores,
+        lambda i: gather(i, "boxes_of", (4,), np.float32),
+        lambda i: gather(i, "classes_of", (), np.int32),
+        0,
+    )
 
 
 def _unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from batchinfer.messages import setting
+
 #: Strides of the standard three-scale YOLO heads, and of the four-scale (P6) exports.
 STRIDES = (8, 16, 32)
 _STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
@@ -21,13 +23,16 @@ _DESCRIPTIONS = {
     "yolov5-ultralytics": "YOLOv5 Ultralytics ONNX head",
 }
 
+#: The head families, as ``detect.head`` names them.
+HEAD_FAMILIES: tuple[str, ...] = tuple(_DESCRIPTIONS)
+
 #: Human descriptions of the output layouts :func:`recognise` knows (C classes, H x W grid
 #: of each stride, N cells over all strides).
 KNOWN_HEADS: tuple[str, ...] = (
     "rknn_model_zoo YOLOv5/v7: 3 outputs (1, 3*(5+C), H, W) for strides 8/16/32",
     "rknn_model_zoo YOLOv8/YOLO11: 6 or 9 outputs, per stride 8/16/32 a box (1, 64, H, W), "
     "class scores (1, C, H, W) and optionally a score sum (1, 1, H, W)",
-    "Ultralytics YOLOv8/YOLO11 ONNX: 1 output (1, 4+C, N)",
+    "Ultralytics YOLOv8/YOLO11 ONNX: 1 output (1, 4+C, N), or transposed (1, N, 4+C)",
     "Ultralytics YOLOv5 ONNX: 1 output (1, 3*N, 5+C)",
 )
 
@@ -40,10 +45,14 @@ class Head:
     num_classes: int
     strides: tuple[int, ...]  # (8, 16, 32) where it applies
     num_anchors: int  # anchors per cell (3 for v5/v7 zoo heads, 1 otherwise)
+    # yolov8-ultralytics only: a candidate per row, (1, N, 4+C), not per column
+    rows: bool = False
 
     def describe(self) -> str:
         """One line for people: ``YOLOv8 model-zoo head, 80 classes, strides 8/16/32``."""
         name = _DESCRIPTIONS.get(self.family, self.family)
+        if self.rows:
+            name += " (transposed: a row per cell)"
         classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
         strides = "/".join(str(s) for s in self.strides)
         return f"{name}, {classes}, strides {strides}"
@@ -55,24 +64,71 @@ def grid_sizes(input_hw: tuple[int, int], strides: Sequence[int]) -> list[tuple[
     return [(math.ceil(h / s), math.ceil(w / s)) for s in strides]
 
 
-def recognise(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> Head | None:
+def recognise(
+    input_hw: tuple[int, int],
+    output_shapes: Sequence[tuple[int, ...]],
+    classes: int | None = None,
+    family: str | None = None,
+) -> Head | None:
     """The head whose layout the output shapes have, or None when no known head fits.
 
     ``input_hw`` is the model input's (height, width); ``output_shapes`` are the outputs'
     shapes as the runtime reports them, in order (NCHW for the model-zoo heads). A batch
     axis reported as -1, 0, None or a name (dynamic) counts as 1; any other unknown
-    dimension fits no head.
+    dimension fits no head. One output of a row per cell, (1, N, K), fits two heads: YOLOv5
+    rows with an object score (K-5 classes) and transposed YOLOv8 (K-4 classes);
+    :func:`choose` picks between the heads :func:`readings` gives, by ``family`` (a head
+    family the user named), else by ``classes`` (a class count the model's metadata or a
+    labels file gives).
     """
+    return choose(readings(input_hw, output_shapes), classes, family)[0]
+
+
+def readings(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> list[Head]:
+    """Every head the output shapes fit (more than one only for a row per cell)."""
     shapes = [_batch_one(s) for s in output_shapes]
     if any(s is None for s in shapes) or not shapes:
-        return None
+        return []
     if len(shapes) == 1:
-        return _recognise_single(input_hw, shapes[0])
+        return _recognise_single(input_hw, shapes[0])  # type: ignore[arg-type]
     if len(shapes) == len(STRIDES):
-        return _recognise_v5_zoo(input_hw, shapes)
-    if len(shapes) in (2 * len(STRIDES), 3 * len(STRIDES)):
-        return _recognise_v8_zoo(input_hw, shapes)
-    return None
+        head = _recognise_v5_zoo(input_hw, shapes)  # type: ignore[arg-type]
+    elif len(shapes) in (2 * len(STRIDES), 3 * len(STRIDES)):
+        head = _recognise_v8_zoo(input_hw, shapes)  # type: ignore[arg-type]
+    else:
+        head = None
+    return [] if head is None else [head]
+
+
+def choose(
+    heads: Sequence[Head], classes: int | None = None, family: str | None = None
+) -> tuple[Head | None, str | None]:
+    """The head to read among ``heads`` (:func:`readings`), and when they were more than one
+    and neither ``family`` nor ``classes`` decided, one sentence saying so: that the layout is
+    ambiguous, how it was read and how to choose. ``family`` that none of ``heads`` has:
+    (None, None)."""
+    if family is not None:
+        heads = [h for h in heads if h.family == family]
+        return (heads[0] if heads else None), None
+    if len(heads) < 2:
+        return (heads[0] if heads else None), None
+    if classes is not None:
+        fits = [h for h in heads if h.num_classes == classes]
+        if len(fits) == 1:
+            return fits[0], None
+    # Nothing said: COCO's 80 classes when one reading gives them, else the first reading
+    # (rows with an object score, as batchinfer read this layout before it could choose)
+    chosen = next((h for h in heads if h.num_classes == 80), heads[0])
+    other = next(h for h in heads if h is not chosen)
+    how = "the reading with COCO's 80 classes" if chosen.num_classes == 80 else "by default"
+    return chosen, (
+        f"The output layout is ambiguous: it fits a {chosen.describe()} and a "
+        f"{other.describe()}; read as the first ({how}). "
+        + setting("detect.head")
+        + f" {other.family} reads it as the other, and class names ("
+        + setting("labels")
+        + " or the model's metadata) with one of the two counts decide."
+    )
 
 
 def explain_no_head(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> str:
@@ -101,20 +157,24 @@ def _batch_one(shape: Sequence[int]) -> tuple[int, ...] | None:
     return (1, *dims[1:])
 
 
-def _recognise_single(input_hw: tuple[int, int], shape: tuple[int, ...]) -> Head | None:
+def _recognise_single(input_hw: tuple[int, int], shape: tuple[int, ...]) -> list[Head]:
     if len(shape) != 3:
-        return None
+        return []
     _, rows, cols = shape
     for strides in _STRIDE_SETS:
         cells = sum(gh * gw for gh, gw in grid_sizes(input_hw, strides))
         # (1, 4+C, N): one candidate per cell, a column each. (1, 84, 8400) and
         # (1, 8400, 85) cannot both fit: that would need 4+C == A*N and 5+C == N.
         if cols == cells and rows > 4:
-            return Head("yolov8-ultralytics", rows - 4, strides, 1)
-        for anchors in (V5_ANCHORS, 1):
-            if rows == anchors * cells and cols > 5:
-                return Head("yolov5-ultralytics", cols - 5, strides, anchors)
-    return None
+            return [Head("yolov8-ultralytics", rows - 4, strides, 1)]
+        if rows == V5_ANCHORS * cells and cols > 5:
+            return [Head("yolov5-ultralytics", cols - 5, strides, V5_ANCHORS)]
+        if rows == cells and cols > 4:
+            # a row per cell: with an object score (anchor-free YOLOv5-style rows, YOLOX),
+            # or a transposed YOLOv8 output; only the class count tells them apart
+            found = [Head("yolov5-ultralytics", cols - 5, strides, 1)] if cols > 5 else []
+            return [*found, Head("yolov8-ultralytics", cols - 4, strides, 1, rows=True)]
+    return []
 
 
 def _zoo_grids_fit(input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]) -> bool:

@@ -302,7 +302,7 @@ def plan_engine(
     if task is None:
         model = Path(config.model).expanduser().resolve()
         input_hw = preprocess.size if preprocess.is_image else None
-        task = plan_task(config.detect, model, input_hw, config.labels)
+        task = plan_task(config.detect, model, input_hw, config.labels, dataset=config.dataset)
     if task.detects:
         preprocess = dataclasses.replace(preprocess, resize="letterbox", pad=pad_rgb(config.detect))
     if kind:

@@ -19,9 +19,13 @@ file from elsewhere) is judged by its output shapes alone, and its class count i
 inferred from them (``info`` says so).
 
 A detection run's class names come from ``--labels`` (one name per line, line 1 is class 0),
-else the model's metadata ``names`` when they fit the head, else COCO's 80 names for an
-80-class head, else none (``label`` null); a labels file whose count differs from the
-head's classes is a usage error. Anchors of an anchor-based head come
+else the dataset's own (a COCO file's categories, whose ids are kept for ``export coco``;
+a data.yaml's ``names``) when they fit the head (a count that differs is said), else the
+model's metadata ``names`` when they fit, else COCO's 80 names for an 80-class head, else
+none (``label`` null); a labels file whose count differs from the head's classes is a
+usage error (batchinfer.detect.class_names). One output of a row per cell fits two heads;
+the class count of the labels or the metadata picks one, else ``detect.head`` (a warning
+says how an undecided one was read). Anchors of an anchor-based head come
 from ``detect.anchors``, else ``anchors`` in the model's ``<stem>.config.json`` (the
 conversion settings beside it, runtime/conversion.py), else COCO's defaults.
 """
@@ -29,12 +33,20 @@ conversion settings beside it, runtime/conversion.py), else COCO's defaults.
 from __future__ import annotations
 
 import ast
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchinfer.detect.class_names import (  # noqa: F401  (where names came from)
+    NAMES_COCO80,
+    NAMES_DATASET,
+    NAMES_FROM_FILE,
+    NAMES_METADATA,
+    NAMES_NONE,
+)
 from batchinfer.errors import ConfigError, ModelError
 from batchinfer.messages import setting
 
@@ -44,9 +56,6 @@ if TYPE_CHECKING:
 
 CLASSIFY, DETECT, RAW = "classify", "detect", "raw"
 
-#: Where a detection run's class names came from.
-NAMES_FROM_FILE, NAMES_COCO80, NAMES_NONE = "labels-file", "coco80", "none"
-NAMES_METADATA = "model-metadata"
 
 #: Ultralytics' tasks (metadata ``task``) that are not detection, as people say them.
 OTHER_TASKS = {
@@ -62,6 +71,14 @@ IOU_RANGE = (0.0, 1.0)
 MAX_DET_RANGE = (1, 100_000)
 
 
+#: (group, key, value when unset) of the task record's keys added after runs were made.
+_LATER_KEYS = (
+    ("settings", "agnostic_nms", False),
+    ("settings", "classes", None),
+    ("head", "rows", False),
+)
+
+
 @dataclass(frozen=True)
 class TaskPlan:
     """The task of a run, why, and for ``detect`` everything a core worker needs to decode
@@ -74,6 +91,7 @@ class TaskPlan:
     input_hw: tuple[int, int] | None = None
     names: tuple[str, ...] = ()  # class names by class id; () when none are known
     names_source: str | None = None
+    category_ids: tuple[int, ...] = ()  # COCO category id per class (the dataset's COCO file)
     anchors_source: str | None = None  # option | config.json | default (anchor heads only)
     # Per output: (scale, zero point) when the graph quantises it, for runtimes that return
     # int8 outputs (every backend today returns float32; the decoder then ignores it).
@@ -110,11 +128,14 @@ class TaskPlan:
                     "num_classes": self.head.num_classes,
                     "strides": list(self.head.strides),
                     "num_anchors": self.head.num_anchors,
+                    "rows": self.head.rows,
                 },
                 settings={
                     "conf": s.conf,
                     "iou": s.iou,
                     "max_det": s.max_det,
+                    "agnostic_nms": s.agnostic,
+                    "classes": None if s.classes is None else list(s.classes),
                     "anchors": (
                         None if s.anchors is None else [[list(p) for p in a] for a in s.anchors]
                     ),
@@ -124,6 +145,8 @@ class TaskPlan:
                 names_source=self.names_source,
                 names=list(self.names),
             )
+            if self.category_ids:
+                out["category_ids"] = list(self.category_ids)
         return out
 
     def fingerprint(self) -> dict[str, Any] | None:
@@ -133,6 +156,10 @@ class TaskPlan:
             return None
         record = self.to_json()
         record.pop("description", None)
+        # settings added later count only when set: runs started before them still resume
+        for group, key, unset in _LATER_KEYS:
+            if record.get(group, {}).get(key, unset) == unset:
+                record.get(group, {}).pop(key, None)
         return record
 
 
@@ -270,12 +297,14 @@ def plan_task(
     input_hw: tuple[int, int] | None,
     labels: Path | None = None,
     output_shapes: Sequence[Sequence[int]] | None = None,
+    dataset: Path | str | None = None,
 ) -> TaskPlan:
     """The task of a run of ``model`` whose image input is ``input_hw`` (None: not an image).
 
-    ``output_shapes`` default to the model file's (runtime/model_info.py). Raises ConfigError
-    (exit 2) for ``--task detect`` on outputs that are no known head, for a labels file that
-    does not fit the head, and for settings out of range.
+    ``output_shapes`` default to the model file's (runtime/model_info.py); ``dataset`` (its
+    path) may name the classes. Raises ConfigError (exit 2) for ``--task detect`` on outputs
+    that are no known head, for a labels file that does not fit the head, and for settings
+    out of range.
     """
     check_detect_options(opts)
     if output_shapes is None:
@@ -288,9 +317,7 @@ def plan_task(
     model_task = None if meta is None else meta.task
     head = None
     if opts.task in ("auto", DETECT) and input_hw is not None and shapes and other is None:
-        from batchinfer.detect import recognise
-
-        head = recognise(input_hw, shapes)
+        head = _recognised(opts, input_hw, shapes, labels, meta)
     if opts.task == DETECT and head is None:
         could_classify = not shapes or _one_score_vector(shapes)
         if other is not None:
@@ -310,7 +337,7 @@ def plan_task(
             why = explain_no_head(input_hw, shapes).rstrip(".") + "."
         raise NotADetectorError(why, could_classify)
     if head is not None:
-        return _detect_plan(opts, model, input_hw, shapes, head, labels, quant, meta)  # type: ignore[arg-type]
+        return _detect_plan(opts, model, input_hw, shapes, head, labels, quant, meta, dataset)  # type: ignore[arg-type]
     if opts.task == RAW or (opts.task == "auto" and shapes and not _one_score_vector(shapes)):
         if opts.task == RAW:
             reason = "asked for"
@@ -371,6 +398,39 @@ def _output_quant(onnx_path: Path, info: Any) -> tuple[tuple[float, int] | None,
     return quant if any(quant) else ()
 
 
+def _recognised(
+    opts: DetectOptions,
+    input_hw: tuple[int, int],
+    shapes: tuple[tuple[int, ...], ...],
+    labels: Path | None,
+    meta: ModelMetadata | None,
+) -> Head | None:
+    """The head the outputs are: ``detect.head`` when it names one they fit, else the one
+    the class count of the labels file or the metadata picks (a warning when none could)."""
+    from batchinfer.detect.class_names import labels_file_names
+    from batchinfer.detect.heads import choose, readings
+
+    found = readings(input_hw, shapes)
+    family = None if opts.head == "auto" else opts.head
+    if family is not None and found and all(h.family != family for h in found):
+        raise ConfigError(
+            setting("detect.head")
+            + f" {family} does not fit the model's outputs {_shapes_text(shapes)}, which are "
+            f"a {' or a '.join(h.describe() for h in found)}; drop it or name that layout.",
+            "detect.head",
+        )
+    count = None
+    if len(found) > 1 and family is None:
+        if labels is not None:
+            count = len(labels_file_names(labels))
+        elif meta is not None and meta.names is not None:
+            count = len(meta.names)
+    head, note = choose(found, count, family)
+    if note:
+        logging.getLogger("batchinfer").warning(note)
+    return head
+
+
 def _detect_plan(
     opts: DetectOptions,
     model: Path,
@@ -380,15 +440,40 @@ def _detect_plan(
     labels: Path | None,
     quant: tuple[tuple[float, int] | None, ...],
     meta: ModelMetadata | None = None,
+    dataset: Path | str | None = None,
 ) -> TaskPlan:
     from batchinfer.detect import DetectSettings
+    from batchinfer.detect.class_names import class_names, dataset_classes
 
-    names, names_source = _class_names(head, labels, meta)
+    named = class_names(
+        head.num_classes,
+        head.describe(),
+        labels,
+        None if meta is None else meta.names,
+        dataset_classes(dataset) if labels is None else None,
+    )
+    if named.warning:
+        logging.getLogger("batchinfer").warning(named.warning)
+    wanted = None if opts.classes is None else tuple(int(c) for c in opts.classes)
+    if wanted is not None and any(c >= head.num_classes for c in wanted):
+        raise ConfigError(
+            setting("detect.classes")
+            + f" names class {max(wanted)}, but the model's head has {head.num_classes} "
+            f"classes (0-{head.num_classes - 1}; {head.describe()}).",
+            "detect.classes",
+        )
     anchors, anchors_source = None, None
     if head.num_anchors > 1:
-        anchors, anchors_source = _anchors(opts, model, head)
+        from batchinfer.detect.anchors import head_anchors
+
+        anchors, anchors_source = head_anchors(opts.anchors, model, head)
     settings = DetectSettings(
-        conf=float(opts.conf), iou=float(opts.iou), max_det=int(opts.max_det), anchors=anchors
+        conf=float(opts.conf),
+        iou=float(opts.iou),
+        max_det=int(opts.max_det),
+        anchors=anchors,
+        agnostic=bool(opts.agnostic_nms),
+        classes=wanted,
     )
     return TaskPlan(
         DETECT,
@@ -396,97 +481,11 @@ def _detect_plan(
         head=head,
         settings=settings,
         input_hw=(int(input_hw[0]), int(input_hw[1])),
-        names=names,
-        names_source=names_source,
+        names=named.names,
+        names_source=named.source,
+        category_ids=named.category_ids,
         anchors_source=anchors_source,
         quant=quant,
         output_shapes=shapes,
         model_task=None if meta is None else meta.task,
     )
-
-
-def _class_names(
-    head: Head, labels: Path | None, meta: ModelMetadata | None = None
-) -> tuple[tuple[str, ...], str]:
-    from batchinfer.detect import COCO80
-
-    if labels is None:
-        if meta is not None and meta.names is not None and len(meta.names) == head.num_classes:
-            return meta.names, NAMES_METADATA
-        if head.num_classes == len(COCO80):
-            return tuple(COCO80), NAMES_COCO80
-        return (), NAMES_NONE
-    from batchinfer.data.classes import read_labels_file
-
-    class_map = read_labels_file(labels)
-    by_label = sorted(class_map.labels.items(), key=lambda kv: (kv[1], kv[0]))
-    ids = [label for _, label in by_label]
-    if ids != list(range(len(ids))):
-        raise ConfigError(
-            f"The labels file {class_map.file} ("
-            + setting("labels")
-            + ") does not name each class id "
-            f"0..{len(ids) - 1} (a detection head's classes are numbered from 0); list one "
-            "name per line, line 1 being class 0.",
-            "labels",
-        )
-    if len(ids) != head.num_classes:
-        raise ConfigError(
-            f"The labels file {class_map.file} ("
-            + setting("labels")
-            + f") names {len(ids)} classes, but the "
-            f"model's head has {head.num_classes} ({head.describe()}); give one name per "
-            "class, line 1 being class 0.",
-            "labels",
-        )
-    return tuple(name for name, _ in by_label), NAMES_FROM_FILE
-
-
-def _anchors(
-    opts: DetectOptions, model: Path, head: Head
-) -> tuple[tuple[tuple[tuple[float, float], ...], ...] | None, str]:
-    """The head's anchors per stride as (w, h) pairs, and where they came from."""
-    source, flat = "option", opts.anchors
-    if flat is None:
-        from batchinfer.runtime.conversion import ConversionSettings
-
-        settings = ConversionSettings.load_beside(model)
-        raw = None if settings is None else settings.raw.get("anchors")
-        if raw is None:
-            return None, "default"
-        assert settings is not None  # raw came from it
-        source, flat = f"{model.stem}.config.json", _anchors_from_json(raw, settings.path)
-    strides = len(head.strides)
-    groups = [tuple(float(v) for v in g) for g in flat]
-    if len(groups) == 1 and strides > 1 and len(groups[0]) % (2 * strides) == 0:
-        per = len(groups[0]) // strides  # one flat list (the model zoo's anchors file)
-        groups = [groups[0][i * per : (i + 1) * per] for i in range(strides)]
-    want = 2 * head.num_anchors
-    if len(groups) != strides or any(len(g) != want for g in groups):
-        where = setting("detect.anchors") if source == "option" else f"anchors in {source}"
-        raise ConfigError(
-            where + f" gives {[len(g) // 2 for g in groups]} anchors per stride, but the "
-            f"model's {head.describe()} needs {head.num_anchors} (w,h pairs) for each of its "
-            f"{strides} strides.",
-            "detect.anchors",
-        )
-    return tuple(tuple((g[i], g[i + 1]) for i in range(0, len(g), 2)) for g in groups), source
-
-
-def _anchors_from_json(raw: Any, path: Path | None) -> tuple[tuple[float, ...], ...]:
-    """``anchors`` of a .config.json: a flat list, a list per stride, or (w, h) pairs per
-    stride."""
-
-    def flat(value: Any) -> list[float]:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return [float(value)]
-        if isinstance(value, list):
-            return [v for item in value for v in flat(item)]
-        raise ConfigError(
-            f"anchors in {path} must be numbers (w,h pairs per stride), not {value!r}.",
-            "detect.anchors",
-        )
-
-    if isinstance(raw, list) and raw and all(isinstance(g, list) for g in raw):
-        return tuple(tuple(flat(g)) for g in raw)
-    return (tuple(flat(raw)),)
