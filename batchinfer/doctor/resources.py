@@ -137,11 +137,10 @@ def _shm(m: Machine, slots: int, layout: TensorLayout, plan: str) -> Check:
             free=free,
             need=need,
         )
-    room = free // layout.nbytes
     return ok(
         "shm",
         "/dev/shm",
-        f"{size(free)} free, the default plan needs {size(need)} (room for {room} slots)",
+        f"{size(free)} free, the default plan needs {size(need)}",
         free=free,
         need=need,
     )
