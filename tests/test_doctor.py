@@ -113,6 +113,17 @@ def test_a_missing_device_node_is_a_blocker(tmp_path):
     assert "no NPU device node" in line and "/dev/dri/renderD129" in line
 
 
+def test_a_device_node_this_user_cannot_open_is_a_blocker_naming_the_group_fix(tmp_path):
+    board = build_board(tmp_path / "b", BoardSpec())
+    npu_node = board.root / "dev/dri/renderD129"
+
+    def access(path: Path, mode: int) -> bool:  # the tests run as root, which passes any
+        return Path(path) != npu_node
+
+    line = only_problem(run_doctor(dataclasses.replace(board, access=access)), "device")
+    assert "/dev/dri/renderD129 not readable and writable" in line and "usermod -aG render" in line
+
+
 def test_a_device_node_without_the_udev_link_is_still_found(tmp_path):
     board = build_board(tmp_path / "b", BoardSpec())
     for link in (board.root / "dev/dri/by-path").iterdir():

@@ -55,4 +55,4 @@ def command(model: Path | None, as_json: bool, board: str | None) -> None:
         click.echo(json.dumps(report.to_json(flag_of), indent=2, ensure_ascii=False))
     else:
         click.echo(report.text(flag_of))
-    sys.exit(min(report.blockers, 100))
+    sys.exit(report.blockers)

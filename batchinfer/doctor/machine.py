@@ -36,6 +36,8 @@ class Machine:
     statvfs: Callable[[str], os.statvfs_result] = os.statvfs
     #: (soft, hard) limits on open files, as resource.getrlimit(RLIMIT_NOFILE).
     nofile: Callable[[], tuple[int, int]] = _nofile
+    #: os.access, for the NPU device node's permissions (root passes every check).
+    access: Callable[[Path, int], bool] = os.access
     #: The CPUs a run may use (sizes the default plan's readers).
     cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     emulated: bool = False
@@ -53,7 +55,7 @@ class Machine:
         return text.replace("\x00", "\n").strip()
 
     def readable_writable(self, name: str) -> bool:
-        return os.access(self.path(name), os.R_OK | os.W_OK)
+        return self.access(self.path(name), os.R_OK | os.W_OK)
 
     def exists(self, name: str) -> bool:
         return os.path.lexists(self.path(name))

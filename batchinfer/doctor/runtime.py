@@ -18,9 +18,10 @@ from pathlib import Path
 from batchinfer.doctor.machine import Machine, dotted, version_tuple
 from batchinfer.doctor.report import Check, fail, ok, warn
 from batchinfer.errors import BatchinferError
+from batchinfer.runtime.rknnlite import LIBRKNNRT
 
 #: Where rknn-toolkit-lite2 loads the runtime from (ctypes, a fixed path: the contract).
-LOADED_FROM = "/usr/lib/librknnrt.so"
+LOADED_FROM = str(LIBRKNNRT)
 LIB_DIRS = ("/usr/lib", "/usr/lib64", "/usr/local/lib")
 _VERSION_RE = re.compile(rb"librknnrt version: (\d+\.\d+\.\d+[^\x00\n]*)")
 _CHUNK = 1 << 20
