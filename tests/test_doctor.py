@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,6 +191,26 @@ def test_without_an_npu_it_lists_the_backends_and_passes(tmp_path):
     assert report.check("backend_rknnlite").status == WARN
     assert "aarch64" in report.check("backend_rknnlite").fix
     assert report.blockers == 0
+
+
+def test_an_arm64_machine_that_is_not_a_rockchip_board_lists_the_backends(tmp_path):
+    (tmp_path / "dev/shm").mkdir(parents=True)
+    report = run_doctor(Machine(root=tmp_path, arch="aarch64"))  # no device tree
+    assert report.check("backend_sim").status == OK and report.blockers == 0
+    assert "no Rockchip NPU" in report.machine
+
+
+def test_python_m_batchinfer_doctor_on_this_machine_exits_0():
+    result = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "✓ backend onnx: available" in result.stdout
+    assert result.stdout.rstrip().endswith("No blockers: a run can go.")
 
 
 def test_the_cli_on_this_machine_exits_0_and_lists_the_backends():

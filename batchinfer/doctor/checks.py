@@ -7,7 +7,7 @@ from pathlib import Path
 from batchinfer.doctor import npu, resources, runtime
 from batchinfer.doctor.machine import Machine
 from batchinfer.doctor.report import Check, Report, fail, ok
-from batchinfer.runtime.backends import rknn_chip
+from batchinfer.runtime.backends import detect_chip, rknn_chip
 from batchinfer.runtime.constants import CHIP_CORES
 
 #: The architectures rknn-toolkit-lite2 exists for (the contract: manylinux aarch64 only).
@@ -24,14 +24,16 @@ def run_doctor(machine: Machine | None = None, model: Path | None = None) -> Rep
     Never raises for what it finds: each finding is a line of the report.
     """
     m = machine or Machine()
-    if not m.emulated and m.arch.lower() not in BOARD_ARCHES:
+    # An arm64 machine that is not a Rockchip board (a server, a laptop) is checked as x86
+    # is: its backends, not an NPU it does not have.
+    if not m.emulated and (m.arch.lower() not in BOARD_ARCHES or detect_chip(m.root) is None):
         checks = [
             *runtime.backends(),
             *resources.memory(m, DEFAULT_CORES, model),
             resources.open_files(m, DEFAULT_CORES),
         ]
         return Report(
-            f"{m.arch}, no NPU: batchinfer runs its onnx, sim and toolkit backends here",
+            f"{m.arch}, no Rockchip NPU: batchinfer runs its onnx, sim and toolkit backends here",
             tuple(checks),
         )
     soc, chip = npu.soc(m)
