@@ -144,6 +144,13 @@ def test_an_unpinned_npu_clock_is_named(tmp_path):
     assert "/sys/class/devfreq/fdab0000.npu/governor" in line
 
 
+def test_userspace_at_the_top_frequency_counts_as_pinned(tmp_path):
+    board = build_board(tmp_path / "b", BoardSpec(npu_governor="userspace"))
+    assert run_doctor(board).check("governors").status == OK
+    (board.root / "sys/class/devfreq/fdab0000.npu/cur_freq").write_text("300000000\n")
+    assert run_doctor(board).check("governors").status == WARN
+
+
 def test_a_tiny_dev_shm_is_a_blocker_with_the_engines_own_fix(tmp_path):
     board = build_board(tmp_path / "b", BoardSpec())
     real = os.statvfs(board.root / "dev/shm")

@@ -48,17 +48,23 @@ class Machine:
 
     def read(self, name: str) -> str | None:
         """The stripped text of a small file, or None when missing or unreadable."""
-        try:
-            text = self.path(name).read_text(encoding="utf-8", errors="replace")
-        except (OSError, ValueError):
-            return None
-        return text.replace("\x00", "\n").strip()
+        return read_text(self.path(name))
 
     def readable_writable(self, name: str) -> bool:
         return self.access(self.path(name), os.R_OK | os.W_OK)
 
     def exists(self, name: str) -> bool:
         return os.path.lexists(self.path(name))
+
+
+def read_text(path: Path) -> str | None:
+    """The stripped text of a small file (NULs as line ends: device-tree strings), or None
+    when missing or unreadable."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except (OSError, ValueError):
+        return None
+    return text.replace("\x00", "\n").strip()
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import re
 
-from batchinfer.doctor.machine import Machine, dotted, version_tuple
+from batchinfer.doctor.machine import Machine, dotted, read_text, version_tuple
 from batchinfer.doctor.report import Check, fail, ok, warn
 from batchinfer.runtime.backends import detect_chip
 from batchinfer.runtime.constants import CHIP_CORES, MULTI_CORE_CHIPS
@@ -213,13 +213,19 @@ def governors(m: Machine, chip: str | None) -> Check:
     for path in sorted(
         m.path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_governor")
     ):
-        governor = m.read("/" + str(path.relative_to(m.root)))
+        governor = read_text(path)
         if governor:
             cpu[path.parent.parent.name] = governor
     nodes = sorted(m.path("/sys/class/devfreq").glob("*npu*"))
     preferred = DEVFREQ.get(chip or "")
     nodes.sort(key=lambda p: p.name != preferred)
-    npu = m.read(f"/sys/class/devfreq/{nodes[0].name}/governor") if nodes else None
+    npu = read_text(nodes[0] / "governor") if nodes else None
+    # userspace at the top frequency is pinned too (a board's own tuning script may do it)
+    pinned = npu == "performance" or (
+        npu == "userspace"
+        and bool(nodes)
+        and read_text(nodes[0] / "cur_freq") == read_text(nodes[0] / "max_freq")
+    )
     slow = sorted({g for g in cpu.values() if g != "performance"})
     problems, fixes = [], []
     if slow:
@@ -227,7 +233,7 @@ def governors(m: Machine, chip: str | None) -> Check:
         fixes.append(
             "echo performance | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor"
         )
-    if nodes and npu != "performance":
+    if nodes and not pinned:
         problems.append(f"NPU clock not pinned (devfreq {nodes[0].name}: {npu or 'unreadable'})")
         fixes.append(f"echo performance | sudo tee /sys/class/devfreq/{nodes[0].name}/governor")
     details = {"cpu": cpu, "npu_devfreq": nodes[0].name if nodes else None, "npu": npu}
@@ -240,5 +246,5 @@ def governors(m: Machine, chip: str | None) -> Check:
             **details,
         )
     cpu_text = "CPU performance" if cpu else "CPU governor not readable"
-    npu_text = f"NPU pinned ({nodes[0].name}: performance)" if nodes else "no NPU devfreq node"
+    npu_text = f"NPU pinned ({nodes[0].name}: {npu})" if nodes else "no NPU devfreq node"
     return ok("governors", title, f"{cpu_text}; {npu_text}", **details)
