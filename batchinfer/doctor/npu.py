@@ -5,16 +5,18 @@ these are users' reports, cited so a reader can weigh them):
 
 - The rknpu driver says its version in debugfs (``RKNPU driver: v0.9.6``, root only) and
   in the kernel log at boot (``[drm] Initialized rknpu 0.9.6 20240322 for fdab0000.npu``).
-- Below 0.9.2 librknnrt 2.x is reported to fail or misbehave (LuckfoxTECH/luckfox-pico#328:
-  "0.9.2 works with 1.6.x, 2.3.2 needs newer"; airockchip/rknn-toolkit2#468: 0.8.2 slow)
-  — a blocker here, as batchinfer needs librknnrt 2.x.
+- Below 0.9.2: a blocker, as a judgement, not a documented minimum. RK3588 boards on
+  rknpu 0.9.2 run librknnrt 2.x (airockchip/rknn-toolkit2#295); 0.8.2 is reported much
+  slower (airockchip/rknn-toolkit2#468) and came with old 5.10 images (5.10.110 with 0.8.2:
+  Pelochus/ezrknn-llm#19); on RV1106 (another driver line) 2.3.2 needed more than 0.9.2
+  (LuckfoxTECH/luckfox-pico#328).
 - Core masks (one worker per core) on RK3588: with drivers below 0.9.6 users saw one core
   do all the work (airockchip/rknn-toolkit2#138, solved by a >= 0.9.6 image). A warning,
   since runs still work.
 - Kernel 6.1 with drivers below 0.9.5 froze the board on NPU use
   (armbian/linux-rockchip#158). A blocker.
 - Mainline kernels have no rknpu driver (their NPU driver, "rocket", is not what librknnrt
-  talks to): no driver found is a blocker.
+  talks to): no NPU device node is found, a blocker.
 Anything not covered (a driver version that cannot be read) is said to be unknown.
 """
 
@@ -108,8 +110,8 @@ def driver(m: Machine, version: tuple[int, ...] | None, where: str) -> Check:
         return fail(
             "driver",
             title,
-            f"rknpu {dotted(version)} (from {where}) is too old for librknnrt 2.x "
-            f"(needs >= {dotted(MIN_DRIVER)})",
+            f"rknpu {dotted(version)} (from {where}) is too old to run librknnrt 2.x "
+            f"(asked for: >= {dotted(MIN_DRIVER)})",
             f"{_KERNEL_UPGRADE}, with rknpu >= {dotted(CORE_MASK_DRIVER)}.",
             version=dotted(version),
             source=where,
