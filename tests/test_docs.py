@@ -132,7 +132,7 @@ def test_the_cli_reference_is_what_its_generator_writes():
         "docs/reference/cli.md is out of date: run python tools/gen_cli_reference.py"
     )
     assert [p[0] for p in gen.command_paths() if len(p) == 1] == sorted(
-        ["run", "bench", "eval", "info", "demo", "export"]
+        ["run", "bench", "eval", "info", "demo", "export", "doctor"]
     )
 
 

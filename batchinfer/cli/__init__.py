@@ -69,7 +69,7 @@ class Commands(click.Group):
 
 
 #: The commands, each the ``command`` of the module batchinfer.cli.<name>.
-_COMMANDS = ("run", "bench", "eval", "info", "demo", "export")
+_COMMANDS = ("run", "bench", "eval", "info", "demo", "export", "doctor")
 
 
 @click.group(

@@ -55,9 +55,17 @@ def check_fd_limit(children: int) -> None:
     Only reads the limit: a soft limit below the hard one is the user's (or the service
     manager's) choice, so it is named, not silently raised.
     """
-    limit, need = fd_limit(), fds_needed(children)
-    if limit is not None and limit < need:
-        raise RunFailedError(_message(limit, need, children))
+    problem = fd_limit_problem(fd_limit(), children)
+    if problem is not None:
+        raise RunFailedError(problem)
+
+
+def fd_limit_problem(limit: int | None, children: int) -> str | None:
+    """What is wrong with a soft limit of ``limit`` open files (None: unlimited) for a run
+    of ``children`` processes, and the fix; None when it is enough (also used by
+    ``batchinfer doctor``)."""
+    need = fds_needed(children)
+    return _message(limit, need, children) if limit is not None and limit < need else None
 
 
 def too_many_files(exc: OSError) -> RunFailedError | None:

@@ -154,20 +154,30 @@ def check_slots_fit(slots: int, inputs: Preprocess | TensorLayout, given: bool) 
     free = free_space()
     if not given or free is None:
         return
+    error = slots_fit_error(slots, inputs, free)
+    if error is not None:
+        raise error
+
+
+def slots_fit_error(
+    slots: int, inputs: Preprocess | TensorLayout, free: int, shm_dir: str = SHM_DIR
+) -> ConfigError | None:
+    """The ConfigError saying ``slots`` slots of ``inputs`` do not fit the ``free`` bytes of
+    ``shm_dir``; None when they fit (also ``batchinfer doctor``'s /dev/shm check)."""
     if isinstance(inputs, Preprocess):
         inputs = TensorLayout((inputs.shape,), (inputs.dtype,))
     per_slot = inputs.nbytes
-    if slots * per_slot > free:
-        most = free // per_slot
-        fix = f"give at most {most}, or" if most >= 2 else "that is not even 2 slots:"
-        raise ConfigError(
-            setting("runtime.slots")
-            + f" {slots} needs {slots * per_slot / 2**20:.1f} MiB of shared "
-            f"memory for the model's inputs ({per_slot / 2**10:.1f} KiB each) but {SHM_DIR} "
-            f"has {free / 2**20:.1f} MiB free; {fix} make {SHM_DIR} bigger (docker: "
-            "--shm-size).",
-            "runtime.slots",
-        )
+    if slots * per_slot <= free:
+        return None
+    most = free // per_slot
+    fix = f"give at most {most}, or" if most >= 2 else "that is not even 2 slots:"
+    return ConfigError(
+        setting("runtime.slots") + f" {slots} needs {slots * per_slot / 2**20:.1f} MiB of shared "
+        f"memory for the model's inputs ({per_slot / 2**10:.1f} KiB each) but {shm_dir} "
+        f"has {free / 2**20:.1f} MiB free; {fix} make {shm_dir} bigger (docker: "
+        "--shm-size).",
+        "runtime.slots",
+    )
 
 
 def model_input(
