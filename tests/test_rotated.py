@@ -53,6 +53,21 @@ def test_polygon_iou_special_cases() -> None:
     np.testing.assert_allclose(got, want, atol=1e-9)
 
 
+def test_polygon_iou_near_degenerate_pairs() -> None:
+    """Boxes equal but for float noise, boxes sharing an edge's line, a box of no area."""
+    rng = np.random.default_rng(4)
+    a = _boxes(rng, 300)
+    a[::2, 4] = 0.0  # axis-aligned: edges exactly on the other box's lines
+    noisy = a + rng.normal(0, 1e-12, a.shape)
+    np.testing.assert_allclose(polygon_iou_pairs(corners(a), corners(noisy)), 1.0, atol=1e-9)
+    shifted = a.copy()
+    shifted[::2, 0] += shifted[::2, 2] / 2  # half a width along x: IoU 1/3 when axis-aligned
+    got = polygon_iou_pairs(corners(a[::2]), corners(shifted[::2]))
+    np.testing.assert_allclose(got, 1 / 3, atol=1e-9)
+    flat = np.array([[a[0, 0], a[0, 1], 0, 4, 0.3]])  # no area, inside a[0]
+    assert polygon_iou_pairs(corners(flat), corners(a[:1])).tolist() == [0.0]
+
+
 def test_probiou_matches_ultralytics_formula() -> None:
     rng = np.random.default_rng(2)
     a, b = _boxes(rng, 200, 30), _boxes(rng, 200, 30)

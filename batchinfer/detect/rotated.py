@@ -95,46 +95,69 @@ def probiou_reach(iou: float) -> float:
     return -math.log(max(1 - (1 - iou) ** 2 + _EPS, 1e-300))
 
 
-def _cross(ox: np.ndarray, oy: np.ndarray, px: np.ndarray, py: np.ndarray) -> np.ndarray:
-    return ox * py - oy * px
-
-
-def _area(poly: np.ndarray, count: np.ndarray) -> np.ndarray:
-    """Shoelace area of (n, m, 2) polygons, the first ``count`` vertices of each."""
-    m = poly.shape[1]
-    slots = np.arange(m)
-    nxt = np.where(slots[None, :] + 1 < count[:, None], slots[None, :] + 1, 0)
-    x, y = poly[..., 0], poly[..., 1]
-    xn = np.take_along_axis(x, nxt, axis=1)
-    yn = np.take_along_axis(y, nxt, axis=1)
-    terms = np.where(slots[None, :] < count[:, None], x * yn - xn * y, 0.0)
+def _area(x: np.ndarray, y: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Shoelace area of (n, m) polygons (vertex coordinates x, y), the first ``count``
+    vertices of each (the slots past it are ignored)."""
+    n, m = x.shape
+    rows = np.arange(n)
+    xn, yn = np.empty_like(x), np.empty_like(y)
+    xn[:, :-1], yn[:, :-1] = x[:, 1:], y[:, 1:]
+    last = np.maximum(count - 1, 0)
+    xn[rows, last], yn[rows, last] = x[:, 0], y[:, 0]  # the last vertex closes on the first
+    terms = np.where(np.arange(m)[None, :] < count[:, None], x * yn - xn * y, 0.0)
     return np.abs(terms.sum(axis=1)) / 2
 
 
-def _clip(poly: np.ndarray, count: np.ndarray, p: np.ndarray, q: np.ndarray) -> tuple:
-    """Clip (n, m, 2) polygons (first ``count`` vertices) by the half-planes left of the
-    directed lines p -> q ((n, 2) each): (n, m + 1, 2) polygons and their counts."""
-    n, m = poly.shape[:2]
-    ex, ey = (q - p)[:, 0:1], (q - p)[:, 1:2]
-    side = _cross(ex, ey, poly[..., 0] - p[:, 0:1], poly[..., 1] - p[:, 1:2])  # (n, m)
-    slots = np.arange(m)
-    valid = slots[None, :] < count[:, None]
-    prev = np.where(slots[None, :] == 0, count[:, None] - 1, slots[None, :] - 1)
-    prev = np.maximum(prev, 0)
-    side_prev = np.take_along_axis(side, prev, axis=1)
-    poly_prev = np.take_along_axis(poly, prev[..., None], axis=1)
+def _clip(
+    x: np.ndarray, y: np.ndarray, count: np.ndarray, p: np.ndarray, q: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Clip (n, m) convex polygons (first ``count`` vertices) by the half-planes left of
+    the directed lines p -> q ((n, 2) each): (n, m + 1) polygons and their counts.
+
+    Sutherland-Hodgman without compaction: walking the vertices, an inside vertex is kept,
+    an outside one is replaced by the point E where the polygon leaves the half-plane
+    (so a run of outside vertices becomes copies of E: zero-length edges, no area), and
+    before the first inside vertex after an outside one the point N where it comes back
+    in is inserted: one slot more, every slot after it shifted by one. A convex polygon
+    leaves and re-enters a half-plane once, so all of this is a few whole-array operations.
+    """
+    n, m = x.shape
+    rows = np.arange(n)
+    last = np.maximum(count - 1, 0)
+    ex, ey = (q[:, 0] - p[:, 0])[:, None], (q[:, 1] - p[:, 1])[:, None]
+    side = ex * (y - p[:, 1:2]) - ey * (x - p[:, 0:1])
+    # each slot's previous vertex: the slot before, and for slot 0 the last vertex
+    x_prev, y_prev, side_prev = np.empty_like(x), np.empty_like(y), np.empty_like(side)
+    x_prev[:, 1:], y_prev[:, 1:], side_prev[:, 1:] = x[:, :-1], y[:, :-1], side[:, :-1]
+    x_prev[:, 0], y_prev[:, 0], side_prev[:, 0] = x[rows, last], y[rows, last], side[rows, last]
+    valid = np.arange(m)[None, :] < count[:, None]
     inside, inside_prev = side >= 0, side_prev >= 0
+    enters = valid & inside & ~inside_prev
+    leaves = valid & ~inside & inside_prev
     # Only where the edge crosses the line is the denominator sure to be non-zero.
-    denom = side_prev - side
-    t = np.divide(side_prev, denom, out=np.zeros_like(side), where=inside != inside_prev)
-    crossing = poly_prev + t[..., None] * (poly - poly_prev)
-    # Per vertex slot: the crossing point (where the edge prev -> this crosses the line),
-    # then the vertex itself when inside; the order Sutherland-Hodgman emits them in.
-    out = np.stack([crossing, poly], axis=2).reshape(n, 2 * m, 2)
-    emit = np.stack([valid & (inside != inside_prev), valid & inside], axis=2).reshape(n, 2 * m)
-    order = np.argsort(~emit, axis=1, kind="stable")[:, : m + 1]
-    packed = np.take_along_axis(out, order[..., None], axis=1)
-    return packed, emit.sum(axis=1)
+    t = np.divide(side_prev, side_prev - side, out=np.zeros_like(side), where=enters | leaves)
+    cross_x, cross_y = x_prev + t * (x - x_prev), y_prev + t * (y - y_prev)
+    k, e = enters.argmax(axis=1), leaves.argmax(axis=1)
+    kept_x = np.where(inside, x, cross_x[rows, e][:, None])
+    kept_y = np.where(inside, y, cross_y[rows, e][:, None])
+    # k: where N goes (m + 1, past every slot, when the polygon never leaves)
+    k = np.where(enters.any(axis=1), k, m + 1)[:, None]
+    slots = np.arange(m + 1)[None, :]
+    new_x, new_y = np.empty((n, m + 1)), np.empty((n, m + 1))
+    new_x[:, :m], new_y[:, :m] = kept_x, kept_y
+    new_x[:, m], new_y[:, m] = kept_x[:, -1], kept_y[:, -1]
+    shifted_x, shifted_y = np.empty_like(new_x), np.empty_like(new_y)
+    shifted_x[:, 1:], shifted_y[:, 1:] = kept_x, kept_y
+    shifted_x[:, 0], shifted_y[:, 0] = kept_x[:, 0], kept_y[:, 0]
+    after = slots > k
+    new_x = np.where(after, shifted_x, new_x)
+    new_y = np.where(after, shifted_y, new_y)
+    at = slots == k
+    new_x = np.where(at, cross_x[rows, np.minimum(k[:, 0], m - 1)][:, None], new_x)
+    new_y = np.where(at, cross_y[rows, np.minimum(k[:, 0], m - 1)][:, None], new_y)
+    any_inside = (valid & inside).any(axis=1)
+    new_count = np.where(any_inside, count + (k[:, 0] <= m), 0)
+    return new_x, new_y, new_count
 
 
 def polygon_iou_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -145,16 +168,17 @@ def polygon_iou_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = len(a)
     if n == 0:
         return np.zeros(0)
+    # Coordinates about B's first corner: smaller numbers, less cancellation in the areas.
+    origin = b[:, :1, :]
+    a, b = a - origin, b - origin
     four = np.full(n, 4)
-    area_a, area_b = _area(a, four), _area(b, four)
-    # Clip against B's edges taken counter-clockwise (left = inside, in y-up terms; the
-    # sign test below only needs a consistent orientation).
-    signed = _signed_area(b)
-    b_ccw = np.where((signed < 0)[:, None, None], b[:, ::-1], b)
-    poly, count = a, four
+    area_a, area_b = _area(a[..., 0], a[..., 1], four), _area(b[..., 0], b[..., 1], four)
+    # B's edges taken so that its inside is on their left (either winding comes in).
+    b = np.where((_signed_area(b) < 0)[:, None, None], b[:, ::-1], b)
+    x, y, count = a[..., 0], a[..., 1], four
     for e in range(4):
-        poly, count = _clip(poly, count, b_ccw[:, e], b_ccw[:, (e + 1) % 4])
-    inter = np.where(count >= 3, _area(poly, count), 0.0)
+        x, y, count = _clip(x, y, count, b[:, e], b[:, (e + 1) % 4])
+    inter = np.where(count >= 3, _area(x, y, count), 0.0)
     union = area_a + area_b - inter
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(union > 0, inter / union, 0.0)
