@@ -20,8 +20,8 @@ Two overlap measures, both elementwise over pairs (``a[i]`` with ``b[i]``):
   polygon has at most 8 and each pair's vertices live in a fixed-size array with a count.
   The loops are over B's 4 edges and the <= 8 vertex slots, never over pairs.
 
-:func:`rotated_iou_matrix` gives either as an (n, m) matrix, computed only for the pairs
-whose circumscribed circles meet (the rest are 0: they cannot overlap).
+:func:`rotated_iou_matrix` gives either as an (n, m) matrix (the exact IoU computed only
+for the pairs whose enclosing boxes meet: the rest are 0).
 """
 
 from __future__ import annotations
@@ -187,20 +187,6 @@ def polygon_iou_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def _signed_area(quads: np.ndarray) -> np.ndarray:
     x, y = quads[..., 0], quads[..., 1]
     return (x * np.roll(y, -1, axis=1) - np.roll(x, -1, axis=1) * y).sum(axis=1) / 2
-
-
-def meeting_pairs(
-    a: np.ndarray, b: np.ndarray, reach: np.ndarray | float = 1.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Index pairs (i, j) of boxes ``a[i]``, ``b[j]`` ((n, 5), (m, 5) xywhr) whose
-    circumscribed circles, radii scaled by ``reach``, meet: the only pairs that can overlap
-    (reach 1)."""
-    ra = np.hypot(a[:, 2], a[:, 3]) / 2
-    rb = np.hypot(b[:, 2], b[:, 3]) / 2
-    dx = a[:, 0:1] - b[None, :, 0]
-    dy = a[:, 1:2] - b[None, :, 1]
-    limit = (ra[:, None] + rb[None, :]) * reach
-    return np.nonzero(dx * dx + dy * dy <= limit * limit)
 
 
 def polygon_iou_matrix(qa: np.ndarray, qb: np.ndarray) -> np.ndarray:
