@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import rotated_reference as ref  # tests/ is on sys.path under pytest
 
+from batchinfer.detect import rotated_nms as rotated_nms_module
 from batchinfer.detect.rotated import (
     corners,
     polygon_iou_pairs,
@@ -100,8 +101,15 @@ def _clustered(rng: np.random.Generator, objects: int, per: int, classes: int) -
     return boxes, scores, classes_
 
 
+@pytest.fixture(params=[256, 7], ids=["one-block", "blocks-of-7"])
+def block(request, monkeypatch) -> int:
+    """NMS in one block, or in blocks of 7 ranked boxes (stopping at max_det)."""
+    monkeypatch.setattr(rotated_nms_module, "_BLOCK", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("iou", [0.1, 0.45, 0.7])
-def test_polygon_nms_is_the_zoo_greedy_loop(iou: float) -> None:
+def test_polygon_nms_is_the_zoo_greedy_loop(iou: float, block: int) -> None:
     rng = np.random.default_rng(int(iou * 100))
     boxes, scores, classes = _clustered(rng, 8, 12, 3)
     got = rotated_nms(boxes, scores, classes, iou, 300, "polygon")
@@ -110,7 +118,7 @@ def test_polygon_nms_is_the_zoo_greedy_loop(iou: float) -> None:
 
 
 @pytest.mark.parametrize("iou", [0.0, 0.05, 0.45, 0.7])
-def test_probiou_nms_is_ultralytics_fast_nms(iou: float) -> None:
+def test_probiou_nms_is_ultralytics_fast_nms(iou: float, block: int) -> None:
     rng = np.random.default_rng(7 + int(iou * 100))
     boxes, scores, classes = _clustered(rng, 8, 10, 2)
     boxes[::3, 2] *= 4  # long thin boxes: ProbIoU reaches past touching circles
@@ -118,11 +126,13 @@ def test_probiou_nms_is_ultralytics_fast_nms(iou: float) -> None:
     assert list(got) == ref.fast_nms(boxes, scores, classes, iou)
 
 
-def test_rotated_nms_max_det_agnostic_and_empty() -> None:
+def test_rotated_nms_max_det_agnostic_and_empty(block: int) -> None:
     rng = np.random.default_rng(5)
     boxes, scores, classes = _clustered(rng, 10, 5, 4)
-    full = rotated_nms(boxes, scores, classes, 0.45, 300, "polygon")
-    assert list(rotated_nms(boxes, scores, classes, 0.45, 3, "polygon")) == list(full[:3])
+    for method in ("polygon", "probiou"):
+        full = rotated_nms(boxes, scores, classes, 0.45, 300, method)
+        assert list(rotated_nms(boxes, scores, classes, 0.45, 3, method)) == list(full[:3])
+        assert list(rotated_nms(boxes, scores, classes, 0.45, 20, method)) == list(full[:20])
     agnostic = rotated_nms(boxes, scores, classes, 0.45, 300, "polygon", agnostic=True)
     assert list(agnostic) == ref.greedy_nms(boxes, scores, [0] * len(boxes), 0.45)
     assert len(rotated_nms(np.zeros((0, 5)), np.zeros(0), np.zeros(0, int), 0.5, 10)) == 0

@@ -4,12 +4,13 @@ Builds outputs of each head layout for a 640x640 input (a letterboxed 1280x720 i
 ``--objects`` instances, each seen by a cluster of ``--per-object`` cells around its centre
 (scores 0.26-0.95, DFL logits peaked at the instance's distances from that cell, the
 angle or keypoints near the instance's), every other cell's class scores low (sigmoid of
-about -6). Then times decode + NMS + mapping to the original image's pixels with
-``time.process_time`` (CPU time): ``--number`` calls per repeat, the median of
-``--repeats``, in ms per image.
+about -6) with a box about its own cell, 1-6 strides wide. Then times decode + NMS +
+mapping to the original image's pixels with ``time.process_time`` (CPU time):
+``--number`` calls per repeat, the median of ``--repeats``, in ms per image.
 
     python tools/bench_pose_obb_decode.py
     python tools/bench_pose_obb_decode.py --objects 50 --per-object 20 --int8
+    python tools/bench_pose_obb_decode.py --conf 0.001   # every cell a candidate, as mAP runs
 
 Heads: the model zoo's yolov8_pose (1 class, 17 keypoints) and yolov8_obb (15 DOTA
 classes), and the Ultralytics exports of the same; OBB with each rotated NMS (ProbIoU
@@ -46,9 +47,21 @@ def _scene(rng: np.random.Generator, classes: int, objects: int, per_object: int
     cells = sum(h * w for h, w in grids)
     offsets = np.cumsum([0] + [h * w for h, w in grids])
     logits = rng.normal(-6, 1, (classes, cells)).astype(np.float32)
-    dfl = rng.normal(0, 1, (4 * DFL_BINS, cells)).astype(np.float32)
+    near = rng.uniform(0.5, 3, (4, 1, cells))  # background sides: 0.5-3 strides
+    bins = np.arange(DFL_BINS)[None, :, None]
+    dfl = (-2.0 * (bins - near) ** 2).reshape(4 * DFL_BINS, cells).astype(np.float32)
     angle = rng.uniform(-0.7, 2.3, cells).astype(np.float32)
-    box = np.tile(np.array([[320], [320], [30], [30]], np.float32), (1, cells))
+    # background cells: a box about their own cell, 1-6 strides wide (as a trained model's
+    # low-score boxes are)
+    centres = np.concatenate(
+        [np.stack(np.meshgrid((np.arange(gw) + 0.5) * s, (np.arange(gh) + 0.5) * s)).reshape(2, -1)
+         for s, (gh, gw) in zip(STRIDES, grids, strict=True)], axis=1
+    )  # fmt: skip
+    sizes = np.concatenate(
+        [s * rng.uniform(1, 6, (2, gh * gw)) for s, (gh, gw) in zip(STRIDES, grids, strict=True)],
+        axis=1,
+    )
+    box = np.concatenate([centres, sizes]).astype(np.float32)
     kpts = rng.uniform(0, SIZE, (KEYPOINTS[0], 3, cells)).astype(np.float32)
     kpts[:, 2] = rng.uniform(0, 1, (KEYPOINTS[0], cells))
     for _ in range(objects):

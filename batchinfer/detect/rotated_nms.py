@@ -16,14 +16,17 @@ Why ProbIoU by default: that is what the boxes of an Ultralytics OBB model were 
 with (its mAP figures come from this NMS), and it costs ~20 flops a pair where the exact
 polygon clipping costs a few hundred; the zoo's exact rule is one setting away.
 
-How: the ranked boxes are taken a block of rows at a time; in each block, the pairs (i, j)
-with i ranked before j, of one class, whose circumscribed circles could overlap are listed
-(for ProbIoU the circles are widened to the distance at which ProbIoU can still reach
-``iou``; beyond it it cannot, see :func:`_probiou_reach_factor`), and only those pairs are
-measured. Fast NMS is then "dropped = any hit with a better box". Greedy is solved by rounds
-of ``kept[j] = not any(kept[i] for the hits (i, j))`` from "all kept": box j's answer is
-final once those of the boxes before it are, so the rounds stop at the first that changes
-nothing, the greedy answer (2-4 rounds on real outputs, at most k + 1).
+How: a box's fate depends only on the boxes ranked before it, so the ranked boxes are
+taken a block (256) at a time, and NMS stops once ``max_det`` are kept: at a low conf
+(0.001, as mAP runs use) every cell is a candidate, but the first few hundred decide. Only
+pairs of one class whose circumscribed circles meet are measured (for ProbIoU the circles
+are widened to the distance at which ProbIoU can still reach ``iou``; beyond it it cannot,
+see :func:`_probiou_reach_factor`); for the polygon IoU, only those whose enclosing boxes
+allow an IoU above ``iou``. Fast NMS: a block's box is dropped when any better box hits
+it. Greedy: a block's boxes are first compared with the boxes kept so far, then among
+themselves, solved by rounds of ``kept[j] = not any(kept[i] for the hits (i, j))`` from
+"all kept": box j's answer is final once those of the boxes before it are, so the rounds
+stop at the first that changes nothing, the greedy answer (2-4 rounds on real outputs).
 """
 
 from __future__ import annotations
@@ -64,21 +67,82 @@ def rotated_nms(
     k = order.size
     if k < 2:
         return order[:max_det]
-    ranked = np.asarray(xywhr, dtype=np.float64)[order]
-    cls = np.zeros(k, np.int64) if agnostic else np.asarray(class_ids)[order]
-    reach = _probiou_reach_factor(iou) if method == "probiou" else 1.0
-    better, worse = _candidate_pairs(ranked, cls, reach)
+    ranked = _Ranked(np.asarray(xywhr, dtype=np.float64)[order], class_ids, order, agnostic)
     if method == "probiou":
-        hit = probiou_pairs(ranked[better], ranked[worse]) >= iou
-        dropped = np.zeros(k, bool)
-        dropped[worse[hit]] = True
-        kept = ~dropped
-    else:
-        quads = corners(ranked)
-        better, worse = _may_exceed(quads, ranked, better, worse, iou)
-        hit = polygon_iou_pairs(quads[better], quads[worse]) > iou
-        kept = _greedy(k, better[hit], worse[hit])
-    return order[kept][:max_det]
+        ranked.radius *= _probiou_reach_factor(iou)
+    kept: list[np.ndarray] = []
+    count = 0
+    # A box's fate depends only on the boxes ranked before it (in both methods), so the
+    # ranking is taken a block at a time and stops once max_det boxes are kept: at a low
+    # conf (0.001, for mAP) thousands of candidates, but the first few hundred decide.
+    for start in range(0, k, _BLOCK):
+        block = np.arange(start, min(start + _BLOCK, k))
+        if method == "probiou":
+            survivors = _fast_block(ranked, block, iou)
+        else:
+            done = np.concatenate(kept) if kept else np.zeros(0, np.intp)
+            survivors = _greedy_block(ranked, done, block, iou)
+        kept.append(survivors)
+        count += len(survivors)
+        if count >= max_det:
+            break
+    return order[np.concatenate(kept)][:max_det]
+
+
+class _Ranked:
+    """The boxes in rank order, their classes, circumscribed radii and corners."""
+
+    def __init__(self, boxes: np.ndarray, class_ids: np.ndarray, order: np.ndarray, agnostic: bool):
+        self.boxes = boxes
+        k = len(boxes)
+        self.cls = np.zeros(k, np.int64) if agnostic else np.asarray(class_ids)[order]
+        self.radius = np.hypot(boxes[:, 2], boxes[:, 3]) / 2
+        self._quads: np.ndarray | None = None
+
+    @property
+    def quads(self) -> np.ndarray:
+        if self._quads is None:
+            self._quads = corners(self.boxes)
+        return self._quads
+
+    def pairs(self, rows: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(i, j) from rows x cols, i ranked before j, one class, circles meeting."""
+        b = self.boxes
+        dx = b[rows, 0, None] - b[None, cols, 0]
+        dy = b[rows, 1, None] - b[None, cols, 1]
+        limit = self.radius[rows, None] + self.radius[None, cols]
+        near = dx * dx + dy * dy <= limit * limit
+        near &= self.cls[rows, None] == self.cls[None, cols]
+        near &= rows[:, None] < cols[None, :]
+        i, j = np.nonzero(near)
+        return rows[i], cols[j]
+
+
+def _fast_block(ranked: _Ranked, block: np.ndarray, iou: float) -> np.ndarray:
+    """The block's boxes that no better box (dropped or not) overlaps by ProbIoU >= iou."""
+    better, worse = ranked.pairs(np.arange(block[-1]), block)
+    hit = probiou_pairs(ranked.boxes[better], ranked.boxes[worse]) >= iou
+    dropped = np.zeros(len(ranked.boxes), bool)
+    dropped[worse[hit]] = True
+    return block[~dropped[block]]
+
+
+def _greedy_block(ranked: _Ranked, done: np.ndarray, block: np.ndarray, iou: float) -> np.ndarray:
+    """The block's boxes greedy NMS keeps, given the boxes kept before it (``done``)."""
+    alive = np.ones(len(ranked.boxes), bool)
+    if done.size:
+        better, worse = _may_exceed(ranked, *ranked.pairs(done, block), iou)
+        hit = polygon_iou_pairs(ranked.quads[better], ranked.quads[worse]) > iou
+        alive[worse[hit]] = False
+    block = block[alive[block]]
+    if block.size < 2:
+        return block
+    better, worse = _may_exceed(ranked, *ranked.pairs(block, block), iou)
+    hit = polygon_iou_pairs(ranked.quads[better], ranked.quads[worse]) > iou
+    # positions within the block, for the rounds
+    local = np.full(len(ranked.boxes), -1)
+    local[block] = np.arange(block.size)
+    return block[_greedy(block.size, local[better[hit]], local[worse[hit]])]
 
 
 def _probiou_reach_factor(iou: float) -> float:
@@ -93,38 +157,14 @@ def _probiou_reach_factor(iou: float) -> float:
     return math.sqrt(4 * probiou_reach(iou) / 3) * 1.01 + 1e-6
 
 
-def _candidate_pairs(
-    ranked: np.ndarray, cls: np.ndarray, reach: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """(better, worse) positions in the ranking, better < worse, same class, whose
-    circumscribed circles (radii times ``reach``) meet."""
-    k = len(ranked)
-    x, y = ranked[:, 0], ranked[:, 1]
-    radius = np.hypot(ranked[:, 2], ranked[:, 3]) / 2 * reach
-    firsts, seconds = [np.zeros(0, np.intp)], [np.zeros(0, np.intp)]
-    for start in range(0, k - 1, _BLOCK):
-        rows = np.arange(start, min(start + _BLOCK, k))
-        cols = np.arange(start + 1, k)
-        dx = x[rows, None] - x[None, cols]
-        dy = y[rows, None] - y[None, cols]
-        limit = radius[rows, None] + radius[None, cols]
-        near = dx * dx + dy * dy <= limit * limit
-        near &= cls[rows, None] == cls[None, cols]
-        near &= rows[:, None] < cols[None, :]
-        i, j = np.nonzero(near)
-        firsts.append(rows[i])
-        seconds.append(cols[j])
-    return np.concatenate(firsts), np.concatenate(seconds)
-
-
 def _may_exceed(
-    quads: np.ndarray, boxes: np.ndarray, better: np.ndarray, worse: np.ndarray, iou: float
+    ranked: _Ranked, better: np.ndarray, worse: np.ndarray, iou: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """The pairs whose polygon IoU could exceed ``iou``: an upper bound from the enclosing
     boxes (the intersection is at most theirs and at most the smaller area), about half
-    the pairs of a crowded scene, for two subtractions a pair."""
-    enclosing = enclosing_boxes(quads)
-    area = boxes[:, 2] * boxes[:, 3]
+    the pairs of a crowded scene, for a few subtractions a pair."""
+    enclosing = enclosing_boxes(ranked.quads)
+    area = ranked.boxes[:, 2] * ranked.boxes[:, 3]
     lo, hi = enclosing[better], enclosing[worse]
     w = np.minimum(lo[:, 2], hi[:, 2]) - np.maximum(lo[:, 0], hi[:, 0])
     h = np.minimum(lo[:, 3], hi[:, 3]) - np.maximum(lo[:, 1], hi[:, 1])
