@@ -152,6 +152,12 @@ def test_recognition_refuses_other_layouts_and_wrong_shapes_are_named() -> None:
     assert recognise_obb(input_hw, shapes[:3]) is None
     assert recognise_obb(input_hw, [*shapes[:3], (1, 17, 3, 8400)]) is None  # pose
     assert recognise_obb(input_hw, [*shapes[:3], (1, 1, 8000)]) is None
+    # a runtime may report the angle's (1, 1, 8400) with another axis: the cells decide
+    for angle_shape in [(1, 8400), (1, 1, 8400, 1), (1, 1, 1, 8400)]:
+        head = recognise_obb(input_hw, [*shapes[:3], angle_shape])
+        assert head is not None and head.family == "yolov8-obb-zoo"
+        reshaped = [*zoo[:3], zoo[3].reshape(angle_shape)]
+        assert len(ObbDecoder(head, input_hw)(reshaped)) == len(ObbDecoder(head, input_hw)(zoo))
     assert recognise_obb(input_hw, [(1, 5, 8400)], task="obb") is None  # no class
     assert recognise_obb((640, 640), [(-1, 20, 8400)], task="obb") == ObbHead(
         "yolov8-obb-ultralytics", 15, (8, 16, 32)

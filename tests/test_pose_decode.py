@@ -163,6 +163,15 @@ def test_recognition_refuses_other_layouts() -> None:
     assert recognise_pose(input_hw, [*shapes[:3], (1, 17, 3, 8000)]) is None
     assert recognise_pose(input_hw, [(1, 56, 8400)], kpt_shape=(17, 4)) is None
     assert recognise_pose(input_hw, [(1, 55, 8400)], kpt_shape=(17, 3)) is None  # no class
+    # a P6 export (strides 8-64: 8,500 cells for 640x640)
+    p6 = recognise_pose(input_hw, [(1, 56, 8500)], kpt_shape=(17, 3))
+    assert p6 == PoseHead("yolov8-pose-ultralytics", 1, 17, 3, (8, 16, 32, 64))
+    raw = np.zeros((1, 56, 8500), np.float32)
+    raw[0, :4, -1] = [600, 600, 40, 60]  # the last cell of stride 64
+    raw[0, 4, -1] = 0.8
+    found = PoseDecoder(p6, input_hw)([raw])
+    assert found.boxes.tolist() == [[580, 570, 620, 630]]
+    assert found.scores.tolist() == pytest.approx([0.8])
     head = recognise_pose(input_hw, shapes)
     assert head is not None
     with pytest.raises(InferenceError, match="model-zoo head"):

@@ -128,7 +128,7 @@ def recognise_obb(
         cells = sum(h * w for h, w in grid_sizes(input_hw, STRIDES))
         last = shapes[3]
         assert last is not None
-        if nc and last[-1] == cells and math.prod(last) == cells:
+        if nc and max(last) == cells and math.prod(last) == cells:
             return ObbHead("yolov8-obb-zoo", nc, STRIDES)
     return None
 
