@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 from PIL import Image
 
@@ -32,14 +35,32 @@ def test_decode_limit_from_the_files_and_the_call(tmp_path):
     }  # fmt: skip
 
 
+def _spin(cpu_s: float) -> None:
+    """Spend at least ``cpu_s`` of this thread's CPU time."""
+    start = time.thread_time()
+    while time.thread_time() - start < cpu_s:
+        pass
+
+
 def test_call_cpu_is_the_calling_threads():
-    class Spinning:
+    class Spinning:  # each call spends 3 ms of CPU in the calling thread
         calls = 0
 
         def infer(self, inputs, reuse_outputs, data_format):
             self.calls += 1
-            sum(range(2000))  # some CPU
+            _spin(0.003)
+
+    class Handing:  # each call has another thread spend 3 ms of CPU, and waits for it
+        def infer(self, inputs, reuse_outputs, data_format):
+            helper = threading.Thread(target=_spin, args=(0.003,))
+            helper.start()
+            helper.join()
 
     spec = preprocess_for((1, 4, 4, 3), "uint8")
     adapter = Spinning()
-    assert call_cpu_ms(adapter, spec, calls=5) >= 0 and adapter.calls == 6
+    spinning = call_cpu_ms(adapter, spec, calls=5)
+    assert adapter.calls == 6  # a warm-up call, then the 5 timed
+    # CPU time, not wall time: at least the 3 ms each call spent, however loaded the machine
+    assert 3.0 <= spinning < 30.0, spinning
+    # only the calling thread's: work done elsewhere (an emulator's worker) is not counted
+    assert call_cpu_ms(Handing(), spec, calls=5) < 1.5

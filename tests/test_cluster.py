@@ -252,7 +252,7 @@ def test_eval_on_the_cluster_gives_the_single_board_results(cluster, demo_kit, t
     # The emulator's short NPU time in the job: the nodes do not see BATCHINFER_SIM_* here.
     # The worst core's mean cosine depends on which items each core got: over six cores and
     # 300 items it varies from run to run around the job's floor, so that gate is loosened.
-    gate = r"(\[gates\.core_cosine_min\][^\[]*?min = )0\.95"
+    gate = r"(\[gates\.core_cosine_min\][^\[]*?min = )0\.\d+"
     text = re.sub(gate, r"\g<1>0.5", ws.job.read_text())
     text = text.replace("instances_per_core = 2", "instances_per_core = 1")  # 6 actors start
     ws.job.write_text(text + "\n[device.runtime.sim]\nnpu_ms = 0.2\nhost_ms = 0\n")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from batchinfer.evaluate import load_job
 from batchinfer.evaluate.runs import cache_key, plan_side
 
 pytest.importorskip("faster_coco_eval")
+from cdp import Browser, chromium_path
 from detect_models import colour_detector, labels_file
 from models import nhwc_uint8_model
 
@@ -205,6 +209,10 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     assert metrics["core_disagreement_max"] == cores[2]["disagreement_mean"]
     assert {w["core"] for w in record["worst"]} == {2}
     assert record["worst"][0]["device_boxes"] and record["worst"][0]["reference_boxes"]
+    # ... drawn from the display threshold up, the ground truth beside them (issue 40 #16).
+    assert record["display_conf"] == 0.25
+    assert all(b["score"] >= 0.25 for w in record["worst"] for b in w["device_boxes"])
+    assert all(w["device_all"] > len(w["device_boxes"]) for w in record["worst"])
     # The ground truth's loose ends are counted, not ignored.
     assert record["ground_truth"]["unmatched_items"] == 1
     assert record["ground_truth"]["unmatched_items_first"] == ["extra.png"]
@@ -224,11 +232,44 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     assert "| map50_95 | 1 | 1 |" in summary
     page = (root / "eval" / "night" / "report.html").read_text()
     for marker in ("id=ap-table", 'id="detect-pr"', "id=core-table", "data:image/jpeg;base64,",
-                   "id=gt-table", "missing.png"):  # fmt: skip
+                   "id=gt-table", "missing.png", "ground truth: ", " &gt;= 0.25 (of "):  # fmt: skip
         assert marker in page
     # Self-contained: nothing loaded from elsewhere (SVG namespaces are not loads).
     assert not re.search(r"""(src|href)=['"]?(https?:|//)""", page)
     assert "<script" not in page
+
+
+@pytest.mark.slow  # default tier: tests/test_detect_examples.py on the same choice
+def test_a_report_whose_sides_agree_shows_its_images_in_chromium(kit):
+    # The shipped job's case: device and reference give the same boxes on every image.
+    # Its report showed no image ("Device and reference found the same boxes").
+    root, _, _ = kit
+    job = write_job(root, "agree")
+    job.write_text(job.read_text().replace("worst = 4", "worst = 4\ndisplay_conf = 0.5"))
+    result = invoke("eval", job, "--no-progress")
+    assert result.exit_code == 0, result.output + result.stderr
+    record = record_of(root, "agree")
+    assert record["metrics"]["box_disagreement_mean"] == 0.0
+    assert len(record["worst"]) == 4 and record["display_conf"] == 0.5
+    assert all(w["truth_boxes"] for w in record["worst"])
+    page = root / "eval" / "agree" / "report.html"
+    assert page.read_text().count("<div class=shot>") == 4
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: .ci/run must install it")
+        pytest.skip("chromium is not installed here (apt-get install chromium); CI runs this")
+    with Browser(window=(1200, 900)) as browser:
+        browser.open(page.as_uri())
+        assert browser.problems() == []
+        images = "[...document.querySelectorAll('#gallery img')]"
+        assert browser.evaluate(f"{images}.length") == 12  # truth, device, reference
+        assert browser.evaluate(f"{images}.every(i => i.complete && i.naturalWidth > 0)")
+        # Side by side: the three panels of a shot share one row.
+        tops = browser.evaluate(
+            "[...document.querySelector('#gallery .panels').children]"
+            ".map(f => f.getBoundingClientRect().top)"
+        )
+        assert len(tops) == 3 and len(set(tops)) == 1, tops
 
 
 @pytest.mark.slow  # default tier: the bootstrap p on fixed scores (test_detect_metrics.py)
@@ -238,6 +279,9 @@ def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     first = invoke("eval", job, "--no-progress", "--update-baseline")
     assert first.exit_code == 0, first.output + first.stderr
     assert (root / "eval" / "regress" / "baseline" / "items.parquet").exists()
+    assert "No baseline yet" not in first.stdout  # this night's evaluation is the baseline
+    assert "`--update-baseline` accepted it as the baseline" in first.stdout
+    assert record_of(root, "regress")["accepted_as_baseline"] is True
     # Night 2: a device model whose boxes are twice too wide.
     job.write_text(job.read_text().replace('model = "detector.onnx"', 'model = "wider.onnx"', 1))
     second = invoke("eval", job, "--no-progress")
@@ -279,6 +323,33 @@ def test_yolo_labels_give_the_same_scores(kit):
     assert record["metrics"]["map50_95"] == pytest.approx(1.0)
     assert record["ground_truth"]["unmatched_items"] == 1  # extra.png has no .txt
     assert record["ground_truth"]["unknown_images"] == 1  # missing.txt has no image
+
+
+def test_a_yolo_class_beyond_the_detectors_is_refused_not_allocated_for(kit):
+    # Without class names, read_yolo took the largest class id as the class count: a label
+    # file naming class 2000000000 asked for that many categories (a MemoryError past
+    # 1.6 GB). The detector's head says how many classes there are. In a child under an
+    # address-space limit: before the fix this would take the machine's memory.
+    root, _, _ = kit
+    labels = root / "labels-huge"
+    labels.mkdir()
+    (labels / "img000.txt").write_text("2000000000 0.5 0.5 0.2 0.2\n")
+    job = write_job(root, "huge", ground_truth="labels-huge")
+    job.write_text(job.read_text().replace('labels = "labels.txt"\n', ""))
+    cap = 1_500_000_000
+
+    def capped() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "eval", str(job), "--no-progress"],
+        env={**os.environ, "PYTHONPATH": str(repo)}, preexec_fn=capped, capture_output=True,
+        text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "img000.txt line 1 names class 2000000000; the class names list 2." in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize(

@@ -145,6 +145,15 @@ def test_first_night_passes_with_the_models_real_accuracy(two_nights, demo_kit):
     assert trend_points(two_nights["report_after_first"], "top1") == 1
     baseline = json.loads((ws.out / "baseline" / "baseline.json").read_text())
     assert baseline["eval_id"] == record["eval_id"]
+    # The night that accepts the first baseline says so, not "accept one" (issue 40 #17).
+    assert "No baseline yet" not in first.stdout and "accept one" not in first.stdout
+    accepted = "`--update-baseline` accepted it as the baseline"
+    assert f"No baseline before this evaluation: {accepted}" in first.stdout
+    assert "no baseline before this evaluation (--update-baseline makes" in first.stdout
+    assert record["accepted_as_baseline"] is True
+    page = two_nights["report_after_first"]
+    assert "<code>--update-baseline</code> accepted it as the baseline" in page
+    assert "accepted_as_baseline" not in two_nights["records"][1]
     assert baseline["model_sha256"] == record["model_sha256"]
     assert "@" in baseline["accepted_by"] and baseline["accepted_at"] == record["date"]
 

@@ -38,6 +38,14 @@ def test_the_drop_gate_is_not_checked_without_a_baseline_and_never_fails_then():
     assert verdict.passed
 
 
+def test_the_drop_gate_on_the_night_that_accepts_the_first_baseline_does_not_ask_for_one():
+    verdict = check_gates([Gate("top1", max_drop=0.0)], {"top1": 0.5}, None, accepting=True)
+    result = only(verdict, "max_drop")
+    assert result.passed is None
+    assert "no baseline before this evaluation" in result.note
+    assert "accept one" not in result.note and "makes this evaluation the baseline" in result.note
+
+
 def test_the_drop_gate_against_the_baseline():
     gate = Gate("top1", max_drop=0.01)
     ok = check_gates([gate], {"top1": 0.905}, {"top1": 0.91})

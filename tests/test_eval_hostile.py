@@ -141,7 +141,11 @@ def test_hostile_class_and_file_names_are_data_in_the_report_and_summary(
     if chromium_path() is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is missing in CI: .ci/run must install it")
-        return
+        # The files were checked above; what a browser shows was not: say so, not pass.
+        pytest.skip(
+            "chromium is not installed here (apt-get install chromium): the report was not "
+            "opened in a browser; CI runs this"
+        )
     with Browser(window=(1200, 900)) as browser:
         browser.open((out / "report.html").as_uri())
         assert browser.problems() == []

@@ -198,3 +198,37 @@ def test_out_moved_before_the_first_row_gets_no_predictions_folder_in_the_new_on
         with pytest.raises(OutputLostError, match="deleted, moved or replaced"):
             folder.rows.open([((1, 10), "float32")])
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("swap", "said"),
+    [
+        ("link", "was replaced by a symbolic link to"),
+        ("folder", "was replaced by another folder"),
+        ("gone", "was deleted or moved away"),
+    ],
+)
+def test_a_predictions_folder_swapped_under_a_run_stops_its_next_write_saying_what_changed(
+    tmp_path, swap, said
+):
+    from batchinfer.errors import OutputLostError
+
+    out, victim = tmp_path / "o", tmp_path / "victim"
+    victim.mkdir()
+    folder = _looked(out).begin({"command": "this"}, save_outputs=False)
+    folder.check_held()  # nothing changed yet
+    (out / "predictions").rename(out / "moved")
+    if swap == "link":
+        (out / "predictions").symlink_to(victim)
+    elif swap == "folder":
+        (out / "predictions").mkdir()
+    with pytest.raises(OutputLostError, match=said) as info:
+        folder.check_held()
+    assert f"its parts are in {out / 'moved'}" in str(info.value)
+    recorder = CoreStatsRecorder([0], 1, folder.invocation)
+    status, error, _ = folder.finish(
+        status="complete", error=None, stats=recorder, counts={}, fields={}
+    )
+    assert status == "failed" and isinstance(error, OutputLostError)
+    assert list(victim.iterdir()) == []
+    assert _manifest(out)["status"] == "running"  # written no more once the swap was seen

@@ -236,6 +236,38 @@ def test_context_exit_on_exception_keeps_rows(tmp_path: Path) -> None:
     assert read_predictions(tmp_path).num_rows == 1
 
 
+def test_a_writer_writes_into_the_folder_it_opened_whatever_its_path_leads_to_later(
+    tmp_path: Path,
+) -> None:
+    out, victim = tmp_path / "o", tmp_path / "victim"
+    victim.mkdir()
+    w = PredictionWriter(out, rows_per_part=1)
+    add_row(w, 0)
+    (out / "predictions").rename(out / "moved")
+    (out / "predictions").symlink_to(victim)  # swapped between two parts
+    add_row(w, 1)
+    w.close()
+    assert list(victim.iterdir()) == []
+    assert sorted(p.name for p in (out / "moved").iterdir()) == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
+
+
+def test_a_link_planted_under_a_parts_tmp_name_is_replaced_not_written_through(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(b"someone else's")
+    w = PredictionWriter(tmp_path / "o")
+    (tmp_path / "o" / "predictions" / ".part-00000.parquet.tmp").symlink_to(elsewhere)
+    add_row(w, 0)
+    w.close()
+    assert elsewhere.read_bytes() == b"someone else's"
+    assert read_predictions(tmp_path / "o").num_rows == 1
+    assert part_files(tmp_path / "o") == ["part-00000.parquet"]
+
+
 # -- resume -----------------------------------------------------------------------------
 
 

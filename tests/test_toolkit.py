@@ -6,11 +6,12 @@ The parts that run rknn-toolkit2 are in test_toolkit_sim.py (``toolkit`` marker)
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import threading
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import models as M  # tests/ is on sys.path under pytest (no tests/__init__.py)
 import pytest
@@ -133,13 +134,25 @@ def test_concurrent_requests_build_once_and_reuse_the_entry(
 ) -> None:
     monkeypatch.setenv(T.CACHE_ENV, str(tmp_path / "cache"))
     builds = []
+    # The build waits until every thread has passed the "already built?" check and come to
+    # the lock, so that all four race for one build (a sleep only made that likely).
+    at_lock = threading.Condition()
+    arrived = [0]
+
+    def counting_flock(fd: object, operation: int) -> None:
+        with at_lock:
+            arrived[0] += 1
+            at_lock.notify_all()
+        fcntl.flock(fd, operation)
 
     def fake_build(model: T.ToolkitModel, entry: Path, key: str) -> None:
         builds.append(key)
-        time.sleep(0.2)  # long enough for the other threads to reach the lock
+        with at_lock:
+            assert at_lock.wait_for(lambda: arrived[0] == 4, timeout=30), arrived
         entry.mkdir()
         (entry / T._DONE).write_text("{}")
 
+    monkeypatch.setattr(T, "fcntl", SimpleNamespace(flock=counting_flock, LOCK_EX=fcntl.LOCK_EX))
     monkeypatch.setattr(T, "_build", fake_build)
     model = T.toolkit_model(model_dir / "digits-rk3566.rknn")
     entries: list[Path] = []

@@ -3,16 +3,20 @@
 The files that match, in code-point order of their paths; hidden names and folders are
 not matched (as the shell does), nor are what tools leave behind (``__MACOSX``, ...).
 Item ids are the paths relative to the pattern's fixed folder (``images/`` above), so a
-glob over a whole folder gives the same ids as the folder.
+glob over a whole folder gives the same ids as the folder; and the same labels: a file in a
+subfolder of the fixed folder is labelled by that class folder (``images/cat/1.jpg`` is
+``cat``), which the list machinery maps as a label column's values (integer names are the
+labels, other names their position among the sorted names, or their line in a labels file).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
-from batchinfer.data.listed import PathList
+from batchinfer.data.listed import PathList, Row
 from batchinfer.data.listing import leftover_kind
 from batchinfer.errors import DatasetError
 
@@ -43,4 +47,13 @@ def glob_entries(pattern: str) -> PathList:
     if not found:
         raise DatasetError(f"The pattern {pattern!r} matches no file; check it (quote it).")
     found.sort()
-    return PathList("glob", pattern, base, found, places="match")
+    return GlobList("glob", pattern, base, found, places="match")
+
+
+class GlobList(PathList):
+    """The files a glob matched, each labelled by its class folder under the fixed folder."""
+
+    def __iter__(self) -> Iterator[Row]:
+        for where, path, written_id, _, columns, error in super().__iter__():
+            folder, _, rest = (path or "").partition("/")
+            yield where, path, written_id, folder if rest else None, columns, error

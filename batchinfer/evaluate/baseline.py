@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -30,6 +31,10 @@ from batchinfer.evaluate.metrics import BaselineItems
 
 RECORD = "baseline.json"
 ITEMS = "items.parquet"
+#: The evaluation record's key that says ``--update-baseline`` accepted it.
+ACCEPTED = "accepted_as_baseline"
+
+log = logging.getLogger("batchinfer")
 
 
 @dataclass(frozen=True)
@@ -106,3 +111,17 @@ def write_baseline(
     write_table(folder / ITEMS, items)
     write_json(folder / RECORD, record)
     return record
+
+
+def accept_evaluation(
+    folder: Path, items: pa.Table, evaluation: dict[str, Any], job_folder: Path, record_file: Path
+) -> dict[str, Any]:
+    """``--update-baseline``: write the baseline, then mark the evaluation's record
+    (``evaluation[ACCEPTED]``, rewritten to ``record_file``) so that its summary and
+    report say it is the baseline now; returns the baseline's record."""
+    accepted = write_baseline(folder, items, evaluation, job_folder)
+    # Marked only once the baseline is whole: a failed write leaves the record unmarked.
+    evaluation[ACCEPTED] = True
+    write_json(record_file, evaluation)
+    log.info(f"baseline: evaluation {evaluation['eval_id']} accepted by {accepted['accepted_by']}")
+    return accepted

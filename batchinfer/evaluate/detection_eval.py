@@ -30,7 +30,8 @@ from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import RunFailedError, render_fields
 from batchinfer.evaluate import baseline as baseline_files
-from batchinfer.evaluate.baseline import write_baseline
+from batchinfer.evaluate.baseline import accept_evaluation
+from batchinfer.evaluate.detection_examples import detection_examples
 from batchinfer.evaluate.detection_items import DetectionItems
 from batchinfer.evaluate.detection_metrics import DetectInputs, detection_metrics
 from batchinfer.evaluate.files import write_bytes, write_json, write_table
@@ -79,7 +80,13 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
         if path.is_dir():
-            names = plan.engine.task.names if plan.engine.task is not None else ()
+            task = plan.engine.task
+            names = task.names if task is not None else ()
+            if not names and task is not None and task.head is not None:
+                # Unnamed classes are the head's: a YOLO class id beyond them is refused
+                # with its line, not taken as a count (class 2000000000 asked for that
+                # many categories).
+                names = tuple(str(i) for i in range(task.head.num_classes))
             return read_yolo(
                 path,
                 ids,
@@ -201,7 +208,9 @@ def evaluate_detection(
             )
             metrics = score_metrics(job, inputs, registry, custom)
             baseline_metrics = dict(baseline[1].get("metrics") or {}) if baseline else None
-            verdict = check_gates(job.gates, metrics, baseline_metrics, _worst_core(inputs))
+            verdict = check_gates(
+                job.gates, metrics, baseline_metrics, _worst_core(inputs), accepting=update_baseline
+            )
             date = clock()
             eval_id, record_dir = new_record_dir(job, date)
             record = detection_record(
@@ -219,8 +228,9 @@ def evaluate_detection(
             )
             accepted = None
             if update_baseline:
-                accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
-                log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
+                accepted = accept_evaluation(
+                    job.outputs.baseline, items_table, record, job.folder, record_dir / RECORD
+                )
             report = _write_report(job, record, history, record_dir)
             from batchinfer.evaluate.detection_summary import detection_summary
 
@@ -260,32 +270,6 @@ def _worst_core(inputs: DetectInputs) -> dict[str, str]:
 # --------------------------------------------------------------------------- the record
 def _none_if_nan(value: float) -> float | None:
     return None if value is None or not np.isfinite(value) else float(value)
-
-
-def _worst(inputs: DetectInputs, dataset: Dataset, n: int) -> list[dict[str, Any]]:
-    """The ``n`` items where device and reference disagree most, with both box sets (the
-    report's gallery draws them); none without a reference."""
-    if n == 0 or inputs.reference is None:
-        return []
-    d, r = inputs.device, inputs.reference
-    score = inputs.disagreement
-    order = [i for i in np.argsort(-np.nan_to_num(score, nan=-1), kind="stable") if score[i] > 0]
-    out = []
-    paths = dataset.paths_of([d.id[i] for i in order[:n]])
-    for i in order[:n]:
-        out.append(
-            {
-                "index": int(d.index[i]),
-                "id": d.id[i],
-                "path": paths.get(d.id[i], str(dataset.root / d.id[i])),
-                "disagreement": float(score[i]),
-                "core": int(d.core[i]),
-                "node": d.node[i],
-                "device_boxes": d.box_dicts(int(i)),
-                "reference_boxes": r.box_dicts(int(i)),
-            }
-        )
-    return out
 
 
 def detection_record(
@@ -362,7 +346,8 @@ def detection_record(
             "reference": ref_score.pr_curves(0.5) if ref_score is not None else None,
         },
         "per_core": inputs.per_core,
-        "worst": _worst(inputs, dataset, job.metrics.worst),
+        "worst": detection_examples(inputs, dataset, job.metrics.worst, job.metrics.display_conf),
+        "display_conf": job.metrics.display_conf,
         "errors": error_rows,
         "vs_reference": None
         if bootstrap_ref is None

@@ -6,11 +6,13 @@ display); :func:`figure_svg` turns one into inline SVG for the self-contained HT
 Class names are user data: every text that shows one is drawn with ``parse_math=False``,
 so a name with ``$`` or ``_`` is shown as written, never as mathtext (nor an error).
 
-The gallery's images are small JPEGs as ``data:`` URIs with both box sets drawn with
-Pillow: the device's in magenta, the reference's over them in thicker green (where the
-two agree, green shows), ground truth (when given) in thin white underneath. The
-disagreement of an image is :func:`~batchinfer.evaluate.detection.disagreement` (1 - soft
-F1 of the two box sets).
+Images are small JPEGs as ``data:`` URIs with boxes drawn by Pillow: the report shows an
+image (:func:`open_picture`, decoded once) in panels side by side (:func:`draw_on`), the
+ground truth in blue, the device's boxes in magenta, the reference's in green.
+:func:`gallery` draws both box sets on one image instead: the device's in magenta, the
+reference's over them in thicker green (where the two agree, green shows), ground truth
+(when given) in thin white underneath. The disagreement of an image is
+:func:`~batchinfer.evaluate.detection.disagreement` (1 - soft F1 of the two box sets).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from batchinfer.evaluate.detection import disagreement
 
 REFERENCE_COLOR = (46, 160, 67)
 DEVICE_COLOR = (216, 27, 196)
-TRUTH_COLOR = (255, 255, 255)
+TRUTH_COLOR = (255, 255, 255)  # under both box sets (gallery)
+#: The ground truth in a panel of its own (the report's images).
+GROUND_TRUTH_COLOR = (25, 118, 210)
 #: Boxes of one set that get their class and score written beside them in the gallery.
 LABELLED_BOXES = 10
 _salt = itertools.count()
@@ -177,17 +181,12 @@ def disagreements(
     return sorted(scored, key=lambda s: -s[1])
 
 
-def draw_boxes(
-    path: str | os.PathLike[str],
-    layers: Sequence[tuple[Boxes, tuple[int, int, int], int]],
-    max_side: int = 360,
-    exif_orientation: bool = True,
-) -> str | None:
+def open_picture(
+    path: str | os.PathLike[str], max_side: int = 360, exif_orientation: bool = True
+) -> tuple[Image.Image, float] | None:
     """The image at ``path``, made upright and scaled to ``max_side`` on its long side
-    (small images enlarged at most 4x, pixels kept sharp), with each layer's boxes (boxes,
-    colour, line width) drawn, as a JPEG data: URI; None if unreadable. A layer of at most
-    ``LABELLED_BOXES`` boxes has their class and score written on them (more would hide
-    the image)."""
+    (small images enlarged at most 4x, pixels kept sharp), and that scale; None if
+    unreadable. Decoded once for every panel drawn on it (:func:`draw_on`)."""
     try:
         with Image.open(path) as img:
             upright = ImageOps.exif_transpose(img) if exif_orientation else img
@@ -199,6 +198,18 @@ def draw_boxes(
         size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
         sharp = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.BILINEAR
         rgb = rgb.resize(size, sharp)
+    return rgb, scale
+
+
+def draw_on(
+    picture: tuple[Image.Image, float],
+    layers: Sequence[tuple[Boxes, tuple[int, int, int], int]],
+) -> str:
+    """A copy of an :func:`open_picture` picture with each layer's boxes (boxes, colour,
+    line width) drawn, as a JPEG data: URI. A layer of at most ``LABELLED_BOXES`` boxes
+    has their class (and score) written on them (more would hide the image)."""
+    base, scale = picture
+    rgb = base.copy()
     draw = ImageDraw.Draw(rgb)
     for boxes, color, width in layers:
         labelled = bool(boxes.labels) and len(boxes) <= LABELLED_BOXES
@@ -219,6 +230,18 @@ def draw_boxes(
     # 4:4:4 chroma: with 4:2:0 a two-pixel coloured line fades into its background.
     rgb.save(buf, format="JPEG", quality=85, subsampling=0)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def draw_boxes(
+    path: str | os.PathLike[str],
+    layers: Sequence[tuple[Boxes, tuple[int, int, int], int]],
+    max_side: int = 360,
+    exif_orientation: bool = True,
+) -> str | None:
+    """The image at ``path`` (:func:`open_picture`) with each layer's boxes drawn
+    (:func:`draw_on`), as a JPEG data: URI; None if unreadable."""
+    picture = open_picture(path, max_side, exif_orientation)
+    return None if picture is None else draw_on(picture, layers)
 
 
 def gallery(
@@ -255,13 +278,16 @@ def gallery(
 
 __all__ = [
     "DEVICE_COLOR",
+    "GROUND_TRUTH_COLOR",
     "REFERENCE_COLOR",
     "TRUTH_COLOR",
     "Boxes",
     "ap_figure",
     "disagreements",
     "draw_boxes",
+    "draw_on",
     "figure_svg",
     "gallery",
+    "open_picture",
     "pr_figure",
 ]

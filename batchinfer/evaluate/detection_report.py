@@ -3,10 +3,11 @@
 The page is report.py's (the same header, style, Content-Security-Policy, gates table,
 trend plot, metric table and run facts); its middle sections are detection's: AP per class
 (table and bars, the reference beside the device), precision-recall curves at IoU 0.5,
-per core, the gallery of the images where device and reference disagree most (both box
-sets drawn), the comparisons with the reference and the baseline (paired image bootstrap),
-and how the ground truth matched the dataset. Plot ids: ``detect-ap``, ``detect-pr``,
-``detect-pr-overall``; the gallery's images are ``data:`` JPEGs.
+per core, images with the ground truth beside the device's (and the reference's) boxes
+from ``metrics.display_conf`` up (chosen by detection_examples.py: in every report, not
+only where device and reference disagree), the comparisons with the reference and the
+baseline (paired image bootstrap), and how the ground truth matched the dataset. Plot
+ids: ``detect-ap``, ``detect-pr``, ``detect-pr-overall``; the images are ``data:`` JPEGs.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from batchinfer.evaluate.detection_examples import WHY
 from batchinfer.evaluate.detection_plots import (
     DEVICE_COLOR,
+    GROUND_TRUTH_COLOR,
     REFERENCE_COLOR,
     Boxes,
     ap_figure,
-    draw_boxes,
+    draw_on,
     figure_svg,
+    open_picture,
     pr_figure,
 )
 from batchinfer.evaluate.detection_summary import _bootstrap_line, _pct, detection_summary
@@ -31,14 +35,17 @@ from batchinfer.evaluate.report import (
     _facts,
     _gates_table,
     _metrics_table,
+    no_baseline_html,
     trend_plot,
 )
 from batchinfer.sink.stats import place_name
 
 _GALLERY_CSS = """
 .gallery{display:flex;flex-wrap:wrap;gap:12px}
-.shot{border:1px solid #e0e0e0;border-radius:4px;padding:6px;font-size:12px;max-width:372px}
-.shot img{display:block;max-width:360px;max-height:360px;background:#eceff1;margin-bottom:4px}
+.shot{border:1px solid #e0e0e0;border-radius:4px;padding:6px;font-size:12px}
+.panels{display:flex;flex-wrap:wrap;gap:6px;margin-bottom:4px}
+.panels figure{margin:0}
+.panels img{display:block;max-width:240px;max-height:240px;background:#eceff1}
 .shot code{word-break:break-all}
 .key{display:inline-block;width:12px;height:12px;vertical-align:middle;margin:0 4px 0 10px}
 """
@@ -124,39 +131,76 @@ def _boxes(rows: list[dict[str, Any]] | None) -> Boxes:
 
     rows = rows or []
     xyxy = np.array([[b["x1"], b["y1"], b["x2"], b["y2"]] for b in rows], float).reshape(-1, 4)
+    scored = all(b.get("score") is not None for b in rows)
     return Boxes(
         xyxy,
         np.array([b["class_id"] for b in rows], dtype=np.int64),
         tuple(str(b["label"]) for b in rows),
-        np.array([b["score"] for b in rows], dtype=float),
+        np.array([b["score"] for b in rows], dtype=float) if scored else None,
     )
+
+
+#: The longest side of one panel of the report's images, in CSS pixels.
+PANEL_SIDE = 240
+
+
+def _count(n: int) -> str:
+    return "1 box" if n == 1 else f"{n} boxes"
+
+
+def _panel(picture: Any, title: str, rows: list[dict[str, Any]], color: tuple) -> str:
+    uri = draw_on(picture, [(_boxes(rows), color, 2)]) if picture is not None else None
+    img = f"<img alt='{_e(title)}' src='{uri}'>" if uri else ""
+    key = f"<span class=key style='background:{_rgb(color)}'></span>"
+    return f"<figure>{img}<figcaption>{key}{_e(title)}</figcaption></figure>"
+
+
+def _shot(item: dict[str, Any], conf: float) -> str:
+    """One image: the ground truth, the device's and the reference's boxes side by side."""
+    picture = open_picture(Path(item["path"]), PANEL_SIDE)
+    panels = []
+    truth = item.get("truth_boxes")
+    if truth is not None:
+        panels.append(
+            _panel(picture, f"ground truth: {_count(len(truth))}", truth, GROUND_TRUTH_COLOR)
+        )
+    for side, color in (("device", DEVICE_COLOR), ("reference", REFERENCE_COLOR)):
+        rows = item.get(f"{side}_boxes")
+        if rows is not None:
+            of = item.get(f"{side}_all", len(rows))
+            title = f"{side}: {_count(len(rows))} >= {conf:g} (of {of})"
+            panels.append(_panel(picture, title, rows, color))
+    facts = [f"<code>{_e(item['id'])}</code>", _e(WHY.get(item.get("why", ""), "an example"))]
+    if picture is None:
+        facts.append("<span class=muted>no picture: the image cannot be read now</span>")
+    if truth is None:
+        facts.append("no ground truth")
+    elif item.get("truth_disagreement") is not None:
+        facts.append(f"against the ground truth {item['truth_disagreement']:.3f}")
+    if item.get("disagreement") is not None:
+        facts.append(f"against the reference {item['disagreement']:.3f}")
+    core = place_name(item.get("node"), item["core"]) if item["core"] >= 0 else "-"
+    facts.append(f"core {_e(core)}")
+    return f"<div class=shot><div class=panels>{''.join(panels)}</div>{' · '.join(facts)}</div>"
 
 
 def _gallery(record: dict[str, Any]) -> str:
-    if record["reference"] is None:
-        return "<p class=muted>No reference model: nothing to compare the boxes with.</p>"
-    shots = []
-    for item in record["worst"]:
-        device, reference = _boxes(item["device_boxes"]), _boxes(item["reference_boxes"])
-        uri = draw_boxes(
-            Path(item["path"]), [(device, DEVICE_COLOR, 2), (reference, REFERENCE_COLOR, 3)]
-        )
-        picture = f"<img alt='{_e(item['id'])}' src='{uri}'>" if uri else ""
-        core = place_name(item.get("node"), item["core"]) if item["core"] >= 0 else "-"
-        shots.append(
-            f"<div class=shot>{picture}<code>{_e(item['id'])}</code><br>disagreement "
-            f"{item['disagreement']:.3f} · device {len(device)} boxes · reference "
-            f"{len(reference)} · core {_e(core)}</div>"
-        )
+    conf = record.get("display_conf", 0.25)
+    shots = [_shot(item, conf) for item in record["worst"]]
     if not shots:
-        return "<p class=muted>Device and reference found the same boxes on every image.</p>"
-    key = (
-        f"<p class=muted><span class=key style='background:{_rgb(REFERENCE_COLOR)}'></span>"
-        f"reference<span class=key style='background:{_rgb(DEVICE_COLOR)}'></span>device. "
-        "Disagreement: 1 - soft F1 of the two box sets (boxes of the same class paired by "
-        "IoU >= 0.5, each pair counting its IoU).</p>"
+        return "<p class=muted>No image has a result to show.</p>"
+    reference = (
+        "where device and reference disagree most, then " if record["reference"] is not None else ""
     )
-    return key + f"<div class=gallery>{''.join(shots)}</div>"
+    intro = (
+        f"<p class=muted>{len(shots)} images: {reference}those whose boxes differ most from "
+        "the ground truth, then others. Boxes scoring at least "
+        f"{_e(f'{conf:g}')} are drawn (<code>metrics.display_conf</code>; mAP counts every "
+        "box the job's <code>detect.conf</code> keeps). The numbers are 1 - soft F1 of two "
+        "box sets (boxes of the same class paired by IoU >= 0.5, each pair counting its "
+        "IoU): 0 the same boxes, 1 none in common.</p>"
+    )
+    return intro + f"<div class=gallery>{''.join(shots)}</div>"
 
 
 def _comparisons(record: dict[str, Any]) -> str:
@@ -172,10 +216,7 @@ def _comparisons(record: dict[str, Any]) -> str:
         parts.append(f"<h3>device against the reference</h3><ul>{lines}</ul>")
     base = record["vs_baseline"]
     if base is None:
-        parts.append(
-            "<p class=muted>No baseline yet: accept an evaluation with "
-            "<code>batchinfer eval JOB --update-baseline</code>.</p>"
-        )
+        parts.append(no_baseline_html(record))
     else:
         info = record["baseline"] or {}
         lines = "".join(
@@ -236,7 +277,7 @@ def detection_html(record: dict[str, Any], history: list[dict[str, Any]]) -> str
         ("classes", "AP per class", _classes_table(record)),
         ("pr", "Precision-recall", _pr_section(record)),
         ("cores", "Per core", _cores_table(record)),
-        ("gallery", "Where device and reference disagree most", _gallery(record)),
+        ("gallery", "Images: the ground truth beside the predictions", _gallery(record)),
         ("compare", "Compared with the reference and the baseline", _comparisons(record)),
         ("matching", "Ground truth", _matching(record)),
         ("metrics", "Every metric", _metrics_table(record)),

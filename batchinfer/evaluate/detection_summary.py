@@ -11,7 +11,7 @@ from typing import Any
 
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.markdown import code, name, text
-from batchinfer.evaluate.summary import on_cluster
+from batchinfer.evaluate.summary import ACCEPT_ONE, no_baseline, on_cluster
 
 
 def _pct(value: float | None) -> str:
@@ -108,7 +108,7 @@ def detection_summary(record: dict[str, Any], report: Path | None) -> str:
         )  # fmt: skip
     base = record["vs_baseline"]
     if base is None:
-        lines.append("No baseline yet: accept this evaluation with `--update-baseline`.")
+        lines.append(no_baseline(record, code, ACCEPT_ONE))
     else:
         info = record["baseline"] or {}
         lines.append(

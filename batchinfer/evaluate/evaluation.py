@@ -16,6 +16,7 @@ its holder ends.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -34,7 +35,7 @@ from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import (
     render_fields,
 )
-from batchinfer.evaluate.baseline import Baseline, read_baseline, write_baseline
+from batchinfer.evaluate.baseline import Baseline, accept_evaluation, read_baseline
 from batchinfer.evaluate.detection_eval import evaluate_detection
 from batchinfer.evaluate.files import (
     REPORT_MARK,
@@ -91,9 +92,12 @@ def class_map(job: Job, dataset: Dataset) -> tuple[tuple[str, ...], dict[str, in
     """(class names by index, folder -> class when a labels file says so, how it was made)."""
     labels_file = job.dataset.labels
     if labels_file is None:
+        # As many names as there are classes, never one per integer up to the largest
+        # label (a folder or list label 2000000000 once asked for 2e9 names): labels from
+        # names are 0..n-1, and a label from a number is named by that number anyway.
         inverse = {index: name for name, index in dataset.labels.items()}
-        n = max(inverse) + 1 if inverse else 0
-        return tuple(inverse.get(i, str(i)) for i in range(n)), None, {"source": "folders"}
+        names = tuple(inverse.get(i, str(i)) for i in range(len(inverse)))
+        return names, None, {"source": "folders"}
     try:
         text = labels_file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -212,9 +216,15 @@ def evaluate(
                 job.metrics.topk,
                 device.core_stats,
             )
+            if inputs.outside.items:
+                log.warning(inputs.outside.sentence())
             metrics = score_metrics(job, inputs, registry, custom)
             verdict = check_gates(
-                job.gates, metrics, baseline.metrics if baseline else None, _worst_of(inputs)
+                job.gates,
+                metrics,
+                baseline.metrics if baseline else None,
+                _worst_of(inputs),
+                accepting=update_baseline,
             )
             date = clock()
             eval_id, record_dir = new_record_dir(job, date)
@@ -245,8 +255,9 @@ def evaluate(
             )
             accepted = None
             if update_baseline:
-                accepted = write_baseline(job.outputs.baseline, items_table, record, job.folder)
-                log.info(f"baseline: evaluation {eval_id} accepted by {accepted['accepted_by']}")
+                accepted = accept_evaluation(
+                    job.outputs.baseline, items_table, record, job.folder, record_dir / RECORD
+                )
             report = _write_report(job, record, history, record_dir)
             summary = markdown_summary(record, report)
             write_bytes(job.outputs.summary, f"{SUMMARY_MARK}\n{summary}".encode())
@@ -399,6 +410,7 @@ def _record(
         },
         "classes": names,
         "class_map": class_source,
+        "labels_outside": dataclasses.asdict(inputs.outside),
         "per_class": [
             {
                 "class": i,

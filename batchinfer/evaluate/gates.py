@@ -107,6 +107,10 @@ class Verdict:
         return [g.line() for g in self.gates]
 
 
+#: What a max_drop gate says on the night --update-baseline accepts the first baseline.
+NO_BASELINE_BEFORE = "no baseline before this evaluation"
+
+
 def _at_least(value: float, limit: float) -> bool:
     return value >= limit - _EPS
 
@@ -116,10 +120,14 @@ def check_gates(
     metrics: Mapping[str, float],
     baseline: Mapping[str, float] | None,
     notes: Mapping[str, str] | None = None,
+    *,
+    accepting: bool = False,
 ) -> Verdict:
     """Check every limit of every gate against ``metrics`` (and the baseline's metrics).
 
     ``notes`` adds a word to a metric's absolute limits (which core or item is the worst).
+    ``accepting``: this evaluation becomes the baseline (``--update-baseline``), so a
+    ``max_drop`` without a baseline says so instead of asking for one.
     """
     results = []
     for gate in gates:
@@ -132,7 +140,7 @@ def check_gates(
             ok = value is not None and value <= gate.max + _EPS
             results.append(GateResult(gate.metric, "max", value, gate.max, ok, missing))
         if gate.max_drop is not None:
-            results.append(_drop(gate, value, metrics, baseline))
+            results.append(_drop(gate, value, metrics, baseline, accepting))
         if gate.min_ratio_to_reference is not None:
             ref = metrics.get(f"reference.{gate.metric}")
             limit = None if ref is None else gate.min_ratio_to_reference * ref
@@ -156,11 +164,14 @@ def _drop(
     value: float | None,
     metrics: Mapping[str, float],
     baseline: Mapping[str, float] | None,
+    accepting: bool = False,
 ) -> GateResult:
     assert gate.max_drop is not None
     before = None if baseline is None else baseline.get(gate.metric)
     if before is None:
         why = "no baseline yet (accept one with --update-baseline)"
+        if accepting:
+            why = f"{NO_BASELINE_BEFORE} (--update-baseline makes this evaluation the baseline)"
         if baseline is not None:
             why = f"the baseline has no {gate.metric}"
         return GateResult(gate.metric, "max_drop", value, None, None, why)

@@ -150,6 +150,12 @@ class MetricsSettings:
         "Detection jobs: the bootstrap's seed (the same seed, the same answer).",
         bounds=Bounds(0, 2**32 - 1, why="numpy's seeds are 32-bit"),
     )
+    display_conf: float = option(
+        0.25,
+        "Detection jobs: the report draws the boxes scoring at least this (the job's "
+        "detect.conf, 0.001 for mAP, keeps every low-score box).",
+        bounds=Bounds(0, 1),
+    )
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import numpy as np
 
 from batchinfer.errors import RunFailedError
 from batchinfer.evaluate.items import ItemResults
+from batchinfer.evaluate.outside import Outside, outside_labels
 from batchinfer.sink.stats import place_name, place_order
 
 
@@ -169,9 +170,14 @@ class EvalInputs:
 
     @cached_property
     def n_classes(self) -> int:
+        """The per-class tables' classes: the model's and the named ones (see outside.py)."""
         widest = max([o.shape[-1] for o in self.device.outputs[:1]] or [0])
-        seen = int(max(self.device.label.max(initial=-1), self.device.pred.max(initial=-1)))
-        return max(len(self.classes), widest, seen + 1)
+        return max(len(self.classes), widest)
+
+    @cached_property
+    def outside(self) -> Outside:
+        """Labelled items whose label is none of the :attr:`n_classes` classes."""
+        return outside_labels(self.device.label, self.n_classes)
 
     @cached_property
     def cosine(self) -> np.ndarray:

@@ -35,7 +35,7 @@ from matplotlib.ticker import FuncFormatter
 
 from batchinfer.evaluate.files import REPORT_MARK
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
-from batchinfer.evaluate.summary import on_cluster
+from batchinfer.evaluate.summary import labels_outside, no_baseline, on_cluster
 from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, Source, Thumbnail
 from batchinfer.sink.stats import place_name
 
@@ -313,13 +313,20 @@ def _item_cards(
     return f"<div class=items>{''.join(cards)}</div>" if cards else "<p class=muted>none</p>"
 
 
+def no_baseline_html(record: dict[str, Any]) -> str:
+    """The paragraph for an evaluation without a baseline (summary.no_baseline's words)."""
+    advice = (
+        "No baseline yet: accept an evaluation with "
+        "<code>batchinfer eval JOB --update-baseline</code>."
+    )
+    words = no_baseline(record, lambda flag: f"<code>{_e(flag)}</code>", advice)
+    return f"<p class=muted>{words}</p>"
+
+
 def _flipped(record: dict[str, Any], pictures: Mapping[Source, Thumbnail]) -> str:
     flipped = record["flipped"]
     if flipped is None:
-        return (
-            "<p class=muted>No baseline yet: accept an evaluation with "
-            "<code>batchinfer eval JOB --update-baseline</code>.</p>"
-        )
+        return no_baseline_html(record)
     test = flipped["mcnemar"]
     base = record["baseline"] or {}
     parts = [
@@ -356,9 +363,10 @@ def _classes_table(record: dict[str, Any], limit: int = 40) -> str:
     """Per-class accuracy, worst first (all of them up to ``limit`` classes)."""
     classes = [c for c in record["per_class"] if c["items"]]
     classes.sort(key=lambda c: (c["top1"], c["class"]))
-    note = ""
+    outside = labels_outside(record)
+    note = f"<p class=FAIL id=labels-outside>{_e(outside)}</p>" if outside else ""
     if len(classes) > limit:
-        note = f"<p class=muted>The {limit} worst of {len(classes)} classes.</p>"
+        note += f"<p class=muted>The {limit} worst of {len(classes)} classes.</p>"
         classes = classes[:limit]
     head = "<tr><th>class</th><th>items</th><th>correct</th><th>errors</th><th>top-1</th></tr>"
     rows = "".join(

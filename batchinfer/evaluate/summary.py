@@ -6,11 +6,14 @@ Every name (job, model, item, metric) and message is data: code spans and escape
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchinfer.evaluate.baseline import ACCEPTED
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.markdown import code, name, text
+from batchinfer.evaluate.outside import Outside
 
 #: Metrics the summary shows when computed (every gated metric is shown too).
 KEY_METRICS = (
@@ -26,6 +29,7 @@ KEY_METRICS = (
     "items_per_s",
 )
 _SHOW_IDS = 10
+ACCEPT_ONE = "No baseline yet: accept this evaluation with `--update-baseline`."
 
 
 def _pct(value: float | None) -> str:
@@ -44,6 +48,25 @@ def on_cluster(device: dict[str, Any]) -> str:
         return ""
     names = [n["name"] for n in cluster["nodes"]]
     return f" of {len(names)} Ray nodes ({', '.join(names)})"
+
+
+def labels_outside(record: dict[str, Any]) -> str:
+    """The sentence on labels outside the model's classes ('' when none; records written
+    before it was kept have none)."""
+    outside = record.get("labels_outside")
+    return Outside(**outside).sentence() if outside else ""
+
+
+def no_baseline(record: dict[str, Any], command: Callable[[str], str], advice: str) -> str:
+    """The sentence for an evaluation with no baseline to compare with: on the night
+    ``--update-baseline`` accepted it, that it is the baseline now; else ``advice`` (how to
+    accept one). ``command`` marks a flag up (a Markdown code span, an HTML ``<code>``)."""
+    if record.get(ACCEPTED):
+        return (
+            f"No baseline before this evaluation: {command('--update-baseline')} accepted it "
+            "as the baseline, so the next evaluation is compared with it."
+        )
+    return advice
 
 
 def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
@@ -93,7 +116,7 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
     flipped = record["flipped"]
     lines.append("")
     if flipped is None:
-        lines.append("No baseline yet: accept this evaluation with `--update-baseline`.")
+        lines.append(no_baseline(record, code, ACCEPT_ONE))
     else:
         test = flipped["mcnemar"]
         base = record["baseline"] or {}
@@ -109,6 +132,9 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
             lines.append(f"Gained: {_ids(flipped['gained'])}.")
     for warning in device["warnings"]:
         lines.append(f"Warning: {text(warning)}")
+    outside = labels_outside(record)
+    if outside:
+        lines.append(f"Warning: {text(outside)}")
     if record["errors"]:
         first = record["errors"][0]
         lines.append(f"Item errors, first: {code(first['id'])}: {text(first['error'])}")

@@ -3,8 +3,10 @@
 :class:`OutputFolder` (output_folder.py) owns a run's OUT from planning to its last write.
 
 docs/reference/output.md describes the folder layout. Everything here writes atomically (tmp file,
-fsync, rename) and raises OutputWriteError when the disk refuses. Names are imported on
-first use, so a module that needs one writer does not import them all.
+fsync, rename), inside folders held open (folder_handle.py: a run's OUT and predictions/,
+opened once), and raises OutputWriteError when the disk refuses; a value Parquet cannot
+hold costs its row, not the part (storable.py). Names are imported on first use, so a
+module that needs one writer does not import them all.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import numpy as np
 from batchinfer.errors import ModelError, OutputTamperedError, UsageError
 from batchinfer.messages import setting
 from batchinfer.sink.atomic import write_bytes_atomically, write_error
+from batchinfer.sink.folder_handle import Folder
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "batchinfer-run"
@@ -56,11 +57,13 @@ def _to_json(value: Any) -> Any:
     raise TypeError(f"manifest value of type {type(value).__name__} is not JSON-serialisable")
 
 
-def write_manifest(out_dir: Path, manifest: dict) -> Path:
-    """Write OUT/manifest.json atomically (indent 2, sorted keys); returns its path."""
+def write_manifest(out_dir: Path, manifest: dict, *, folder: Folder | None = None) -> Path:
+    """Write OUT/manifest.json atomically (indent 2, sorted keys); returns its path.
+
+    ``folder``: OUT held open (a run's), written inside whatever the path leads to now."""
     text = json.dumps(manifest, indent=2, sort_keys=True, default=_to_json) + "\n"
     path = Path(out_dir) / MANIFEST_FILE
-    write_bytes_atomically(text.encode(), path)
+    write_bytes_atomically(text.encode(), path, folder=folder)
     return path
 
 
@@ -151,6 +154,20 @@ def regular_file(path: Path, out_dir: Path) -> bool:
         return False
     except OSError as exc:
         raise write_error(path, exc) from exc
+    return _regular(mode, path, out_dir)
+
+
+def regular_in(folder: Folder, name: str, out_dir: Path) -> bool:
+    """:func:`regular_file` for ``name`` inside ``folder`` (held open: not looked up by
+    path, so a folder swapped for a link meanwhile is not followed)."""
+    try:
+        st = folder.lstat(name)
+    except OSError as exc:
+        raise write_error(folder.path / name, exc) from exc
+    return st is not None and _regular(st.st_mode, folder.path / name, out_dir)
+
+
+def _regular(mode: int, path: Path, out_dir: Path) -> bool:
     if stat.S_ISREG(mode):
         return True
     what = (
@@ -178,11 +195,30 @@ def predictions_dir(out_dir: Path) -> Path:
         raise write_error(directory, exc) from exc
     if stat.S_ISDIR(mode):
         return directory
+    raise _not_a_folder(directory, mode, out_dir)
+
+
+def _not_a_folder(directory: Path, mode: int, out_dir: Path) -> OutputTamperedError:
     what = "a symbolic link" if stat.S_ISLNK(mode) else "not a folder"
-    raise OutputTamperedError(
+    return OutputTamperedError(
         f"{directory} is {what}, which batchinfer never makes, so nothing in {out_dir} was "
         f"deleted, continued or read; move it out of that folder, then run again."
     )
+
+
+def open_predictions(out: Folder, *, create: bool = False) -> Folder | None:
+    """OUT/predictions/ held open (made first when ``create``), None when absent;
+    OutputTamperedError when it is a symbolic link or not a folder (never followed)."""
+    directory = out.path / PREDICTIONS_DIR
+    try:
+        return out.sub(PREDICTIONS_DIR, create=create)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        st = out.lstat(PREDICTIONS_DIR)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            raise _not_a_folder(directory, st.st_mode, out.path) from None
+        raise write_error(directory, exc) from exc
 
 
 class RunManifest:
@@ -202,6 +238,8 @@ class RunManifest:
         #: Called before every write into OUT (the run's :meth:`OutLock.check`): raises
         #: when OUT is no longer the folder the run locked.
         self.guard: Callable[[], None] | None = None
+        #: OUT held open (a run's, from when it began): the manifest is written inside it.
+        self.folder: Folder | None = None
 
     @classmethod
     def new(cls, out_dir: Path, **fields: Any) -> RunManifest:
@@ -232,7 +270,7 @@ class RunManifest:
     def save(self) -> None:
         """Write the manifest atomically (OutputWriteError when the disk refuses)."""
         self.check_held()
-        write_manifest(self.out, self.data)
+        write_manifest(self.out, self.data, folder=self.folder)
 
     def update(self, **fields: Any) -> None:
         """Set top-level fields and save."""
@@ -260,6 +298,10 @@ class RunManifest:
         self.parts.pop(name, None)
         if save:
             self.save()
+
+    def parts_in(self, predictions: Folder) -> list[str]:
+        """:meth:`part_files` for OUT/predictions/ held open: the names on disk."""
+        return [name for name in self.parts if regular_in(predictions, name, self.out)]
 
     def part_files(self) -> dict[str, Path]:
         """The parts the ledger names that are on disk, by name, each checked to be a

@@ -13,6 +13,10 @@ Rules (see docs/reference/output.md):
   dies, so a crashed run never leaves a stale lock. Before each write the run checks that
   OUT is still the folder it locked (:meth:`OutLock.check`): one deleted, moved or
   replaced under it stops the run (exit 3) instead of mixing into another run's folder.
+- The lock's descriptor is also OUT held open (:attr:`OutLock.folder`): the run writes and
+  deletes inside it and OUT/predictions/ (opened once), never through a path looked up
+  again, so a folder swapped for a symbolic link meanwhile is never written through
+  (:func:`clear_run`; :func:`swapped_message` says what changed).
 
 :func:`inspect_out` and :func:`check_out` only read; :class:`OutLock` and :func:`clear_run`
 change things, and run only after every check of the configuration has passed. These are
@@ -26,6 +30,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,14 +43,16 @@ from batchinfer.errors import (
     UsageError,
 )
 from batchinfer.messages import setting
-from batchinfer.sink.atomic import fsync_dir, tmp_path_for, write_error
+from batchinfer.sink.atomic import tmp_path_for, write_error
+from batchinfer.sink.folder_handle import Folder, identity
 from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,
     RunManifest,
+    open_predictions,
     predictions_dir,
     read_manifest,
-    regular_file,
+    regular_in,
 )
 from batchinfer.sink.out_lock import (  # re-exported: the lock's probe lives there
     LOCK_FILE,
@@ -54,7 +61,6 @@ from batchinfer.sink.out_lock import (  # re-exported: the lock's probe lives th
     lock_holder,
     locked_message,
 )
-from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.stats import CORE_STATS_FILE, TIMELINE_FILE
 
 _RUN_FILES = (CORE_STATS_FILE, TIMELINE_FILE)
@@ -154,7 +160,7 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
             )
         if overwrite:
             _check_predictions_are_ours(folder)
-            _victims(folder)
+            _check_victims(folder)
     elif folder.state == "foreign":
         if resume:
             raise UsageError(
@@ -200,48 +206,105 @@ def _is_tmp(name: str) -> bool:
     return name.startswith(".part-") and name.endswith(".parquet.tmp")
 
 
-def _victims(folder: OutFolder) -> list[Path]:
-    """What clearing ``folder`` deletes, every one checked first (OutputTamperedError).
+def _victims(
+    folder: OutFolder, out: Folder, predictions: Folder | None
+) -> list[tuple[Folder, str]]:
+    """What clearing ``folder`` deletes, as (folder held open, name), every one checked
+    first (OutputTamperedError).
 
     The ledger's names were checked when the manifest was loaded; here each file is
     checked to be a regular file directly in OUT or OUT/predictions/ (a symlink or a
     folder under one of our names was planted: refused, so nothing at all is deleted).
     """
     assert folder.state == "run" and folder.manifest is not None
-    path = folder.path
-    victims = list(folder.manifest.part_files().values())
-    predictions = predictions_dir(path)
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        victims += [predictions / n for n in sorted(os.listdir(predictions)) if _is_tmp(n)]
+    victims: list[tuple[Folder, str]] = []
+    if predictions is not None:
+        victims += [(predictions, n) for n in folder.manifest.parts_in(predictions)]
+        victims += [(predictions, n) for n in predictions.names() if _is_tmp(n)]
     for name in _RUN_FILES:
-        victims += [path / name, tmp_path_for(path / name)]
-    victims.append(tmp_path_for(path / MANIFEST_FILE))
-    return [victim for victim in victims if regular_file(victim, path)]
+        victims += [(out, name), (out, tmp_path_for(Path(name)).name)]
+    victims.append((out, tmp_path_for(Path(MANIFEST_FILE)).name))
+    return [(where, n) for where, n in victims if regular_in(where, n, folder.path)]
 
 
-def clear_run(folder: OutFolder) -> None:
+def _check_victims(folder: OutFolder) -> None:
+    """:func:`_victims` before anything is locked (planning's look): only reads."""
+    try:
+        out = Folder.open(folder.path)
+    except OSError as exc:
+        raise write_error(folder.path, exc) from exc
+    with out:
+        predictions = open_predictions(out)
+        try:
+            _victims(folder, out, predictions)
+        except OSError as exc:
+            raise write_error(folder.path, exc) from exc
+        finally:
+            if predictions is not None:
+                predictions.close()
+
+
+def clear_run(folder: OutFolder, out: Folder, predictions: Folder | None) -> None:
     """Delete what the run in ``folder`` wrote, and only that (the lock file stays).
 
-    Everything is checked before the first file goes (:func:`_victims`).
+    ``out`` and ``predictions``: OUT and OUT/predictions/ held open (the run's handles):
+    names are deleted inside them, so a folder swapped for a link meanwhile loses nothing.
+    Everything is checked before the first file goes (:func:`_victims`); predictions/
+    itself stays, for the run to write into.
     """
-    path = folder.path
-    for victim in _victims(folder):
+    try:
+        victims = _victims(folder, out, predictions)
+    except OSError as exc:
+        raise write_error(folder.path, exc) from exc
+    for where, name in victims:
         try:
-            victim.unlink(missing_ok=True)
+            where.unlink(name)
         except OSError as exc:
-            raise write_error(victim, exc) from exc
+            raise write_error(where.path / name, exc) from exc
     # The manifest goes last: until then the folder is still recognisably ours.
     try:
-        (path / MANIFEST_FILE).unlink(missing_ok=True)
+        out.unlink(MANIFEST_FILE)
     except OSError as exc:
-        raise write_error(path / MANIFEST_FILE, exc) from exc
-    with contextlib.suppress(OSError):
-        (path / PREDICTIONS_DIR).rmdir()  # only if empty: a stray file of the user's keeps it
-    fsync_dir(path)
+        raise write_error(out.path / MANIFEST_FILE, exc) from exc
+    if predictions is not None:
+        predictions.fsync()
+    out.fsync()
 
 
-def _identity(st: os.stat_result) -> tuple[int, int]:
-    return st.st_dev, st.st_ino
+def swapped_message(path: Path, out: Folder, predictions: Folder) -> str:
+    """Why a run stopped when OUT/predictions/ is no longer the folder it opened: what
+    the name holds now, and where the run's parts went (for OutputLostError, exit 3)."""
+    name = predictions.path.name
+    try:
+        st = out.lstat(name)
+        target = os.readlink(name, dir_fd=out.fd) if st and stat.S_ISLNK(st.st_mode) else ""
+    except OSError:
+        st, target = None, ""
+    if st is None:
+        now = "was deleted or moved away"
+    elif target:
+        now = f"was replaced by a symbolic link to {target}"
+    elif stat.S_ISDIR(st.st_mode):
+        now = "was replaced by another folder"
+    else:
+        now = "was replaced by a file"
+    moved = predictions.now_at()
+    if moved and moved != os.fspath(predictions.path):
+        then = (
+            f"its parts are in {moved}: remove what took its place, move that folder back "
+            f"to {predictions.path}, then "
+            "continue the run with "
+            + setting("output.resume")
+            + " "
+            + setting("output.out")
+            + f" {path}."
+        )
+    else:
+        then = "start it again with " + setting("output.overwrite") + "."
+    return (
+        f"{predictions.path} {now} while this run wrote to it, so the run stopped and wrote "
+        f"nothing more (nothing outside {path} was written or deleted); " + then
+    )
 
 
 class OutLock:
@@ -286,11 +349,12 @@ class OutLock:
         except BaseException:
             self.release()
             raise
-        self._folder = _identity(os.fstat(dir_fd))
+        self._folder = identity(os.fstat(dir_fd))
 
     def _lock_file(self) -> None:
         try:
-            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(LOCK_FILE, flags, 0o644, dir_fd=self._dir_fd)
         except OSError as exc:
             raise write_error(self.path / LOCK_FILE, exc) from exc
         try:
@@ -303,7 +367,7 @@ class OutLock:
             os.close(fd)
             raise
         self._fd = fd
-        self._file = _identity(os.fstat(fd))
+        self._file = identity(os.fstat(fd))
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -314,6 +378,12 @@ class OutLock:
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(holder).encode(), 0)
 
+    @property
+    def folder(self) -> Folder:
+        """OUT as the lock holds it open: what the run writes into (module docstring)."""
+        assert self._dir_fd is not None, "acquire() first"
+        return Folder(self._dir_fd, self.path, owned=False)
+
     def check(self) -> None:
         """OutputLostError (exit 3) unless OUT is still the folder this lock holds.
 
@@ -323,13 +393,13 @@ class OutLock:
         if self._folder is None:
             return
         try:
-            now = _identity(os.stat(self.path))
+            now = identity(os.stat(self.path))
         except OSError:
             now = None
         lost = now != self._folder
         if not lost and not self._dir_locked:
             try:
-                lost = _identity(os.lstat(self.path / LOCK_FILE)) != self._file
+                lost = identity(os.lstat(self.path / LOCK_FILE)) != self._file
             except OSError:
                 lost = True
         if lost:

@@ -17,8 +17,10 @@ planning builds it (:meth:`~OutputFolder.look`, :meth:`~OutputFolder.accept`):
                                  the lock is released (so is it by :meth:`release`, which
                                  an engine that raised reaches through ``with``)
 
-Nothing in OUT changes before ``begin`` holds the lock, and every write after it first
-checks that OUT is still the folder locked (outdir.OutLock.check). The parts: outdir.py
+Nothing in OUT changes before ``begin`` holds the lock. From then on OUT (the lock's
+descriptor) and OUT/predictions/ are held open, every file is written, renamed and deleted
+inside them (folder_handle.py), and every write first checks that their names still lead
+to them (:meth:`OutputFolder.check_held`): a swap stops the run, exit 3. The parts: outdir.py
 (looking, the lock, clearing), fingerprint.py, resume.py, run_folder.py (the row sink and
 manifest while the run lasts).
 """
@@ -33,11 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.errors import BatchinferError, ConfigError, OutputWriteError
+from batchinfer.errors import (
+    BatchinferError,
+    ConfigError,
+    OutputLostError,
+    OutputTamperedError,
+    OutputWriteError,
+)
 from batchinfer.messages import setting
 from batchinfer.options import OutputOptions
 from batchinfer.sink.fingerprint import check_resume_fingerprint
-from batchinfer.sink.manifest import RunManifest
+from batchinfer.sink.folder_handle import Folder
+from batchinfer.sink.manifest import RunManifest, open_predictions
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.outdir import (
     OutFolder,
@@ -46,6 +55,7 @@ from batchinfer.sink.outdir import (
     check_separate,
     clear_run,
     inspect_out,
+    swapped_message,
 )
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.resume import ResumeState, prepare_resume, verify_parts
@@ -74,6 +84,9 @@ class OutputFolder:
         self.fingerprint: dict[str, Any] | None = None
         self.stage = Stage.PLANNED
         self._lock: OutLock | None = None
+        # OUT (the lock's) and OUT/predictions/, held open from begin() to release().
+        self._out: Folder | None = None
+        self._predictions: Folder | None = None
         self._rows: RunFolder | None = None
         self._done: ResumeState | None = None
 
@@ -150,7 +163,8 @@ class OutputFolder:
         self._lock = lock
         try:
             lock.acquire()
-            continued = self._claim()
+            self._out = lock.folder
+            continued = self._claim(self._out)
             self._rows = RunFolder.begin(
                 self.path,
                 continued,
@@ -158,11 +172,13 @@ class OutputFolder:
                 topk=self.output.topk,
                 part_rows=self.output.part_rows,
                 first_part=self._done.next_part if self._done is not None else 0,
-                guard=lock.check,
+                guard=self.check_held,
                 save_outputs=save_outputs,
                 task=task,
                 class_names=class_names,
                 meta=meta,
+                out=self._out,
+                predictions=self._predictions,
             )
         except BaseException:
             self.release()
@@ -170,29 +186,54 @@ class OutputFolder:
         self.stage = Stage.RUNNING
         return self
 
-    def _claim(self) -> RunManifest | None:
+    def _claim(self, out: Folder) -> RunManifest | None:
         """The second look, under the lock, then clear (--overwrite) or verify and clean
-        (--resume): the manifest being continued, or None for a new run."""
-        out = self.output
+        (--resume): the manifest being continued, or None for a new run.
+
+        OUT/predictions/ is opened here, once (made if need be): from now on every file
+        of the run is written, renamed and deleted inside ``out`` and it, never through
+        a path that may lead elsewhere by then (:meth:`check_held` tells a swap)."""
+        opts = self.output
         found = self.found = inspect_out(self.path)
-        check_out(found, overwrite=out.overwrite, resume=out.resume, probe_lock=False)
+        check_out(found, overwrite=opts.overwrite, resume=opts.resume, probe_lock=False)
         continued, self._done = None, None
-        if found.state == "run" and out.overwrite:
-            clear_run(found)
-        elif found.state == "run" and out.resume:
-            self._same_run(found)
-            continued = found.manifest
-            assert continued is not None  # a folder in state "run" has its manifest read
-            self._done = prepare_resume(continued)
         try:
-            (self.path / PREDICTIONS_DIR).mkdir(parents=True, exist_ok=True)
-        except OSError as e:
+            predictions = open_predictions(out, create=True)
+        except OutputTamperedError:
+            raise
+        except OutputWriteError as e:
+            cause = e.__cause__
             raise OutputWriteError(
-                f"output folder {self.path} is not writable ({e.strerror}); pass an "
+                f"output folder {self.path} is not writable "
+                f"({getattr(cause, 'strerror', None) or cause}); pass an "
                 + setting("output.out")
                 + " you can write to."
             ) from e
+        assert predictions is not None  # made when absent
+        self._predictions = predictions
+        if found.state == "run" and opts.overwrite:
+            clear_run(found, out, predictions)
+        elif found.state == "run" and opts.resume:
+            self._same_run(found)
+            continued = found.manifest
+            assert continued is not None  # a folder in state "run" has its manifest read
+            continued.guard, continued.folder = self.check_held, out
+            self._done = prepare_resume(continued, predictions)
         return continued
+
+    def check_held(self) -> None:
+        """OutputLostError (exit 3) unless OUT is still the folder this run locked and
+        OUT/predictions/ the folder it opened: run before every write of the run."""
+        if self._lock is None:
+            return
+        self._lock.check()
+        predictions, out = self._predictions, self._out
+        if (
+            predictions is not None
+            and out is not None
+            and not predictions.still_at(PREDICTIONS_DIR, out)
+        ):
+            raise OutputLostError(swapped_message(self.path, out, predictions))
 
     # -- while the run lasts ------------------------------------------------------------------
     @property
@@ -240,9 +281,13 @@ class OutputFolder:
 
     def release(self) -> None:
         """Drop OUT's lock (no-op when not held); the stage is FINISHED if it was RUNNING."""
+        if self._predictions is not None:
+            self._predictions.close()
+            self._predictions = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        self._out = None
         if self.stage is Stage.RUNNING:
             self.stage = Stage.FINISHED
 

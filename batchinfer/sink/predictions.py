@@ -27,9 +27,21 @@ import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import OutputWriteError
-from batchinfer.sink.atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.atomic import write_error, write_table_atomically
+from batchinfer.sink.folder_handle import Folder
 from batchinfer.sink.manifest import PREDICTIONS_DIR, RunManifest
 from batchinfer.sink.rows import Row
+from batchinfer.sink.storable import (
+    as_error_rows,
+    checked_array,
+    meta_array,
+    safe_text,
+    text_array,
+)
+
+__all__ = ["PredictionWriter", "part_name", "prediction_schema", "safe_text", "top_k"]
+
+_meta_array = meta_array  # its old name here (tests/test_data_sources.py)
 
 PART_GLOB = "part-*.parquet"
 META_TOPK = b"batchinfer.topk"
@@ -87,30 +99,6 @@ _DETECT_FIELDS = [
 def part_name(number: int) -> str:
     """The file name of part ``number``: ``part-00042.parquet``."""
     return f"part-{number:05d}.parquet"
-
-
-def safe_text(text: str) -> str:
-    """``text`` as valid UTF-8: surrogates (bytes of a non-UTF-8 file name) as ``\\xNN``.
-
-    Python keeps undecodable bytes of file names as lone surrogates, which Parquet cannot
-    store; an error message or class name that quotes such a name goes through here.
-    """
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        raw = text.encode("utf-8", "surrogateescape") if _escapable(text) else None
-        if raw is not None:
-            return raw.decode("utf-8", "backslashreplace")
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _escapable(text: str) -> bool:
-    try:
-        text.encode("utf-8", "surrogateescape")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def part_number(path: Path) -> int:
@@ -276,32 +264,6 @@ class _Column:
         )
 
 
-def _text_array(values: list, value_type: pa.DataType) -> pa.Array:
-    """A string or binary column; strings Arrow refuses (lone surrogates) are escaped."""
-    try:
-        return pa.array(values, type=value_type)
-    except (UnicodeEncodeError, pa.ArrowException):
-        if not pa.types.is_string(value_type):
-            raise
-        return pa.array([None if v is None else safe_text(v) for v in values], type=value_type)
-
-
-def _meta_array(values: list, meta: pa.StructType) -> pa.Array:
-    """The ``meta`` struct column; a row whose values Arrow refuses (an integer too large for
-    int64, say) gets a null meta rather than costing the part."""
-    try:
-        return pa.array(values, type=meta)
-    except (pa.ArrowException, OverflowError, TypeError, ValueError):
-        fixed = []
-        for v in values:
-            try:
-                pa.array([v], type=meta)
-                fixed.append(v)
-            except (pa.ArrowException, OverflowError, TypeError, ValueError):
-                fixed.append(None)
-        return pa.array(fixed, type=meta)
-
-
 def _list_array(chunks: list[np.ndarray | None], value_type: pa.DataType) -> pa.Array:
     """One Arrow list column from per-row arrays (None -> null), without per-element Python."""
     lengths = np.fromiter((0 if c is None else c.size for c in chunks), np.int64, len(chunks))
@@ -343,7 +305,12 @@ class PredictionWriter:
         task: str = "classify",
         class_names: Sequence[str] = (),
         meta: pa.StructType | None = None,
+        folder: Folder | None = None,
     ) -> None:
+        """``out_dir``: the run folder (parts go to its predictions/), None for none.
+        ``folder``: that predictions/ folder held open (a run passes the one it opened
+        when it began: every part is written and renamed inside it, whatever the path
+        leads to by then); None opens it here."""
         if topk < 0 or rows_per_part < 1 or first_part < 0:
             raise ValueError("topk and first_part must be >= 0 and rows_per_part >= 1")
         names = [name for name, _ in save_outputs or ()]
@@ -351,9 +318,13 @@ class PredictionWriter:
             raise ValueError(f"save_outputs names must be unique, got {names}")
         # None: no folder; the rows are taken as tables (take_table, the library's infer).
         self.directory = None if out_dir is None else Path(out_dir) / PREDICTIONS_DIR
-        if self.directory is not None:
+        self._folder = folder
+        self._own_folder = folder is None  # opened here: closed by close()
+        if self.directory is not None and folder is None:
             try:
-                self.directory.mkdir(parents=True, exist_ok=True)
+                Path(out_dir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+                with Folder.open(Path(out_dir)) as out:  # type: ignore[arg-type]
+                    self._folder = out.sub(PREDICTIONS_DIR, create=True)
             except OSError as exc:
                 raise write_error(self.directory, exc) from exc
         self.topk = topk
@@ -496,30 +467,35 @@ class PredictionWriter:
         if not self.rows_buffered:
             self._last_write = self._clock()
             return None
-        if self.directory is None:
+        if self.directory is None or self._folder is None:
             raise ValueError("a PredictionWriter without a folder hands rows on by take_table")
         if self._ledger is not None:
             self._ledger.check_held()  # before the tmp file: OUT may be another run's now
         path = self.directory / part_name(self._next_part)
-        errors = self._errors
+        table, errors = pa.table({}), 0
 
-        def record(tmp: Path) -> None:
+        def record(sha256: str) -> None:
             if self._ledger is not None:
                 self._ledger.record_part(
-                    path.name, rows=table.num_rows, errors=errors, sha256=file_sha256(tmp)
+                    path.name, rows=table.num_rows, errors=errors, sha256=sha256
                 )
 
         try:
-            table = self._table()
+            table = self._table()  # a value Arrow refuses made its row an error row
+            errors = table.num_rows - table.column("error").null_count
             # Dictionary encoding only where values repeat: on unique columns (index, id,
             # timings) it buys nothing, and its buffers grew the coordinator by ~6 MB per
             # 8,192-row part.
             write_table_atomically(
-                table, path, before_rename=record, use_dictionary=_DICTIONARY_COLUMNS
+                table,
+                path,
+                before_rename=record,
+                folder=self._folder,
+                use_dictionary=_DICTIONARY_COLUMNS,
             )
         except OutputWriteError:
             raise
-        except Exception as exc:  # a row Arrow refuses must not cost the others: keep them
+        except Exception as exc:  # the rows stay buffered; the disk or the data, said as such
             raise write_error(path, exc) from exc
         self._parts_written.append(path)
         self._next_part += 1
@@ -540,6 +516,8 @@ class PredictionWriter:
         if not self._closed:
             self.flush()
             self._closed = True
+            if self._own_folder and self._folder is not None:
+                self._folder.close()
 
     def __enter__(self) -> PredictionWriter:
         return self
@@ -607,16 +585,21 @@ class PredictionWriter:
         return saved
 
     def _table(self) -> pa.Table:
+        """The buffered rows as a part's table; a row holding a value Arrow cannot store
+        is an error row in it (batchinfer.sink.storable)."""
+        bad: dict[int, str] = {}  # row -> why a value of it cannot be stored
         arrays = []
         for f in self.schema:
             if f.name in self._cols:
                 col = self._cols[f.name]
                 text = pa.types.is_string(f.type) or pa.types.is_binary(f.type)
-                arrays.append(_text_array(col, f.type) if text else pa.array(col, type=f.type))
+                arrays.append(
+                    text_array(col, f.type) if text else checked_array(col, f.name, f.type, bad)
+                )
         if self.task == "detect":
-            arrays += self._box_arrays()
+            arrays += self._box_arrays(bad)
         elif self.task != "raw":
-            arrays.append(pa.array(self._pred, type=pa.int64()))
+            arrays.append(checked_array(self._pred, "pred", pa.int64(), bad))
             for col, value_type in (
                 (self._topk_index, pa.int32()),
                 (self._topk_score, pa.float32()),
@@ -627,10 +610,11 @@ class PredictionWriter:
                     arrays.append(col.arrow(value_type))
         arrays += [_list_array(chunks, pa.float32()) for chunks in self._saved]
         if self._meta_type is not None:
-            arrays.append(_meta_array(self._meta, self._meta_type))
-        return pa.Table.from_arrays(arrays, schema=self.schema)
+            arrays.append(meta_array(self._meta, self._meta_type, bad))
+        table = pa.Table.from_arrays(arrays, schema=self.schema)
+        return as_error_rows(table, bad) if bad else table
 
-    def _box_arrays(self) -> list[pa.Array]:
+    def _box_arrays(self, bad: dict[int, str]) -> list[pa.Array]:
         """boxes, n_boxes, width, height: one struct array over every box of the part, cut
         into rows by offsets (no Python object per box but the label strings)."""
         chunks = self._boxes
@@ -661,6 +645,6 @@ class PredictionWriter:
         return [
             listed,
             n_boxes,
-            pa.array(self._size["width"], type=pa.int32()),
-            pa.array(self._size["height"], type=pa.int32()),
+            checked_array(self._size["width"], "width", pa.int32(), bad),
+            checked_array(self._size["height"], "height", pa.int32(), bad),
         ]

@@ -12,26 +12,26 @@ exact file name), never by position, so no row can describe another file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.errors import RunFailedError, UsageError
-from batchinfer.sink.atomic import file_sha256, write_error, write_table_atomically
+from batchinfer.sink.atomic import write_error, write_table_atomically
+from batchinfer.sink.folder_handle import Folder
 from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,
     RunManifest,
-    predictions_dir,
-    regular_file,
+    open_predictions,
+    regular_in,
 )
 from batchinfer.sink.predictions import part_name
 
@@ -80,13 +80,15 @@ def _part_number(name: str) -> int:
     return int(PART_RE.match(name).group(1))  # type: ignore[union-attr]
 
 
-def _listing(manifest: RunManifest) -> tuple[list[str], list[str]]:
+def _listing(manifest: RunManifest, predictions: Folder | None) -> tuple[list[str], list[str]]:
     """(part names in order, tmp leftovers); UsageError for anything else in predictions/,
     OutputTamperedError for a symlink or folder under a part's name (or as predictions/)."""
-    directory = predictions_dir(manifest.out)
-    manifest.part_files()
+    if predictions is None:
+        return [], []
+    directory = predictions.path
     try:
-        names = sorted(os.listdir(directory)) if directory.is_dir() else []
+        manifest.parts_in(predictions)
+        names = predictions.names()
     except OSError as exc:
         raise write_error(directory, exc) from exc
     unknown = [n for n in names if not PART_RE.match(n) and not _TMP_RE.match(n)]
@@ -97,17 +99,17 @@ def _listing(manifest: RunManifest) -> tuple[list[str], list[str]]:
             "folder (nothing was changed), then resume again."
         )
     for name in names:
-        regular_file(directory / name, manifest.out)
+        regular_in(predictions, name, manifest.out)
     parts = sorted((n for n in names if PART_RE.match(n)), key=_part_number)
     return parts, [n for n in names if _TMP_RE.match(n)]
 
 
-def _verify(manifest: RunManifest, parts: list[str]) -> list[str]:
+def _verify(manifest: RunManifest, parts: list[str], predictions: Folder | None) -> list[str]:
     """Check every part against the ledger; return the retired ones. Changes nothing."""
-    directory = predictions_dir(manifest.out)
     retired = []
     for name in parts:
-        path = directory / name
+        assert predictions is not None  # parts were listed in it
+        path = predictions.path / name
         record = manifest.parts.get(name)
         if record is None:
             raise UsageError(
@@ -116,7 +118,7 @@ def _verify(manifest: RunManifest, parts: list[str]) -> list[str]:
                 "(nothing was changed), then resume again."
             )
         try:
-            sha = file_sha256(path)
+            sha = predictions.sha256(name)
         except OSError as exc:
             raise RunFailedError(f"Cannot read {path} ({exc.strerror or exc}).") from exc
         if sha != record["sha256"]:
@@ -136,33 +138,66 @@ def verify_parts(manifest: RunManifest) -> None:
     Only reads (and hashes every part): planning calls it, so a refused --resume leaves
     OUT exactly as it was; :func:`prepare_resume` checks again under OUT's lock.
     """
-    parts, _ = _listing(manifest)
-    _verify(manifest, parts)
+    with _opened(manifest) as predictions:
+        parts, _ = _listing(manifest, predictions)
+        _verify(manifest, parts, predictions)
 
 
-def _unlink(path: Path) -> None:
+@contextlib.contextmanager
+def _opened(manifest: RunManifest) -> Iterator[Folder | None]:
+    """OUT/predictions/ opened for one use (None when absent), for callers without a run."""
     try:
-        path.unlink(missing_ok=True)
+        out = Folder.open(manifest.out)
     except OSError as exc:
-        raise write_error(path, exc) from exc
+        raise write_error(manifest.out, exc) from exc
+    with out:
+        predictions = open_predictions(out)
+        try:
+            yield predictions
+        finally:
+            if predictions is not None:
+                predictions.close()
 
 
-def prepare_resume(manifest: RunManifest) -> ResumeState:
+def _unlink(predictions: Folder, name: str) -> None:
+    try:
+        predictions.unlink(name)
+    except OSError as exc:
+        raise write_error(predictions.path / name, exc) from exc
+
+
+def prepare_resume(manifest: RunManifest, predictions: Folder | None = None) -> ResumeState:
     """Verify and clean OUT/predictions/ for a resumed run; return what is already done.
+
+    ``predictions``: OUT/predictions/ held open (the run's handle): every part is read,
+    written and deleted inside it (None: opened here for this call).
 
     Raises UsageError, before changing anything, when predictions/ holds a file the
     ledger does not vouch for. Then removes tmp leftovers and retired parts, forgets
     ledger records whose file is gone, rewrites parts holding error or duplicate rows
     without them (as new parts, through the ledger), and returns the done items.
     """
-    directory = predictions_dir(manifest.out)
-    parts, tmps = _listing(manifest)
-    retired = _verify(manifest, parts)
+    if predictions is None:
+        with _opened(manifest) as opened:
+            return _prepare(manifest, opened)
+    return _prepare(manifest, predictions)
+
+
+def _prepare(manifest: RunManifest, predictions: Folder | None) -> ResumeState:
+    """:func:`prepare_resume` inside ``predictions`` (None: there is no predictions/)."""
+    parts, tmps = _listing(manifest, predictions)
+    if predictions is None:
+        for name in list(manifest.parts):
+            manifest.forget_part(name, save=False)
+        manifest.save()
+        return ResumeState(np.empty(0, np.uint64), np.empty(0, np.int64), 0, 0)
+    directory = predictions.path
+    retired = _verify(manifest, parts, predictions)
 
     for name in tmps:
-        _unlink(directory / name)
+        _unlink(predictions, name)
     for name in retired:
-        _unlink(directory / name)
+        _unlink(predictions, name)
     live = [n for n in parts if n not in retired]
     for name in list(manifest.parts):
         if name not in live:
@@ -174,7 +209,7 @@ def prepare_resume(manifest: RunManifest) -> ResumeState:
     indices: list[np.ndarray] = []
     oks: list[np.ndarray] = []
     for name in live:
-        cols = _read(directory / name, ["index", "id", "id_bytes", "error"])
+        cols = _read(predictions, name, ["index", "id", "id_bytes", "error"])
         ok = cols.column("error").is_null().to_numpy(zero_copy_only=False)
         ids, raw = cols.column("id").to_pylist(), cols.column("id_bytes").to_pylist()
         oks.append(ok)
@@ -207,21 +242,18 @@ def prepare_resume(manifest: RunManifest) -> ResumeState:
         dropped_errors += int(ok.size - n_ok)
         if keep.all():
             continue
-        old = directory / name
         if keep.any():
-            table = _read(old).filter(pa.array(keep))
-            new = directory / part_name(next_part)
+            table = _read(predictions, name).filter(pa.array(keep))
+            new = part_name(next_part)
             next_part += 1
 
             def record(
-                tmp: Path, new: Path = new, table: pa.Table = table, name: str = name
+                sha256: str, new: str = new, table: pa.Table = table, name: str = name
             ) -> None:
-                manifest.replace_part(
-                    name, new.name, rows=table.num_rows, errors=0, sha256=file_sha256(tmp)
-                )
+                manifest.replace_part(name, new, rows=table.num_rows, errors=0, sha256=sha256)
 
-            write_table_atomically(table, new, before_rename=record)
-        _unlink(old)
+            write_table_atomically(table, directory / new, before_rename=record, folder=predictions)
+        _unlink(predictions, name)
         manifest.forget_part(name)
 
     return ResumeState(
@@ -233,9 +265,11 @@ def prepare_resume(manifest: RunManifest) -> ResumeState:
     )
 
 
-def _read(path: Path, columns: list[str] | None = None) -> pa.Table:
+def _read(predictions: Folder, name: str, columns: list[str] | None = None) -> pa.Table:
+    path = predictions.path / name
     try:
-        return pq.read_table(path, columns=columns)
+        with predictions.open_read(name) as f:
+            return pq.read_table(f, columns=columns)
     except (OSError, pa.ArrowInvalid) as exc:
         raise RunFailedError(
             f"Prediction part {path} cannot be read ({exc}); move it out of that folder and run "

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.errors import BatchinferError, OutputWriteError
+from batchinfer.sink.folder_handle import Folder
 from batchinfer.sink.manifest import RunManifest
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
@@ -40,8 +41,14 @@ class RunFolder:
         task: str = "classify",
         class_names: tuple[str, ...] = (),
         meta: Any = None,
+        out: Folder | None = None,
+        predictions: Folder | None = None,
     ) -> None:
         self.path = Path(path)
+        # OUT and OUT/predictions/ held open since the run began: every file is written
+        # inside them (None: opened by path at each write, for callers without a run).
+        self.out = out
+        self.predictions = predictions
         self.manifest = manifest
         self.topk = topk
         self.save_outputs = save_outputs
@@ -68,10 +75,14 @@ class RunFolder:
         task: str = "classify",
         class_names: tuple[str, ...] = (),
         meta: Any = None,
+        out: Folder | None = None,
+        predictions: Folder | None = None,
     ) -> RunFolder:
         """Write the manifest as "running" (a new run, or the next invocation of ``continued``).
 
-        ``guard`` (the run's ``OutLock.check``) runs before every write into the folder.
+        ``guard`` (the run's check that OUT and predictions/ are still the folders it
+        holds) runs before every write into the folder; ``out`` and ``predictions``: those
+        folders held open, which every write goes into.
         """
         invocation = {
             "command": fields.get("command"),
@@ -88,6 +99,7 @@ class RunFolder:
             manifest.data.setdefault("invocations", []).append(invocation)
             manifest.data.update(fields)
         manifest.guard = guard
+        manifest.folder = out
         manifest.data.update(started_at=invocation["started_at"], status="running")
         manifest.save()
         return cls(
@@ -100,6 +112,8 @@ class RunFolder:
             task=task,
             class_names=class_names,
             meta=meta,
+            out=out,
+            predictions=predictions,
         )
 
     @property
@@ -123,6 +137,7 @@ class RunFolder:
             task=self.task,
             class_names=self.class_names,
             meta=self.meta,
+            folder=self.predictions,
         )
 
     def write(self, rows: list[Row]) -> None:
@@ -154,8 +169,8 @@ class RunFolder:
             return "failed", error or e, counts
         try:
             self.close()
-            write_core_stats(self.path, stats)
-            write_timeline(self.path, stats)
+            write_core_stats(self.path, stats, folder=self.out)
+            write_timeline(self.path, stats, folder=self.out)
         except OutputWriteError as e:
             error = error or e
             status = "failed"

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.sink.atomic import write_table_atomically
+from batchinfer.sink.folder_handle import Folder
 
 HIST_LO_MS = 1e-3
 HIST_HI_MS = 3_600_000.0
@@ -422,16 +423,23 @@ def windowed_throughput(timeline: pa.Table, window_s: int) -> pa.Table:
     )
 
 
-def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> pa.Table:
-    """``table`` after the rows of earlier invocations already in ``path``."""
+def _with_earlier(
+    path: Path, recorder: CoreStatsRecorder, table: pa.Table, folder: Folder | None
+) -> pa.Table:
+    """``table`` after the rows of earlier invocations already in ``path`` (read inside
+    ``folder``, OUT held open, when given)."""
     if recorder.invocation > 0 and recorder.items == 0:
         table = table.slice(0, 0)  # nothing was left to do: add no rows of zeros
-    if recorder.invocation == 0 or not path.exists():
+    if recorder.invocation == 0:
         return table
     try:
-        earlier = pq.read_table(path)
+        if folder is None:
+            earlier = pq.read_table(path)
+        else:
+            with folder.open_read(path.name) as f:
+                earlier = pq.read_table(f)
     except (OSError, pa.ArrowInvalid):
-        return table  # unreadable: this invocation's rows are still worth writing
+        return table  # absent or unreadable: this invocation's rows are still worth writing
     if "invocation" not in earlier.column_names:
         return table
     # Imported here: at the top of the module its import (~50 ms: predictions._null_mask)
@@ -445,15 +453,24 @@ def _with_earlier(path: Path, recorder: CoreStatsRecorder, table: pa.Table) -> p
     return pa.concat_tables([earlier.select(table.column_names).cast(table.schema), table])
 
 
-def write_core_stats(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
-    """Write OUT/core_stats.parquet atomically, keeping earlier invocations' rows."""
+def write_core_stats(
+    out_dir: Path, recorder: CoreStatsRecorder, *, folder: Folder | None = None
+) -> Path:
+    """Write OUT/core_stats.parquet atomically, keeping earlier invocations' rows.
+
+    ``folder``: OUT held open (a run's): read and written inside it."""
     path = Path(out_dir) / CORE_STATS_FILE
-    write_table_atomically(_with_earlier(path, recorder, recorder.table()), path)
+    table = _with_earlier(path, recorder, recorder.table(), folder)
+    write_table_atomically(table, path, folder=folder)
     return path
 
 
-def write_timeline(out_dir: Path, recorder: CoreStatsRecorder) -> Path:
-    """Write OUT/timeline.parquet atomically, keeping earlier invocations' rows."""
+def write_timeline(
+    out_dir: Path, recorder: CoreStatsRecorder, *, folder: Folder | None = None
+) -> Path:
+    """Write OUT/timeline.parquet atomically, keeping earlier invocations' rows (``folder``
+    as for :func:`write_core_stats`)."""
     path = Path(out_dir) / TIMELINE_FILE
-    write_table_atomically(_with_earlier(path, recorder, recorder.timeline_table()), path)
+    table = _with_earlier(path, recorder, recorder.timeline_table(), folder)
+    write_table_atomically(table, path, folder=folder)
     return path
