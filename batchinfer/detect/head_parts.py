@@ -1,0 +1,164 @@
+"""Pieces the pose and oriented-box decoders share: dequantising, shape checks, and the
+candidates of the two YOLOv8 layouts they come in.
+
+- The model zoo's layout (``examples/yolov8_pose``, ``examples/yolov8_obb``): per stride
+  8/16/32 one output (1, 64 + C, H, W), 64 DFL box logits then C class *logits* (the zoo's
+  post-processing applies the sigmoid: ``conf = sigmoid(out[:, 64:, :])``; its C code
+  compares the logit with ``unsigmoid(threshold)``), plus one extra output over all N
+  cells (the keypoints, or the angle).
+- Ultralytics' ONNX export: one output (1, 4 + C + E, N): cx, cy, w, h in input pixels,
+  C class scores (sigmoid applied), E extra rows per cell (keypoints, or the angle).
+
+A cell is a candidate when its best class score is >= ``conf`` (the zoo's C rule; the
+detection decoder's too). The threshold is applied to the logit (the sigmoid is
+increasing), so only the candidates' scores go through a sigmoid.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchinfer.detect.decode import _dfl
+from batchinfer.detect.heads import DFL_BINS
+from batchinfer.errors import InferenceError, UsageError
+
+Quant = tuple[float, int] | None
+
+
+def check_quant(quant: Sequence[Quant]) -> tuple[Quant, ...]:
+    for q in quant:
+        if q is not None and not q[0] > 0:
+            raise UsageError(f"An output's quantisation scale must be > 0 (it is {q[0]}).")
+    return tuple(quant)
+
+
+def real(values: np.ndarray, q: Quant, i: int) -> np.ndarray:
+    """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zero point)."""
+    if values.dtype.kind in "iu":
+        if q is None:
+            raise InferenceError(
+                f"Output {i} is {values.dtype} but no quantisation (scale, zero point) "
+                "was given for it; ask the runtime for float outputs or pass its quant."
+            )
+        scale, zero_point = q
+        return (values.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
+    return values.astype(np.float32, copy=False)
+
+
+def check_shapes(
+    outputs: Sequence[np.ndarray], expected: Sequence[tuple[int, ...]], head: str
+) -> None:
+    """InferenceError unless the outputs have the expected shapes (a batch axis of 1 may be
+    reported or not)."""
+
+    def unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:
+        return shape[1:] if shape and shape[0] == 1 else shape
+
+    got = [tuple(o.shape) for o in outputs]
+    if len(got) != len(expected) or any(
+        unbatched(g) != unbatched(e) for g, e in zip(got, expected, strict=False)
+    ):
+        raise InferenceError(
+            f"The model returned outputs of shapes {got}, but its {head} needs "
+            f"{[tuple(e) for e in expected]}."
+        )
+
+
+@dataclass
+class Candidates:
+    """The cells that passed the threshold: over all strides, in the order of the cells."""
+
+    cells: np.ndarray  # (k,) cell index over all strides (0..N-1)
+    scores: np.ndarray  # (k,) float32, sigmoid applied
+    class_ids: np.ndarray  # (k,) int32
+    sides: np.ndarray  # (4, k) float32: zoo: DFL left, top, right, bottom in cells;
+    #                    Ultralytics: cx, cy, w, h in input pixels
+    nonfinite: int  # cells dropped for a NaN/inf score or box
+
+
+def _logit(p: float) -> float:
+    if p <= 0:
+        return -math.inf
+    if p >= 1:
+        return math.inf
+    return math.log(p / (1 - p))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return (1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+
+
+def _passing(best: np.ndarray, threshold: float) -> tuple[np.ndarray, int]:
+    cells = np.flatnonzero(best >= threshold)
+    finite = np.isfinite(best)
+    if finite.all():
+        return cells, 0
+    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
+
+
+def zoo_candidates(
+    outputs: Sequence[np.ndarray],
+    quant: Sequence[Quant],
+    grids: Sequence[tuple[int, int]],
+    offsets: Sequence[int],
+    num_classes: int,
+    conf: float,
+) -> Candidates:
+    """Candidates of the zoo's per-stride (1, 64 + C, H, W) outputs (class logits)."""
+    threshold = _logit(conf)
+    parts: list[tuple[np.ndarray, ...]] = []
+    nonfinite = 0
+    for b, (gh, gw) in enumerate(grids):
+        q = quant[b] if b < len(quant) else None
+        raw = outputs[b].reshape(4 * DFL_BINS + num_classes, gh * gw)
+        cls = raw[4 * DFL_BINS :]
+        best = real(cls.max(axis=0), q, b)  # max then dequantise: scale > 0 keeps the order
+        cells, bad = _passing(best, threshold)
+        nonfinite += bad
+        if not cells.size:
+            continue
+        logits = real(raw[: 4 * DFL_BINS, cells], q, b).reshape(4, DFL_BINS, -1)
+        parts.append((cells + offsets[b], best[cells], cls[:, cells].argmax(axis=0), logits))
+    if not parts:
+        return _empty(nonfinite)
+    cells, best, class_ids, logits = (np.concatenate(p, axis=-1) for p in zip(*parts, strict=True))
+    scores = _sigmoid(best)
+    return _finite(Candidates(cells, scores, class_ids.astype(np.int32), _dfl(logits), nonfinite))
+
+
+def ultralytics_candidates(raw: np.ndarray, q: Quant, num_classes: int, conf: float) -> Candidates:
+    """Candidates of Ultralytics' (4 + C + E, N) output (class scores sigmoided)."""
+    best = real(raw[4 : 4 + num_classes].max(axis=0), q, 0)
+    cells, nonfinite = _passing(best, conf)
+    if not cells.size:
+        return _empty(nonfinite)
+    class_ids = raw[4 : 4 + num_classes, cells].argmax(axis=0).astype(np.int32)
+    sides = real(raw[:4, cells], q, 0)
+    return _finite(Candidates(cells, best[cells], class_ids, sides, nonfinite))
+
+
+def _empty(nonfinite: int) -> Candidates:
+    return Candidates(
+        np.zeros(0, np.intp), np.zeros(0, np.float32), np.zeros(0, np.int32),
+        np.zeros((4, 0), np.float32), nonfinite,
+    )  # fmt: skip
+
+
+def _finite(c: Candidates) -> Candidates:
+    ok = np.isfinite(c.sides).all(axis=0)
+    if ok.all():
+        return c
+    bad = len(ok) - int(np.count_nonzero(ok))
+    return Candidates(c.cells[ok], c.scores[ok], c.class_ids[ok], c.sides[:, ok], c.nonfinite + bad)
+
+
+def pick(c: Candidates, keep: np.ndarray) -> Candidates:
+    """The candidates at ``keep`` (indices or mask), in that order."""
+    return Candidates(
+        c.cells[keep], c.scores[keep], c.class_ids[keep], c.sides[:, keep], c.nonfinite
+    )

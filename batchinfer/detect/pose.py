@@ -1,0 +1,261 @@
+"""Pose (YOLOv8-pose): head recognition, decoding and COCO keypoints, vectorised numpy.
+
+Design note, for the Task protocol that will call this (issue 41): the pose task
+
+- recognises its head with :func:`recognise_pose` (input size, output shapes, and the
+  model's metadata: ``task`` and ``kpt_shape``; Ultralytics' (1, 4+C+K*D, N) looks like
+  a detection head with more classes, so it is taken as pose only when the metadata gives
+  ``kpt_shape`` or says ``task: pose``, or the user says ``--task pose``);
+- builds one :class:`PoseDecoder` per runtime instance (head, input size,
+  ``DetectSettings`` for conf / iou / max_det, per-output quantisation) and calls it per
+  image: ``decoder(outputs, letterbox)`` returns :class:`Poses` in the *original* image's
+  pixels: boxes x1 y1 x2 y2, scores, classes and keypoints (n, K, 3) = x, y, score, for
+  the Arrow column ``keypoints: list<struct<x, y, score>>`` of each box;
+- scores a run through pycocotools / faster-coco-eval's ``keypoints`` evaluation, fed by
+  :func:`coco_keypoint_results` (COCO result dicts with the flat ``keypoints`` list);
+  :data:`COCO_PERSON_SIGMAS` are the OKS sigmas of COCO's 17 person keypoints.
+
+Layouts:
+
+``yolov8-pose-zoo``          rknn_model_zoo ``examples/yolov8_pose``: per stride 8/16/32 an
+                             output (1, 64 + C, H, W) (DFL logits, class logits: the zoo
+                             applies the sigmoid), then the keypoints (1, K, D, N), already
+                             decoded by the graph: x, y in input pixels and (D = 3) the
+                             visibility score after its sigmoid, read as the zoo reads them.
+``yolov8-pose-ultralytics``  Ultralytics' ONNX export: (1, 4 + C + K*D, N): cx, cy, w, h
+                             in input pixels, C class scores (sigmoid applied), then per
+                             keypoint x, y (input pixels) and, for D = 3, its score.
+
+With D = 2 (no visibility in the model) every keypoint's score is 1. Boxes go through the
+detection NMS (axis-aligned, class-aware, greedy); keypoints follow their box. Undoing the
+letterbox subtracts the padding, divides by the scale and clips to the image, for boxes
+and keypoints alike (Ultralytics' ``scale_boxes`` / ``scale_coords``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from batchinfer.detect.coco import coco_results
+from batchinfer.detect.decode import DetectSettings, _cell_tables
+from batchinfer.detect.head_parts import (
+    Candidates,
+    Quant,
+    check_quant,
+    check_shapes,
+    pick,
+    real,
+    ultralytics_candidates,
+    zoo_candidates,
+)
+from batchinfer.detect.heads import DFL_BINS, STRIDES, _batch_one, grid_sizes
+from batchinfer.detect.letterbox import Letterbox, boxes_to_original
+from batchinfer.detect.nms import nms
+from batchinfer.detect.obb import zoo_classes
+from batchinfer.errors import UsageError
+
+#: OKS sigmas of COCO's 17 person keypoints (pycocotools' ``kpt_oks_sigmas``).
+COCO_PERSON_SIGMAS: tuple[float, ...] = (
+    0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072,
+    0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
+)  # fmt: skip
+
+_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
+
+
+@dataclass(frozen=True)
+class PoseHead:
+    """A recognised pose head."""
+
+    family: str  # "yolov8-pose-zoo" | "yolov8-pose-ultralytics"
+    num_classes: int
+    num_keypoints: int  # K
+    keypoint_dims: int  # D: 3 (x, y, score) or 2 (x, y)
+    strides: tuple[int, ...]
+
+    def describe(self) -> str:
+        name = {
+            "yolov8-pose-zoo": "YOLOv8-pose model-zoo head",
+            "yolov8-pose-ultralytics": "YOLOv8/YOLO11-pose Ultralytics ONNX head",
+        }.get(self.family, self.family)
+        classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
+        return (
+            f"{name}, {classes}, {self.num_keypoints} keypoints, "
+            f"strides {'/'.join(str(s) for s in self.strides)}"
+        )
+
+
+@dataclass
+class Poses:
+    """One image's instances, best first."""
+
+    boxes: np.ndarray  # (n, 4) float32 x1 y1 x2 y2
+    scores: np.ndarray  # (n,) float32
+    class_ids: np.ndarray  # (n,) int32
+    keypoints: np.ndarray  # (n, K, 3) float32 x, y, score
+    nonfinite: int  # candidates dropped for a NaN/inf score, box or keypoint
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+def recognise_pose(
+    input_hw: tuple[int, int],
+    output_shapes: Sequence[Sequence[int]],
+    task: str | None = None,
+    kpt_shape: Sequence[int] | None = None,
+) -> PoseHead | None:
+    """The pose head the output shapes have, or None. ``task`` and ``kpt_shape`` (K, D) come
+    from the model's metadata (or the user); the single Ultralytics output needs one of
+    them (``task="pose"`` alone means COCO's (17, 3))."""
+    shapes = [_batch_one(tuple(s)) for s in output_shapes]
+    if not shapes or any(s is None for s in shapes):
+        return None
+    if len(shapes) == 1:
+        if kpt_shape is None and task != "pose":
+            return None
+        k, d = (int(kpt_shape[0]), int(kpt_shape[1])) if kpt_shape is not None else (17, 3)
+        shape = shapes[0]
+        assert shape is not None
+        if len(shape) != 3 or k < 1 or d not in (2, 3):
+            return None
+        for strides in _STRIDE_SETS:
+            cells = sum(h * w for h, w in grid_sizes(input_hw, strides))
+            nc = shape[1] - 4 - k * d
+            if shape[2] == cells and nc >= 1:
+                return PoseHead("yolov8-pose-ultralytics", nc, k, d, strides)
+        return None
+    if len(shapes) == len(STRIDES) + 1:
+        nc = zoo_classes(input_hw, shapes[:3])  # type: ignore[arg-type]
+        cells = sum(h * w for h, w in grid_sizes(input_hw, STRIDES))
+        last = shapes[3]
+        assert last is not None
+        if nc and len(last) == 4 and last[2] in (2, 3) and last[3] == cells and last[1] >= 1:
+            return PoseHead("yolov8-pose-zoo", nc, last[1], last[2], STRIDES)
+    return None
+
+
+class PoseDecoder:
+    """Turns one image's raw outputs into :class:`Poses`."""
+
+    def __init__(
+        self,
+        head: PoseHead,
+        input_hw: tuple[int, int],
+        settings: DetectSettings | None = None,
+        quant: Sequence[Quant] = (),
+    ) -> None:
+        settings = settings if settings is not None else DetectSettings()
+        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
+            raise UsageError(
+                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
+                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
+            )
+        if settings.max_det < 1:
+            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
+        self.head, self.settings = head, settings
+        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
+        self.quant = check_quant(quant)
+        self._grids = grid_sizes(self.input_hw, head.strides)
+        self._offsets, self._centres, self._strides = _cell_tables(self._grids, head.strides)
+        self._cells = sum(h * w for h, w in self._grids)
+
+    def __call__(self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None) -> Poses:
+        """Instances in the original image's pixels (``letterbox``: how it was placed on the
+        model's canvas; None: in the model input's pixels), NMS applied, best first."""
+        if self.head.family == "yolov8-pose-zoo":
+            cand, points = self._zoo(outputs)
+            centre = self._centres[:, cand.cells]
+            stride = self._strides[cand.cells]
+            boxes = (np.concatenate([centre - cand.sides[:2], centre + cand.sides[2:]]) * stride).T
+        else:
+            cand, points = self._ultralytics(outputs)
+            cx, cy, w, h = cand.sides
+            boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+        ok = np.isfinite(points).all(axis=(1, 2))
+        nonfinite = cand.nonfinite + len(ok) - int(np.count_nonzero(ok))
+        if not ok.all():
+            cand, points, boxes = pick(cand, ok), points[ok], boxes[ok]
+        s = self.settings
+        keep = nms(boxes, cand.scores, cand.class_ids, s.iou, s.max_det)
+        boxes, points = boxes[keep].astype(np.float32), points[keep]
+        if letterbox is not None:
+            boxes = boxes_to_original(boxes, letterbox)
+            points = keypoints_to_original(points, letterbox)
+        return Poses(boxes, cand.scores[keep], cand.class_ids[keep], points, nonfinite)
+
+    def _keypoints(self, raw: np.ndarray, q: Quant, i: int, cells: np.ndarray) -> np.ndarray:
+        """(k, K, 3) x, y, score from (K, D, N) values."""
+        k, d = self.head.num_keypoints, self.head.keypoint_dims
+        points = np.ones((len(cells), k, 3), np.float32)
+        points[:, :, :d] = real(raw[:, :, cells], q, i).transpose(2, 0, 1)
+        return points
+
+    def _zoo(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
+        h = self.head
+        expected = [(1, 4 * DFL_BINS + h.num_classes, gh, gw) for gh, gw in self._grids]
+        expected.append((1, h.num_keypoints, h.keypoint_dims, self._cells))
+        check_shapes(outputs, expected, h.describe())
+        cand = zoo_candidates(
+            outputs[:3], self.quant, self._grids, self._offsets, h.num_classes, self.settings.conf
+        )
+        raw = outputs[3].reshape(h.num_keypoints, h.keypoint_dims, self._cells)
+        q = self.quant[3] if len(self.quant) > 3 else None
+        return cand, self._keypoints(raw, q, 3, cand.cells)
+
+    def _ultralytics(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
+        h = self.head
+        rows = 4 + h.num_classes + h.num_keypoints * h.keypoint_dims
+        check_shapes(outputs, [(1, rows, self._cells)], h.describe())
+        raw = outputs[0].reshape(rows, self._cells)
+        q = self.quant[0] if self.quant else None
+        cand = ultralytics_candidates(raw, q, h.num_classes, self.settings.conf)
+        kpts = raw[4 + h.num_classes :].reshape(h.num_keypoints, h.keypoint_dims, self._cells)
+        return cand, self._keypoints(kpts, q, 0, cand.cells)
+
+
+def keypoints_to_original(points: np.ndarray, lb: Letterbox) -> np.ndarray:
+    """(n, K, 3) canvas keypoints in the original image's pixels, clipped to it (scores kept)."""
+    out = np.array(points, dtype=np.float32, copy=True)
+    out[..., 0] = np.clip((out[..., 0] - np.float32(lb.pad_x)) / np.float32(lb.scale), 0, lb.src_w)
+    out[..., 1] = np.clip((out[..., 1] - np.float32(lb.pad_y)) / np.float32(lb.scale), 0, lb.src_h)
+    return out
+
+
+def coco_keypoints(points: np.ndarray | Iterable[Mapping[str, float]]) -> list[float]:
+    """COCO's flat ``keypoints`` list [x1, y1, v1, x2, ...] of one instance, from (K, 3)
+    x, y, score or a row's list of ``{x, y, score}``. The third value is the keypoint's
+    score, as Ultralytics writes it (COCO's keypoint evaluation reads the ground truth's
+    visibility, not the prediction's). Coordinates rounded to 3 decimals, scores to 5."""
+    if isinstance(points, np.ndarray):
+        rows = points.reshape(-1, 3).tolist()
+    else:
+        rows = [(p["x"], p["y"], p["score"]) for p in points]
+    flat: list[float] = []
+    for x, y, score in rows:
+        score = float(score)
+        v = round(score, 5) if math.isfinite(score) else 0.0
+        flat += [round(float(x), 3), round(float(y), 3), v]
+    return flat
+
+
+def coco_keypoint_results(
+    rows: Iterable[Mapping], image_ids: Mapping, category_ids: Sequence[int] | None = None
+) -> list[dict]:
+    """COCO keypoint result dicts: :func:`batchinfer.detect.coco_results`'s
+    ``{image_id, category_id, bbox, score}`` with each box's ``keypoints`` (flat list)."""
+    rows = list(rows)
+    results = coco_results(rows, image_ids, category_ids)
+    points = [
+        coco_keypoints(box["keypoints"])
+        for row in rows
+        if row.get("boxes") is not None
+        for box in row["boxes"]
+    ]
+    for result, flat in zip(results, points, strict=True):
+        result["keypoints"] = flat
+    return results
