@@ -21,18 +21,23 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import os
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from batchinfer.data.listed import Row, Scan, item_id, sha256_of_file
+from batchinfer.data.whole_file import NESTING_ERRORS, open_regular
 from batchinfer.errors import DatasetError
 
 #: Extensions (lower case) read as list files, and their form.
 FORMS = {".txt": "txt", ".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 #: Columns with a meaning; every other column is carried into the predictions' ``meta``.
 RESERVED = ("path", "id", "label")
+#: The longest line of a text list, in characters (a line names one item: a path of at
+#: most 4,096 bytes and a few columns).
+LINE_BOUND = 1 << 20
 #: Rows per Parquet record batch (memory stays a few batches, whatever the file's size).
 PARQUET_BATCH = 8192
 #: Rows per record batch when a Parquet list is scanned (three columns at most).
@@ -50,8 +55,8 @@ class _ListFile:
         self.base = base if base is not None else file.parent
 
     def check(self) -> None:
-        if not self.file.is_file():
-            raise DatasetError(f"The list file {self.file} does not exist.")
+        # A FIFO would block the reads below, and /dev/zero never end: a regular file only.
+        os.close(open_regular(self.file, "The list file", hint="give a list file"))
 
     def content_sha256(self) -> str:
         return sha256_of_file(self.file)
@@ -60,11 +65,12 @@ class _ListFile:
         return None
 
     @contextlib.contextmanager
-    def _reading(self) -> Iterator[TextIO]:
-        """The file as text; its decoding and reading errors as DatasetErrors."""
+    def _reading(self) -> Iterator[Iterator[str]]:
+        """The file's lines (each bounded: :meth:`_lines`); its decoding and reading errors
+        as DatasetErrors."""
         try:
             with open(self.file, encoding="utf-8-sig", newline="") as f:
-                yield f
+                yield self._lines(f)
         except UnicodeDecodeError as exc:
             raise DatasetError(
                 f"The list file {self.file} is not UTF-8 text (byte {exc.start} of a block); "
@@ -72,6 +78,19 @@ class _ListFile:
             ) from None
         except OSError as exc:
             raise DatasetError(f"Cannot read {self.file} ({exc.strerror or exc}).") from None
+
+    def _lines(self, f: TextIO) -> Iterator[str]:
+        """The lines of ``f``, each read at most LINE_BOUND characters at a time: a file
+        with no line end (or a huge line) would otherwise be read into memory whole."""
+        n = 0
+        while line := f.readline(LINE_BOUND + 1):
+            n += 1
+            if len(line) > LINE_BOUND:
+                raise DatasetError(
+                    f"Line {n} of the list file {self.file} is longer than {LINE_BOUND:,} "
+                    "characters; a line names one item (a path and a few columns)."
+                )
+            yield line
 
     def __iter__(self) -> Iterator[Row]:
         raise NotImplementedError
@@ -85,7 +104,7 @@ class TxtList(_ListFile):
             yield from self._txt_rows(f)
 
     @staticmethod
-    def _txt_rows(f: TextIO) -> Iterator[Row]:
+    def _txt_rows(f: Iterator[str]) -> Iterator[Row]:
         for n, line in enumerate(f, 1):
             text = line.strip()
             if not text or text.startswith("#"):
@@ -95,7 +114,8 @@ class TxtList(_ListFile):
             if not head:
                 head, _, last = text.rpartition("\t")
             if head and last.isdecimal() and last.isascii():
-                text, label = head.rstrip(), int(last)
+                # The label as written: checked (its range too) where every form's is.
+                text, label = head.rstrip(), last
             yield (f"line {n}", text, None, label, None, None)
 
 
@@ -182,13 +202,13 @@ class JsonlList(_ListFile):
         with self._reading() as f:
             self._check_first(f)
 
-    def _check_first(self, f: TextIO) -> None:
+    def _check_first(self, f: Iterator[str]) -> None:
         for line in f:
             if not line.strip():
                 continue
             try:
                 first = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, *NESTING_ERRORS):
                 return  # the first line's own error row says it
             if isinstance(first, dict) and "path" not in first:
                 keys = ", ".join(list(first)[:8]) or "no key"
@@ -203,7 +223,7 @@ class JsonlList(_ListFile):
             yield from self._json_rows(f)
 
     @staticmethod
-    def _json_rows(f: TextIO) -> Iterator[Row]:
+    def _json_rows(f: Iterator[str]) -> Iterator[Row]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -212,6 +232,13 @@ class JsonlList(_ListFile):
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 yield (where, None, None, None, None, f"it is not valid JSON ({exc.msg})")
+                continue
+            except ValueError as exc:  # an integer of more than 4,300 digits
+                why = str(exc).split(":")[0]
+                yield (where, None, None, None, None, f"it cannot be read as JSON ({why})")
+                continue
+            except NESTING_ERRORS:
+                yield (where, None, None, None, None, "it nests JSON deeper than it can be read")
                 continue
             if not isinstance(obj, dict):
                 yield (where, None, None, None, None, "it is not a JSON object")
