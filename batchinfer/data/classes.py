@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchinfer.data.whole_file import LABELS_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import DatasetError
 
 #: Where a class map came from (:attr:`ClassMap.source`).
@@ -123,13 +124,7 @@ def read_labels_file(path: Path | str) -> ClassMap:
       since skipping one would shift every later label.
     """
     file = Path(path).expanduser().absolute()
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise DatasetError(
-            f"Cannot read the labels file {file} ({reason}); pass {LABELS_FILE_FORMATS}."
-        ) from exc
+    data = read_whole(file, "The labels file", LABELS_BOUND, hint=f"pass {LABELS_FILE_FORMATS}")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -173,6 +168,11 @@ def _json_labels(text: str, file: Path) -> dict[str, int]:
         raise DatasetError(
             f"The labels file {file} is not valid JSON (line {exc.lineno}: {exc.msg}); fix it."
         ) from exc
+    except NESTING_ERRORS:
+        raise DatasetError(
+            f"The labels file {file} nests JSON deeper than it can be read; use "
+            f"{LABELS_FILE_FORMATS}."
+        ) from None
     bad = DatasetError(
         f"The labels file {file} is JSON of an unknown shape; use {LABELS_FILE_FORMATS}."
     )

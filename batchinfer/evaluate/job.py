@@ -28,6 +28,7 @@ from typing import Any
 
 from batchinfer.bounds import Bounds
 from batchinfer.data.shards import is_shard_spec
+from batchinfer.data.whole_file import JOB_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
 from batchinfer.messages import setting
@@ -328,17 +329,21 @@ def load_job(path: Path | str) -> Job:
     unknown metric is refused here, before anything runs.
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise JobError(
-            f"job file {path} cannot be read ({exc.strerror or exc}); pass the path of a "
-            "TOML job file such as jobs/digits.toml."
-        ) from None
+    raw = read_whole(
+        path,
+        "job file",
+        JOB_BOUND,
+        error=JobError,
+        hint="pass the path of a TOML job file such as jobs/digits.toml",
+    )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise JobError(f"{path}: not valid TOML ({exc}); fix the file.") from None
+    except NESTING_ERRORS:
+        raise JobError(
+            f"{path}: its TOML nests deeper than it can be read; fix the file."
+        ) from None
 
     folder = Path(os.path.abspath(path)).parent
 
