@@ -37,7 +37,7 @@ from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
-from batchinfer.errors import render_fields
+from batchinfer.errors import UsageError, render_fields
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.output_folder import OutputFolder
@@ -152,16 +152,34 @@ def _board_engine(
 
 
 def run(
-    config: RunConfig,
+    config: RunConfig | str | os.PathLike[str],
     observers: Sequence[Observer] = (),
     listing: Callable[[int], None] | None = None,
+    *,
+    model: str | os.PathLike[str] | None = None,
+    **options: Any,
 ) -> RunResult:
-    """Run a model over a dataset folder on the NPU cores into a run folder.
+    """Run a model over a dataset on the NPU cores into a run folder.
 
-    Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
-    before or while it runs; item failures are error rows, not exceptions. ``listing`` is
-    called with the number of entries listed so far while a big dataset is listed.
+    Either ``run(RunConfig(...))`` or ``run(dataset, model=..., **options)`` with the CLI's
+    option names (``cores=(0, 1, 2)``, ``backend="sim"``, ``out="runs/a"``: see
+    :meth:`RunConfig.of`). Raises a :class:`~batchinfer.errors.BatchinferError` for anything
+    that stops the run before or while it runs; item failures are error rows, not
+    exceptions. ``listing`` is called with the number of entries listed so far while a big
+    dataset is listed.
     """
+    if not isinstance(config, RunConfig):
+        if model is None:
+            raise UsageError(
+                f"run({os.fsdecode(config)!r}) needs the model: run(dataset, model=...), "
+                "or a RunConfig."
+            )
+        config = RunConfig.of(config, model, **options)
+    elif model is not None or options:
+        given = ", ".join(["model", *options] if model is not None else options)
+        raise UsageError(
+            f"run takes a RunConfig or (dataset, model=..., options), not both ({given})."
+        )
     if config.output.out is not None:
         refuse_if_held(config.output.out)  # before the fork server is launched for nothing
     # The children's fork server is launched first: it imports while this process plans.
