@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
@@ -589,3 +590,18 @@ def test_an_unquoted_glob_is_one_sentence_that_says_to_quote_it(tmp_path):
     ]
     assert not (tmp_path / "o").exists()
     assert "39.png" not in result.output
+
+
+def test_an_error_row_names_the_setting_as_the_cli_flag(demo_kit, tmp_path):
+    """The failed items said "pass preprocess.dtype float32", the library's name, where the
+    CLI's user types --dtype (issue 40, item 18); the row in the file keeps the field name."""
+    data = tmp_path / "tensors"
+    data.mkdir()
+    np.save(data / "0.npy", np.zeros((1, 8, 8, 1), np.float32))  # the model takes uint8
+    result = invoke(*run_args(data, demo_kit.models["digits"], tmp_path / "o", "--cores", "0"))
+    assert result.exit_code == 1, result.output
+    (line,) = [s for s in result.output.splitlines() if s.startswith("  0.npy: ")]
+    assert "or pass --dtype float32 to feed them as they are" in line
+    assert "preprocess.dtype" not in result.output
+    (error,) = pq.read_table(tmp_path / "o" / "predictions")["error"].to_pylist()
+    assert "pass preprocess.dtype float32" in error
