@@ -605,3 +605,39 @@ def test_an_error_row_names_the_setting_as_the_cli_flag(demo_kit, tmp_path):
     assert "preprocess.dtype" not in result.output
     (error,) = pq.read_table(tmp_path / "o" / "predictions")["error"].to_pylist()
     assert "pass preprocess.dtype float32" in error
+
+
+@pytest.mark.slow  # two runs: 3-10 s on a loaded machine
+def test_run_says_which_task_it_picked_and_why(demo_kit, tmp_path):
+    """`run` never said it; a model of two unknown outputs was stored raw without a word
+    (issue 40, item 14)."""
+    from models import two_output_model
+
+    data = tmp_path / "d"
+    data.mkdir()
+    np.save(data / "x.npy", np.zeros((1, 4), np.float32))
+    raw = invoke("run", data, "--model", two_output_model(tmp_path), "--backend", "onnx",
+                 "--out", tmp_path / "raw", "--no-progress")  # fmt: skip
+    assert raw.exit_code == 0, raw.output
+    first = raw.stderr.splitlines()[0]
+    assert first.startswith("task: raw (outputs [1, 4], [1, 1] are neither one score vector")
+    assert first.endswith("; --task classify or detect overrides)")  # the CLI's flag
+    digits = invoke(*run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "c",
+                              "--limit", "4"))  # fmt: skip
+    assert digits.stderr.splitlines()[0] == "task: classify (one output of 10 scores)"
+
+
+def test_the_task_line_of_a_detector_names_its_head_and_where_that_was_read(tmp_path):
+    from detect_models import colour_detector
+
+    from batchinfer.engine.task import plan_task
+    from batchinfer.options import DetectOptions
+
+    model = colour_detector(tmp_path)
+    said = plan_task(DetectOptions(), model, (64, 64)).said()
+    assert said.startswith("task: detect (YOLOv8 model-zoo head, 2 classes, strides 8/16/32: ")
+    assert said.endswith(", recognised from the output shapes)")
+    asked = plan_task(DetectOptions(task="detect"), model, (64, 64)).said()
+    assert asked.render(lambda name: {"detect.task": "--task"}[name]).endswith(
+        "asked for with --task)"
+    )

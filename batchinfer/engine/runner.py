@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,12 +38,15 @@ from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
+from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import UsageError, render_fields
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.output_folder import OutputFolder
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -213,7 +217,8 @@ def _run(
     n = len(plan.dataset) if limit is None else min(len(plan.dataset), limit)
     skipped = out.done_below(n)
     source = DatasetSource(plan.dataset, skip=out.skip(), limit=limit, todo=n - skipped)
-    failed, first_row, notes = _FirstFailures(), _FirstRow(), _DatasetNotes(plan.dataset)
+    failed, first_row = _FirstFailures(), _FirstRow()
+    notes = _DatasetNotes(plan.dataset, plan.engine.task)
     engine = make_engine(
         plan, source, out.rows, [notes, failed, first_row, *observers], out.invocation
     )
@@ -263,14 +268,18 @@ def _run(
 
 
 class _DatasetNotes:
-    """Says how the dataset was read (labels, leftovers skipped) once, when items start to
-    flow: an invocation refused before that ends with its one error line only."""
+    """Says the task picked and why, and how the dataset was read (labels, leftovers
+    skipped), once, when items start to flow: an invocation refused before that ends with
+    its one error line only."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, task: TaskPlan | None) -> None:
         self.dataset: Dataset | None = dataset
+        self.task = task
 
     def notify(self, event: object) -> None:
         if self.dataset is not None and isinstance(event, Started):
+            if self.task is not None:
+                log.info(self.task.said())
             say_notes(self.dataset)
             self.dataset = None
 
