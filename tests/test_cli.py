@@ -353,6 +353,18 @@ def test_info_on_an_rknn_names_the_source_layout_as_the_source_models(demo_kit):
     assert "layout nchw" not in result.stdout
 
 
+def test_info_shows_an_onnx_input_in_its_own_layout_and_what_is_fed_apart(tmp_path):
+    """An NCHW input showed as "[1, 8, 8, 3] layout nchw": the runtime's NHWC order under the
+    model's layout's name (issue 40, item 19)."""
+    from models import nchw_float_model
+
+    result = invoke("info", nchw_float_model(tmp_path), "--backend", "onnx")
+    assert result.exit_code == 0, result.output
+    assert "  input            float32  [1, 3, 8, 8]  NCHW\n" in result.stdout
+    (fed,) = [s for s in result.stdout.splitlines() if s.startswith("  input   ") and "fed" in s]
+    assert fed.endswith("; fed as [1, 8, 8, 3] NHWC, the order RKNN runtimes take 4-D inputs in)")
+
+
 def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
     model = tmp_path / "nope.onnx"
     assert_error(invoke("info", model), 2, str(model), "does not exist")
