@@ -128,6 +128,7 @@ def detect_figures(detect: dict[str, float]) -> dict[str, Any] | None:
         "items_decoded": decoded,
         "boxes": int(detect.get("boxes", 0)),
         "nonfinite_dropped": int(detect.get("nonfinite", 0)),
+        "nonfinite_items": int(detect.get("nonfinite_items", 0)),
         "postprocess_cpu_ms_per_item": (
             round(1e3 * detect.get("cpu_s", 0.0) / decoded, 4) if decoded else None
         ),
@@ -302,7 +303,7 @@ def _detect_record(out: OutputFolder, detect: dict[str, float], plan: RunPlan) -
     if not plan.engine.detects:
         return {}
     earlier = out.earlier("detect_totals") or {}
-    keys = ("items", "boxes", "nonfinite", "cpu_s")
+    keys = ("items", "boxes", "nonfinite", "nonfinite_items", "cpu_s")
     totals = {k: earlier.get(k, 0) + detect.get(k, 0) for k in keys}
     return {"detect": detect_figures(totals), "detect_totals": totals}
 
