@@ -610,9 +610,13 @@ def test_an_error_row_names_the_setting_as_the_cli_flag(demo_kit, tmp_path):
     data = tmp_path / "tensors"
     data.mkdir()
     np.save(data / "0.npy", np.zeros((1, 8, 8, 1), np.float32))  # the model takes uint8
-    result = invoke(*run_args(data, demo_kit.models["digits"], tmp_path / "o", "--cores", "0"))
+    # A list's error rows are prefixed with their line (collector.py), which kept the
+    # setting's reference only once it was no longer an f-string.
+    listed = tmp_path / "list.txt"
+    listed.write_text("tensors/0.npy\n")
+    result = invoke(*run_args(listed, demo_kit.models["digits"], tmp_path / "o", "--cores", "0"))
     assert result.exit_code == 1, result.output
-    (line,) = [s for s in result.output.splitlines() if s.startswith("  0.npy: ")]
+    (line,) = [s for s in result.output.splitlines() if s.startswith("  tensors/0.npy: ")]
     assert "or pass --dtype float32 to feed them as they are" in line
     assert "preprocess.dtype" not in result.output
     (error,) = pq.read_table(tmp_path / "o" / "predictions")["error"].to_pylist()
