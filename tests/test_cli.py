@@ -190,7 +190,8 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert table["all"][1:4] == ["200", "0", "0"]
     assert sum(int(table[c][1]) for c in "012") == 200
     assert lines[-1] == f"complete: 200 succeeded, 0 errors; results in {out.resolve()}"
-    said, started = first.stderr.splitlines()[:2]
+    task, said, started = first.stderr.splitlines()[:3]
+    assert task == "task: classify (one output of 10 scores)"
     assert said == "labels: class folders are integers: label = folder name (10 classes)"
     assert started.startswith("started: 200 items on cores 0,1,2 (sim, 1 instance(s)")
     assert "error" not in first.stderr

@@ -11,7 +11,7 @@ import pytest
 from runs import config, exit_code, fast_sim
 
 from batchinfer import run
-from batchinfer.engine.children import ChildPool
+from batchinfer.engine.children import ChildPool, Message
 from batchinfer.engine.protocol import Stop, decode
 from batchinfer.engine.states import ChildState
 
@@ -21,7 +21,8 @@ _BIG = 1 << 20
 
 
 def _big_report_then_stop(spec, tasks, results) -> None:
-    results.send(b"x" * _BIG)  # blocks until the coordinator reads it
+    results.send(("up",))
+    results.send(("report", b"x" * _BIG))  # blocks until the coordinator reads it
     while not isinstance(decode(tasks.recv()), Stop):
         pass
 
@@ -29,13 +30,27 @@ def _big_report_then_stop(spec, tasks, results) -> None:
 def test_a_child_sending_more_than_a_pipe_holds_at_the_end_still_hears_stop():
     pool = ChildPool(time.monotonic)
     child = pool.start("worker", 0, _big_report_then_stop, None, 30.0, "starting")
-    child.state = ChildState.READY  # it was ready: asked to stop, and waited for
-    pool.close(hard=False, join_timeout_s=3.0)
+    try:
+        # Forked and running (a loaded machine's fork server may take seconds to import):
+        # what is left is only the big send, which nobody reads but close().
+        assert _first_message(pool) == ("up",)
+        child.state = ChildState.READY  # it was ready: asked to stop, and waited for
+    finally:
+        pool.close(hard=False, join_timeout_s=10.0)
     # Before: nobody read the result pipe while waiting, the child never got past its send,
     # and it was SIGKILLed when the 3 s ran out.
     assert child.proc.exitcode == 0
     assert child.killed_for is None
     assert pool.late_at_close == []
+
+
+def _first_message(pool: ChildPool) -> object:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for event in pool.poll(0.1):
+            if isinstance(event, Message):
+                return event.body
+    raise AssertionError("the child said nothing")
 
 
 def _never_reads(spec, tasks, results) -> None:
