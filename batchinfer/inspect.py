@@ -104,9 +104,10 @@ def _own_shape(view: tuple[int, ...], layout: str) -> list[int]:
     return list(view)
 
 
-def _fed_as(t: Any, rknn: bool) -> str:
-    """What the runtime is given for an ONNX model's 4-D NCHW input: its RKNN view."""
-    if rknn or t.layout != "nchw" or len(t.shape) != 4:
+def _fed_as(t: Any, rknn: bool, image: bool) -> str:
+    """What the runtime is given for an ONNX model's NCHW image input: its RKNN view, the
+    images as decoded (a feature map's tensors go in the graph's own NCHW instead)."""
+    if rknn or not image or t.layout != "nchw" or len(t.shape) != 4:
         return ""
     return f"; fed as {list(t.shape)} NHWC, the order RKNN runtimes take 4-D inputs in"
 
@@ -137,7 +138,8 @@ def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
         else:
             source = f"the array {t.name!r} of .npz items, or --input {t.name}=COLUMN"
         rknn = model.suffix.lower() == ".rknn"
-        lines.append(f"  {t.name:<16} {source} ({kind}{_fed_as(t, rknn)})")
+        fed = _fed_as(t, rknn, is_image_shape(t.shape))
+        lines.append(f"  {t.name:<16} {source} ({kind}{fed})")
     return lines
 
 
