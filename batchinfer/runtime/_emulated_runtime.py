@@ -21,8 +21,8 @@ AttributeError that names what the real runtime offers (:data:`MEMBERS`).
 After an ``init_runtime`` that failed once the runtime object existed (the model or the
 device refused: the wheel's ``build_graph`` step), the real RKNNLite keeps that object in
 ``rknn_runtime``: it is not None although ``init_runtime`` returned -1 (test the return
-value, not ``rknn_runtime``). :class:`UnbuiltRuntime` stands for it: every query raises,
-``inference`` returns None with ``E Catch exception when setting inputs.``,
+value, not ``rknn_runtime``). ``UnbuiltRuntime`` (runtime/_unbuilt_runtime.py) stands for
+it: every query raises, ``inference`` returns None with ``E Catch exception when setting inputs.``,
 ``get_sdk_version`` returns None, ``release`` sets it back to None.
 
 ``get_tensor_attr`` returns a ctypes structure laid out like the wheel's (rknn_api.h's
@@ -131,7 +131,7 @@ MEMBERS = (
 _NOT_EMULATED = ("lib", "context", "build_graph", "check_rt_version", "extend_rt_lib")
 
 
-def _missing_member(name: str) -> AttributeError:
+def missing_member(name: str) -> AttributeError:
     """The AttributeError for a member the emulator's ``rknn_runtime`` lacks."""
     offered = ", ".join(MEMBERS)
     if name in _NOT_EMULATED:
@@ -185,7 +185,7 @@ class EmulatedRuntime:
         # Only called for members that do not exist: say what the real runtime offers.
         if name.startswith("__"):
             raise AttributeError(name)
-        raise _missing_member(name)
+        raise missing_member(name)
 
     def bind(
         self,
@@ -443,61 +443,6 @@ class EmulatedRuntime:
             data = data.transpose(_NHWC_TO_NCHW)
         # A real NPU converts and quantises internally; ONNX Runtime needs the graph's type.
         return np.ascontiguousarray(data, dtype=spec.onnx_dtype)
-
-
-class UnbuiltRuntime:
-    """``rknn_runtime`` after an ``init_runtime`` that failed in the wheel's build_graph
-    step (see the module docstring): every call fails as on an invalid context [guess:
-    the error code], and release() is safe."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise _missing_member(name)
-
-    def _fail(self, what: str) -> Exception:
-        return Exception(
-            f"{what} failed: init_runtime failed ({self.why}). error code: RKNN_ERR_CTX_INVALID"
-        )
-
-    def get_in_out_num(self) -> tuple[int, int]:
-        raise self._fail("Query in/out num")
-
-    def get_tensor_attr(self, index: int, is_output: bool = False) -> RKNNTensorAttr:
-        raise self._fail(f"Query tensor attribute of {'output' if is_output else 'input'} {index}")
-
-    def get_sdk_version(self) -> tuple[str, str, str]:
-        raise self._fail("Query sdk version")
-
-    def feeds(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-        raise self._fail("Set inputs")
-
-    def set_inputs(self, *args: Any, **kwargs: Any) -> None:
-        raise self._fail("Set inputs")
-
-    def run(self, get_frame_id: bool = False) -> int:
-        raise self._fail("Run")
-
-    def get_outputs(self, get_frame_id: bool = False) -> list[np.ndarray]:
-        raise self._fail("Get outputs")
-
-    def get_run_perf(self) -> RKNNPerfRun:
-        raise self._fail("Query perf run")
-
-    def get_output_shape(self, index: int) -> list[int]:
-        raise self._fail(f"Query tensor attribute of output {index}")
-
-    def set_core_mask(self, core_mask: int) -> int:
-        raise self._fail("RKNN set core mask")
-
-    def check_dynamic_shape(self) -> None:
-        """Nothing to query."""
-
-    def release(self) -> None:
-        """Nothing to free."""
 
 
 def per_input(value: Any, n: int, what: str) -> list:

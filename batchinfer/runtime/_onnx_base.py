@@ -8,7 +8,7 @@ ValueError, as in the wheel), lines go through ``self.rknn_log.logger``, and a b
 fails in ``init_runtime``, not in ``load_rknn``. The public attributes of the real object
 exist: ``rknn_log``, ``rknn_runtime`` (None until ``init_runtime`` makes one: an
 :class:`~batchinfer.runtime._emulated_runtime.EmulatedRuntime`, or after a model or device
-that fails, an :class:`~batchinfer.runtime._emulated_runtime.UnbuiltRuntime`, as the wheel
+that fails, an :class:`~batchinfer.runtime._unbuilt_runtime.UnbuiltRuntime`, as the wheel
 keeps its half-made runtime), ``rknn_data``, ``rknn_user_key``, ``target``, ``root_dir``,
 ``load_model_in_npu``, ``verbose``.
 
@@ -36,7 +36,8 @@ import numpy as np
 from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph
-from batchinfer.runtime._emulated_runtime import EmulatedRuntime, UnbuiltRuntime
+from batchinfer.runtime._emulated_runtime import EmulatedRuntime
+from batchinfer.runtime._unbuilt_runtime import UnbuiltRuntime
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import (
     ORT_DTYPES,
