@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from video_files import clip_frame, faststart_h264, no_video, truncated, write_clip
@@ -155,3 +157,22 @@ def test_sampling_settings_are_checked():
     for bad in ({"every": 0}, {"fps": float("nan")}, {"start_s": -1.0}, {"start_s": 2, "end_s": 1}):
         with pytest.raises(ConfigError):
             Sampling(**bad)
+
+
+def test_keyframes_only_does_not_decode_the_other_frames(h264):
+    """One keyframe in 10: with the decoder told to skip the rest, decoding costs far
+    less CPU than decoding every frame and keeping the keyframes."""
+    info = probe(h264)
+    keys = plan_ranges(info, 1, Sampling(keyframes=True))[0]
+    every = plan_ranges(info, 1, Sampling())[0]
+
+    def cpu(rng, keep):
+        start = time.process_time()
+        got = [f.index for f in decode_range(info, rng) if f.index in keep]
+        return time.process_time() - start, got
+
+    keep = set(info.keyframes.tolist())
+    full = min(cpu(every, keep)[0] for _ in range(3))
+    skipped, got = min(cpu(keys, keep) for _ in range(3))
+    assert got == list(info.keyframes)
+    assert skipped < full / 3, (skipped, full)

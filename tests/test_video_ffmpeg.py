@@ -85,3 +85,24 @@ def test_no_ffmpeg_program_is_one_clear_error(lossless):
     info = probe_video(lossless)
     with pytest.raises(RuntimeUnavailableError, match="needs an no-such-ffmpeg program on PATH"):
         next(decode_range_ffmpeg(info, plan_ranges(info, 1)[0], binary="no-such-ffmpeg"))
+
+
+@pytest.mark.slow
+def test_a_longer_h264_clip_split_over_readers_decodes_each_frame_once(tmp_path):
+    """640x480 H.264, 300 frames: for 1-4 ranges, both decoders give every frame once,
+    at the same times, with the same pixels give or take the YUV to RGB rounding of two
+    FFmpeg versions (PyAV's bundled one and the ffmpeg program)."""
+    need_ffmpeg()
+    info = probe_video(write_clip(tmp_path / "long.mp4", "h264", 300, 640, 480, gop=30))
+    assert info.frames == 300 and len(info.keyframes) == 10
+    for parts in (1, 2, 3, 4):
+        seen: list[int] = []
+        for rng in plan_ranges(info, parts):
+            for a, b in zip(decode_range(info, rng), decode_range_ffmpeg(info, rng), strict=True):
+                assert isinstance(a, DecodedFrame) and isinstance(b, DecodedFrame)
+                assert (a.index, a.time_s) == (b.index, b.time_s)
+                diff = np.abs(a.rgb.astype(np.int16) - b.rgb.astype(np.int16))
+                assert diff.max() <= 2, (a.index, diff.max())
+                seen.append(a.index)
+        assert seen == list(range(300)), parts
+    assert ffmpeg_children() == []
