@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import numpy as np
@@ -176,3 +177,24 @@ def test_keyframes_only_does_not_decode_the_other_frames(h264):
     skipped, got = min(cpu(keys, keep) for _ in range(3))
     assert got == list(info.keyframes)
     assert skipped < full / 3, (skipped, full)
+
+
+def test_a_codec_ffmpeg_cannot_decode_is_refused_in_one_line(lossless, monkeypatch):
+    # No sample file holds a codec PyAV's FFmpeg lacks: make it lack FFV1's decoder.
+    probe_module = importlib.import_module("batchinfer.data.video.probe")
+
+    monkeypatch.setattr(probe_module, "_decodable", lambda codec: codec != "ffv1")
+    with pytest.raises(InputError, match=r"its codec ffv1 is not one FFmpeg here decodes\.$"):
+        probe(lossless)
+
+
+def test_without_libx264_the_clip_is_mpeg4(tmp_path, monkeypatch):
+    clip_module = importlib.import_module("batchinfer.data.video.clip")
+
+    monkeypatch.setattr(clip_module, "h264_codec", lambda: "mpeg4")
+    info = probe(write_clip(tmp_path / "clip.mp4", "h264", 40, W, H, gop=10))
+    assert (info.codec, info.frames, list(info.keyframes)) == ("mpeg4", 40, [0, 10, 20, 30])
+    got = decode_all(info, 2)
+    assert [f.index for f in got] == list(range(40))
+    # Lossy, but the picture is the clip's: the mean error is small.
+    assert np.abs(got[17].rgb.astype(int) - clip_frame(17, W, H)).mean() < 8

@@ -90,6 +90,8 @@ def write_clip(
             options = {"bf": "0"} if codec == "mpeg4" else {"preset": "veryfast", "crf": "20"}
             stream = out.add_stream(codec, rate=fps, options=options)
             stream.pix_fmt = "yuv420p"
+            if codec == "mpeg4":  # its default 200 kb/s smears the digits
+                stream.bit_rate = width * height * fps // 2
         stream.width, stream.height = width, height
         stream.codec_context.gop_size = gop
         if kind == "h264" and stream.codec_context.name == "libx264":
