@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 import pytest
-from video_files import clip_frame, faststart_h264, no_video, truncated, write_clip
+from video_files import clip_frame, faststart_h264, no_video, raw_h264, truncated, write_clip
 
 from batchinfer.data.video import (
     DecodedFrame,
@@ -198,3 +198,17 @@ def test_without_libx264_the_clip_is_mpeg4(tmp_path, monkeypatch):
     assert [f.index for f in got] == list(range(40))
     # Lossy, but the picture is the clip's: the mean error is small.
     assert np.abs(got[17].rgb.astype(int) - clip_frame(17, W, H)).mean() < 8
+
+
+def test_a_stream_without_timestamps_or_index_and_a_size_change(tmp_path):
+    """A raw H.264 dump: frames placed one frame apart at its stated rate, a range past
+    the start decoded by reading from the beginning (it cannot seek), and the frame where
+    the picture size changes (past the probe's max_pixels check) is where it fails."""
+    info = probe(raw_h264(tmp_path / "cam.h264", [(W, H), (2 * W, 2 * H)]))
+    assert (info.frames, info.width, info.height) == (40, W, H)
+    assert np.allclose(np.diff(info.times_s()), 1 / info.fps)
+    for parts in (1, 2):
+        got = decode_all(info, parts)
+        assert [f.index for f in got[:-1]] == list(range(20)), parts
+        assert isinstance(got[-1], DecodeFailure) and got[-1].frame == 20
+        assert "frame size changes from 160x120 to 320x240" in got[-1].message

@@ -12,7 +12,15 @@ av = pytest.importorskip("av", reason="PyAV is the video extra: pip install -e '
 
 from batchinfer.data.video.clip import clip_frame, h264_codec, write_clip  # noqa: E402
 
-__all__ = ["clip_frame", "faststart_h264", "need_ffmpeg", "no_video", "truncated", "write_clip"]
+__all__ = [
+    "clip_frame",
+    "faststart_h264",
+    "need_ffmpeg",
+    "no_video",
+    "raw_h264",
+    "truncated",
+    "write_clip",
+]
 
 
 def faststart_h264(path: Path, frames: int = 90, gop: int = 30) -> Path:
@@ -54,3 +62,22 @@ def need_ffmpeg() -> None:
         if os.environ.get("CI"):
             pytest.fail("ffmpeg is missing in CI: .ci/run must install it")
         pytest.skip("no ffmpeg program here (apt-get install ffmpeg); CI runs this")
+
+
+def raw_h264(path: Path, sizes: list[tuple[int, int]], frames: int = 20) -> Path:
+    """A raw H.264 stream (no container: no timestamps, no index to seek with), one part of
+    ``frames`` frames per size, one after the other, as cameras' .h264 dumps are."""
+    parts = []
+    for width, height in sizes:
+        part = path.with_suffix(f".{width}x{height}.h264")
+        with av.open(str(part), "w", format="h264") as out:
+            stream = out.add_stream(h264_codec(), rate=30)
+            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            stream.codec_context.gop_size = 10
+            for i in range(frames):
+                frame = av.VideoFrame.from_ndarray(clip_frame(i, width, height), format="rgb24")
+                out.mux(stream.encode(frame))
+            out.mux(stream.encode(None))
+        parts.append(part.read_bytes())
+    path.write_bytes(b"".join(parts))
+    return path

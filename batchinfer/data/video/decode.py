@@ -16,7 +16,9 @@ caller's choice).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -75,17 +77,7 @@ def decode_range(
     delivered = 0  # wanted[:delivered] have been yielded
     reason = ""
     try:
-        with av.open(info.path) as container:
-            stream = container.streams.video[0]
-            ctx = stream.codec_context
-            ctx.thread_count = threads
-            if rng.keyframes_only:
-                ctx.skip_frame = "NONKEY"
-            if rng.seek > 0:
-                container.seek(
-                    int(info.pts[rng.seek]), stream=stream, backward=True, any_frame=False
-                )
-            index = rng.seek - 1
+        with _opened(info, rng, threads) as (container, stream, index):
             for frame in container.decode(stream):
                 index = frame_index(info, frame.pts, index)
                 if index < rng.seek:
@@ -94,6 +86,14 @@ def decode_range(
                     break
                 if delivered < len(wanted) and wanted[delivered] < index:
                     reason = "the decoder put out no picture for it"
+                    break
+                if (frame.width, frame.height) != (info.width, info.height):
+                    # A new size mid-stream would slip past max_pixels and the slots sized
+                    # from the probe.
+                    reason = (
+                        f"its frame size changes from {info.width}x{info.height} "
+                        f"to {frame.width}x{frame.height}"
+                    )
                     break
                 if delivered < len(wanted) and wanted[delivered] == index:
                     time_s = float(info.time_s(index)) if index < info.frames else float("nan")
@@ -122,6 +122,34 @@ def _short_file(info: VideoInfo) -> str:
         listed = info.declared_frames
         return f"the file ends early, after {info.frames} of the {listed} frames it lists"
     return f"the file ends early, after {info.frames} frames"
+
+
+@contextmanager
+def _opened(info: VideoInfo, rng: FrameRange, threads: int) -> Iterator[tuple[Any, Any, int]]:
+    """The open container at the range's keyframe, its video stream, and the index of the
+    frame before the next one out (-1 when the file could not seek: it is read from the
+    start, slowly but right)."""
+    import av
+
+    container = av.open(info.path)
+    try:
+        index = rng.seek - 1
+        if rng.seek > 0:
+            stream = container.streams.video[0]
+            try:
+                container.seek(int(info.pts[rng.seek]), stream=stream, backward=True)
+            except av.FFmpegError:
+                # A stream without an index: a failed seek leaves the demuxer at its end.
+                container.close()
+                container = av.open(info.path)
+                index = -1
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = threads
+        if rng.keyframes_only:
+            stream.codec_context.skip_frame = "NONKEY"
+        yield container, stream, index
+    finally:
+        container.close()
 
 
 def _ffmpeg_reason(exc: BaseException) -> str:

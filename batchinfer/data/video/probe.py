@@ -108,14 +108,16 @@ def probe(
         declared = int(stream.frames or 0)
         if max_frames is not None and declared > max_frames:
             raise _too_many(label, declared, max_frames)
-        pts, keys, demux_failed = _packets(container, stream, label, max_frames)
+        time_base = stream.time_base or Fraction(1, 1)
+        fps = float(stream.average_rate or 0)
+        # Packets without timestamps (a raw .h264 stream) are placed one frame apart.
+        step = max(1, round(1 / (fps * time_base))) if fps > 0 else 1
+        pts, keys, demux_failed = _packets(container, stream, label, max_frames, step)
         if not pts:
             raise InputError(f"Cannot read {label}: its video stream holds no frames.")
-        time_base = stream.time_base or Fraction(1, 1)
         only_stream = len(container.streams) == 1
         container_duration = (container.duration or 0) / 1_000_000
         container_start = (container.start_time or 0) / 1_000_000
-        fps = float(stream.average_rate or 0)
 
     order = np.array(sorted(pts), dtype=np.int64)
     keyframes = np.unique(np.searchsorted(order, np.array(keys, dtype=np.int64)))
@@ -145,7 +147,9 @@ def probe(
     )
 
 
-def _packets(container, stream, label: str, max_frames: int | None) -> tuple[list, list, bool]:
+def _packets(
+    container, stream, label: str, max_frames: int | None, step: int
+) -> tuple[list, list, bool]:
     """Every packet's pts, the keyframes' pts, and whether the demuxer failed part way."""
     import av
 
@@ -157,7 +161,7 @@ def _packets(container, stream, label: str, max_frames: int | None) -> tuple[lis
                 continue
             stamp = packet.pts if packet.pts is not None else packet.dts
             if stamp is None:  # no timestamp at all (raw streams): the decode order
-                stamp = pts[-1] + 1 if pts else 0
+                stamp = pts[-1] + step if pts else 0
             pts.append(stamp)
             if packet.is_keyframe:
                 keys.append(stamp)
