@@ -23,7 +23,9 @@ How a later session wires it into ``run`` (not done here):
    keyframe and only its missing frames are fed.
 2. **Readers.** A reader given a range runs :func:`.decode.decode_range` (or
    :func:`.ffmpeg_pipe.decode_range_ffmpeg` with ``--decoder ffmpeg`` and the extra
-   arguments setting) and, for each :class:`.decode.DecodedFrame`, fills a slot the way an
+   arguments setting, e.g. ``-hwaccel rkmpp`` on a board with ffmpeg-rockchip; the
+   coordinator checks :func:`.ffmpeg_pipe.ffmpeg_binary` before the run starts) and,
+   for each :class:`.decode.DecodedFrame`, fills a slot the way an
    image is filled: the RGB array goes through the model's own preprocessing (resize or
    letterbox, channels, mean/std) instead of a file decode. Ranges travel to readers as
    (path, start, stop, seek, until, keyframes_only, wanted) plus the probe's pts table

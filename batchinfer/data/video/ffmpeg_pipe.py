@@ -26,6 +26,12 @@ seek: ffmpeg seeks to the keyframe before that point (sometimes the one before o
 costs a GOP of decoding) and drops every frame earlier than it, so the first frame out is
 our keyframe whatever the container's index precision. Frames are then counted from it.
 
+Where it differs from PyAV: a picture size that changes mid-stream is scaled by ffmpeg to
+the first size (its ``-autoscale`` default; raw frames have no header to say otherwise),
+where PyAV's decode ends the range with a failure; and a file that cannot seek (a raw
+``.h264`` dump, not a video extension batchinfer lists) gives no frame after its first
+range, where PyAV reads it from the start.
+
 The child is killed and reaped when the generator is closed, fails or ends: no leaked
 process, even when the caller stops part way.
 """
