@@ -32,7 +32,7 @@ def yaml_entries(file: Path) -> PathList:
     except OSError as exc:
         raise DatasetError(f"Cannot read {file} ({exc.strerror or exc}).") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"{file} is not valid YAML ({exc}).") from None
+        raise DatasetError(f"{file} is not valid YAML ({_one_line(exc)}).") from None
     if not isinstance(data, dict) or not data.get("val"):
         raise DatasetError(
             f"{file} has no val split; an Ultralytics data.yaml names its validation images "
@@ -49,7 +49,7 @@ def yaml_entries(file: Path) -> PathList:
                 if kind == FILE and os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS:
                     paths.append(_relative(where / rel, root))
         elif where.is_file():
-            for line in where.read_text(encoding="utf-8").splitlines():
+            for line in _split_list(where, file).splitlines():
                 line = line.strip()
                 if line and not line.startswith("#"):
                     paths.append(_relative(where.parent / line, root))
@@ -58,6 +58,31 @@ def yaml_entries(file: Path) -> PathList:
     if not paths:
         raise DatasetError(f"The val split of {file} names no image.")
     return PathList("yaml", str(file), root, paths, places="image")
+
+
+def _one_line(exc: Exception) -> str:
+    """A YAML error in one line: PyYAML's own message quotes the offending line and marks
+    its column on the lines below it."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}"
+    return " ".join(str(exc).split())
+
+
+def _split_list(where: Path, file: Path) -> str:
+    """The text of a split's ``.txt`` list; DatasetError when it cannot be read as UTF-8."""
+    try:
+        return where.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DatasetError(
+            f"Cannot read {where}, a val split of {file} ({exc.strerror or exc})."
+        ) from None
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"The val split {where} of {file} is not UTF-8 text (byte {exc.start}); a split "
+            "list names one image a line, saved as UTF-8."
+        ) from None
 
 
 def _relative(path: Path, root: Path) -> str:
