@@ -333,6 +333,11 @@ def load_job(path: Path | str) -> Job:
         data = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise JobError(f"{path}: not valid TOML ({exc}); fix the file.") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise JobError(
+            f"{path}: arrays or inline tables nested too deeply to read; a job file's values "
+            "are nested a few levels at most, fix the file."
+        ) from None
 
     folder = Path(os.path.abspath(path)).parent
 
