@@ -23,6 +23,9 @@ _NPY_HEADERS_KEPT = 64
 # The first read of a .npy takes this much: its header (numpy pads it to a multiple of 64
 # bytes, 128 for ordinary arrays) and the first data bytes, in one system call.
 _NPY_FIRST_READ = 4096
+#: Longest .npy header read: numpy's own limit (numpy.lib.format refuses longer ones unless
+#: told they are trusted); numpy.save writes 128 bytes for an ordinary array.
+NPY_HEADER_MAX = 10_000
 
 
 def _npy_header(
@@ -42,7 +45,13 @@ def _npy_header(
             f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
             "not supported; save it with numpy.save of a plain numeric array."
         )
-    end = at + int.from_bytes(size_bytes, "little")
+    length = int.from_bytes(size_bytes, "little")
+    if length > NPY_HEADER_MAX:  # read before numpy sees it: a version 2 header may say 4 GiB
+        raise InputError(
+            f"Cannot read {label}: its .npy header says it is {length} bytes long, more than "
+            f"the {NPY_HEADER_MAX} numpy reads; save it again with numpy.save."
+        )
+    end = at + length
     while len(head) < end:  # a header longer than the first read
         more = _read_fd(fd, end - len(head), label)
         if not more:

@@ -1,0 +1,88 @@
+"""Fuzz tier: .npy items (batchinfer/data/npy.py). Headers of every shape (versions,
+declared lengths, dtypes, shapes huge or negative, Fortran order, text that is no dict):
+reading one into a model input fills it or raises an InputError (the item's error row),
+under a memory bound (tests/fuzz_support.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+from fuzz_support import assert_clean, fuzz, huge_ints, run_bounded
+from hypothesis import given
+from hypothesis import strategies as st
+
+from batchinfer.data.npy import fill_npy, read_npy
+
+SHAPE = (1, 2, 3)
+SPEC = SimpleNamespace(shape=SHAPE, dtype="float32")
+ITEM = ("ok", "input")
+
+dims = st.one_of(st.integers(-2, 4), huge_ints)
+shapes = st.one_of(
+    st.just("(1, 2, 3)"),
+    st.just("(2, 3)"),
+    st.lists(dims, max_size=4).map(lambda d: repr(tuple(d))),
+    st.sampled_from(
+        ["()", "(3,)", "[1, 2, 3]", "(1, 2, 3.0)", "('a',)", "((1,),)", "None", "(1" * 50]
+    ),
+)
+descrs = st.sampled_from(
+    ["'<f4'", "'>f4'", "'<f8'", "'|u1'", "'|O'", "'<U3'", "'|V0'", "'|V12'", "[('a', '<f4')]",
+     "'<f4', 'x': 1", "'f4'", "'<f99'", "1", "'<M8[s]'", "'<c8'", "''"]
+)  # fmt: skip
+orders = st.sampled_from(["False", "True", "1", "'x'"])
+
+
+@st.composite
+def npy_files(draw):
+    version = draw(st.sampled_from([(1, 0), (2, 0), (3, 0), (0, 1)]))
+    descr, order, shape = draw(descrs), draw(orders), draw(shapes)
+    text = f"{{'descr': {descr}, 'fortran_order': {order}, 'shape': {shape}, }}"
+    if draw(st.booleans()):
+        text = draw(st.text(max_size=40))  # no dict at all
+    header = text.encode("latin-1", "replace")
+    header += b" " * (-(len(header) + 12) % 64) + b"\n"
+    length_bytes = 2 if version == (1, 0) else 4
+    length = draw(st.one_of(st.just(len(header)), st.integers(0, 2 ** (8 * length_bytes) - 1)))
+    data = draw(st.one_of(st.just(np.arange(6, dtype="<f4").tobytes()), st.binary(max_size=40)))
+    return b"\x93NUMPY" + bytes(version) + length.to_bytes(length_bytes, "little") + header + data
+
+
+def _read_file(path: str) -> list[float]:
+    out = np.zeros(SHAPE, np.float32)
+    read_npy(path, SPEC, out, "x.npy")
+    return out.ravel().tolist()
+
+
+def _read_member(data: bytes) -> list[float]:
+    out = np.zeros(SHAPE, np.float32)
+    fill_npy(None, data, SPEC, out, "x.npy in s.tar")
+    return out.ravel().tolist()
+
+
+@fuzz
+@given(data=npy_files())
+def test_npy_headers_of_any_kind(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("npy") / "x.npy"
+    path.write_bytes(data)
+    assert_clean(run_bounded(lambda: _read_file(str(path))), ITEM)
+    assert_clean(run_bounded(lambda: _read_member(data)), ITEM)
+
+
+def test_a_valid_npy_is_read(tmp_path):
+    path = tmp_path / "x.npy"
+    np.save(path, np.arange(6, dtype=np.float32).reshape(SHAPE))
+    outcome = run_bounded(lambda: _read_file(str(path)))
+    assert outcome.kind == "ok" and outcome.value == [0, 1, 2, 3, 4, 5], str(outcome)
+
+
+def test_a_header_declaring_gigabytes_is_an_error_row_not_read(tmp_path):
+    """A sparse .npy: its version 2 header says it is 4 GiB long, and the file is as long.
+    The header was read whole (4 GiB of zeros) before numpy refused it as too large."""
+    path = tmp_path / "x.npy"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x02\x00" + (2**32 - 16).to_bytes(4, "little") + b"{'descr'")
+        f.truncate(2**32 + 64)
+    outcome = run_bounded(lambda: _read_file(str(path)), timeout=5)
+    assert outcome.kind == "input" and "header" in outcome.error, str(outcome)
