@@ -1,17 +1,21 @@
-"""Fuzz tier: .npy items (batchinfer/data/npy.py). Headers of every shape (versions,
-declared lengths, dtypes, shapes huge or negative, Fortran order, text that is no dict):
-reading one into a model input fills it or raises an InputError (the item's error row),
-under a memory bound (tests/fuzz_support.py)."""
+"""Fuzz tier: .npy and .npz items (batchinfer/data/npy.py, feeds.py). Headers of every
+shape (versions, declared lengths, dtypes, shapes huge or negative, Fortran order, text
+that is no dict) and zip archives whose members claim more than they hold: reading one
+into a model input fills it or raises an InputError (the item's error row), under a memory
+bound (tests/fuzz_support.py)."""
 
 from __future__ import annotations
 
+import io
+import zipfile
 from types import SimpleNamespace
 
 import numpy as np
 from fuzz_support import assert_clean, fuzz, huge_ints, run_bounded
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
+from batchinfer.data.feeds import FROM_NPZ, Feed, load_feeds
 from batchinfer.data.npy import fill_npy, read_npy
 
 SHAPE = (1, 2, 3)
@@ -86,3 +90,94 @@ def test_a_header_declaring_gigabytes_is_an_error_row_not_read(tmp_path):
         f.truncate(2**32 + 64)
     outcome = run_bounded(lambda: _read_file(str(path)), timeout=5)
     assert outcome.kind == "input" and "header" in outcome.error, str(outcome)
+
+
+# --------------------------------------------------------------------------- .npz
+
+
+def _npz_member(header: dict[str, object], data: bytes, compress: bool) -> bytes:
+    """A .npz holding one member x.npy with ``header`` and ``data``."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, header)
+    out = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(out, "w", method) as z:
+        z.writestr("x.npy", head.getvalue() + data)
+    return out.getvalue()
+
+
+@st.composite
+def npz_files(draw):
+    shape = draw(st.one_of(st.just(SHAPE), st.lists(st.integers(0, 2**20), max_size=3).map(tuple)))
+    descr = draw(st.sampled_from(["<f4", ">f4", "<f8", "|u1", "<U2"]))
+    data = draw(st.one_of(st.just(bytes(24)), st.binary(max_size=64)))
+    member = _npz_member(
+        {"descr": descr, "fortran_order": False, "shape": shape}, data, draw(st.booleans())
+    )
+    flips = draw(
+        st.lists(st.tuples(st.integers(0, len(member) - 1), st.integers(0, 255)), max_size=3)
+    )
+    out = bytearray(member)
+    for at, value in flips:
+        out[at] = value
+    return bytes(out)
+
+
+def _read_npz(path: str) -> list[float]:
+    out = np.zeros(SHAPE, np.float32)
+    feed = Feed("x", SHAPE, "float32", FROM_NPZ)
+    load_feeds([feed], path, None, [out], "npz", name="x.npz")
+    return out.ravel().tolist()
+
+
+@fuzz
+@given(data=npz_files())
+def test_npz_members_of_any_kind(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("npz") / "x.npz"
+    path.write_bytes(data)
+    assert_clean(run_bounded(lambda: _read_npz(str(path))), ITEM)
+
+
+@fuzz
+@example(data=b"PK\x05\x06" + bytes(18))  # an empty zip
+@given(data=st.binary(max_size=200))
+def test_npz_of_any_bytes(tmp_path_factory, data):
+    path = tmp_path_factory.mktemp("npzb") / "x.npz"
+    path.write_bytes(data)
+    assert_clean(run_bounded(lambda: _read_npz(str(path))), ITEM)
+
+
+def test_an_npz_member_declaring_gigabytes_is_an_error_row_not_read(tmp_path):
+    """A .npz of a few hundred KiB whose member declares and holds 256 MiB of zeros
+    (deflate packs them 1000:1): its array was inflated whole before its shape was checked
+    (under a bound of 128 MiB here; 1 GiB of them took a reader to 1.06 GB RSS)."""
+    path = tmp_path / "x.npz"
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        head, {"descr": "|u1", "fortran_order": False, "shape": (1 << 28,)}
+    )
+    zeros = bytes(1 << 24)
+    with (
+        zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as z,
+        z.open("x.npy", "w", force_zip64=True) as f,
+    ):
+        f.write(head.getvalue())
+        for _ in range(16):
+            f.write(zeros)
+    assert path.stat().st_size < 4 << 20
+    outcome = run_bounded(lambda: _read_npz(str(path)), memory=128 << 20, timeout=5)
+    assert outcome.kind == "input" and "shape" in outcome.error, str(outcome)
+
+
+def test_an_npz_member_with_a_corrupt_deflate_stream_is_an_error_row(tmp_path):
+    """zlib's own error (not a ValueError nor an OSError) was no InputError: the row said
+    "cannot read x.npz: error: Error -3 while decompressing data"."""
+    data = bytearray(
+        _npz_member({"descr": "<f4", "fortran_order": False, "shape": SHAPE}, bytes(24), True)
+    )
+    start = 30 + len("x.npy")  # the member's data, after its local header
+    data[start : start + 4] = b"\xff\xff\xff\xff"
+    path = tmp_path / "x.npz"
+    path.write_bytes(bytes(data))
+    outcome = run_bounded(lambda: _read_npz(str(path)))
+    assert outcome.kind == "input" and "x.npz" in outcome.error, str(outcome)
