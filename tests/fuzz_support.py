@@ -253,3 +253,56 @@ def nested(depth: int, kind: str = "list") -> str:
     if kind == "list":
         return "[" * depth + "]" * depth
     return '{"a":' * depth + "1" + "}" * depth
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What a watched ``batchinfer`` command did: its exit code (None when it was killed),
+    output, and the largest RSS any one process of its tree reached (bytes)."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    peak_rss: int
+
+
+def run_cli_watched(
+    args: list[str], *, rss_bound: int = MEMORY_BOUND, timeout: float = 120.0
+) -> CliRun:
+    """``python -m batchinfer ARGS``, its process tree killed as soon as one process of it
+    holds more than ``rss_bound`` bytes resident (or after ``timeout``): a bomb fails the
+    test instead of making the machine swap."""
+    import subprocess
+    import sys
+    import tempfile
+
+    import psutil
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "batchinfer", *args], stdout=out, stderr=err, text=True
+        )
+        root = psutil.Process(proc.pid)
+        peak, deadline, killed = 0, time.monotonic() + timeout, False
+        while proc.poll() is None:
+            tree = [root]
+            with contextlib.suppress(psutil.Error):
+                tree += root.children(recursive=True)
+            for p in tree:
+                with contextlib.suppress(psutil.Error):
+                    peak = max(peak, p.memory_info().rss)
+            if peak > rss_bound or time.monotonic() > deadline:
+                for p in reversed(tree):
+                    with contextlib.suppress(psutil.Error):
+                        p.kill()
+                killed = True
+                psutil.wait_procs(tree, timeout=10)
+                break
+            time.sleep(0.02)
+        proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return CliRun(None if killed else proc.returncode, out.read(), err.read(), peak)
