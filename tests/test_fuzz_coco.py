@@ -20,7 +20,7 @@ from fuzz_support import (
     nested,
     run_bounded,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from batchinfer.data.sources import open_source
@@ -97,6 +97,7 @@ def test_coco_as_ground_truth(tmp_path_factory, data):
 
 
 @fuzz
+@example(data=b"9" * 5000 + b"]}")  # an integer of more digits than int() converts
 @given(data=st.binary(max_size=300))
 def test_coco_of_any_bytes(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("bytes") / "instances.json"

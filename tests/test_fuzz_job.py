@@ -119,6 +119,7 @@ def test_jobs_with_keys_of_any_value(tmp_path_factory, changes):
 
 
 @fuzz
+@example(data=b"a = " + b"9" * 5000)  # more digits than int() converts: a ValueError
 @example(data=b"a = " + b"[" * 5000 + b"]" * 5000)  # was a RecursionError traceback
 @example(data=b"a = " + b"{b=" * 5000 + b"1" + b"}" * 5000)
 @given(data=st.binary(max_size=300))

@@ -70,6 +70,7 @@ def test_json_labels_files(tmp_path_factory, data):
 
 
 @fuzz
+@example(data=b"[" + b"9" * 5000 + b"]", suffix=".json")  # more digits than int() converts
 @given(data=st.binary(max_size=200), suffix=st.sampled_from([".txt", ".json", ""]))
 def test_labels_files_of_any_bytes(tmp_path_factory, data, suffix):
     path = tmp_path_factory.mktemp("bytes") / f"labels{suffix}"

@@ -23,7 +23,7 @@ from fuzz_support import (
     nested,
     run_bounded,
 )
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from batchinfer.data.sources import open_source
@@ -126,6 +126,7 @@ def test_jsonl_lists(tmp_path_factory, rows):
 
 
 @fuzz
+@example(data=b'{"path": "b.png", "x": ' + b"9" * 5000 + b"}\n", form="jsonl")  # int() refuses
 @given(data=st.binary(max_size=300), form=st.sampled_from(["txt", "csv", "jsonl", "parquet"]))
 def test_lists_of_any_bytes(tmp_path_factory, data, form):
     """Bytes that are no list at all (or a valid list with bytes spliced in)."""

@@ -112,6 +112,7 @@ snippets = st.sampled_from(
 
 @fuzz
 @example(text="val: !!python/object/apply:os.system ['true']", junk="")  # PyYAML's 3-line message
+@example(text="val: " + "9" * 5000, junk="")  # more digits than int() converts: a ValueError
 @given(text=snippets, junk=st.one_of(st.just(""), st.text(max_size=20)))
 def test_data_yaml_of_odd_yaml(tmp_path_factory, text, junk):
     folder = _kit(tmp_path_factory.mktemp("odd"))

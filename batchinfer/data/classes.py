@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.errors import DatasetError
 
 #: Where a class map came from (:attr:`ClassMap.source`).
@@ -176,6 +177,10 @@ def _json_labels(text: str, file: Path) -> dict[str, int]:
         raise DatasetError(
             f"The labels file {file} is not valid JSON (line {exc.lineno}: {exc.msg}); fix it."
         ) from exc
+    except ValueError as exc:  # an integer of thousands of digits
+        raise DatasetError(
+            f"The labels file {file} cannot be read ({parse_problem(exc)}); fix it."
+        ) from None
     bad = DatasetError(
         f"The labels file {file} is JSON of an unknown shape; use {LABELS_FILE_FORMATS}."
     )

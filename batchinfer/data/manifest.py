@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batchinfer.data.listed import Row, Scan, item_id, sha256_of_file
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.errors import DatasetError
 
 #: Extensions (lower case) read as list files, and their form.
@@ -188,7 +189,7 @@ class JsonlList(_ListFile):
                 continue
             try:
                 first = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:  # JSONDecodeError, or an integer of thousands of digits
                 return  # the first line's own error row says it
             if isinstance(first, dict) and "path" not in first:
                 keys = ", ".join(list(first)[:8]) or "no key"
@@ -212,6 +213,9 @@ class JsonlList(_ListFile):
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 yield (where, None, None, None, None, f"it is not valid JSON ({exc.msg})")
+                continue
+            except ValueError as exc:  # an integer of thousands of digits
+                yield (where, None, None, None, None, f"it cannot be read ({parse_problem(exc)})")
                 continue
             if not isinstance(obj, dict):
                 yield (where, None, None, None, None, "it is not a JSON object")

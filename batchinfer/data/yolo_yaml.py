@@ -16,6 +16,7 @@ from pathlib import Path
 from batchinfer.data.dataset import IMAGE_EXTENSIONS
 from batchinfer.data.listed import PathList
 from batchinfer.data.listing import FILE, walk
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.errors import DatasetError
 
 
@@ -33,6 +34,8 @@ def yaml_entries(file: Path) -> PathList:
         raise DatasetError(f"Cannot read {file} ({exc.strerror or exc}).") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise DatasetError(f"{file} is not valid YAML ({_one_line(exc)}).") from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise DatasetError(f"{file} cannot be read ({parse_problem(exc)}).") from None
     if not isinstance(data, dict) or not data.get("val"):
         raise DatasetError(
             f"{file} has no val split; an Ultralytics data.yaml names its validation images "

@@ -42,6 +42,7 @@ from typing import Any
 
 from PIL import Image
 
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.errors import DatasetError
 
 #: How many unmatched names a record keeps (the counts are always complete).
@@ -166,9 +167,9 @@ def read_coco_json(path: Path, what: str = "the ground truth") -> tuple[bytes, A
         return raw, json.loads(raw)
     except OSError as exc:
         raise GroundTruthError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer of thousands of digits
         raise GroundTruthError(
-            f"{what} {path} is not valid JSON ({exc}); give a COCO instances file."
+            f"{what} {path} is not valid JSON ({parse_problem(exc)}); give a COCO instances file."
         ) from None
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.bounds import Bounds
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.shards import is_shard_spec
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
@@ -331,8 +332,8 @@ def load_job(path: Path | str) -> Job:
         ) from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise JobError(f"{path}: not valid TOML ({exc}); fix the file.") from None
+    except ValueError as exc:  # not UTF-8, not TOML, or an integer of thousands of digits
+        raise JobError(f"{path}: not valid TOML ({parse_problem(exc)}); fix the file.") from None
     except RecursionError:  # tomllib parses nested arrays and inline tables recursively
         raise JobError(
             f"{path}: arrays or inline tables nested too deeply to read; a job file's values "
