@@ -76,6 +76,7 @@ documents = st.fixed_dictionaries(
 
 
 @fuzz
+@example(data={"val": "x" * 300})  # a name too long: an OSError traceback from is_dir()
 @given(data=documents)
 def test_data_yaml_of_any_keys(tmp_path_factory, data):
     folder = _kit(tmp_path_factory.mktemp("yaml"))

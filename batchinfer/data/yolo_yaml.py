@@ -47,11 +47,17 @@ def yaml_entries(file: Path) -> PathList:
     paths: list[str] = []
     for split in splits:
         where = root / str(split)
-        if where.is_dir():
+        try:
+            is_dir, is_file = where.is_dir(), where.is_file()
+        except OSError as exc:  # a name too long, a loop of links: not "does not exist"
+            raise DatasetError(
+                f"The val split {split!r:.100} of {file} cannot be used ({exc.strerror or exc})."
+            ) from None
+        if is_dir:
             for rel, kind in walk(str(where)):
                 if kind == FILE and os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS:
                     paths.append(_relative(where / rel, root))
-        elif where.is_file():
+        elif is_file:
             for line in _split_list(where, file).splitlines():
                 line = line.strip()
                 if line and not line.startswith("#"):
