@@ -74,6 +74,18 @@ def test_npy_headers_of_any_kind(tmp_path_factory, data):
     assert_clean(run_bounded(lambda: _read_member(data)), ITEM)
 
 
+def test_a_header_of_unbalanced_brackets_is_an_error_row(tmp_path):
+    """numpy's header parser fell back to tokenize, whose TokenError was no InputError."""
+    header = b"{'descr': '<f4', 'fortran_order': False, 'shape': (1" + b"(1" * 50 + b", }"
+    header += b" " * (-(len(header) + 11) % 64) + b"\n"
+    data = b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header + bytes(24)
+    path = tmp_path / "x.npy"
+    path.write_bytes(data)
+    outcome = run_bounded(lambda: _read_file(str(path)))
+    assert outcome.kind == "input" and "header is damaged" in outcome.error, str(outcome)
+    assert outcome.one_line
+
+
 def test_a_valid_npy_is_read(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.arange(6, dtype=np.float32).reshape(SHAPE))

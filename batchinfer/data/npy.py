@@ -65,8 +65,10 @@ def _npy_header(
         reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         try:
             shape, fortran_order, dtype = reader(io.BytesIO(size_bytes + header))
-        except (ValueError, SyntaxError, KeyError, TypeError) as exc:
-            raise InputError(f"Cannot read {label}: its .npy header is damaged ({exc}).") from exc
+        except Exception as exc:  # numpy parses the header's text with ast, then tokenize:
+            # ValueError, SyntaxError, tokenize's TokenError, ... for text that is no dict
+            text = " ".join(str(exc).split())[:200]
+            raise InputError(f"Cannot read {label}: its .npy header is damaged ({text}).") from exc
         parsed = (tuple(shape), bool(fortran_order), dtype)
         if len(_NPY_HEADERS) < _NPY_HEADERS_KEPT:
             _NPY_HEADERS[key] = parsed
