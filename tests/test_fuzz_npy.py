@@ -11,6 +11,7 @@ import zipfile
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from fuzz_support import assert_clean, fuzz, huge_ints, run_bounded
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -189,6 +190,23 @@ def test_an_npz_member_with_a_corrupt_deflate_stream_is_an_error_row(tmp_path):
     )
     start = 30 + len("x.npy")  # the member's data, after its local header
     data[start : start + 4] = b"\xff\xff\xff\xff"
+    path = tmp_path / "x.npz"
+    path.write_bytes(bytes(data))
+    outcome = run_bounded(lambda: _read_npz(str(path)))
+    assert outcome.kind == "input" and "x.npz" in outcome.error, str(outcome)
+
+
+@pytest.mark.parametrize("flags, method", [(1, 8), (0, 99)])
+def test_an_encrypted_or_oddly_compressed_npz_member_is_an_error_row(tmp_path, flags, method):
+    """zipfile raises RuntimeError for an encrypted member and NotImplementedError for a
+    compression method it lacks: neither was an InputError."""
+    data = bytearray(
+        _npz_member({"descr": "<f4", "fortran_order": False, "shape": SHAPE}, bytes(24), True)
+    )
+    for signature, at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):  # local, central header
+        start = data.index(signature)
+        data[start + at : start + at + 2] = flags.to_bytes(2, "little")
+        data[start + at + 2 : start + at + 4] = method.to_bytes(2, "little")
     path = tmp_path / "x.npz"
     path.write_bytes(bytes(data))
     outcome = run_bounded(lambda: _read_npz(str(path)))

@@ -308,7 +308,11 @@ def _npz_array(npz: Any, feed: Feed, out: np.ndarray, name: str) -> None:
     try:
         _check_stored(*_npz_header(npz, feed.name), feed, what)
         array = npz[feed.name]
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error) as exc:
+    # RuntimeError: an encrypted member; NotImplementedError: a compression zipfile lacks.
+    except (
+        ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error, RuntimeError,
+        NotImplementedError,
+    ) as exc:  # fmt: skip
         raise InputError(f"Cannot read the array {feed.name!r} of {name}: {exc}.") from exc
     _copy_tensor(array, feed, out, what, convert=False)
 
