@@ -211,3 +211,16 @@ def test_an_encrypted_or_oddly_compressed_npz_member_is_an_error_row(tmp_path, f
     path.write_bytes(bytes(data))
     outcome = run_bounded(lambda: _read_npz(str(path)))
     assert outcome.kind == "input" and "x.npz" in outcome.error, str(outcome)
+
+
+def test_a_zip_of_a_version_zipfile_cannot_read_is_an_error_row(tmp_path):
+    """np.load let zipfile's NotImplementedError ("zip file version 6.4") through."""
+    data = bytearray(
+        _npz_member({"descr": "<f4", "fortran_order": False, "shape": SHAPE}, bytes(24), False)
+    )
+    start = data.index(b"PK\x01\x02")  # the central directory's entry: version needed
+    data[start + 6 : start + 8] = (64).to_bytes(2, "little")
+    path = tmp_path / "x.npz"
+    path.write_bytes(bytes(data))
+    outcome = run_bounded(lambda: _read_npz(str(path)))
+    assert outcome.kind == "input" and "not a .npz file" in outcome.error, str(outcome)

@@ -293,7 +293,8 @@ def _open_npz(path: str, name: str) -> Any:
         return np.load(path, allow_pickle=False)
     except OSError as exc:
         raise InputError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
-    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+    # NotImplementedError: a zip of a version zipfile cannot read (or a multi-disk zip).
+    except (ValueError, zipfile.BadZipFile, EOFError, NotImplementedError) as exc:
         raise InputError(f"Cannot read {name}: it is not a .npz file ({exc}).") from exc
 
 
