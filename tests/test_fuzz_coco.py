@@ -87,6 +87,13 @@ def test_coco_as_a_dataset(tmp_path_factory, data):
 
 
 @fuzz
+@example(  # math.isfinite(10**400): an OverflowError traceback
+    data={
+        "images": [{"id": 1, "file_name": "a.png"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 1, 10**400]}],
+        "categories": [{"id": 1, "name": "x"}],
+    }
+)
 @given(data=coco)
 def test_coco_as_ground_truth(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("gt") / "instances.json"

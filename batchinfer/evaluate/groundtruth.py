@@ -157,7 +157,12 @@ def _sha256(data: bytes) -> str:
 
 # --------------------------------------------------------------------------- COCO
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (JSON integers have no bound)
+        return False
 
 
 def read_coco_json(path: Path, what: str = "the ground truth") -> tuple[bytes, Any]:
