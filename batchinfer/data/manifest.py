@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from batchinfer.data.listed import Row, Scan, item_id, sha256_of_file
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.whole_file import NESTING_ERRORS, open_regular
 from batchinfer.errors import DatasetError
 
@@ -261,8 +262,7 @@ class JsonlList(_ListFile):
                 yield (where, None, None, None, None, f"it is not valid JSON ({exc.msg})")
                 continue
             except ValueError as exc:  # an integer of more than 4,300 digits
-                why = str(exc).split(":")[0]
-                yield (where, None, None, None, None, f"it cannot be read as JSON ({why})")
+                yield (where, None, None, None, None, f"it cannot be read ({parse_problem(exc)})")
                 continue
             except NESTING_ERRORS:
                 yield (where, None, None, None, None, "it nests JSON deeper than it can be read")

@@ -24,6 +24,9 @@ _NPY_HEADERS_KEPT = 64
 # The first read of a .npy takes this much: its header (numpy pads it to a multiple of 64
 # bytes, 128 for ordinary arrays) and the first data bytes, in one system call.
 _NPY_FIRST_READ = 4096
+#: Longest .npy header read: numpy's own limit (numpy.lib.format refuses longer ones unless
+#: told they are trusted); numpy.save writes 128 bytes for an ordinary array.
+NPY_HEADER_MAX = 10_000
 
 
 def _npy_header(
@@ -43,7 +46,13 @@ def _npy_header(
             f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
             "not supported; save it with numpy.save of a plain numeric array."
         )
-    end = at + int.from_bytes(size_bytes, "little")
+    length = int.from_bytes(size_bytes, "little")
+    if length > NPY_HEADER_MAX:  # read before numpy sees it: a version 2 header may say 4 GiB
+        raise InputError(
+            f"Cannot read {label}: its .npy header says it is {length} bytes long, more than "
+            f"the {NPY_HEADER_MAX} numpy reads; save it again with numpy.save."
+        )
+    end = at + length
     while len(head) < end:  # a header longer than the first read
         more = _read_fd(fd, end - len(head), label)
         if not more:
@@ -57,8 +66,10 @@ def _npy_header(
         reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         try:
             shape, fortran_order, dtype = reader(io.BytesIO(size_bytes + header))
-        except (ValueError, SyntaxError, KeyError, TypeError) as exc:
-            raise InputError(f"Cannot read {label}: its .npy header is damaged ({exc}).") from exc
+        except Exception as exc:  # numpy parses the header's text with ast, then tokenize:
+            # ValueError, SyntaxError, tokenize's TokenError, ... for text that is no dict
+            text = " ".join(str(exc).split())[:200]
+            raise InputError(f"Cannot read {label}: its .npy header is damaged ({text}).") from exc
         parsed = (tuple(shape), bool(fortran_order), dtype)
         if len(_NPY_HEADERS) < _NPY_HEADERS_KEPT:
             _NPY_HEADERS[key] = parsed

@@ -26,6 +26,7 @@ from typing import Any
 from batchinfer.data.dataset import IMAGE_EXTENSIONS
 from batchinfer.data.listed import PathList
 from batchinfer.data.listing import FILE, walk
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.whole_file import NESTING_ERRORS, PATH_LIST_BOUND, YAML_BOUND, read_whole
 from batchinfer.errors import DatasetError
 
@@ -71,6 +72,8 @@ def read_data_yaml(file: Path) -> DataYaml:
         raise DatasetError(
             f"{file} nests YAML deeper than it can be read; give an Ultralytics data.yaml."
         ) from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise DatasetError(f"{file} cannot be read ({parse_problem(exc)}).") from None
     if not isinstance(data, dict):
         raise DatasetError(
             f"{file} is not an Ultralytics data.yaml: it holds {_kind(data)}, not keys "
@@ -172,10 +175,6 @@ def _kind(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
 def yaml_entries(file: Path) -> PathList:
     """The val images of an Ultralytics data.yaml; DatasetError if there are none."""
     config = read_data_yaml(file)
@@ -183,11 +182,17 @@ def yaml_entries(file: Path) -> PathList:
     paths: list[str] = []
     for split in config.val:
         where = root / split
-        if where.is_dir():
+        try:
+            is_dir, exists = where.is_dir(), where.exists()
+        except OSError as exc:  # a name too long, a loop of links: not "does not exist"
+            raise DatasetError(
+                f"The val split {split!r:.100} of {file} cannot be used ({exc.strerror or exc})."
+            ) from None
+        if is_dir:
             for rel, kind in walk(str(where)):
                 if kind == FILE and os.path.splitext(rel)[1].lower() in IMAGE_EXTENSIONS:
                     paths.append(_relative(where / rel, root))
-        elif where.exists():
+        elif exists:
             raw = read_whole(
                 where,
                 f"{file}: the val split",
@@ -210,6 +215,16 @@ def yaml_entries(file: Path) -> PathList:
     if not paths:
         raise DatasetError(f"The val split of {file} names no image.")
     return PathList("yaml", str(file), root, paths, places="image")
+
+
+def _one_line(exc: Exception) -> str:
+    """A YAML error in one line: PyYAML's own message quotes the offending line and marks
+    its column on the lines below it."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {' '.join(problem.split())}"
+    return " ".join(str(exc).split())[:300]
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -42,6 +42,7 @@ from typing import Any
 
 from PIL import Image
 
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.whole_file import (
     COCO_BOUND,
     NESTING_ERRORS,
@@ -164,7 +165,12 @@ def _sha256(data: bytes) -> str:
 
 # --------------------------------------------------------------------------- COCO
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (JSON integers have no bound)
+        return False
 
 
 def _shown(value: Any) -> str:
@@ -185,9 +191,9 @@ def read_coco_json(path: Path, what: str = "the ground truth") -> tuple[bytes, A
     )
     try:
         return raw, json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer of thousands of digits
         raise GroundTruthError(
-            f"{what} {path} is not valid JSON ({exc}); give a COCO instances file."
+            f"{what} {path} is not valid JSON ({parse_problem(exc)}); give a COCO instances file."
         ) from None
     except NESTING_ERRORS:
         raise GroundTruthError(

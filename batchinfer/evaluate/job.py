@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.bounds import Bounds
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.shards import is_shard_spec
 from batchinfer.data.whole_file import JOB_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import BatchinferError, ConfigError
@@ -338,11 +339,12 @@ def load_job(path: Path | str) -> Job:
     )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise JobError(f"{path}: not valid TOML ({exc}); fix the file.") from None
-    except NESTING_ERRORS:
+    except ValueError as exc:  # not UTF-8, not TOML, or an integer of thousands of digits
+        raise JobError(f"{path}: not valid TOML ({parse_problem(exc)}); fix the file.") from None
+    except NESTING_ERRORS:  # tomllib parses nested arrays and inline tables recursively
         raise JobError(
-            f"{path}: its TOML nests deeper than it can be read; fix the file."
+            f"{path}: arrays or inline tables nested too deeply to read; a job file's values "
+            "are nested a few levels at most, fix the file."
         ) from None
 
     folder = Path(os.path.abspath(path)).parent
