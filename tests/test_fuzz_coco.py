@@ -14,7 +14,6 @@ from fuzz_support import (
     fuzz,
     ints,
     json_values,
-    known,
     nasty_paths,
     nasty_text,
     nested,
@@ -116,7 +115,6 @@ def test_coco_of_any_bytes(tmp_path_factory, data):
 # --------------------------------------------------------------------------- known items
 
 
-@known("7", "wholefiles", "deep nesting in COCO JSON")
 @pytest.mark.parametrize("kind", ["list", "dict"])
 def test_a_deeply_nested_coco_file_is_a_usage_error(tmp_path, kind):
     path = tmp_path / "instances.json"
@@ -129,7 +127,6 @@ def test_a_deeply_nested_coco_file_is_a_usage_error(tmp_path, kind):
     assert outcome.kind == "usage", str(outcome)
 
 
-@known("10", "wholefiles", "repeated annotation ids")
 def test_repeated_annotation_ids_are_refused(tmp_path):
     path = tmp_path / "instances.json"
     box = {"id": 7, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 4]}
@@ -146,7 +143,6 @@ def test_repeated_annotation_ids_are_refused(tmp_path):
     assert outcome.kind == "usage" and "7" in outcome.error, str(outcome)
 
 
-@known("8", "wholefiles", "a FIFO p.json is said not to exist")
 def test_a_fifo_named_as_a_coco_file_is_refused_as_not_regular(tmp_path):
     path = tmp_path / "p.json"
     os.mkfifo(path)

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fuzz_support import assert_clean, fuzz, ints, known, nasty_paths, nasty_text, run_bounded
+from fuzz_support import assert_clean, fuzz, ints, nasty_paths, nasty_text, run_bounded
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -136,7 +136,6 @@ def test_jobs_of_any_bytes(tmp_path_factory, data):
 # --------------------------------------------------------------------------- known items
 
 
-@known("9", "wholefiles", "job files read whole unchecked")
 @pytest.mark.parametrize("kind", ["fifo", "device"])
 def test_a_job_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     path = tmp_path / "job.toml"

@@ -14,7 +14,6 @@ from fuzz_support import (
     fuzz,
     ints,
     json_values,
-    known,
     nasty_text,
     nested,
     run_bounded,
@@ -81,7 +80,6 @@ def test_labels_files_of_any_bytes(tmp_path_factory, data, suffix):
 # --------------------------------------------------------------------------- known items
 
 
-@known("9", "wholefiles", "--labels read whole and unchecked")
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
 def test_a_labels_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     path = tmp_path / "labels.txt"
@@ -93,7 +91,6 @@ def test_a_labels_file_that_is_not_a_regular_file_is_refused(tmp_path, kind):
     assert outcome.kind == "usage" and "not a regular file" in outcome.error, str(outcome)
 
 
-@known("7", "wholefiles", "deep nesting in JSON")
 def test_a_deeply_nested_json_labels_file_is_a_usage_error(tmp_path):
     path = tmp_path / "labels.json"
     path.write_text(nested(100_000))

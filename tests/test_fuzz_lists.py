@@ -17,7 +17,6 @@ from fuzz_support import (
     fuzz,
     ints,
     json_values,
-    known,
     nasty_paths,
     nasty_text,
     nested,
@@ -191,7 +190,6 @@ def test_parquet_lists(tmp_path_factory, table):
 # --------------------------------------------------------------------------- known items
 
 
-@known("5", "wholefiles", "labels >= 2**63 in lists")
 @pytest.mark.parametrize("form", ["txt", "csv", "jsonl"])
 @pytest.mark.parametrize("label", [2**63, 2**64, 10**30])
 def test_a_label_arrow_cannot_hold_is_refused_or_an_error_row(tmp_path, form, label):
@@ -212,7 +210,6 @@ def test_a_label_arrow_cannot_hold_is_refused_or_an_error_row(tmp_path, form, la
             assert got is None or got <= INT64_MAX, f"label {got} reaches the sink ({where})"
 
 
-@known("7", "wholefiles", "deep nesting in a JSONL line")
 @pytest.mark.parametrize("kind", ["list", "dict"])
 def test_a_deeply_nested_jsonl_line_is_its_error_row(tmp_path, kind):
     path = tmp_path / "list.jsonl"
@@ -222,7 +219,6 @@ def test_a_deeply_nested_jsonl_line_is_its_error_row(tmp_path, kind):
     assert outcome.kind == "ok"
 
 
-@known("8 and 9", "wholefiles", "FIFOs and devices read whole")
 @pytest.mark.parametrize("form", ["txt", "csv", "jsonl", "parquet"])
 def test_a_fifo_named_as_a_list_is_refused_in_one_line(tmp_path, form):
     import os

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fuzz_support import assert_clean, fuzz, json_values, known, nasty_text, run_bounded
+from fuzz_support import assert_clean, fuzz, json_values, nasty_text, run_bounded
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -154,7 +154,6 @@ def _laughs(key: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-@known("2", "wholefiles", "data.yaml alias bomb")
 @pytest.mark.parametrize("key", ["val", "path"])
 def test_a_billion_laughs_is_a_usage_error_in_bounded_memory(tmp_path, key):
     folder = _kit(tmp_path)
@@ -164,7 +163,6 @@ def test_a_billion_laughs_is_a_usage_error_in_bounded_memory(tmp_path, key):
     assert outcome.kind == "usage", str(outcome)
 
 
-@known("7", "wholefiles", "deep nesting in YAML")
 def test_deeply_nested_names_are_a_usage_error(tmp_path):
     folder = _kit(tmp_path)
     path = folder / "data.yaml"
@@ -173,7 +171,6 @@ def test_deeply_nested_names_are_a_usage_error(tmp_path):
     assert outcome.kind in ("ok", "usage"), str(outcome)
 
 
-@known("8 and 9", "wholefiles", "FIFOs read whole")
 @pytest.mark.parametrize("which", ["data.yaml", "val.txt"])
 def test_a_fifo_is_refused_as_not_a_regular_file(tmp_path, which):
     folder = _kit(tmp_path)

@@ -110,7 +110,7 @@ def test_items_that_are_devices_fifos_or_proc_files_are_not_called_empty(tmp_pat
             shape, dtype = (1, 2), "float32"
         for path in ["/dev/zero", "/dev/urandom", "/proc/self/environ", "/proc/self/mem",
                      {str(tmp_path / "fifo.png")!r}, {str(tmp_path / "empty.png")!r}]:
-            said(lambda: _open(path, path).close())
+            said(lambda: _open(path, path, None).close())
         for path in ["/dev/zero", {str(tmp_path / "fifo.npy")!r}]:
             said(lambda: read_npy(path, Spec, np.zeros((1, 2), np.float32), path))
         """
