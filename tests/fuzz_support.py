@@ -168,15 +168,6 @@ def assert_clean(outcome: Outcome, allowed: tuple[str, ...] = ("ok", "usage")) -
         assert outcome.one_line, f"a message of several lines: {outcome.error!r}"
 
 
-def known(item: str, branch: str, what: str) -> pytest.MarkDecorator:
-    """The mark of a test that fails only because of a defect another branch of issue 40
-    fixes: expected to fail until that branch is merged (not strict: then it passes, and
-    the mark is to be removed)."""
-    return pytest.mark.xfail(
-        strict=False, reason=f"issue 40 item {item} ({what}), fixed on branch {branch}"
-    )
-
-
 # --------------------------------------------------------------------------- strategies
 
 #: Integers a hostile file writes where a small count or id is expected.

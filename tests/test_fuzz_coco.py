@@ -112,7 +112,7 @@ def test_coco_of_any_bytes(tmp_path_factory, data):
     assert_clean(run_bounded(lambda: _as_ground_truth(str(path), ["a.png"])))
 
 
-# --------------------------------------------------------------------------- known items
+# --------------------------------------------------------------------------- issue 40 defects
 
 
 @pytest.mark.parametrize("kind", ["list", "dict"])

@@ -133,7 +133,7 @@ def test_jobs_of_any_bytes(tmp_path_factory, data):
         assert str(path) in outcome.error
 
 
-# --------------------------------------------------------------------------- known items
+# --------------------------------------------------------------------------- issue 40 defects
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])

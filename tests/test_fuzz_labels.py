@@ -77,7 +77,7 @@ def test_labels_files_of_any_bytes(tmp_path_factory, data, suffix):
     check_map(run_bounded(lambda: _read(str(path))))
 
 
-# --------------------------------------------------------------------------- known items
+# --------------------------------------------------------------------------- issue 40 defects
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])

@@ -187,7 +187,7 @@ def test_parquet_lists(tmp_path_factory, table):
     check_once(run_bounded(lambda: _read(path)), table[1])
 
 
-# --------------------------------------------------------------------------- known items
+# --------------------------------------------------------------------------- issue 40 defects
 
 
 @pytest.mark.parametrize("form", ["txt", "csv", "jsonl"])

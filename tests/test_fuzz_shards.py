@@ -163,7 +163,7 @@ def test_mutated_headers_and_bytes(tmp_path_factory, data):
     check_once(run_bounded(lambda: _read(str(path))))
 
 
-# --------------------------------------------------------------------------- known items
+# --------------------------------------------------------------------------- issue 40 defects
 
 
 def test_a_member_declaring_gigabytes_is_an_error_row_not_read(tmp_path):

@@ -143,7 +143,7 @@ def test_a_split_list_of_any_bytes(tmp_path_factory, data):
     check_once(run_bounded(lambda: _read(str(path))))
 
 
-# --------------------------------------------------------------------------- known items
+# --------------------------------------------------------------------------- issue 40 defects
 
 
 def _laughs(key: str) -> str:
