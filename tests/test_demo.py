@@ -188,6 +188,7 @@ def test_write_demo_copies_models_and_explains_them(kit):
         "pool224",
         "digits-det",
         "digits-prompt",
+        "digits-seg",
     }
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
@@ -382,9 +383,14 @@ def test_convert_models_with_their_settings_compute_the_shipped_models(platform)
 
 
 def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
-    stems = demo.rknn_stems(), demo.rknn_stems(detector=True), demo.rknn_stems(prompt=True)
+    stems = (
+        demo.rknn_stems(),
+        demo.rknn_stems(detector=True),
+        demo.rknn_stems(prompt=True),
+        demo.rknn_stems(segmenter=True),
+    )
     assert set(kit.rknn) == set().union(*stems)
-    assert len(kit.rknn) == 5 * len(demo.RKNN_PLATFORMS)
+    assert len(kit.rknn) == 6 * len(demo.RKNN_PLATFORMS)
     for stem, path in kit.rknn.items():
         recipe, _ = demo.rknn_recipe(stem)
         assert path == kit.root / "models" / f"{stem}.rknn"

@@ -985,6 +985,11 @@ trained and calibrated on the train split only.
 `digits-det.onnx` and its `.rknn` files, trained on the synthetic detection set, are
 described in `DETECTOR.md` (made by `tools/build_demo_detector.py`).
 
+## The demo segmenter
+`digits-seg.onnx` (the detector with a YOLOv8-seg mask head, the model zoo's yolov8_seg
+layout) and its `.rknn` files are described in `SEGMENTER.md` (made by
+`tools/build_demo_segmenter.py`).
+
 All ONNX models: opset {OPSET}, ir_version {IR_VERSION};
 `onnx.checker.check_model(full_check=True)` passes.
 """

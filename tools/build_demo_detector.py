@@ -76,21 +76,37 @@ def letterbox(image: np.ndarray, pad: int = PAD) -> tuple[np.ndarray, float, int
 
 def train_batch(step: int) -> tuple[np.ndarray, list[np.ndarray]]:
     """Batch ``step``: BATCH fresh train scenes letterboxed; boxes (n, 5) cls x1 y1 x2 y2."""
-    images, targets = [], []
-    for scene in detection.scenes("train", BATCH, seed=SEED, start=step * BATCH):
+    return placed_batch(step)[:2]
+
+
+def placed_batch(step: int, batch: int = BATCH):
+    """Batch ``step`` of ``batch`` scenes: (canvases (N, 256, 256, 3) uint8, boxes per scene
+    (n, 5) cls x1 y1 x2 y2 on the canvas, the scenes, their (scale, pad_x, pad_y))."""
+    images, targets, placed = [], [], []
+    scenes = list(detection.scenes("train", batch, seed=SEED, start=step * batch))
+    for scene in scenes:
         pad = PAD if (step + len(images)) % 2 else 0
         canvas, scale, px, py = letterbox(scene.image, pad)
         boxes = scene.boxes * scale + np.array([px, py, px, py], np.float32)
         images.append(canvas)
         targets.append(np.concatenate([scene.labels[:, None].astype(np.float32), boxes], 1))
-    return np.stack(images), targets
+        placed.append((scale, px, py))
+    return np.stack(images), targets, scenes, placed
 
 
 # --------------------------------------------------------------------------- model
 
 
 def build_torch_model():
+    """The untrained Detector, seeded."""
     import torch
+
+    torch.manual_seed(SEED)
+    return torch_classes()[1]()
+
+
+def torch_classes():
+    """(ConvBnRelu, Detector): the torch modules (torch is imported only when training)."""
     from torch import nn
 
     class ConvBnRelu(nn.Sequential):
@@ -122,23 +138,28 @@ def build_torch_model():
             for conv in self.box_out:
                 nn.init.constant_(conv.bias, 1.0)
 
-        def forward(self, x):
-            c3 = self.c3(self.stem(x))
+        def features(self, x):
+            """(the stem's stride-4 map, the neck's smoothed maps at strides 8, 16, 32)."""
+            c2 = self.stem(x)
+            c3 = self.c3(c2)
             c4 = self.c4(c3)
             c5 = self.c5(c4)
             p5 = self.lat[2](c5)
             p4 = self.lat[1](c4) + nn.functional.interpolate(p5, scale_factor=2.0)
             p3 = self.lat[0](c3) + nn.functional.interpolate(p4, scale_factor=2.0)
-            outs = []
-            for i, p in enumerate((p3, p4, p5)):
-                p = self.smooth[i](p)
-                outs.append(
-                    (self.box_out[i](self.box_stem[i](p)), self.cls_out[i](self.cls_stem[i](p)))
-                )
-            return outs  # per stride: (box logits (N, 64, H, W), class logits (N, 10, H, W))
+            return c2, [self.smooth[i](p) for i, p in enumerate((p3, p4, p5))]
 
-    torch.manual_seed(SEED)
-    return Detector()
+        def heads(self, ps):
+            """Per stride: (box logits (N, 64, H, W), class logits (N, 10, H, W))."""
+            return [
+                (self.box_out[i](self.box_stem[i](p)), self.cls_out[i](self.cls_stem[i](p)))
+                for i, p in enumerate(ps)
+            ]
+
+        def forward(self, x):
+            return self.heads(self.features(x)[1])
+
+    return ConvBnRelu, Detector
 
 
 def anchor_points() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -356,14 +377,34 @@ def output_names() -> list[str]:
     return [f"{kind}_{s}" for s in STRIDES for kind in ("box", "cls", "sum")]
 
 
-def export_onnx(state: dict):
-    """Return digits-det.onnx (an onnx.ModelProto) written node by node from ``state``."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+class GraphWriter:
+    """Writes ONNX nodes and initialisers from a torch state dict (batch norm folded)."""
 
-    nodes, inits = [], []
+    def __init__(self, state: dict) -> None:
+        from onnx import numpy_helper
 
-    def conv(x: str, prefix: str, stride: int = 1, relu: bool = True, out: str = "") -> str:
+        self.state = state
+        self.nodes: list = []
+        self.inits: list = []
+        for name, value in (
+            ("up_scales", np.array([1, 1, 2, 2], np.float32)),
+            ("sum_axes", np.array([1], np.int64)),
+            ("zero", np.float32(0.0)),
+            ("one", np.float32(1.0)),
+        ):
+            self.inits.append(numpy_helper.from_array(value, name))
+
+    def node(self, op: str, inputs: list[str], output: str, **attrs) -> str:
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def conv(self, x: str, prefix: str, stride: int = 1, relu: bool = True, out: str = "") -> str:
+        """Conv (+ folded BN) (+ Relu) of the module at ``prefix``; its output's name."""
+        from onnx import numpy_helper
+
+        state = self.state
         if f"{prefix}.0.weight" in state:
             w, b = _fold(state, prefix)
         else:
@@ -371,79 +412,97 @@ def export_onnx(state: dict):
             b = state[f"{prefix}.bias"].numpy()
         k = w.shape[-1]
         name = prefix.replace(".", "_")
-        inits.append(numpy_helper.from_array(w, f"{name}_w"))
-        inits.append(numpy_helper.from_array(b, f"{name}_b"))
+        self.inits.append(numpy_helper.from_array(w, f"{name}_w"))
+        self.inits.append(numpy_helper.from_array(b, f"{name}_b"))
         y = out if out and not relu else f"{name}_conv"
-        nodes.append(
-            helper.make_node(
-                "Conv",
-                [x, f"{name}_w", f"{name}_b"],
-                [y],
-                kernel_shape=[k, k],
-                strides=[stride, stride],
-                pads=[k // 2] * 4,
-            )
+        self.node(
+            "Conv",
+            [x, f"{name}_w", f"{name}_b"],
+            y,
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[k // 2] * 4,
         )
         if not relu:
             return y
-        nodes.append(helper.make_node("Relu", [y], [f"{name}_relu"]))
-        return f"{name}_relu"
+        return self.node("Relu", [y], f"{name}_relu")
 
-    def up(x: str, name: str) -> str:
-        nodes.append(
-            helper.make_node(
-                "Resize",
-                [x, "", "up_scales"],
-                [name],
-                mode="nearest",
-                coordinate_transformation_mode="asymmetric",
-                nearest_mode="floor",
-            )
+    def up(self, x: str, name: str) -> str:
+        """Nearest 2x upsampling (torch's interpolate(scale_factor=2))."""
+        return self.node(
+            "Resize",
+            [x, "", "up_scales"],
+            name,
+            mode="nearest",
+            coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor",
         )
-        return name
 
-    inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "up_scales"))
-    inits.append(numpy_helper.from_array(np.array([1], np.int64), "sum_axes"))
-    inits.append(numpy_helper.from_array(np.float32(0.0), "zero"))
-    inits.append(numpy_helper.from_array(np.float32(1.0), "one"))
-    x = conv(conv("images", "stem.0", 2), "stem.1", 2)
-    c3 = conv(conv(x, "c3.0", 2), "c3.1")
-    c4 = conv(conv(c3, "c4.0", 2), "c4.1")
-    c5 = conv(conv(c4, "c5.0", 2), "c5.1")
-    p5 = conv(c5, "lat.2")
-    nodes.append(helper.make_node("Add", [conv(c4, "lat.1"), up(p5, "p5_up")], ["p4"]))
-    nodes.append(helper.make_node("Add", [conv(c3, "lat.0"), up("p4", "p4_up")], ["p3"]))
-    for i, (p, s) in enumerate(zip(("p3", "p4", p5), STRIDES, strict=True)):
-        p = conv(p, f"smooth.{i}")
-        conv(conv(p, f"box_stem.{i}"), f"box_out.{i}", relu=False, out=f"box_{s}")
-        logits = conv(conv(p, f"cls_stem.{i}"), f"cls_out.{i}", relu=False)
-        nodes.append(helper.make_node("Sigmoid", [logits], [f"cls_{s}"]))
-        nodes.append(
-            helper.make_node("ReduceSum", [f"cls_{s}", "sum_axes"], [f"cls_sum_{s}"], keepdims=1)
+    def features(self, prefix: str = "") -> tuple[str, list[str]]:
+        """The Detector's backbone and neck from the input ``images``: (stride-4 map, the
+        neck's maps at strides 8/16/32 before their smoothing, which detection_head adds);
+        ``prefix`` is where the Detector sits in the state."""
+        conv = self.conv
+        c2 = conv(conv("images", f"{prefix}stem.0", 2), f"{prefix}stem.1", 2)
+        c3 = conv(conv(c2, f"{prefix}c3.0", 2), f"{prefix}c3.1")
+        c4 = conv(conv(c3, f"{prefix}c4.0", 2), f"{prefix}c4.1")
+        c5 = conv(conv(c4, f"{prefix}c5.0", 2), f"{prefix}c5.1")
+        p5 = conv(c5, f"{prefix}lat.2")
+        self.node("Add", [conv(c4, f"{prefix}lat.1"), self.up(p5, "p5_up")], "p4")
+        self.node("Add", [conv(c3, f"{prefix}lat.0"), self.up("p4", "p4_up")], "p3")
+        return c2, ["p3", "p4", p5]
+
+    def detection_head(self, p: str, i: int, s: int, prefix: str = "") -> str:
+        """Stride ``s``'s box_<s>, cls_<s> (sigmoid) and sum_<s> (clipped class sum) from
+        the neck's map ``p`` (smoothed here first); the smoothed map's name."""
+        conv = self.conv
+        p = conv(p, f"{prefix}smooth.{i}")
+        conv(conv(p, f"{prefix}box_stem.{i}"), f"{prefix}box_out.{i}", relu=False, out=f"box_{s}")
+        logits = conv(conv(p, f"{prefix}cls_stem.{i}"), f"{prefix}cls_out.{i}", relu=False)
+        self.node("Sigmoid", [logits], f"cls_{s}")
+        self.node("ReduceSum", [f"cls_{s}", "sum_axes"], f"cls_sum_{s}", keepdims=1)
+        self.node("Clip", [f"cls_sum_{s}", "zero", "one"], f"sum_{s}")
+        return p
+
+    def model(self, name: str, outputs: list[tuple[str, list[int]]], doc: str, producer: str):
+        """The checked ModelProto of the nodes written, input ``images``, ``outputs``."""
+        import onnx
+        from onnx import TensorProto, helper
+
+        image = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, INPUT, INPUT])
+        outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs]
+        graph = helper.make_graph(self.nodes, name, [image], outs, self.inits)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name=producer,
+            doc_string=doc,
         )
-        nodes.append(helper.make_node("Clip", [f"cls_sum_{s}", "zero", "one"], [f"sum_{s}"]))
-    image = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, INPUT, INPUT])
+        model.ir_version = IR_VERSION
+        onnx.checker.check_model(model, full_check=True)
+        return model
+
+
+def export_onnx(state: dict):
+    """Return digits-det.onnx (an onnx.ModelProto) written node by node from ``state``."""
+    g = GraphWriter(state)
+    for i, (p, s) in enumerate(zip(g.features()[1], STRIDES, strict=True)):
+        g.detection_head(p, i, s)
     outputs = []
     for s in STRIDES:
         n = INPUT // s
         for kind, channels in (("box", 4 * REG_MAX), ("cls", CLASSES), ("sum", 1)):
-            outputs.append(
-                helper.make_tensor_value_info(f"{kind}_{s}", TensorProto.FLOAT, [1, channels, n, n])
-            )
-    graph = helper.make_graph(nodes, "digits_det", [image], outputs, inits)
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="batchinfer tools/build_demo_detector.py",
-        doc_string=(
+            outputs.append((f"{kind}_{s}", [1, channels, n, n]))
+    return g.model(
+        "digits_det",
+        outputs,
+        doc=(
             "Demo digit detector: float NCHW [1,3,256,256] RGB/255, letterboxed; outputs in "
             "rknn_model_zoo's YOLOv8 layout (box DFL logits, class sigmoid, score sum per "
             "stride 8/16/32); see batchinfer/demo/assets/MODELS.md."
         ),
+        producer="batchinfer tools/build_demo_detector.py",
     )
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model, full_check=True)
-    return model
 
 
 def check_export(model_proto, torch_model, n: int = 4) -> float:

@@ -26,6 +26,7 @@ MODEL_NAMES = (
     "pool224.onnx",
     "digits-det.onnx",
     "digits-prompt.onnx",
+    "digits-seg.onnx",
 )
 
 #: Chips the demo's .rknn files are converted for.
@@ -54,6 +55,9 @@ RKNN_RECIPES = (
 # The detector (tools/build_demo_detector.py) takes float NCHW pixels / 255 as YOLO models
 # do, so its float model is the one converted (mean 0, std 255 in its settings).
 DETECTOR_RECIPE = RknnRecipe("digits-det", "digits-det.onnx", "digits-det")
+# The segmenter (tools/build_demo_segmenter.py): the detector plus a mask head, same input,
+# so the same calibration scenes.
+SEGMENTER_RECIPE = RknnRecipe("digits-seg", "digits-seg.onnx", "digits-det")
 # The two-input model (image + class prompt): its image's normalisation in the settings, the
 # prompt as it is; calibrated on the digits calibration set, each with a prompt.
 PROMPT_RECIPE = RknnRecipe("digits-prompt", "digits-prompt-convert.onnx", "digits-prompt")
@@ -72,6 +76,7 @@ __all__ = [
     "PROMPT_RECIPE",
     "RKNN_PLATFORMS",
     "RKNN_RECIPES",
+    "SEGMENTER_RECIPE",
     "DemoKit",
     "RknnRecipe",
     "calibration_images",
@@ -102,7 +107,8 @@ class DemoKit:
     # .onnx, .config.json beside)
     readme: Path
     count: int  # images written
-    detection: DetectionSet | None = None  # detection/images/*.png + detection/instances.json
+    # detection/images/*.png + detection/instances.json (+ instances-seg.json, with masks)
+    detection: DetectionSet | None = None
     prompt: Path | None = None  # prompt/<label>/<nnnn>.npz: digits-prompt's two inputs each
 
 
@@ -117,20 +123,38 @@ def model_path(name: str) -> Path:
 
 
 def rknn_stems(
-    *, detector: bool = False, prompt: bool = False
+    *, detector: bool = False, prompt: bool = False, segmenter: bool = False
 ) -> dict[str, tuple[RknnRecipe, str]]:
     """The classifiers' demo .rknn by file stem ("digits-rk3588") -> (recipe, platform).
 
     With ``detector``, the detector's instead ("digits-det-rk3588", ...); with ``prompt``,
-    the two-input model's ("digits-prompt-rk3588", ...).
+    the two-input model's ("digits-prompt-rk3588", ...); with ``segmenter``, the
+    segmenter's ("digits-seg-rk3588", ...).
     """
-    recipes = (DETECTOR_RECIPE,) if detector else (PROMPT_RECIPE,) if prompt else RKNN_RECIPES
+    recipes = (
+        (DETECTOR_RECIPE,)
+        if detector
+        else (PROMPT_RECIPE,)
+        if prompt
+        else (SEGMENTER_RECIPE,)
+        if segmenter
+        else RKNN_RECIPES
+    )
     return {f"{r.name}-{p}": (r, p) for r in recipes for p in RKNN_PLATFORMS}
 
 
+def _all_rknn_stems() -> dict[str, tuple[RknnRecipe, str]]:
+    return {
+        **rknn_stems(),
+        **rknn_stems(detector=True),
+        **rknn_stems(prompt=True),
+        **rknn_stems(segmenter=True),
+    }
+
+
 def rknn_recipe(stem: str) -> tuple[RknnRecipe, str]:
-    """(recipe, platform) of any demo .rknn stem, classifier or detector."""
-    stems = {**rknn_stems(), **rknn_stems(detector=True), **rknn_stems(prompt=True)}
+    """(recipe, platform) of any demo .rknn stem: classifier, detector or segmenter."""
+    stems = _all_rknn_stems()
     if stem not in stems:
         raise UsageError(f"There is no demo .rknn {stem!r}; choose one of {', '.join(stems)}.")
     return stems[stem]
@@ -284,8 +308,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     for name in MODEL_NAMES:
         shutil.copyfile(ASSETS / name, models_dir / name)
         models[name.removesuffix(".onnx")] = models_dir / name
-    stems = {**rknn_stems(), **rknn_stems(detector=True), **rknn_stems(prompt=True)}
-    rknn = {stem: write_rknn_model(models_dir, stem) for stem in stems}
+    rknn = {stem: write_rknn_model(models_dir, stem) for stem in _all_rknn_stems()}
     detection = write_detection(target / "detection")
     prompt = write_prompt_dataset(target / "prompt")
     readme = target / "README.txt"
@@ -311,7 +334,9 @@ dataset/            the 1,797 handwritten digits of the UCI "Optical Recognition
                     as 8x8 grayscale PNGs: dataset/<label>/<index>.png
 detection/          500 synthetic detection images (160-320 px, 1-6 of the held-out
                     digits each): detection/images/<nnnnn>.png and their boxes as COCO
-                    detection/instances.json (category id = the digit)
+                    detection/instances.json (category id = the digit);
+                    detection/instances-seg.json: the same with each digit's mask (its
+                    ink) as COCO RLE, for instance segmentation
 models/digits.onnx          a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
 models/digits-int8.onnx     the same model quantised to int8 (stands in for an NPU model)
 models/digits-lowcal.onnx   int8 too, but calibrated on the raw 0..16 values instead of the
@@ -321,6 +346,9 @@ models/pool224.onnx         a near-free [1,224,224,3] model for throughput tests
 models/digits-det.onnx      a small digit detector for detection/ (float [1,3,256,256] NCHW,
                             pixels/255 of the letterboxed image; YOLOv8 head in the
                             rknn_model_zoo layout: 9 outputs, box/class/score-sum per stride)
+models/digits-seg.onnx      the detector with a YOLOv8-seg mask head (rknn_model_zoo
+                            yolov8_seg layout: 13 outputs, box/class/score-sum/32 mask
+                            coefficients per stride, then the prototype [1,32,64,64])
 models/digits-prompt.onnx   a model with two inputs: image uint8 [1,8,8,1] and prompt float32
                             [1,10] (1 for the digits asked about); scores [1,10] = the digit
                             probabilities times the prompt

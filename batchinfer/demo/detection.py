@@ -76,6 +76,17 @@ class Scene:
     boxes: np.ndarray  # (n, 4) float32 x1 y1 x2 y2, pixel edges
     labels: np.ndarray  # (n,) int64 digit = class id = COCO category id
     digits: np.ndarray  # (n,) int64 index of each digit in digits.npz
+    #: Per digit (x, y, ink): its patch's top-left corner and which of the patch's pixels
+    #: are ink (alpha >= INK_ALPHA), the pixels its box is tight around: its mask.
+    ink: tuple[tuple[int, int, np.ndarray], ...] = ()
+
+    def masks(self) -> np.ndarray:
+        """(n, H, W) bool: each digit's ink pixels (patches never overlap), its COCO mask."""
+        h, w = self.image.shape[:2]
+        out = np.zeros((len(self.ink), h, w), bool)
+        for i, (x, y, ink) in enumerate(self.ink):
+            out[i, y : y + ink.shape[0], x : x + ink.shape[1]] = ink
+        return out
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,7 @@ class DetectionSet:
     instances: Path  # instances.json (COCO)
     count: int  # images
     boxes: int  # annotations
+    instances_seg: Path | None = None  # instances-seg.json: the same with the digits' masks
 
 
 def split_digits(split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +131,7 @@ def make_scene(
     """One image drawn with ``rng`` from ``glyphs`` (ink 0..1), ``index`` into digits.npz."""
     width, height = _canvas_size(rng)
     canvas = _background(rng, height, width)
-    boxes, picked = [], []
+    boxes, picked, inks = [], [], []
     occupied: list[tuple[int, int, int, int]] = []
     for _ in range(int(rng.integers(1, MAX_DIGITS + 1))):
         k = int(rng.integers(len(glyphs)))
@@ -147,6 +159,7 @@ def make_scene(
         rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
         boxes.append((x + cols[0], y + rows[0], x + cols[-1] + 1, y + rows[-1] + 1))
         picked.append(k)
+        inks.append((x, y, ink))
         occupied.append((x, y, x + pw, y + ph))
     if rng.random() < NOISY_FRACTION:
         canvas += rng.normal(0.0, rng.uniform(2.0, 5.0), canvas.shape).astype(np.float32)
@@ -157,6 +170,7 @@ def make_scene(
         boxes=np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
         labels=labels[digits],
         digits=digits,
+        ink=tuple(inks),
     )
 
 
@@ -255,24 +269,37 @@ def letterbox(image: np.ndarray, side: int, pad: int = 114) -> tuple[np.ndarray,
     return canvas, scale, px, py
 
 
-def coco_instances(items: list[tuple[str, Scene]]) -> dict:
-    """The COCO instances dict of (file name, scene) pairs; image ids count from 1."""
+def coco_instances(items: list[tuple[str, Scene]], *, masks: bool = False) -> dict:
+    """The COCO instances dict of (file name, scene) pairs; image ids count from 1.
+
+    With ``masks``, each annotation also has its digit's ink as ``segmentation`` (COCO
+    compressed RLE: ``{"size": [height, width], "counts": str}``) and its ``area`` is the
+    mask's pixel count, as COCO's instance annotations have; without, ``area`` is the box's.
+    """
+    from batchinfer.detect.rle import encode_region
+
     images, annotations = [], []
     for image_id, (name, scene) in enumerate(items, start=1):
         h, w = scene.image.shape[:2]
         images.append({"id": image_id, "file_name": name, "width": w, "height": h})
-        for box, label in zip(scene.boxes.tolist(), scene.labels.tolist(), strict=True):
+        for i, (box, label) in enumerate(
+            zip(scene.boxes.tolist(), scene.labels.tolist(), strict=True)
+        ):
             x1, y1, x2, y2 = box
-            annotations.append(
-                {
-                    "id": len(annotations) + 1,
-                    "image_id": image_id,
-                    "category_id": int(label),
-                    "bbox": [x1, y1, x2 - x1, y2 - y1],
-                    "area": (x2 - x1) * (y2 - y1),
-                    "iscrowd": 0,
-                }
-            )
+            annotation = {
+                "id": len(annotations) + 1,
+                "image_id": image_id,
+                "category_id": int(label),
+                "bbox": [x1, y1, x2 - x1, y2 - y1],
+                "area": (x2 - x1) * (y2 - y1),
+                "iscrowd": 0,
+            }
+            if masks:
+                x, y, ink = scene.ink[i]
+                counts = encode_region(ink, x, y, h, w)
+                annotation["segmentation"] = {"size": [h, w], "counts": counts}
+                annotation["area"] = int(ink.sum())
+            annotations.append(annotation)
     categories = [
         {"id": d, "name": name, "supercategory": "digit"} for d, name in enumerate(CLASSES)
     ]
@@ -289,7 +316,8 @@ def coco_instances(items: list[tuple[str, Scene]]) -> dict:
 def write_detection(
     target: Path, split: str = "val", n: int = VAL_IMAGES, seed: int = SEED
 ) -> DetectionSet:
-    """Write ``n`` images of ``split`` as ``target/images/<nnnnn>.png`` + ``instances.json``.
+    """Write ``n`` images of ``split`` as ``target/images/<nnnnn>.png`` + ``instances.json``
+    (boxes) + ``instances-seg.json`` (boxes and the digits' masks as RLE).
 
     ``target`` must not exist or be an empty folder (the demo kit claims it first).
     """
@@ -308,10 +336,14 @@ def write_detection(
     instances = target / "instances.json"
     coco = coco_instances(items)
     instances.write_text(json.dumps(coco, separators=(",", ":")) + "\n")
+    instances_seg = target / "instances-seg.json"
+    coco_seg = coco_instances(items, masks=True)
+    instances_seg.write_text(json.dumps(coco_seg, separators=(",", ":")) + "\n")
     return DetectionSet(
         root=target,
         images=images,
         instances=instances,
         count=len(items),
         boxes=len(coco["annotations"]),
+        instances_seg=instances_seg,
     )
