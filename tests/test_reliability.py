@@ -23,6 +23,7 @@ import pytest
 from runs import config, exit_code, fast_sim
 
 from batchinfer import run
+from batchinfer.data.whole_file import HANGING_FILE_ENV
 from batchinfer.engine import events as ev
 from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
 from batchinfer.errors import NoCoreError, OutputWriteError, RunFailedError, SharedMemoryError
@@ -553,16 +554,18 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path):
 # in the default tier (the limit's accounting is tested in test_scheduler.py).
 @pytest.mark.parametrize("fifos", [1, pytest.param(7, marks=pytest.mark.slow)])
 def test_a_file_that_blocks_on_open_becomes_an_error_row_and_costs_no_reader_limit(
-    demo_kit, tmp_path, fifos
+    demo_kit, tmp_path, fifos, monkeypatch
 ):
     data = tmp_path / "data"
     (data / "3").mkdir(parents=True)
     for path in sorted(demo_kit.dataset.glob("3/*.png"))[:30]:
         shutil.copy(path, data / "3" / path.name)
-    # A FIFO nobody writes to, behind an image name: open() blocks for ever, like a file
-    # on a dead network mount.
+    # A FIFO nobody writes to, behind an image name, which the readers are told to open as
+    # a plain file (HANGING_FILE_ENV, for tests): open() blocks for ever, like a file on a
+    # dead network mount. (Unasked, a reader refuses a FIFO at once: not a regular file.)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
+    monkeypatch.setenv(HANGING_FILE_ENV, os.path.realpath(fifo))
     for i in range(fifos):
         (data / "3" / f"hang-{i}.png").symlink_to(fifo)
     cfg = config(

@@ -71,12 +71,15 @@ import numpy as np
 import psutil
 import pyarrow.parquet as pq
 
+from batchinfer.data.whole_file import HANGING_FILE_ENV
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine.slots import SEGMENT_PREFIX, SHM_DIR
 from batchinfer.sink.predictions import PART_GLOB, PREDICTIONS_DIR
 
 CORES = 3
 FAULT_KINDS = ("crash", "hang", "none")
+#: The FIFO the hanging items link to; readers are told to block on it (HANGING_FILE_ENV).
+FIFO_NAME = "nobody-writes.fifo"
 MODES = ("plain", "interrupt", "kill", "freeze", "ctrl-z", "second-run")
 HANG_SUFFIX = "-hang.npy"
 # The emulator's E/W line when a fault fires: per core (core=C:call=N) or per item (item=I).
@@ -455,7 +458,10 @@ class Soak:
         return argv + list(extra)
 
     def env(self) -> dict[str, str]:
-        return dict(os.environ, TMPDIR=str(self.tmp))
+        env = dict(os.environ, TMPDIR=str(self.tmp))
+        if self.hanging:  # readers open the FIFO as a plain file and block (HANGING_FILE_ENV)
+            env[HANGING_FILE_ENV] = os.path.realpath(self.work / FIFO_NAME)
+        return env
 
     def start(self, name: str, *extra: str) -> RunWatcher:
         print(f"[{name}] starting: batchinfer run ... {' '.join(extra)}".rstrip())
@@ -944,7 +950,7 @@ def main(argv: list[str] | None = None) -> int:
     hanging: list[str] = []
     if args.fifos:
         base, dataset = dataset, work / f"dataset-{args.items}-fifos{args.fifos}"
-        hanging = hanging_dataset(base, dataset, work / "nobody-writes.fifo", args.fifos)
+        hanging = hanging_dataset(base, dataset, work / FIFO_NAME, args.fifos)
     names = sorted(n for n in os.listdir(dataset) if n.endswith(".npy"))
     rng = np.random.default_rng(args.seed + 1)
     readable = [i for i, n in enumerate(names) if not n.endswith(HANG_SUFFIX)]

@@ -38,7 +38,7 @@ from batchinfer.data.model_input import preprocess_for, raw_pixels_warning
 from batchinfer.data.npy import fill_npy, read_npy
 from batchinfer.data.pixels import write_pixels
 from batchinfer.data.shards import Member, ShardFiles, check_item_size, member_label
-from batchinfer.data.whole_file import not_regular_reason
+from batchinfer.data.whole_file import block_if_hanging, not_regular_reason
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -140,6 +140,7 @@ def _open(path: str, label: str, limit: int | None) -> BinaryIO:
     """The image file at ``path``, open; InputError when it is not a regular file, empty or
     larger than ``limit`` bytes (Preprocess.max_item_bytes, as a tar member is refused)."""
     # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of blocking the reader.
+    block_if_hanging(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:

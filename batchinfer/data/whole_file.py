@@ -77,6 +77,21 @@ def kind_of(mode: int) -> str:
     return "not a regular file"
 
 
+#: Tests only (tests/test_reliability.py, tools/soak.py): the resolved path of a FIFO that a
+#: reader blocks on when an item is it, as a reader blocks on a file of a dead network mount.
+#: Items are opened non-blocking and a FIFO is refused, so nothing else here can stand in for
+#: such a file. Read once, when a reader's modules are imported; unset in real runs.
+HANGING_FILE_ENV = "BATCHINFER_TEST_HANGING_FILE"
+_HANGING_FILE = os.environ.get(HANGING_FILE_ENV) or None
+
+
+def block_if_hanging(path: str) -> None:
+    """Block in a plain open() of ``path`` when it is the tests' hanging file (above)."""
+    if _HANGING_FILE is not None and os.path.realpath(path) == _HANGING_FILE:
+        with open(path, "rb"):  # a FIFO nobody writes to: blocks until the reader is killed
+            pass
+
+
 def not_regular_reason(fd: int, st: os.stat_result | None = None) -> str | None:
     """Why the open file ``fd`` is not an ordinary regular file, or None when it is.
 
