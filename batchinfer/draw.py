@@ -72,7 +72,7 @@ def shown(
     """The boxes to draw: score >= ``conf`` (a box without a score, such as ground truth,
     always), best first, at most ``max_boxes``."""
     kept = [b for b in boxes or () if b.get("score") is None or b["score"] >= conf]
-    kept.sort(key=lambda b: -(b.get("score") if b.get("score") is not None else np.inf))
+    kept.sort(key=lambda b: -np.inf if b.get("score") is None else -float(b["score"]))
     return kept if max_boxes is None else kept[:max_boxes]
 
 
@@ -138,8 +138,9 @@ def _keypoints(
 
     seen = [(float(p["x"]) * scale, float(p["y"]) * scale) if visible(p) else None for p in points]
     for a, b in skeleton:
-        if a < len(seen) and b < len(seen) and seen[a] is not None and seen[b] is not None:
-            draw.line([seen[a], seen[b]], fill=color, width=max(1, width))  # type: ignore[list-item]
+        start, end = seen[a] if a < len(seen) else None, seen[b] if b < len(seen) else None
+        if start is not None and end is not None:
+            draw.line([start, end], fill=color, width=max(1, width))
     r = max(2, width + 1)
     for p in seen:
         if p is not None:
