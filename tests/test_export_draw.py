@@ -54,7 +54,7 @@ def test_one_image_per_successful_item_with_its_boxes(detected, tmp_path):
     out = tmp_path / "drawn"
     result = invoke("export", "draw", run, "--out", out)
     assert result.exit_code == 0, result.output
-    assert "drew 6 images" in result.stdout and "1 error rows skipped" in result.stdout
+    assert "drew 6 images" in result.stdout and "1 error row skipped" in result.stdout
     rows = _rows(run)
     ok = sorted(i for i, r in rows.items() if r["error"] is None)
     names = sorted(safe_name(i) + ".png" for i in ok)

@@ -128,10 +128,17 @@ def draw(
         image_format=image_format,
         max_boxes=max_boxes,
     )
-    notes = [f"{done.error_rows} error rows skipped"]
+    notes = [f"{_count(done.error_rows, 'error row')} skipped"]
     if done.unreadable:
         item, why = done.unreadable[0]
-        notes.append(f"{len(done.unreadable)} images not readable now (first: {item}: {why})")
+        notes.append(
+            f"{_count(len(done.unreadable), 'image')} not readable now (first: {item}: {why})"
+        )
     if done.deleted:
-        notes.append(f"{done.deleted} images of an earlier export draw deleted")
-    click.echo(f"drew {len(done.written)} images into {done.folder} ({'; '.join(notes)})")
+        notes.append(f"{_count(done.deleted, 'image')} of an earlier export draw deleted")
+    drew = _count(len(done.written), "image")
+    click.echo(f"drew {drew} into {done.folder} ({'; '.join(notes)})")
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
