@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
+from tar_shards import write_shards
 from test_cli import assert_error, invoke
 
 from batchinfer.draw import class_color
@@ -30,6 +31,12 @@ def detected(demo_kit, tmp_path_factory):
     for source in sorted(demo_kit.detection.images.iterdir())[:5]:
         shutil.copy(source, data / source.name)
     shutil.copy(source, data / "a b#c.png")
+    # Stored turned a quarter left and tagged "rotate 90 CW to view" (EXIF 6): the run's boxes
+    # are in the upright picture's pixels, and so is the drawing.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    upright = load(source)
+    upright.transpose(Image.Transpose.ROTATE_90).save(data / "turned.png", exif=exif.tobytes())
     (data / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n but not really")
     out = root / "run"
     result = invoke(
@@ -38,6 +45,12 @@ def detected(demo_kit, tmp_path_factory):
     )  # fmt: skip
     assert result.exit_code == 1, result.output  # the corrupt image is an error row
     return out, data
+
+
+def load(path: Path) -> Image.Image:
+    """The image at ``path``, upright by its EXIF orientation, RGB (the file closed)."""
+    with Image.open(path) as image:
+        return ImageOps.exif_transpose(image).convert("RGB")
 
 
 def recorded(folder: Path) -> list[str]:
@@ -54,18 +67,18 @@ def test_one_image_per_successful_item_with_its_boxes(detected, tmp_path):
     out = tmp_path / "drawn"
     result = invoke("export", "draw", run, "--out", out)
     assert result.exit_code == 0, result.output
-    assert "drew 6 images" in result.stdout and "1 error row skipped" in result.stdout
+    assert "drew 7 images" in result.stdout and "1 error row skipped" in result.stdout
     rows = _rows(run)
     ok = sorted(i for i, r in rows.items() if r["error"] is None)
     names = sorted(safe_name(i) + ".png" for i in ok)
-    assert "a_b_c.png" in names
+    assert "a_b_c.png" in names and "turned.png" in names
     assert sorted(p.name for p in out.iterdir() if p.name != RECORD) == names
     assert sorted(recorded(out)) == names
     # each drawing is its image with the boxes >= 0.25 on it: the best box's left edge in
     # its class colour
     for item in ok:
-        original = np.asarray(Image.open(data / item).convert("RGB"))
-        drawn = np.asarray(Image.open(out / (safe_name(item) + ".png")))
+        original = np.asarray(load(data / item))
+        drawn = np.asarray(load(out / (safe_name(item) + ".png")))
         assert drawn.shape == original.shape
         best = max(rows[item]["boxes"], key=lambda b: b["score"])
         assert best["score"] >= 0.25
@@ -76,11 +89,11 @@ def test_one_image_per_successful_item_with_its_boxes(detected, tmp_path):
 def test_conf_limit_and_ids(detected, tmp_path):
     run, data = detected
     done = export_draw(run, tmp_path / "none", conf=1.01)  # no box scores that much
-    assert len(done.written) == 6 and done.error_rows == 1
+    assert len(done.written) == 7 and done.error_rows == 1
     for name in done.written:
         item = next(p for p in data.iterdir() if safe_name(p.name) + ".png" == name)
-        same = np.asarray(Image.open(item).convert("RGB"))
-        assert np.array_equal(np.asarray(Image.open(tmp_path / "none" / name)), same)
+        same = np.asarray(load(item))
+        assert np.array_equal(np.asarray(load(tmp_path / "none" / name)), same)
     assert len(export_draw(run, tmp_path / "two", limit=2).written) == 2
     picked = export_draw(run, tmp_path / "one", ids=["a b#c.png", "corrupt.png"])
     assert picked.written == ["a_b_c.png"] and picked.error_rows == 1
@@ -95,7 +108,7 @@ def test_a_folder_that_is_not_empty_is_refused_and_overwrite_deletes_only_ours(d
     (out / "notes.txt").write_text("mine")
     again = invoke("export", "draw", run, "--out", out, "--limit", "2")
     assert_error(again, 2, "is not empty", "--overwrite")
-    assert len(list(out.iterdir())) == 8  # nothing touched
+    assert len(list(out.iterdir())) == 9  # nothing touched
     first = sorted(recorded(out))
     # A file of the user's under a name export draw would use is kept and not written over.
     (out / first[0]).unlink()
@@ -115,23 +128,27 @@ def test_a_folder_that_is_not_empty_is_refused_and_overwrite_deletes_only_ours(d
     assert sorted(p.name for p in out.iterdir()) == sorted(expected)
 
 
-def test_a_classification_run_has_its_top1_as_caption(demo_kit, tmp_path):
+def test_a_classification_run_over_a_tar_shard_has_its_top1_as_caption(demo_kit, tmp_path):
+    digits = tmp_path / "digits"
+    for item in ("0/0000.png", "3/0003.png", "7/0007.png"):
+        (digits / item).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(demo_kit.dataset / item, digits / item)
+    (shard,) = write_shards(digits, tmp_path / "shards", 1)
     run = tmp_path / "cls"
     result = invoke(
-        "run", demo_kit.dataset, "--model", demo_kit.models["digits"], "--out", run,
-        "--limit", "3", "--cores", "0", "--readers", "1", "--no-progress",
+        "run", shard, "--model", demo_kit.models["digits"], "--out", run,
+        "--cores", "0", "--readers", "1", "--no-progress",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    done = export_draw(run, tmp_path / "drawn")
-    rows = _rows(run)
-    assert len(done.written) == 3
-    for item, row in rows.items():
-        image = Image.open(tmp_path / "drawn" / (safe_name(item) + ".png"))
+    done = export_draw(run, tmp_path / "drawn")  # each member read from the shard (ids: keys)
+    assert sorted(done.written) == ["0_0000.png", "3_0003.png", "7_0007.png"]
+    for item, row in _rows(run).items():
+        assert row["pred"] is not None
+        image = load(tmp_path / "drawn" / (safe_name(item) + ".png"))
         assert image.size == (256, 256)  # the 8x8 digit enlarged 32 times, pixels kept
-        original = Image.open(demo_kit.dataset / item).convert("RGB").resize((256, 256), 0)
+        original = load(digits / f"{item}.png").resize((256, 256), Image.Resampling.NEAREST)
         diff = np.any(np.asarray(image) != np.asarray(original), axis=2)
         assert diff[:12, :20].any() and not diff[40:, :].any()  # only the caption's corner
-        assert row["pred"] is not None
 
 
 def test_a_raw_run_or_a_missing_run_is_a_usage_error(tmp_path):
