@@ -82,16 +82,20 @@ def _ours(path: Path, sha256: str) -> bool:
     return digest.hexdigest() == sha256
 
 
-def _prepare(folder: Path, overwrite: bool) -> int:
-    """Make the folder ready; the number of earlier files deleted."""
+def _check_folder(folder: Path, overwrite: bool) -> None:
+    """UsageError unless ``folder`` is new, empty, or given with ``overwrite``."""
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a file, not a folder; give --out a folder to draw into.")
-    entries = sorted(os.listdir(folder)) if folder.exists() else []
-    if entries and not overwrite:
+    if folder.exists() and os.listdir(folder) and not overwrite:
         raise UsageError(
             f"The folder {folder} is not empty; give an empty or new folder, or --overwrite "
             "to replace the images an earlier export draw wrote there (nothing else is deleted)."
         )
+
+
+def _prepare(folder: Path) -> int:
+    """Make the folder (checked by :func:`_check_folder`) ready: the number of files of an
+    earlier export draw deleted."""
     folder.mkdir(parents=True, exist_ok=True)
     deleted = 0
     for sha256, name in _read_record(folder):
@@ -144,6 +148,12 @@ def _rows(run: Any, ids: Collection[str] | None) -> tuple[list[dict[str, Any]], 
         if ids is not None:
             wanted_ids = set(ids)
             rows = [r for r in rows if r["id"] in wanted_ids]
+            unknown = sorted(wanted_ids - {r["id"] for r in rows})
+            if unknown:
+                raise UsageError(
+                    f"{len(unknown)} of the ids given name no item of the run {run.path} "
+                    f"(first: {unknown[0]!r}); give ids as the id column has them."
+                )
         return rows, what
     raise UsageError(
         f"The run {run.path} has no results to draw (no boxes nor pred column: a run of "
@@ -180,7 +190,7 @@ def export_draw(
     error_rows = sum(1 for r in rows if r.get("error") is not None)
     todo = [r for r in rows if r.get("error") is None][:limit]
     folder = Path(out)
-    deleted = _prepare(folder, overwrite)
+    _check_folder(folder, overwrite)
     manifest = run.manifest.raw
     preprocess = (manifest.get("config") or {}).get("preprocess") or {}
     max_pixels = preprocess.get("max_pixels")
@@ -192,6 +202,7 @@ def export_draw(
     names = list((manifest.get("task") or {}).get("names") or [])
     names = names or list(((manifest.get("dataset") or {}).get("classes") or {}).get("names", []))
     places = _dataset_places(manifest, [r["id"] for r in todo]) if todo else {}
+    deleted = _prepare(folder)  # only once the images can be found: a failure deletes nothing
     taken = {name.lower() for name in os.listdir(folder)}
     written: list[str] = []
     unreadable: list[tuple[str, str]] = []

@@ -97,6 +97,12 @@ def test_conf_limit_and_ids(detected, tmp_path):
     assert len(export_draw(run, tmp_path / "two", limit=2).written) == 2
     picked = export_draw(run, tmp_path / "one", ids=["a b#c.png", "corrupt.png"])
     assert picked.written == ["a_b_c.png"] and picked.error_rows == 1
+    unknown = invoke("export", "draw", run, "--out", tmp_path / "u", "--ids", "nope.png")
+    assert_error(unknown, 2, "name no item of the run", "'nope.png'")
+    assert not (tmp_path / "u").exists()
+    into_a_file = tmp_path / "f.png"
+    into_a_file.write_bytes(b"")
+    assert_error(invoke("export", "draw", run, "--out", into_a_file), 2, "is a file")
     jpeg = invoke("export", "draw", run, "--out", tmp_path / "j", "--format", "jpg", "--limit", "1")
     assert jpeg.exit_code == 0 and [p.suffix for p in (tmp_path / "j").glob("*g")] == [".jpg"]
 
@@ -155,3 +161,21 @@ def test_a_raw_run_or_a_missing_run_is_a_usage_error(tmp_path):
     missing = invoke("export", "draw", tmp_path / "nothing", "--out", tmp_path / "d")
     assert_error(missing, 2)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_dataset_gone_is_one_error_line_and_touches_nothing(detected, tmp_path):
+    run, data = detected
+    out = tmp_path / "drawn"
+    assert invoke("export", "draw", run, "--out", out, "--limit", "1").exit_code == 0
+    before = sorted(p.name for p in out.iterdir())
+    moved = data.with_name("moved")
+    data.rename(moved)
+    try:
+        gone = invoke("export", "draw", run, "--out", out, "--overwrite")
+        fresh = invoke("export", "draw", run, "--out", tmp_path / "fresh")
+    finally:
+        moved.rename(data)
+    assert_error(gone, 2, "dataset cannot be opened now", str(data))
+    assert sorted(p.name for p in out.iterdir()) == before  # the earlier drawing kept
+    assert_error(fresh, 2, "dataset cannot be opened now")
+    assert not (tmp_path / "fresh").exists()
