@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from batchinfer.data.parse_errors import parse_problem
+from batchinfer.data.whole_file import COCO_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import RunFailedError, UsageError
 from batchinfer.results import read_run
 from batchinfer.sink.atomic import write_bytes_atomically
@@ -42,12 +44,18 @@ class CocoExport:
 
 
 def _load_annotations(path: Path) -> dict[str, Any]:
+    # Read as a run reads a COCO file: a regular file, bounded, its nesting a usage error.
+    raw = read_whole(path, "The annotations", COCO_BOUND, error=UsageError, hint="pass a COCO file")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UsageError(f"Cannot read the annotations {path} ({e.strerror or e}).") from None
-    except ValueError as e:
-        raise UsageError(f"The annotations {path} are not JSON ({e}); pass a COCO file.") from None
+        data = json.loads(raw)
+    except ValueError as e:  # not UTF-8, not JSON, an integer of thousands of digits
+        raise UsageError(
+            f"The annotations {path} are not JSON ({parse_problem(e)}); pass a COCO file."
+        ) from None
+    except NESTING_ERRORS:
+        raise UsageError(
+            f"The annotations {path} nest JSON deeper than it can be read; pass a COCO file."
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise UsageError(
             f"The annotations {path} have no 'images' list; pass a COCO instances JSON."

@@ -67,12 +67,16 @@ def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = (
         for title, tensors in (("inputs", info.inputs), ("outputs", info.outputs)):
             lines.append(f"{title}:")
             for t in tensors:
-                layout = ""
-                if t.layout:
+                shape, layout = list(t.shape), ""
+                if t.layout and rknn:
                     # A .rknn's shape is the runtime's (NHWC); the layout named is its source
                     # model's, which --layout defaults to: said so, or they read as a clash.
-                    layout = f"  (source model: {t.layout})" if rknn else f"  layout {t.layout}"
-                lines.append(f"  {t.name:<16} {t.dtype:<8} {list(t.shape)}{layout}")
+                    layout = f"  (source model: {t.layout})"
+                elif t.layout:
+                    # An ONNX model's own shape in its own layout ([1, 3, 256, 256] NCHW);
+                    # what the runtime is fed (NHWC, RKNN's view) is said under "fed by".
+                    shape, layout = _own_shape(t.shape, t.layout), f"  {t.layout.upper()}"
+                lines.append(f"  {t.name:<16} {t.dtype:<8} {shape}{layout}")
     if info is not None:
         lines.extend(_feed_lines(info, inputs, model))
         lines.extend(_task_lines(model, info))
@@ -90,6 +94,22 @@ def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = (
         if platforms:
             lines.extend(_platform_lines(platforms))
     return "\n".join(lines)
+
+
+def _own_shape(view: tuple[int, ...], layout: str) -> list[int]:
+    """A 4-D input's shape in its graph's layout, from the RKNN view (NHWC) it is fed in."""
+    if layout == "nchw" and len(view) == 4:
+        n, h, w, c = view
+        return [n, c, h, w]
+    return list(view)
+
+
+def _fed_as(t: Any, rknn: bool, image: bool) -> str:
+    """What the runtime is given for an ONNX model's NCHW image input: its RKNN view, the
+    images as decoded (a feature map's tensors go in the graph's own NCHW instead)."""
+    if rknn or not image or t.layout != "nchw" or len(t.shape) != 4:
+        return ""
+    return f"; fed as {list(t.shape)} NHWC, the order RKNN runtimes take 4-D inputs in"
 
 
 def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
@@ -117,7 +137,9 @@ def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
             source = f"each dataset item, or the array {t.name!r} of .npz items"
         else:
             source = f"the array {t.name!r} of .npz items, or --input {t.name}=COLUMN"
-        lines.append(f"  {t.name:<16} {source} ({kind})")
+        rknn = model.suffix.lower() == ".rknn"
+        fed = _fed_as(t, rknn, is_image_shape(t.shape))
+        lines.append(f"  {t.name:<16} {source} ({kind}{fed})")
     return lines
 
 

@@ -450,6 +450,25 @@ GROUPS: dict[str, type] = {
 }
 
 
+#: Flags that are not ``--`` + the field's name with dashes (beyond metadata "flag").
+_FLAG_PREFIX = {"runtime.sim": "--sim-"}
+
+
+def flag_name(group: str, f: dataclasses.Field) -> str:
+    """The CLI flag of field ``f`` of ``group``, as click spells it: ``--slots``,
+    ``--sim-npu-ms``, ``--canary/--no-canary``. The library's keyword for it
+    (``batchinfer.run(..., sim_npu_ms=5)``) is the first flag without its dashes, ``_`` for
+    ``-``: one set of names for every front end."""
+    if "flag" in f.metadata:
+        return str(f.metadata["flag"])
+    return _FLAG_PREFIX.get(group, "--") + f.name.replace("_", "-")
+
+
+def keyword_name(group: str, f: dataclasses.Field) -> str:
+    """The library's keyword for a setting: its flag as a Python name (``sim_npu_ms``)."""
+    return flag_name(group, f).split("/")[0].lstrip("-").replace("-", "_")
+
+
 # ------------------------------------------------------------------- reading and checking
 def options_fields(cls: type) -> list[dataclasses.Field]:
     """The option fields of a group (nested groups left out)."""

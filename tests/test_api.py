@@ -7,6 +7,7 @@ memory segment may outlive it, which is what closing a stream early must guarant
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ import batchinfer
 from batchinfer import run
 from batchinfer.api import ArrayItems
 from batchinfer.demo import load_digits
-from batchinfer.errors import ModelError, RunInterrupted, UsageError
+from batchinfer.errors import ConfigError, ModelError, RunInterrupted, UsageError
 from batchinfer.options import OutputOptions, PreprocessOptions, RuntimeOptions
 from batchinfer.results import read_predictions
 
@@ -244,3 +245,41 @@ def test_a_stream_of_arrays_waits_while_rows_wait_for_the_caller():
     source.rows_queued(5)
     source.close()  # the caller went away: no more items, no wait
     assert next(items, None) is None
+
+
+def test_run_takes_a_dataset_and_the_clis_option_names(demo_kit, tmp_path):
+    """`batchinfer.run("demo/dataset", model=...)` was a TypeError: run took a RunConfig only."""
+    result = run(
+        demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        backend="sim",
+        cores="0,1",  # the CLI's text, parsed as --cores parses it
+        instances_per_core=2,
+        sim_npu_ms=0.2,
+        sim_host_ms=0,
+        limit=12,
+        out=tmp_path / "o",
+    )
+    assert (result.status, result.succeeded, result.errors) == ("complete", 12, 0)
+    given = json.loads((result.out / "manifest.json").read_text())["config"]
+    assert given["runtime"]["cores"] == [0, 1] and given["runtime"]["instances_per_core"] == 2
+    assert given["runtime"]["sim"]["npu_ms"] == 0.2 and given["limit"] == 12
+
+
+def test_run_options_are_checked_as_a_job_files_are():
+    cfg = batchinfer.RunConfig.of(
+        "d", "m.onnx", runtime=RuntimeOptions(backend="sim", readers=2), cores=[0], conf=0.5
+    )
+    # A group given whole keeps what the single names do not change.
+    assert (cfg.runtime.backend, cfg.runtime.readers, cfg.runtime.cores) == ("sim", 2, (0,))
+    assert cfg.detect.conf == 0.5
+    with pytest.raises(UsageError, match=r"'coress' is not an option of run.*did you mean cores"):
+        batchinfer.RunConfig.of("d", "m.onnx", coress=(0,))
+    with pytest.raises(ConfigError, match=r"detect\.conf must be at most 1"):
+        batchinfer.RunConfig.of("d", "m.onnx", conf=2)
+    with pytest.raises(ConfigError, match=r"runtime\.backend must be one of"):
+        batchinfer.RunConfig.of("d", "m.onnx", backend="npu")
+    with pytest.raises(UsageError, match="needs the model"):
+        run("d")
+    with pytest.raises(UsageError, match="not both"):
+        run(batchinfer.RunConfig(dataset=Path("d"), model=Path("m.onnx")), cores=(0,))

@@ -64,3 +64,24 @@ def test_call_cpu_is_the_calling_threads():
     assert 3.0 <= spinning < 30.0, spinning
     # only the calling thread's: work done elsewhere (an emulator's worker) is not counted
     assert call_cpu_ms(Handing(), spec, calls=5) < 1.5
+
+
+def test_timing_the_emulators_call_prints_none_of_its_runtime_lines(demo_kit, tmp_path, capfd):
+    """`bench --dataset` on the emulator printed six raw RKNN start-up lines (I RKNN: ...,
+    W rknn-toolkit-lite2 version) into its report: the instance made here to time a call
+    is as quiet as run's core workers' (issue 40, item 15)."""
+    import os
+
+    from batchinfer.options import RuntimeOptions, SimOptions
+    from batchinfer.runtime.backends import make_backend
+
+    image = tmp_path / "0.png"
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(image)
+    sim = RuntimeOptions(backend="sim", sim=SimOptions(npu_ms=0.1, host_ms=0.0))
+    backend = make_backend(demo_kit.models["digits"], sim)
+    spec = preprocess_for((1, 8, 8, 1), "uint8")
+    level = os.environ.get("BATCHINFER_RKNN_LOG_LEVEL")
+    lim = measure(2, 3, 0.1, spec, [str(image)], "images", backend)
+    assert lim.call_cpu_ms is not None and lim.call_cpu_ms > 0
+    assert capfd.readouterr().err == ""
+    assert os.environ.get("BATCHINFER_RKNN_LOG_LEVEL") == level  # the process's is left alone

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
@@ -189,7 +190,8 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert table["all"][1:4] == ["200", "0", "0"]
     assert sum(int(table[c][1]) for c in "012") == 200
     assert lines[-1] == f"complete: 200 succeeded, 0 errors; results in {out.resolve()}"
-    said, started = first.stderr.splitlines()[:2]
+    task, said, started = first.stderr.splitlines()[:3]
+    assert task == "task: classify (one output of 10 scores)"
     assert said == "labels: class folders are integers: label = folder name (10 classes)"
     assert started.startswith("started: 200 items on cores 0,1,2 (sim, 1 instance(s)")
     assert "error" not in first.stderr
@@ -350,6 +352,18 @@ def test_info_on_an_rknn_names_the_source_layout_as_the_source_models(demo_kit):
     assert result.exit_code == 0, result.output
     assert "  image            uint8    [1, 224, 224, 3]  (source model: nchw)\n" in result.stdout
     assert "layout nchw" not in result.stdout
+
+
+def test_info_shows_an_onnx_input_in_its_own_layout_and_what_is_fed_apart(tmp_path):
+    """An NCHW input showed as "[1, 8, 8, 3] layout nchw": the runtime's NHWC order under the
+    model's layout's name (issue 40, item 19)."""
+    from models import nchw_float_model
+
+    result = invoke("info", nchw_float_model(tmp_path), "--backend", "onnx")
+    assert result.exit_code == 0, result.output
+    assert "  input            float32  [1, 3, 8, 8]  NCHW\n" in result.stdout
+    (fed,) = [s for s in result.stdout.splitlines() if s.startswith("  input   ") and "fed" in s]
+    assert fed.endswith("; fed as [1, 8, 8, 3] NHWC, the order RKNN runtimes take 4-D inputs in)")
 
 
 def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
@@ -589,3 +603,58 @@ def test_an_unquoted_glob_is_one_sentence_that_says_to_quote_it(tmp_path):
     ]
     assert not (tmp_path / "o").exists()
     assert "39.png" not in result.output
+
+
+def test_an_error_row_names_the_setting_as_the_cli_flag(demo_kit, tmp_path):
+    """The failed items said "pass preprocess.dtype float32", the library's name, where the
+    CLI's user types --dtype (issue 40, item 18); the row in the file keeps the field name."""
+    data = tmp_path / "tensors"
+    data.mkdir()
+    np.save(data / "0.npy", np.zeros((1, 8, 8, 1), np.float32))  # the model takes uint8
+    # A list's error rows are prefixed with their line (collector.py), which kept the
+    # setting's reference only once it was no longer an f-string.
+    listed = tmp_path / "list.txt"
+    listed.write_text("tensors/0.npy\n")
+    result = invoke(*run_args(listed, demo_kit.models["digits"], tmp_path / "o", "--cores", "0"))
+    assert result.exit_code == 1, result.output
+    (line,) = [s for s in result.output.splitlines() if s.startswith("  tensors/0.npy: ")]
+    assert "or pass --dtype float32 to feed them as they are" in line
+    assert "preprocess.dtype" not in result.output
+    (error,) = pq.read_table(tmp_path / "o" / "predictions")["error"].to_pylist()
+    assert "pass preprocess.dtype float32" in error
+
+
+@pytest.mark.slow  # two runs: 3-10 s on a loaded machine
+def test_run_says_which_task_it_picked_and_why(demo_kit, tmp_path):
+    """`run` never said it; a model of two unknown outputs was stored raw without a word
+    (issue 40, item 14)."""
+    from models import two_output_model
+
+    data = tmp_path / "d"
+    data.mkdir()
+    np.save(data / "x.npy", np.zeros((1, 4), np.float32))
+    raw = invoke("run", data, "--model", two_output_model(tmp_path), "--backend", "onnx",
+                 "--out", tmp_path / "raw", "--no-progress")  # fmt: skip
+    assert raw.exit_code == 0, raw.output
+    first = raw.stderr.splitlines()[0]
+    assert first.startswith("task: raw (outputs [1, 4], [1, 1] are neither one score vector")
+    assert first.endswith("; --task classify or detect overrides)")  # the CLI's flag
+    digits = invoke(*run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "c",
+                              "--limit", "4"))  # fmt: skip
+    assert digits.stderr.splitlines()[0] == "task: classify (one output of 10 scores)"
+
+
+def test_the_task_line_of_a_detector_names_its_head_and_where_that_was_read(tmp_path):
+    from detect_models import colour_detector
+
+    from batchinfer.engine.task import plan_task
+    from batchinfer.options import DetectOptions
+
+    model = colour_detector(tmp_path)
+    said = plan_task(DetectOptions(), model, (64, 64)).said()
+    assert said.startswith("task: detect (YOLOv8 model-zoo head, 2 classes, strides 8/16/32: ")
+    assert said.endswith(", recognised from the output shapes)")
+    asked = plan_task(DetectOptions(task="detect"), model, (64, 64)).said()
+    assert asked.render(lambda name: {"detect.task": "--task"}[name]).endswith(
+        "asked for with --task)"
+    )

@@ -95,7 +95,7 @@ def test_folders_with_items_missing_from_the_labels_file_are_refused(tmp_path: P
         ("l.json", '{"cat": "0"}', "unknown shape"),
         ("l.json", '{"cat": -1}', "unknown shape"),
         ("l.json", '["cat", "cat"]', "lists 'cat' twice"),
-        ("missing.txt", None, "Cannot read the labels file .*No such file"),
+        ("missing.txt", None, "The labels file .*missing.txt cannot be read .No such file"),
     ],
 )
 def test_malformed_labels_files_are_refused(

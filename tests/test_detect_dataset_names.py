@@ -96,7 +96,7 @@ def test_labels_win_and_a_count_that_differs_is_said(coco, tmp_path, caplog):
     cfg = config(tmp_path / "three.json", model, backend="onnx", out=tmp_path / "b")
     with caplog.at_level(logging.WARNING, logger="batchinfer"):
         run(dataclasses.replace(cfg, image_root=root / "images"))
-    said = [r.getMessage() for r in caplog.records if "classes" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "The dataset names" in r.getMessage()]
     assert len(said) == 1
     assert (
         "The dataset names 3 classes (the categories of three.json), but the model's head"

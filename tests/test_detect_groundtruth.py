@@ -64,7 +64,7 @@ def test_coco_matches_by_relative_path_then_unique_base_name(tmp_path):
 
 
 def test_coco_annotations_get_fresh_ids_area_and_crowd(tmp_path):
-    path = coco_file(tmp_path, [(5, "a.jpg")], [ann(0, 5, iscrowd=1, area=33.0), ann(0, 5)])
+    path = coco_file(tmp_path, [(5, "a.jpg")], [ann(0, 5, iscrowd=1, area=33.0), ann(7, 5)])
     gt = read_coco(path, ["a.jpg"])
     assert [a["id"] for a in gt.annotations] == [1, 2]  # COCO's matcher reads 0 as "none"
     assert [a["iscrowd"] for a in gt.annotations] == [1, 0]
@@ -81,6 +81,18 @@ def test_coco_annotations_get_fresh_ids_area_and_crowd(tmp_path):
         ([(1, "a.jpg")], [ann(1, 1, 7)], "names category 7"),
         ([(1, "a.jpg")], [{"id": 1, "image_id": 1, "category_id": 1}], "no bbox"),
         ([(1, "a.jpg")], [{**ann(1, 1), "bbox": [0, 0, -1, 2]}], "negative width"),
+        # issue 40: a copied annotation counted as a second object, silently
+        (
+            [(1, "a.jpg")],
+            [ann(4, 1), ann(9, 1), ann(4, 1), ann(9, 1), ann(4, 1)],
+            r"gives 2 annotation id\(s\) to more than one annotation \(4, 9\)",
+        ),
+        (
+            [(1, "a.jpg")],
+            [ann(k % 7, 1) for k in range(14)],
+            r"gives 7 annotation id\(s\) .* \(0, 1, 2, 3, 4 and 2 more\)",
+        ),
+        ([(1, "a.jpg")], [{**ann(1, 1), "id": [1]}], r"annotation 0 .* has the id a list of 1"),
     ],
 )
 def test_coco_inconsistent_files_are_refused(tmp_path, images, annotations, words):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import models as M
@@ -240,6 +241,20 @@ def test_export_coco_with_and_without_annotations(kit, tmp_path):
     (tmp_path / "ann.json").write_text(json.dumps(annotations))
     matched = export_coco(result.out, None, tmp_path / "ann.json").results
     assert sorted((r["image_id"], r["category_id"]) for r in matched) == [(7, 5), (8, 5), (9, 3)]
+
+
+def test_export_annotations_are_read_as_a_run_reads_a_coco_file(kit, tmp_path):
+    """export coco --annotations read its file whole with no check: a FIFO blocked it for
+    ever, and JSON nested deep was a RecursionError traceback (issue 40, items 7 and 9)."""
+    result = run(_config(kit, tmp_path / "o"))
+    fifo = tmp_path / "ann.json"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="FIFO"):
+        export_coco(result.out, None, fifo)
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"images": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(UsageError, match="nest JSON deeper"):
+        export_coco(result.out, None, deep)
 
 
 def test_export_refuses_a_classification_run(tmp_path):

@@ -372,7 +372,10 @@ def test_running_out_of_open_files_later_is_one_sentence_and_leaves_nothing(
     assert info.value.exit_code == 3
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["status"] == "failed"
-    assert all(not psutil.pid_exists(c.proc.pid) for c in started)
+    # A child still starting when the run failed is killed at once; one its fork server had
+    # not forked yet has no pid (and never runs: it finds its life pipe closed). The leak
+    # guard (conftest.py) checks no process of ours is left either way.
+    assert all(c.proc.pid is None or not psutil.pid_exists(c.proc.pid) for c in started)
     assert not [p for p in Path("/dev/shm").iterdir() if f"-{os.getpid()}-" in p.name]
 
 

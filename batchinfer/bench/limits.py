@@ -18,15 +18,21 @@ than wall time. Measured after the run, so they never compete with it.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from batchinfer.data.preprocess import Preprocess, load_into
+from batchinfer.runtime.rknn_log import quiet_instance_logs
+
+#: The variable quiet_instance_logs sets (runtime/rknn_log.py).
+_LOG_LEVEL = "BATCHINFER_RKNN_LOG_LEVEL"
 
 #: At most this many files, and about this much CPU time, for the decode figure.
 DECODE_FILES = 24
@@ -112,6 +118,20 @@ def decode_limit(cpus: int, decode_ms: float | None, call_ms: float | None) -> f
     return cpus * 1e3 / (decode_ms + (call_ms or 0.0))
 
 
+@contextlib.contextmanager
+def _quiet_instance() -> Iterator[None]:
+    """An instance made here starts as quiet as a core worker's (quiet_instance_logs): its
+    start-up I and W lines would land in the middle of the report. The process's own level
+    (a library caller's) is left as it was."""
+    given = os.environ.get(_LOG_LEVEL)
+    quiet_instance_logs()
+    try:
+        yield
+    finally:
+        if given is None:
+            os.environ.pop(_LOG_LEVEL, None)
+
+
 def measure(
     cpus: int,
     cores: int,
@@ -128,7 +148,8 @@ def measure(
     call = None
     if backend is not None and spec is not None and decode is not None:
         run = backend.for_run()
-        adapter = run.instance(core)
+        with _quiet_instance():
+            adapter = run.instance(core)
         try:
             call = call_cpu_ms(adapter, spec)
         finally:

@@ -153,7 +153,22 @@ def _postprocess(d: dict[str, Any]) -> list[str]:
         f"{post['cpu_ms_per_item']:.3f} ms CPU per item"
         + (f", {100 * share:.0f} % of the core workers' CPU" if share is not None else "")
         + (f", {100 * of_all:.0f} % of all CPU per item" if of_all is not None else "")
-        + " (whole run, warm-up included)"
+        + " (whole run, warm-up included)",
+        *_nonfinite(post),
+    ]
+
+
+def _nonfinite(post: dict[str, Any]) -> list[str]:
+    """The report says what the run's warning said: a detector whose outputs were NaN or
+    infinite measured the speed of decoding nothing."""
+    dropped = int(post.get("nonfinite_dropped") or 0)
+    if not dropped:
+        return []
+    items = post.get("nonfinite_items")
+    where = f" in {items:,} of {post['items']:,} items" if items is not None else ""
+    return [
+        f"  NOT FINITE: {dropped:,} candidate boxes dropped as NaN or infinite{where}: the "
+        "model's outputs are not finite, so these figures time boxes that were never there"
     ]
 
 

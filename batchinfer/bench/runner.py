@@ -211,6 +211,7 @@ def postprocess_share(detect: dict[str, float], cpu_s: dict[str, float]) -> dict
         "share_of_worker_cpu": round(decode_s / workers, 4) if workers else None,
         "share_of_cpu": round(decode_s / total, 4) if total else None,
         "nonfinite_dropped": int(detect.get("nonfinite", 0)),
+        "nonfinite_items": int(detect.get("nonfinite_items", 0)),
     }
 
 

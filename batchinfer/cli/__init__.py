@@ -20,6 +20,10 @@ from batchinfer.cli.options import flag_of
 from batchinfer.errors import BatchinferError
 from batchinfer.messages import Message
 
+# The prefixes by level number, not record.levelname: importing the real rknnlite (or the
+# emulator's, runtime/emulate.py) renames logging's level names to letters ("W").
+_PREFIXES = {logging.WARNING: "warning", logging.ERROR: "error", logging.CRITICAL: "critical"}
+
 
 class _CliLogHandler(logging.Handler):
     """Library log lines on the stderr of the moment, ``warning: ...`` for warnings."""
@@ -30,7 +34,8 @@ class _CliLogHandler(logging.Handler):
             ctx = click.get_current_context(silent=True)
             text = record.msg.render(failures.setting_names(ctx) if ctx else flag_of)
         if record.levelno >= logging.WARNING:
-            text = f"{record.levelname.lower()}: {text}"
+            level = max(k for k in _PREFIXES if k <= record.levelno)
+            text = f"{_PREFIXES[level]}: {text}"
         click.echo(text, err=True)
 
 

@@ -16,10 +16,8 @@ from typing import Any
 
 import click
 
-from batchinfer.options import GROUPS, options_fields
+from batchinfer.options import GROUPS, flag_name, options_fields
 
-# Flags that are not the group's field name with dashes (beyond metadata "flag").
-_PREFIX = {"runtime.sim": "--sim-"}
 # Top-level settings of a run that belong to no group.
 _TOP = {
     "dataset": "DATASET",
@@ -33,9 +31,7 @@ _TOP = {
 
 
 def _flag(group: str, f: dataclasses.Field) -> str:
-    if "flag" in f.metadata:
-        return f.metadata["flag"]
-    return _PREFIX.get(group, "--") + f.name.replace("_", "-")
+    return flag_name(group, f)
 
 
 def flag_of(field_name: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from batchinfer.cli.options import build_group, flag_of, group_options
+from batchinfer.errors import render_fields
 
 EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -180,7 +181,7 @@ def _run(
     if result.failed_items:
         click.echo(f"failed items (first {len(result.failed_items)} of {result.errors}):")
         for item_id, error in result.failed_items:
-            click.echo(f"  {item_id}: {error}")
+            click.echo(f"  {item_id}: {render_fields(error, flag_of)}")
         click.echo(f"  every error row is in {result.out / 'predictions'} (column error)")
     done = f"{result.succeeded} succeeded, {result.errors} error{'' if result.errors == 1 else 's'}"
     if result.skipped:

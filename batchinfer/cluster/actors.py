@@ -219,7 +219,7 @@ def read_items(
                 write_geometry(geometry, placed)
                 item = (out, geometry)
         except InputError as e:
-            error = str(e)
+            error = e.message  # settings as references: each front end names them its way
         except Exception as e:  # a decoder bug must not kill the run: it is this item's error
             error = f"cannot read {name or path}: {type(e).__name__}: {e}"
         meta.append(((time.perf_counter() - t0) * 1e3, error))

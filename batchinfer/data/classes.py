@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from batchinfer.data.parse_errors import parse_problem
+from batchinfer.data.whole_file import LABELS_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import DatasetError
 
 #: Where a class map came from (:attr:`ClassMap.source`).
@@ -29,6 +31,9 @@ FROM_LABELS_FILE = "labels-file"
 # their position among the sorted names.
 FROM_LABEL_NUMBERS = "label-numbers"
 FROM_LABEL_NAMES = "label-names"
+
+#: Largest label: the predictions' label column is int64.
+LABEL_MAX = 2**63 - 1
 
 LABELS_FILE_FORMATS = (
     "a text file with one class folder name per line (line 1 is label 0), a JSON list of "
@@ -123,13 +128,7 @@ def read_labels_file(path: Path | str) -> ClassMap:
       since skipping one would shift every later label.
     """
     file = Path(path).expanduser().absolute()
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise DatasetError(
-            f"Cannot read the labels file {file} ({reason}); pass {LABELS_FILE_FORMATS}."
-        ) from exc
+    data = read_whole(file, "The labels file", LABELS_BOUND, hint=f"pass {LABELS_FILE_FORMATS}")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -173,6 +172,15 @@ def _json_labels(text: str, file: Path) -> dict[str, int]:
         raise DatasetError(
             f"The labels file {file} is not valid JSON (line {exc.lineno}: {exc.msg}); fix it."
         ) from exc
+    except NESTING_ERRORS:
+        raise DatasetError(
+            f"The labels file {file} nests JSON deeper than it can be read; use "
+            f"{LABELS_FILE_FORMATS}."
+        ) from None
+    except ValueError as exc:  # an integer of thousands of digits
+        raise DatasetError(
+            f"The labels file {file} cannot be read ({parse_problem(exc)}); fix it."
+        ) from None
     bad = DatasetError(
         f"The labels file {file} is JSON of an unknown shape; use {LABELS_FILE_FORMATS}."
     )
@@ -195,6 +203,7 @@ def _json_labels(text: str, file: Path) -> dict[str, int]:
     if all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         for name, label in data.items():
             _check_name(name, f"The key {name!r} of the labels file {file}")
+            _check_label(label, f"The key {name!r} of the labels file {file}")
             labels[name] = label
         return labels
     keras = all(
@@ -206,6 +215,7 @@ def _json_labels(text: str, file: Path) -> dict[str, int]:
     for key, value in data.items():
         name = value[0]
         _check_name(name, f"The entry {key!r} of the labels file {file}")
+        _check_label(int(key), f"The entry {key!r} of the labels file {file}")
         if name in labels:
             raise DatasetError(
                 f"The labels file {file} gives {name!r} twice (labels {labels[name]} and "
@@ -213,6 +223,14 @@ def _json_labels(text: str, file: Path) -> dict[str, int]:
             )
         labels[name] = int(key)
     return labels
+
+
+def _check_label(label: int, where: str) -> None:
+    if label > LABEL_MAX:
+        raise DatasetError(
+            f"{where} gives the label {label}, more than the largest a prediction can hold "
+            f"({LABEL_MAX}); labels are class indices: number the classes from 0."
+        )
 
 
 def _check_name(name: str, where: str) -> None:

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -292,7 +293,8 @@ def _open_npz(path: str, name: str) -> Any:
         return np.load(path, allow_pickle=False)
     except OSError as exc:
         raise InputError(f"Cannot read {name}: {exc.strerror or exc}.") from exc
-    except (ValueError, zipfile.BadZipFile, EOFError) as exc:
+    # NotImplementedError: a zip of a version zipfile cannot read (or a multi-disk zip).
+    except (ValueError, zipfile.BadZipFile, EOFError, NotImplementedError) as exc:
         raise InputError(f"Cannot read {name}: it is not a .npz file ({exc}).") from exc
 
 
@@ -303,11 +305,58 @@ def _npz_array(npz: Any, feed: Feed, out: np.ndarray, name: str) -> None:
             f"{name} has no array {feed.name!r} for the model input of that name (it holds "
             f"{held}); save one array per model input, named after it."
         )
+    what = f"the array {feed.name!r} of {name}"
     try:
+        _check_stored(*_npz_header(npz, feed.name), feed, what)
         array = npz[feed.name]
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    # RuntimeError: an encrypted member; NotImplementedError: a compression zipfile lacks.
+    except (
+        ValueError, OSError, zipfile.BadZipFile, EOFError, zlib.error, RuntimeError,
+        NotImplementedError,
+    ) as exc:  # fmt: skip
         raise InputError(f"Cannot read the array {feed.name!r} of {name}: {exc}.") from exc
-    _copy_tensor(array, feed, out, f"the array {feed.name!r} of {name}", convert=False)
+    _copy_tensor(array, feed, out, what, convert=False)
+
+
+def _npz_header(npz: Any, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of the array ``key`` of an open .npz, from its member's header only.
+
+    A member is inflated as it is read, and numpy allocates what its header declares: a
+    small .npz (zeros deflate 1000:1) would cost a reader gigabytes before the shape is
+    checked. So the header is checked first (ValueError for a member that is no .npy).
+    """
+    member = key + ".npy" if key + ".npy" in npz.zip.namelist() else key
+    fmt = np.lib.format
+    with npz.zip.open(member) as f:
+        version = fmt.read_magic(f)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read(f)
+    return tuple(shape), dtype
+
+
+def _check_stored(shape: tuple[int, ...], dtype: np.dtype, feed: Feed, what: str) -> None:
+    """InputError when a stored array's shape or dtype cannot feed the input (read
+    before the array is: its size is then bounded by the input's)."""
+    if dtype.hasobject or dtype.fields is not None:
+        raise InputError(f"{what} is not an array of numbers ({dtype}).")
+    if shape != feed.shape and shape != feed.shape[1:]:
+        raise InputError(_shape_mismatch(what, shape, feed))
+    if dtype != np.dtype(feed.dtype) and dtype.newbyteorder("=") != np.dtype(feed.dtype):
+        raise InputError(_dtype_mismatch(what, dtype, feed))
+
+
+def _shape_mismatch(what: str, shape: tuple[int, ...], feed: Feed) -> str:
+    return (
+        f"{what} has shape {shape} but the input {feed.name!r} takes {feed.shape}; give it "
+        "that shape (the batch axis may be left out)."
+    )
+
+
+def _dtype_mismatch(what: str, dtype: np.dtype, feed: Feed) -> str:
+    target = np.dtype(feed.dtype).name
+    return (
+        f"{what} has dtype {dtype} but the input {feed.name!r} takes {target}; save it as {target}."
+    )
 
 
 def _copy_tensor(
@@ -323,10 +372,7 @@ def _copy_tensor(
         raise InputError(f"{what} is not an array of numbers ({array.dtype}).")
     reshaped = convert and array.size == math.prod(feed.shape)
     if array.shape != feed.shape and array.shape != feed.shape[1:] and not reshaped:
-        raise InputError(
-            f"{what} has shape {tuple(array.shape)} but the input {feed.name!r} takes "
-            f"{feed.shape}; give it that shape (the batch axis may be left out)."
-        )
+        raise InputError(_shape_mismatch(what, tuple(array.shape), feed))
     if array.dtype != target:
         same = array.dtype.newbyteorder("=") == target
         if convert and array.dtype.kind in "iufb":
@@ -342,10 +388,7 @@ def _copy_tensor(
                 )
             array = cast
         elif not same:
-            raise InputError(
-                f"{what} has dtype {array.dtype} but the input {feed.name!r} takes "
-                f"{target.name}; save it as {target.name}."
-            )
+            raise InputError(_dtype_mismatch(what, array.dtype, feed))
     np.copyto(out, array.reshape(out.shape), casting="unsafe")
 
 

@@ -107,20 +107,40 @@ def item_id(written_id: object, path: str | None, where: str, base: str) -> str:
 
 
 # ----------------------------------------------------------------------------- labels
+#: The largest label: predictions store labels as Arrow int64.
+MAX_LABEL = 2**63 - 1
+
+
 def _label_value(value: object, where: str, source: str) -> int | str | None:
-    """A label as written -> an int (a label), a str (a class name) or None (none)."""
+    """A label as written -> an int (a label), a str (a class name) or None (none).
+
+    Every label of a list is checked here when the list is opened (:class:`Scan`), so a
+    label the predictions cannot hold is a usage error naming its line, before anything
+    runs, as a label of the wrong type is (not a write error at the first part).
+    """
     if value is None:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
+    shown = None
     if isinstance(value, str):
         text = value.strip()
         if not text:
             return None
-        return int(text) if text.isdecimal() and text.isascii() else text
+        if not (text.isdecimal() and text.isascii()):
+            return text
+        shown = text if len(text) <= 40 else f"an integer of {len(text)} digits"
+        # int() refuses text of over 4,300 digits: compare lengths first
+        value = int(text) if len(text) <= len(str(MAX_LABEL)) else MAX_LABEL + 1
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LABEL:
+        return value
+    if isinstance(value, (list, dict)):  # not repr(): it may be huge, or nested deep
+        shown = "a JSON list" if isinstance(value, list) else "a JSON object"
+    elif shown is None:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
     raise DatasetError(
-        f"The label column of {source} holds {value!r} at {where}; a label is a "
-        "non-negative integer or a class name."
+        f"The label column of {source} holds {shown} at {where}; a label is a "
+        "non-negative integer below 2**63 (what the predictions' int64 label column holds) "
+        "or a class name."
     )
 
 

@@ -27,6 +27,7 @@ packed runs, a run being filled holds ``RUN`` strings and the merge one block pe
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -249,9 +250,34 @@ def _entry_type(entry: os.DirEntry[str]) -> str:
     return OTHER
 
 
+#: A path longer than this is shown by its start and end (a message stays one line).
+_PATH_SHOWN = 160
+
+
 def unreadable(path: str, exc: OSError) -> DatasetError:
-    """The DatasetError for a folder that cannot be listed or entered."""
+    """The DatasetError for a folder that cannot be listed or entered: what is wrong (by
+    the error's errno), and what to do about it."""
     reason = exc.strerror or str(exc)
-    return DatasetError(
-        f"Cannot read {path} ({reason}); fix its permissions or move it out of the dataset."
-    )
+    shown = path
+    if len(path) > _PATH_SHOWN:
+        shown = f"{path[:80]}...{path[-60:]} ({path.count(os.sep)} folders deep)"
+    if exc.errno == errno.ENAMETOOLONG:
+        return DatasetError(
+            f"Cannot read {shown}: its path is longer than the system allows ({reason}), "
+            "since its folders nest too deep; move them out of the dataset or flatten them."
+        )
+    if exc.errno == errno.ENOENT:
+        return DatasetError(
+            f"Cannot read {shown}: it disappeared while the dataset was being listed "
+            f"({reason}); a dataset must not change while it is read (and /proc or /sys, "
+            "whose entries come and go, are not datasets)."
+        )
+    if exc.errno == errno.ELOOP:
+        return DatasetError(
+            f"Cannot read {shown}: its symbolic links loop ({reason}); fix or remove them."
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return DatasetError(
+            f"Cannot read {shown} ({reason}); fix its permissions or move it out of the dataset."
+        )
+    return DatasetError(f"Cannot read {shown} ({reason}); fix it or move it out of the dataset.")

@@ -20,19 +20,26 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
+import os
 from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
 from batchinfer.data.listed import Row, Scan, item_id, sha256_of_file
+from batchinfer.data.parse_errors import parse_problem
+from batchinfer.data.whole_file import NESTING_ERRORS, open_regular
 from batchinfer.errors import DatasetError
 
 #: Extensions (lower case) read as list files, and their form.
 FORMS = {".txt": "txt", ".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 #: Columns with a meaning; every other column is carried into the predictions' ``meta``.
 RESERVED = ("path", "id", "label")
+#: The longest line of a text list, in characters (a line names one item: a path of at
+#: most 4,096 bytes and a few columns).
+LINE_BOUND = 1 << 20
 #: Rows per Parquet record batch (memory stays a few batches, whatever the file's size).
 PARQUET_BATCH = 8192
 #: Rows per record batch when a Parquet list is scanned (three columns at most).
@@ -50,8 +57,8 @@ class _ListFile:
         self.base = base if base is not None else file.parent
 
     def check(self) -> None:
-        if not self.file.is_file():
-            raise DatasetError(f"The list file {self.file} does not exist.")
+        # A FIFO would block the reads below, and /dev/zero never end: a regular file only.
+        os.close(open_regular(self.file, "The list file", hint="give a list file"))
 
     def content_sha256(self) -> str:
         return sha256_of_file(self.file)
@@ -61,9 +68,11 @@ class _ListFile:
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[TextIO]:
-        """The file as text; its decoding and reading errors as DatasetErrors."""
+        """The file as text, its lines bounded (:class:`_LineBounded`); its decoding and
+        reading errors as DatasetErrors."""
         try:
-            with open(self.file, encoding="utf-8-sig", newline="") as f:
+            raw = _LineBounded(open(self.file, "rb", buffering=0), self.file)  # noqa: SIM115
+            with io.TextIOWrapper(io.BufferedReader(raw), encoding="utf-8-sig", newline="") as f:
                 yield f
         except UnicodeDecodeError as exc:
             raise DatasetError(
@@ -75,6 +84,44 @@ class _ListFile:
 
     def __iter__(self) -> Iterator[Row]:
         raise NotImplementedError
+
+
+class _LineBounded(io.RawIOBase):
+    """A list file's bytes, refused once a line runs past LINE_BOUND bytes: a file with no
+    line end (or one huge line) would otherwise be read into memory whole by the line
+    iterator. Checked per block read (a few kB), not per line, so a million-line list costs
+    nothing more (``readline(limit)`` per line cost 60 % of a CSV scan)."""
+
+    def __init__(self, raw: io.FileIO, file: Path) -> None:
+        super().__init__()
+        self._raw, self._file = raw, file
+        self._offset = 0  # bytes read so far
+        self._line_start = 0  # offset of the line being read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._raw.read(len(buffer))
+        if not data:
+            return 0
+        n = len(data)
+        buffer[:n] = data
+        last = max(data.rfind(b"\n"), data.rfind(b"\r"))
+        if last >= 0:
+            self._line_start = self._offset + last + 1
+        self._offset += n
+        if self._offset - self._line_start > LINE_BOUND:
+            raise DatasetError(
+                f"The list file {self._file} has a line longer than {LINE_BOUND:,} bytes "
+                f"(from byte {self._line_start}); a line names one item (a path and a few "
+                "columns)."
+            )
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 class TxtList(_ListFile):
@@ -95,7 +142,8 @@ class TxtList(_ListFile):
             if not head:
                 head, _, last = text.rpartition("\t")
             if head and last.isdecimal() and last.isascii():
-                text, label = head.rstrip(), int(last)
+                # The label as written: checked (its range too) where every form's is.
+                text, label = head.rstrip(), last
             yield (f"line {n}", text, None, label, None, None)
 
 
@@ -188,7 +236,7 @@ class JsonlList(_ListFile):
                 continue
             try:
                 first = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, *NESTING_ERRORS):
                 return  # the first line's own error row says it
             if isinstance(first, dict) and "path" not in first:
                 keys = ", ".join(list(first)[:8]) or "no key"
@@ -212,6 +260,12 @@ class JsonlList(_ListFile):
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 yield (where, None, None, None, None, f"it is not valid JSON ({exc.msg})")
+                continue
+            except ValueError as exc:  # an integer of more than 4,300 digits
+                yield (where, None, None, None, None, f"it cannot be read ({parse_problem(exc)})")
+                continue
+            except NESTING_ERRORS:
+                yield (where, None, None, None, None, "it nests JSON deeper than it can be read")
                 continue
             if not isinstance(obj, dict):
                 yield (where, None, None, None, None, "it is not a JSON object")

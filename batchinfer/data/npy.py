@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from batchinfer.data.whole_file import not_regular_reason
 from batchinfer.errors import InputError
 from batchinfer.messages import setting
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
@@ -23,6 +24,9 @@ _NPY_HEADERS_KEPT = 64
 # The first read of a .npy takes this much: its header (numpy pads it to a multiple of 64
 # bytes, 128 for ordinary arrays) and the first data bytes, in one system call.
 _NPY_FIRST_READ = 4096
+#: Longest .npy header read: numpy's own limit (numpy.lib.format refuses longer ones unless
+#: told they are trusted); numpy.save writes 128 bytes for an ordinary array.
+NPY_HEADER_MAX = 10_000
 
 
 def _npy_header(
@@ -42,7 +46,13 @@ def _npy_header(
             f"Cannot read {label}: .npy format version {version[0]}.{version[1]} is "
             "not supported; save it with numpy.save of a plain numeric array."
         )
-    end = at + int.from_bytes(size_bytes, "little")
+    length = int.from_bytes(size_bytes, "little")
+    if length > NPY_HEADER_MAX:  # read before numpy sees it: a version 2 header may say 4 GiB
+        raise InputError(
+            f"Cannot read {label}: its .npy header says it is {length} bytes long, more than "
+            f"the {NPY_HEADER_MAX} numpy reads; save it again with numpy.save."
+        )
+    end = at + length
     while len(head) < end:  # a header longer than the first read
         more = _read_fd(fd, end - len(head), label)
         if not more:
@@ -56,8 +66,10 @@ def _npy_header(
         reader = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
         try:
             shape, fortran_order, dtype = reader(io.BytesIO(size_bytes + header))
-        except (ValueError, SyntaxError, KeyError, TypeError) as exc:
-            raise InputError(f"Cannot read {label}: its .npy header is damaged ({exc}).") from exc
+        except Exception as exc:  # numpy parses the header's text with ast, then tokenize:
+            # ValueError, SyntaxError, tokenize's TokenError, ... for text that is no dict
+            text = " ".join(str(exc).split())[:200]
+            raise InputError(f"Cannot read {label}: its .npy header is damaged ({text}).") from exc
         parsed = (tuple(shape), bool(fortran_order), dtype)
         if len(_NPY_HEADERS) < _NPY_HEADERS_KEPT:
             _NPY_HEADERS[key] = parsed
@@ -75,11 +87,15 @@ def _read_npy(path: str, spec: Any, out: np.ndarray, label: str) -> None:
     # and first bytes, one read of the rest into the slot, one close. A buffered file object
     # added an fstat, an isatty ioctl, a seek and a read: 27-28 against 22.5-23 µs a 150 kB
     # tensor (`python tools/bench_npy_read.py`, both versions in one sitting).
+    # O_NONBLOCK: a FIFO opens at once, and is refused with the devices and /proc files.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
     try:
+        reason = not_regular_reason(fd)
+        if reason is not None:
+            raise InputError(f"Cannot read {label}: it {reason}.")
         head = _read_fd(fd, _NPY_FIRST_READ, label)
         if not head:
             raise InputError(f"Cannot read {label}: the file is empty.")

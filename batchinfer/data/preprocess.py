@@ -38,6 +38,7 @@ from batchinfer.data.model_input import preprocess_for, raw_pixels_warning
 from batchinfer.data.npy import fill_npy, read_npy
 from batchinfer.data.pixels import write_pixels
 from batchinfer.data.shards import Member, ShardFiles, check_item_size, member_label
+from batchinfer.data.whole_file import not_regular_reason
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -136,18 +137,22 @@ def _load_member(
 
 
 def _open(path: str, label: str, limit: int | None) -> BinaryIO:
-    """The image file at ``path``, open; InputError when it is empty or larger than
-    ``limit`` bytes (Preprocess.max_item_bytes, as a tar member is refused)."""
+    """The image file at ``path``, open; InputError when it is not a regular file, empty or
+    larger than ``limit`` bytes (Preprocess.max_item_bytes, as a tar member is refused)."""
+    # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of blocking the reader.
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed by the caller's with-block
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
     try:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
+        st = os.fstat(fd)
+        reason = not_regular_reason(fd, st)
+        if reason is not None:  # /dev/zero, a FIFO, /proc/self/environ: not "empty"
+            raise InputError(f"Cannot read {label}: it {reason}.")
+        if st.st_size == 0:
             raise InputError(f"Cannot read {label}: the file is empty.")
-        check_item_size(size, limit, label, "the file")
+        check_item_size(st.st_size, limit, label, "the file")
     except BaseException:
-        f.close()
+        os.close(fd)
         raise
-    return f
+    return open(fd, "rb")  # closed by the caller's with-block

@@ -102,7 +102,9 @@ def _is_glob(spec: str) -> bool:
 
 
 def _is_file_with(test: Callable[[str], bool]) -> Callable[[str], bool]:
-    return lambda spec: os.path.isfile(spec) and test(spec)
+    # Not only regular files: a FIFO or a device named list.csv is opened as a list, and
+    # its opener says what it is (batchinfer.data.whole_file), not that it does not exist.
+    return lambda spec: os.path.exists(spec) and not os.path.isdir(spec) and test(spec)
 
 
 #: (recogniser, opener), tried in order (module docstring).

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 #: More classes than any detector has: a names list past this is not taken.
 MAX_CLASSES = 100_000
-#: A data.yaml larger than this is not read for names (Ultralytics' are a few KiB).
-MAX_YAML_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -78,39 +75,18 @@ def _coco(path: Path) -> DatasetClasses | None:
 
 
 def _yaml(path: Path) -> DatasetClasses | None:
-    import yaml
+    # The data.yaml reader's own checks (a regular file, bounded, keys type-checked without
+    # walking them): the dataset was opened through it, so a file it refuses never gets here.
+    from batchinfer.data.yolo_yaml import read_data_yaml
+    from batchinfer.errors import BatchinferError
 
-    if path.stat().st_size > MAX_YAML_BYTES:
-        return None
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError):
+        names = read_data_yaml(path).names
+    except BatchinferError:
         return None
-    names = _names(data.get("names") if isinstance(data, dict) else None)
-    if names is None:
+    if names is None or not 0 < len(names) <= MAX_CLASSES:
         return None
     return DatasetClasses(names, None, f"the names of {path.name}")
-
-
-def _names(value: Any) -> tuple[str, ...] | None:
-    """``names`` as Ultralytics writes it: a list of strings, or a mapping of the class
-    ids 0..N-1 to strings; None for anything else (checked before any value is used)."""
-    if isinstance(value, list):
-        if not 0 < len(value) <= MAX_CLASSES or not all(isinstance(v, str) for v in value):
-            return None
-        return tuple(value)
-    if isinstance(value, dict):
-        if not 0 < len(value) <= MAX_CLASSES:
-            return None
-        if not all(
-            isinstance(k, int) and not isinstance(k, bool) and isinstance(v, str)
-            for k, v in value.items()
-        ):
-            return None
-        if sorted(value) != list(range(len(value))):
-            return None
-        return tuple(value[i] for i in range(len(value)))
-    return None
 
 
 # -- a detection run's class names --------------------------------------------------------

@@ -50,10 +50,20 @@ def infer_canary(infer: Callable[[], list[np.ndarray]], tries: int = CANARY_TRIE
 
 
 def canary_difference(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    """Largest output difference relative to the outputs' magnitude."""
-    worst = max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(a, b, strict=True))
-    scale = max(float(np.max(np.abs(x), initial=0.0)) for x in a) or 1.0
-    return worst / scale
+    """Largest output difference relative to the outputs' (finite) magnitude. NaN against
+    NaN, and an infinity against the same infinity, agree: a model that gives them gives
+    them on every core (NaN compared as a number made every core differ, even from itself).
+    A non-finite value against anything else is an infinite difference."""
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        finite = np.isfinite(x) & np.isfinite(y)
+        alike = (x == y) | (np.isnan(x) & np.isnan(y))
+        if not np.all(alike | finite):
+            return float("inf")
+        worst = max(worst, float(np.max(np.abs(x[finite] - y[finite]), initial=0.0)))
+    scale = max(float(np.max(np.abs(x[np.isfinite(x)]), initial=0.0)) for x in map(np.asarray, a))
+    return worst / (scale or 1.0)
 
 
 class Canary:
@@ -91,12 +101,17 @@ class Canary:
     def _judge(self, core: int, outputs: list[np.ndarray]) -> list[str]:
         assert self.reference is not None
         ref_core, ref = self.reference
-        diff = canary_difference(ref, outputs)
+        diff = 0.0 if core == ref_core else canary_difference(ref, outputs)
         if diff <= CANARY_RTOL:
             return []
+        how = (
+            "one gives NaN or infinite values where the other does not"
+            if diff == float("inf")
+            else f"largest difference {diff:.2%} of the output range"
+        )
         return [
             f"{self.name(core)} gives different outputs from {self.name(ref_core)} for the same "
-            f"canary input (largest difference {diff:.2%} of the output range); some models do on "
+            f"canary input ({how}); some models do on "
             "real boards (airockchip/rknn-toolkit2#228): check this core's rows before "
             "trusting them, or leave it out of " + setting("runtime.cores") + "."
         ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import select
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,8 @@ class ChildPool:
         self._server = False
         self._abandoned: list[Child] = []  # killed before they were forked: gone at once
         self.server_cpu_s = 0.0  # the fork server's own CPU seconds, read when the pool closes
+        # Children asked to stop that were killed when join_timeout_s ran out (close()).
+        self.late_at_close: list[str] = []
 
     def open(self) -> None:
         """Launch the fork server now (it imports while the coordinator goes on)."""
@@ -193,6 +196,21 @@ class ChildPool:
             conn.close()
         child.proc.close()
 
+    @staticmethod
+    def _discard_results(children: list[Child]) -> None:
+        """Read and drop whatever ``children`` are sending, never blocking. A child that is
+        still starting when the run ends sends its start-up report after "stop" was sent (a
+        core worker's WorkerReady carries the canary's outputs: 2.8 MB for a YOLOv8 head),
+        and a pipe holds 64 KiB: unread, the child blocked in that send and never read its
+        "stop", so every short run waited join_timeout_s for it and then killed it. Raw
+        bytes, not messages: a whole message would block on one half-written, and none of
+        these is wanted any more (the pool's usage took each child's last report)."""
+        for child in children:
+            with contextlib.suppress(OSError, ValueError):
+                while child.readable.poll(0):
+                    if not os.read(child.results.fileno(), 1 << 20):
+                        break  # EOF: the child closed its end
+
     def close(self, hard: bool, join_timeout_s: float) -> None:
         """Stop every child: ask, wait up to ``join_timeout_s``, then SIGKILL (at once if
         ``hard``). Shutdown step 3 of the NOTE in slots.py."""
@@ -203,7 +221,14 @@ class ChildPool:
         if stopped:
             names = ", ".join(f"{c.name} (pid {c.proc.pid})" for c in stopped)
             log.warning("stopped (SIGSTOP) at the end of the run, so killed at once: %s", names)
-        polite = [c for c in live if not hard and c not in stopped]
+        # A child still starting holds no item and owes no row: waiting for it to finish
+        # creating its runtime and its canary (seconds on a board) only to stop it is what
+        # made short runs end seconds after their last row. It is killed at once.
+        starting = [c for c in live if c.state == ChildState.STARTING and c not in stopped]
+        for child in starting:
+            child.killed_for = child.killed_for or "still starting at the end of the run"
+            log.debug("%s was still starting at the end of the run: killed", child.name)
+        polite = [c for c in live if not hard and c not in stopped and c not in starting]
         for child in polite:
             self.send(child, Stop())
         start = self.clock()
@@ -218,9 +243,13 @@ class ChildPool:
                         "waiting up to %g s for %s (pid %s) to stop; then it is killed",
                         join_timeout_s, child.name, child.proc.pid,
                     )  # fmt: skip
+                self._discard_results(polite)
                 child.proc.join(min(0.1, max(0.0, deadline - self.clock())))
         for child in live:
             if child.proc.is_alive():
+                if child in polite and not child.proc.stopped():
+                    child.killed_for = child.killed_for or "did not stop in time"
+                    self.late_at_close.append(child.name)
                 child.proc.kill()  # a stopped child too; one never forked is abandoned
                 child.proc.join(join_timeout_s)
         for child in live:

@@ -26,6 +26,7 @@ from batchinfer.engine.detection import Boxes
 from batchinfer.engine.events import RowsDone
 from batchinfer.engine.scheduler import Finished, Scheduler
 from batchinfer.engine.slots import SlotRegion
+from batchinfer.messages import Message, setting
 from batchinfer.sink.predictions import top_k_batch
 from batchinfer.sink.rows import Row, RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
@@ -204,6 +205,7 @@ class Collector:
             d["items"] = d.get("items", 0) + 1
             d["boxes"] = d.get("boxes", 0) + len(rows)
             d["nonfinite"] = d.get("nonfinite", 0) + nonfinite
+            d["nonfinite_items"] = d.get("nonfinite_items", 0) + (nonfinite > 0)
             d["cpu_s"] = d.get("cpu_s", 0.0) + cpu_s
 
     def _error_row(self, f: Finished, now: float) -> Row:
@@ -215,7 +217,7 @@ class Collector:
         # file (no core was involved) names the line, as a malformed row's error does.
         where = getattr(item, "where", None)
         if where and f.core is None and error and not error.startswith(where):
-            error = f"{where}: {error}"
+            error = where + ": " + error  # a Message stays one (its settings rendered later)
         return Row(
             index=item.index,
             id=item.id,
@@ -233,3 +235,24 @@ class Collector:
             node=node,
             meta=item.columns,
         )
+
+
+def nonfinite_warning(detect: dict[str, float]) -> Message | None:
+    """What a detection run says at its end when the model's outputs were not finite: the
+    candidates dropped for a NaN or infinite score or box, and in how many images. Without
+    it, a detector whose outputs are all NaN gave every image 0 boxes and a clean
+    "complete" (only the manifest's ``detect.nonfinite_dropped`` knew)."""
+    dropped = int(detect.get("nonfinite", 0))
+    if not dropped:
+        return None
+    items, decoded = int(detect.get("nonfinite_items", 0)), int(detect.get("items", 0))
+    return (
+        f"the detector's outputs were NaN or infinite: {dropped:,} candidate box"
+        f"{'es' if dropped != 1 else ''} dropped as non-finite in {items:,} of {decoded:,} "
+        "images, whose rows have those boxes missing (none at all where every candidate "
+        "was); check the model's conversion and its input normalisation ("
+        + setting("preprocess.mean")
+        + ", "
+        + setting("preprocess.std")
+        + ")."
+    )

@@ -25,7 +25,7 @@ from batchinfer.data.dataset import Item
 from batchinfer.engine import events as ev
 from batchinfer.engine.board import BoardPool
 from batchinfer.engine.canary import Canary
-from batchinfer.engine.collector import Collector
+from batchinfer.engine.collector import Collector, nonfinite_warning
 from batchinfer.engine.fd_limit import too_many_files
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.pools import (
@@ -173,6 +173,9 @@ class Engine:
             status = "failed"
         finally:
             self.pool.close(self.hard_stop)
+        nonfinite = nonfinite_warning(self.collector.detect)
+        if nonfinite is not None:  # said by every front end: run, bench, eval, infer
+            self.warn(nonfinite)
         report = self.pool.report()
         return EngineResult(
             status=status,

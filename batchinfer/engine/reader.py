@@ -109,7 +109,7 @@ def _serve(
         for slot, index, path, item_id, member, values in msg.items:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
-            error = None
+            error: str | None = None
             try:
                 if spec.feeds:
                     load_feeds(
@@ -135,7 +135,9 @@ def _serve(
                 if geometry is not None:
                     write_geometry(geometry[slot][0], placed)
             except InputError as e:
-                error = str(e)
+                # Its settings stay references (batchinfer.messages), so the row's error is
+                # said as each front end names them (the CLI: --dtype).
+                error = e.message
             except Exception as e:  # a decoder bug must not kill the run: it is this item's error
                 error = f"cannot read {item_id}: {type(e).__name__}: {e}"
             board.finish(row)

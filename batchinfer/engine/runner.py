@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,12 +38,15 @@ from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
-from batchinfer.errors import render_fields
+from batchinfer.engine.task import TaskPlan
+from batchinfer.errors import UsageError, render_fields
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.output_folder import OutputFolder
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -124,6 +128,7 @@ def detect_figures(detect: dict[str, float]) -> dict[str, Any] | None:
         "items_decoded": decoded,
         "boxes": int(detect.get("boxes", 0)),
         "nonfinite_dropped": int(detect.get("nonfinite", 0)),
+        "nonfinite_items": int(detect.get("nonfinite_items", 0)),
         "postprocess_cpu_ms_per_item": (
             round(1e3 * detect.get("cpu_s", 0.0) / decoded, 4) if decoded else None
         ),
@@ -152,16 +157,34 @@ def _board_engine(
 
 
 def run(
-    config: RunConfig,
+    config: RunConfig | str | os.PathLike[str],
     observers: Sequence[Observer] = (),
     listing: Callable[[int], None] | None = None,
+    *,
+    model: str | os.PathLike[str] | None = None,
+    **options: Any,
 ) -> RunResult:
-    """Run a model over a dataset folder on the NPU cores into a run folder.
+    """Run a model over a dataset on the NPU cores into a run folder.
 
-    Raises a :class:`~batchinfer.errors.BatchinferError` for anything that stops the run
-    before or while it runs; item failures are error rows, not exceptions. ``listing`` is
-    called with the number of entries listed so far while a big dataset is listed.
+    Either ``run(RunConfig(...))`` or ``run(dataset, model=..., **options)`` with the CLI's
+    option names (``cores=(0, 1, 2)``, ``backend="sim"``, ``out="runs/a"``: see
+    :meth:`RunConfig.of`). Raises a :class:`~batchinfer.errors.BatchinferError` for anything
+    that stops the run before or while it runs; item failures are error rows, not
+    exceptions. ``listing`` is called with the number of entries listed so far while a big
+    dataset is listed.
     """
+    if not isinstance(config, RunConfig):
+        if model is None:
+            raise UsageError(
+                f"run({os.fsdecode(config)!r}) needs the model: run(dataset, model=...), "
+                "or a RunConfig."
+            )
+        config = RunConfig.of(config, model, **options)
+    elif model is not None or options:
+        given = ", ".join(["model", *options] if model is not None else options)
+        raise UsageError(
+            f"run takes a RunConfig or (dataset, model=..., options), not both ({given})."
+        )
     if config.output.out is not None:
         refuse_if_held(config.output.out)  # before the fork server is launched for nothing
     # The children's fork server is launched first: it imports while this process plans.
@@ -195,7 +218,8 @@ def _run(
     n = len(plan.dataset) if limit is None else min(len(plan.dataset), limit)
     skipped = out.done_below(n)
     source = DatasetSource(plan.dataset, skip=out.skip(), limit=limit, todo=n - skipped)
-    failed, first_row, notes = _FirstFailures(), _FirstRow(), _DatasetNotes(plan.dataset)
+    failed, first_row = _FirstFailures(), _FirstRow()
+    notes = _DatasetNotes(plan.dataset, plan.engine.task)
     engine = make_engine(
         plan, source, out.rows, [notes, failed, first_row, *observers], out.invocation
     )
@@ -245,14 +269,18 @@ def _run(
 
 
 class _DatasetNotes:
-    """Says how the dataset was read (labels, leftovers skipped) once, when items start to
-    flow: an invocation refused before that ends with its one error line only."""
+    """Says the task picked and why, and how the dataset was read (labels, leftovers
+    skipped), once, when items start to flow: an invocation refused before that ends with
+    its one error line only."""
 
-    def __init__(self, dataset: Dataset) -> None:
+    def __init__(self, dataset: Dataset, task: TaskPlan | None) -> None:
         self.dataset: Dataset | None = dataset
+        self.task = task
 
     def notify(self, event: object) -> None:
         if self.dataset is not None and isinstance(event, Started):
+            if self.task is not None:
+                log.info(self.task.said())
             say_notes(self.dataset)
             self.dataset = None
 
@@ -275,7 +303,7 @@ def _detect_record(out: OutputFolder, detect: dict[str, float], plan: RunPlan) -
     if not plan.engine.detects:
         return {}
     earlier = out.earlier("detect_totals") or {}
-    keys = ("items", "boxes", "nonfinite", "cpu_s")
+    keys = ("items", "boxes", "nonfinite", "nonfinite_items", "cpu_s")
     totals = {k: earlier.get(k, 0) + detect.get(k, 0) for k in keys}
     return {"detect": detect_figures(totals), "detect_totals": totals}
 

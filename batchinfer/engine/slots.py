@@ -58,8 +58,10 @@ Shutdown order (engine loop, see ``Engine._close``), the same on success, error 
 1. stop admitting items and dispatching to workers;
 2. wait (bounded: ``reliability.drain_timeout_s``) for items in flight to come back and
    write their rows; a second Ctrl-C skips the rest of this wait;
-3. send ``stop`` to every reader and worker, join them with a timeout, SIGKILL what is left
-   (after a second Ctrl-C: SIGKILL at once). Children also exit when their pipe from the
+3. send ``stop`` to every reader and worker that is ready, join them with a timeout (reading
+   and dropping what they still send, so none blocks in a send and never reads its stop),
+   SIGKILL what is left (after a second Ctrl-C: SIGKILL at once). A child still starting
+   holds no item: it is killed at once, not waited for. Children also exit when their pipe from the
    coordinator closes, and get SIGKILL from the kernel when the coordinator dies;
 4. close and unlink every segment: only after every child is gone, so no child ever maps a
    segment that has been unlinked and recreated;

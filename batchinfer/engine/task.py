@@ -48,7 +48,7 @@ from batchinfer.detect.class_names import (  # noqa: F401  (where names came fro
     NAMES_NONE,
 )
 from batchinfer.errors import ConfigError, ModelError
-from batchinfer.messages import setting
+from batchinfer.messages import Message, setting
 
 if TYPE_CHECKING:
     from batchinfer.detect import DetectSettings, Head
@@ -116,6 +116,33 @@ class TaskPlan:
         if self.head is not None and self.task == DETECT:
             return f"{DETECT}: {self.head.describe()}"
         return f"{self.task}: {self.reason}"
+
+    def said(self) -> Message:
+        """The line a run starts with: the task it picked and why ("task: detect (YOLOv8
+        Ultralytics head, 80 classes, strides 8/16/32: output (1, 84, 8400), from the model's
+        metadata)"), so a model stored raw, or taken for a detector, is never a surprise."""
+        asked = self.reason == "asked for"
+        if self.detects and self.head is not None:
+            n = len(self.output_shapes)
+            outputs = (
+                f"{n} outputs"
+                if n > 3
+                else f"output{'s' if n > 1 else ''} {_shapes_text(self.output_shapes)}"
+            )
+            why = Message(f"{self.head.describe()}: {outputs}, ")
+            if asked:
+                why += "asked for with " + setting("detect.task")
+            elif self.model_task == DETECT:
+                why += "from the model's metadata (task: detect) and its output shapes"
+            else:
+                why += "recognised from the output shapes"
+        elif asked:
+            why = "asked for with " + setting("detect.task")
+        else:
+            why = Message(self.reason)
+            if self.task == RAW:
+                why += "; " + setting("detect.task") + " classify or detect overrides"
+        return "task: " + Message(self.task, " (", why, ")")
 
     def to_json(self) -> dict[str, Any]:
         """The manifest's ``task`` record."""

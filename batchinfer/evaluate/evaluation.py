@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.data.shards import ShardSet
+from batchinfer.data.whole_file import LABELS_BOUND, read_whole
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -98,9 +99,16 @@ def class_map(job: Job, dataset: Dataset) -> tuple[tuple[str, ...], dict[str, in
         inverse = {index: name for name, index in dataset.labels.items()}
         names = tuple(inverse.get(i, str(i)) for i in range(len(inverse)))
         return names, None, {"source": "folders"}
+    raw = read_whole(
+        labels_file,
+        "dataset.labels",
+        LABELS_BOUND,
+        error=lambda message: job.error(message, "dataset.labels"),
+        hint="give a text file with one class name per line",
+    )
     try:
-        text = labels_file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise job.error(f"dataset.labels {labels_file} cannot be read ({exc}).") from None
     names = [line.strip() for line in text.rstrip("\n").split("\n")]
     if not names or "" in names:

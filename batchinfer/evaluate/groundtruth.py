@@ -42,10 +42,19 @@ from typing import Any
 
 from PIL import Image
 
+from batchinfer.data.parse_errors import parse_problem
+from batchinfer.data.whole_file import (
+    COCO_BOUND,
+    NESTING_ERRORS,
+    YOLO_LABELS_BOUND,
+    read_whole,
+)
 from batchinfer.errors import DatasetError
 
 #: How many unmatched names a record keeps (the counts are always complete).
 NAMES_KEPT = 20
+#: Repeated annotation ids named in the error (the count is always complete).
+_REPEATS_SHOWN = 5
 
 _ORIENTATION_TAG = 0x0112
 _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that turn the image by 90°
@@ -156,19 +165,39 @@ def _sha256(data: bytes) -> str:
 
 # --------------------------------------------------------------------------- COCO
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past a float's range (JSON integers have no bound)
+        return False
+
+
+def _shown(value: Any) -> str:
+    """A value of a file as a message may show it: short, and never repr() of a structure
+    (which may be huge, or nested deeper than repr() can go)."""
+    if isinstance(value, dict):
+        return f"an object of {len(value)} keys"
+    if isinstance(value, list):
+        return f"a list of {len(value)} values"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_coco_json(path: Path, what: str = "the ground truth") -> tuple[bytes, Any]:
     """(the bytes, the parsed JSON) of a COCO file; GroundTruthError if it is unreadable."""
+    raw = read_whole(
+        path, what, COCO_BOUND, error=GroundTruthError, hint="give a COCO instances file"
+    )
     try:
-        raw = path.read_bytes()
         return raw, json.loads(raw)
-    except OSError as exc:
-        raise GroundTruthError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer of thousands of digits
         raise GroundTruthError(
-            f"{what} {path} is not valid JSON ({exc}); give a COCO instances file."
+            f"{what} {path} is not valid JSON ({parse_problem(exc)}); give a COCO instances file."
+        ) from None
+    except NESTING_ERRORS:
+        raise GroundTruthError(
+            f"{what} {path} nests JSON deeper than it can be read; give a COCO instances file."
         ) from None
 
 
@@ -176,9 +205,14 @@ def coco_images(data: Any, where: str) -> Iterator[dict[str, Any]]:
     """The entries of a COCO file's ``images`` list, each checked to have an integer id
     (not repeated) and a file_name; GroundTruthError for one that has not."""
     known: set[int] = set()
-    for entry in data["images"]:
+    for n, entry in enumerate(data["images"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
-            raise GroundTruthError(f"{where}: an image has no integer id: {entry!r:.120}.")
+            # Named by its place and kind, not its repr: an entry may be huge or nested
+            # deeper than repr() can go.
+            raise GroundTruthError(
+                f"{where}: image {n} (counting from 0) has no integer id "
+                f"({_shown(entry.get('id') if isinstance(entry, dict) else entry)})."
+            )
         if not isinstance(entry.get("file_name"), str):
             raise GroundTruthError(f"{where}: image {entry['id']} has no file_name.")
         if entry["id"] in known:
@@ -205,9 +239,12 @@ def read_coco(
             "and categories)."
         )
     categories = []
-    for c in data["categories"]:
+    for n, c in enumerate(data["categories"]):
         if not isinstance(c, dict) or not isinstance(c.get("id"), int) or "name" not in c:
-            raise GroundTruthError(f"{where}: a category has no integer id or no name: {c!r}.")
+            raise GroundTruthError(
+                f"{where}: category {n} (counting from 0) has no integer id or no name "
+                f"({_shown(c)})."
+            )
         categories.append(Category(c["id"], str(c["name"])))
     if len({c.id for c in categories}) != len(categories):
         raise GroundTruthError(f"{where} lists a category id twice.")
@@ -246,10 +283,9 @@ def read_coco(
         )
 
     matched_ids = set(image_ids.values())
+    _check_annotation_ids(data["annotations"], where)
     annotations, dropped = [], 0
     for n, a in enumerate(data["annotations"]):
-        if not isinstance(a, dict):
-            raise GroundTruthError(f"{where}: annotation {n} is not an object.")
         box = a.get("bbox")
         if not (isinstance(box, list) and len(box) == 4 and all(map(_number, box))):
             raise GroundTruthError(
@@ -295,6 +331,37 @@ def read_coco(
         unknown_images=tuple(unknown),
         dropped_annotations=dropped,
     )
+
+
+def _check_annotation_ids(entries: list[Any], where: str) -> None:
+    """GroundTruthError for an annotation that is not an object, has an id that is not an
+    integer, or shares its id with another: a copied annotation would count twice (a
+    second box on the object, scored as a miss), silently."""
+    seen: set[int] = set()
+    repeated: dict[int, None] = {}  # in the file's order
+    for n, a in enumerate(entries):
+        if not isinstance(a, dict):
+            raise GroundTruthError(f"{where}: annotation {n} is not an object.")
+        if "id" not in a:  # tolerated (our own ids replace them): nothing to repeat
+            continue
+        ident = a["id"]
+        if not isinstance(ident, int) or isinstance(ident, bool):
+            raise GroundTruthError(
+                f"{where}: annotation {n} (counting from 0) has the id {_shown(ident)}; an "
+                "annotation id is an integer."
+            )
+        if ident in seen:
+            repeated[ident] = None
+        seen.add(ident)
+    if repeated:
+        ids = list(repeated)
+        shown = ", ".join(map(str, ids[:_REPEATS_SHOWN]))
+        more = f" and {len(ids) - _REPEATS_SHOWN} more" if len(ids) > _REPEATS_SHOWN else ""
+        raise GroundTruthError(
+            f"{where} gives {len(ids)} annotation id(s) to more than one annotation "
+            f"({shown}{more}); each annotation needs its own id, and a repeated "
+            "annotation would be scored as a second object."
+        )
 
 
 # --------------------------------------------------------------------------- YOLO
@@ -374,10 +441,16 @@ def read_yolo(
         stem = key.rsplit("/", 1)[-1]
         item = by_key.get(key) or (by_stem.get(stem) if label_stems[stem] == 1 else None)
         path = folder / rel
+        raw = read_whole(
+            path,
+            "the label file",
+            YOLO_LABELS_BOUND,
+            error=GroundTruthError,
+            hint="give YOLO .txt label files",
+        )
         try:
-            raw = path.read_bytes()
             text = raw.decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        except UnicodeDecodeError as exc:
             raise GroundTruthError(f"the label file {path} cannot be read ({exc}).") from None
         digest.update(rel.encode() + b"\0" + raw + b"\0")
         rows = _parse_yolo(text, f"the label file {path}", n_classes)

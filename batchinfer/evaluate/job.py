@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from batchinfer.bounds import Bounds
+from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.shards import is_shard_spec
+from batchinfer.data.whole_file import JOB_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import BatchinferError, ConfigError
 from batchinfer.evaluate.metrics import Metric, builtin_metrics
 from batchinfer.messages import setting
@@ -328,17 +330,22 @@ def load_job(path: Path | str) -> Job:
     unknown metric is refused here, before anything runs.
     """
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise JobError(
-            f"job file {path} cannot be read ({exc.strerror or exc}); pass the path of a "
-            "TOML job file such as jobs/digits.toml."
-        ) from None
+    raw = read_whole(
+        path,
+        "job file",
+        JOB_BOUND,
+        error=JobError,
+        hint="pass the path of a TOML job file such as jobs/digits.toml",
+    )
     try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise JobError(f"{path}: not valid TOML ({exc}); fix the file.") from None
+    except ValueError as exc:  # not UTF-8, not TOML, or an integer of thousands of digits
+        raise JobError(f"{path}: not valid TOML ({parse_problem(exc)}); fix the file.") from None
+    except NESTING_ERRORS:  # tomllib parses nested arrays and inline tables recursively
+        raise JobError(
+            f"{path}: arrays or inline tables nested too deeply to read; a job file's values "
+            "are nested a few levels at most, fix the file."
+        ) from None
 
     folder = Path(os.path.abspath(path)).parent
 

@@ -21,8 +21,8 @@ AttributeError that names what the real runtime offers (:data:`MEMBERS`).
 After an ``init_runtime`` that failed once the runtime object existed (the model or the
 device refused: the wheel's ``build_graph`` step), the real RKNNLite keeps that object in
 ``rknn_runtime``: it is not None although ``init_runtime`` returned -1 (test the return
-value, not ``rknn_runtime``). :class:`UnbuiltRuntime` stands for it: every query raises,
-``inference`` returns None with ``E Catch exception when setting inputs.``,
+value, not ``rknn_runtime``). ``UnbuiltRuntime`` (runtime/_unbuilt_runtime.py) stands for
+it: every query raises, ``inference`` returns None with ``E Catch exception when setting inputs.``,
 ``get_sdk_version`` returns None, ``release`` sets it back to None.
 
 ``get_tensor_attr`` returns a ctypes structure laid out like the wheel's (rknn_api.h's
@@ -121,23 +121,17 @@ MEMBERS = (
     "run(get_frame_id=False)",
     "get_outputs(get_frame_id=False)",
     "get_run_perf()",
+    "get_output_shape(index)",
+    "set_core_mask(core_mask)",
+    "check_dynamic_shape()",
     "release()",
 )
-# Members of the real RKNNRuntime that the emulator does not have: ctypes internals, steps
-# RKNNLite.init_runtime takes itself, and a query whose arguments are not known.
-_NOT_EMULATED = (
-    "lib",
-    "context",
-    "build_graph",
-    "set_core_mask",
-    "check_rt_version",
-    "extend_rt_lib",
-    "check_dynamic_shape",
-    "get_output_shape",
-)
+# Members of the real RKNNRuntime that the emulator does not have: ctypes internals and
+# steps RKNNLite.init_runtime takes itself.
+_NOT_EMULATED = ("lib", "context", "build_graph", "check_rt_version", "extend_rt_lib")
 
 
-def _missing_member(name: str) -> AttributeError:
+def missing_member(name: str) -> AttributeError:
     """The AttributeError for a member the emulator's ``rknn_runtime`` lacks."""
     offered = ", ".join(MEMBERS)
     if name in _NOT_EMULATED:
@@ -180,6 +174,9 @@ class EmulatedRuntime:
         self._output_dims = tuple(concrete_dims(o.shape) for o in session.get_outputs())
         self._sdk = sdk
         self._runner: Runner | None = None  # set by the RKNNLite that made this runtime
+        self._core_mask_setter: Callable[[int], None] | None = None
+        self._dynamic_checked: Callable[[bool], None] | None = None
+        self.is_dynamic_shape = False  # the wheel's attribute, set by check_dynamic_shape
         self._staged: dict[str, np.ndarray] | None = None  # set_inputs' feeds, for run
         self._outputs: list[np.ndarray] | None = None  # the last run's, for get_outputs
         self._run_us = 0  # the last run's duration, for get_run_perf
@@ -188,11 +185,19 @@ class EmulatedRuntime:
         # Only called for members that do not exist: say what the real runtime offers.
         if name.startswith("__"):
             raise AttributeError(name)
-        raise _missing_member(name)
+        raise missing_member(name)
 
-    def bind(self, runner: Runner) -> None:
-        """Let ``run`` use the owning RKNNLite's timing and faults (RKNNLite calls this)."""
+    def bind(
+        self,
+        runner: Runner,
+        core_mask_setter: Callable[[int], None] | None = None,
+        dynamic_checked: Callable[[bool], None] | None = None,
+    ) -> None:
+        """Let ``run`` use the owning RKNNLite's timing and faults, ``set_core_mask`` its
+        chip rules and ``check_dynamic_shape`` its board lines (RKNNLite calls this)."""
         self._runner = runner
+        self._core_mask_setter = core_mask_setter
+        self._dynamic_checked = dynamic_checked
 
     # ---------------------------------------------------------------- queries
     def get_in_out_num(self) -> tuple[int, int]:
@@ -244,6 +249,34 @@ class EmulatedRuntime:
     def get_sdk_version(self) -> tuple[str, str, str]:
         """(banner text, API version text, driver version text)."""
         return self._sdk
+
+    def get_output_shape(self, index: int) -> list[int]:
+        """The dims of output ``index``. The wheel's method takes exactly one argument
+        besides self (its argument check, rknn_runtime .so); its name and meaning are not
+        readable there, so the index and the returned list are [guess]."""
+        if not isinstance(index, int) or not 0 <= index < len(self.output_names):
+            raise Exception(
+                f"Query tensor attribute of output {index} failed, error code: "
+                "RKNN_ERR_PARAM_INVALID"
+            )
+        return [max(d, 0) for d in self._output_dims[index]]
+
+    def set_core_mask(self, core_mask: int) -> int:
+        """0 when the chip takes ``core_mask``; raises (after its E line) when it does not,
+        and init_runtime then logs ``E Catch exception when set npu core mode.`` and
+        returns -1 (rknn_lite.py; the messages are the rknn_runtime .so's strings)."""
+        if self._core_mask_setter is not None:
+            self._core_mask_setter(core_mask)
+        return 0
+
+    def check_dynamic_shape(self) -> None:
+        """Query whether the model has dynamic shapes (the wheel's docstring: "query the
+        model's rknn_input_range; if that fails it is not a dynamic-shape model"); a
+        static model gets the board's two warnings. Returns None [guess: init_runtime
+        ignores the value]."""
+        self.is_dynamic_shape = any(spec.shapes is not None for spec in self.inputs)
+        if self._dynamic_checked is not None:
+            self._dynamic_checked(self.is_dynamic_shape)
 
     def release(self) -> None:
         self.session = None
@@ -335,17 +368,11 @@ class EmulatedRuntime:
             raise InputRejected(f"Type of inputs[{i}] is not np.ndarray!")
         dtype = arr.dtype.name
         if dtype not in C.SUPPORTED_DTYPES:
-            raise InputRejected(
-                f"Unsupport inputs[{i}].dtype: {dtype}; convert it to one of "
-                f"{', '.join(C.SUPPORTED_DTYPES)} (float64 is a common mistake: use float32)."
-            )
+            raise InputRejected(f"Unsupport inputs[{i}].dtype: {dtype}")
         if data_type is not None and data_type != dtype:
-            raise InputRejected(
-                f"inputs[{i}].dtype: {dtype} is not same as data_type ('{data_type}'); nothing "
-                f"is converted, pass data_type='{dtype}' or convert the array."
-            )
+            raise InputRejected(f"inputs[{i}].dtype: {dtype} is not same as data_type")
         if data_format is not None and data_format not in ("nhwc", "nchw"):
-            raise InputRejected(f"Unsupport data format: {data_format}; use 'nhwc' or 'nchw'.")
+            raise InputRejected(f"Unsupport data format: {data_format}")
         if pass_through:
             native = self.native_in[i]
             if arr.dtype != np.dtype(native.dtype) or arr.ndim != len(spec.shape):
@@ -360,8 +387,7 @@ class EmulatedRuntime:
         if arr.ndim != rank:
             hint = " Please try to feed input as 4D data." if rank == 4 else ""
             raise InputRejected(
-                f"The input[{i}] need {rank}dims input, but {arr.ndim}dims input buffer feed."
-                f"{hint} (Did you forget the batch axis? use np.expand_dims(x, 0).)"
+                f"The input[{i}] need {rank}dims input, but {arr.ndim}dims input buffer feed.{hint}"
             )
         if data_format == "nchw":
             if rank == 4:
@@ -417,52 +443,6 @@ class EmulatedRuntime:
             data = data.transpose(_NHWC_TO_NCHW)
         # A real NPU converts and quantises internally; ONNX Runtime needs the graph's type.
         return np.ascontiguousarray(data, dtype=spec.onnx_dtype)
-
-
-class UnbuiltRuntime:
-    """``rknn_runtime`` after an ``init_runtime`` that failed in the wheel's build_graph
-    step (see the module docstring): every call fails as on an invalid context [guess:
-    the error code], and release() is safe."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise _missing_member(name)
-
-    def _fail(self, what: str) -> Exception:
-        return Exception(
-            f"{what} failed: init_runtime failed ({self.why}). error code: RKNN_ERR_CTX_INVALID"
-        )
-
-    def get_in_out_num(self) -> tuple[int, int]:
-        raise self._fail("Query in/out num")
-
-    def get_tensor_attr(self, index: int, is_output: bool = False) -> RKNNTensorAttr:
-        raise self._fail(f"Query tensor attribute of {'output' if is_output else 'input'} {index}")
-
-    def get_sdk_version(self) -> tuple[str, str, str]:
-        raise self._fail("Query sdk version")
-
-    def feeds(self, *args: Any, **kwargs: Any) -> dict[str, np.ndarray]:
-        raise self._fail("Set inputs")
-
-    def set_inputs(self, *args: Any, **kwargs: Any) -> None:
-        raise self._fail("Set inputs")
-
-    def run(self, get_frame_id: bool = False) -> int:
-        raise self._fail("Run")
-
-    def get_outputs(self, get_frame_id: bool = False) -> list[np.ndarray]:
-        raise self._fail("Get outputs")
-
-    def get_run_perf(self) -> RKNNPerfRun:
-        raise self._fail("Query perf run")
-
-    def release(self) -> None:
-        """Nothing to free."""
 
 
 def per_input(value: Any, n: int, what: str) -> list:

@@ -9,8 +9,9 @@ usual name (``logger.setLevel("INFO")``, ``logging.basicConfig(level="INFO")``,
 blakeblackshear/frigate#8434 moved its import for that reason).
 
 The engine undoes it right after importing the real package (runtime/rknnlite.py). The
-emulator can do it (``python -m batchinfer.runtime.emulate --rename-log-levels``), so a
-script that would break on a board breaks on this machine too.
+emulator does it too when a script imports ``rknnlite.api`` under ``python -m
+batchinfer.runtime.emulate`` (unless ``--keep-log-levels``), so a script that would break
+on a board breaks on this machine too.
 
 No public API removes a level name (``logging.addLevelName`` only adds), so this module
 reads and writes logging's two private tables, ``_levelToName`` and ``_nameToLevel``, in

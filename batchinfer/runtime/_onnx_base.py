@@ -8,7 +8,7 @@ ValueError, as in the wheel), lines go through ``self.rknn_log.logger``, and a b
 fails in ``init_runtime``, not in ``load_rknn``. The public attributes of the real object
 exist: ``rknn_log``, ``rknn_runtime`` (None until ``init_runtime`` makes one: an
 :class:`~batchinfer.runtime._emulated_runtime.EmulatedRuntime`, or after a model or device
-that fails, an :class:`~batchinfer.runtime._emulated_runtime.UnbuiltRuntime`, as the wheel
+that fails, an :class:`~batchinfer.runtime._unbuilt_runtime.UnbuiltRuntime`, as the wheel
 keeps its half-made runtime), ``rknn_data``, ``rknn_user_key``, ``target``, ``root_dir``,
 ``load_model_in_npu``, ``verbose``.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +36,8 @@ import numpy as np
 from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import graph
-from batchinfer.runtime._emulated_runtime import EmulatedRuntime, InputRejected, UnbuiltRuntime
+from batchinfer.runtime._emulated_runtime import EmulatedRuntime
+from batchinfer.runtime._unbuilt_runtime import UnbuiltRuntime
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import (
     ORT_DTYPES,
@@ -47,8 +49,17 @@ from batchinfer.runtime.model_info import (
 from batchinfer.runtime.rknn_file import read_rknn_metadata
 from batchinfer.runtime.rknn_log import RKNNLog
 
-#: Platforms list_support_target_platform() prints when given no model (rknn-toolkit-lite2 2.5.0).
-SUPPORTED_PLATFORMS = {"RKNPU2": ["RK3562", "RK3566", "RK3568", "RK3576", "RK3588", "RV1126B"]}
+#: Platforms list_support_target_platform() prints when given no model, by NPU model ("chip
+#: family"), in the order of the wheel's rknnlite/config/cpu_npu_mapper.yml (2.5.0).
+SUPPORTED_PLATFORMS = {
+    "RKNPU2-T4": ["RK3562"],
+    "RKNPU2-LITE": ["RK3566", "RK3568"],
+    "RKNPU2-V2": ["RK3588"],
+    "RKNPU2-F2": ["RK3576"],
+    "RKNPU2-F3": ["RV1126B"],
+}
+# The rule list_support_target_platform prints around its lines (rknn_platform_utils strings).
+_STARS = "*" * 50
 #: The version this runtime's interface follows.
 RKNN_API_VERSION = "2.5.0"
 # The banner get_sdk_version() returns (Toolkit Lite2 manual, get_sdk_version).
@@ -172,13 +183,19 @@ class OnnxRKNNBase:
                 f"Exception: RKNN init failed. error code: RKNN_ERR_MODEL_INVALID ({exc})", False
             )
             return self._unbuilt(f"RKNN_ERR_MODEL_INVALID: {exc}")
-        runtime.bind(self._run_feeds)
+        runtime.bind(self._run_feeds, self._apply_core_mask, self._dynamic_checked)
         self.rknn_runtime = runtime
         self._async = bool(async_mode)
         self._frame_id = 0
-        # The real runtime stays alive when only the core mask fails: so does this one.
-        ret = 0 if self._apply_core_mask(core_mask) else -1
         self._after_init(runtime)
+        # The wheel's own steps and lines (rknnlite/api/rknn_lite.py, init_runtime): the
+        # runtime stays alive when only the core mask fails, with -1 and no traceback.
+        try:
+            ret = runtime.set_core_mask(core_mask)
+        except Exception:
+            self.rknn_log.e("Catch exception when set npu core mode.", False)
+            return -1
+        runtime.check_dynamic_shape()
         return ret
 
     def _unbuilt(self, why: str) -> int:
@@ -256,20 +273,23 @@ class OnnxRKNNBase:
         """
         if rknn_model is not None and not os.path.exists(rknn_model):
             self.rknn_log.e(f"The model {rknn_model} does not exist.")
+        # The lines are the wheel's (rknnlite/api/rknn_platform_utils strings); how a list is
+        # rendered inside them is [guess] (docs/guide/emulator.md).
         if rknn_model is None:
             result: dict = {k: list(v) for k, v in SUPPORTED_PLATFORMS.items()}
-            self.rknn_log.p("*" * 48)
-            for kind, chips in result.items():
-                self.rknn_log.p(f"{kind}: {chips}")
-            self.rknn_log.p("*" * 48)
+            self.rknn_log.p(_STARS)
+            self.rknn_log.p("All RKNN Toolkit supported target platforms:")
+            for family, chips in result.items():
+                self.rknn_log.p(f"chip family {family}: {chips}")
+            self.rknn_log.p(_STARS)
             return result
         filled = _filled_platforms(Path(rknn_model))
-        supported = filled if filled else list(SUPPORTED_PLATFORMS["RKNPU2"])
+        supported = filled if filled else [c for v in SUPPORTED_PLATFORMS.values() for c in v]
         result = {"filled_target_platform": filled, "support_target_platform": supported}
-        self.rknn_log.p("*" * 48)
+        self.rknn_log.p(_STARS)
         self.rknn_log.p(f"Target platforms filled in RKNN model:         {filled}")
         self.rknn_log.p(f"Target platforms supported by this RKNN model: {supported}")
-        self.rknn_log.p("*" * 48)
+        self.rknn_log.p(_STARS)
         return result
 
     def list_devices(self) -> tuple[list, list]:
@@ -300,10 +320,10 @@ class OnnxRKNNBase:
             return None
         try:
             feeds = runtime.feeds(inputs, data_type, data_format, inputs_pass_through)
-        except Exception as exc:  # InputRejected, an UnbuiltRuntime's, or a TypeError
+        except Exception:  # InputRejected, an UnbuiltRuntime's, or a TypeError
+            # The wheel's two lines: this one, then the traceback (rknn_lite.py, inference).
             self.rknn_log.e("Catch exception when setting inputs.", False)
-            plain = isinstance(exc, InputRejected) or type(exc) is Exception
-            self.rknn_log.e(f"Exception: {exc}" if plain else repr(exc), False)
+            self.rknn_log.e(traceback.format_exc(), False)
             return None
         assert isinstance(runtime, EmulatedRuntime)  # an UnbuiltRuntime's feeds raised
         try:
@@ -374,14 +394,16 @@ class OnnxRKNNBase:
     def _after_init(self, runtime: EmulatedRuntime) -> None:
         """Lines the runtime writes once it is up (the sim writes librknnrt's)."""
 
-    def _apply_core_mask(self, core_mask: int) -> bool:
-        """Record the core mask; False (after logging) when init_runtime must return -1."""
+    def _apply_core_mask(self, core_mask: int) -> None:
+        """``rknn_runtime.set_core_mask``'s work: record the mask, or log the reason and
+        raise (ValueError, as the wheel's ``rknn_log.e`` does) when it is refused."""
         if core_mask not in C.VALID_CORE_MASKS:
-            self.rknn_log.e(f"The core mode {core_mask} is not supported currently.", False)
             self.core_mask = C.NPU_CORE_AUTO
-            return False
+            self.rknn_log.e(f"The core mode {core_mask} is not supported currently.")
         self.core_mask = core_mask
-        return True
+
+    def _dynamic_checked(self, dynamic: bool) -> None:
+        """``rknn_runtime.check_dynamic_shape`` ran (the sim writes the board's lines)."""
 
     def _execute(
         self, runtime: EmulatedRuntime, feeds: dict[str, np.ndarray], deliver: Deliver

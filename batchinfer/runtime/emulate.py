@@ -9,16 +9,16 @@ Settings come from the BATCHINFER_SIM_* environment variables (docs/guide/emulat
 
 Importing the real ``rknnlite.api`` renames Python's logging levels to single letters, so
 ``logging.basicConfig(level="INFO")`` after it fails on a board
-(runtime/_level_names.py). The emulator leaves them alone unless asked:
-``--rename-log-levels`` (or ``BATCHINFER_SIM_RENAME_LOG_LEVELS=1``) renames them when the
-script imports ``rknnlite.api``, as the real package does, so a script that would break
-on a board breaks here too.
+(runtime/_level_names.py). The emulator does the same when the script imports
+``rknnlite.api``, so a script that would break on a board breaks here too;
+``--keep-log-levels`` (or ``BATCHINFER_SIM_RENAME_LOG_LEVELS=0``) leaves the names alone.
 
 Many public scripts check the machine before touching RKNNLite: ``platform.machine()``
 is not ``aarch64``, or ``/proc/device-tree/compatible`` does not name a Rockchip chip, so
 on x86 they exit at once. ``--board CHIP`` makes exactly these two checks answer like a
 CHIP board: ``platform.machine()`` and ``platform.uname().machine`` say ``aarch64``, and
-opening or testing ``/proc/device-tree/compatible`` gives ``rockchip,<chip>``; it also
+opening ``/proc/device-tree/compatible`` gives ``rockchip,<chip>`` and ``os.stat``,
+``os.path.exists``/``isfile`` and ``Path.exists``/``is_file`` see it as a file; it also
 emulates that chip (BATCHINFER_SIM_CHIP). Anything else a script probes (``os.uname()``,
 ``/sys``, ``/dev``) still answers as this machine does.
 """
@@ -34,7 +34,9 @@ import io
 import os
 import platform
 import runpy
+import stat
 import sys
+import time
 import types
 from collections.abc import Sequence
 
@@ -43,8 +45,10 @@ from batchinfer.runtime.constants import CHIP_CORES
 DEVICE_TREE_COMPATIBLE = "/proc/device-tree/compatible"
 
 
-#: Set (to 1) to rename the logging levels when a script imports rknnlite.api.
+#: Set to 0 to keep the logging level names when a script imports rknnlite.api (the
+#: default renames them, as the real package does).
 RENAME_ENV = "BATCHINFER_SIM_RENAME_LOG_LEVELS"
+_OFF = ("0", "false", "no", "off")
 # The modules a script may import; each is a package but the last, as in the wheel.
 _MODULES = ("rknnlite", "rknnlite.api", "rknnlite.api.rknn_lite")
 
@@ -79,10 +83,10 @@ class _RknnliteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def install_rknnlite_alias(rename_levels: bool | None = None) -> None:
     """Make ``rknnlite``, ``rknnlite.api`` and ``rknnlite.api.rknn_lite`` importable, with
-    the emulator's RKNNLite; ``rename_levels`` (default: $BATCHINFER_SIM_RENAME_LOG_LEVELS)
-    renames the logging levels at that import, as the real package does."""
+    the emulator's RKNNLite; ``rename_levels`` renames the logging levels at that import,
+    as the real package does (default: yes, unless $BATCHINFER_SIM_RENAME_LOG_LEVELS is 0)."""
     if rename_levels is None:
-        rename_levels = os.environ.get(RENAME_ENV, "").strip().lower() in ("1", "true", "yes")
+        rename_levels = os.environ.get(RENAME_ENV, "").strip().lower() not in _OFF
     for name in _MODULES:
         sys.modules.pop(name, None)
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _RknnliteFinder)]
@@ -105,14 +109,23 @@ def pretend_board(chip: str) -> None:
 
     builtins.open = board_open
     io.open = board_open  # pathlib opens through io.open
-    for name in ("exists", "isfile"):
-        real = getattr(os.path, name)
-        setattr(os.path, name, _also_true_for(real, DEVICE_TREE_COMPATIBLE))
+    # os.path.exists/isfile and pathlib's exists/is_file all ask os.stat: answer it, so
+    # every way a script tests the file agrees with open() [the file on a board: a regular
+    # read-only file of the device tree, 0444].
+    size = len(compatible.encode())
+    for name in ("stat", "lstat"):
+        setattr(os, name, _stat_also_for(getattr(os, name), DEVICE_TREE_COMPATIBLE, size))
 
 
-def _also_true_for(check, path: str):  # type: ignore[no-untyped-def]
-    def patched(p):  # type: ignore[no-untyped-def]
-        return (isinstance(p, str | os.PathLike) and os.fspath(p) == path) or check(p)
+def _stat_also_for(real_stat, path: str, size: int):  # type: ignore[no-untyped-def]
+    """``os.stat`` (or lstat) that answers for ``path`` as for a regular 0444 file."""
+
+    def patched(p, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if isinstance(p, str | os.PathLike) and os.fspath(p) == path:
+            now = int(time.time())
+            mode = stat.S_IFREG | 0o444
+            return os.stat_result((mode, 0, 0, 1, 0, 0, size, now, now, now))
+        return real_stat(p, *args, **kwargs)
 
     return patched
 
@@ -127,12 +140,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=sorted(CHIP_CORES),
         help="answer platform.machine() and /proc/device-tree/compatible like this chip",
     )
-    parser.add_argument(
+    levels = parser.add_mutually_exclusive_group()
+    levels.add_argument(
+        "--keep-log-levels",
+        dest="rename_log_levels",
+        action="store_false",
+        default=None,
+        help="keep Python's logging level names when the script imports rknnlite.api; by "
+        "default they are renamed to C/E/W/I/D as the real package does (so "
+        "logging.basicConfig(level='INFO') after it fails here as on a board); also "
+        f"{RENAME_ENV}=0",
+    )
+    levels.add_argument(
         "--rename-log-levels",
+        dest="rename_log_levels",
         action="store_true",
-        help="rename Python's logging levels to C/E/W/I/D when the script imports "
-        "rknnlite.api, as the real package does (so logging.basicConfig(level='INFO') after "
-        f"it fails here as on a board); also {RENAME_ENV}=1",
+        help=f"rename them even if {RENAME_ENV}=0 (the default otherwise)",
     )
     parser.add_argument("script", help="the script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -141,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"script {ns.script} does not exist")
     if ns.board:
         pretend_board(ns.board)
-    install_rknnlite_alias(True if ns.rename_log_levels else None)
+    install_rknnlite_alias(ns.rename_log_levels)
     sys.argv = [ns.script, *ns.args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(ns.script)))
     runpy.run_path(ns.script, run_name="__main__")

@@ -16,8 +16,8 @@ Lines go to stderr ([guess]: the real logger may write to stdout; its module nam
 The file is opened and closed for each line, so an instance never holds a descriptor.
 
 The real package gets its letters by renaming Python's logging levels when it is imported
-(runtime/_level_names.py); this log writes them itself and leaves logging's names alone,
-unless ``python -m batchinfer.runtime.emulate --rename-log-levels`` asks for the rename.
+(runtime/_level_names.py); this log writes them itself and works under either names
+(``python -m batchinfer.runtime.emulate`` renames them as the real import does).
 """
 
 from __future__ import annotations

@@ -270,7 +270,7 @@ def resolve_core_mask(chip: str, mask: int) -> tuple[tuple[int, ...], list[str]]
         names = [c.upper() for c in C.MULTI_CORE_CHIPS]
         raise ValueError(
             f"The core_mask is only supported by {names}. Please do not set this parameter "
-            f"on other platforms. (This is {chip.upper()}.)"
+            "on other platforms."
         )
     if mask not in C.VALID_CORE_MASKS:
         raise ValueError(f"The core mode {mask} is not supported currently.")
@@ -583,13 +583,15 @@ class RKNNLite(OnnxRKNNBase):
         )
         if self._estimate is not None:
             log.native(logging.INFO, f"batchinfer sim: {self._estimate.describe()}")
+
+    def _dynamic_checked(self, dynamic: bool) -> None:
         if not dynamic:  # what every board prints for a static-shape model
-            log.native(
+            self.rknn_log.native(
                 logging.WARNING,
                 "query RKNN_QUERY_INPUT_DYNAMIC_RANGE error, rknn model is static shape type, "
                 "please export rknn with dynamic_shapes",
             )
-            log.w(
+            self.rknn_log.w(
                 "Query dynamic range failed. Ret code: RKNN_ERR_MODEL_INVALID. (If it is a "
                 "static shape RKNN model, please ignore the above warning message.)"
             )
@@ -598,17 +600,15 @@ class RKNNLite(OnnxRKNNBase):
     def _skewed(self) -> bool:
         return any(f.kind == "skew" and f.core in self.cores for f in self.settings.faults)
 
-    def _apply_core_mask(self, core_mask: int) -> bool:
+    def _apply_core_mask(self, core_mask: int) -> None:
         try:
             cores, warnings = resolve_core_mask(self.settings.chip, core_mask)
         except ValueError as exc:
-            self.rknn_log.e(str(exc), False)
             self.core_mask, self.cores = C.NPU_CORE_AUTO, ()
-            return False
+            self.rknn_log.e(str(exc))  # logs, then raises ValueError as the wheel's e() does
         for warning in warnings:
             self.rknn_log.w(warning)
         self.core_mask, self.cores = core_mask, cores
-        return True
 
     def _after_release(self) -> None:
         if self._board is not None:

@@ -449,7 +449,11 @@ class RKNNLite(OnnxRKNNBase):
         self._model = model
         self._ranks = ranks
         self._frame_id = 0
-        return 0 if self._apply_core_mask(core_mask) else -1
+        try:
+            self._apply_core_mask(core_mask)  # logs the reason, then raises ValueError
+        except ValueError:
+            return -1
+        return 0
 
     def _warn_platform_mismatch(self, model: ToolkitModel) -> None:
         if model.model.suffix.lower() != ".rknn":

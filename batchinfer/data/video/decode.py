@@ -1,0 +1,157 @@
+"""Decoding one :class:`~batchinfer.data.video.plan.FrameRange` with PyAV.
+
+:func:`decode_range` seeks to the range's keyframe, decodes, and yields a
+:class:`DecodedFrame` (frame index, presentation time, RGB pixels) for each wanted frame up
+to the range's end. A frame's index comes from its timestamp, looked up in the probe's
+table; a frame without one is the one after the previous frame.
+
+A damaged file never raises: decoding stops at the first error (FFmpeg's, or a wanted
+frame the decoder never put out, or the probe's ``damaged_at``), and one
+:class:`DecodeFailure` names the file and the first frame that failed and lists every
+wanted frame of the range that was not delivered, so the caller can give each frame its
+one row (the first an error row naming the damage; how the rest are recorded is the
+caller's choice).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from batchinfer.data.video.plan import FrameRange
+from batchinfer.data.video.probe import VideoInfo
+
+
+@dataclass(frozen=True, eq=False)
+class DecodedFrame:
+    """One decoded frame: its 0-based index in the video, time in seconds, RGB pixels."""
+
+    index: int
+    time_s: float
+    rgb: np.ndarray = field(repr=False)  # (height, width, 3) uint8
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeFailure:
+    """The frames of a range that could not be decoded, from ``frame`` (the first) on."""
+
+    path: str
+    frame: int
+    reason: str
+    #: Every wanted frame of the range not delivered, ``frame`` first.
+    missing: np.ndarray = field(repr=False)
+
+    @property
+    def message(self) -> str:
+        """One line for the error row."""
+        more = (
+            f" ({len(self.missing)} frames from there not decoded)" if len(self.missing) > 1 else ""
+        )
+        return f"Cannot decode {self.path} from frame {self.frame}: {self.reason}{more}."
+
+
+def frame_index(info: VideoInfo, pts: int | None, previous: int) -> int:
+    """The index of the frame with timestamp ``pts``; without a known one, ``previous + 1``."""
+    if pts is not None:
+        at = int(np.searchsorted(info.pts, pts))
+        if at < info.frames and info.pts[at] == pts:
+            return at
+    return previous + 1
+
+
+def decode_range(
+    info: VideoInfo, rng: FrameRange, threads: int = 1
+) -> Iterator[DecodedFrame | DecodeFailure]:
+    """Yield the wanted frames of ``rng`` in order, then at most one DecodeFailure.
+
+    ``threads``: FFmpeg's decoding threads (1: a reader is one of several processes, each
+    on its own CPU, and frame threading adds latency and memory per reader).
+    """
+    import av
+
+    wanted = rng.wanted
+    delivered = 0  # wanted[:delivered] have been yielded
+    reason = ""
+    try:
+        with _opened(info, rng, threads) as (container, stream, index):
+            for frame in container.decode(stream):
+                index = frame_index(info, frame.pts, index)
+                if index < rng.seek:
+                    continue  # the seek landed before our keyframe: the previous range's
+                if index >= rng.until:
+                    break
+                if delivered < len(wanted) and wanted[delivered] < index:
+                    reason = "the decoder put out no picture for it"
+                    break
+                if (frame.width, frame.height) != (info.width, info.height):
+                    # A new size mid-stream would slip past max_pixels and the slots sized
+                    # from the probe.
+                    reason = (
+                        f"its frame size changes from {info.width}x{info.height} "
+                        f"to {frame.width}x{frame.height}"
+                    )
+                    break
+                if delivered < len(wanted) and wanted[delivered] == index:
+                    time_s = float(info.time_s(index)) if index < info.frames else float("nan")
+                    yield DecodedFrame(index, time_s, frame.to_ndarray(format="rgb24"))
+                    delivered += 1
+                    if delivered == len(wanted):
+                        break
+    except av.FFmpegError as exc:
+        reason = _ffmpeg_reason(exc)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    if rng.stop == info.frames and info.damaged_at is not None:
+        reason = (reason + "; " if reason else "") + _short_file(info)
+    if delivered < len(wanted):
+        yield DecodeFailure(
+            info.path, int(wanted[delivered]), reason or "no picture", wanted[delivered:]
+        )
+    elif rng.stop == info.frames and info.damaged_at is not None:
+        # Every listed frame decoded, but the file should have held more: the error row is
+        # the first frame that is not there.
+        yield DecodeFailure(info.path, info.damaged_at, reason, np.array([info.damaged_at]))
+
+
+def _short_file(info: VideoInfo) -> str:
+    if info.declared_frames > info.frames:
+        listed = info.declared_frames
+        return f"the file ends early, after {info.frames} of the {listed} frames it lists"
+    return f"the file ends early, after {info.frames} frames"
+
+
+@contextmanager
+def _opened(info: VideoInfo, rng: FrameRange, threads: int) -> Iterator[tuple[Any, Any, int]]:
+    """The open container at the range's keyframe, its video stream, and the index of the
+    frame before the next one out (-1 when the file could not seek: it is read from the
+    start, slowly but right)."""
+    import av
+
+    container = av.open(info.path)
+    try:
+        index = rng.seek - 1
+        if rng.seek > 0:
+            stream = container.streams.video[0]
+            try:
+                container.seek(int(info.pts[rng.seek]), stream=stream, backward=True)
+            except av.FFmpegError:
+                # A stream without an index: a failed seek leaves the demuxer at its end.
+                container.close()
+                container = av.open(info.path)
+                index = -1
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = threads
+        if rng.keyframes_only:
+            stream.codec_context.skip_frame = "NONKEY"
+        yield container, stream, index
+    finally:
+        container.close()
+
+
+def _ffmpeg_reason(exc: BaseException) -> str:
+    strerror = getattr(exc, "strerror", None)
+    return str(strerror).rstrip(".").lower() if strerror else str(exc).splitlines()[0]
