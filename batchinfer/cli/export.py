@@ -14,6 +14,7 @@ def command() -> None:
     \b
     Example:
       batchinfer export coco runs/night --out results.json --annotations instances_val2017.json
+      batchinfer export draw runs/night --out drawn --conf 0.5
     """
 
 
@@ -50,3 +51,94 @@ def _coco(run: Path, dest: Path, annotations: Path | None) -> None:
         f"wrote {len(done.results)} boxes of {done.images} images to {done.path} "
         f"(image ids: {done.image_ids}; category ids: {done.category_ids})"
     )
+
+
+@command.command("draw")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    "dest",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The folder to draw into: empty or new (see --overwrite).",
+)
+@click.option(
+    "--conf",
+    type=float,
+    default=0.25,
+    show_default=True,
+    help="Draw the boxes scoring at least this.",
+)
+@click.option("--limit", type=int, default=None, help="Draw at most N items (in dataset order).")
+@click.option(
+    "--ids",
+    multiple=True,
+    help="Draw only this item id (as in the id column); repeat it for more.",
+)
+@click.option(
+    "--max-boxes",
+    type=int,
+    default=100,
+    show_default=True,
+    help="Draw at most this many boxes per image (the best scoring).",
+)
+@click.option(
+    "--format",
+    "image_format",
+    type=click.Choice(["png", "jpg"]),
+    default="png",
+    show_default=True,
+    help="The images' format.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Draw into a folder that is not empty: the images an earlier export draw wrote there "
+    "(listed in its .batchinfer-drawn record) are deleted first; nothing else is.",
+)
+def draw(
+    run: Path,
+    dest: Path,
+    conf: float,
+    limit: int | None,
+    ids: tuple[str, ...],
+    max_boxes: int,
+    image_format: str,
+    overwrite: bool,
+) -> None:
+    """Draw RUN's items with their results into images, one per item that succeeded:
+    boxes with class and score, masks, keypoints and rotated boxes (whatever the run's boxes
+    hold); a classification's top-1 class and score as a caption. Images are read from
+    where the run read them; items with an error row are skipped and counted.
+
+    \b
+    Example:
+      batchinfer export draw runs/digits --out drawn --conf 0.5 --limit 20
+    """
+    from batchinfer.export_draw import export_draw
+
+    done = export_draw(
+        run,
+        dest,
+        conf=conf,
+        limit=limit,
+        ids=ids or None,
+        overwrite=overwrite,
+        image_format=image_format,
+        max_boxes=max_boxes,
+    )
+    notes = [f"{_count(done.error_rows, 'error row')} skipped"]
+    if done.unreadable:
+        item, why = done.unreadable[0]
+        notes.append(
+            f"{_count(len(done.unreadable), 'image')} not readable now (first: {item}: {why})"
+        )
+    if done.deleted:
+        notes.append(f"{_count(done.deleted, 'image')} of an earlier export draw deleted")
+    drew = _count(len(done.written), "image")
+    click.echo(f"drew {drew} into {done.folder} ({'; '.join(notes)})")
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"

@@ -28,8 +28,9 @@ from typing import Any
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
-from PIL import Image, ImageDraw, ImageOps
+from PIL import Image, ImageOps
 
+from batchinfer.draw import draw_layer
 from batchinfer.evaluate.detection import disagreement
 
 REFERENCE_COLOR = (46, 160, 67)
@@ -166,6 +167,17 @@ class Boxes:
     def __len__(self) -> int:
         return len(self.xyxy)
 
+    def rows(self) -> list[dict[str, Any]]:
+        """The boxes as a predictions row's ``boxes`` list (what batchinfer.draw draws)."""
+        out = []
+        for k, (x1, y1, x2, y2) in enumerate(self.xyxy.tolist()):
+            box: dict[str, Any] = {"class_id": int(self.class_ids[k]), "x1": x1, "y1": y1,
+                                   "x2": x2, "y2": y2}  # fmt: skip
+            box["label"] = self.labels[k] if self.labels else None
+            box["score"] = None if self.scores is None else float(self.scores[k])
+            out.append(box)
+        return out
+
 
 def disagreements(
     device: Mapping[str, Boxes | None], reference: Mapping[str, Boxes | None]
@@ -201,31 +213,24 @@ def open_picture(
     return rgb, scale
 
 
-def draw_on(
-    picture: tuple[Image.Image, float],
-    layers: Sequence[tuple[Boxes, tuple[int, int, int], int]],
-) -> str:
-    """A copy of an :func:`open_picture` picture with each layer's boxes (boxes, colour,
-    line width) drawn, as a JPEG data: URI. A layer of at most ``LABELLED_BOXES`` boxes
-    has their class (and score) written on them (more would hide the image)."""
+#: One layer of a picture: its boxes (a :class:`Boxes` or a predictions row's ``boxes``
+#: list, masks, keypoints and rotated boxes included), their colour and line width.
+Layer = tuple[Boxes | Sequence[Mapping[str, Any]], tuple[int, int, int], int]
+
+
+def draw_on(picture: tuple[Image.Image, float], layers: Sequence[Layer]) -> str:
+    """A copy of an :func:`open_picture` picture with each layer drawn by batchinfer.draw
+    (boxes, masks, keypoints, polygons, in the layer's colour), as a JPEG data: URI. A layer
+    of at most ``LABELLED_BOXES`` boxes has their class (and score) written on them (more
+    would hide the image)."""
     base, scale = picture
     rgb = base.copy()
-    draw = ImageDraw.Draw(rgb)
     for boxes, color, width in layers:
-        labelled = bool(boxes.labels) and len(boxes) <= LABELLED_BOXES
-        for k, (x1, y1, x2, y2) in enumerate(boxes.xyxy * scale):
-            if x2 < x1 or y2 < y1:
-                continue
-            draw.rectangle((x1, y1, x2, y2), outline=color, width=width)
-            if labelled:
-                text = boxes.labels[k]
-                if boxes.scores is not None:
-                    text += f" {boxes.scores[k]:.2f}"
-                left, top = x1 + 1, max(0.0, y1 - 11)
-                bbox = draw.textbbox((left, top), text)
-                draw.rectangle(bbox, fill=color)
-                ink = (0, 0, 0) if sum(color) > 400 else (255, 255, 255)
-                draw.text((left, top), text, fill=ink)
+        rows = boxes.rows() if isinstance(boxes, Boxes) else boxes
+        named = not isinstance(boxes, Boxes) or bool(boxes.labels)  # the gallery's truth: not
+        labelled = named and len(rows) <= LABELLED_BOXES
+        draw_layer(rgb, rows, max_boxes=None, scale=scale, color=color, width=width,
+                   labels=labelled)  # fmt: skip
     buf = io.BytesIO()
     # 4:4:4 chroma: with 4:2:0 a two-pixel coloured line fades into its background.
     rgb.save(buf, format="JPEG", quality=85, subsampling=0)
@@ -234,7 +239,7 @@ def draw_on(
 
 def draw_boxes(
     path: str | os.PathLike[str],
-    layers: Sequence[tuple[Boxes, tuple[int, int, int], int]],
+    layers: Sequence[Layer],
     max_side: int = 360,
     exif_orientation: bool = True,
 ) -> str | None:

@@ -20,7 +20,6 @@ from batchinfer.evaluate.detection_plots import (
     DEVICE_COLOR,
     GROUND_TRUTH_COLOR,
     REFERENCE_COLOR,
-    Boxes,
     ap_figure,
     draw_on,
     figure_svg,
@@ -126,20 +125,6 @@ def _cores_table(record: dict[str, Any]) -> str:
     return f"{emulated}{note}<table id=core-table>{head}{''.join(rows)}</table>"
 
 
-def _boxes(rows: list[dict[str, Any]] | None) -> Boxes:
-    import numpy as np
-
-    rows = rows or []
-    xyxy = np.array([[b["x1"], b["y1"], b["x2"], b["y2"]] for b in rows], float).reshape(-1, 4)
-    scored = all(b.get("score") is not None for b in rows)
-    return Boxes(
-        xyxy,
-        np.array([b["class_id"] for b in rows], dtype=np.int64),
-        tuple(str(b["label"]) for b in rows),
-        np.array([b["score"] for b in rows], dtype=float) if scored else None,
-    )
-
-
 #: The longest side of one panel of the report's images, in CSS pixels.
 PANEL_SIDE = 240
 
@@ -149,7 +134,7 @@ def _count(n: int) -> str:
 
 
 def _panel(picture: Any, title: str, rows: list[dict[str, Any]], color: tuple) -> str:
-    uri = draw_on(picture, [(_boxes(rows), color, 2)]) if picture is not None else None
+    uri = draw_on(picture, [(rows, color, 2)]) if picture is not None else None
     img = f"<img alt='{_e(title)}' src='{uri}'>" if uri else ""
     key = f"<span class=key style='background:{_rgb(color)}'></span>"
     return f"<figure>{img}<figcaption>{key}{_e(title)}</figcaption></figure>"

@@ -36,7 +36,7 @@ from matplotlib.ticker import FuncFormatter
 from batchinfer.evaluate.files import REPORT_MARK
 from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.summary import labels_outside, no_baseline, on_cluster
-from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, Source, Thumbnail
+from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, Source, Thumbnail, picture_source
 from batchinfer.sink.stats import place_name
 
 _GATE_STYLE = {
@@ -221,14 +221,6 @@ def _flipped_items(record: dict[str, Any], kind: str, limit: int) -> list[dict[s
     return [
         {"id": i, **places.get(i, {"path": str(root / i)})} for i in record["flipped"][kind][:limit]
     ]
-
-
-def picture_source(item: dict[str, Any]) -> Source:
-    """Where an item of the record (worst or flipped) has its picture read from."""
-    member = item.get("member")
-    if member is None:
-        return item["path"]
-    return (item["path"], member["offset"], member["size"], member["name"])
 
 
 def shown_items(record: dict[str, Any]) -> list[Source]:

@@ -37,9 +37,10 @@ import os
 import stat
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Any
 
 import numpy as np
 
@@ -77,6 +78,15 @@ class ThumbnailSpec:
     max_item_bytes: int | None = None
 
 
+def picture_source(item: Mapping[str, Any]) -> Source:
+    """Where an item's picture is read from, given its place (``{"path"}`` or ``{"path",
+    "member": {"offset", "size", "name"}}``: evaluate.evaluation.item_places)."""
+    member = item.get("member")
+    if member is None:
+        return item["path"]
+    return (item["path"], member["offset"], member["size"], member["name"])
+
+
 # --------------------------------------------------------------------------- the child
 def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of the thumbnail process."""
@@ -102,6 +112,30 @@ def picture(
     """(PNG data: URI of at most ``size`` pixels a side, None) or (None, why not)."""
     from PIL import Image
 
+    image, note = open_item(source, max_pixels, max_item_bytes)
+    if image is None:
+        return None, note
+    scale = size / max(image.size)
+    resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
+    image = image.resize(
+        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample
+    )
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None
+
+
+def open_item(
+    source: Source,
+    max_pixels: int | None,
+    max_item_bytes: int | None = None,
+    upright: bool = False,
+):  # -> tuple[PIL.Image.Image, None] | tuple[None, str]
+    """An item's image (L or RGB; ``upright``: turned by its EXIF orientation, as readers do
+    for detection) read within the bounds (module docstring), or (None, why not). Used by
+    the report's pictures and by ``export draw``."""
+    from PIL import Image, ImageOps
+
     path, name = (source, source) if isinstance(source, str) else (source[0], source[3])
     try:
         st = os.stat(path)
@@ -124,18 +158,12 @@ def picture(
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 Image.MAX_IMAGE_PIXELS = max_pixels
                 with Image.open(where) as opened:
-                    mode = opened.mode if opened.mode in ("L", "RGB") else "RGB"
-                    image = opened.convert(mode)
+                    turned = ImageOps.exif_transpose(opened) if upright else opened
+                    mode = turned.mode if turned.mode in ("L", "RGB") else "RGB"
+                    image = turned.convert(mode)
     except Exception as exc:  # an unreadable item has no picture; its row says why
         return None, f"cannot be drawn ({type(exc).__name__})"
-    scale = size / max(image.size)
-    resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
-    image = image.resize(
-        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample
-    )
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None
+    return image, None
 
 
 def _member_bytes(shard: str, offset: int, size: int) -> bytes:
