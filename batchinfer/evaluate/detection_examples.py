@@ -7,7 +7,7 @@ result), chosen in this order:
    their boxes, above 0), the images a quantisation or a core changed;
 2. ``ground truth``: then the images whose shown boxes differ most from the ground truth
    (1 - soft F1 of the device's boxes scoring at least ``display_conf`` and the truth);
-3. ``example``: then any other image with a result, in dataset order.
+3. ``example``: then any other image with a result, in dataset order, those with ground truth first.
 
 Boxes are kept and drawn from ``display_conf`` (``metrics.display_conf``, 0.25) up: a job
 scores mAP at ``detect.conf`` 0.001, which keeps every low-score box, and they would hide
@@ -92,7 +92,9 @@ def detection_examples(
         if len(chosen) >= n or against_truth[i] <= 0:
             break
         chosen.setdefault(i, "ground truth")
-    for i in ok:
+    # Then examples in dataset order, those with ground truth first: beside its truth an
+    # image says more (an image the ground truth lacks is counted elsewhere).
+    for i in sorted(ok, key=lambda k: truth.get(ids[k]) is None):
         if len(chosen) >= n:
             break
         chosen.setdefault(i, "example")
