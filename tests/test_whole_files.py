@@ -77,7 +77,7 @@ def test_a_file_over_its_bound_is_refused_naming_its_size_and_the_bound(tmp_path
     ):
         load_job(job)
 
-    monkeypatch.setattr("batchinfer.evaluate.groundtruth.COCO_BOUND", 100)
+    monkeypatch.setattr("batchinfer.data.coco_file.COCO_BOUND", 100)
     gt = tmp_path / "gt.json"
     gt.write_text(json.dumps({"images": [], "annotations": [], "categories": []}) + " " * 100)
     with pytest.raises(GroundTruthError, match=r"gt\.json is 151 bytes, over the 100 bytes"):

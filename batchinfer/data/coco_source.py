@@ -3,8 +3,8 @@
 Each image's ``file_name`` is read against the image root (``--image-root``, the job's
 ``dataset.image_root``; default: the JSON's folder); the item id is that name, so rows
 match the ground truth's images by name. The COCO image id is carried as the predictions'
-``meta.image_id``. The file is parsed by the detection ground truth's reader
-(batchinfer.evaluate.groundtruth), which checks every image entry.
+``meta.image_id``. The file is parsed as the detection ground truth parses it
+(batchinfer.data.coco_file), which checks every image entry.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from batchinfer.data.coco_file import coco_images, read_coco_json
 from batchinfer.data.listed import PathList
 from batchinfer.errors import DatasetError
 
@@ -19,8 +20,6 @@ from batchinfer.errors import DatasetError
 def coco_entries(file: Path, image_root: Path | None = None) -> PathList:
     """The images a COCO JSON names, as list entries; DatasetError (exit 2) for a file
     that is not COCO JSON or names no image."""
-    from batchinfer.evaluate.groundtruth import coco_images, read_coco_json
-
     raw, data = read_coco_json(file, "the COCO file")
     if not isinstance(data, dict) or not isinstance(data.get("images"), list):
         raise DatasetError(

@@ -48,8 +48,8 @@ def dataset_classes(dataset: Path | str | None) -> DatasetClasses | None:
 
 
 def _coco(path: Path) -> DatasetClasses | None:
+    from batchinfer.data.coco_file import read_coco_json
     from batchinfer.errors import BatchinferError
-    from batchinfer.evaluate.groundtruth import read_coco_json
 
     try:
         _, data = read_coco_json(path, "the COCO file")

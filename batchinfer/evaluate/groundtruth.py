@@ -31,25 +31,24 @@ Category ids are COCO's own for a COCO file and the class index for YOLO labels.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from PIL import Image
 
-from batchinfer.data.parse_errors import parse_problem
-from batchinfer.data.whole_file import (
-    COCO_BOUND,
-    NESTING_ERRORS,
-    YOLO_LABELS_BOUND,
-    read_whole,
+from batchinfer.data.coco_file import (
+    GroundTruthError,
+    coco_images,
+    is_number,
+    read_coco_json,
+    shown,
 )
-from batchinfer.errors import DatasetError
+from batchinfer.data.whole_file import YOLO_LABELS_BOUND, read_whole
 
 #: How many unmatched names a record keeps (the counts are always complete).
 NAMES_KEPT = 20
@@ -62,10 +61,6 @@ _SWAPS_AXES = frozenset({5, 6, 7, 8})  # EXIF orientations that turn the image b
 
 #: One YOLO label line: class, then cx, cy, w, h normalised to the image.
 _YoloBox = tuple[int, float, float, float, float]
-
-
-class GroundTruthError(DatasetError):
-    """The ground truth cannot be read or is inconsistent (exit 2: nothing ran)."""
 
 
 @dataclass(frozen=True)
@@ -164,63 +159,6 @@ def _sha256(data: bytes) -> str:
 
 
 # --------------------------------------------------------------------------- COCO
-def _number(value: Any) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an integer past a float's range (JSON integers have no bound)
-        return False
-
-
-def _shown(value: Any) -> str:
-    """A value of a file as a message may show it: short, and never repr() of a structure
-    (which may be huge, or nested deeper than repr() can go)."""
-    if isinstance(value, dict):
-        return f"an object of {len(value)} keys"
-    if isinstance(value, list):
-        return f"a list of {len(value)} values"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def read_coco_json(path: Path, what: str = "the ground truth") -> tuple[bytes, Any]:
-    """(the bytes, the parsed JSON) of a COCO file; GroundTruthError if it is unreadable."""
-    raw = read_whole(
-        path, what, COCO_BOUND, error=GroundTruthError, hint="give a COCO instances file"
-    )
-    try:
-        return raw, json.loads(raw)
-    except ValueError as exc:  # not UTF-8, not JSON, or an integer of thousands of digits
-        raise GroundTruthError(
-            f"{what} {path} is not valid JSON ({parse_problem(exc)}); give a COCO instances file."
-        ) from None
-    except NESTING_ERRORS:
-        raise GroundTruthError(
-            f"{what} {path} nests JSON deeper than it can be read; give a COCO instances file."
-        ) from None
-
-
-def coco_images(data: Any, where: str) -> Iterator[dict[str, Any]]:
-    """The entries of a COCO file's ``images`` list, each checked to have an integer id
-    (not repeated) and a file_name; GroundTruthError for one that has not."""
-    known: set[int] = set()
-    for n, entry in enumerate(data["images"]):
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), int):
-            # Named by its place and kind, not its repr: an entry may be huge or nested
-            # deeper than repr() can go.
-            raise GroundTruthError(
-                f"{where}: image {n} (counting from 0) has no integer id "
-                f"({_shown(entry.get('id') if isinstance(entry, dict) else entry)})."
-            )
-        if not isinstance(entry.get("file_name"), str):
-            raise GroundTruthError(f"{where}: image {entry['id']} has no file_name.")
-        if entry["id"] in known:
-            raise GroundTruthError(f"{where} lists image id {entry['id']} twice.")
-        known.add(entry["id"])
-        yield entry
-
-
 def read_coco(
     path: Path, item_ids: Sequence[str], scored: Collection[str] | None = None
 ) -> GroundTruth:
@@ -243,7 +181,7 @@ def read_coco(
         if not isinstance(c, dict) or not isinstance(c.get("id"), int) or "name" not in c:
             raise GroundTruthError(
                 f"{where}: category {n} (counting from 0) has no integer id or no name "
-                f"({_shown(c)})."
+                f"({shown(c)})."
             )
         categories.append(Category(c["id"], str(c["name"])))
     if len({c.id for c in categories}) != len(categories):
@@ -287,7 +225,7 @@ def read_coco(
     annotations, dropped = [], 0
     for n, a in enumerate(data["annotations"]):
         box = a.get("bbox")
-        if not (isinstance(box, list) and len(box) == 4 and all(map(_number, box))):
+        if not (isinstance(box, list) and len(box) == 4 and all(map(is_number, box))):
             raise GroundTruthError(
                 f"{where}: annotation {a.get('id', n)} has no bbox [x, y, width, height]."
             )
@@ -316,7 +254,7 @@ def read_coco(
                 "image_id": a["image_id"],
                 "category_id": a["category_id"],
                 "bbox": [float(v) for v in box],
-                "area": float(area) if _number(area) else float(box[2] * box[3]),
+                "area": float(area) if is_number(area) else float(box[2] * box[3]),
                 "iscrowd": 1 if a.get("iscrowd") else 0,
             }
         )
@@ -347,7 +285,7 @@ def _check_annotation_ids(entries: list[Any], where: str) -> None:
         ident = a["id"]
         if not isinstance(ident, int) or isinstance(ident, bool):
             raise GroundTruthError(
-                f"{where}: annotation {n} (counting from 0) has the id {_shown(ident)}; an "
+                f"{where}: annotation {n} (counting from 0) has the id {shown(ident)}; an "
                 "annotation id is an integer."
             )
         if ident in seen:
@@ -355,11 +293,11 @@ def _check_annotation_ids(entries: list[Any], where: str) -> None:
         seen.add(ident)
     if repeated:
         ids = list(repeated)
-        shown = ", ".join(map(str, ids[:_REPEATS_SHOWN]))
+        listed = ", ".join(map(str, ids[:_REPEATS_SHOWN]))
         more = f" and {len(ids) - _REPEATS_SHOWN} more" if len(ids) > _REPEATS_SHOWN else ""
         raise GroundTruthError(
             f"{where} gives {len(ids)} annotation id(s) to more than one annotation "
-            f"({shown}{more}); each annotation needs its own id, and a repeated "
+            f"({listed}{more}); each annotation needs its own id, and a repeated "
             "annotation would be scored as a second object."
         )
 
