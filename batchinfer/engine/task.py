@@ -32,7 +32,6 @@ conversion settings beside it, runtime/conversion.py), else COCO's defaults.
 
 from __future__ import annotations
 
-import ast
 import logging
 import math
 from collections.abc import Sequence
@@ -47,6 +46,7 @@ from batchinfer.detect.class_names import (  # noqa: F401  (where names came fro
     NAMES_METADATA,
     NAMES_NONE,
 )
+from batchinfer.engine.model_metadata import ModelMetadata, read_model_metadata
 from batchinfer.errors import ConfigError, ModelError
 from batchinfer.messages import Message, setting
 
@@ -209,59 +209,6 @@ class NotADetectorError(ConfigError):
         )
         self.why = why
         self.could_classify = could_classify
-
-
-@dataclass(frozen=True)
-class ModelMetadata:
-    """What an Ultralytics export says about itself in its ONNX metadata_props."""
-
-    task: str | None  # "detect", "pose", ... (None when not said)
-    names: tuple[str, ...] | None  # class names by id, when given and well-formed
-    file: str  # the ONNX file it was read from, for messages
-
-
-def read_model_metadata(model: Path) -> ModelMetadata | None:
-    """The Ultralytics metadata of ``model`` (an .onnx, or the .onnx beside a .rknn); None
-    when there is none, or the file cannot be read (the output shapes then decide alone)."""
-    from batchinfer.runtime.model_info import onnx_beside
-    from batchinfer.runtime.onnx_graph import read_graph_interface
-
-    try:
-        path = onnx_beside(Path(model))
-        if path is None or not path.is_file():
-            return None
-        props = dict(read_graph_interface(path).metadata)
-    except (ModelError, OSError):
-        return None
-    task = props.get("task", "").strip().lower() or None
-    if task is None and "kpt_shape" in props:
-        task = "pose"  # exports from before Ultralytics wrote ``task`` carry keypoints so
-    names = _metadata_names(props.get("names"))
-    if task is None and names is None:
-        return None
-    return ModelMetadata(task, names, path.name)
-
-
-def _metadata_names(text: str | None) -> tuple[str, ...] | None:
-    """Ultralytics writes ``names`` as a Python dict literal, "{0: 'person', 1: 'bicycle'}";
-    a list is taken too. None unless it names each class id 0..N-1 once."""
-    if not text:
-        return None
-    try:
-        value = ast.literal_eval(text)  # literals only: never runs code
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-    if isinstance(value, (list, tuple)):
-        value = dict(enumerate(value))
-    if not isinstance(value, dict) or not value:
-        return None
-    try:
-        by_id = {int(k): str(v) for k, v in value.items()}
-    except (TypeError, ValueError):
-        return None
-    if sorted(by_id) != list(range(len(by_id))):
-        return None
-    return tuple(by_id[i] for i in range(len(by_id)))
 
 
 def _static(shape: Sequence[int]) -> tuple[int, ...]:
