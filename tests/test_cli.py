@@ -366,6 +366,18 @@ def test_info_shows_an_onnx_input_in_its_own_layout_and_what_is_fed_apart(tmp_pa
     assert fed.endswith("; fed as [1, 8, 8, 3] NHWC, the order RKNN runtimes take 4-D inputs in)")
 
 
+def test_info_of_a_bare_rknn_names_its_advice_as_flags(tmp_path):
+    """A .rknn with no .onnx beside it: info said "pass preprocess.size and
+    preprocess.dtype" and "use runtime.backend onnx", the library's field names, to a
+    command-line user (as issue 40, item 18 was for error rows)."""
+    model = tmp_path / "bare.rknn"
+    model.write_bytes(b"RKNN" + bytes(60))
+    result = invoke("info", model)
+    assert result.exit_code == 0, result.output
+    assert "pass --size and --dtype" in result.stdout, result.stdout
+    assert "preprocess." not in result.stdout and "runtime.backend" not in result.stdout
+
+
 def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
     model = tmp_path / "nope.onnx"
     assert_error(invoke("info", model), 2, str(model), "does not exist")
