@@ -424,6 +424,28 @@ def test_python_m_batchinfer_help_lists_the_commands():
     assert proc.stderr == ""
 
 
+def test_a_run_whose_stdout_reader_left_keeps_its_exit_code(demo_kit, tmp_path):
+    """`batchinfer run ... | head -1`: the run completed, then click met EPIPE printing its
+    summary and exited 1 ("some items are error rows") without a word."""
+    data = digits_3_and_7(demo_kit.dataset, tmp_path / "data", junk=False)
+    out = tmp_path / "out"
+    argv = [
+        sys.executable,
+        "-m",
+        "batchinfer",
+        *map(str, run_args(data, demo_kit.models["digits"], out)),
+    ]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write is EPIPE
+    try:
+        proc = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
+
+
 def test_run_imports_neither_the_evaluation_nor_the_benchmark_code():
     """Start-up: `batchinfer run` loads only its own command's module."""
     check = (
