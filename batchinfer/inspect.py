@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,15 @@ def _platform_lines(platforms: object) -> list[str]:
     return lines
 
 
-def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = ()) -> str:
+def model_report(
+    model: Path,
+    backend: str = "auto",
+    inputs: tuple[str, ...] = (),
+    name: Callable[[str], str] = str,
+) -> str:
     """A human-readable description of ``model`` as ``backend`` would run it; ``inputs``
-    (NAME=COLUMN, as ``run --input``) say which manifest columns feed which inputs."""
+    (NAME=COLUMN, as ``run --input``) say which manifest columns feed which inputs;
+    ``name`` names the settings the report's reasons mention (the CLI: as flags)."""
     model = Path(model).expanduser()
     if not model.is_file():
         raise ModelError(
@@ -56,7 +63,8 @@ def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = (
     except ModelError as e:
         if onnx_beside(model) is not None:
             raise  # the model itself does not load: that is the answer, as an error
-        lines.append(f"tensors: unknown ({e})")  # a bare .rknn: only a board can read it
+        # A bare .rknn: only a board can read it.
+        lines.append(f"tensors: unknown ({e.render(name)})")
         info = None
     if info is not None and concrete in ("onnx", "sim"):
         # Shapes came off the file (runtime/onnx_graph.py); a graph ONNX Runtime refuses
@@ -79,7 +87,7 @@ def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = (
                 lines.append(f"  {t.name:<16} {t.dtype:<8} {shape}{layout}")
     if info is not None:
         lines.extend(_feed_lines(info, inputs, model))
-        lines.extend(_task_lines(model, info))
+        lines.extend(_task_lines(model, info, name))
     if model.suffix.lower() == ".rknn":
         lines.extend(_rknn_file_lines(model))
     try:
@@ -87,7 +95,7 @@ def model_report(model: Path, backend: str = "auto", inputs: tuple[str, ...] = (
 
         sdk, platforms = _runtime_facts(make_backend(model, RuntimeOptions(backend=concrete)))
     except BatchinferError as e:
-        lines.append(f"version: unavailable ({e})")
+        lines.append(f"version: unavailable ({e.render(name)})")
     else:
         lines.append("version:")
         lines.extend(f"  {line}" for line in (sdk or "unknown").splitlines())
@@ -143,7 +151,7 @@ def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
     return lines
 
 
-def _task_lines(model: Path, info: Any) -> list[str]:
+def _task_lines(model: Path, info: Any, name: Callable[[str], str]) -> list[str]:
     """What ``run --task auto`` would do with the outputs, and why (engine/task.py)."""
     from batchinfer.data.preprocess import preprocess_for
     from batchinfer.engine.task import NAMES_COCO80, NAMES_METADATA, plan_task
@@ -160,7 +168,7 @@ def _task_lines(model: Path, info: Any) -> list[str]:
     try:
         task = plan_task(DetectOptions(), model, input_hw, output_shapes=shapes)
     except BatchinferError as e:
-        return [f"task:    unknown ({e})"]
+        return [f"task:    unknown ({e.render(name)})"]
     line = f"task:    {task.describe()}"
     if task.detects:
         assert task.input_hw is not None and task.head is not None

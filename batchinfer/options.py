@@ -559,7 +559,7 @@ def from_mapping(
     for key, value in data.items():
         name = f"{where}.{key}"
         if key not in known:
-            close = [k for k in known if _similar(k, key)]
+            close = [k for k in known if similar_name(k, key)]
             hint = f"; did you mean {where}.{close[0]}?" if close else ""
             raise ConfigError(
                 setting(name) + f" is not a setting (settings of {where}: "
@@ -606,7 +606,7 @@ def check_group(group: Any, where: str) -> None:
             check_value(f.metadata.get("bounds"), value, f"{where}.{f.name}")
 
 
-def _similar(a: str, b: str) -> bool:
+def similar_name(a: str, b: str) -> bool:
     """Near-misses worth suggesting: same letters mostly, or one contains the other."""
     if a in b or b in a:
         return True

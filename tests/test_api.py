@@ -275,6 +275,9 @@ def test_run_options_are_checked_as_a_job_files_are():
     assert cfg.detect.conf == 0.5
     with pytest.raises(UsageError, match=r"'coress' is not an option of run.*did you mean cores"):
         batchinfer.RunConfig.of("d", "m.onnx", coress=(0,))
+    # A near miss that neither name holds whole is suggested too, as a job file's key is.
+    with pytest.raises(UsageError, match=r"did you mean instances_per_core\?"):
+        batchinfer.RunConfig.of("d", "m.onnx", instance_per_core=2)
     with pytest.raises(ConfigError, match=r"detect\.conf must be at most 1"):
         batchinfer.RunConfig.of("d", "m.onnx", conf=2)
     with pytest.raises(ConfigError, match=r"runtime\.backend must be one of"):

@@ -169,6 +169,20 @@ def test_errors_are_kept_apart_from_samples():
     assert len(r.obs.log) == 0
 
 
+def test_errors_while_measuring_are_kept_after_those_of_the_warm_up():
+    # A dataset with broken files fails from the first item: the three kept were all the
+    # warm-up's, so the verdict said "errors: 7320 ..." without naming one.
+    r = Run()
+    r.start()
+    warm = [row(100.1 + i / 10, error=f"warm {i}") for i in range(4)]
+    r.obs.notify(ev.RowsDone(warm, 100.5))
+    r.advance(101.2, rate=lambda t: 100.0)
+    r.obs.notify(ev.RowsDone([row(101.5, error="Cannot read bad.jpg")], 101.5))
+    assert r.obs.t_start == 101.0
+    kept = [(t, e) for t, e in r.obs.first_errors if t >= r.obs.t_start]
+    assert kept == [(101.5, "Cannot read bad.jpg")]
+
+
 def test_rows_that_arrive_late_still_count_in_their_window():
     r = Run()
     r.start()

@@ -366,6 +366,18 @@ def test_info_shows_an_onnx_input_in_its_own_layout_and_what_is_fed_apart(tmp_pa
     assert fed.endswith("; fed as [1, 8, 8, 3] NHWC, the order RKNN runtimes take 4-D inputs in)")
 
 
+def test_info_of_a_bare_rknn_names_its_advice_as_flags(tmp_path):
+    """A .rknn with no .onnx beside it: info said "pass preprocess.size and
+    preprocess.dtype" and "use runtime.backend onnx", the library's field names, to a
+    command-line user (as issue 40, item 18 was for error rows)."""
+    model = tmp_path / "bare.rknn"
+    model.write_bytes(b"RKNN" + bytes(60))
+    result = invoke("info", model)
+    assert result.exit_code == 0, result.output
+    assert "pass --size and --dtype" in result.stdout, result.stdout
+    assert "preprocess." not in result.stdout and "runtime.backend" not in result.stdout
+
+
 def test_info_of_a_missing_model_is_a_usage_error(tmp_path):
     model = tmp_path / "nope.onnx"
     assert_error(invoke("info", model), 2, str(model), "does not exist")
@@ -410,6 +422,28 @@ def test_python_m_batchinfer_help_lists_the_commands():
     for command in ("run", "demo", "info", "eval", "bench"):
         assert f"\n  {command} " in proc.stdout
     assert proc.stderr == ""
+
+
+def test_a_run_whose_stdout_reader_left_keeps_its_exit_code(demo_kit, tmp_path):
+    """`batchinfer run ... | head -1`: the run completed, then click met EPIPE printing its
+    summary and exited 1 ("some items are error rows") without a word."""
+    data = digits_3_and_7(demo_kit.dataset, tmp_path / "data", junk=False)
+    out = tmp_path / "out"
+    argv = [
+        sys.executable,
+        "-m",
+        "batchinfer",
+        *map(str, run_args(data, demo_kit.models["digits"], out)),
+    ]
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write is EPIPE
+    try:
+        proc = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
 
 
 def test_run_imports_neither_the_evaluation_nor_the_benchmark_code():

@@ -192,6 +192,22 @@ def test_symlink_loops_are_not_followed_but_links_are(tmp_path: Path) -> None:
     ds = open_dataset(root)
     assert ids(ds) == ["a/1.png", "b/2.png", "c.png"]
     assert ds.classes == ("a", "b")
+    assert ds.leftovers == {"link back to an enclosing folder": 1}
+
+
+def test_a_link_back_to_the_root_is_no_class_and_is_said(tmp_path: Path) -> None:
+    # "all -> ." beside cat/ and dog/ was class 0: cat became 1 and dog 2, without a word.
+    root = tmp_path / "data"
+    touch(root, "cat/1.png", "dog/2.png")
+    (root / "all").symlink_to(".", target_is_directory=True)
+    ds = open_dataset(root)
+    assert ds.classes == ("cat", "dog") and ids(ds) == ["cat/1.png", "dog/2.png"]
+    lines, warnings = ds.notes()
+    assert warnings == [
+        f"1 folder link(s) in {root} lead back to a folder holding them (a loop); they are "
+        "neither read nor classes: remove them."
+    ]
+    assert not any("leave behind" in line for line in lines)
 
 
 def test_unreadable_subfolder_is_a_dataset_error(tmp_path: Path, monkeypatch) -> None:

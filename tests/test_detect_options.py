@@ -103,6 +103,14 @@ def test_a_class_the_head_has_not_is_a_usage_error(tmp_path) -> None:
         _plan(tmp_path, V8_ULTRALYTICS, classes=(0, 80))
 
 
+@pytest.mark.parametrize("empty", [(), []])
+def test_an_empty_class_filter_is_a_usage_error(tmp_path, empty) -> None:
+    # `--classes ''` (an unset shell variable) or `classes = []` in a job kept no box at
+    # all: every image had 0 boxes and the run said "complete", rc 0.
+    with pytest.raises(ConfigError, match=r"detect\.classes names no class"):
+        _plan(tmp_path, V8_ULTRALYTICS, classes=empty)
+
+
 # ---------------------------------------------------------------- an ambiguous head
 def test_the_class_count_of_labels_or_metadata_tells_rows_apart(tmp_path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="batchinfer"):

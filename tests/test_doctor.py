@@ -190,6 +190,16 @@ def test_a_model_for_another_chip_is_a_blocker(tmp_path):
     assert "target_platform='rk3576'" in line
 
 
+@pytest.mark.parametrize("content", [b"", b"<html>404 Not Found</html>", b"RKN"])
+def test_a_model_that_is_no_rknn_at_all_is_a_blocker(tmp_path, content):
+    # An empty or truncated download was "✓ Model: no target platform to check" and "No
+    # blockers: a run can go"; load_rknn then fails on the board.
+    bad = tmp_path / "model.rknn"
+    bad.write_bytes(content)
+    line = only_problem(doctor(tmp_path, bad), "model")
+    assert "model.rknn is not an RKNN model" in line and f"{len(content)} bytes" in line
+
+
 def test_without_an_npu_it_lists_the_backends_and_passes(tmp_path):
     report = run_doctor(Machine(arch="x86_64"))
     ids = [c.id for c in report.checks]

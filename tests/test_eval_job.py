@@ -96,6 +96,14 @@ def test_a_good_job_loads_with_paths_relative_to_the_job_file(folder):
     )
 
 
+def test_a_job_saved_with_a_byte_order_mark_loads(folder):
+    # Notepad's "UTF-8 with BOM": "not valid TOML (Invalid statement (at line 1, column
+    # 1))", a line that looks right; labels, lists, COCO and data.yaml files take it.
+    path = folder / "night.toml"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_job(path).name == "night"
+
+
 def test_output_locations_can_be_set_one_by_one(folder):
     output = '[output]\ndir = "out"\nhistory = "/srv/nightly/history.parquet"\n'
     job = load_job(write_job(folder, GOOD + output))

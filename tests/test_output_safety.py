@@ -209,6 +209,20 @@ def test_overwrite_of_a_folder_with_another_tools_manifest_is_refused(data, digi
     assert snapshot(site) == before
 
 
+def test_an_out_that_cannot_be_made_is_a_usage_error_not_a_failed_run(data, digits, tmp_path):
+    # Each was "Could not write ... (File exists / Not a directory); check the disk and the
+    # folder, then run again with --resume to continue where the run stopped", exit 3:
+    # nothing had started, and --resume could not help.
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    line = refused(invoke(*run_args(data, digits, tmp_path / "dangling")), "symbolic link")
+    assert str(tmp_path / "nowhere") in line and "--resume" not in line
+    assert not (tmp_path / "nowhere").exists()
+    (tmp_path / "notes.txt").write_text("a file, not a folder\n")
+    line = refused(invoke(*run_args(data, digits, tmp_path / "notes.txt" / "out")), "Not a dir")
+    assert "cannot be made" in line and "--resume" not in line
+    assert (tmp_path / "notes.txt").read_text() == "a file, not a folder\n"
+
+
 def test_emulator_state_folder_must_be_private_and_ours(tmp_path, monkeypatch, capfd):
     import tempfile
 

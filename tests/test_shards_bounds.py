@@ -146,6 +146,11 @@ def test_an_image_file_larger_than_the_bound_is_refused_from_its_size(tmp_path: 
     small = preprocess_for((1, 8, 8, 1), "uint8", max_item_bytes=size - 1)
     with pytest.raises(InputError, match=f"big.png: the file is {size:,} bytes, more than"):
         load_into(str(path), small, out, "images")
+    # The bound is said in bytes at any size (below 1 MiB it read "more than the 10 one
+    # item may hold", a bare number).
+    tiny = preprocess_for((1, 8, 8, 1), "uint8", max_item_bytes=10)
+    with pytest.raises(InputError, match="more than the 10 bytes one item may hold"):
+        load_into(str(path), tiny, out, "images")
 
 
 def test_the_report_pictures_refuse_a_member_over_the_bound_unread(

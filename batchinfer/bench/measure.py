@@ -51,6 +51,7 @@ class BenchObserver:
         self.log = SampleLog()
         self.error_times: list[float] = []
         self.first_errors: list[tuple[float, str]] = []
+        self._kept_errors = [0, 0]  # how many first_errors came before, and while, measuring
         self.phase = "starting"  # starting | warmup | measuring | done
         self.t_started: float | None = None
         self.t_start: float | None = None
@@ -96,7 +97,11 @@ class BenchObserver:
         for row in rows:
             if row.error is not None:
                 self.error_times.append(row.t_done)
-                if len(self.first_errors) < 3:
+                # The first three of the warm-up and the first three measured (the
+                # verdict names one of these), whose errors may all come first.
+                measured = counting and row.t_done >= t_start
+                if self._kept_errors[measured] < 3:
+                    self._kept_errors[measured] += 1
                     self.first_errors.append((row.t_done, row.error))
             elif counting and row.t_done >= t_start:
                 w = int((row.t_done - t_start) / window_s)

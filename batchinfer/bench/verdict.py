@@ -134,8 +134,8 @@ def judge(opts: BenchOptions, m: Measured) -> Verdict:
             f"{', '.join(f'{r:.0f}' for r in m.rates[-STABLE_WINDOWS:])} samples/s); " + fix + "."
         )
     if m.errors:
-        first = f" (first: {m.first_error})" if m.first_error else ""
-        reasons.append(f"errors: {m.errors} inferences failed while measuring{first}.")
+        first = f" (first: {m.first_error.rstrip('.')})" if m.first_error else ""
+        reasons.append(f"errors: {m.errors} items failed while measuring{first}.")
     if m.failures:
         reasons.append(
             f"failures: {'; '.join(m.failures)} while measuring; the figure includes the recovery."

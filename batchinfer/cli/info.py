@@ -36,6 +36,7 @@ def command(model: Path, backend: str, inputs: tuple[str, ...]) -> None:
 
 
 def _info(model: Path, backend: str, inputs: tuple[str, ...]) -> None:
+    from batchinfer.cli.options import flag_of
     from batchinfer.inspect import model_report
 
-    click.echo(model_report(model, backend, inputs))
+    click.echo(model_report(model, backend, inputs, flag_of))

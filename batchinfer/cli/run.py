@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -168,7 +170,22 @@ def _run(
             result = run_engine(config, observers=[console], listing=console.listing)
     finally:
         console.close()
-    click.echo(format_summary(result.stats))
+    try:
+        _say_result(result, format_summary(result.stats))
+    except BrokenPipeError:
+        # Whoever read stdout left (`batchinfer run ... | head -1`): the run is done, so
+        # its exit code still says how it went (click would exit 1, "items failed").
+        # stdout goes to /dev/null so that the exit's flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if result.status == "interrupted":
+        click.echo(f"resume with: {resume_command(sys.argv[1:], result.out)}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(EXIT_ITEM_ERRORS if result.errors else EXIT_OK)
+
+
+def _say_result(result: Any, summary: str) -> None:
+    """The per-core table, what was skipped, the failed items and the status, on stdout."""
+    click.echo(summary)
     skipped = result.skipped_files
     if skipped.get("count"):
         kinds = ", ".join(f"{ext or '(none)'} {n}" for ext, n in skipped["by_extension"].items())
@@ -187,7 +204,3 @@ def _run(
     if result.skipped:
         done += f", {result.skipped} already done (resumed)"
     click.echo(f"{result.status}: {done}; results in {result.out}")
-    if result.status == "interrupted":
-        click.echo(f"resume with: {resume_command(sys.argv[1:], result.out)}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    sys.exit(EXIT_ITEM_ERRORS if result.errors else EXIT_OK)

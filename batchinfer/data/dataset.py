@@ -21,7 +21,7 @@ from batchinfer.data.classes import (
     label_rule,
     odd_folder_names,
 )
-from batchinfer.data.listing import DIR, FILE, walk
+from batchinfer.data.listing import DIR, FILE, LOOP, walk
 
 #: File extensions (compared in lower case) read as images. Chosen, not every extension
 #: Pillow registers: single raster pictures (or the first frame of an animation or
@@ -236,9 +236,15 @@ class Dataset:
         lines, warnings = [], []
         if self.label_rule is not None:
             lines.append(f"labels: {self.label_rule} ({len(self.classes)} classes)")
-        if self.leftovers:
-            kinds = ", ".join(f"{kind} {n}" for kind, n in self.leftovers.items())
+        left = {kind: n for kind, n in self.leftovers.items() if kind != LOOP}
+        if left:
+            kinds = ", ".join(f"{kind} {n}" for kind, n in left.items())
             lines.append(f"skipped what other tools leave behind (never items or classes): {kinds}")
+        if self.leftovers.get(LOOP):
+            warnings.append(
+                f"{self.leftovers[LOOP]} folder link(s) in {self.root} lead back to a folder "
+                "holding them (a loop); they are neither read nor classes: remove them."
+            )
         odd = odd_folder_names(self.class_map)
         if odd:
             shown = ", ".join(repr(display_name(name)[0]) for name in odd[:5])

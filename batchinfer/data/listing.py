@@ -59,6 +59,8 @@ _LEFTOVER_NAMES = {
 #: Keys for AppleDouble files (``._name``: a Mac file's metadata on a non-Mac disk) and
 #: for any other hidden name.
 APPLEDOUBLE, HIDDEN = "._*", ".*"
+#: The key for a link to a folder that holds it (a loop): neither entered nor yielded.
+LOOP = "link back to an enclosing folder"
 
 
 _LEFTOVER_FIRST = frozenset("._@tTdD")
@@ -112,7 +114,8 @@ def walk(
     """Yield (POSIX path relative to root, DIR | FILE | OTHER) for every visible entry.
 
     A folder is yielded just before its contents. Leftovers (see :func:`leftover_kind`)
-    are not yielded nor entered; ``leftovers`` counts them by kind. ``run`` and ``block``:
+    and links back to an enclosing folder (``LOOP``) are not yielded nor entered;
+    ``leftovers`` counts them by kind. ``run`` and ``block``:
     see :func:`sorted_entries`. Raises DatasetError for a folder that cannot be listed.
     """
     try:
@@ -122,8 +125,8 @@ def walk(
     # The folders on the way down, each with the rest of its listing, on a stack of our
     # own: a dataset may nest deeper than Python's recursion limit (~1,000 levels).
     # ``ancestors`` holds the (device, inode) of every one of them: a symlink back to one
-    # would loop forever, so it is not entered. Symlinks elsewhere are followed (a dataset
-    # assembled from links is a normal thing to do).
+    # would loop forever, so it is neither entered nor yielded. Symlinks elsewhere are
+    # followed (a dataset assembled from links is a normal thing to do).
     root_key = (top.st_dev, top.st_ino)
     ancestors = {root_key}
     stack = [(root, "", root_key, sorted_entries(root, progress, leftovers, run=run, block=block))]
@@ -136,18 +139,25 @@ def walk(
             continue
         name, entry_type = entry
         child_rel = f"{rel}/{name}" if rel else name
+        if entry_type != DIR:
+            yield child_rel, entry_type
+            continue
+        child = os.path.join(directory, name)
+        try:
+            st = os.stat(child)
+        except OSError as exc:
+            raise unreadable(child, exc) from exc
+        child_key = (st.st_dev, st.st_ino)
+        if child_key in ancestors:
+            # Not yielded either: a link back to the root listed as a folder became a
+            # class, shifting every other class's label by one.
+            if leftovers is not None:
+                leftovers[LOOP] += 1
+            continue
         yield child_rel, entry_type
-        if entry_type == DIR:
-            child = os.path.join(directory, name)
-            try:
-                st = os.stat(child)
-            except OSError as exc:
-                raise unreadable(child, exc) from exc
-            child_key = (st.st_dev, st.st_ino)
-            if child_key not in ancestors:
-                ancestors.add(child_key)
-                entries = sorted_entries(child, progress, leftovers, run=run, block=block)
-                stack.append((child, child_rel, child_key, entries))
+        ancestors.add(child_key)
+        entries = sorted_entries(child, progress, leftovers, run=run, block=block)
+        stack.append((child, child_rel, child_key, entries))
 
 
 def sorted_entries(

@@ -798,8 +798,8 @@ def check_item_size(size: int, limit: int | None, label: str, what: str) -> None
     ``limit``, the most one item may hold (Preprocess.max_item_bytes; None: no limit)."""
     if limit is not None and size > limit:
         raise InputError(
-            f"Cannot read {label}: {what} is {size:,} bytes, more than the {limit:,}"
-            f"{_in_mib(limit)} one item may hold ("
+            f"Cannot read {label}: {what} is {size:,} bytes, more than the {limit:,} "
+            f"bytes{_in_mib(limit)} one item may hold ("
             + setting("preprocess.max_item_bytes")
             + "), so it is not read; raise that setting if the item is really that large."
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from batchinfer.doctor import npu, resources, runtime
@@ -9,6 +10,7 @@ from batchinfer.doctor.machine import Machine
 from batchinfer.doctor.report import Check, Report, fail, ok
 from batchinfer.runtime.backends import detect_chip, rknn_chip
 from batchinfer.runtime.constants import CHIP_CORES
+from batchinfer.runtime.rknn_file import MAGIC
 
 #: The architectures rknn-toolkit-lite2 exists for (the contract: manylinux aarch64 only).
 BOARD_ARCHES = ("aarch64", "arm64")
@@ -65,6 +67,9 @@ def run_doctor(machine: Machine | None = None, model: Path | None = None) -> Rep
 def model_platform(model: Path, chip: str) -> Check:
     """Whether ``model`` (a .rknn) was converted for this chip (else init_runtime fails with
     RKNN_ERR_TARGET_PLATFORM_UNMATCH)."""
+    not_rknn = _not_rknn(model)
+    if not_rknn is not None:
+        return fail("model", "Model", not_rknn, "copy or convert the model again.")
     made_for = rknn_chip(model)
     if made_for is None:
         return ok(
@@ -79,4 +84,26 @@ def model_platform(model: Path, chip: str) -> Check:
         "Model",
         f"{model.name} was converted for {made_for.upper()}, and this is {chip.upper()}",
         f"convert the model again with rknn.config(target_platform='{chip}').",
+    )
+
+
+def _not_rknn(model: Path) -> str | None:
+    """Why a .rknn file is no RKNN model at all (load_rknn would refuse it), else None.
+
+    An empty or truncated download, or an HTML error page saved under the model's name,
+    has no metadata either: without this it passed as a model too old to say its platform.
+    """
+    if model.suffix.lower() != ".rknn":
+        return None
+    try:
+        with open(model, "rb") as fh:
+            head = fh.read(len(MAGIC))
+            size = os.fstat(fh.fileno()).st_size
+    except OSError as exc:
+        return f"{model.name} cannot be read ({exc.strerror or exc})"
+    if head == MAGIC:
+        return None
+    return (
+        f"{model.name} is not an RKNN model ({size:,} bytes, not starting with 'RKNN'): "
+        "an empty or cut-short copy, or another file under its name"
     )

@@ -21,6 +21,7 @@ from batchinfer.options import (
     from_mapping,
     keyword_name,
     options_fields,
+    similar_name,
 )
 
 __all__ = [
@@ -79,7 +80,7 @@ class RunConfig:
         settings: dict[str, dict[str, Any]] = {}
         for keyword, value in options.items():
             if keyword not in keywords:
-                close = [k for k in keywords if keyword in k or k in keyword]
+                close = [k for k in sorted(keywords) if similar_name(k, keyword)]
                 hint = f"; did you mean {close[0]}?" if close else ""
                 raise UsageError(
                     f"{keyword!r} is not an option of run (they are the CLI's flags, "

@@ -429,6 +429,13 @@ def _detect_plan(
     if named.warning:
         logging.getLogger("batchinfer").warning(named.warning)
     wanted = None if opts.classes is None else tuple(int(c) for c in opts.classes)
+    if wanted == ():  # `--classes ''` (an unset variable) would drop every box, silently
+        raise ConfigError(
+            setting("detect.classes")
+            + " names no class, so no box would be kept; give class ids (e.g. 0,2), "
+            "or leave it out to keep every class.",
+            "detect.classes",
+        )
     if wanted is not None and any(c >= head.num_classes for c in wanted):
         raise ConfigError(
             setting("detect.classes")

@@ -338,7 +338,9 @@ def load_job(path: Path | str) -> Job:
         hint="pass the path of a TOML job file such as jobs/digits.toml",
     )
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        # utf-8-sig: a byte-order mark (Notepad's "UTF-8 with BOM") is dropped, as every
+        # other file batchinfer reads drops it; tomllib alone says line 1 is invalid.
+        data = tomllib.loads(raw.decode("utf-8-sig"))
     except ValueError as exc:  # not UTF-8, not TOML, or an integer of thousands of digits
         raise JobError(f"{path}: not valid TOML ({parse_problem(exc)}); fix the file.") from None
     except NESTING_ERRORS:  # tomllib parses nested arrays and inline tables recursively

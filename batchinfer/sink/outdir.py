@@ -307,6 +307,23 @@ def swapped_message(path: Path, out: Folder, predictions: Folder) -> str:
     )
 
 
+def unmakeable(path: Path, exc: OSError) -> OutputExistsError:
+    """The usage error for an output folder that cannot be made or opened, before anything
+    is written (a run's OUT, an evaluation's folders).
+
+    Not a write error: nothing has started, so "run again with --resume" cannot help.
+    """
+    if os.path.islink(path) and not os.path.exists(path):
+        return OutputExistsError(
+            f"the output folder {path} is a symbolic link to {os.path.realpath(path)}, "
+            "which does not exist; make that folder first, or choose another output folder."
+        )
+    return OutputExistsError(
+        f"the output folder {path} cannot be made or opened ({exc.strerror or exc}); "
+        "choose a folder you can write to."
+    )
+
+
 class OutLock:
     """An exclusive ``flock`` on OUT itself and on ``OUT/.batchinfer.lock``; the OS drops
     both if we die (see the module docstring).
@@ -333,7 +350,7 @@ class OutLock:
             self.path.mkdir(parents=True, exist_ok=True)
             dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
-            raise write_error(self.path, exc) from exc
+            raise unmakeable(self.path, exc) from exc
         try:
             self._dir_locked = _flock(dir_fd, fcntl.LOCK_EX)
             if not self._dir_locked:
