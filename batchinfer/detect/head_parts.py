@@ -1,5 +1,7 @@
-"""Pieces the pose and oriented-box decoders share: dequantising, shape checks, and the
-candidates of the two YOLOv8 layouts they come in.
+"""Pieces every decoder shares (detection, segmentation, pose, oriented boxes): checking
+the settings, quantisation and output shapes, dequantising, the confidence filter, the DFL
+expectation, the cell tables and the centre-size to corner conversion; and the candidates
+of the two YOLOv8 layouts the pose and oriented-box heads come in.
 
 - The model zoo's layout (``examples/yolov8_pose``, ``examples/yolov8_obb``): per stride
   8/16/32 one output (1, 64 + C, H, W), 64 DFL box logits then C class *logits* (the zoo's
@@ -19,21 +21,49 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from batchinfer.detect.decode import _dfl
 from batchinfer.detect.heads import DFL_BINS
 from batchinfer.errors import InferenceError, UsageError
 
 Quant = tuple[float, int] | None
 
 
+class Thresholds(Protocol):
+    """What :func:`check_settings` reads of a decoder's settings."""
+
+    @property
+    def conf(self) -> float: ...
+    @property
+    def iou(self) -> float: ...
+    @property
+    def max_det(self) -> int: ...
+
+
+def check_settings(settings: Thresholds) -> None:
+    """UsageError unless conf and iou are fractions and max_det is at least 1."""
+    if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
+        raise UsageError(
+            f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
+            f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
+        )
+    if settings.max_det < 1:
+        raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
+
+
 def check_quant(quant: Sequence[Quant]) -> tuple[Quant, ...]:
+    """The per-output (scale, zero point) as a tuple; UsageError for a scale not > 0."""
     for q in quant:
         if q is not None and not q[0] > 0:
             raise UsageError(f"An output's quantisation scale must be > 0 (it is {q[0]}).")
     return tuple(quant)
+
+
+def quant_of(quant: Sequence[Quant], i: int) -> Quant:
+    """Output ``i``'s (scale, zero point); None (a float output) when not given."""
+    return quant[i] if i < len(quant) else None
 
 
 def real(values: np.ndarray, q: Quant, i: int) -> np.ndarray:
@@ -49,15 +79,16 @@ def real(values: np.ndarray, q: Quant, i: int) -> np.ndarray:
     return values.astype(np.float32, copy=False)
 
 
+def unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape without its leading batch axis of 1 (runtimes differ in reporting it)."""
+    return shape[1:] if shape and shape[0] == 1 else shape
+
+
 def check_shapes(
     outputs: Sequence[np.ndarray], expected: Sequence[tuple[int, ...]], head: str
 ) -> None:
     """InferenceError unless the outputs have the expected shapes (a batch axis of 1 may be
     reported or not)."""
-
-    def unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:
-        return shape[1:] if shape and shape[0] == 1 else shape
-
     got = [tuple(o.shape) for o in outputs]
     if len(got) != len(expected) or any(
         unbatched(g) != unbatched(e) for g, e in zip(got, expected, strict=False)
@@ -65,6 +96,61 @@ def check_shapes(
         raise InferenceError(
             f"The model returned outputs of shapes {got}, but its {head} needs "
             f"{[tuple(e) for e in expected]}."
+        )
+
+
+def passing(best: np.ndarray, conf: float) -> tuple[np.ndarray, int]:
+    """Indices of the finite scores >= conf, and how many scores are NaN/inf."""
+    cells = np.flatnonzero(best >= conf)
+    finite = np.isfinite(best)
+    if finite.all():
+        return cells, 0
+    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
+
+
+def dfl(logits: np.ndarray) -> np.ndarray:
+    """Expected bin of each side's 16-bin softmax: (4, 16, k) logits -> (4, k) distances.
+
+    The sums over the bins are taken one bin at a time (elementwise): each box's sum is then
+    the same whatever other boxes are decoded with it, which a matrix product does not
+    promise (its order of summation may depend on how many columns it has).
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = logits - logits.max(axis=1, keepdims=True)
+        np.exp(e, out=e)
+        e = np.ascontiguousarray(e.transpose(1, 0, 2))  # (16, 4, k): each bin contiguous
+        weighted, total = e[1].copy(), e[0] + e[1]
+        for b in range(2, DFL_BINS):
+            weighted += b * e[b]
+            total += e[b]
+        return weighted / total
+
+
+def cell_tables(
+    grids: Sequence[tuple[int, int]], strides: Sequence[int]
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Over the cells of all strides in order: where each stride's cells start, every
+    cell's centre (x, y) in cells of its stride (2, N), and its stride (N,)."""
+    offsets, centres, cell_strides = [], [], []
+    start = 0
+    for (gh, gw), stride in zip(grids, strides, strict=True):
+        offsets.append(start)
+        start += gh * gw
+        row, col = np.divmod(np.arange(gh * gw), gw)
+        centres.append(np.stack([col, row]) + 0.5)
+        cell_strides.append(np.full(gh * gw, stride))
+    return (
+        offsets,
+        np.concatenate(centres, axis=1).astype(np.float32),
+        np.concatenate(cell_strides).astype(np.float32),
+    )
+
+
+def xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """(n, 4) float32 corners x1 y1 x2 y2 from centres and sizes (NaN/inf let through)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(
+            np.float32, copy=False
         )
 
 
@@ -93,14 +179,6 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
         return (1 / (1 + np.exp(-x.astype(np.float64)))).astype(np.float32)
 
 
-def _passing(best: np.ndarray, threshold: float) -> tuple[np.ndarray, int]:
-    cells = np.flatnonzero(best >= threshold)
-    finite = np.isfinite(best)
-    if finite.all():
-        return cells, 0
-    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
-
-
 def zoo_candidates(
     outputs: Sequence[np.ndarray],
     quant: Sequence[Quant],
@@ -114,11 +192,11 @@ def zoo_candidates(
     parts: list[tuple[np.ndarray, ...]] = []
     nonfinite = 0
     for b, (gh, gw) in enumerate(grids):
-        q = quant[b] if b < len(quant) else None
+        q = quant_of(quant, b)
         raw = outputs[b].reshape(4 * DFL_BINS + num_classes, gh * gw)
         cls = raw[4 * DFL_BINS :]
         best = real(cls.max(axis=0), q, b)  # max then dequantise: scale > 0 keeps the order
-        cells, bad = _passing(best, threshold)
+        cells, bad = passing(best, threshold)
         nonfinite += bad
         if not cells.size:
             continue
@@ -128,13 +206,13 @@ def zoo_candidates(
         return _empty(nonfinite)
     cells, best, class_ids, logits = (np.concatenate(p, axis=-1) for p in zip(*parts, strict=True))
     scores = _sigmoid(best)
-    return _finite(Candidates(cells, scores, class_ids.astype(np.int32), _dfl(logits), nonfinite))
+    return _finite(Candidates(cells, scores, class_ids.astype(np.int32), dfl(logits), nonfinite))
 
 
 def ultralytics_candidates(raw: np.ndarray, q: Quant, num_classes: int, conf: float) -> Candidates:
     """Candidates of Ultralytics' (4 + C + E, N) output (class scores sigmoided)."""
     best = real(raw[4 : 4 + num_classes].max(axis=0), q, 0)
-    cells, nonfinite = _passing(best, conf)
+    cells, nonfinite = passing(best, conf)
     if not cells.size:
         return _empty(nonfinite)
     class_ids = raw[4 : 4 + num_classes, cells].argmax(axis=0).astype(np.int32)

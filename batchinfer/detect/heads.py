@@ -86,7 +86,7 @@ def recognise(
 
 def readings(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> list[Head]:
     """Every head the output shapes fit (more than one only for a row per cell)."""
-    shapes = [_batch_one(s) for s in output_shapes]
+    shapes = [batch_one(s) for s in output_shapes]
     if any(s is None for s in shapes) or not shapes:
         return []
     if len(shapes) == 1:
@@ -149,7 +149,7 @@ def _dim(d: object) -> int:
         return -1
 
 
-def _batch_one(shape: Sequence[int]) -> tuple[int, ...] | None:
+def batch_one(shape: Sequence[object]) -> tuple[int, ...] | None:
     """The shape with a dynamic batch axis made 1; None when it is not batch 1."""
     dims = tuple(_dim(d) for d in shape)
     if not dims or dims[0] not in (1, 0, -1):

@@ -40,18 +40,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchinfer.detect.decode import _cell_tables
 from batchinfer.detect.head_parts import (
     Candidates,
     Quant,
+    cell_tables,
     check_quant,
+    check_settings,
     check_shapes,
     pick,
     real,
     ultralytics_candidates,
     zoo_candidates,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES, _batch_one, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES, batch_one, grid_sizes
 from batchinfer.detect.letterbox import Letterbox
 from batchinfer.detect.rotated import corners, enclosing_boxes, regularize
 from batchinfer.detect.rotated_nms import METHODS, rotated_nms
@@ -110,7 +111,7 @@ def recognise_obb(
 ) -> ObbHead | None:
     """The OBB head the output shapes have, or None. ``task``: the model metadata's task
     (or the user's ``--task``); Ultralytics' single output is OBB only with ``task="obb"``."""
-    shapes = [_batch_one(tuple(s)) for s in output_shapes]
+    shapes = [batch_one(tuple(s)) for s in output_shapes]
     if not shapes or any(s is None for s in shapes):
         return None
     if len(shapes) == 1 and task == "obb":
@@ -158,13 +159,7 @@ class ObbDecoder:
         quant: Sequence[Quant] = (),
     ) -> None:
         settings = settings if settings is not None else ObbSettings()
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
+        check_settings(settings)
         if settings.nms not in METHODS:
             raise UsageError(
                 f"The rotated NMS is one of {', '.join(METHODS)}, not {settings.nms!r}."
@@ -173,7 +168,7 @@ class ObbDecoder:
         self.input_hw = (int(input_hw[0]), int(input_hw[1]))
         self.quant = check_quant(quant)
         self._grids = grid_sizes(self.input_hw, head.strides)
-        self._offsets, self._centres, self._strides = _cell_tables(self._grids, head.strides)
+        self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
         self._cells = sum(h * w for h, w in self._grids)
 
     def __call__(

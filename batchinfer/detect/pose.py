@@ -41,22 +41,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchinfer.detect.coco import coco_results
-from batchinfer.detect.decode import DetectSettings, _cell_tables
+from batchinfer.detect.decode import DetectSettings
 from batchinfer.detect.head_parts import (
     Candidates,
     Quant,
+    cell_tables,
     check_quant,
+    check_settings,
     check_shapes,
     pick,
     real,
     ultralytics_candidates,
     zoo_candidates,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES, _batch_one, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES, batch_one, grid_sizes
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.nms import nms
 from batchinfer.detect.obb import zoo_classes
-from batchinfer.errors import UsageError
 
 #: OKS sigmas of COCO's 17 person keypoints (pycocotools' ``kpt_oks_sigmas``).
 COCO_PERSON_SIGMAS: tuple[float, ...] = (
@@ -112,7 +113,7 @@ def recognise_pose(
     """The pose head the output shapes have, or None. ``task`` and ``kpt_shape`` (K, D) come
     from the model's metadata (or the user); the single Ultralytics output needs one of
     them (``task="pose"`` alone means COCO's (17, 3))."""
-    shapes = [_batch_one(tuple(s)) for s in output_shapes]
+    shapes = [batch_one(tuple(s)) for s in output_shapes]
     if not shapes or any(s is None for s in shapes):
         return None
     if len(shapes) == 1:
@@ -150,18 +151,12 @@ class PoseDecoder:
         quant: Sequence[Quant] = (),
     ) -> None:
         settings = settings if settings is not None else DetectSettings()
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
+        check_settings(settings)
         self.head, self.settings = head, settings
         self.input_hw = (int(input_hw[0]), int(input_hw[1]))
         self.quant = check_quant(quant)
         self._grids = grid_sizes(self.input_hw, head.strides)
-        self._offsets, self._centres, self._strides = _cell_tables(self._grids, head.strides)
+        self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
         self._cells = sum(h * w for h, w in self._grids)
 
     def __call__(self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None) -> Poses:

@@ -30,15 +30,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchinfer.detect.decode import COCO_ANCHORS, DetectSettings, _dfl
+from batchinfer.detect.decode import COCO_ANCHORS, DetectSettings
+from batchinfer.detect.head_parts import (
+    Quant,
+    check_quant,
+    check_settings,
+    check_shapes,
+    dfl,
+    passing,
+    quant_of,
+    real,
+    xywh_to_xyxy,
+)
 from batchinfer.detect.heads import DFL_BINS, grid_sizes
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.masks import mask_rles, proto_map
 from batchinfer.detect.nms import nms
 from batchinfer.detect.seg_heads import SegHead
-from batchinfer.errors import InferenceError, UsageError
-
-Quant = tuple[float, int] | None
+from batchinfer.errors import UsageError
 
 
 @dataclass
@@ -86,20 +95,11 @@ class SegmentDecoder:
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
         settings = settings or DetectSettings()
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
-        for q in quant:
-            if q is not None and not q[0] > 0:
-                raise UsageError(f"An output's quantisation scale must be > 0 (it is {q[0]}).")
+        check_settings(settings)
         self.head = head
         self.input_hw = (int(input_hw[0]), int(input_hw[1]))
         self.settings = settings
-        self.quant = tuple(quant)
+        self.quant = check_quant(quant)
         self._grids = grid_sizes(self.input_hw, head.strides)
         candidates = {
             "yolov8-seg-zoo": self._yolov8_zoo,
@@ -148,19 +148,11 @@ class SegmentDecoder:
     # -- helpers ---------------------------------------------------------------------------
 
     def _quant(self, i: int) -> Quant:
-        return self.quant[i] if i < len(self.quant) else None
+        return quant_of(self.quant, i)
 
     def _real(self, i: int, values: np.ndarray) -> np.ndarray:
         """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zp)."""
-        if values.dtype.kind in "iu":
-            q = self._quant(i)
-            if q is None:
-                raise InferenceError(
-                    f"Output {i} is {values.dtype} but no quantisation (scale, zero point) "
-                    "was given for it; ask the runtime for float outputs or pass its quant."
-                )
-            return (values.astype(np.float32) - np.float32(q[1])) * np.float32(q[0])
-        return values.astype(np.float32, copy=False)
+        return real(values, self._quant(i), i)
 
     def _expected(self) -> list[tuple[int, ...]]:
         h = self.head
@@ -181,15 +173,7 @@ class SegmentDecoder:
         return [det, proto] if h.proto_index == 1 else [proto, det]
 
     def _check(self, outputs: Sequence[np.ndarray]) -> None:
-        expected = self._expected()
-        got = [tuple(o.shape) for o in outputs]
-        if len(got) != len(expected) or any(
-            _unbatched(g) != _unbatched(e) for g, e in zip(got, expected, strict=True)
-        ):
-            raise InferenceError(
-                f"The model returned outputs of shapes {got}, but its "
-                f"{self.head.describe()} needs {expected}."
-            )
+        check_shapes(outputs, self._expected(), self.head.describe())
 
     # -- one candidate stage per head family ------------------------------------------------
 
@@ -201,12 +185,12 @@ class SegmentDecoder:
         for b, ((gh, gw), stride) in enumerate(zip(self._grids, self.head.strides, strict=True)):
             cls = outputs[4 * b + 1].reshape(nc, gh * gw)
             best = self._real(4 * b + 1, cls.max(axis=0))  # dequantising keeps the order
-            cells, bad = _passing(best, conf)
+            cells, bad = passing(best, conf)
             nonfinite += bad
             if not cells.size:
                 continue
             logits = self._real(4 * b, outputs[4 * b].reshape(4, DFL_BINS, gh * gw)[:, :, cells])
-            dist = _dfl(logits)  # (4, k) left, top, right, bottom in cells
+            dist = dfl(logits)  # (4, k) left, top, right, bottom in cells
             cx, cy = cells % gw + np.float32(0.5), cells // gw + np.float32(0.5)
             boxes = np.stack([cx - dist[0], cy - dist[1], cx + dist[2], cy + dist[3]], axis=1)
             branch = np.full(cells.size, b)
@@ -241,9 +225,9 @@ class SegmentDecoder:
         for b, ((gh, gw), stride) in enumerate(zip(self._grids, self.head.strides, strict=True)):
             raw = outputs[2 * b].reshape(na, 5 + nc, gh * gw)
             obj = self._real(2 * b, raw[:, 4, :])  # (A, cells)
-            passing, bad = _passing(obj.ravel(), conf)
+            passed, bad = passing(obj.ravel(), conf)
             nonfinite += bad
-            anchor, cells = np.divmod(passing, gh * gw)
+            anchor, cells = np.divmod(passed, gh * gw)
             if not cells.size:
                 continue
             cls = self._real(2 * b, raw[anchor, 5:, cells])  # (k, C)
@@ -259,7 +243,7 @@ class SegmentDecoder:
             cy = (xywh[:, 1] * 2 - 0.5 + cells // gw) * s
             w = (xywh[:, 2] * 2) ** 2 * self._anchors[b, anchor, 0]
             h = (xywh[:, 3] * 2) ** 2 * self._anchors[b, anchor, 1]
-            boxes = _xyxy(cx, cy, w, h)
+            boxes = xywh_to_xyxy(cx, cy, w, h)
             branch = np.full(cells.size, b)
             picked.append(
                 (boxes, scores[kept], cls[kept].argmax(axis=1), branch, anchor * gh * gw + cells)
@@ -284,25 +268,16 @@ class SegmentDecoder:
         d = 1 - self.head.proto_index
         raw = outputs[d].reshape(4 + nc + nm, -1)
         best = self._real(d, raw[4 : 4 + nc].max(axis=0))
-        idx, nonfinite = _passing(best, self.settings.conf)
+        idx, nonfinite = passing(best, self.settings.conf)
         class_ids = raw[4 : 4 + nc, idx].argmax(axis=0)
         cx, cy, w, h = self._real(d, raw[:4, idx])
-        boxes = _xyxy(cx, cy, w, h)
+        boxes = xywh_to_xyxy(cx, cy, w, h)
 
         def coefs(keep: np.ndarray) -> np.ndarray:
             return self._real(d, raw[4 + nc :, idx[keep]]).T
 
         part = _Candidates(boxes, best[idx], class_ids.astype(np.int32), coefs, nonfinite)
         return _finite(part)
-
-
-def _passing(best: np.ndarray, conf: float) -> tuple[np.ndarray, int]:
-    """Indices of the finite scores >= conf, and how many scores are NaN/inf."""
-    cells = np.flatnonzero(best >= conf)
-    finite = np.isfinite(best)
-    if finite.all():
-        return cells, 0
-    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
 
 
 def _joined(picked: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
@@ -334,14 +309,3 @@ def _finite(part: _Candidates) -> _Candidates:
     return _Candidates(
         part.boxes[rows], part.scores[rows], part.class_ids[rows], coefs, part.nonfinite + bad
     )
-
-
-def _xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(
-            np.float32, copy=False
-        )
-
-
-def _unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return shape[1:] if shape and shape[0] == 1 else shape
