@@ -28,18 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchinfer.detect.head_parts import (
+    GridDecoder,
     Quant,
-    cell_tables,
-    check_quant,
-    check_settings,
-    check_shapes,
     passing,
-    quant_of,
-    real,
+    scored,
     xywh_to_xyxy,
+    yolov5_boxes,
 )
 from batchinfer.detect.head_parts import dfl as _dfl  # by this name: tests count its calls
-from batchinfer.detect.heads import DFL_BINS, Head, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, Head
 from batchinfer.detect.nms import nms_ranked
 from batchinfer.errors import UsageError
 
@@ -105,7 +102,7 @@ class _Candidates:
     computed: tuple[np.ndarray, np.ndarray] | None = None  # every (box, class), when known
 
 
-class Decoder:
+class Decoder(GridDecoder[Head, DetectSettings]):
     """Turns one image's raw outputs into :class:`Detections` for a recognised head."""
 
     def __init__(
@@ -117,16 +114,10 @@ class Decoder:
     ) -> None:
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
-        check_settings(settings)
-        self.head = head
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.settings = settings
-        self.quant = check_quant(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
-        self._cell_offsets, self._cell_centres, self._cell_strides = cell_tables(
-            self._grids, head.strides
-        )
-        self._anchors = self._anchor_array() if head.family == "yolov5-zoo" else None
+        super().__init__(head, input_hw, settings, quant)
+        self._anchors = None
+        if head.family == "yolov5-zoo":
+            self._anchors = anchor_array(settings.anchors, len(head.strides), head.num_anchors)
         self._decode = {
             "yolov5-zoo": self._yolov5_zoo,
             "yolov8-zoo": self._yolov8_zoo,
@@ -156,26 +147,6 @@ class Decoder:
             np.ascontiguousarray(boxes, np.float32), found.scores[idx], class_ids, nonfinite
         )
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _anchor_array(self) -> np.ndarray:
-        anchors = self.settings.anchors if self.settings.anchors is not None else COCO_ANCHORS
-        shape = (len(self.head.strides), self.head.num_anchors, 2)
-        array = np.asarray(anchors, dtype=np.float32)
-        if array.shape != shape:
-            raise UsageError(
-                f"The anchors give {_shape_words(array.shape)}, but the head needs "
-                f"{shape[1]} (w, h) pairs for each of its {shape[0]} strides."
-            )
-        return array
-
-    def _real(self, i: int, values: np.ndarray) -> np.ndarray:
-        """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zp)."""
-        return real(values, quant_of(self.quant, i), i)
-
-    def _check(self, outputs: Sequence[np.ndarray], expected: Sequence[tuple[int, ...]]) -> None:
-        check_shapes(outputs, expected, self.head.describe())
-
     # -- one decoder per head family -------------------------------------------------------
 
     def _bounded(self, i: int, values: np.ndarray) -> bool:
@@ -194,7 +165,7 @@ class Decoder:
         for gh, gw in self._grids:
             branch = [(1, 4 * DFL_BINS, gh, gw), (1, nc, gh, gw), (1, 1, gh, gw)]
             expected += branch[:per_branch]
-        self._check(outputs, expected)
+        self._check_shapes(outputs, expected)
         conf = self.settings.conf
         # Per stride: the cells whose best class passes (max then dequantise: dequantising
         # is increasing, scale > 0); their boxes and classes on demand, all strides at once.
@@ -222,10 +193,7 @@ class Decoder:
                 if mine.any():
                     logits[:, :, mine] = self._real(i_box, box.take(where[i[mine]], axis=2))
             dist = _dfl(logits)  # (4, n): left, top, right, bottom in cells
-            at = where[i] + np.asarray(self._cell_offsets)[stride[i]]
-            centre = self._cell_centres[:, at]  # (2, n) in cells
-            xyxy = np.concatenate((centre - dist[:2], centre + dist[2:]))
-            return (xyxy * self._cell_strides[at]).T
+            return self._cell_boxes(where[i] + np.asarray(self._offsets)[stride[i]], dist)
 
         def classes_of(i: np.ndarray) -> np.ndarray:
             out = np.empty(len(i), np.int32)
@@ -242,7 +210,7 @@ class Decoder:
 
     def _yolov5_zoo(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         na, nc = self.head.num_anchors, self.head.num_classes
-        self._check(outputs, [(1, na * (5 + nc), gh, gw) for gh, gw in self._grids])
+        self._check_shapes(outputs, [(1, na * (5 + nc), gh, gw) for gh, gw in self._grids])
         return [self._yolov5_zoo_stride(i, outputs[i]) for i in range(len(self._grids))]
 
     def _yolov5_zoo_stride(self, i: int, output: np.ndarray) -> _Candidates:
@@ -259,20 +227,15 @@ class Decoder:
             best_cls = self._real(i, raw[:, 5:, :].max(axis=1))[anchor, cells]
         else:
             best_cls = self._real(i, _at(raw, anchor, cells, 5, 5 + nc).max(axis=1))
-        scores, kept, bad = _scored(obj[anchor, cells], best_cls, conf)
+        scores, kept, bad = scored(obj[anchor, cells], best_cls, conf)
         anchor, cells = anchor[kept], cells[kept]
-        s = np.float32(self.head.strides[i])
         anchors = self._anchors
         assert anchors is not None
 
         def boxes_of(k: np.ndarray) -> np.ndarray:
             a, c = anchor[k], cells[k]
             xywh = self._real(i, _at(raw, a, c, 0, 4))  # (n, 4) sigmoids
-            cx = (xywh[:, 0] * 2 - 0.5 + (c % gw)) * s
-            cy = (xywh[:, 1] * 2 - 0.5 + (c // gw)) * s
-            w = (xywh[:, 2] * 2) ** 2 * anchors[i, a, 0]
-            h = (xywh[:, 3] * 2) ** 2 * anchors[i, a, 1]
-            return xywh_to_xyxy(cx, cy, w, h)
+            return yolov5_boxes(xywh, a, c, gw, self.head.strides[i], anchors[i])
 
         def classes_of(k: np.ndarray) -> np.ndarray:
             values = _at(raw, anchor[k], cells[k], 5, 5 + nc)
@@ -287,10 +250,10 @@ class Decoder:
         nc = self.head.num_classes
         cells = sum(gh * gw for gh, gw in self._grids)
         if self.head.rows:  # transposed: a row per cell, read through a transposed view
-            self._check(outputs, [(1, cells, 4 + nc)])
+            self._check_shapes(outputs, [(1, cells, 4 + nc)])
             raw = outputs[0].reshape(cells, 4 + nc).T
         else:
-            self._check(outputs, [(1, 4 + nc, cells)])
+            self._check_shapes(outputs, [(1, 4 + nc, cells)])
             raw = outputs[0].reshape(4 + nc, cells)
         best = self._real(0, raw[4:].max(axis=0))
         idx, nonfinite = passing(best, self.settings.conf)
@@ -310,7 +273,7 @@ class Decoder:
     def _yolov5_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         nc = self.head.num_classes
         rows = self.head.num_anchors * sum(gh * gw for gh, gw in self._grids)
-        self._check(outputs, [(1, rows, 5 + nc)])
+        self._check_shapes(outputs, [(1, rows, 5 + nc)])
         raw = outputs[0].reshape(rows, 5 + nc)
         obj = self._real(0, raw[:, 4])
         idx, nonfinite = passing(obj, self.settings.conf)
@@ -319,7 +282,7 @@ class Decoder:
             best_cls = self._real(0, raw[:, 5:].max(axis=1))[idx]
         else:
             best_cls = self._real(0, raw.take(idx, axis=0)[:, 5:].max(axis=1))
-        scores, kept, bad = _scored(obj[idx], best_cls, self.settings.conf)
+        scores, kept, bad = scored(obj[idx], best_cls, self.settings.conf)
         idx = idx[kept]
 
         def boxes_of(i: np.ndarray) -> np.ndarray:
@@ -335,24 +298,26 @@ class Decoder:
         return [_Candidates(scores, boxes_of, classes_of, nonfinite + bad, safe)]
 
 
+def anchor_array(
+    anchors: Sequence[Sequence[Sequence[float]]] | None, strides: int, per_stride: int
+) -> np.ndarray:
+    """(strides, per_stride, 2) float32 anchors (w, h in input pixels); None: COCO's.
+    UsageError when they do not give ``per_stride`` pairs for each of the ``strides``."""
+    array = np.asarray(anchors if anchors is not None else COCO_ANCHORS, dtype=np.float32)
+    if array.shape != (strides, per_stride, 2):
+        raise UsageError(
+            f"The anchors give {_shape_words(array.shape)}, but the head needs "
+            f"{per_stride} (w, h) pairs for each of its {strides} strides."
+        )
+    return array
+
+
 def _at(raw: np.ndarray, anchor: np.ndarray, cells: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """``raw[anchor, lo:hi, cells]`` of an (A, channels, cells) output, as (n, hi - lo), by
     a gather on the flat array (much faster than numpy's indexing on two axes)."""
     _, channels, n = raw.shape
     flat = (anchor * channels * n + cells)[:, None] + np.arange(lo, hi) * n
     return raw.reshape(-1).take(flat)
-
-
-def _scored(
-    obj: np.ndarray, best_cls: np.ndarray, conf: float
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Score (object x best class score), which pass ``conf``, and how many were NaN/inf."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        scores = obj * best_cls
-    finite = np.isfinite(scores)
-    kept = np.flatnonzero(finite & (scores >= conf))
-    bad = scores.size - int(np.count_nonzero(finite))
-    return scores[kept], kept, bad
 
 
 def _finite_boxes(part: _Candidates) -> _Candidates:

@@ -21,11 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from batchinfer.detect.heads import DFL_BINS
+from batchinfer.detect.heads import DFL_BINS, grid_sizes
 from batchinfer.errors import InferenceError, UsageError
 
 Quant = tuple[float, int] | None
@@ -154,6 +154,89 @@ def xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -
         )
 
 
+def scored(
+    obj: np.ndarray, best_cls: np.ndarray, conf: float
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Score (object x best class score), which pass ``conf``, and how many were NaN/inf."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = obj * best_cls
+    finite = np.isfinite(scores)
+    kept = np.flatnonzero(finite & (scores >= conf))
+    bad = scores.size - int(np.count_nonzero(finite))
+    return scores[kept], kept, bad
+
+
+def yolov5_boxes(
+    xywh: np.ndarray,
+    anchor: np.ndarray,
+    cells: np.ndarray,
+    gw: int,
+    stride: int,
+    anchors: np.ndarray,
+) -> np.ndarray:
+    """(n, 4) float32 x1 y1 x2 y2 of YOLOv5 candidates (the model zoo's formula): their
+    (n, 4) sigmoided x, y, w, h, their anchor and cell in a stride ``gw`` cells wide, and
+    that stride's (A, 2) anchors."""
+    s = np.float32(stride)
+    cx = (xywh[:, 0] * 2 - 0.5 + (cells % gw)) * s
+    cy = (xywh[:, 1] * 2 - 0.5 + (cells // gw)) * s
+    w = (xywh[:, 2] * 2) ** 2 * anchors[anchor, 0]
+    h = (xywh[:, 3] * 2) ** 2 * anchors[anchor, 1]
+    return xywh_to_xyxy(cx, cy, w, h)
+
+
+class HeadLike(Protocol):
+    """What :class:`GridDecoder` reads of a recognised head."""
+
+    @property
+    def strides(self) -> tuple[int, ...]: ...
+    def describe(self) -> str: ...
+
+
+H = TypeVar("H", bound=HeadLike)
+S = TypeVar("S", bound=Thresholds)
+
+
+class GridDecoder(Generic[H, S]):
+    """What every decoder (detection, segmentation, pose, oriented boxes) keeps: its head,
+    the input size, the settings and per-output quantisation (both checked), each stride's
+    grid and the cell tables of :func:`cell_tables`."""
+
+    def __init__(
+        self, head: H, input_hw: tuple[int, int], settings: S, quant: Sequence[Quant]
+    ) -> None:
+        self._check_settings(settings)
+        self.head = head
+        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
+        self.settings = settings
+        self.quant = check_quant(quant)
+        self._grids = grid_sizes(self.input_hw, head.strides)
+        self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
+        self._cells = sum(h * w for h, w in self._grids)
+
+    def _check_settings(self, settings: S) -> None:
+        check_settings(settings)
+
+    def _quant(self, i: int) -> Quant:
+        return quant_of(self.quant, i)
+
+    def _real(self, i: int, values: np.ndarray) -> np.ndarray:
+        """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zp)."""
+        return real(values, quant_of(self.quant, i), i)
+
+    def _check_shapes(
+        self, outputs: Sequence[np.ndarray], expected: Sequence[tuple[int, ...]]
+    ) -> None:
+        check_shapes(outputs, expected, self.head.describe())
+
+    def _cell_boxes(self, at: np.ndarray, dist: np.ndarray) -> np.ndarray:
+        """(n, 4) x1 y1 x2 y2 in input pixels of the cells ``at`` (over all strides) from
+        their DFL distances (4, n): left, top, right, bottom in cells of their stride."""
+        centre = self._centres[:, at]  # (2, n) in cells
+        xyxy = np.concatenate((centre - dist[:2], centre + dist[2:]))
+        return (xyxy * self._strides[at]).T
+
+
 @dataclass
 class Candidates:
     """The cells that passed the threshold: over all strides, in the order of the cells."""
@@ -209,14 +292,16 @@ def zoo_candidates(
     return _finite(Candidates(cells, scores, class_ids.astype(np.int32), dfl(logits), nonfinite))
 
 
-def ultralytics_candidates(raw: np.ndarray, q: Quant, num_classes: int, conf: float) -> Candidates:
-    """Candidates of Ultralytics' (4 + C + E, N) output (class scores sigmoided)."""
-    best = real(raw[4 : 4 + num_classes].max(axis=0), q, 0)
+def ultralytics_candidates(
+    raw: np.ndarray, q: Quant, num_classes: int, conf: float, i: int = 0
+) -> Candidates:
+    """Candidates of Ultralytics' (4 + C + E, N) output ``i`` (class scores sigmoided)."""
+    best = real(raw[4 : 4 + num_classes].max(axis=0), q, i)
     cells, nonfinite = passing(best, conf)
     if not cells.size:
         return _empty(nonfinite)
     class_ids = raw[4 : 4 + num_classes, cells].argmax(axis=0).astype(np.int32)
-    sides = real(raw[:4, cells], q, 0)
+    sides = real(raw[:4, cells], q, i)
     return _finite(Candidates(cells, best[cells], class_ids, sides, nonfinite))
 
 
@@ -233,6 +318,16 @@ def _finite(c: Candidates) -> Candidates:
         return c
     bad = len(ok) - int(np.count_nonzero(ok))
     return Candidates(c.cells[ok], c.scores[ok], c.class_ids[ok], c.sides[:, ok], c.nonfinite + bad)
+
+
+def finite_extra(c: Candidates, extra: np.ndarray, ok: np.ndarray) -> tuple[Candidates, np.ndarray]:
+    """The candidates, and their extra values (keypoints, angles), where ``ok`` (the extra
+    values are finite); the others are counted in ``nonfinite``."""
+    if ok.all():
+        return c, extra
+    kept = pick(c, ok)
+    kept.nonfinite += len(ok) - int(np.count_nonzero(ok))
+    return kept, extra[ok]
 
 
 def pick(c: Candidates, keep: np.ndarray) -> Candidates:

@@ -42,12 +42,9 @@ import numpy as np
 
 from batchinfer.detect.head_parts import (
     Candidates,
+    GridDecoder,
     Quant,
-    cell_tables,
-    check_quant,
-    check_settings,
-    check_shapes,
-    pick,
+    finite_extra,
     real,
     ultralytics_candidates,
     zoo_candidates,
@@ -148,7 +145,7 @@ def zoo_classes(input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]) ->
     return nc if nc >= 1 else None
 
 
-class ObbDecoder:
+class ObbDecoder(GridDecoder[ObbHead, ObbSettings]):
     """Turns one image's raw outputs into :class:`OrientedBoxes`."""
 
     def __init__(
@@ -158,18 +155,14 @@ class ObbDecoder:
         settings: ObbSettings | None = None,
         quant: Sequence[Quant] = (),
     ) -> None:
-        settings = settings if settings is not None else ObbSettings()
-        check_settings(settings)
+        super().__init__(head, input_hw, settings if settings is not None else ObbSettings(), quant)
+
+    def _check_settings(self, settings: ObbSettings) -> None:
+        super()._check_settings(settings)
         if settings.nms not in METHODS:
             raise UsageError(
                 f"The rotated NMS is one of {', '.join(METHODS)}, not {settings.nms!r}."
             )
-        self.head, self.settings = head, settings
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.quant = check_quant(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
-        self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
-        self._cells = sum(h * w for h, w in self._grids)
 
     def __call__(
         self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None
@@ -180,17 +173,15 @@ class ObbDecoder:
             cand, angle = self._zoo(outputs)
         else:
             cand, angle = self._ultralytics(outputs)
-        ok = np.isfinite(angle)
-        nonfinite = cand.nonfinite + len(ok) - int(np.count_nonzero(ok))
-        if not ok.all():
-            cand, angle = pick(cand, ok), angle[ok]
+        cand, angle = finite_extra(cand, angle, np.isfinite(angle))
         if self.head.family == "yolov8-obb-zoo":
             xywhr = self._zoo_boxes(cand, angle)
         else:
             xywhr = np.concatenate([cand.sides.T.astype(np.float64), angle[:, None]], axis=1)
         s = self.settings
         keep = rotated_nms(xywhr, cand.scores, cand.class_ids, s.iou, s.max_det, s.nms, s.agnostic)
-        return _finish(xywhr[keep], cand.scores[keep], cand.class_ids[keep], nonfinite, letterbox)
+        scores, class_ids = cand.scores[keep], cand.class_ids[keep]
+        return _finish(xywhr[keep], scores, class_ids, cand.nonfinite, letterbox)
 
     def _zoo(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
         nc = self.head.num_classes
@@ -199,7 +190,7 @@ class ObbDecoder:
         angle_shape = (1, 1, self._cells)
         if len(outputs) == 4 and outputs[3].size == self._cells:
             angle_shape = tuple(outputs[3].shape)
-        check_shapes(outputs, [*expected, angle_shape], self.head.describe())
+        self._check_shapes(outputs, [*expected, angle_shape])
         conf = self.settings.conf
         cand = zoo_candidates(outputs[:3], self.quant, self._grids, self._offsets, nc, conf)
         q = self.quant[3] if len(self.quant) > 3 else None
@@ -208,7 +199,7 @@ class ObbDecoder:
 
     def _ultralytics(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
         nc = self.head.num_classes
-        check_shapes(outputs, [(1, 5 + nc, self._cells)], self.head.describe())
+        self._check_shapes(outputs, [(1, 5 + nc, self._cells)])
         raw = outputs[0].reshape(5 + nc, self._cells)
         q = self.quant[0] if self.quant else None
         cand = ultralytics_candidates(raw, q, nc, self.settings.conf)

@@ -44,14 +44,12 @@ from batchinfer.detect.coco import coco_results
 from batchinfer.detect.decode import DetectSettings
 from batchinfer.detect.head_parts import (
     Candidates,
+    GridDecoder,
     Quant,
-    cell_tables,
-    check_quant,
-    check_settings,
-    check_shapes,
-    pick,
+    finite_extra,
     real,
     ultralytics_candidates,
+    xywh_to_xyxy,
     zoo_candidates,
 )
 from batchinfer.detect.heads import DFL_BINS, STRIDES, batch_one, grid_sizes
@@ -140,7 +138,7 @@ def recognise_pose(
     return None
 
 
-class PoseDecoder:
+class PoseDecoder(GridDecoder[PoseHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`Poses`."""
 
     def __init__(
@@ -151,37 +149,22 @@ class PoseDecoder:
         quant: Sequence[Quant] = (),
     ) -> None:
         settings = settings if settings is not None else DetectSettings()
-        check_settings(settings)
-        self.head, self.settings = head, settings
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.quant = check_quant(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
-        self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
-        self._cells = sum(h * w for h, w in self._grids)
+        super().__init__(head, input_hw, settings, quant)
 
     def __call__(self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None) -> Poses:
         """Instances in the original image's pixels (``letterbox``: how it was placed on the
         model's canvas; None: in the model input's pixels), NMS applied, best first."""
-        if self.head.family == "yolov8-pose-zoo":
-            cand, points = self._zoo(outputs)
-            centre = self._centres[:, cand.cells]
-            stride = self._strides[cand.cells]
-            boxes = (np.concatenate([centre - cand.sides[:2], centre + cand.sides[2:]]) * stride).T
-        else:
-            cand, points = self._ultralytics(outputs)
-            cx, cy, w, h = cand.sides
-            boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-        ok = np.isfinite(points).all(axis=(1, 2))
-        nonfinite = cand.nonfinite + len(ok) - int(np.count_nonzero(ok))
-        if not ok.all():
-            cand, points, boxes = pick(cand, ok), points[ok], boxes[ok]
+        zoo = self.head.family == "yolov8-pose-zoo"
+        cand, points = self._zoo(outputs) if zoo else self._ultralytics(outputs)
+        cand, points = finite_extra(cand, points, np.isfinite(points).all(axis=(1, 2)))
+        boxes = self._cell_boxes(cand.cells, cand.sides) if zoo else xywh_to_xyxy(*cand.sides)
         s = self.settings
         keep = nms(boxes, cand.scores, cand.class_ids, s.iou, s.max_det)
         boxes, points = boxes[keep].astype(np.float32), points[keep]
         if letterbox is not None:
             boxes = boxes_to_original(boxes, letterbox)
             points = keypoints_to_original(points, letterbox)
-        return Poses(boxes, cand.scores[keep], cand.class_ids[keep], points, nonfinite)
+        return Poses(boxes, cand.scores[keep], cand.class_ids[keep], points, cand.nonfinite)
 
     def _keypoints(self, raw: np.ndarray, q: Quant, i: int, cells: np.ndarray) -> np.ndarray:
         """(k, K, 3) x, y, score from (K, D, N) values."""
@@ -194,7 +177,7 @@ class PoseDecoder:
         h = self.head
         expected = [(1, 4 * DFL_BINS + h.num_classes, gh, gw) for gh, gw in self._grids]
         expected.append((1, h.num_keypoints, h.keypoint_dims, self._cells))
-        check_shapes(outputs, expected, h.describe())
+        self._check_shapes(outputs, expected)
         cand = zoo_candidates(
             outputs[:3], self.quant, self._grids, self._offsets, h.num_classes, self.settings.conf
         )
@@ -205,7 +188,7 @@ class PoseDecoder:
     def _ultralytics(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
         h = self.head
         rows = 4 + h.num_classes + h.num_keypoints * h.keypoint_dims
-        check_shapes(outputs, [(1, rows, self._cells)], h.describe())
+        self._check_shapes(outputs, [(1, rows, self._cells)])
         raw = outputs[0].reshape(rows, self._cells)
         q = self.quant[0] if self.quant else None
         cand = ultralytics_candidates(raw, q, h.num_classes, self.settings.conf)

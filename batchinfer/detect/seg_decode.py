@@ -30,19 +30,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchinfer.detect.decode import COCO_ANCHORS, DetectSettings
+from batchinfer.detect.decode import DetectSettings, anchor_array
 from batchinfer.detect.head_parts import (
+    GridDecoder,
     Quant,
-    check_quant,
-    check_settings,
-    check_shapes,
     dfl,
     passing,
-    quant_of,
-    real,
+    scored,
+    ultralytics_candidates,
     xywh_to_xyxy,
+    yolov5_boxes,
 )
-from batchinfer.detect.heads import DFL_BINS, grid_sizes
+from batchinfer.detect.heads import DFL_BINS
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.masks import mask_rles, proto_map
 from batchinfer.detect.nms import nms
@@ -82,7 +81,7 @@ class _Candidates:
     nonfinite: int
 
 
-class SegmentDecoder:
+class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`SegmentDetections` for a :class:`SegHead`."""
 
     def __init__(
@@ -94,13 +93,7 @@ class SegmentDecoder:
     ) -> None:
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
-        settings = settings or DetectSettings()
-        check_settings(settings)
-        self.head = head
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.settings = settings
-        self.quant = check_quant(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
+        super().__init__(head, input_hw, settings or DetectSettings(), quant)
         candidates = {
             "yolov8-seg-zoo": self._yolov8_zoo,
             "yolov5-seg-zoo": self._yolov5_zoo,
@@ -110,21 +103,14 @@ class SegmentDecoder:
             raise UsageError(f"No decoder for the segmentation head family {head.family!r}.")
         self._candidates = candidates
         if head.family == "yolov5-seg-zoo":
-            anchors = settings.anchors if settings.anchors is not None else COCO_ANCHORS
-            self._anchors = np.asarray(anchors, np.float32)
-            if self._anchors.shape != (len(head.strides), head.num_anchors, 2):
-                raise UsageError(
-                    f"The anchors give an array of shape {self._anchors.shape}, but the head "
-                    f"needs {head.num_anchors} (w, h) pairs for each of its "
-                    f"{len(head.strides)} strides."
-                )
+            self._anchors = anchor_array(self.settings.anchors, len(head.strides), head.num_anchors)
 
     def decode(
         self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None
     ) -> SegmentDetections:
         """The instances of one image; ``letterbox`` says how the image was placed on the
         model's input (None: the image is the input, unscaled)."""
-        self._check(outputs)
+        self._check_shapes(outputs, self._expected())
         part = self._candidates(outputs)
         keep = nms(
             part.boxes, part.scores, part.class_ids, self.settings.iou, self.settings.max_det
@@ -147,13 +133,6 @@ class SegmentDecoder:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _quant(self, i: int) -> Quant:
-        return quant_of(self.quant, i)
-
-    def _real(self, i: int, values: np.ndarray) -> np.ndarray:
-        """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zp)."""
-        return real(values, self._quant(i), i)
-
     def _expected(self) -> list[tuple[int, ...]]:
         h = self.head
         nc, nm = h.num_classes, h.num_masks
@@ -171,9 +150,6 @@ class SegmentDecoder:
             return [*out, proto]
         det = (1, 4 + nc + nm, sum(gh * gw for gh, gw in self._grids))
         return [det, proto] if h.proto_index == 1 else [proto, det]
-
-    def _check(self, outputs: Sequence[np.ndarray]) -> None:
-        check_shapes(outputs, self._expected(), self.head.describe())
 
     # -- one candidate stage per head family ------------------------------------------------
 
@@ -231,22 +207,14 @@ class SegmentDecoder:
             if not cells.size:
                 continue
             cls = self._real(2 * b, raw[anchor, 5:, cells])  # (k, C)
-            with np.errstate(invalid="ignore", over="ignore"):
-                scores = obj[anchor, cells] * cls.max(axis=1)
-            finite = np.isfinite(scores)
-            nonfinite += scores.size - int(np.count_nonzero(finite))
-            kept = np.flatnonzero(finite & (scores >= conf))
+            scores, kept, bad = scored(obj[anchor, cells], cls.max(axis=1), conf)
+            nonfinite += bad
             anchor, cells = anchor[kept], cells[kept]
             xywh = self._real(2 * b, raw[anchor, :4, cells])  # (k, 4) sigmoids
-            s = np.float32(stride)
-            cx = (xywh[:, 0] * 2 - 0.5 + cells % gw) * s
-            cy = (xywh[:, 1] * 2 - 0.5 + cells // gw) * s
-            w = (xywh[:, 2] * 2) ** 2 * self._anchors[b, anchor, 0]
-            h = (xywh[:, 3] * 2) ** 2 * self._anchors[b, anchor, 1]
-            boxes = xywh_to_xyxy(cx, cy, w, h)
+            boxes = yolov5_boxes(xywh, anchor, cells, gw, stride, self._anchors[b])
             branch = np.full(cells.size, b)
             picked.append(
-                (boxes, scores[kept], cls[kept].argmax(axis=1), branch, anchor * gh * gw + cells)
+                (boxes, scores, cls[kept].argmax(axis=1), branch, anchor * gh * gw + cells)
             )
 
         boxes, scores, class_ids, branch, where = _joined(picked)
@@ -267,17 +235,13 @@ class SegmentDecoder:
         nc, nm = self.head.num_classes, self.head.num_masks
         d = 1 - self.head.proto_index
         raw = outputs[d].reshape(4 + nc + nm, -1)
-        best = self._real(d, raw[4 : 4 + nc].max(axis=0))
-        idx, nonfinite = passing(best, self.settings.conf)
-        class_ids = raw[4 : 4 + nc, idx].argmax(axis=0)
-        cx, cy, w, h = self._real(d, raw[:4, idx])
-        boxes = xywh_to_xyxy(cx, cy, w, h)
+        cand = ultralytics_candidates(raw, self._quant(d), nc, self.settings.conf, d)
 
         def coefs(keep: np.ndarray) -> np.ndarray:
-            return self._real(d, raw[4 + nc :, idx[keep]]).T
+            return self._real(d, raw[4 + nc :, cand.cells[keep]]).T
 
-        part = _Candidates(boxes, best[idx], class_ids.astype(np.int32), coefs, nonfinite)
-        return _finite(part)
+        boxes = xywh_to_xyxy(*cand.sides)
+        return _finite(_Candidates(boxes, cand.scores, cand.class_ids, coefs, cand.nonfinite))
 
 
 def _joined(picked: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
