@@ -25,7 +25,7 @@ from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
-from batchinfer.detect.heads import DFL_BINS, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDE_SETS, STRIDES, batch_one, grid_sizes
 from batchinfer.errors import InferenceError, UsageError
 
 Quant = tuple[float, int] | None
@@ -235,6 +235,50 @@ class GridDecoder(Generic[H, S]):
         centre = self._centres[:, at]  # (2, n) in cells
         xyxy = np.concatenate((centre - dist[:2], centre + dist[2:]))
         return (xyxy * self._strides[at]).T
+
+
+def batch_one_shapes(output_shapes: Sequence[Sequence[int]]) -> list[tuple[int, ...]] | None:
+    """The shapes with a dynamic batch axis made 1; None when there are none, or when one is
+    not of batch 1."""
+    shapes = [batch_one(tuple(s)) for s in output_shapes]
+    if not shapes or any(s is None for s in shapes):
+        return None
+    return shapes  # type: ignore[return-value]  # no None left
+
+
+def ultralytics_strides(input_hw: tuple[int, int], cells: int) -> tuple[int, ...] | None:
+    """The stride set whose grids for this input have ``cells`` cells in all, or None."""
+    for strides in STRIDE_SETS:
+        if cells == sum(h * w for h, w in grid_sizes(input_hw, strides)):
+            return strides
+    return None
+
+
+def zoo_classes(input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]) -> int | None:
+    """C when the shapes are the zoo's 3 x (1, 64 + C, H, W) for strides 8/16/32, else None."""
+    grids = grid_sizes(input_hw, STRIDES)
+    if len(shapes) != 3 or any(
+        len(s) != 4 or tuple(s[2:]) != g for s, g in zip(shapes, grids, strict=True)
+    ):
+        return None
+    channels = {s[1] for s in shapes}
+    if len(channels) != 1:
+        return None
+    nc = channels.pop() - 4 * DFL_BINS
+    return nc if nc >= 1 else None
+
+
+def zoo_layout(
+    input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]
+) -> tuple[int, int, tuple[int, ...]] | None:
+    """(C, N cells, the extra output's shape) when the shapes are the zoo's 3 x
+    (1, 64 + C, H, W) for strides 8/16/32 and one extra output, else None."""
+    if len(shapes) != len(STRIDES) + 1:
+        return None
+    nc = zoo_classes(input_hw, shapes[:3])
+    if not nc:
+        return None
+    return nc, sum(h * w for h, w in grid_sizes(input_hw, STRIDES)), shapes[3]
 
 
 @dataclass

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from batchinfer.messages import setting
 
-#: Strides of the standard three-scale YOLO heads, and of the four-scale (P6) exports.
+#: Strides of the standard three-scale YOLO heads.
 STRIDES = (8, 16, 32)
-_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
+#: The stride sets a single-output (Ultralytics) head may have: P3-P5, or P3-P6.
+STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
 #: Bins per box side of the YOLOv8/YOLO11 distribution focal loss (DFL) box output.
 DFL_BINS = 16
 #: Anchors per cell of the YOLOv5/v7 heads.
@@ -161,7 +162,7 @@ def _recognise_single(input_hw: tuple[int, int], shape: tuple[int, ...]) -> list
     if len(shape) != 3:
         return []
     _, rows, cols = shape
-    for strides in _STRIDE_SETS:
+    for strides in STRIDE_SETS:
         cells = sum(gh * gw for gh, gw in grid_sizes(input_hw, strides))
         # (1, 4+C, N): one candidate per cell, a column each. (1, 84, 8400) and
         # (1, 8400, 85) cannot both fit: that would need 4+C == A*N and 5+C == N.

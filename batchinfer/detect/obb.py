@@ -44,18 +44,19 @@ from batchinfer.detect.head_parts import (
     Candidates,
     GridDecoder,
     Quant,
+    batch_one_shapes,
     finite_extra,
     real,
     ultralytics_candidates,
+    ultralytics_strides,
     zoo_candidates,
+    zoo_layout,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES, batch_one, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES
 from batchinfer.detect.letterbox import Letterbox
 from batchinfer.detect.rotated import corners, enclosing_boxes, regularize
 from batchinfer.detect.rotated_nms import METHODS, rotated_nms
 from batchinfer.errors import UsageError
-
-_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
 
 
 @dataclass(frozen=True)
@@ -108,41 +109,23 @@ def recognise_obb(
 ) -> ObbHead | None:
     """The OBB head the output shapes have, or None. ``task``: the model metadata's task
     (or the user's ``--task``); Ultralytics' single output is OBB only with ``task="obb"``."""
-    shapes = [batch_one(tuple(s)) for s in output_shapes]
-    if not shapes or any(s is None for s in shapes):
+    shapes = batch_one_shapes(output_shapes)
+    if shapes is None:
         return None
     if len(shapes) == 1 and task == "obb":
         shape = shapes[0]
-        assert shape is not None
         if len(shape) != 3:
             return None
-        for strides in _STRIDE_SETS:
-            cells = sum(h * w for h, w in grid_sizes(input_hw, strides))
-            if shape[2] == cells and shape[1] > 5:
-                return ObbHead("yolov8-obb-ultralytics", shape[1] - 5, strides)
+        strides = ultralytics_strides(input_hw, shape[2])
+        if strides is not None and shape[1] > 5:
+            return ObbHead("yolov8-obb-ultralytics", shape[1] - 5, strides)
         return None
-    if len(shapes) == len(STRIDES) + 1:
-        nc = zoo_classes(input_hw, shapes[:3])  # type: ignore[arg-type]
-        cells = sum(h * w for h, w in grid_sizes(input_hw, STRIDES))
-        last = shapes[3]
-        assert last is not None
-        if nc and max(last) == cells and math.prod(last) == cells:
+    zoo = zoo_layout(input_hw, shapes)
+    if zoo is not None:
+        nc, cells, last = zoo
+        if max(last) == cells and math.prod(last) == cells:
             return ObbHead("yolov8-obb-zoo", nc, STRIDES)
     return None
-
-
-def zoo_classes(input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]) -> int | None:
-    """C when the shapes are the zoo's 3 x (1, 64 + C, H, W) for strides 8/16/32, else None."""
-    grids = grid_sizes(input_hw, STRIDES)
-    if len(shapes) != 3 or any(
-        len(s) != 4 or tuple(s[2:]) != g for s, g in zip(shapes, grids, strict=True)
-    ):
-        return None
-    channels = {s[1] for s in shapes}
-    if len(channels) != 1:
-        return None
-    nc = channels.pop() - 4 * DFL_BINS
-    return nc if nc >= 1 else None
 
 
 class ObbDecoder(GridDecoder[ObbHead, ObbSettings]):

@@ -46,24 +46,24 @@ from batchinfer.detect.head_parts import (
     Candidates,
     GridDecoder,
     Quant,
+    batch_one_shapes,
     finite_extra,
     real,
     ultralytics_candidates,
+    ultralytics_strides,
     xywh_to_xyxy,
     zoo_candidates,
+    zoo_layout,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES, batch_one, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.nms import nms
-from batchinfer.detect.obb import zoo_classes
 
 #: OKS sigmas of COCO's 17 person keypoints (pycocotools' ``kpt_oks_sigmas``).
 COCO_PERSON_SIGMAS: tuple[float, ...] = (
     0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072,
     0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
 )  # fmt: skip
-
-_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
 
 
 @dataclass(frozen=True)
@@ -111,29 +111,25 @@ def recognise_pose(
     """The pose head the output shapes have, or None. ``task`` and ``kpt_shape`` (K, D) come
     from the model's metadata (or the user); the single Ultralytics output needs one of
     them (``task="pose"`` alone means COCO's (17, 3))."""
-    shapes = [batch_one(tuple(s)) for s in output_shapes]
-    if not shapes or any(s is None for s in shapes):
+    shapes = batch_one_shapes(output_shapes)
+    if shapes is None:
         return None
     if len(shapes) == 1:
         if kpt_shape is None and task != "pose":
             return None
         k, d = (int(kpt_shape[0]), int(kpt_shape[1])) if kpt_shape is not None else (17, 3)
         shape = shapes[0]
-        assert shape is not None
         if len(shape) != 3 or k < 1 or d not in (2, 3):
             return None
-        for strides in _STRIDE_SETS:
-            cells = sum(h * w for h, w in grid_sizes(input_hw, strides))
-            nc = shape[1] - 4 - k * d
-            if shape[2] == cells and nc >= 1:
-                return PoseHead("yolov8-pose-ultralytics", nc, k, d, strides)
+        strides = ultralytics_strides(input_hw, shape[2])
+        nc = shape[1] - 4 - k * d
+        if strides is not None and nc >= 1:
+            return PoseHead("yolov8-pose-ultralytics", nc, k, d, strides)
         return None
-    if len(shapes) == len(STRIDES) + 1:
-        nc = zoo_classes(input_hw, shapes[:3])  # type: ignore[arg-type]
-        cells = sum(h * w for h, w in grid_sizes(input_hw, STRIDES))
-        last = shapes[3]
-        assert last is not None
-        if nc and len(last) == 4 and last[2] in (2, 3) and last[3] == cells and last[1] >= 1:
+    zoo = zoo_layout(input_hw, shapes)
+    if zoo is not None:
+        nc, cells, last = zoo
+        if len(last) == 4 and last[2] in (2, 3) and last[3] == cells and last[1] >= 1:
             return PoseHead("yolov8-pose-zoo", nc, last[1], last[2], STRIDES)
     return None
 
