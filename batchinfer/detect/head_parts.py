@@ -203,8 +203,16 @@ class GridDecoder(Generic[H, S]):
     grid and the cell tables of :func:`cell_tables`."""
 
     def __init__(
-        self, head: H, input_hw: tuple[int, int], settings: S, quant: Sequence[Quant]
+        self,
+        head: H,
+        input_hw: tuple[int, int],
+        settings: S | None = None,
+        quant: Sequence[Quant] = (),
     ) -> None:
+        """``settings``: None for :meth:`_default_settings`. ``quant`` gives, per output, the
+        (scale, zero_point) of an int8/uint8 output a runtime returns unconverted (None or
+        absent: the output is float)."""
+        settings = settings if settings is not None else self._default_settings()
         self._check_settings(settings)
         self.head = head
         self.input_hw = (int(input_hw[0]), int(input_hw[1]))
@@ -213,6 +221,9 @@ class GridDecoder(Generic[H, S]):
         self._grids = grid_sizes(self.input_hw, head.strides)
         self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
         self._cells = sum(h * w for h, w in self._grids)
+
+    def _default_settings(self) -> S:
+        raise NotImplementedError  # a decoder whose settings may be left out says which
 
     def _check_settings(self, settings: S) -> None:
         check_settings(settings)

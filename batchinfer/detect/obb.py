@@ -43,7 +43,6 @@ import numpy as np
 from batchinfer.detect.head_parts import (
     Candidates,
     GridDecoder,
-    Quant,
     batch_one_shapes,
     finite_extra,
     real,
@@ -131,14 +130,8 @@ def recognise_obb(
 class ObbDecoder(GridDecoder[ObbHead, ObbSettings]):
     """Turns one image's raw outputs into :class:`OrientedBoxes`."""
 
-    def __init__(
-        self,
-        head: ObbHead,
-        input_hw: tuple[int, int],
-        settings: ObbSettings | None = None,
-        quant: Sequence[Quant] = (),
-    ) -> None:
-        super().__init__(head, input_hw, settings if settings is not None else ObbSettings(), quant)
+    def _default_settings(self) -> ObbSettings:
+        return ObbSettings()
 
     def _check_settings(self, settings: ObbSettings) -> None:
         super()._check_settings(settings)

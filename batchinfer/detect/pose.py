@@ -137,15 +137,8 @@ def recognise_pose(
 class PoseDecoder(GridDecoder[PoseHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`Poses`."""
 
-    def __init__(
-        self,
-        head: PoseHead,
-        input_hw: tuple[int, int],
-        settings: DetectSettings | None = None,
-        quant: Sequence[Quant] = (),
-    ) -> None:
-        settings = settings if settings is not None else DetectSettings()
-        super().__init__(head, input_hw, settings, quant)
+    def _default_settings(self) -> DetectSettings:
+        return DetectSettings()
 
     def __call__(self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None) -> Poses:
         """Instances in the original image's pixels (``letterbox``: how it was placed on the

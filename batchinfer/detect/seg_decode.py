@@ -93,7 +93,7 @@ class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
     ) -> None:
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
-        super().__init__(head, input_hw, settings or DetectSettings(), quant)
+        super().__init__(head, input_hw, settings, quant)
         candidates = {
             "yolov8-seg-zoo": self._yolov8_zoo,
             "yolov5-seg-zoo": self._yolov5_zoo,
@@ -104,6 +104,9 @@ class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
         self._candidates = candidates
         if head.family == "yolov5-seg-zoo":
             self._anchors = anchor_array(self.settings.anchors, len(head.strides), head.num_anchors)
+
+    def _default_settings(self) -> DetectSettings:
+        return DetectSettings()
 
     def decode(
         self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None
