@@ -19,11 +19,10 @@ why the model zoo splits its heads into box and score outputs.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
+from bench_decode_timing import cpu_ms, quantise
 
 from batchinfer.detect import Decoder, DetectSettings, Head
 from batchinfer.detect.decode import COCO_ANCHORS
@@ -110,29 +109,6 @@ def outputs_for(head: str, scores, dist, rng) -> list[np.ndarray]:
     rows = np.concatenate(out)
     low = np.full((2 * len(rows), rows.shape[1]), 0.01, np.float32)
     return [np.concatenate([rows, low])[None].astype(np.float32)]
-
-
-def quantise(outputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[float, int]]]:
-    """int8 outputs and their (scale, zero point), as a runtime returns them unconverted."""
-    q, params = [], []
-    for o in outputs:
-        lo, hi = float(o.min()), float(o.max())
-        scale = max(hi - lo, 1e-6) / 255
-        zp = round(-128 - lo / scale)
-        q.append(np.clip(np.round(o / scale + zp), -128, 127).astype(np.int8))
-        params.append((scale, zp))
-    return q, params
-
-
-def cpu_ms(fn, number: int, repeats: int) -> float:
-    """Median over ``repeats`` of the CPU milliseconds per call of ``number`` calls."""
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        for _ in range(number):
-            fn()
-        times.append((time.process_time() - start) / number * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import time
 
 import numpy as np
+from bench_decode_timing import cpu_ms, quantise
 
 from batchinfer.detect.decode import DetectSettings
 from batchinfer.detect.heads import DFL_BINS, STRIDES, grid_sizes
@@ -115,17 +115,6 @@ def outputs_for(head: str, rng: np.random.Generator, objects: int, per_object: i
     return [np.concatenate([box, scores, extra])[None].astype(np.float32)]
 
 
-def quantise(outputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[float, int]]]:
-    q, params = [], []
-    for o in outputs:
-        lo, hi = float(o.min()), float(o.max())
-        scale = max(hi - lo, 1e-6) / 255
-        zp = round(-128 - lo / scale)
-        q.append(np.clip(np.round(o / scale) + zp, -128, 127).astype(np.int8))
-        params.append((scale, zp))
-    return q, params
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--objects", type=int, default=20)
@@ -167,13 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             decoder = ObbDecoder(obb_head, (SIZE, SIZE), settings, quant)
         result = decoder(outputs, lb)
         candidates = _candidates(head, outputs, quant, args.conf)
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.process_time()
-            for _ in range(args.number):
-                decoder(outputs, lb)
-            times.append((time.process_time() - t0) / args.number * 1000)
-        ms = statistics.median(times)
+        ms = cpu_ms(lambda d=decoder, o=outputs: d(o, lb), args.number, args.repeats)
         print(f"{head:18} {nms or '-':8} {candidates:>10} {len(result):>5} {ms:>9.2f}")
     return 0
 

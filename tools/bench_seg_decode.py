@@ -18,11 +18,10 @@ per repeat, the median of ``--repeats``; ``masks`` is the mask + RLE part alone
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import numpy as np
+from bench_decode_timing import cpu_ms, quantise
 
 from batchinfer.detect import DetectSettings, letterbox_geometry
 from batchinfer.detect.decode import COCO_ANCHORS
@@ -130,29 +129,6 @@ def outputs_for(head: str, size: int, classes: int, proto, cells, rng) -> list[n
                 seg[2, :, row, col] = coefs
             outs += [det.reshape(1, -1, gh, gw), seg.reshape(1, -1, gh, gw)]
     return [*outs, proto[None]]
-
-
-def quantise(outputs: list[np.ndarray]) -> tuple[list[np.ndarray], list[tuple[float, int]]]:
-    """int8 outputs and their (scale, zero point), as a runtime returns them unconverted."""
-    q, params = [], []
-    for o in outputs:
-        lo, hi = float(o.min()), float(o.max())
-        scale = max(hi - lo, 1e-6) / 255
-        zp = round(-128 - lo / scale)
-        q.append(np.clip(np.round(o / scale + zp), -128, 127).astype(np.int8))
-        params.append((scale, zp))
-    return q, params
-
-
-def cpu_ms(fn, number: int, repeats: int) -> float:
-    """Median over ``repeats`` of the CPU milliseconds per call of ``number`` calls."""
-    times = []
-    for _ in range(repeats):
-        start = time.process_time()
-        for _ in range(number):
-            fn()
-        times.append((time.process_time() - start) / number * 1e3)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,9 +27,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchinfer.detect.heads import DFL_BINS, Head, grid_sizes
+from batchinfer.detect.head_parts import (
+    GridDecoder,
+    Quant,
+    passing,
+    scored,
+    xywh_to_xyxy,
+    yolov5_boxes,
+)
+from batchinfer.detect.head_parts import dfl as _dfl  # by this name: tests count its calls
+from batchinfer.detect.heads import DFL_BINS, Head
 from batchinfer.detect.nms import nms_ranked
-from batchinfer.errors import InferenceError, UsageError
+from batchinfer.errors import UsageError
 
 #: Anchors (w, h in input pixels) of the COCO YOLOv5 models, per stride 8/16/32; the
 #: model zoo's anchors_yolov5.txt.
@@ -93,7 +102,7 @@ class _Candidates:
     computed: tuple[np.ndarray, np.ndarray] | None = None  # every (box, class), when known
 
 
-class Decoder:
+class Decoder(GridDecoder[Head, DetectSettings]):
     """Turns one image's raw outputs into :class:`Detections` for a recognised head."""
 
     def __init__(
@@ -101,29 +110,14 @@ class Decoder:
         head: Head,
         input_hw: tuple[int, int],
         settings: DetectSettings,
-        quant: Sequence[tuple[float, int] | None] = (),
+        quant: Sequence[Quant] = (),
     ) -> None:
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
-        for q in quant:
-            if q is not None and not q[0] > 0:
-                raise UsageError(f"An output's quantisation scale must be > 0 (it is {q[0]}).")
-        self.head = head
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.settings = settings
-        self.quant = tuple(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
-        self._cell_offsets, self._cell_centres, self._cell_strides = _cell_tables(
-            self._grids, head.strides
-        )
-        self._anchors = self._anchor_array() if head.family == "yolov5-zoo" else None
+        super().__init__(head, input_hw, settings, quant)
+        self._anchors = None
+        if head.family == "yolov5-zoo":
+            self._anchors = anchor_array(settings.anchors, len(head.strides), head.num_anchors)
         self._decode = {
             "yolov5-zoo": self._yolov5_zoo,
             "yolov8-zoo": self._yolov8_zoo,
@@ -153,42 +147,6 @@ class Decoder:
             np.ascontiguousarray(boxes, np.float32), found.scores[idx], class_ids, nonfinite
         )
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _anchor_array(self) -> np.ndarray:
-        anchors = self.settings.anchors if self.settings.anchors is not None else COCO_ANCHORS
-        shape = (len(self.head.strides), self.head.num_anchors, 2)
-        array = np.asarray(anchors, dtype=np.float32)
-        if array.shape != shape:
-            raise UsageError(
-                f"The anchors give {_shape_words(array.shape)}, but the head needs "
-                f"{shape[1]} (w, h) pairs for each of its {shape[0]} strides."
-            )
-        return array
-
-    def _real(self, i: int, values: np.ndarray) -> np.ndarray:
-        """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zp)."""
-        q = self.quant[i] if i < len(self.quant) else None
-        if values.dtype.kind in "iu":
-            if q is None:
-                raise InferenceError(
-                    f"Output {i} is {values.dtype} but no quantisation (scale, zero point) "
-                    "was given for it; ask the runtime for float outputs or pass its quant."
-                )
-            scale, zero_point = q
-            return (values.astype(np.float32) - np.float32(zero_point)) * np.float32(scale)
-        return values.astype(np.float32, copy=False)
-
-    def _check(self, outputs: Sequence[np.ndarray], expected: Sequence[tuple[int, ...]]) -> None:
-        got = [tuple(o.shape) for o in outputs]
-        if len(got) != len(expected) or any(
-            _unbatched(g) != _unbatched(e) for g, e in zip(got, expected, strict=False)
-        ):
-            raise InferenceError(
-                f"The model returned outputs of shapes {got}, but its "
-                f"{self.head.describe()} needs {[tuple(e) for e in expected]}."
-            )
-
     # -- one decoder per head family -------------------------------------------------------
 
     def _bounded(self, i: int, values: np.ndarray) -> bool:
@@ -207,7 +165,7 @@ class Decoder:
         for gh, gw in self._grids:
             branch = [(1, 4 * DFL_BINS, gh, gw), (1, nc, gh, gw), (1, 1, gh, gw)]
             expected += branch[:per_branch]
-        self._check(outputs, expected)
+        self._check_shapes(outputs, expected)
         conf = self.settings.conf
         # Per stride: the cells whose best class passes (max then dequantise: dequantising
         # is increasing, scale > 0); their boxes and classes on demand, all strides at once.
@@ -217,14 +175,14 @@ class Decoder:
             i_box, i_cls = per_branch * b, per_branch * b + 1
             cls = outputs[i_cls].reshape(nc, gh * gw)
             best = self._real(i_cls, cls.max(axis=0))
-            passing, bad = _passing(best, conf)
+            passed, bad = passing(best, conf)
             nonfinite += bad
             box = outputs[i_box].reshape(4, DFL_BINS, gh * gw)
             boxes_in.append((i_box, box))
             classes_in.append(cls)
-            scores.append(best[passing])
-            cells.append(passing)
-            strides.append(np.full(len(passing), b, np.intp))
+            scores.append(best[passed])
+            cells.append(passed)
+            strides.append(np.full(len(passed), b, np.intp))
         where = np.concatenate(cells)  # each candidate's cell in its stride's grid
         stride = np.concatenate(strides)
 
@@ -235,10 +193,7 @@ class Decoder:
                 if mine.any():
                     logits[:, :, mine] = self._real(i_box, box.take(where[i[mine]], axis=2))
             dist = _dfl(logits)  # (4, n): left, top, right, bottom in cells
-            at = where[i] + np.asarray(self._cell_offsets)[stride[i]]
-            centre = self._cell_centres[:, at]  # (2, n) in cells
-            xyxy = np.concatenate((centre - dist[:2], centre + dist[2:]))
-            return (xyxy * self._cell_strides[at]).T
+            return self._cell_boxes(where[i] + np.asarray(self._offsets)[stride[i]], dist)
 
         def classes_of(i: np.ndarray) -> np.ndarray:
             out = np.empty(len(i), np.int32)
@@ -255,7 +210,7 @@ class Decoder:
 
     def _yolov5_zoo(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         na, nc = self.head.num_anchors, self.head.num_classes
-        self._check(outputs, [(1, na * (5 + nc), gh, gw) for gh, gw in self._grids])
+        self._check_shapes(outputs, [(1, na * (5 + nc), gh, gw) for gh, gw in self._grids])
         return [self._yolov5_zoo_stride(i, outputs[i]) for i in range(len(self._grids))]
 
     def _yolov5_zoo_stride(self, i: int, output: np.ndarray) -> _Candidates:
@@ -265,27 +220,22 @@ class Decoder:
         conf = self.settings.conf
         raw = output.reshape(na, 5 + nc, gh * gw)
         obj = self._real(i, raw[:, 4, :])  # (A, cells)
-        passing, nonfinite = _passing(obj.ravel(), conf)
-        anchor, cells = np.divmod(passing, gh * gw)
+        passed, nonfinite = passing(obj.ravel(), conf)
+        anchor, cells = np.divmod(passed, gh * gw)
         # max then dequantise (increasing), over all cells when most pass (no gather)
         if 4 * len(cells) > obj.size:
             best_cls = self._real(i, raw[:, 5:, :].max(axis=1))[anchor, cells]
         else:
             best_cls = self._real(i, _at(raw, anchor, cells, 5, 5 + nc).max(axis=1))
-        scores, kept, bad = _scored(obj[anchor, cells], best_cls, conf)
+        scores, kept, bad = scored(obj[anchor, cells], best_cls, conf)
         anchor, cells = anchor[kept], cells[kept]
-        s = np.float32(self.head.strides[i])
         anchors = self._anchors
         assert anchors is not None
 
         def boxes_of(k: np.ndarray) -> np.ndarray:
             a, c = anchor[k], cells[k]
             xywh = self._real(i, _at(raw, a, c, 0, 4))  # (n, 4) sigmoids
-            cx = (xywh[:, 0] * 2 - 0.5 + (c % gw)) * s
-            cy = (xywh[:, 1] * 2 - 0.5 + (c // gw)) * s
-            w = (xywh[:, 2] * 2) ** 2 * anchors[i, a, 0]
-            h = (xywh[:, 3] * 2) ** 2 * anchors[i, a, 1]
-            return _xywh_to_xyxy(cx, cy, w, h)
+            return yolov5_boxes(xywh, a, c, gw, self.head.strides[i], anchors[i])
 
         def classes_of(k: np.ndarray) -> np.ndarray:
             values = _at(raw, anchor[k], cells[k], 5, 5 + nc)
@@ -300,17 +250,17 @@ class Decoder:
         nc = self.head.num_classes
         cells = sum(gh * gw for gh, gw in self._grids)
         if self.head.rows:  # transposed: a row per cell, read through a transposed view
-            self._check(outputs, [(1, cells, 4 + nc)])
+            self._check_shapes(outputs, [(1, cells, 4 + nc)])
             raw = outputs[0].reshape(cells, 4 + nc).T
         else:
-            self._check(outputs, [(1, 4 + nc, cells)])
+            self._check_shapes(outputs, [(1, 4 + nc, cells)])
             raw = outputs[0].reshape(4 + nc, cells)
         best = self._real(0, raw[4:].max(axis=0))
-        idx, nonfinite = _passing(best, self.settings.conf)
+        idx, nonfinite = passing(best, self.settings.conf)
 
         def boxes_of(i: np.ndarray) -> np.ndarray:
             cx, cy, w, h = self._real(0, raw[:4].take(idx[i], axis=1))
-            return _xywh_to_xyxy(cx, cy, w, h)
+            return xywh_to_xyxy(cx, cy, w, h)
 
         def classes_of(i: np.ndarray) -> np.ndarray:
             return raw[4:].take(idx[i], axis=1).argmax(axis=0).astype(np.int32)
@@ -323,21 +273,21 @@ class Decoder:
     def _yolov5_ultralytics(self, outputs: Sequence[np.ndarray]) -> list[_Candidates]:
         nc = self.head.num_classes
         rows = self.head.num_anchors * sum(gh * gw for gh, gw in self._grids)
-        self._check(outputs, [(1, rows, 5 + nc)])
+        self._check_shapes(outputs, [(1, rows, 5 + nc)])
         raw = outputs[0].reshape(rows, 5 + nc)
         obj = self._real(0, raw[:, 4])
-        idx, nonfinite = _passing(obj, self.settings.conf)
+        idx, nonfinite = passing(obj, self.settings.conf)
         # max then dequantise (increasing), over all rows when most pass (no gather)
         if 4 * len(idx) > rows:
             best_cls = self._real(0, raw[:, 5:].max(axis=1))[idx]
         else:
             best_cls = self._real(0, raw.take(idx, axis=0)[:, 5:].max(axis=1))
-        scores, kept, bad = _scored(obj[idx], best_cls, self.settings.conf)
+        scores, kept, bad = scored(obj[idx], best_cls, self.settings.conf)
         idx = idx[kept]
 
         def boxes_of(i: np.ndarray) -> np.ndarray:
             cx, cy, w, h = self._real(0, raw.take(idx[i], axis=0)[:, :4]).T
-            return _xywh_to_xyxy(cx, cy, w, h)
+            return xywh_to_xyxy(cx, cy, w, h)
 
         def classes_of(i: np.ndarray) -> np.ndarray:
             return self._real(0, raw.take(idx[i], axis=0)[:, 5:]).argmax(axis=1).astype(np.int32)
@@ -348,78 +298,26 @@ class Decoder:
         return [_Candidates(scores, boxes_of, classes_of, nonfinite + bad, safe)]
 
 
+def anchor_array(
+    anchors: Sequence[Sequence[Sequence[float]]] | None, strides: int, per_stride: int
+) -> np.ndarray:
+    """(strides, per_stride, 2) float32 anchors (w, h in input pixels); None: COCO's.
+    UsageError when they do not give ``per_stride`` pairs for each of the ``strides``."""
+    array = np.asarray(anchors if anchors is not None else COCO_ANCHORS, dtype=np.float32)
+    if array.shape != (strides, per_stride, 2):
+        raise UsageError(
+            f"The anchors give {_shape_words(array.shape)}, but the head needs "
+            f"{per_stride} (w, h) pairs for each of its {strides} strides."
+        )
+    return array
+
+
 def _at(raw: np.ndarray, anchor: np.ndarray, cells: np.ndarray, lo: int, hi: int) -> np.ndarray:
     """``raw[anchor, lo:hi, cells]`` of an (A, channels, cells) output, as (n, hi - lo), by
     a gather on the flat array (much faster than numpy's indexing on two axes)."""
     _, channels, n = raw.shape
     flat = (anchor * channels * n + cells)[:, None] + np.arange(lo, hi) * n
     return raw.reshape(-1).take(flat)
-
-
-def _cell_tables(
-    grids: Sequence[tuple[int, int]], strides: Sequence[int]
-) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """Over the cells of all strides in order: where each stride's cells start, every
-    cell's centre (x, y) in cells of its stride (2, N), and its stride (N,)."""
-    offsets, centres, cell_strides = [], [], []
-    start = 0
-    for (gh, gw), stride in zip(grids, strides, strict=True):
-        offsets.append(start)
-        start += gh * gw
-        row, col = np.divmod(np.arange(gh * gw), gw)
-        centres.append(np.stack([col, row]) + 0.5)
-        cell_strides.append(np.full(gh * gw, stride))
-    return (
-        offsets,
-        np.concatenate(centres, axis=1).astype(np.float32),
-        np.concatenate(cell_strides).astype(np.float32),
-    )
-
-
-def _passing(best: np.ndarray, conf: float) -> tuple[np.ndarray, int]:
-    """Indices of the finite scores >= conf, and how many scores are NaN/inf."""
-    cells = np.flatnonzero(best >= conf)
-    finite = np.isfinite(best)
-    if finite.all():
-        return cells, 0
-    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
-
-
-def _dfl(logits: np.ndarray) -> np.ndarray:
-    """Expected bin of each side's 16-bin softmax: (4, 16, k) logits -> (4, k) distances.
-
-    The sums over the bins are taken one bin at a time (elementwise): each box's sum is then
-    the same whatever other boxes are decoded with it, which a matrix product does not
-    promise (its order of summation may depend on how many columns it has).
-    """
-    with np.errstate(invalid="ignore", over="ignore"):
-        e = logits - logits.max(axis=1, keepdims=True)
-        np.exp(e, out=e)
-        e = np.ascontiguousarray(e.transpose(1, 0, 2))  # (16, 4, k): each bin contiguous
-        weighted, total = e[1].copy(), e[0] + e[1]
-        for b in range(2, DFL_BINS):
-            weighted += b * e[b]
-            total += e[b]
-        return weighted / total
-
-
-def _scored(
-    obj: np.ndarray, best_cls: np.ndarray, conf: float
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Score (object x best class score), which pass ``conf``, and how many were NaN/inf."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        scores = obj * best_cls
-    finite = np.isfinite(scores)
-    kept = np.flatnonzero(finite & (scores >= conf))
-    bad = scores.size - int(np.count_nonzero(finite))
-    return scores[kept], kept, bad
-
-
-def _xywh_to_xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(
-            np.float32, copy=False
-        )
 
 
 def _finite_boxes(part: _Candidates) -> _Candidates:
@@ -485,11 +383,6 @@ def _joined(parts: Sequence[_Candidates]) -> _Candidates:
         lambda i: gather(i, "classes_of", (), np.int32),
         0,
     )
-
-
-def _unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A shape without its leading batch axis of 1 (runtimes differ in reporting it)."""
-    return shape[1:] if shape and shape[0] == 1 else shape
 
 
 def _shape_words(shape: tuple[int, ...]) -> str:

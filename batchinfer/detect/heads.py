@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from batchinfer.messages import setting
 
-#: Strides of the standard three-scale YOLO heads, and of the four-scale (P6) exports.
+#: Strides of the standard three-scale YOLO heads.
 STRIDES = (8, 16, 32)
-_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
+#: The stride sets a single-output (Ultralytics) head may have: P3-P5, or P3-P6.
+STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
 #: Bins per box side of the YOLOv8/YOLO11 distribution focal loss (DFL) box output.
 DFL_BINS = 16
 #: Anchors per cell of the YOLOv5/v7 heads.
@@ -86,7 +87,7 @@ def recognise(
 
 def readings(input_hw: tuple[int, int], output_shapes: Sequence[tuple[int, ...]]) -> list[Head]:
     """Every head the output shapes fit (more than one only for a row per cell)."""
-    shapes = [_batch_one(s) for s in output_shapes]
+    shapes = [batch_one(s) for s in output_shapes]
     if any(s is None for s in shapes) or not shapes:
         return []
     if len(shapes) == 1:
@@ -149,7 +150,7 @@ def _dim(d: object) -> int:
         return -1
 
 
-def _batch_one(shape: Sequence[int]) -> tuple[int, ...] | None:
+def batch_one(shape: Sequence[object]) -> tuple[int, ...] | None:
     """The shape with a dynamic batch axis made 1; None when it is not batch 1."""
     dims = tuple(_dim(d) for d in shape)
     if not dims or dims[0] not in (1, 0, -1):
@@ -161,7 +162,7 @@ def _recognise_single(input_hw: tuple[int, int], shape: tuple[int, ...]) -> list
     if len(shape) != 3:
         return []
     _, rows, cols = shape
-    for strides in _STRIDE_SETS:
+    for strides in STRIDE_SETS:
         cells = sum(gh * gw for gh, gw in grid_sizes(input_hw, strides))
         # (1, 4+C, N): one candidate per cell, a column each. (1, 84, 8400) and
         # (1, 8400, 85) cannot both fit: that would need 4+C == A*N and 5+C == N.

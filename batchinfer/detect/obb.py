@@ -40,24 +40,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchinfer.detect.decode import _cell_tables
 from batchinfer.detect.head_parts import (
     Candidates,
-    Quant,
-    check_quant,
-    check_shapes,
-    pick,
+    GridDecoder,
+    batch_one_shapes,
+    finite_extra,
     real,
     ultralytics_candidates,
+    ultralytics_strides,
     zoo_candidates,
+    zoo_layout,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES, _batch_one, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES
 from batchinfer.detect.letterbox import Letterbox
 from batchinfer.detect.rotated import corners, enclosing_boxes, regularize
 from batchinfer.detect.rotated_nms import METHODS, rotated_nms
 from batchinfer.errors import UsageError
-
-_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
 
 
 @dataclass(frozen=True)
@@ -110,71 +108,37 @@ def recognise_obb(
 ) -> ObbHead | None:
     """The OBB head the output shapes have, or None. ``task``: the model metadata's task
     (or the user's ``--task``); Ultralytics' single output is OBB only with ``task="obb"``."""
-    shapes = [_batch_one(tuple(s)) for s in output_shapes]
-    if not shapes or any(s is None for s in shapes):
+    shapes = batch_one_shapes(output_shapes)
+    if shapes is None:
         return None
     if len(shapes) == 1 and task == "obb":
         shape = shapes[0]
-        assert shape is not None
         if len(shape) != 3:
             return None
-        for strides in _STRIDE_SETS:
-            cells = sum(h * w for h, w in grid_sizes(input_hw, strides))
-            if shape[2] == cells and shape[1] > 5:
-                return ObbHead("yolov8-obb-ultralytics", shape[1] - 5, strides)
+        strides = ultralytics_strides(input_hw, shape[2])
+        if strides is not None and shape[1] > 5:
+            return ObbHead("yolov8-obb-ultralytics", shape[1] - 5, strides)
         return None
-    if len(shapes) == len(STRIDES) + 1:
-        nc = zoo_classes(input_hw, shapes[:3])  # type: ignore[arg-type]
-        cells = sum(h * w for h, w in grid_sizes(input_hw, STRIDES))
-        last = shapes[3]
-        assert last is not None
-        if nc and max(last) == cells and math.prod(last) == cells:
+    zoo = zoo_layout(input_hw, shapes)
+    if zoo is not None:
+        nc, cells, last = zoo
+        if max(last) == cells and math.prod(last) == cells:
             return ObbHead("yolov8-obb-zoo", nc, STRIDES)
     return None
 
 
-def zoo_classes(input_hw: tuple[int, int], shapes: Sequence[tuple[int, ...]]) -> int | None:
-    """C when the shapes are the zoo's 3 x (1, 64 + C, H, W) for strides 8/16/32, else None."""
-    grids = grid_sizes(input_hw, STRIDES)
-    if len(shapes) != 3 or any(
-        len(s) != 4 or tuple(s[2:]) != g for s, g in zip(shapes, grids, strict=True)
-    ):
-        return None
-    channels = {s[1] for s in shapes}
-    if len(channels) != 1:
-        return None
-    nc = channels.pop() - 4 * DFL_BINS
-    return nc if nc >= 1 else None
-
-
-class ObbDecoder:
+class ObbDecoder(GridDecoder[ObbHead, ObbSettings]):
     """Turns one image's raw outputs into :class:`OrientedBoxes`."""
 
-    def __init__(
-        self,
-        head: ObbHead,
-        input_hw: tuple[int, int],
-        settings: ObbSettings | None = None,
-        quant: Sequence[Quant] = (),
-    ) -> None:
-        settings = settings if settings is not None else ObbSettings()
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
+    def _default_settings(self) -> ObbSettings:
+        return ObbSettings()
+
+    def _check_settings(self, settings: ObbSettings) -> None:
+        super()._check_settings(settings)
         if settings.nms not in METHODS:
             raise UsageError(
                 f"The rotated NMS is one of {', '.join(METHODS)}, not {settings.nms!r}."
             )
-        self.head, self.settings = head, settings
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.quant = check_quant(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
-        self._offsets, self._centres, self._strides = _cell_tables(self._grids, head.strides)
-        self._cells = sum(h * w for h, w in self._grids)
 
     def __call__(
         self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None
@@ -185,17 +149,15 @@ class ObbDecoder:
             cand, angle = self._zoo(outputs)
         else:
             cand, angle = self._ultralytics(outputs)
-        ok = np.isfinite(angle)
-        nonfinite = cand.nonfinite + len(ok) - int(np.count_nonzero(ok))
-        if not ok.all():
-            cand, angle = pick(cand, ok), angle[ok]
+        cand, angle = finite_extra(cand, angle, np.isfinite(angle))
         if self.head.family == "yolov8-obb-zoo":
             xywhr = self._zoo_boxes(cand, angle)
         else:
             xywhr = np.concatenate([cand.sides.T.astype(np.float64), angle[:, None]], axis=1)
         s = self.settings
         keep = rotated_nms(xywhr, cand.scores, cand.class_ids, s.iou, s.max_det, s.nms, s.agnostic)
-        return _finish(xywhr[keep], cand.scores[keep], cand.class_ids[keep], nonfinite, letterbox)
+        scores, class_ids = cand.scores[keep], cand.class_ids[keep]
+        return _finish(xywhr[keep], scores, class_ids, cand.nonfinite, letterbox)
 
     def _zoo(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
         nc = self.head.num_classes
@@ -204,7 +166,7 @@ class ObbDecoder:
         angle_shape = (1, 1, self._cells)
         if len(outputs) == 4 and outputs[3].size == self._cells:
             angle_shape = tuple(outputs[3].shape)
-        check_shapes(outputs, [*expected, angle_shape], self.head.describe())
+        self._check_shapes(outputs, [*expected, angle_shape])
         conf = self.settings.conf
         cand = zoo_candidates(outputs[:3], self.quant, self._grids, self._offsets, nc, conf)
         q = self.quant[3] if len(self.quant) > 3 else None
@@ -213,7 +175,7 @@ class ObbDecoder:
 
     def _ultralytics(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
         nc = self.head.num_classes
-        check_shapes(outputs, [(1, 5 + nc, self._cells)], self.head.describe())
+        self._check_shapes(outputs, [(1, 5 + nc, self._cells)])
         raw = outputs[0].reshape(5 + nc, self._cells)
         q = self.quant[0] if self.quant else None
         cand = ultralytics_candidates(raw, q, nc, self.settings.conf)

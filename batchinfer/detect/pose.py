@@ -41,30 +41,29 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchinfer.detect.coco import coco_results
-from batchinfer.detect.decode import DetectSettings, _cell_tables
+from batchinfer.detect.decode import DetectSettings
 from batchinfer.detect.head_parts import (
     Candidates,
+    GridDecoder,
     Quant,
-    check_quant,
-    check_shapes,
-    pick,
+    batch_one_shapes,
+    finite_extra,
     real,
     ultralytics_candidates,
+    ultralytics_strides,
+    xywh_to_xyxy,
     zoo_candidates,
+    zoo_layout,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES, _batch_one, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.nms import nms
-from batchinfer.detect.obb import zoo_classes
-from batchinfer.errors import UsageError
 
 #: OKS sigmas of COCO's 17 person keypoints (pycocotools' ``kpt_oks_sigmas``).
 COCO_PERSON_SIGMAS: tuple[float, ...] = (
     0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072,
     0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
 )  # fmt: skip
-
-_STRIDE_SETS = ((8, 16, 32), (8, 16, 32, 64))
 
 
 @dataclass(frozen=True)
@@ -112,81 +111,49 @@ def recognise_pose(
     """The pose head the output shapes have, or None. ``task`` and ``kpt_shape`` (K, D) come
     from the model's metadata (or the user); the single Ultralytics output needs one of
     them (``task="pose"`` alone means COCO's (17, 3))."""
-    shapes = [_batch_one(tuple(s)) for s in output_shapes]
-    if not shapes or any(s is None for s in shapes):
+    shapes = batch_one_shapes(output_shapes)
+    if shapes is None:
         return None
     if len(shapes) == 1:
         if kpt_shape is None and task != "pose":
             return None
         k, d = (int(kpt_shape[0]), int(kpt_shape[1])) if kpt_shape is not None else (17, 3)
         shape = shapes[0]
-        assert shape is not None
         if len(shape) != 3 or k < 1 or d not in (2, 3):
             return None
-        for strides in _STRIDE_SETS:
-            cells = sum(h * w for h, w in grid_sizes(input_hw, strides))
-            nc = shape[1] - 4 - k * d
-            if shape[2] == cells and nc >= 1:
-                return PoseHead("yolov8-pose-ultralytics", nc, k, d, strides)
+        strides = ultralytics_strides(input_hw, shape[2])
+        nc = shape[1] - 4 - k * d
+        if strides is not None and nc >= 1:
+            return PoseHead("yolov8-pose-ultralytics", nc, k, d, strides)
         return None
-    if len(shapes) == len(STRIDES) + 1:
-        nc = zoo_classes(input_hw, shapes[:3])  # type: ignore[arg-type]
-        cells = sum(h * w for h, w in grid_sizes(input_hw, STRIDES))
-        last = shapes[3]
-        assert last is not None
-        if nc and len(last) == 4 and last[2] in (2, 3) and last[3] == cells and last[1] >= 1:
+    zoo = zoo_layout(input_hw, shapes)
+    if zoo is not None:
+        nc, cells, last = zoo
+        if len(last) == 4 and last[2] in (2, 3) and last[3] == cells and last[1] >= 1:
             return PoseHead("yolov8-pose-zoo", nc, last[1], last[2], STRIDES)
     return None
 
 
-class PoseDecoder:
+class PoseDecoder(GridDecoder[PoseHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`Poses`."""
 
-    def __init__(
-        self,
-        head: PoseHead,
-        input_hw: tuple[int, int],
-        settings: DetectSettings | None = None,
-        quant: Sequence[Quant] = (),
-    ) -> None:
-        settings = settings if settings is not None else DetectSettings()
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
-        self.head, self.settings = head, settings
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.quant = check_quant(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
-        self._offsets, self._centres, self._strides = _cell_tables(self._grids, head.strides)
-        self._cells = sum(h * w for h, w in self._grids)
+    def _default_settings(self) -> DetectSettings:
+        return DetectSettings()
 
     def __call__(self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None = None) -> Poses:
         """Instances in the original image's pixels (``letterbox``: how it was placed on the
         model's canvas; None: in the model input's pixels), NMS applied, best first."""
-        if self.head.family == "yolov8-pose-zoo":
-            cand, points = self._zoo(outputs)
-            centre = self._centres[:, cand.cells]
-            stride = self._strides[cand.cells]
-            boxes = (np.concatenate([centre - cand.sides[:2], centre + cand.sides[2:]]) * stride).T
-        else:
-            cand, points = self._ultralytics(outputs)
-            cx, cy, w, h = cand.sides
-            boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-        ok = np.isfinite(points).all(axis=(1, 2))
-        nonfinite = cand.nonfinite + len(ok) - int(np.count_nonzero(ok))
-        if not ok.all():
-            cand, points, boxes = pick(cand, ok), points[ok], boxes[ok]
+        zoo = self.head.family == "yolov8-pose-zoo"
+        cand, points = self._zoo(outputs) if zoo else self._ultralytics(outputs)
+        cand, points = finite_extra(cand, points, np.isfinite(points).all(axis=(1, 2)))
+        boxes = self._cell_boxes(cand.cells, cand.sides) if zoo else xywh_to_xyxy(*cand.sides)
         s = self.settings
         keep = nms(boxes, cand.scores, cand.class_ids, s.iou, s.max_det)
         boxes, points = boxes[keep].astype(np.float32), points[keep]
         if letterbox is not None:
             boxes = boxes_to_original(boxes, letterbox)
             points = keypoints_to_original(points, letterbox)
-        return Poses(boxes, cand.scores[keep], cand.class_ids[keep], points, nonfinite)
+        return Poses(boxes, cand.scores[keep], cand.class_ids[keep], points, cand.nonfinite)
 
     def _keypoints(self, raw: np.ndarray, q: Quant, i: int, cells: np.ndarray) -> np.ndarray:
         """(k, K, 3) x, y, score from (K, D, N) values."""
@@ -199,7 +166,7 @@ class PoseDecoder:
         h = self.head
         expected = [(1, 4 * DFL_BINS + h.num_classes, gh, gw) for gh, gw in self._grids]
         expected.append((1, h.num_keypoints, h.keypoint_dims, self._cells))
-        check_shapes(outputs, expected, h.describe())
+        self._check_shapes(outputs, expected)
         cand = zoo_candidates(
             outputs[:3], self.quant, self._grids, self._offsets, h.num_classes, self.settings.conf
         )
@@ -210,7 +177,7 @@ class PoseDecoder:
     def _ultralytics(self, outputs: Sequence[np.ndarray]) -> tuple[Candidates, np.ndarray]:
         h = self.head
         rows = 4 + h.num_classes + h.num_keypoints * h.keypoint_dims
-        check_shapes(outputs, [(1, rows, self._cells)], h.describe())
+        self._check_shapes(outputs, [(1, rows, self._cells)])
         raw = outputs[0].reshape(rows, self._cells)
         q = self.quant[0] if self.quant else None
         cand = ultralytics_candidates(raw, q, h.num_classes, self.settings.conf)

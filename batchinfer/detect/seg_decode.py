@@ -30,15 +30,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from batchinfer.detect.decode import COCO_ANCHORS, DetectSettings, _dfl
-from batchinfer.detect.heads import DFL_BINS, grid_sizes
+from batchinfer.detect.decode import DetectSettings, anchor_array
+from batchinfer.detect.head_parts import (
+    GridDecoder,
+    Quant,
+    dfl,
+    passing,
+    scored,
+    ultralytics_candidates,
+    xywh_to_xyxy,
+    yolov5_boxes,
+)
+from batchinfer.detect.heads import DFL_BINS
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.masks import mask_rles, proto_map
 from batchinfer.detect.nms import nms
 from batchinfer.detect.seg_heads import SegHead
-from batchinfer.errors import InferenceError, UsageError
-
-Quant = tuple[float, int] | None
+from batchinfer.errors import UsageError
 
 
 @dataclass
@@ -73,7 +81,7 @@ class _Candidates:
     nonfinite: int
 
 
-class SegmentDecoder:
+class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`SegmentDetections` for a :class:`SegHead`."""
 
     def __init__(
@@ -85,22 +93,7 @@ class SegmentDecoder:
     ) -> None:
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
-        settings = settings or DetectSettings()
-        if not 0.0 <= settings.conf <= 1.0 or not 0.0 <= settings.iou <= 1.0:
-            raise UsageError(
-                f"Detection thresholds must lie in 0..1 (conf {settings.conf}, "
-                f"iou {settings.iou}); give fractions such as conf 0.25, iou 0.45."
-            )
-        if settings.max_det < 1:
-            raise UsageError(f"max_det must be at least 1 (it is {settings.max_det}).")
-        for q in quant:
-            if q is not None and not q[0] > 0:
-                raise UsageError(f"An output's quantisation scale must be > 0 (it is {q[0]}).")
-        self.head = head
-        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
-        self.settings = settings
-        self.quant = tuple(quant)
-        self._grids = grid_sizes(self.input_hw, head.strides)
+        super().__init__(head, input_hw, settings, quant)
         candidates = {
             "yolov8-seg-zoo": self._yolov8_zoo,
             "yolov5-seg-zoo": self._yolov5_zoo,
@@ -110,21 +103,17 @@ class SegmentDecoder:
             raise UsageError(f"No decoder for the segmentation head family {head.family!r}.")
         self._candidates = candidates
         if head.family == "yolov5-seg-zoo":
-            anchors = settings.anchors if settings.anchors is not None else COCO_ANCHORS
-            self._anchors = np.asarray(anchors, np.float32)
-            if self._anchors.shape != (len(head.strides), head.num_anchors, 2):
-                raise UsageError(
-                    f"The anchors give an array of shape {self._anchors.shape}, but the head "
-                    f"needs {head.num_anchors} (w, h) pairs for each of its "
-                    f"{len(head.strides)} strides."
-                )
+            self._anchors = anchor_array(self.settings.anchors, len(head.strides), head.num_anchors)
+
+    def _default_settings(self) -> DetectSettings:
+        return DetectSettings()
 
     def decode(
         self, outputs: Sequence[np.ndarray], letterbox: Letterbox | None
     ) -> SegmentDetections:
         """The instances of one image; ``letterbox`` says how the image was placed on the
         model's input (None: the image is the input, unscaled)."""
-        self._check(outputs)
+        self._check_shapes(outputs, self._expected())
         part = self._candidates(outputs)
         keep = nms(
             part.boxes, part.scores, part.class_ids, self.settings.iou, self.settings.max_det
@@ -147,21 +136,6 @@ class SegmentDecoder:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _quant(self, i: int) -> Quant:
-        return self.quant[i] if i < len(self.quant) else None
-
-    def _real(self, i: int, values: np.ndarray) -> np.ndarray:
-        """Output ``i``'s values as float32 (int8/uint8 dequantised with its scale, zp)."""
-        if values.dtype.kind in "iu":
-            q = self._quant(i)
-            if q is None:
-                raise InferenceError(
-                    f"Output {i} is {values.dtype} but no quantisation (scale, zero point) "
-                    "was given for it; ask the runtime for float outputs or pass its quant."
-                )
-            return (values.astype(np.float32) - np.float32(q[1])) * np.float32(q[0])
-        return values.astype(np.float32, copy=False)
-
     def _expected(self) -> list[tuple[int, ...]]:
         h = self.head
         nc, nm = h.num_classes, h.num_masks
@@ -180,17 +154,6 @@ class SegmentDecoder:
         det = (1, 4 + nc + nm, sum(gh * gw for gh, gw in self._grids))
         return [det, proto] if h.proto_index == 1 else [proto, det]
 
-    def _check(self, outputs: Sequence[np.ndarray]) -> None:
-        expected = self._expected()
-        got = [tuple(o.shape) for o in outputs]
-        if len(got) != len(expected) or any(
-            _unbatched(g) != _unbatched(e) for g, e in zip(got, expected, strict=True)
-        ):
-            raise InferenceError(
-                f"The model returned outputs of shapes {got}, but its "
-                f"{self.head.describe()} needs {expected}."
-            )
-
     # -- one candidate stage per head family ------------------------------------------------
 
     def _yolov8_zoo(self, outputs: Sequence[np.ndarray]) -> _Candidates:
@@ -201,12 +164,12 @@ class SegmentDecoder:
         for b, ((gh, gw), stride) in enumerate(zip(self._grids, self.head.strides, strict=True)):
             cls = outputs[4 * b + 1].reshape(nc, gh * gw)
             best = self._real(4 * b + 1, cls.max(axis=0))  # dequantising keeps the order
-            cells, bad = _passing(best, conf)
+            cells, bad = passing(best, conf)
             nonfinite += bad
             if not cells.size:
                 continue
             logits = self._real(4 * b, outputs[4 * b].reshape(4, DFL_BINS, gh * gw)[:, :, cells])
-            dist = _dfl(logits)  # (4, k) left, top, right, bottom in cells
+            dist = dfl(logits)  # (4, k) left, top, right, bottom in cells
             cx, cy = cells % gw + np.float32(0.5), cells // gw + np.float32(0.5)
             boxes = np.stack([cx - dist[0], cy - dist[1], cx + dist[2], cy + dist[3]], axis=1)
             branch = np.full(cells.size, b)
@@ -241,28 +204,20 @@ class SegmentDecoder:
         for b, ((gh, gw), stride) in enumerate(zip(self._grids, self.head.strides, strict=True)):
             raw = outputs[2 * b].reshape(na, 5 + nc, gh * gw)
             obj = self._real(2 * b, raw[:, 4, :])  # (A, cells)
-            passing, bad = _passing(obj.ravel(), conf)
+            passed, bad = passing(obj.ravel(), conf)
             nonfinite += bad
-            anchor, cells = np.divmod(passing, gh * gw)
+            anchor, cells = np.divmod(passed, gh * gw)
             if not cells.size:
                 continue
             cls = self._real(2 * b, raw[anchor, 5:, cells])  # (k, C)
-            with np.errstate(invalid="ignore", over="ignore"):
-                scores = obj[anchor, cells] * cls.max(axis=1)
-            finite = np.isfinite(scores)
-            nonfinite += scores.size - int(np.count_nonzero(finite))
-            kept = np.flatnonzero(finite & (scores >= conf))
+            scores, kept, bad = scored(obj[anchor, cells], cls.max(axis=1), conf)
+            nonfinite += bad
             anchor, cells = anchor[kept], cells[kept]
             xywh = self._real(2 * b, raw[anchor, :4, cells])  # (k, 4) sigmoids
-            s = np.float32(stride)
-            cx = (xywh[:, 0] * 2 - 0.5 + cells % gw) * s
-            cy = (xywh[:, 1] * 2 - 0.5 + cells // gw) * s
-            w = (xywh[:, 2] * 2) ** 2 * self._anchors[b, anchor, 0]
-            h = (xywh[:, 3] * 2) ** 2 * self._anchors[b, anchor, 1]
-            boxes = _xyxy(cx, cy, w, h)
+            boxes = yolov5_boxes(xywh, anchor, cells, gw, stride, self._anchors[b])
             branch = np.full(cells.size, b)
             picked.append(
-                (boxes, scores[kept], cls[kept].argmax(axis=1), branch, anchor * gh * gw + cells)
+                (boxes, scores, cls[kept].argmax(axis=1), branch, anchor * gh * gw + cells)
             )
 
         boxes, scores, class_ids, branch, where = _joined(picked)
@@ -283,26 +238,13 @@ class SegmentDecoder:
         nc, nm = self.head.num_classes, self.head.num_masks
         d = 1 - self.head.proto_index
         raw = outputs[d].reshape(4 + nc + nm, -1)
-        best = self._real(d, raw[4 : 4 + nc].max(axis=0))
-        idx, nonfinite = _passing(best, self.settings.conf)
-        class_ids = raw[4 : 4 + nc, idx].argmax(axis=0)
-        cx, cy, w, h = self._real(d, raw[:4, idx])
-        boxes = _xyxy(cx, cy, w, h)
+        cand = ultralytics_candidates(raw, self._quant(d), nc, self.settings.conf, d)
 
         def coefs(keep: np.ndarray) -> np.ndarray:
-            return self._real(d, raw[4 + nc :, idx[keep]]).T
+            return self._real(d, raw[4 + nc :, cand.cells[keep]]).T
 
-        part = _Candidates(boxes, best[idx], class_ids.astype(np.int32), coefs, nonfinite)
-        return _finite(part)
-
-
-def _passing(best: np.ndarray, conf: float) -> tuple[np.ndarray, int]:
-    """Indices of the finite scores >= conf, and how many scores are NaN/inf."""
-    cells = np.flatnonzero(best >= conf)
-    finite = np.isfinite(best)
-    if finite.all():
-        return cells, 0
-    return cells[finite[cells]], best.size - int(np.count_nonzero(finite))
+        boxes = xywh_to_xyxy(*cand.sides)
+        return _finite(_Candidates(boxes, cand.scores, cand.class_ids, coefs, cand.nonfinite))
 
 
 def _joined(picked: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:
@@ -334,14 +276,3 @@ def _finite(part: _Candidates) -> _Candidates:
     return _Candidates(
         part.boxes[rows], part.scores[rows], part.class_ids[rows], coefs, part.nonfinite + bad
     )
-
-
-def _xyxy(cx: np.ndarray, cy: np.ndarray, w: np.ndarray, h: np.ndarray) -> np.ndarray:
-    with np.errstate(invalid="ignore", over="ignore"):
-        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1).astype(
-            np.float32, copy=False
-        )
-
-
-def _unbatched(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return shape[1:] if shape and shape[0] == 1 else shape

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchinfer.detect.heads import DFL_BINS, STRIDES, V5_ANCHORS, grid_sizes
+from batchinfer.detect.heads import DFL_BINS, STRIDES, V5_ANCHORS, batch_one, grid_sizes
 
 _DESCRIPTIONS = {
     "yolov8-seg-zoo": "YOLOv8-seg model-zoo head",
@@ -78,7 +78,7 @@ def recognise_segment(
     ``input_hw`` is the model input's (height, width); ``output_shapes`` the outputs'
     shapes in runtime order. A batch axis reported as -1, 0, None or a name counts as 1.
     """
-    shapes = [_batch_one(s) for s in output_shapes]
+    shapes = [batch_one(s) for s in output_shapes]
     if not shapes or any(s is None for s in shapes):
         return None
     known = [s for s in shapes if s is not None]
@@ -101,20 +101,6 @@ def explain_no_seg_head(
         f"The model's outputs ({seen}, for a {w}x{h} input) are not a segmentation head "
         f"batchinfer knows; it reads {'; '.join(KNOWN_SEG_HEADS)}."
     )
-
-
-def _dim(d: object) -> int:
-    try:
-        return int(d)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return -1
-
-
-def _batch_one(shape: Sequence[object]) -> tuple[int, ...] | None:
-    dims = tuple(_dim(d) for d in shape)
-    if not dims or dims[0] not in (1, 0, -1):
-        return None
-    return (1, *dims[1:])
 
 
 def _proto(input_hw: tuple[int, int], shape: tuple[int, ...]) -> int | None:
