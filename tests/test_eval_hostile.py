@@ -26,6 +26,7 @@ from cdp import Browser, chromium_path
 from click.testing import CliRunner, Result
 
 from batchinfer.cli import main
+from batchinfer.data.whole_file import HANGING_FILE_ENV
 from batchinfer.engine.child import send_or_exit, setup_child
 from batchinfer.evaluate.files import REPORT_MARK
 from batchinfer.evaluate.markdown import code, text
@@ -187,12 +188,18 @@ def test_a_fifo_item_is_an_error_row_and_the_report_does_not_wait_for_it(
     (dataset / right[0]).symlink_to(fifo)
 
     # A subprocess, so that a hang fails this test instead of holding the session for ever.
+    # Its readers open the FIFO as a plain file (HANGING_FILE_ENV): it blocks them, as a
+    # file on a dead mount would (unasked, a reader refuses a FIFO at once).
     night2 = subprocess.run(
         [sys.executable, "-m", "batchinfer", "eval", str(job), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(sys.path),
+            HANGING_FILE_ENV: os.path.realpath(fifo),
+        },
     )
 
     assert night2.returncode == 0, night2.stderr
