@@ -121,7 +121,7 @@ def test_the_finder_sees_a_circle_through_a_function_level_import() -> None:
 def test_the_graph_reads_every_kind_of_import() -> None:
     graph = import_graph()
     # Top level, from-import of a submodule, and one under TYPE_CHECKING (data/images.py).
-    assert "batchinfer.errors" in graph["batchinfer.options"]
+    assert "batchinfer.errors" in graph["batchinfer.option_reading"]
     assert "batchinfer.data.input_spec" in graph["batchinfer.data.images"]
     # A submodule named in a package import: `from batchinfer.data import fast_jpeg`.
     assert "batchinfer.data.fast_jpeg" in graph["batchinfer.data.images"]
