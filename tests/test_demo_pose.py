@@ -94,7 +94,7 @@ def test_pose_model_is_the_model_zoo_yolov8_pose_layout(session):
     assert shapes == [(1, 74, 32, 32), (1, 74, 16, 16), (1, 74, 8, 8), (1, 4, 3, 1344)]
     assert recognise_pose((256, 256), shapes) == PoseHead("yolov8-pose-zoo", 10, 4, 3, (8, 16, 32))
     assert recognise((256, 256), shapes) is None  # not mistaken for a detector
-    assert (demo.ASSETS / "digits-pose.onnx").stat().st_size <= 1_500_000
+    assert (demo.ASSETS / "digits-pose.onnx").stat().st_size <= 2_300_000
     for name in demo.rknn_stems(pose=True):
         assert (demo.ASSETS / f"{name}.rknn").stat().st_size <= 1_500_000
 
