@@ -189,6 +189,7 @@ def test_write_demo_copies_models_and_explains_them(kit):
         "digits-det",
         "digits-prompt",
         "digits-seg",
+        "digits-pose",
     }
     for name, path in kit.models.items():
         assert path.parent == kit.root / "models"
@@ -388,9 +389,10 @@ def test_write_demo_writes_each_rknn_with_what_converts_and_runs_it(kit):
         demo.rknn_stems(detector=True),
         demo.rknn_stems(prompt=True),
         demo.rknn_stems(segmenter=True),
+        demo.rknn_stems(pose=True),
     )
     assert set(kit.rknn) == set().union(*stems)
-    assert len(kit.rknn) == 6 * len(demo.RKNN_PLATFORMS)
+    assert len(kit.rknn) == 7 * len(demo.RKNN_PLATFORMS)
     for stem, path in kit.rknn.items():
         recipe, _ = demo.rknn_recipe(stem)
         assert path == kit.root / "models" / f"{stem}.rknn"

@@ -24,20 +24,19 @@ generated from seeds each step, no data loader workers). Every figure measured l
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
-import shutil
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import demo_build
 
 from batchinfer.demo import ASSETS, DETECTOR_CALIBRATION, RKNN_PLATFORMS, detection
 
@@ -452,13 +451,18 @@ class GraphWriter:
         self.node("Add", [conv(c3, f"{prefix}lat.0"), self.up("p4", "p4_up")], "p3")
         return c2, ["p3", "p4", p5]
 
-    def detection_head(self, p: str, i: int, s: int, prefix: str = "") -> str:
+    def detection_head(self, p: str, i: int, s: int, prefix: str = "", scores: bool = True) -> str:
         """Stride ``s``'s box_<s>, cls_<s> (sigmoid) and sum_<s> (clipped class sum) from
-        the neck's map ``p`` (smoothed here first); the smoothed map's name."""
+        the neck's map ``p`` (smoothed here first); the smoothed map's name. Without
+        ``scores``: box_<s> and the class logits cls_logits_<s> only (the zoo's pose head)."""
         conv = self.conv
         p = conv(p, f"{prefix}smooth.{i}")
         conv(conv(p, f"{prefix}box_stem.{i}"), f"{prefix}box_out.{i}", relu=False, out=f"box_{s}")
-        logits = conv(conv(p, f"{prefix}cls_stem.{i}"), f"{prefix}cls_out.{i}", relu=False)
+        cls_out = f"{prefix}cls_out.{i}"
+        if not scores:
+            conv(conv(p, f"{prefix}cls_stem.{i}"), cls_out, relu=False, out=f"cls_logits_{s}")
+            return p
+        logits = conv(conv(p, f"{prefix}cls_stem.{i}"), cls_out, relu=False)
         self.node("Sigmoid", [logits], f"cls_{s}")
         self.node("ReduceSum", [f"cls_{s}", "sum_axes"], f"cls_sum_{s}", keepdims=1)
         self.node("Clip", [f"cls_sum_{s}", "zero", "one"], f"sum_{s}")
@@ -471,7 +475,9 @@ class GraphWriter:
 
         image = helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, INPUT, INPUT])
         outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs]
-        graph = helper.make_graph(self.nodes, name, [image], outs, self.inits)
+        used = {i for n in self.nodes for i in n.input}  # the shared constants a graph uses
+        inits = [t for t in self.inits if t.name in used]
+        graph = helper.make_graph(self.nodes, name, [image], outs, inits)
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET)],
@@ -527,13 +533,7 @@ def check_export(model_proto, torch_model, n: int = 4) -> float:
 
 def ort_session(model):
     """A one-thread onnxruntime session for a ModelProto or a path."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = 1
-    opts.inter_op_num_threads = 1
-    source = model if isinstance(model, (str, Path)) else model.SerializeToString()
-    return ort.InferenceSession(str(source) if isinstance(source, Path) else source, opts)
+    return demo_build.ort_session(model)
 
 
 # --------------------------------------------------------------------------- decoding
@@ -603,15 +603,8 @@ def coco_results(run, n: int = VAL_EVAL) -> list[dict]:
     return results
 
 
-def onnx_runner(path: Path):
-    session = ort_session(path)
-    names = output_names()
-
-    def run(canvas: np.ndarray) -> list[np.ndarray]:
-        x = (canvas.transpose(2, 0, 1)[None] / np.float32(255.0)).astype(np.float32)
-        return session.run(names, {"images": x})
-
-    return run
+def onnx_runner(path: Path) -> demo_build.Runner:
+    return demo_build.onnx_runner(path, output_names())
 
 
 # --------------------------------------------------------------------------- main: train
@@ -619,25 +612,9 @@ def onnx_runner(path: Path):
 
 def build_onnx(work: Path) -> dict:
     """Train (or reuse work/weights.pt), export digits-det.onnx and its settings files."""
-    import torch
-
     from batchinfer import demo
 
-    weights = work / "weights.pt"
-    if weights.is_file():
-        figures = json.loads((work / "train.json").read_text())
-        print(f"reusing {weights} (delete it to train again)")
-    else:
-        figures = train_and_save(work)
-    model = build_torch_model()
-    model.load_state_dict(torch.load(weights))
-    model.eval()
-    proto = export_onnx(model.state_dict())
-    import onnx
-
-    onnx.save(proto, ASSETS / MODEL)
-    figures["onnx_vs_torch_max_abs"] = check_export(proto, model)
-    figures["onnx_bytes"] = (ASSETS / MODEL).stat().st_size
+    figures, _ = demo_build.export(work, train, build_torch_model, export_onnx, check_export, MODEL)
     for platform in demo.RKNN_PLATFORMS:
         path = ASSETS / f"digits-det-{platform}.config.json"
         path.write_text(settings_json(detector_settings(platform)))
@@ -659,73 +636,34 @@ def settings_json(settings: dict) -> str:
     return "{\n" + ",\n".join(lines) + "\n}\n"
 
 
-def train_and_save(work: Path) -> dict:
-    """Train; save the weights (work/weights.pt) and the training figures; return them."""
-    import torch
-
-    work.mkdir(parents=True, exist_ok=True)
-    model, figures = train()
-    torch.save(model.state_dict(), work / "weights.pt")
-    (work / "train.json").write_text(json.dumps(figures, indent=1) + "\n")
-    return figures
-
-
 # --------------------------------------------------------------------------- main: rknn
 
 
 def convert_all(work: Path) -> dict:
     """Convert digits-det for every chip, copy the .rknn into the assets, run them int8."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import build_demo_assets  # the classifier's conversion: config, load_onnx, build, export
-
     from batchinfer import demo
-    from batchinfer.runtime.toolkit import CACHE_ENV, toolkit_version
 
-    figures = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")
-        for stem, (_, platform) in demo.rknn_stems(detector=True).items():
-            folder = Path(tmp) / stem
-            folder.mkdir()
-            path = build_demo_assets.convert(stem, folder)
-            shutil.copyfile(path, ASSETS / path.name)
-            figures[stem] = measure_rknn(path, work, full=platform == RKNN_FIRST)
-            print(f"{stem:24s} {figures[stem]}", flush=True)
-    return {"toolkit": toolkit_version(), "models": figures}
+    def measure(path: Path, platform: str) -> dict:
+        return measure_rknn(path, work, full=platform == RKNN_FIRST)
+
+    return demo_build.convert_all(demo.rknn_stems(detector=True), measure)
 
 
 def measure_rknn(path: Path, work: Path, full: bool) -> dict:
     """Size; int8 (toolkit simulator) against float outputs; val results when ``full``."""
-    from batchinfer.runtime.toolkit import RKNNLite
-
-    rknn = RKNNLite()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if rknn.load_rknn(str(path)) != 0 or rknn.init_runtime() != 0:
-            raise SystemExit(f"the toolkit backend could not run {path}")
-    try:
-
-        def run(canvas: np.ndarray) -> list[np.ndarray]:
-            return rknn.inference(inputs=[canvas[None]])
-
-        float_run = onnx_runner(ASSETS / MODEL)
-        cosines = {name: [] for name in output_names()}
-        for scene in detection.scenes("val", 16):
-            canvas = letterbox(scene.image)[0]
-            for name, q, f in zip(output_names(), run(canvas), float_run(canvas), strict=True):
-                q, f = q.ravel().astype(np.float64), f.ravel().astype(np.float64)
-                cosines[name].append(float(q @ f / (np.linalg.norm(q) * np.linalg.norm(f))))
+    canvases = [letterbox(scene.image)[0] for scene in detection.scenes("val", 16)]
+    with demo_build.rknn_runner(path) as run:
         figures = {
             "bytes": path.stat().st_size,
-            "cosine_min": {k: min(v) for k, v in cosines.items()},
+            "cosine_min": demo_build.worst_cosines(
+                run, onnx_runner(ASSETS / MODEL), output_names(), canvases
+            ),
         }
         if full:
             t0 = time.perf_counter()
             results = coco_results(run)
             figures["eval_s"] = time.perf_counter() - t0
             (work / f"results-{path.name}.json").write_text(json.dumps(results))
-    finally:
-        rknn.release()
     return figures
 
 
@@ -770,28 +708,17 @@ def score(work: Path) -> dict:
 WORK = Path(__file__).resolve().parents[1] / "build" / "demo-detector"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("train", "rknn", "score"))
-    parser.add_argument("--work", type=Path, default=WORK, help=f"scratch folder ({WORK})")
-    args = parser.parse_args()
-    measured_path = ASSETS / "measured.json"
-    measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
-    section = measured.setdefault("detector", {})
-    if args.mode == "train":
-        section["onnx"] = build_onnx(args.work)
-    elif args.mode == "rknn":
-        section["rknn"] = convert_all(args.work)
-    else:
-        section["score"] = score(args.work)
-    section["model"] = model_figures()
-    measured_path.write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
-    (ASSETS / "DETECTOR.md").write_text(detector_md(section))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+def pages(section: dict, measured: dict) -> dict[str, str]:
+    """DETECTOR.md and MODELS.md (the model's figures measured again first)."""
     import build_demo_assets
 
-    (ASSETS / "MODELS.md").write_text(build_demo_assets.models_md(measured))
-    print(f"wrote {measured_path}, {ASSETS / 'DETECTOR.md'} and {ASSETS / 'MODELS.md'}")
+    section["model"] = model_figures()
+    return {"DETECTOR.md": detector_md(section), "MODELS.md": build_demo_assets.models_md(measured)}
+
+
+def main() -> None:
+    modes = {"train": build_onnx, "rknn": convert_all, "score": score}
+    demo_build.main(__doc__, "detector", modes, WORK, pages)
 
 
 # --------------------------------------------------------------------------- DETECTOR.md

@@ -29,14 +29,9 @@ under ``"segmenter"``.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import shutil
 import sys
-import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_demo_detector as det  # the detector this model extends
+import demo_build
 
 from batchinfer.demo import ASSETS, RKNN_PLATFORMS, detection
 
@@ -79,10 +75,9 @@ def build_torch_model():
 
     ConvBnRelu, Detector = det.torch_classes()
 
-    class Segmenter(nn.Module):
+    class Segmenter(demo_build.on_frozen_detector(Detector)):
         def __init__(self) -> None:
             super().__init__()
-            self.det = Detector()
             self.coef_stem = nn.ModuleList(ConvBnRelu(WIDTH, 32) for _ in STRIDES)
             self.coef_out = nn.ModuleList(nn.Conv2d(32, MASKS, 1) for _ in STRIDES)
             self.proto_1 = ConvBnRelu(WIDTH, 32)
@@ -103,46 +98,9 @@ def build_torch_model():
             ]
             return outs, proto
 
-        def train(self, mode: bool = True):
-            super().train(mode)
-            self.det.eval()  # frozen: its batch norms keep the detector's statistics
-            return self
-
     torch.manual_seed(SEED)
-    model = Segmenter()
-    load_detector(model.det, ASSETS / DETECTOR)
-    for p in model.det.parameters():
-        p.requires_grad_(False)
+    model = demo_build.freeze_detector(Segmenter(), ASSETS / DETECTOR)
     return model
-
-
-def load_detector(detector, path: Path) -> None:
-    """Set ``detector``'s weights to those of the committed ONNX (batch norm folded there:
-    here each norm becomes the identity, gamma 1, mean 0, var 1 - eps, beta the bias)."""
-    import onnx
-    import torch
-    from onnx import numpy_helper
-
-    weights = {i.name: numpy_helper.to_array(i) for i in onnx.load(path).graph.initializer}
-    state = detector.state_dict()
-    for key in state:
-        module, _, leaf = key.rpartition(".")
-        name = module.replace(".", "_")
-        if leaf == "weight" and f"{name}_w" in weights:  # a plain conv (the outputs)
-            state[key] = torch.from_numpy(weights[f"{name}_w"].copy())
-        elif leaf == "bias" and f"{name}_b" in weights:
-            state[key] = torch.from_numpy(weights[f"{name}_b"].copy())
-        elif module.endswith(".0") and leaf == "weight":  # conv of a ConvBnRelu
-            state[key] = torch.from_numpy(weights[f"{name[:-2]}_w"].copy())
-        elif module.endswith(".1"):  # its batch norm
-            b = torch.from_numpy(weights[f"{name[:-2]}_b"].copy())
-            state[key] = {
-                "weight": torch.ones_like(b),
-                "bias": b,
-                "running_mean": torch.zeros_like(b),
-                "running_var": torch.full_like(b, 1 - 1e-5),
-            }.get(leaf, state[key])
-    detector.load_state_dict(state)
 
 
 def mask_targets(scenes, placed) -> list[np.ndarray]:
@@ -194,59 +152,25 @@ def mask_loss(outs, proto, targets, masks, anchors, rng: np.random.Generator):
 
 def train(steps: int = STEPS, log_every: int = 25):
     """Return the trained Segmenter and the training figures."""
-    import math
-
     import torch
 
     torch.set_num_threads(det.THREADS)
     torch.use_deterministic_algorithms(True)
     model = build_torch_model()
     anchors = det.anchor_points()
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim > 1]
-    no_decay = [p for p in params if p.ndim <= 1]
-    optimiser = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": WEIGHT_DECAY}, {"params": no_decay, "weight_decay": 0}],
-        lr=LEARNING_RATE,
-    )
-    warmup = 25
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser,
-        lambda k: min(1.0, (k + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * k / steps)),
-    )
     rng = np.random.default_rng(SEED)
-    model.train()
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    history, running = [], 0.0
-    for step in range(steps):
+
+    def step_loss(step: int):
         images, targets, scenes, placed = det.placed_batch(step, BATCH)
         outs, proto = model(det.to_input(images))
         loss = mask_loss(outs, proto, targets, mask_targets(scenes, placed), anchors, rng)
-        optimiser.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 10.0)
-        optimiser.step()
-        schedule.step()
-        running += float(loss.detach())
-        if (step + 1) % log_every == 0:
-            history.append({"step": step + 1, "mask": running / log_every})
-            running = 0.0
-            print(
-                f"step {step + 1:5d} mask {history[-1]['mask']:.4f}"
-                f"  {time.perf_counter() - t0:.0f} s",
-                flush=True,
-            )
-    figures = {
-        "steps": steps,
-        "batch": BATCH,
-        "images_seen": steps * BATCH,
-        "threads": det.THREADS,
-        "trained_params": sum(p.numel() for p in params),
-        "train_s": time.perf_counter() - t0,
-        "train_cpu_s": time.process_time() - cpu0,
-        "loss_history": history,
-    }
-    model.eval()
+        return loss, float(loss.detach())
+
+    figures = demo_build.fit(
+        model, step_loss, steps=steps, batch=BATCH, threads=det.THREADS,
+        learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, logged="mask",
+        log_every=log_every,
+    )  # fmt: skip
     return model, figures
 
 
@@ -331,24 +255,9 @@ def check_detector(proto, n: int = 4) -> float:
 
 def build_onnx(work: Path) -> dict:
     """Train (or reuse work/weights.pt), export digits-seg.onnx and its settings files."""
-    import onnx
-    import torch
-
-    weights = work / "weights.pt"
-    if weights.is_file():
-        figures = json.loads((work / "train.json").read_text())
-        print(f"reusing {weights} (delete it to train again)")
-    else:
-        work.mkdir(parents=True, exist_ok=True)
-        model, figures = train()
-        torch.save(model.state_dict(), weights)
-        (work / "train.json").write_text(json.dumps(figures, indent=1) + "\n")
-    model = build_torch_model()
-    model.load_state_dict(torch.load(weights))
-    model.eval()
-    proto = export_onnx(model.state_dict())
-    onnx.save(proto, ASSETS / MODEL)
-    figures["onnx_vs_torch_max_abs"] = check_export(proto, model)
+    figures, proto = demo_build.export(
+        work, train, build_torch_model, export_onnx, check_export, MODEL
+    )
     figures["detector_outputs_vs_digits_det_max_abs"] = check_detector(proto)
     figures["onnx_bytes"] = (ASSETS / MODEL).stat().st_size
     for platform in RKNN_PLATFORMS:
@@ -364,22 +273,17 @@ def predictions(run, n: int) -> list[dict]:
     """COCO results (bbox and RLE segmentation) of the first ``n`` val scenes, decoded by
     batchinfer's SegmentDecoder from ``run(canvas uint8 (256, 256, 3)) -> 13 outputs``."""
     from batchinfer.detect.decode import DetectSettings
-    from batchinfer.detect.letterbox import Letterbox
     from batchinfer.detect.seg_decode import SegmentDecoder
     from batchinfer.detect.seg_heads import recognise_segment
 
-    decoder = None
+    def make_decoder(shapes):
+        head = recognise_segment((INPUT, INPUT), shapes)
+        if head is None or head.family != "yolov8-seg-zoo":
+            raise SystemExit(f"seg_heads did not recognise {MODEL} as yolov8-seg-zoo")
+        return SegmentDecoder(head, (INPUT, INPUT), DetectSettings(**DECODE)).decode
+
     results = []
-    for image_id, scene in enumerate(detection.scenes("val", n), start=1):
-        h, w = scene.image.shape[:2]
-        canvas, scale, px, py = det.letterbox(scene.image)
-        outputs = run(canvas)
-        if decoder is None:
-            head = recognise_segment((INPUT, INPUT), [o.shape for o in outputs])
-            if head is None or head.family != "yolov8-seg-zoo":
-                raise SystemExit(f"seg_heads did not recognise {MODEL} as yolov8-seg-zoo")
-            decoder = SegmentDecoder(head, (INPUT, INPUT), DetectSettings(**DECODE))
-        found = decoder.decode(outputs, Letterbox(w, h, scale, px, py))
+    for image_id, found in demo_build.decoded_val(run, n, det.letterbox, make_decoder):
         for box, score, c, rle in zip(
             found.boxes, found.scores, found.class_ids, found.mask_structs(), strict=True
         ):
@@ -402,37 +306,11 @@ def predictions(run, n: int) -> list[dict]:
 def coco_maps(results: list[dict], n: int) -> dict:
     """pycocotools' bbox and segm mAP@0.5 and mAP@0.5:0.95 of ``results`` on the first
     ``n`` val scenes' ground truth (detection.coco_instances with masks)."""
-    import contextlib
-    import io
-
-    from pycocotools.coco import COCO
-    from pycocotools.cocoeval import COCOeval
-
-    items = [(f"{i:05d}.png", s) for i, s in enumerate(detection.scenes("val", n))]
-    gt = COCO()
-    gt.dataset = detection.coco_instances(items, masks=True)
-    out = {}
-    with contextlib.redirect_stdout(io.StringIO()):
-        gt.createIndex()
-        dt = gt.loadRes(results) if results else None
-        for kind in ("bbox", "segm"):
-            ev = COCOeval(gt, dt, kind)
-            ev.evaluate()
-            ev.accumulate()
-            ev.summarize()
-            out[kind] = {"map50": float(ev.stats[1]), "map50_95": float(ev.stats[0])}
-    return out
+    return demo_build.coco_maps(results, n, ("bbox", "segm"), masks=True)
 
 
-def onnx_runner(path: Path):
-    session = det.ort_session(path)
-    names = output_names()
-
-    def run(canvas: np.ndarray) -> list[np.ndarray]:
-        x = (canvas.transpose(2, 0, 1)[None] / np.float32(255.0)).astype(np.float32)
-        return session.run(names, {"images": x})
-
-    return run
+def onnx_runner(path: Path) -> demo_build.Runner:
+    return demo_build.onnx_runner(path, output_names())
 
 
 def score(work: Path) -> dict:
@@ -466,58 +344,29 @@ def score(work: Path) -> dict:
 
 def convert_all(work: Path) -> dict:
     """Convert digits-seg for every chip, copy the .rknn into the assets, run them int8."""
-    import build_demo_assets  # the classifier's conversion: config, load_onnx, build, export
-
     from batchinfer import demo
-    from batchinfer.runtime.toolkit import CACHE_ENV, toolkit_version
 
-    figures = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ[CACHE_ENV] = str(Path(tmp) / "cache")
-        for stem, (_, platform) in demo.rknn_stems(segmenter=True).items():
-            folder = Path(tmp) / stem
-            folder.mkdir()
-            path = build_demo_assets.convert(stem, folder)
-            shutil.copyfile(path, ASSETS / path.name)
-            figures[stem] = measure_rknn(path, work, full=platform == RKNN_FIRST)
-            print(f"{stem:24s} {figures[stem]}", flush=True)
-    return {"toolkit": toolkit_version(), "models": figures}
+    def measure(path: Path, platform: str) -> dict:
+        return measure_rknn(path, work, full=platform == RKNN_FIRST)
+
+    return demo_build.convert_all(demo.rknn_stems(segmenter=True), measure)
 
 
 def measure_rknn(path: Path, work: Path, full: bool) -> dict:
     """Size; int8 (toolkit simulator) against float outputs; val results when ``full``."""
-    from batchinfer.runtime.toolkit import RKNNLite
-
-    rknn = RKNNLite()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if rknn.load_rknn(str(path)) != 0 or rknn.init_runtime() != 0:
-            raise SystemExit(f"the toolkit backend could not run {path}")
-    try:
-
-        def run(canvas: np.ndarray) -> list[np.ndarray]:
-            return rknn.inference(inputs=[canvas[None]])
-
-        float_run = onnx_runner(ASSETS / MODEL)
-        cosines: dict[str, list[float]] = {name: [] for name in output_names()}
-        for scene in detection.scenes("val", 8):
-            canvas = det.letterbox(scene.image)[0]
-            for name, q, f in zip(output_names(), run(canvas), float_run(canvas), strict=True):
-                q, f = q.ravel().astype(np.float64), f.ravel().astype(np.float64)
-                norms = np.linalg.norm(q) * np.linalg.norm(f)
-                if norms > 0:  # an int8 output all 0 (the float one near 0) has no direction
-                    cosines[name].append(float(q @ f / norms))
+    canvases = [det.letterbox(scene.image)[0] for scene in detection.scenes("val", 8)]
+    with demo_build.rknn_runner(path) as run:
         figures: dict = {
             "bytes": path.stat().st_size,
-            "cosine_min": {k: min(v) for k, v in cosines.items()},
+            "cosine_min": demo_build.worst_cosines(
+                run, onnx_runner(ASSETS / MODEL), output_names(), canvases
+            ),
         }
         if full:
             t0 = time.perf_counter()
             results = predictions(run, VAL_EVAL)
             figures["eval_s"] = time.perf_counter() - t0
             (work / f"results-{path.name}.json").write_text(json.dumps(results))
-    finally:
-        rknn.release()
     return figures
 
 
@@ -614,23 +463,13 @@ WORK = Path(__file__).resolve().parents[1] / "build" / "demo-segmenter"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("train", "rknn", "score"))
-    parser.add_argument("--work", type=Path, default=WORK, help=f"scratch folder ({WORK})")
-    args = parser.parse_args()
-    measured_path = ASSETS / "measured.json"
-    measured = json.loads(measured_path.read_text()) if measured_path.is_file() else {}
-    section = measured.setdefault("segmenter", {})
-    args.work.mkdir(parents=True, exist_ok=True)
-    if args.mode == "train":
-        section["onnx"] = build_onnx(args.work)
-    elif args.mode == "rknn":
-        section["rknn"] = convert_all(args.work)
-    else:
-        section["score"] = score(args.work)
-    measured_path.write_text(json.dumps(measured, indent=1, sort_keys=True) + "\n")
-    (ASSETS / "SEGMENTER.md").write_text(segmenter_md(section))
-    print(f"wrote {measured_path} and {ASSETS / 'SEGMENTER.md'}")
+    demo_build.main(
+        __doc__,
+        "segmenter",
+        {"train": build_onnx, "rknn": convert_all, "score": score},
+        WORK,
+        lambda section, _: {"SEGMENTER.md": segmenter_md(section)},
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ MODEL_NAMES = (
     "digits-det.onnx",
     "digits-prompt.onnx",
     "digits-seg.onnx",
+    "digits-pose.onnx",
 )
 
 #: Chips the demo's .rknn files are converted for.
@@ -58,6 +59,8 @@ DETECTOR_RECIPE = RknnRecipe("digits-det", "digits-det.onnx", "digits-det")
 # The segmenter (tools/build_demo_segmenter.py): the detector plus a mask head, same input,
 # so the same calibration scenes.
 SEGMENTER_RECIPE = RknnRecipe("digits-seg", "digits-seg.onnx", "digits-det")
+# The pose model (tools/build_demo_pose.py): the detector plus a keypoint head, likewise.
+POSE_RECIPE = RknnRecipe("digits-pose", "digits-pose.onnx", "digits-det")
 # The two-input model (image + class prompt): its image's normalisation in the settings, the
 # prompt as it is; calibrated on the digits calibration set, each with a prompt.
 PROMPT_RECIPE = RknnRecipe("digits-prompt", "digits-prompt-convert.onnx", "digits-prompt")
@@ -73,6 +76,7 @@ __all__ = [
     "DETECTOR_RECIPE",
     "DIGIT_COUNT",
     "MODEL_NAMES",
+    "POSE_RECIPE",
     "PROMPT_RECIPE",
     "RKNN_PLATFORMS",
     "RKNN_RECIPES",
@@ -123,23 +127,30 @@ def model_path(name: str) -> Path:
 
 
 def rknn_stems(
-    *, detector: bool = False, prompt: bool = False, segmenter: bool = False
+    *,
+    detector: bool = False,
+    prompt: bool = False,
+    segmenter: bool = False,
+    pose: bool = False,
 ) -> dict[str, tuple[RknnRecipe, str]]:
     """The classifiers' demo .rknn by file stem ("digits-rk3588") -> (recipe, platform).
 
     With ``detector``, the detector's instead ("digits-det-rk3588", ...); with ``prompt``,
     the two-input model's ("digits-prompt-rk3588", ...); with ``segmenter``, the
-    segmenter's ("digits-seg-rk3588", ...).
+    segmenter's ("digits-seg-rk3588", ...); with ``pose``, the pose model's
+    ("digits-pose-rk3588", ...).
     """
-    recipes = (
-        (DETECTOR_RECIPE,)
-        if detector
-        else (PROMPT_RECIPE,)
-        if prompt
-        else (SEGMENTER_RECIPE,)
-        if segmenter
-        else RKNN_RECIPES
-    )
+    chosen = [
+        recipe
+        for flag, recipe in (
+            (detector, DETECTOR_RECIPE),
+            (prompt, PROMPT_RECIPE),
+            (segmenter, SEGMENTER_RECIPE),
+            (pose, POSE_RECIPE),
+        )
+        if flag
+    ]
+    recipes = tuple(chosen[:1]) or RKNN_RECIPES
     return {f"{r.name}-{p}": (r, p) for r in recipes for p in RKNN_PLATFORMS}
 
 
@@ -149,6 +160,7 @@ def _all_rknn_stems() -> dict[str, tuple[RknnRecipe, str]]:
         **rknn_stems(detector=True),
         **rknn_stems(prompt=True),
         **rknn_stems(segmenter=True),
+        **rknn_stems(pose=True),
     }
 
 
@@ -336,7 +348,9 @@ detection/          500 synthetic detection images (160-320 px, 1-6 of the held-
                     digits each): detection/images/<nnnnn>.png and their boxes as COCO
                     detection/instances.json (category id = the digit);
                     detection/instances-seg.json: the same with each digit's mask (its
-                    ink) as COCO RLE, for instance segmentation
+                    ink) as COCO RLE, for instance segmentation;
+                    detection/instances-pose.json: the same with each digit's four
+                    keypoints (the top, right, bottom and left ends of its ink), for pose
 models/digits.onnx          a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
 models/digits-int8.onnx     the same model quantised to int8 (stands in for an NPU model)
 models/digits-lowcal.onnx   int8 too, but calibrated on the raw 0..16 values instead of the
@@ -349,6 +363,9 @@ models/digits-det.onnx      a small digit detector for detection/ (float [1,3,25
 models/digits-seg.onnx      the detector with a YOLOv8-seg mask head (rknn_model_zoo
                             yolov8_seg layout: 13 outputs, box/class/score-sum/32 mask
                             coefficients per stride, then the prototype [1,32,64,64])
+models/digits-pose.onnx     the detector with a YOLOv8-pose keypoint head (rknn_model_zoo
+                            yolov8_pose layout: 3 x [1,74,H,W] box DFL + class logits,
+                            then the keypoints [1,4,3,1344] decoded: x, y, score)
 models/digits-prompt.onnx   a model with two inputs: image uint8 [1,8,8,1] and prompt float32
                             [1,10] (1 for the digits asked about); scores [1,10] = the digit
                             probabilities times the prompt

@@ -51,11 +51,21 @@ NOISY_FRACTION = 0.25
 _PLACEMENT_TRIES = 40
 _GAP = 2  # pixels between two digits' patches
 _SPLIT_CODE = {"train": 1, "val": 2}
+#: A digit's keypoints (the demo pose model's): the extreme points of its ink, where its
+#: strokes end at the top, right, bottom and left. Each is the centre of the ink pixels
+#: in the glyph's first (or last) inked row (or column), in pixel coordinates (a pixel's
+#: centre is +0.5): the top one is x = mean of the top row's inked columns + 0.5,
+#: y = that row + 0.5. Always visible (COCO v = 2).
+KEYPOINTS: tuple[str, ...] = ("top", "right", "bottom", "left")
+#: COCO's 1-based skeleton of those keypoints: the diamond around the digit.
+SKELETON: tuple[tuple[int, int], ...] = ((1, 2), (2, 3), (3, 4), (4, 1))
 
 __all__ = [
     "CLASSES",
     "DETECTOR_INPUT",
+    "KEYPOINTS",
     "SEED",
+    "SKELETON",
     "SPLITS",
     "VAL_IMAGES",
     "DetectionSet",
@@ -88,6 +98,28 @@ class Scene:
             out[i, y : y + ink.shape[0], x : x + ink.shape[1]] = ink
         return out
 
+    def keypoints(self) -> np.ndarray:
+        """(n, 4, 2) float32: each digit's KEYPOINTS (x, y) in the image's pixels."""
+        out = np.zeros((len(self.ink), len(KEYPOINTS), 2), np.float32)
+        for i, (x, y, ink) in enumerate(self.ink):
+            out[i] = ink_keypoints(ink) + np.array([x, y], np.float32)
+        return out
+
+
+def ink_keypoints(ink: np.ndarray) -> np.ndarray:
+    """(4, 2) float32 x, y of KEYPOINTS in the patch ``ink`` (bool, at least one pixel)."""
+    rows, cols = np.flatnonzero(ink.any(axis=1)), np.flatnonzero(ink.any(axis=0))
+    top, bottom, left, right = rows[0], rows[-1], cols[0], cols[-1]
+    return np.array(
+        [
+            (np.flatnonzero(ink[top]).mean(), top),
+            (right, np.flatnonzero(ink[:, right]).mean()),
+            (np.flatnonzero(ink[bottom]).mean(), bottom),
+            (left, np.flatnonzero(ink[:, left]).mean()),
+        ],
+        np.float32,
+    ) + np.float32(0.5)
+
 
 @dataclass(frozen=True)
 class DetectionSet:
@@ -99,6 +131,7 @@ class DetectionSet:
     count: int  # images
     boxes: int  # annotations
     instances_seg: Path | None = None  # instances-seg.json: the same with the digits' masks
+    instances_pose: Path | None = None  # instances-pose.json: the same with their keypoints
 
 
 def split_digits(split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -269,12 +302,18 @@ def letterbox(image: np.ndarray, side: int, pad: int = 114) -> tuple[np.ndarray,
     return canvas, scale, px, py
 
 
-def coco_instances(items: list[tuple[str, Scene]], *, masks: bool = False) -> dict:
+def coco_instances(
+    items: list[tuple[str, Scene]], *, masks: bool = False, keypoints: bool = False
+) -> dict:
     """The COCO instances dict of (file name, scene) pairs; image ids count from 1.
 
     With ``masks``, each annotation also has its digit's ink as ``segmentation`` (COCO
     compressed RLE: ``{"size": [height, width], "counts": str}``) and its ``area`` is the
     mask's pixel count, as COCO's instance annotations have; without, ``area`` is the box's.
+    With ``keypoints``, each annotation has COCO's ``keypoints`` (x, y, v = 2 per KEYPOINTS
+    name) and ``num_keypoints``, each category the ``keypoints`` names and ``skeleton``;
+    ``area`` is the ink's pixel count (OKS's scale, as COCO's person keypoints use the
+    segment's area).
     """
     from batchinfer.detect.rle import encode_region
 
@@ -299,10 +338,21 @@ def coco_instances(items: list[tuple[str, Scene]], *, masks: bool = False) -> di
                 counts = encode_region(ink, x, y, h, w)
                 annotation["segmentation"] = {"size": [h, w], "counts": counts}
                 annotation["area"] = int(ink.sum())
+            if keypoints:
+                points = scene.keypoints()[i].tolist()
+                annotation["keypoints"] = [
+                    v for px, py in points for v in (round(px, 3), round(py, 3), 2)
+                ]
+                annotation["num_keypoints"] = len(KEYPOINTS)
+                annotation["area"] = int(scene.ink[i][2].sum())
             annotations.append(annotation)
-    categories = [
+    categories: list[dict] = [
         {"id": d, "name": name, "supercategory": "digit"} for d, name in enumerate(CLASSES)
     ]
+    if keypoints:
+        for c in categories:
+            c["keypoints"] = list(KEYPOINTS)
+            c["skeleton"] = [list(pair) for pair in SKELETON]
     return {
         "info": {
             "description": "batchinfer synthetic digit detection (see batchinfer.demo.detection)"
@@ -317,7 +367,8 @@ def write_detection(
     target: Path, split: str = "val", n: int = VAL_IMAGES, seed: int = SEED
 ) -> DetectionSet:
     """Write ``n`` images of ``split`` as ``target/images/<nnnnn>.png`` + ``instances.json``
-    (boxes) + ``instances-seg.json`` (boxes and the digits' masks as RLE).
+    (boxes) + ``instances-seg.json`` (boxes and the digits' masks as RLE) +
+    ``instances-pose.json`` (boxes and the digits' keypoints).
 
     ``target`` must not exist or be an empty folder (the demo kit claims it first).
     """
@@ -339,6 +390,9 @@ def write_detection(
     instances_seg = target / "instances-seg.json"
     coco_seg = coco_instances(items, masks=True)
     instances_seg.write_text(json.dumps(coco_seg, separators=(",", ":")) + "\n")
+    instances_pose = target / "instances-pose.json"
+    coco_pose = coco_instances(items, keypoints=True)
+    instances_pose.write_text(json.dumps(coco_pose, separators=(",", ":")) + "\n")
     return DetectionSet(
         root=target,
         images=images,
@@ -346,4 +400,5 @@ def write_detection(
         count=len(items),
         boxes=len(coco["annotations"]),
         instances_seg=instances_seg,
+        instances_pose=instances_pose,
     )
