@@ -35,6 +35,7 @@ from batchinfer.bench.result import BenchResult
 from batchinfer.bench.verdict import Measured, judge
 from batchinfer.data.dataset import Dataset, Item, say_notes
 from batchinfer.data.sources import open_source
+from batchinfer.options_video import video_settings
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
@@ -122,7 +123,13 @@ def prepare(config: BenchConfig) -> Prepared:
     # One input, fed whole (no feeds); a benchmark does not score labels, so none are read.
     planned = plan_inference(
         run_config,
-        (lambda _labels: open_source(config.dataset, image_root=config.image_root))
+        (
+            lambda _labels: open_source(
+                config.dataset,
+                image_root=config.image_root,
+                video=video_settings(config.preprocess),
+            )
+        )
         if config.dataset
         else None,
         several_inputs=False,
