@@ -35,7 +35,6 @@ from batchinfer.bench.result import BenchResult
 from batchinfer.bench.verdict import Measured, judge
 from batchinfer.data.dataset import Dataset, Item, say_notes
 from batchinfer.data.sources import open_source
-from batchinfer.options_video import video_settings
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
@@ -51,6 +50,7 @@ from batchinfer.options import (
     ReliabilityOptions,
     RuntimeOptions,
 )
+from batchinfer.options_video import video_settings
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import NullSink
 

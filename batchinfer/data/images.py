@@ -128,7 +128,9 @@ def _pillow_limit(max_pixels: int | None) -> Iterator[None]:
             Image.MAX_IMAGE_PIXELS = saved
 
 
-def _pixels(img: Image.Image, spec: Preprocess, f: BinaryIO | None) -> tuple[np.ndarray, Letterbox | None]:
+def _pixels(
+    img: Image.Image, spec: Preprocess, f: BinaryIO | None
+) -> tuple[np.ndarray, Letterbox | None]:
     height, width = spec.size
     mode = "L" if spec.color == "gray" else "RGB"
     orientation = _orientation(img) if spec.exif_orientation else 1

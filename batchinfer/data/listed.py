@@ -46,6 +46,7 @@ from batchinfer.data.found import check_some_exist
 from batchinfer.data.preprocess import BAD_ROW
 from batchinfer.errors import DatasetError
 
+
 def is_video(path: str) -> bool:
     """Whether ``path`` names a video file (by its extension)."""
     return os.path.splitext(path)[1].lower() in VIDEO_EXTENSIONS

@@ -177,7 +177,7 @@ def open_source(
         if recognises(text):
             if image_root is not None and opener not in _ROOTED:
                 raise DatasetError(_no_image_root(text, opener))
-            return _frames_of_videos(opener(text, options), video)
+            return frames_of_videos(opener(text, options), video)
     if os.path.isfile(text):
         raise DatasetError(
             f"The dataset {os.path.abspath(text)} is a file, not a folder nor a list of a "
@@ -190,8 +190,8 @@ def open_source(
     return _open_folder(text, options)  # says the folder does not exist
 
 
-def _frames_of_videos(dataset: Dataset, video: VideoSettings | None) -> Dataset:
-    """A dataset whose items are video files, as the frames of each."""
+def frames_of_videos(dataset: Dataset, video: VideoSettings | None) -> Dataset:
+    """A dataset whose items are video files, as the frames of each; any other as it is."""
     if dataset.kind != "video":
         return dataset
     return open_videos(dataset, video)

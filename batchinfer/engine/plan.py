@@ -39,7 +39,6 @@ from batchinfer.data.preprocess import (
 from batchinfer.data.sources import is_folder, open_source
 from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.engine.affinity import resolve_affinity
-from batchinfer.options_video import video_settings
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.instances import default_slots, is_auto, planned_instances
 from batchinfer.engine.interface import EnginePlan
@@ -48,6 +47,7 @@ from batchinfer.engine.task import RAW, TaskPlan, pad_rgb, plan_task
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.messages import setting
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
+from batchinfer.options_video import video_settings
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
 from batchinfer.sink.fingerprint import run_fingerprint

@@ -129,7 +129,9 @@ class VideoDataset(Dataset):
         self.parts = default_parts()
         root = os.path.dirname(single) if single is not None else str(videos.root)  # type: ignore[union-attr]
         listing = hashlib.sha256(
-            (videos.listing_sha256 if videos is not None else os.path.basename(single or "")).encode()
+            (
+                videos.listing_sha256 if videos is not None else os.path.basename(single or "")
+            ).encode()
         )
         self.videos: list[_Video] = []
         first = 0
@@ -162,7 +164,7 @@ class VideoDataset(Dataset):
         return self.single if self.single is not None else self.inner.location  # type: ignore[union-attr]
 
     def notes(self) -> tuple[list[str], list[str]]:
-        lines, warnings = (self.inner.notes() if self.inner is not None else ([], []))
+        lines, warnings = self.inner.notes() if self.inner is not None else ([], [])
         refused = [v for v in self.videos if v.fault is not None]
         lines.insert(
             0,
@@ -244,7 +246,7 @@ class VideoDataset(Dataset):
         """One iterator of items per range, in dataset order."""
         for number, video in enumerate(self.videos):
             if video.info is None:
-                yield iter([self._item(video, number, 0, None, 0, 1, fault=video.fault)])
+                yield iter([self._item(video, number, 0, None, 0, 1, 0, fault=video.fault)])
                 continue
             info = video.info
             for rng in plan_ranges(info, self.parts, self.settings.sampling):
@@ -260,9 +262,7 @@ class VideoDataset(Dataset):
         for k, frame in enumerate(frames.tolist()):
             yield self._item(video, number, frame, float(times[frame]), start, stop, at + k)
         if stop == info.frames and info.damaged_at is not None:
-            yield self._item(
-                video, number, info.damaged_at, None, start, stop, len(video.wanted)
-            )
+            yield self._item(video, number, info.damaged_at, None, start, stop, len(video.wanted))
 
     def _item(
         self,
@@ -341,4 +341,3 @@ __all__ = [
     "frame_columns",
     "open_videos",
 ]
-
