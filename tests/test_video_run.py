@@ -225,3 +225,40 @@ def test_a_video_path_given_to_infer_is_its_frames(h264, model):
 
     table = infer(model, [Path(h264)], runtime=None).sort_by("index")
     assert table["frame"].to_pylist() == list(range(60))
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_gives_each_frame_exactly_once(model, tmp_path):
+    import os
+    import time
+
+    import psutil
+
+    clip = write_clip(tmp_path / "long.mp4", "h264", 600, W, H, gop=30)
+    out = tmp_path / "o"
+    base = [sys.executable, "-m", "batchinfer", "run", str(clip), "--model", str(model),
+            "--backend", "sim", "--sim-host-ms", "0", "--out", str(out), "--no-progress",
+            "--readers", "2", "--every", "2"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*base, "--sim-npu-ms", "5", "--cores", "0", "--part-rows", "20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while len(list((out / "predictions").glob("part-*.parquet"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.02)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    os.kill(proc.pid, 9)
+    proc.communicate(timeout=30)
+    psutil.wait_procs(children, timeout=30)
+    written = len(read_predictions(out))
+    assert 0 < written < 300
+    done = subprocess.run(
+        [*base, "--sim-npu-ms", "0.2", "--resume"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{written} already done (resumed)" in done.stdout
+    table = read_predictions(out)
+    assert sorted(table["frame"].to_pylist()) == list(range(0, 600, 2))
+    assert len(set(table["id"].to_pylist())) == 300 and table["error"].null_count == 300
+    assert sorted(table["index"].to_pylist()) == list(range(300))

@@ -212,7 +212,10 @@ class VideoDataset(Dataset):
             try:
                 if check == "content":
                     with open(video.item.path, "rb") as f:
-                        digest.update(hashlib.file_digest(f, "sha256").digest())
+                        content = hashlib.sha256()
+                        while chunk := f.read(1 << 20):
+                            content.update(chunk)
+                        digest.update(content.digest())
                 else:
                     digest.update(str(os.stat(video.item.path).st_mtime_ns).encode())
             except OSError:
