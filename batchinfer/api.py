@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.listed import PathList, open_listed
+from batchinfer.data.sources import frames_of_videos
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
@@ -62,6 +63,7 @@ from batchinfer.options import (
     ReliabilityOptions,
     RuntimeOptions,
 )
+from batchinfer.options_video import video_settings
 from batchinfer.runtime import describe_model
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
@@ -241,7 +243,10 @@ def _paths(values: Iterable[Any]) -> list[str]:
 def _plan_paths(config: RunConfig, paths: list[str]) -> tuple[EnginePlan, ItemSource, Any]:
     """Paths are a dataset named by a list, planned as ``run`` plans one (engine/plan.py)."""
     entries = PathList("paths", f"the {len(paths)} paths given", Path.cwd(), paths, "path")
-    planned = plan_inference(config, lambda labels: open_listed(entries, labels_file=labels))
+    video = video_settings(config.preprocess)
+    planned = plan_inference(
+        config, lambda labels: frames_of_videos(open_listed(entries, labels_file=labels), video)
+    )
     assert planned.dataset is not None  # opened by the function above
     return planned.engine, DatasetSource(planned.dataset), planned.dataset.meta_type
 

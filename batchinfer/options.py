@@ -44,6 +44,7 @@ from batchinfer.option_reading import (  # noqa: F401  (the options' public API,
     options_fields,
     similar_name,
 )
+from batchinfer.options_video import VideoOptionFields
 
 #: Every backend a run can name (batchinfer.runtime.backends has their classes).
 BACKEND_NAMES = ("auto", "rknnlite", "onnx", "sim", "toolkit")
@@ -214,8 +215,9 @@ class RuntimeOptions:
 
 
 @dataclass(frozen=True)
-class PreprocessOptions:
-    """How a dataset item becomes the model's input tensor; None: from the model's input."""
+class PreprocessOptions(VideoOptionFields):
+    """How a dataset item becomes the model's input tensor; None: from the model's input.
+    The video fields (which frames, which decoder) come first: batchinfer.options_video."""
 
     size: tuple[int, int] | None = option(
         None,

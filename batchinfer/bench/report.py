@@ -38,8 +38,20 @@ def _heading(d: dict[str, Any]) -> str:
     cores = ",".join(str(x) for x in c.get("cores", []))
     return (
         f"bench: {model}, cores {cores}, {c.get('instances_per_core')} instance(s) per core, "
-        f"{inputs}\nfigures: {d.get('label')}"
+        f"{inputs}{_decoder(source, d)}\nfigures: {d.get('label')}"
     )
+
+
+def _decoder(source: dict[str, Any], d: dict[str, Any]) -> str:
+    """A video dataset's decoder and its frames per second per reader (1000 / the median
+    ms a reader took per frame: decode and preprocess, as the readers measured them)."""
+    if not source.get("decoder"):
+        return ""
+    args = " ".join(source.get("ffmpeg_args") or ())
+    decoder = f"ffmpeg {args}".rstrip() if source["decoder"] == "ffmpeg" else "pyav"
+    read_ms = (d.get("diagnosis") or {}).get("read_p50_ms")
+    rate = f", {1000 / read_ms:.0f} frames/s per reader" if read_ms else ""
+    return f"\nvideo decoder: {decoder}{rate} (median {_fmt(read_ms, '.1f')} ms a frame)"
 
 
 def _verdict(d: dict[str, Any]) -> list[str]:

@@ -35,6 +35,7 @@ from batchinfer.bench.result import BenchResult
 from batchinfer.bench.verdict import Measured, judge
 from batchinfer.data.dataset import Dataset, Item, say_notes
 from batchinfer.data.sources import open_source
+from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
@@ -50,6 +51,7 @@ from batchinfer.options import (
     ReliabilityOptions,
     RuntimeOptions,
 )
+from batchinfer.options_video import video_settings
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import NullSink
 
@@ -122,7 +124,13 @@ def prepare(config: BenchConfig) -> Prepared:
     # One input, fed whole (no feeds); a benchmark does not score labels, so none are read.
     planned = plan_inference(
         run_config,
-        (lambda _labels: open_source(config.dataset, image_root=config.image_root))
+        (
+            lambda _labels: open_source(
+                config.dataset,
+                image_root=config.image_root,
+                video=video_settings(config.preprocess),
+            )
+        )
         if config.dataset
         else None,
         several_inputs=False,
@@ -181,6 +189,7 @@ def _config_json(p: Prepared) -> dict[str, Any]:
         "cpu_affinity": list(plan.cpus) if plan.cpus else None,
         "source": (
             {"kind": "dataset", "root": str(p.dataset.root), "items": len(p.dataset)}
+            | _video_source(p.dataset)
             if p.dataset is not None
             else {"kind": "synthetic"}
         ),
@@ -381,3 +390,11 @@ def bench(
 ) -> BenchResult:
     """Plan and run one benchmark (see :func:`prepare` and :func:`run_bench`)."""
     return run_bench(prepare(config), observers, read_conditions)
+
+
+def _video_source(dataset: Any) -> dict[str, Any]:
+    """A video dataset's decoder (the report says it, with frames/s per reader)."""
+    if not isinstance(dataset, VideoDataset):
+        return {}
+    s = dataset.settings
+    return {"videos": len(dataset.videos), "decoder": s.decoder, "ffmpeg_args": s.ffmpeg_args}

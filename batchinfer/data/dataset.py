@@ -74,7 +74,10 @@ log = logging.getLogger("batchinfer")
 NPY_EXTENSIONS = frozenset({".npy"})
 #: ``.npz`` items hold one array per model input, named after it (batchinfer.data.feeds).
 NPZ_EXTENSIONS = frozenset({".npz"})
-KINDS = ("images", "npy", "npz")
+#: Video files (batchinfer.data.video): a folder, list or glob of them is opened as the
+#: frames of each (batchinfer.data.sources wraps it in a VideoDataset).
+VIDEO_EXTENSIONS = frozenset({".mp4", ".mkv", ".mov", ".avi", ".webm"})
+KINDS = ("images", "npy", "npz", "video")
 
 #: How many skipped files are named in :attr:`Skipped.first`.
 SKIPPED_NAMES_KEPT = 10
@@ -341,6 +344,7 @@ _KIND_BY_EXTENSION = {
     **dict.fromkeys(IMAGE_EXTENSIONS, "images"),
     **dict.fromkeys(NPY_EXTENSIONS, "npy"),
     **dict.fromkeys(NPZ_EXTENSIONS, "npz"),
+    **dict.fromkeys(VIDEO_EXTENSIONS, "video"),
 }
 
 
@@ -354,7 +358,7 @@ def _extension(rel: str) -> str:
 
 
 def kind_of(rel: str, entry_type: str) -> str | None:
-    """The kind of item a walked entry is ("images", "npy", "npz"), or None: skipped."""
+    """The kind of item a walked entry is ("images", "npy", "npz", "video"), or None."""
     if entry_type != FILE:
         return None  # a FIFO or device named like an image would block or mislead a reader
     return _KIND_BY_EXTENSION.get(_extension(rel))

@@ -22,6 +22,7 @@ import stat
 
 from batchinfer.data.dataset import Dataset
 from batchinfer.data.shards import ShardSet
+from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.errors import DatasetError
 
 #: What a pass may look at (``output.resume_check``).
@@ -37,6 +38,8 @@ def files_sha256(dataset: Dataset, check: str = "stat", limit: int | None = None
     if check not in CHECKS:
         raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
     if isinstance(dataset, ShardSet):  # names, sizes and times of shards, not of files
+        return dataset.files_sha256(check, limit)
+    if isinstance(dataset, VideoDataset):  # each video's size, duration and frame count too
         return dataset.files_sha256(check, limit)
     digest = hashlib.sha256()
     try:

@@ -26,8 +26,8 @@ from batchinfer.data.listing import DIR, Progress, ProgressCallback, walk
 from batchinfer.errors import DatasetError
 
 _WHAT = (
-    "a folder of images (.jpg, .png, ...), of .npy tensors or of .npz files (one array per "
-    "model input), optionally one subfolder per class"
+    "a folder of images (.jpg, .png, ...), of .npy tensors, of .npz files (one array per "
+    "model input) or of videos (.mp4, .mkv, ...), optionally one subfolder per class"
 )
 
 
@@ -151,4 +151,4 @@ def _hash_names(listing: hashlib._Hash, names: list[str]) -> None:
         names.clear()
 
 
-_KIND_WORDS = {"images": "images", "npy": ".npy tensors", "npz": ".npz files"}
+_KIND_WORDS = {"images": "images", "npy": ".npy tensors", "npz": ".npz files", "video": "videos"}

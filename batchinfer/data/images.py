@@ -108,6 +108,14 @@ def decode_image(f: BinaryIO, spec: Preprocess, label: str) -> tuple[np.ndarray,
                 raise InputError(f"Cannot read {label}: {pil_reason(exc)}.") from exc
 
 
+def decode_array(rgb: np.ndarray, spec: Preprocess) -> tuple[np.ndarray, Letterbox | None]:
+    """:func:`decode_image` for pixels already decoded (a video frame, (H, W, 3) uint8
+    RGB): the same resize or letterbox, colour conversion and canvas, so a frame gives the
+    input its lossless PNG would. Its size was checked against ``max_pixels`` by the
+    video's probe."""
+    return _pixels(Image.fromarray(rgb, "RGB"), spec, None)
+
+
 @contextmanager
 def _pillow_limit(max_pixels: int | None) -> Iterator[None]:
     with _PILLOW_SETTINGS, warnings.catch_warnings():
@@ -120,7 +128,9 @@ def _pillow_limit(max_pixels: int | None) -> Iterator[None]:
             Image.MAX_IMAGE_PIXELS = saved
 
 
-def _pixels(img: Image.Image, spec: Preprocess, f: BinaryIO) -> tuple[np.ndarray, Letterbox | None]:
+def _pixels(
+    img: Image.Image, spec: Preprocess, f: BinaryIO | None
+) -> tuple[np.ndarray, Letterbox | None]:
     height, width = spec.size
     mode = "L" if spec.color == "gray" else "RGB"
     orientation = _orientation(img) if spec.exif_orientation else 1

@@ -41,10 +41,16 @@ from batchinfer.data.classes import (
     ClassMap,
     read_labels_file,
 )
-from batchinfer.data.dataset import Dataset, Item, Skipped
+from batchinfer.data.dataset import VIDEO_EXTENSIONS, Dataset, Item, Skipped
 from batchinfer.data.found import check_some_exist
 from batchinfer.data.preprocess import BAD_ROW
 from batchinfer.errors import DatasetError
+
+
+def is_video(path: str) -> bool:
+    """Whether ``path`` names a video file (by its extension)."""
+    return os.path.splitext(path)[1].lower() in VIDEO_EXTENSIONS
+
 
 #: (where, path, id, label, columns, error): see the module docstring.
 Row = tuple[str, "str | None", object, object, "dict[str, Any] | None", "str | None"]
@@ -320,6 +326,9 @@ class ListedDataset(Dataset):
             yield key, path if ok else None
 
     def _kind_error(self, path: str) -> str | None:
+        if is_video(path) != (self.kind == "video"):
+            what = "a video" if is_video(path) else "not a video"
+            return f"{path} is {what}, and the list's items are {self.kind}"
         is_npy = path.lower().endswith(".npy")
         if is_npy != (self.kind == "npy"):
             what = "a .npy tensor" if is_npy else "not a .npy tensor"
@@ -369,7 +378,7 @@ class Scan:
 
     def __init__(self, source: str, base: str) -> None:
         self.source, self.base = source, base
-        self.count = self.bad = self.npy = 0
+        self.count = self.bad = self.npy = self.video = 0
         self.first_bad: str | None = None
         self.hashes = array("q")  # hash() of each row's item id, in order
         self.numbers: set[int] = set()
@@ -410,6 +419,8 @@ class Scan:
             return
         if path.endswith((".npy", ".NPY")):
             self.npy += 1
+        elif is_video(path):
+            self.video += 1
         if label is not None:
             try:
                 known = label in self._labels
@@ -455,14 +466,16 @@ def open_listed(
         raise DatasetError(f"The list {source} has no rows; it must name at least one item.")
     _check_unique(entries, scan.hashes)
     good, npy = scan.count - scan.bad, scan.npy
-    if npy and npy != good:
-        raise DatasetError(
-            f"The list {source} names {npy} .npy tensors and {good - npy} other files; keep "
-            "one kind of item per list."
-        )
+    for n, what in ((npy, ".npy tensors"), (scan.video, "videos")):
+        if n and n != good:
+            raise DatasetError(
+                f"The list {source} names {n} {what} and {good - n} other files; keep "
+                "one kind of item per list."
+            )
+    kinds = {npy: "npy", scan.video: "video"}
     return ListedDataset(
         entries,
-        kind="npy" if good and npy == good else "images",
+        kind=kinds.get(good, "images") if good else "images",
         class_map=_class_map(scan.numbers, scan.names, labels_file, source),
         count=scan.count,
         bad_rows=scan.bad,

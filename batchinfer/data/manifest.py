@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from batchinfer.data.dataset import VIDEO_EXTENSIONS
 from batchinfer.data.listed import Row, Scan, item_id, sha256_of_file
 from batchinfer.data.parse_errors import parse_problem
 from batchinfer.data.whole_file import NESTING_ERRORS, open_regular
@@ -374,6 +375,9 @@ class ParquetList(_ListFile):
                 good = pc.invert(empty)
                 npy = pc.and_(good, pc.ends_with(pc.utf8_lower(pc.fill_null(path, "")), ".npy"))
                 scan.npy += pc.sum(npy).as_py() or 0
+                lower = pc.utf8_lower(pc.fill_null(path, ""))
+                for ext in VIDEO_EXTENSIONS:
+                    scan.video += pc.sum(pc.and_(good, pc.ends_with(lower, ext))).as_py() or 0
                 if "label" in columns:
                     for value in pc.unique(pc.filter(batch.column("label"), good)).to_pylist():
                         scan.label(value, f"rows {first + 1}-{first + n}")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from batchinfer.data.images import decode_image
+from batchinfer.data.images import decode_array, decode_image
 from batchinfer.data.input_spec import (
     COLORS,
     DEFAULT_MAX_PIXELS,
@@ -38,10 +38,12 @@ from batchinfer.data.model_input import preprocess_for, raw_pixels_warning
 from batchinfer.data.npy import fill_npy, read_npy
 from batchinfer.data.pixels import write_pixels
 from batchinfer.data.shards import Member, ShardFiles, check_item_size, member_label
+from batchinfer.data.video.dataset import VideoFrame
 from batchinfer.data.whole_file import block_if_hanging, not_regular_reason
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
+    from batchinfer.data.video.frames import VideoFiles
     from batchinfer.detect import Letterbox
 
 # The spec, its derivation from a model and the .npy reader live in their own modules
@@ -74,8 +76,9 @@ def load_into(
     kind: str,
     *,
     name: str | None = None,
-    member: Member | None = None,
+    member: Member | VideoFrame | None = None,
     shards: ShardFiles | None = None,
+    videos: VideoFiles | None = None,
 ) -> Letterbox | None:
     """Decode the item at ``path`` and write its input tensor into ``out``.
 
@@ -85,7 +88,9 @@ def load_into(
     member of the tar shard at ``path``, read from ``shards`` (the reader's open shards;
     without it the shard is opened for this item alone). Returns where a letterboxed
     image went on the input (``spec.resize == "letterbox"``), else None. Raises
-    InputError for anything wrong with the file.
+    InputError for anything wrong with the file. A video frame's ``member``
+    (batchinfer.data.video.dataset.VideoFrame) is decoded by ``videos`` (the reader's open
+    decodes; default: this process's, batchinfer.data.video.frames.SHARED).
     """
     if out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
         raise ValueError(
@@ -95,6 +100,8 @@ def load_into(
     if path.startswith(BAD_ROW):  # a list's row that names no file: its error, as it was
         raise InputError(path[len(BAD_ROW) :])
     spec.validate_for(kind)
+    if isinstance(member, VideoFrame):
+        return _load_frame(path, member, spec, out, name or path, videos)
     if member is not None:
         return _load_member(path, member, spec, out, kind, name, shards)
     label = name or path
@@ -134,6 +141,24 @@ def _load_member(
         fill_npy(None, data, spec, out, label)
         return None
     raise ValueError(f"unknown dataset kind {kind!r}")
+
+
+def _load_frame(
+    path: str,
+    member: VideoFrame,
+    spec: Preprocess,
+    out: np.ndarray,
+    label: str,
+    videos: VideoFiles | None,
+) -> Letterbox | None:
+    """load_into for a video frame: decoded by the range's running decode, then fed as an
+    image's pixels are (resize or letterbox, channels, mean/std)."""
+    from batchinfer.data.video.frames import SHARED
+
+    rgb = (videos if videos is not None else SHARED).frame(path, member, label)
+    pixels, placed = decode_array(rgb, spec)
+    write_pixels(pixels, spec, out)
+    return placed
 
 
 def _open(path: str, label: str, limit: int | None) -> BinaryIO:

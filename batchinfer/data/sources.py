@@ -9,7 +9,11 @@ more pair (and its own module). The forms:
 - a COCO JSON ``.json`` (batchinfer.data.coco_source);
 - an Ultralytics ``data.yaml`` (batchinfer.data.yolo_yaml);
 - a glob such as ``images/**/*.jpg`` (batchinfer.data.globbing);
-- WebDataset-style tar shards, ``shards/train-{000..099}.tar`` (batchinfer.data.shards).
+- WebDataset-style tar shards, ``shards/train-{000..099}.tar`` (batchinfer.data.shards);
+- a video file ``.mp4`` / ``.mkv`` / ``.mov`` / ``.avi`` / ``.webm`` (batchinfer.data.video).
+
+A folder, list or glob whose items are videos is opened as their frames too (one item per
+frame: batchinfer.data.video.dataset), with the sampling and decoder of ``video``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from batchinfer.data.dataset import PROGRESS_EVERY, Dataset
+from batchinfer.data.dataset import PROGRESS_EVERY, VIDEO_EXTENSIONS, Dataset
 from batchinfer.data.folder import open_dataset
 from batchinfer.data.listed import open_listed
 from batchinfer.data.listing import ProgressCallback
 from batchinfer.data.manifest import FORMS, list_entries, list_form
+from batchinfer.data.video.dataset import VideoSettings, open_videos
 from batchinfer.errors import DatasetError
 from batchinfer.messages import Message, setting
 
@@ -37,6 +42,8 @@ class SourceOptions:
     image_root: Path | str | None = None
     progress: ProgressCallback | None = None
     progress_every: int = PROGRESS_EVERY
+    #: how videos become items (None: every frame, PyAV)
+    video: VideoSettings | None = None
 
 
 def _root(options: SourceOptions) -> Path | None:
@@ -107,10 +114,19 @@ def _is_file_with(test: Callable[[str], bool]) -> Callable[[str], bool]:
     return lambda spec: os.path.exists(spec) and not os.path.isdir(spec) and test(spec)
 
 
+def _open_video(spec: str, o: SourceOptions) -> Dataset:
+    return open_videos(None, o.video, single=str(_file(spec)))
+
+
+def _is_video(spec: str) -> bool:
+    return os.path.splitext(spec)[1].lower() in VIDEO_EXTENSIONS
+
+
 #: (recogniser, opener), tried in order (module docstring).
 OPENERS: list[tuple[Callable[[str], bool], Callable[[str, SourceOptions], Dataset]]] = [
     (os.path.isdir, _open_folder),
     (_is_shards, _open_shards),
+    (_is_file_with(_is_video), _open_video),
     (_is_file_with(lambda s: list_form(s) is not None), _open_list),
     (_is_file_with(lambda s: s.lower().endswith(".json")), _open_coco),
     (_is_file_with(lambda s: s.lower().endswith((".yaml", ".yml"))), _open_yaml),
@@ -128,6 +144,7 @@ def _no_image_root(spec: str, opener: Callable[[str, SourceOptions], Dataset]) -
         _open_shards: "tar shards",
         _open_yaml: "a data.yaml, whose split paths start at its path: key",
         _open_glob: "a glob",
+        _open_video: "a video",
     }[opener]
     return (
         setting("image_root")
@@ -138,8 +155,8 @@ def _no_image_root(spec: str, opener: Callable[[str, SourceOptions], Dataset]) -
 
 _FORMS_TEXT = (
     f"a folder of images or .npy tensors, a list file ({', '.join(FORMS)}), a COCO .json, "
-    "an Ultralytics data.yaml, a glob such as 'images/**/*.jpg' or tar shards "
-    "('shards/train-{000..099}.tar')"
+    "an Ultralytics data.yaml, a glob such as 'images/**/*.jpg', tar shards "
+    "('shards/train-{000..099}.tar'), a video file or a folder of videos"
 )
 
 
@@ -150,15 +167,17 @@ def open_source(
     image_root: Path | str | None = None,
     progress: ProgressCallback | None = None,
     progress_every: int = PROGRESS_EVERY,
+    video: VideoSettings | None = None,
 ) -> Dataset:
-    """The dataset ``spec`` names (module docstring); DatasetError (exit 2) if none."""
+    """The dataset ``spec`` names (module docstring); DatasetError (exit 2) if none.
+    ``video``: how the videos of a video dataset become items (default: every frame)."""
     text = os.path.expanduser(str(spec))
-    options = SourceOptions(labels_file, image_root, progress, progress_every)
+    options = SourceOptions(labels_file, image_root, progress, progress_every, video)
     for recognises, opener in OPENERS:
         if recognises(text):
             if image_root is not None and opener not in _ROOTED:
                 raise DatasetError(_no_image_root(text, opener))
-            return opener(text, options)
+            return frames_of_videos(opener(text, options), video)
     if os.path.isfile(text):
         raise DatasetError(
             f"The dataset {os.path.abspath(text)} is a file, not a folder nor a list of a "
@@ -169,6 +188,13 @@ def open_source(
             f"The dataset {os.path.abspath(text)} does not exist; pass {_FORMS_TEXT}."
         )
     return _open_folder(text, options)  # says the folder does not exist
+
+
+def frames_of_videos(dataset: Dataset, video: VideoSettings | None) -> Dataset:
+    """A dataset whose items are video files, as the frames of each; any other as it is."""
+    if dataset.kind != "video":
+        return dataset
+    return open_videos(dataset, video)
 
 
 def is_folder(spec: Path | str) -> bool:

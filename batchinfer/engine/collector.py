@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from batchinfer.data.video.dataset import frame_columns
 from batchinfer.engine.detection import Boxes
 from batchinfer.engine.events import RowsDone
 from batchinfer.engine.scheduler import Finished, Scheduler
@@ -192,6 +193,8 @@ class Collector:
                     width=None if boxes is None else boxes[1],
                     height=None if boxes is None else boxes[2],
                     meta=item.columns,
+                    frame=frame_columns(item)[0],
+                    time_s=frame_columns(item)[1],
                 )
             )
         return rows
@@ -234,6 +237,8 @@ class Collector:
             t_done=now,
             node=node,
             meta=item.columns,
+            frame=frame_columns(item)[0],
+            time_s=frame_columns(item)[1],
         )
 
 

@@ -37,6 +37,7 @@ from batchinfer.data.preprocess import (
     raw_pixels_warning,
 )
 from batchinfer.data.sources import is_folder, open_source
+from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.instances import default_slots, is_auto, planned_instances
@@ -46,6 +47,7 @@ from batchinfer.engine.task import RAW, TaskPlan, pad_rgb, plan_task
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.messages import setting
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
+from batchinfer.options_video import video_settings
 from batchinfer.runtime import describe_model
 from batchinfer.runtime.backends import Backend, make_backend
 from batchinfer.sink.fingerprint import run_fingerprint
@@ -378,7 +380,11 @@ def plan_run(
     planned = plan_inference(
         config,
         lambda labels: open_source(
-            config.dataset, labels_file=labels, image_root=config.image_root, progress=listing
+            config.dataset,
+            labels_file=labels,
+            image_root=config.image_root,
+            progress=listing,
+            video=video_settings(config.preprocess),
         ),
         files_here=files_here,
     )
@@ -404,6 +410,7 @@ def plan_run(
             else None
         ),
         task=engine.task.fingerprint() if engine.task is not None else None,
+        video=dataset.fingerprint_record() if isinstance(dataset, VideoDataset) else None,
     )
     folder.accept(fingerprint)  # a --resume: the same run, its parts intact
     return RunPlan(

@@ -10,7 +10,10 @@ side: engine/board.py):
                                   decode these, in order; id names the file in errors;
                                   member: None, or where the item is inside the tar shard
                                   at path (data/shards.py Member); the reader keeps the
-                                  shard it last read open (ShardFiles);
+                                  shard it last read open (ShardFiles); or a
+                                  video frame (data/video/dataset.py VideoFrame): the
+                                  reader keeps its range's decode running (VideoFiles;
+                                  the coordinator sends a range's items to one reader);
                                   values: None, or the item's value of each manifest
                                   column that feeds a model input (feeds)
                          Stop()
@@ -37,6 +40,7 @@ from multiprocessing.connection import Connection
 from batchinfer.data.feeds import Feed, load_feeds
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shards import ShardFiles
+from batchinfer.data.video.frames import VideoFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry
 from batchinfer.engine.protocol import Loaded, ReaderReady, Stop, decode
@@ -77,9 +81,11 @@ def reader_main(spec: ReaderSpec, tasks: Connection, results: Connection) -> Non
         return
     send_or_exit(results, ReaderReady(os.getpid(), cpu_seconds()))
     shards = ShardFiles()
+    videos = VideoFiles()
     try:
-        _serve(spec, inputs, board, tasks, results, geometry, shards)
+        _serve(spec, inputs, board, tasks, results, geometry, shards, videos)
     finally:
+        videos.close()
         shards.close()
         inputs.close()
         board.close()
@@ -95,6 +101,7 @@ def _serve(
     results: Connection,
     geometry: SlotRegion | None = None,
     shards: ShardFiles | None = None,
+    videos: VideoFiles | None = None,
 ) -> None:
     row = spec.board_row
     while True:
@@ -131,6 +138,7 @@ def _serve(
                         name=item_id,
                         member=member,
                         shards=shards,
+                        videos=videos,
                     )
                 if geometry is not None:
                     write_geometry(geometry[slot][0], placed)

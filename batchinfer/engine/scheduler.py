@@ -71,6 +71,8 @@ QUEUED_PER_INSTANCE = 6
 # READ_BATCH of them are waiting.
 REFILL_AT = QUEUED_PER_INSTANCE // 2
 READ_BATCH = 4
+# Item groups whose reader is remembered (a few per reader are open at a time).
+_GROUPS_KEPT = 4096
 
 FREE, READING, READY, INFERRING, DONE = (
     SlotState.FREE,
@@ -165,6 +167,7 @@ class Scheduler:
         self.unsent: list[list[int]] = [[] for _ in range(readers)]
         self.reading: list[deque[int]] = [deque() for _ in range(readers)]
         self.closing: set[int] = set()  # readers being stopped: no new reads for them
+        self._groups: dict[Hashable, int] = {}  # item group -> its reader (_assign_reader)
         self.reader_deaths = 0
         self.stopping = False
         self.physical = physical or (lambda core: core)
@@ -240,10 +243,19 @@ class Scheduler:
         return [r for r in range(len(self.unsent)) if r not in self.closing]
 
     def _assign_reader(self, slot: int) -> None:
+        # Items of one group (a video's keyframe range: data/video/dataset.py) go to one
+        # reader, which decodes the range once, in order; a new group to the least busy.
+        group = getattr(self.flight(slot).item.member, "group", None)
         if len(self.unsent) == 1 and not self.closing:  # one reader: every item's case
             reader = 0
+        elif group is not None and self._groups.get(group, -1) in self.open_readers():
+            reader = self._groups[group]
         else:
             reader = min(self.open_readers(), key=lambda r: self.held_by_reader(r))
+        if group is not None:
+            self._groups[group] = reader
+            if len(self._groups) > _GROUPS_KEPT:
+                del self._groups[next(iter(self._groups))]  # the oldest: long finished
         self.flight(slot).reader = reader
         self.unsent[reader].append(slot)
 

@@ -75,9 +75,14 @@ class DatasetSource(ItemSource):
         return n if self.limit is None else min(n, self.limit)
 
     def __iter__(self) -> Iterator[Item]:
+        # A video dataset hands its items out range by range, not in index order
+        # (batchinfer.data.video.dataset): past the limit is no reason to stop there.
+        in_order = getattr(self.dataset, "in_order", True)
         for item in self.dataset.iter_from(skip=self.skip):
             if self.limit is not None and item.index >= self.limit:
-                return
+                if in_order:
+                    return
+                continue
             yield item
 
 

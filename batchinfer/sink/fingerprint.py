@@ -34,6 +34,7 @@ _LABELS = {
     "time, sha256)",
     "dataset_content_sha256": "content of the dataset's files (sha256)",
     "task": "task and detection settings",
+    "video": "video settings (every, fps, keyframes, start, end, max frames, decoder)",
 }
 
 #: Entries older manifests do not have: a resume of such a run cannot check them.
@@ -55,6 +56,7 @@ def run_fingerprint(
     resume_check: str | None = None,
     dataset_files_sha256: str | None = None,
     task: dict[str, Any] | None = None,
+    video: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fingerprint as a JSON-able dict (stored in the manifest).
 
@@ -84,6 +86,8 @@ def run_fingerprint(
     }
     if task is not None:
         out["task"] = task
+    if video is not None:  # a video dataset's (batchinfer.data.video); others keep theirs
+        out["video"] = video
     return out
 
 

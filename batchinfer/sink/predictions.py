@@ -68,6 +68,9 @@ _BASE_FIELDS = [
     pa.field("read_ms", pa.float32()),
     pa.field("wait_ms", pa.float32()),
     pa.field("error", pa.string()),
+    # Video frames (batchinfer.data.video): the frame's index in its video, its time (s).
+    pa.field("frame", pa.int64()),
+    pa.field("time_s", pa.float64()),
     pa.field("pred", pa.int64()),
     pa.field("topk_index", pa.list_(pa.int32())),
     pa.field("topk_score", pa.list_(pa.float32())),

@@ -49,6 +49,9 @@ class Row:
     height: int | None = None
     # A list's other columns for the item (Item.columns): the predictions' ``meta`` struct.
     meta: Mapping[str, object] | None = None
+    # A video frame's 0-based index in its video and presentation time (s); None otherwise.
+    frame: int | None = None
+    time_s: float | None = None
 
 
 class RowSink(Protocol):

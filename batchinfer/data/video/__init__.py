@@ -7,7 +7,8 @@ child, ``--decoder ffmpeg``), :mod:`.ids` (frame ids, the resume fingerprint),
 PyAV is the optional ``video`` extra (``pip install batchinfer[video]``); it is imported
 only when a function needs it.
 
-How a later session wires it into ``run`` (not done here):
+How it is wired into ``run`` (:mod:`.dataset`: the items; :mod:`.frames`: the readers' side;
+the plan below is what was built, with the differences said there):
 
 1. **Source.** The sources dispatch recognises :data:`.probe.VIDEO_EXTENSIONS` (a file, a
    folder of videos in sorted order, a list file, a glob; a folder mixing images and

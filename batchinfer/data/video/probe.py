@@ -27,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
+from batchinfer.data.dataset import VIDEO_EXTENSIONS as _VIDEO_EXTENSIONS
 from batchinfer.errors import InputError
 
-#: The file extensions read as videos.
-VIDEO_EXTENSIONS = frozenset({".mp4", ".mkv", ".mov", ".avi", ".webm"})
+#: The file extensions read as videos (defined with the other kinds' extensions).
+VIDEO_EXTENSIONS = _VIDEO_EXTENSIONS
 
 
 @dataclass(frozen=True)
