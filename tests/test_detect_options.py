@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from batchinfer.engine.task import plan_task
+from batchinfer.tasks import plan_task
+
 from batchinfer.errors import ConfigError
 from batchinfer.options import DETECT_HEADS, DetectOptions, from_mapping
 

@@ -13,8 +13,10 @@ Adding a task is adding its module and one line here: names are imported only wh
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from batchinfer.errors import ConfigError
 from batchinfer.messages import setting
@@ -69,6 +71,28 @@ def available(name: str) -> type[Task] | None:
         return None
 
 
+def task_from_record(record: Mapping[str, Any]) -> Task:
+    """The task a finished run's manifest record names, made again to read its rows (to
+    store, draw, export them: not to decode). A task that cannot be had now (a plug-in
+    gone, a task not available yet) is a bare one that knows its name only."""
+    from batchinfer.tasks.classify import Classify
+
+    name = str(record.get("task") or "classify")
+    cls: type[Task] | None = None
+    if name in REGISTRY:
+        cls = available(name)
+    elif record.get("reference"):
+        from batchinfer.tasks.plugin import load
+
+        with contextlib.suppress(ConfigError):
+            cls = load(str(record["reference"]))
+    if cls is None:
+        from batchinfer.tasks.raw import Raw
+
+        return type(f"Unavailable_{name}", (Raw,), {"name": name, "keeps_outputs": False})()
+    return cls.from_record(record) if cls is not Classify else Classify()
+
+
 def plan_task(
     opts: DetectOptions,
     model: Path,
@@ -100,4 +124,5 @@ __all__ = [
     "available",
     "plan_task",
     "task_class",
+    "task_from_record",
 ]

@@ -10,6 +10,7 @@ report and ``export`` call the task; none of them branches on its name.
 from __future__ import annotations
 
 import math
+import pickle
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -118,7 +119,8 @@ class Task(ABC):
                                model's metadata names, then the registry's order
                                (batchinfer/tasks/__init__.py)
           placement            Placement: stretch, or letterbox with its pad colour
-          describe(), said()   one line for info and the manifest; the run's task line
+          describe(), said()   one line for the manifest; the run's task line;
+                               info_lines(): what info says of it
           record()             the manifest's task record; fingerprint() is what of it
                                decides the rows (None: none does), for --resume;
                                from_record(record) (classmethod) makes the task again
@@ -133,7 +135,8 @@ class Task(ABC):
           collect(rows, topk)  decodes_in_worker False: fill a batch of rows from
                                their outputs (classify's one vectorised top-k)
           figures(payload)     numbers summed over the run for the manifest
-          fields()             the task's Arrow columns
+          fields()             the task's Arrow columns (part_metadata(): the parts'
+                               schema metadata naming the task)
           arrays(payloads, bad) one array per field over a part's rows (None: an error
                                row, nulls); a value a field cannot store puts its row
                                in bad (row -> why): that item's error row
@@ -163,8 +166,17 @@ class Task(ABC):
     def placement(self) -> Placement:
         return Placement()
 
+    @property
+    def plugin(self) -> bool:
+        """A user's task (plugin.py), not one of batchinfer's."""
+        return "_batchinfer_reference" in type(self).__dict__
+
     def describe(self) -> str:
         return f"{self.name}: {self.reason}"
+
+    def info_lines(self) -> list[str]:
+        """What ``info`` says of the task ``auto`` picks for the model."""
+        return [f"task:    {self.describe()}"]
 
     def said(self) -> Message:
         """The line a run starts with: the task it picked and why."""
@@ -172,8 +184,12 @@ class Task(ABC):
         return "task: " + Message(self.name, " (", why or Message(self.reason), ")")
 
     def record(self) -> dict[str, Any]:
-        """The manifest's ``task`` record (JSON)."""
-        return {"task": self.name, "description": self.describe()}
+        """The manifest's ``task`` record (JSON); a plug-in's names where it came from."""
+        out: dict[str, Any] = {"task": self.name, "description": self.describe()}
+        ref = type(self).__dict__.get("_batchinfer_reference")
+        if ref is not None:
+            out["reference"] = ref
+        return out
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Task:
@@ -202,12 +218,16 @@ class Task(ABC):
     # -- coordinator and sink side ---------------------------------------------------------
     def collect(self, rows: Sequence[Row], topk: int) -> None:
         """Fill rows from their outputs in the coordinator (decodes_in_worker False)."""
+        return None
 
     def figures(self, payload: Any) -> Mapping[str, float]:
         return {}
 
     def fields(self) -> list[pa.Field]:
         return []
+
+    def part_metadata(self) -> dict[bytes, bytes]:
+        return {b"batchinfer.task": self.name.encode()}
 
     def arrays(self, payloads: Sequence[Any], bad: dict[int, str]) -> list[pa.Array]:
         """Default: each payload is a mapping field name -> value, stored by Arrow's
@@ -283,9 +303,20 @@ class ItemDecoder:
 
         self._read = read_geometry
         self._decode = task.decoder()
+        # A plug-in's payload must travel back in the Done message: one that cannot be
+        # pickled would kill the worker's sender, so it is tried here (that item's error).
+        self._check = task.plugin
 
     def __call__(self, outputs: Sequence[np.ndarray], geometry: np.ndarray | None) -> Decoded:
         c0 = time.thread_time()
         placed = None if geometry is None else self._read(geometry)
         payload = self._decode(outputs, placed)
+        if self._check:
+            try:
+                pickle.dumps(payload)
+            except Exception as e:
+                raise TypeError(
+                    f"the task's decode returned a {type(payload).__name__} that cannot be "
+                    f"sent back from the core worker ({e})"
+                ) from None
         return Decoded(payload, time.thread_time() - c0)
