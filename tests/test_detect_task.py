@@ -14,12 +14,12 @@ from PIL import Image
 
 from batchinfer.data import load_into, preprocess_for
 from batchinfer.detect import COCO80
-from batchinfer.tasks import plan_task
-from batchinfer.tasks.boxes import BoxRows
 from batchinfer.errors import ConfigError
 from batchinfer.options import DetectOptions, _anchors, _colour, from_mapping
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
+from batchinfer.tasks import plan_task
+from batchinfer.tasks.boxes import BoxRows
 
 V5_ZOO = [(1, 255, 80, 80), (1, 255, 40, 40), (1, 255, 20, 20)]  # 640x640, 80 classes
 V8_ULTRALYTICS = [(1, 84, 8400)]

@@ -164,7 +164,7 @@ class BoxTask(Task):
             names = np.array(list(self.names), dtype=object)
             known = (class_ids >= 0) & (class_ids < len(names))
             labels = pa.array(
-                np.where(known, names[np.clip(class_ids, 0, len(names) - 1)], None),
+                np.where(known, names[np.clip(class_ids, 0, len(names) - 1)], None),  # type: ignore[call-overload]
                 type=pa.string(),
             )
         else:

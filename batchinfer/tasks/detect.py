@@ -226,6 +226,7 @@ class _HeadDecoder:
     def __init__(self, task: Detect) -> None:
         assert task.head is not None and task.settings is not None and task.input_hw
         self.task = task
+        self.head, self.settings = task.head, task.settings
         self.input_hw = task.input_hw
         self._decoders: dict[tuple[bool, ...], Any] = {}
 
@@ -247,8 +248,7 @@ class _HeadDecoder:
                         "not say (no DequantizeLinear after them in its .onnx)"
                     )
                 quant = tuple(known[i] if k else None for i, k in enumerate(key))
-            t = self.task
-            decoder = self._decoders[key] = Decoder(t.head, t.input_hw, t.settings, quant)
+            decoder = self._decoders[key] = Decoder(self.head, self.input_hw, self.settings, quant)
         return decoder
 
     def __call__(self, outputs: Sequence[np.ndarray], placed: Letterbox | None) -> BoxRows:
