@@ -261,10 +261,12 @@ def _plan_arrays(config: RunConfig, arrays: Any) -> tuple[EnginePlan, ItemSource
     if several:
         raise _several_inputs()
     engine = plan_inference(config, several_inputs=False).engine
-    if engine.detects:
+    if engine.letterboxes:
+        assert engine.task is not None
         raise UsageError(
-            "a detector's boxes are mapped back onto the original image, which arrays do not "
-            "have; pass the images' file paths, or detect.task 'raw' for the raw outputs."
+            f"a {engine.task.name} model's results are mapped back onto the original image, "
+            "which arrays do not have; pass the images' file paths, or detect.task 'raw' for "
+            "the raw outputs."
         )
     engine.preprocess.validate_for("npy")  # arrays are tensors as they are, like .npy
     slot_shape, slot_dtype = tuple(engine.preprocess.shape), np.dtype(engine.preprocess.dtype)
@@ -378,7 +380,6 @@ class _BatchSink:
 
     def open(self, outputs: list[tuple[tuple[int, ...], str]]) -> None:
         plan = self.plan
-        detects = plan.detects and plan.task is not None
         self.writer = PredictionWriter(
             None,
             topk=self.topk,
@@ -388,8 +389,7 @@ class _BatchSink:
             rows_per_part=1 << 62,  # never a part: take_table after each batch
             flush_interval_s=float("inf"),
             max_buffer_bytes=1 << 62,
-            task="detect" if detects else "classify",
-            class_names=plan.task.names if detects and plan.task is not None else (),
+            task=plan.task if plan.task is not None else "classify",
             meta=self.meta,
         )
 

@@ -178,8 +178,8 @@ def export_draw(
     from PIL import Image
 
     from batchinfer.data.input_spec import item_bytes_for
-    from batchinfer.draw import draw_result
     from batchinfer.evaluate.thumbnails import open_item, picture_source
+    from batchinfer.tasks import task_from_record
 
     if image_format not in FORMATS:
         raise UsageError(f"Unknown image format {image_format!r}; use one of {sorted(FORMATS)}.")
@@ -199,6 +199,7 @@ def export_draw(
     max_bytes = item_bytes_for(max_pixels) if max_bytes == "auto" else max_bytes
     max_bytes = max_bytes if isinstance(max_bytes, int) else None
     upright = bool(preprocess.get("exif_orientation", True))
+    task = task_from_record(manifest.get("task") or {})  # it draws its rows (Task.draw)
     names = list((manifest.get("task") or {}).get("names") or [])
     names = names or list(((manifest.get("dataset") or {}).get("classes") or {}).get("names", []))
     places = _dataset_places(manifest, [r["id"] for r in todo]) if todo else {}
@@ -222,8 +223,8 @@ def export_draw(
             if scale > 1:
                 size = (image.width * scale, image.height * scale)
                 image = image.resize(size, Image.Resampling.NEAREST)
-            drawn = draw_result(image, row.get("boxes"), conf=conf, max_boxes=max_boxes,
-                                scale=scale, caption=_caption(row, names))  # fmt: skip
+            drawn = task.draw(image, row, conf=conf, max_boxes=max_boxes, scale=scale,
+                              caption=_caption(row, names))  # fmt: skip
             name = _unique(safe_name(str(row["id"])), int(row["index"]), suffix, taken)
             buf = io.BytesIO()
             drawn.save(buf, format=FORMATS[image_format], **_save_options(image_format))

@@ -152,10 +152,10 @@ def _feed_lines(info: Any, pairs: tuple[str, ...], model: Path) -> list[str]:
 
 
 def _task_lines(model: Path, info: Any, name: Callable[[str], str]) -> list[str]:
-    """What ``run --task auto`` would do with the outputs, and why (engine/task.py)."""
+    """What ``run --task auto`` would do with the outputs, and why (batchinfer/tasks)."""
     from batchinfer.data.preprocess import preprocess_for
-    from batchinfer.engine.task import NAMES_COCO80, NAMES_METADATA, plan_task
     from batchinfer.options import DetectOptions
+    from batchinfer.tasks import plan_task
 
     input_hw = None
     if len(info.inputs) == 1:
@@ -169,27 +169,7 @@ def _task_lines(model: Path, info: Any, name: Callable[[str], str]) -> list[str]
         task = plan_task(DetectOptions(), model, input_hw, output_shapes=shapes)
     except BatchinferError as e:
         return [f"task:    unknown ({e.render(name)})"]
-    line = f"task:    {task.describe()}"
-    if task.detects:
-        assert task.input_hw is not None and task.head is not None
-        h, w = task.input_hw
-        line += f" (its outputs fit that layout for a {h}x{w} input)"
-        names = {
-            NAMES_COCO80: "COCO's 80 (built in)",
-            NAMES_METADATA: "from the model's metadata (names)",
-        }.get(task.names_source or "", "none built in")
-        lines = [line]
-        if task.classes_from_shape:
-            lines.append(
-                f"  {task.head.num_classes} classes inferred from the output shapes (no "
-                "metadata in the model says its task or classes)"
-            )
-        return [
-            *lines,
-            f"  class names: {names}; --labels FILE gives them (one per line)",
-            "  run letterboxes images and writes boxes (--task classify|raw overrides)",
-        ]
-    return [line]
+    return task.info_lines()
 
 
 def _rknn_file_lines(model: Path) -> list[str]:

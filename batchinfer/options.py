@@ -349,7 +349,8 @@ class ReliabilityOptions:
 
 
 # ------------------------------------------------------------------ detection (issue 25)
-#: What a run does with the model's outputs (batchinfer.engine.task decides "auto").
+#: The built-in tasks' names (batchinfer/tasks: auto decides; segment/pose/obb once there).
+#: ``detect.task`` also takes a plug-in: path/to/file.py:Class or package.module:Class.
 TASKS = ("auto", "classify", "detect", "raw")
 #: The head layouts ``detect.head`` may name (batchinfer.detect.heads.HEAD_FAMILIES).
 DETECT_HEADS = ("auto", "yolov5-zoo", "yolov8-zoo", "yolov8-ultralytics", "yolov5-ultralytics")
@@ -389,9 +390,10 @@ class DetectOptions:
 
     task: str = option(
         "auto",
-        "auto: detect when the outputs are a known detection head, classify for one (1, N) "
-        "output, else raw (the outputs are stored).",
-        choices=TASKS,
+        "auto, classify, detect, raw, or a plug-in task (path/to/file.py:Class, "
+        "package.module:Class, or an installed one's name). auto: detect when the outputs "
+        "are a known detection head, classify for one (1, N) output, else raw (the outputs "
+        "are stored).",
     )
     conf: float = option(
         0.25, "Detection: the score a box needs to be kept (0-1).", bounds=Bounds(0, 1)

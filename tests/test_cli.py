@@ -681,8 +681,8 @@ def test_run_says_which_task_it_picked_and_why(demo_kit, tmp_path):
 def test_the_task_line_of_a_detector_names_its_head_and_where_that_was_read(tmp_path):
     from detect_models import colour_detector
 
-    from batchinfer.engine.task import plan_task
     from batchinfer.options import DetectOptions
+    from batchinfer.tasks import plan_task
 
     model = colour_detector(tmp_path)
     said = plan_task(DetectOptions(), model, (64, 64)).said()

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from batchinfer.engine.task import plan_task
 from batchinfer.errors import ConfigError
 from batchinfer.options import DETECT_HEADS, DetectOptions, from_mapping
+from batchinfer.tasks import plan_task
 
 V8_ULTRALYTICS = [(1, 84, 8400)]
 ROWS = [(1, 84, 15)]  # 64x64: 84 cells; 10 classes with an object score, or 11 transposed

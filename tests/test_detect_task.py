@@ -14,11 +14,12 @@ from PIL import Image
 
 from batchinfer.data import load_into, preprocess_for
 from batchinfer.detect import COCO80
-from batchinfer.engine.task import plan_task
 from batchinfer.errors import ConfigError
 from batchinfer.options import DetectOptions, _anchors, _colour, from_mapping
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
+from batchinfer.tasks import plan_task
+from batchinfer.tasks.boxes import BoxRows
 
 V5_ZOO = [(1, 255, 80, 80), (1, 255, 40, 40), (1, 255, 20, 20)]  # 640x640, 80 classes
 V8_ULTRALYTICS = [(1, 84, 8400)]
@@ -34,18 +35,18 @@ def test_auto_picks_detect_classify_or_raw_from_the_outputs(tmp_path):
     detect = _plan(tmp_path, V8_ULTRALYTICS)
     assert detect.detects and detect.head.family == "yolov8-ultralytics"
     assert detect.names == COCO80 and detect.names_source == "coco80"
-    assert _plan(tmp_path, [(1, 1000)]).task == "classify"
-    assert _plan(tmp_path, [(1, 1000, 1, 1)]).task == "classify"
+    assert _plan(tmp_path, [(1, 1000)]).name == "classify"
+    assert _plan(tmp_path, [(1, 1000, 1, 1)]).name == "classify"
     raw = _plan(tmp_path, [(1, 4), (1, 1)])
-    assert raw.task == "raw" and "[1, 4], [1, 1]" in raw.reason
-    assert _plan(tmp_path, V8_ULTRALYTICS, task="raw").task == "raw"
-    assert _plan(tmp_path, V8_ULTRALYTICS, task="classify").task == "classify"
+    assert raw.name == "raw" and "[1, 4], [1, 1]" in raw.reason
+    assert _plan(tmp_path, V8_ULTRALYTICS, task="raw").name == "raw"
+    assert _plan(tmp_path, V8_ULTRALYTICS, task="classify").name == "classify"
 
 
 def test_a_bare_rknn_is_a_classifier_unless_detect_is_asked(tmp_path):
     model = tmp_path / "bare.rknn"
     model.write_bytes(b"\0" * 64)
-    assert plan_task(DetectOptions(), model, (64, 64)).task == "classify"
+    assert plan_task(DetectOptions(), model, (64, 64)).name == "classify"
     with pytest.raises(ConfigError, match="needs the model's output shapes"):
         plan_task(DetectOptions(task="detect"), model, (64, 64))
 
@@ -79,8 +80,11 @@ def test_the_settings_as_flags_and_as_job_keys():
         "device.detect",
     )
     assert (opts.task, opts.conf, opts.max_det, opts.pad_colour) == ("detect", 0.3, 50, (0, 0, 0))
-    with pytest.raises(ConfigError, match=r"device\.detect\.task must be one of auto, classify"):
-        from_mapping(DetectOptions, {"task": "segment"}, "device.detect")
+    # the task is free-form (plug-ins: file.py:Class); a name that is no task is refused
+    # when the run is planned, naming the built-in ones and the plug-in forms
+    assert from_mapping(DetectOptions, {"task": "segment"}, "device.detect").task == "segment"
+    with pytest.raises(ConfigError, match=r"'bogus' is no task: give auto, detect, "):
+        _plan(Path("/nonexistent"), V8_ULTRALYTICS, task="bogus")
     with pytest.raises(ConfigError, match=r"device\.detect\.conf must be a number"):
         from_mapping(DetectOptions, {"conf": "high"}, "device.detect")
 
@@ -117,7 +121,7 @@ def _row(index: int, boxes=None, error=None) -> Row:
     return Row(
         index=index, id=f"i{index}", id_bytes=None, label=None, label_name=None, core=0,
         instance=0, attempt=1, latency_ms=1.0, read_ms=1.0, wait_ms=0.0, error=error,
-        boxes=boxes, width=None if error else 40, height=None if error else 30,
+        payload=None if error else BoxRows(boxes, 40, 30),
     )  # fmt: skip
 
 
@@ -164,7 +168,7 @@ def test_int8_outputs_are_decoded_with_the_graphs_quantisation(tmp_path):
     planned from the model; without them the item fails with a sentence, not wrong boxes."""
     from detect_models import colour_detector
 
-    from batchinfer.engine.detection import ItemDecoder
+    from batchinfer.tasks import ItemDecoder
 
     model = colour_detector(tmp_path)
     task = plan_task(DetectOptions(), model, (64, 64))
@@ -182,9 +186,9 @@ def test_int8_outputs_are_decoded_with_the_graphs_quantisation(tmp_path):
         floats.append(f)
     floats[1][0, 0, 2, 3] = 0.9  # one confident red cell at stride 8: (gx 3, gy 2)
     quantised = [np.round(f / s).astype(np.int8) for f, s in zip(floats, scales, strict=True)]
-    want = ItemDecoder(task)(floats, np.zeros(6))[0]
+    want = ItemDecoder(task)(floats, np.zeros(6)).payload.rows
     with_quant = dataclasses.replace(task, quant=tuple((s, 0) for s in scales))
-    got = ItemDecoder(with_quant)(quantised, np.zeros(6))[0]
+    got = ItemDecoder(with_quant)(quantised, np.zeros(6)).payload.rows
     assert len(want) == len(got) == 1 and got[0, 5] == want[0, 5] == 0
     np.testing.assert_allclose(got[:, :4], want[:, :4], atol=0.5)
     np.testing.assert_allclose(got[:, 4], want[:, 4], atol=0.01)
@@ -236,7 +240,7 @@ def test_a_pose_export_is_not_taken_for_a_52_class_detector(tmp_path):
     # (1, 56, N) is also the layout of a 52-class detector: before, auto decoded it so.
     model = _ultralytics_export(tmp_path / "yolov8n-pose.onnx", 56, POSE)
     plan = plan_task(DetectOptions(), model, (64, 64))
-    assert plan.task == "raw" and plan.model_task == "pose"
+    assert plan.name == "raw" and plan.model_task == "pose"
     assert "metadata says task: pose (an Ultralytics pose (keypoint) model)" in plan.reason
     with pytest.raises(ConfigError) as asked:
         plan_task(DetectOptions(task="detect"), model, (64, 64))
@@ -247,13 +251,13 @@ def test_a_pose_export_is_not_taken_for_a_52_class_detector(tmp_path):
     # Older exports name no task but carry keypoints.
     older = {k: v for k, v in POSE.items() if k != "task"}
     old = _ultralytics_export(tmp_path / "old-pose.onnx", 56, older)
-    assert plan_task(DetectOptions(), old, (64, 64)).task == "raw"
+    assert plan_task(DetectOptions(), old, (64, 64)).name == "raw"
 
 
 @pytest.mark.parametrize("task", ["segment", "obb", "classify"])
 def test_other_ultralytics_tasks_are_not_detectors_either(tmp_path, task):
     model = _ultralytics_export(tmp_path / f"{task}.onnx", 56, {"task": task})
-    assert plan_task(DetectOptions(), model, (64, 64)).task == "raw"
+    assert plan_task(DetectOptions(), model, (64, 64)).name == "raw"
     with pytest.raises(ConfigError, match=f"says task: {task}"):
         plan_task(DetectOptions(task="detect"), model, (64, 64))
 

@@ -9,6 +9,7 @@ in it must name a command that exists and only options that command's ``--help``
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import shlex
 from pathlib import Path
@@ -171,3 +172,15 @@ def test_the_design_page_quotes_the_pool_protocol_as_it_is_in_the_code():
     table = doc[doc.index("PROTOCOL (loop") :].rstrip("\n")
     page = (ROOT / "docs" / "design.md").read_text()
     assert f"```text\n{table}\n```" in page
+
+
+def test_the_design_page_quotes_the_task_protocol_as_it_is_in_the_code():
+    """docs/design.md shows the Task protocol (batchinfer/tasks/base.py); a change to one is
+    a change to both (the code's docstring is the one written down; the page quotes it)."""
+    from batchinfer.tasks.base import Task
+
+    doc = inspect.cleandoc(Task.__doc__ or "")
+    table = doc[doc.index("PROTOCOL (tasks)") :].rstrip("\n")
+    page = (ROOT / "docs" / "design.md").read_text()
+    assert "From the docstring of `batchinfer/tasks/base.py::Task`" in page
+    assert table in page

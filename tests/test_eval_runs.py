@@ -167,4 +167,4 @@ def test_a_classification_job_scores_a_multi_output_model_as_a_classifier(tmp_pa
     )
     job = load_job(job_file)
     plan = plan_side(job, "device", job.device, open_dataset(job.dataset.path))
-    assert plan.engine.classifies and plan.engine.task.task == "classify"
+    assert plan.engine.classifies and plan.engine.task.name == "classify"

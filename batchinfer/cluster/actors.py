@@ -13,12 +13,13 @@ Protocol (the driver's side: pool.py):
                               runtime/adapter.py CoreReason); called again after
                               Ray restarted the actor (a new process: a new instance)
                             infer(indexes, *inputs)
-                              -> [(t_start, t_end, before_return_s, error, outputs, boxes)]
+                              -> [(t_start, t_end, before_return_s, error, outputs, decoded)]
                               one call, a few items, inferred in order; error None: outputs
-                              are the model's outputs; else one sentence. A detection run's
-                              actor decodes too (boxes as a core worker's, engine/detection.py;
-                              outputs None unless the run saves them, --save-outputs); its
-                              inputs come as (tensor, geometry).
+                              are the model's outputs; else one sentence. When the run's
+                              task decodes in the workers the actor decodes too (decoded: a
+                              tasks.Decoded, as a core worker's; outputs None unless the run
+                              saves them, --save-outputs); a letterboxing task's inputs come
+                              as (tensor, geometry).
                               t_start, t_end:
                               inside inference(), on the node's monotonic clock (shared by
                               the node's actors, not the driver's); before_return_s: how
@@ -52,12 +53,12 @@ import numpy as np
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shards import Member, ShardFiles
 from batchinfer.engine.canary import canary_input
-from batchinfer.engine.detection import ItemDecoder, write_geometry
-from batchinfer.engine.task import TaskPlan
+from batchinfer.engine.detection import write_geometry
 from batchinfer.errors import BatchinferError, InferenceError, InputError
 from batchinfer.runtime.adapter import CoreError, CoreReason, RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 from batchinfer.runtime.rknn_log import quiet_instance_logs
+from batchinfer.tasks import ItemDecoder, Task
 
 
 class NodeHost:
@@ -121,7 +122,7 @@ class CoreActor:
         backend: Backend,
         core: int,
         input_layout: str,
-        task: TaskPlan | None = None,
+        task: Task | None = None,
         save_outputs: bool = False,
     ) -> None:
         self.backend = backend
@@ -129,7 +130,7 @@ class CoreActor:
         self.input_layout = input_layout
         self.adapter: RuntimeAdapter | None = None
         self.decode = ItemDecoder(task) if task is not None else None
-        # A detection run's outputs travel back beside the boxes only when they are saved
+        # A decoding task's outputs travel back beside its payload only when they are saved
         # (as a core worker copies them to its slots: engine/worker.py).
         self.keep_outputs = self.decode is None or save_outputs
 
@@ -164,7 +165,7 @@ class CoreActor:
                 x, geometry = x
             self.adapter.set_current_item(index)
             t0 = time.monotonic()
-            error, outs, boxes = None, None, None
+            error, outs, decoded = None, None, None
             try:
                 outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
             except InferenceError:
@@ -174,11 +175,11 @@ class CoreActor:
             t1 = time.monotonic()
             if self.decode is not None and error is None:
                 try:
-                    boxes = self.decode(outs, geometry)
+                    decoded = self.decode(outs, geometry)
                     outs = outs if self.keep_outputs else None
                 except Exception as e:
                     error = f"decoding the outputs failed: {type(e).__name__}: {e}"
-            results.append((t0, t1, error, outs, boxes))
+            results.append((t0, t1, error, outs, decoded))
         end = time.monotonic()
         return [(t0, t1, end - t1, e, o, b) for t0, t1, e, o, b in results]
 

@@ -255,8 +255,8 @@ class RayPool:
                 self._events += self._leave_out(node, said, "its node's set-up failed")
         self.nodes = tuple(n.name for n in self.usable if n.node_id in self.backends)
         actor_cls = ray.remote(CoreActor)
-        # A detection run's actors decode their outputs into boxes (actors.py).
-        task = self.plan.task if self.plan.detects else None
+        # A task that decodes in the workers decodes in the actors (actors.py).
+        task = self.plan.worker_task
         k = self.plan.instances_per_core
         for actor in self.actors:
             backend = self.backends.get(actor.node.node_id)
@@ -424,12 +424,12 @@ class RayPool:
         self._busy[actor.where].add(actor.instance, [(t0, t1) for t0, t1, *_ in value])
         self._report_busy(actor)
         results = []
-        for slot, (t0, t1, after_s, error, outputs, *boxes) in zip(call.slots, value, strict=True):
+        for slot, (t0, t1, after_s, error, outputs, decoded) in zip(call.slots, value, strict=True):
             if error is None:
                 self.outputs[slot] = outputs
             done = now - after_s  # the node's clock is not ours: place its times on ours
             t_start = done - (t1 - t0)
-            results.append(ItemResult(slot, actor.instance, t_start, done, error, tuple(boxes)))
+            results.append(ItemResult(slot, actor.instance, t_start, done, error, decoded))
         return [ItemsDone(actor.key, results)]
 
     def _report_busy(self, actor: _Actor, final: bool = False) -> None:

@@ -174,7 +174,7 @@ class BoardPool:
             plan.cores,
             plan.instances_per_core,
             self._max_readers,
-            geometry=plan.detects,
+            geometry=plan.letterboxes,
         )
         self._inputs, self._board = self.memory.inputs, self.memory.board
         for core in plan.cores:
@@ -278,8 +278,8 @@ class BoardPool:
                 return ItemsDone(
                     child.key,
                     [
-                        ItemResult(slot, instance, t0, t1, error, tuple(boxes))
-                        for slot, _index, instance, t0, t1, error, *boxes in results
+                        ItemResult(slot, instance, t0, t1, error, decoded)
+                        for slot, _index, instance, t0, t1, error, decoded in results
                     ],
                 )
             case ReaderReady() | WorkerReady():
@@ -311,9 +311,9 @@ class BoardPool:
     def _on_worker_ready(self, child: Child, info: WorkerReady) -> WorkerUp:
         shapes = [(tuple(s), "float32") for s, _ in info.outputs]
         if self.outputs is None:
-            # A detection run's workers send boxes, not outputs: no output slots to fill
-            # unless the rows store the raw outputs too.
-            keep = not self.plan.detects or self.plan.save_outputs
+            # Workers that decode send the task's payload, not outputs: no output slots to
+            # fill unless the rows store the raw outputs too.
+            keep = self.plan.copies_outputs
             self.outputs = self.memory.create_outputs(shapes if keep else [])
         self.children.send(child, Attach(self.outputs.spec))
         return WorkerUp(child.key, info.pid, info.sdk_version, shapes, info.canary)

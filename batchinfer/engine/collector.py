@@ -1,7 +1,8 @@
 """The collector: each item's one row, built in batches and handed to the sink.
 
 Results arrive in batches (a worker's ``done`` message holds whatever finished meanwhile);
-the collector turns each batch into rows with one vectorised top-k, gives them to the sink,
+the collector turns each batch into rows (a task that decodes in the coordinator fills
+them in one go: classification's one vectorised top-k, Task.collect), gives them to the sink,
 the per-core statistics and the observers, and only then frees their slots (the rows'
 outputs are views of the slots' output regions until the sink has taken them).
 
@@ -20,17 +21,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from batchinfer.data.video.dataset import frame_columns
-from batchinfer.engine.detection import Boxes
 from batchinfer.engine.events import RowsDone
 from batchinfer.engine.scheduler import Finished, Scheduler
 from batchinfer.engine.slots import SlotRegion
 from batchinfer.messages import Message, setting
-from batchinfer.sink.predictions import top_k_batch
 from batchinfer.sink.rows import Row, RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.tasks import Decoded, Task
 
 # At most this many rows, or this old (seconds since the first of them arrived), wait.
 FLUSH_ROWS = 64
@@ -49,11 +47,14 @@ class Collector:
         topk: int,
         clock: Callable[[], float] = time.monotonic,
         place: Callable[[int], tuple[str | None, int]] | None = None,
-        classify: bool = True,
+        task: Task | None = None,
     ) -> None:
+        from batchinfer.tasks.classify import Classify
+
         self.scheduler = scheduler
-        # False for a raw run: its rows store the outputs only, no top-1 or top-k.
-        self.classify = classify
+        # The run's task (None: classify, as before tasks): it fills the rows from their
+        # outputs here when it does not decode in the workers (Task.collect).
+        self.task = task if task is not None else Classify()
         self.place = place or (lambda core: (None, core))
         self.sink = sink
         self.stats = stats
@@ -61,13 +62,14 @@ class Collector:
         self.topk = topk
         self.clock = clock
         self.outputs: SlotRegion | None = None
-        self._successes: list[tuple[int, int, int, float, float, Boxes | None]] = []
+        self._successes: list[tuple[int, int, int, float, float, Decoded | None]] = []
         self._errors: list[Finished] = []
         self._since = 0.0  # when the oldest pending row arrived (while any is pending)
         self.counts = {"succeeded": 0, "errors": 0, "input_errors": 0}
         self.collect_s = 0.0
-        # Detection runs: items decoded, boxes kept, NaN/inf candidates dropped, and the
-        # CPU seconds the workers spent decoding (what bench reports as post-processing).
+        # Tasks decoding in the workers: items decoded, the CPU seconds the workers spent
+        # decoding (what bench reports as post-processing), and the task's own figures
+        # (Task.figures: a detection run's boxes kept, NaN/inf candidates dropped).
         self.detect: dict[str, float] = {}
 
     def success(
@@ -77,12 +79,12 @@ class Collector:
         instance: int,
         t0: float,
         t1: float,
-        boxes: Boxes | None = None,
+        decoded: Decoded | None = None,
     ) -> None:
-        """An item inferred; ``boxes``: what a detection run's worker decoded from it."""
+        """An item inferred; ``decoded``: what the worker's task decoder made of it."""
         if not self.pending:
             self._since = self.clock()
-        self._successes.append((slot, core, instance, t0, t1, boxes))
+        self._successes.append((slot, core, instance, t0, t1, decoded))
 
     def error(self, finished: Finished) -> None:
         if not self.pending:
@@ -149,22 +151,9 @@ class Collector:
             return []
         assert self.outputs is not None  # a success means a worker attached the outputs
         views = [self.outputs[slot] for slot, *_ in self._successes]
-        preds: list[int | None] = [None] * len(views)
-        topk_index = topk_score = None
-        first = views[0][0] if views[0] else None
-        detected = self._successes[0][5] is not None
-        if detected:
-            self._count_detections()
-        elif self.classify and first is not None and first.size > 1:
-            scores = np.stack([v[0].reshape(-1) for v in views])
-            if self.topk:
-                topk_index, topk_score = top_k_batch(scores, self.topk)
-                preds = topk_index[:, 0].tolist()
-            else:
-                preds = np.argmax(scores, axis=1).tolist()
         rows = []
         flights, place = self.scheduler.flights, self.place
-        for i, (slot, key, instance, t0, t1, boxes) in enumerate(self._successes):
+        for i, (slot, key, instance, t0, t1, decoded) in enumerate(self._successes):
             flight = flights[slot]
             assert flight is not None  # DONE until released, below
             item = flight.item
@@ -183,33 +172,30 @@ class Collector:
                     read_ms=flight.read_ms,
                     wait_ms=max(0.0, (t0 - flight.t_ready) * 1e3),
                     error=None,
-                    pred=preds[i],
-                    topk_index=None if topk_index is None else topk_index[i],
-                    topk_score=None if topk_score is None else topk_score[i],
                     outputs=views[i] or None,
                     t_done=t1,
                     node=node,
-                    boxes=None if boxes is None else boxes[0],
-                    width=None if boxes is None else boxes[1],
-                    height=None if boxes is None else boxes[2],
                     meta=item.columns,
                     frame=frame_columns(item)[0],
                     time_s=frame_columns(item)[1],
+                    payload=None if decoded is None else decoded.payload,
                 )
             )
+        if self._successes[0][5] is not None:
+            self._count_decoded()
+        elif rows[0].outputs:
+            self.task.collect(rows, self.topk)
         return rows
 
-    def _count_detections(self) -> None:
-        d = self.detect
-        for *_, boxes in self._successes:
-            if boxes is None:
+    def _count_decoded(self) -> None:
+        d, figures = self.detect, self.task.figures
+        for *_, decoded in self._successes:
+            if decoded is None:
                 continue
-            rows, _w, _h, nonfinite, cpu_s = boxes
             d["items"] = d.get("items", 0) + 1
-            d["boxes"] = d.get("boxes", 0) + len(rows)
-            d["nonfinite"] = d.get("nonfinite", 0) + nonfinite
-            d["nonfinite_items"] = d.get("nonfinite_items", 0) + (nonfinite > 0)
-            d["cpu_s"] = d.get("cpu_s", 0.0) + cpu_s
+            d["cpu_s"] = d.get("cpu_s", 0.0) + decoded.cpu_s
+            for key, value in figures(decoded.payload).items():
+                d[key] = d.get(key, 0) + value
 
     def _error_row(self, f: Finished, now: float) -> Row:
         flight = self.scheduler.flight(f.slot)

@@ -8,12 +8,12 @@ from typing import Any
 from batchinfer.data.feeds import Feed
 from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine.slots import TensorLayout
-from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError
 from batchinfer.messages import Message
 from batchinfer.options import ReliabilityOptions
 from batchinfer.runtime.backends import Backend
 from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.tasks import Task
 
 
 @dataclass(frozen=True)
@@ -33,10 +33,10 @@ class EnginePlan:
     # Items wait until every core is up (eval: its per-core metrics compare cores, and a
     # core that started first would take the first items, often a class of their own).
     cores_start_together: bool = False
-    # What is done with the outputs (engine/task.py); None: classify, as before tasks.
-    task: TaskPlan | None = None
+    # What is done with the outputs (batchinfer/tasks); None: classify, as before tasks.
+    task: Task | None = None
     # Copy the raw outputs into the output slots for the rows even when the worker decodes
-    # them (a detection run with --save-outputs); classify and raw always copy them.
+    # them (--save-outputs); tasks that decode in the coordinator always copy them.
     save_outputs: bool = False
     # One per model input, in the model's order, when the model's inputs are fed separately
     # (several inputs, .npz items, manifest columns: batchinfer.data.feeds); empty: the
@@ -50,7 +50,23 @@ class EnginePlan:
 
     @property
     def detects(self) -> bool:
+        """Rows hold detection boxes (what evaluate/'s detection pipeline reads)."""
         return self.task is not None and self.task.detects
+
+    @property
+    def worker_task(self) -> Task | None:
+        """The task the core workers decode with (Task.decodes_in_worker), else None."""
+        return self.task if self.task is not None and self.task.decodes_in_worker else None
+
+    @property
+    def letterboxes(self) -> bool:
+        """Readers letterbox and record each item's geometry (Task.placement)."""
+        return self.task is not None and self.task.placement.letterboxes
+
+    @property
+    def copies_outputs(self) -> bool:
+        """The workers copy the raw outputs to the output slots (the rows read them)."""
+        return self.worker_task is None or self.save_outputs
 
     @property
     def input_layout(self) -> TensorLayout:
@@ -69,7 +85,9 @@ class EnginePlan:
     @property
     def classifies(self) -> bool:
         """Rows get top-1 and top-k (not for a detection run's boxes, nor a raw run's outputs)."""
-        return self.task is None or self.task.task == "classify"
+        from batchinfer.tasks.classify import Classify
+
+        return self.task is None or isinstance(self.task, Classify)
 
 
 @dataclass
@@ -88,6 +106,7 @@ class EngineResult:
     collect_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds by role
     peak_rss_mb: float = 0.0  # the coordinator's, while the engine ran
-    # Detection runs: items decoded, CPU seconds the core workers spent decoding (boxes,
-    # NMS, mapping back), NaN/inf candidates dropped (engine/detection.py).
+    # Tasks decoding in the workers: items decoded, CPU seconds the core workers spent
+    # decoding (boxes, NMS, mapping back), and the task's figures (Task.figures: boxes,
+    # NaN/inf candidates dropped).
     detect: dict[str, float] = field(default_factory=dict)

@@ -105,7 +105,7 @@ class Engine:
 
         self.collector = Collector(
             self.scheduler, sink, self.stats, self.notify, plan.topk, clock,
-            place=place, classify=plan.classifies,
+            place=place, task=plan.task,
         )  # fmt: skip
         # The canary is compared per place (a core of a node), named as the texts name it.
         self._places: list[CoreKey] = list(layout.places)
@@ -399,7 +399,7 @@ class Engine:
                     if finished is None:
                         continue
                     if finished.error is None:
-                        self.collector.success(r.slot, key, r.instance, r.t0, r.t1, *r.boxes)
+                        self.collector.success(r.slot, key, r.instance, r.t0, r.t1, r.decoded)
                     else:
                         self.collector.error(finished)
             case ItemsRead(_reader, items):

@@ -43,7 +43,6 @@ from batchinfer.engine.config import RunConfig
 from batchinfer.engine.instances import default_slots, is_auto, planned_instances
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
-from batchinfer.engine.task import RAW, TaskPlan, pad_rgb, plan_task
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.messages import setting
 from batchinfer.options import ITEMS, RuntimeOptions, check_group
@@ -53,6 +52,7 @@ from batchinfer.runtime.backends import Backend, make_backend
 from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.output_folder import OutputFolder
+from batchinfer.tasks import Task, plan_task
 
 
 @dataclass(frozen=True)
@@ -232,9 +232,10 @@ def plan_input_feeds(
                 ".onnx it was converted from beside it."
             ) from None
         return engine
-    if engine.detects and (len(info.inputs) > 1 or mapping):
+    if engine.letterboxes and (len(info.inputs) > 1 or mapping):
+        assert engine.task is not None
         raise UsageError(
-            f"{model} is run as a detector, which takes one image input; drop "
+            f"{model} is run as a {engine.task.name} model, which takes one image input; drop "
             + setting("preprocess.inputs")
             + " or pass "
             + setting("detect.task")
@@ -302,10 +303,10 @@ def plan_engine(
     shape: tuple[int, ...],
     dtype: str,
     kind: str,
-    task: TaskPlan | None = None,
+    task: Task | None = None,
 ) -> EnginePlan:
     """The engine's part of a plan (shared by run, bench and eval); ``task`` defaults to
-    the one the model's outputs and ``config.detect`` give (engine/task.py)."""
+    the one the model's outputs and ``config.detect`` give (batchinfer/tasks)."""
     rt, pre, out = config.runtime, config.preprocess, config.output
     check_settings(config)
     cores = check_cores(rt, backend)
@@ -315,8 +316,9 @@ def plan_engine(
         model = Path(config.model).expanduser().resolve()
         input_hw = preprocess.size if preprocess.is_image else None
         task = plan_task(config.detect, model, input_hw, config.labels, dataset=config.dataset)
-    if task.detects:
-        preprocess = dataclasses.replace(preprocess, resize="letterbox", pad=pad_rgb(config.detect))
+    placement = task.placement
+    if placement.letterboxes:
+        preprocess = dataclasses.replace(preprocess, resize="letterbox", pad=placement.pad)
     if kind:
         preprocess.validate_for(kind)
     warning = raw_pixels_warning(preprocess, kind, Path(config.model).name)
@@ -345,7 +347,7 @@ def plan_engine(
         reliability=config.reliability,
         topk=out.topk,
         task=task,
-        save_outputs=out.save_outputs or task.task == RAW,
+        save_outputs=out.save_outputs or task.keeps_outputs,
     )
 
 

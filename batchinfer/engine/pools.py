@@ -48,12 +48,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine.scheduler import Scheduler
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.stats import CoreKey, CoreStatsRecorder
+
+if TYPE_CHECKING:
+    from batchinfer.tasks import Decoded
 
 
 @dataclass(frozen=True)
@@ -120,15 +123,16 @@ class ReaderUp(NamedTuple):
 
 
 class ItemResult(NamedTuple):
-    """One item inferred. Times are on the loop's clock; ``boxes`` is a detection run's
-    (engine/task.py), else empty. Outputs, when kept, are in the pool's output store."""
+    """One item inferred. Times are on the loop's clock; ``decoded``: what the worker's task
+    decoder made of it (batchinfer/tasks Decoded), None when the task decodes in the
+    coordinator. Outputs, when kept, are in the pool's output store."""
 
     slot: int
     instance: int
     t0: float
     t1: float
     error: str | None
-    boxes: tuple = ()
+    decoded: Decoded | None = None
 
 
 class ItemsDone(NamedTuple):

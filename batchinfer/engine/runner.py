@@ -38,13 +38,13 @@ from batchinfer.engine.loop import Engine
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
-from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import UsageError, render_fields
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.output_folder import OutputFolder
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ class _DatasetNotes:
     skipped), once, when items start to flow: an invocation refused before that ends with
     its one error line only."""
 
-    def __init__(self, dataset: Dataset, task: TaskPlan | None) -> None:
+    def __init__(self, dataset: Dataset, task: Task | None) -> None:
         self.dataset: Dataset | None = dataset
         self.task = task
 
@@ -286,21 +286,18 @@ class _DatasetNotes:
 
 
 def _task_sink(plan: RunPlan) -> dict[str, Any]:
-    """What the run folder's rows need to know of the task (the save_outputs a raw task
-    forces, a detection run's schema and class names)."""
+    """What the run folder's rows need to know of the task (its columns: Task.fields; the
+    save_outputs a raw task forces)."""
     engine = plan.engine
     out: dict[str, Any] = {"save_outputs": engine.save_outputs, "meta": plan.dataset.meta_type}
-    if engine.detects:
-        assert engine.task is not None
-        out.update(task="detect", class_names=engine.task.names)
-    elif engine.task is not None and engine.task.task == "raw":
-        out.update(task="raw")
+    if engine.task is not None:
+        out.update(task=engine.task)
     return out
 
 
 def _detect_record(out: OutputFolder, detect: dict[str, float], plan: RunPlan) -> dict:
     """The manifest's ``detect`` figures, summed over a resumed run's invocations."""
-    if not plan.engine.detects:
+    if plan.engine.worker_task is None:
         return {}
     earlier = out.earlier("detect_totals") or {}
     keys = ("items", "boxes", "nonfinite", "nonfinite_items", "cpu_s")

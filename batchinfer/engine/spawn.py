@@ -26,7 +26,7 @@ def start_worker(
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
         refill_at=REFILL_AT * plan.instances_per_core,
-        task=plan.task if plan.detects else None,
+        task=plan.worker_task,
         geometry=memory.geometry.spec if memory.geometry is not None else None,
         save_outputs=plan.save_outputs,
     )

@@ -12,13 +12,14 @@ side: engine/board.py):
   coordinator -> worker  Attach(outputs RegionSpec)     once, before any task
                          Infer([(slot, index), ...])
                          Stop()                         finish queued work, release, exit
-  worker -> coordinator  Done([(slot, index, instance, t_start, t_end, error, boxes), ...],
+  worker -> coordinator  Done([(slot, index, instance, t_start, t_end, error, decoded), ...],
                          busy_s, cpu_s)
-                         error None: outputs are in the slot's output region (a detection run
-                         without --save-outputs copies none); else one sentence.
-                         boxes: None, or for a detection run the item's decoded boxes in the
-                         original image's pixels (engine/detection.py's Boxes: a small array,
-                         the image's size, NaN/inf candidates dropped, the decode's CPU seconds).
+                         error None: outputs are in the slot's output region (a run whose
+                         task decodes here copies none without --save-outputs); else one
+                         sentence. decoded: None, or for a task that decodes in the worker
+                         (batchinfer/tasks: Task.decodes_in_worker) a tasks.Decoded: the
+                         task's small payload (a detection run's boxes in the original
+                         image's pixels) and the decode's CPU seconds.
                          busy_s: cumulative seconds during which some instance was in inference();
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
 Each instance thread takes the next item from one queue (the main thread fills it from the
@@ -29,13 +30,14 @@ also sends results that have waited BATCH_WAIT_S, so a hung call holds back none
 instance infers, its row on the status board holds (index, start time). Runtimes are
 created here, after the fork (the fork server never imports a runtime:
 engine/fork_server.py); the worker exits with the coordinator.
-Detection runs decode here, in the core worker: each instance has a decoder thread of its own
-(one ItemDecoder each) to which it hands the outputs of each inference (fresh arrays, not the
-runtime's reused buffers) and goes on to its next item at once, so the NPU does not wait for
-the decoding (with one instance per core it did: 15 ms of NPU then 0.5 ms of decode per
-item). The decoder reads the slot's letterbox geometry (written by the reader,
-engine/detection.py) and puts the result in the outbox; only boxes travel back, never the
-raw tensors. An item being decoded still holds its slot.
+Tasks that decode in the worker (detection, plug-ins) decode here: each instance has a
+decoder thread of its own (one tasks.ItemDecoder each) to which it hands the outputs of each
+inference (fresh arrays, not the runtime's reused buffers) and goes on to its next item at
+once, so the NPU does not wait for the decoding (with one instance per core it did: 15 ms of
+NPU then 0.5 ms of decode per item). The decoder reads the slot's letterbox geometry
+(written by the reader, engine/detection.py) and puts the result in the outbox; only the
+task's payload travels back, never the raw tensors. A decode that raises makes that item an
+error row. An item being decoded still holds its slot.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ import numpy as np
 
 from batchinfer.engine.canary import canary_input, infer_canary
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
-from batchinfer.engine.detection import ItemDecoder
 from batchinfer.engine.protocol import (
     Attach,
     Done,
@@ -66,11 +67,11 @@ from batchinfer.engine.protocol import (
     decode,
 )
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
-from batchinfer.engine.task import TaskPlan
 from batchinfer.errors import BatchinferError, InferenceError
 from batchinfer.runtime.adapter import CoreError, CoreReason, RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 from batchinfer.runtime.rknn_log import quiet_instance_logs
+from batchinfer.tasks import ItemDecoder, Task
 
 # Results per message and how long one may wait for others (see _Outbox). 10 ms lets a
 # refill's worth of 2 ms inferences (REFILL_AT per instance) go back in one message; at 4 ms
@@ -99,9 +100,9 @@ class WorkerSpec:
     cpus: tuple[int, ...] | None
     parent_pid: int
     refill_at: int  # the coordinator refills this worker when it holds this many (_Outbox)
-    task: TaskPlan | None = None  # a detection run's: decode here (engine/detection.py)
-    geometry: RegionSpec | None = None  # each slot's letterbox geometry (detection runs)
-    save_outputs: bool = False  # detection runs: copy the raw outputs to the slots too
+    task: Task | None = None  # a task that decodes in the worker (Task.decodes_in_worker)
+    geometry: RegionSpec | None = None  # each slot's letterbox geometry (letterboxing tasks)
+    save_outputs: bool = False  # a task decoding here: copy the raw outputs to the slots too
 
 
 class _BusyClock:
@@ -203,7 +204,7 @@ class _Outbox:
         self._oldest = 0.0
 
     def add(self, result: tuple) -> None:
-        """Queue one result (slot, index, instance, t0, t1, error, boxes); send if it is time."""
+        """Queue one result (slot, index, instance, t0, t1, error, decoded); send if it is time."""
         t0, t1 = result[3], result[4]
         with self._lock:
             if not self._batch:
@@ -275,7 +276,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         if spec.task is not None:
             decoders = [ItemDecoder(spec.task) for _ in adapters]
             try:  # outputs that do not fit the planned head fail here, once, not per item
-                decoders[0](outs, np.zeros(6))
+                if not spec.task.plugin:  # a plug-in's decode failing is an item's error
+                    decoders[0](outs, np.zeros(6))
             except Exception as e:
                 shapes = ", ".join(str(list(o.shape)) for o in outs)
                 send_or_exit(
@@ -351,7 +353,7 @@ def _serve(
     work: queue.SimpleQueue = queue.SimpleQueue()
     busy = _BusyClock()
     sender = _Sender(results)
-    # Detection runs: per instance, the inferred items waiting for its decoder thread.
+    # Tasks decoding here: per instance, the inferred items waiting for its decoder thread.
     to_decode: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in decoders or ()]
 
     def left() -> int:
@@ -362,12 +364,12 @@ def _serve(
     def decode_loop(decode: ItemDecoder, waiting: queue.SimpleQueue) -> None:
         while (item := waiting.get()) is not None:
             slot, index, instance, t0, t1, outs = item
-            error = boxes = None
+            error = decoded = None
             try:
-                boxes = decode(outs, geometry[slot][0])  # type: ignore[index]
+                decoded = decode(outs, None if geometry is None else geometry[slot][0])
             except Exception as e:
                 error = f"decoding the outputs failed: {type(e).__name__}: {e}"
-            outbox.add((slot, index, instance, t0, t1, error, boxes))
+            outbox.add((slot, index, instance, t0, t1, error, decoded))
 
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance

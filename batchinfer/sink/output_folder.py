@@ -31,7 +31,7 @@ import enum
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +61,9 @@ from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.resume import ResumeState, prepare_resume, verify_parts
 from batchinfer.sink.run_folder import RunFolder
 from batchinfer.sink.stats import CoreStatsRecorder
+
+if TYPE_CHECKING:
+    from batchinfer.tasks import Task
 
 
 class Stage(enum.Enum):
@@ -146,7 +149,7 @@ class OutputFolder:
         fields: dict[str, Any],
         *,
         save_outputs: bool,
-        task: str = "classify",
+        task: Task | str = "classify",
         class_names: tuple[str, ...] = (),
         meta: Any = None,
     ) -> OutputFolder:

@@ -1,10 +1,11 @@
 """Prediction rows, one per dataset item, written as Parquet parts under OUT/predictions/.
 
-A classification run's rows hold the top-1 and top-k classes (``pred``, ``topk_index``,
-``topk_score``); a detection run's hold instead its boxes (``boxes``: a list of structs
-class_id, label, score, x1, y1, x2, y2 in the original image's pixels, best first),
-``n_boxes`` and the image's ``width``/``height``; a raw run's neither, only its outputs
-(``out_<name>`` columns). engine/task.py says which task a run has.
+Every row has the base columns (index, id, ..., error); the run's task adds its own
+(batchinfer/tasks: ``Task.fields``/``Task.arrays``): a classification run's rows hold the
+top-1 and top-k classes (``pred``, ``topk_index``, ``topk_score``); a detection run's its
+boxes (``boxes``: a list of structs class_id, label, score, x1, y1, x2, y2 in the original
+image's pixels, best first), ``n_boxes`` and the image's ``width``/``height``; a raw run's
+none, only its outputs (``out_<name>`` columns); a plug-in's the fields it declares.
 
 Memory stays bounded whatever the dataset size: rows wait in column buffers until
 ``rows_per_part`` rows (or ``max_buffer_bytes`` of saved outputs) are buffered, or
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,12 +34,16 @@ from batchinfer.sink.folder_handle import Folder
 from batchinfer.sink.manifest import PREDICTIONS_DIR, RunManifest
 from batchinfer.sink.rows import Row
 from batchinfer.sink.storable import (
+    RESULT_COLUMNS,
     as_error_rows,
     checked_array,
     meta_array,
     safe_text,
     text_array,
 )
+
+if TYPE_CHECKING:
+    from batchinfer.tasks import Task
 
 __all__ = ["PredictionWriter", "part_name", "prediction_schema", "safe_text", "top_k"]
 
@@ -46,7 +52,7 @@ _meta_array = meta_array  # its old name here (tests/test_data_sources.py)
 PART_GLOB = "part-*.parquet"
 META_TOPK = b"batchinfer.topk"
 META_OUTPUT_SHAPES = b"batchinfer.output_shapes"
-META_TASK = b"batchinfer.task"  # detection and raw parts only: b"detect", b"raw"
+META_TASK = b"batchinfer.task"  # every task's parts but classify's: b"detect", b"raw", ...
 
 # Reading the clock on every add would cost more than the add itself at NPU rates;
 # every few dozen adds is often enough for a 10 s flush interval (tqdm does the same).
@@ -71,32 +77,30 @@ _BASE_FIELDS = [
     # Video frames (batchinfer.data.video): the frame's index in its video, its time (s).
     pa.field("frame", pa.int64()),
     pa.field("time_s", pa.float64()),
+]
+#: The classify task's columns (batchinfer/tasks/classify.py), after the base ones.
+CLASSIFY_FIELDS = [
     pa.field("pred", pa.int64()),
     pa.field("topk_index", pa.list_(pa.int32())),
     pa.field("topk_score", pa.list_(pa.float32())),
 ]
 _DICTIONARY_COLUMNS = ["label_name", "node", "error"]
 # Scalar columns filled straight from add()'s keyword arguments, in schema order.
-_CLASSIFY_COLUMNS = ("pred", "topk_index", "topk_score")
-_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS if f.name not in _CLASSIFY_COLUMNS]
+_SCALAR_COLUMNS = [f.name for f in _BASE_FIELDS]
 
-#: One box of a detection row, in the original image's pixels (after EXIF orientation).
-BOX_FIELDS = [
-    pa.field("class_id", pa.int32()),
-    pa.field("label", pa.string()),
-    pa.field("score", pa.float32()),
-    pa.field("x1", pa.float32()),
-    pa.field("y1", pa.float32()),
-    pa.field("x2", pa.float32()),
-    pa.field("y2", pa.float32()),
-]
-BOX_TYPE = pa.struct(BOX_FIELDS)
-_DETECT_FIELDS = [
-    pa.field("boxes", pa.list_(BOX_TYPE)),
-    pa.field("n_boxes", pa.int32()),
-    pa.field("width", pa.int32()),
-    pa.field("height", pa.int32()),
-]
+
+def base_field_names() -> frozenset[str]:
+    """Columns every part has, whatever its task (a plug-in's fields may not take them)."""
+    return frozenset(f.name for f in _BASE_FIELDS) | {"meta"}
+
+
+def as_task(task: Task | str, class_names: Sequence[str] = ()) -> Task:
+    """A task object for a name ("detect"), as a finished run's record makes it."""
+    if not isinstance(task, str):
+        return task
+    from batchinfer.tasks import task_from_record
+
+    return task_from_record({"task": task, "names": list(class_names)})
 
 
 def part_name(number: int) -> str:
@@ -117,23 +121,18 @@ def output_column(name: str) -> str:
 def prediction_schema(
     topk: int = 5,
     save_outputs: Sequence[tuple[str, tuple[int, ...]]] | None = None,
-    task: str = "classify",
+    task: Task | str = "classify",
     meta: pa.StructType | None = None,
 ) -> pa.Schema:
     """The Arrow schema of a prediction part, with top-k and output shapes in its metadata.
 
-    ``task`` "detect": the box columns instead of the classification ones; "raw": neither
-    (module docstring). ``meta``: a list's other columns (batchinfer.data.listed), as a last
+    The base columns, then ``task``'s (a Task, or a task's name: module docstring), then
+    the saved outputs; ``meta``: a list's other columns (batchinfer.data.listed), as a last
     struct column.
     """
-    fields = list(_BASE_FIELDS)
-    metadata = {META_TOPK: str(topk).encode()}
-    if task == "detect":
-        fields = [f for f in fields if f.name not in _CLASSIFY_COLUMNS] + _DETECT_FIELDS
-        metadata[META_TASK] = b"detect"
-    elif task == "raw":
-        fields = [f for f in fields if f.name not in _CLASSIFY_COLUMNS]
-        metadata[META_TASK] = b"raw"
+    planned = as_task(task)
+    fields = list(_BASE_FIELDS) + planned.fields()
+    metadata = {META_TOPK: str(topk).encode(), **planned.part_metadata()}
     if save_outputs:
         fields += [pa.field(output_column(n), pa.list_(pa.float32())) for n, _ in save_outputs]
         shapes = {name: [int(d) for d in shape] for name, shape in save_outputs}
@@ -305,7 +304,7 @@ class PredictionWriter:
         flush_interval_s: float = 10.0,
         max_buffer_bytes: int = 64 << 20,
         clock: Callable[[], float] = time.monotonic,
-        task: str = "classify",
+        task: Task | str = "classify",
         class_names: Sequence[str] = (),
         meta: pa.StructType | None = None,
         folder: Folder | None = None,
@@ -331,11 +330,11 @@ class PredictionWriter:
             except OSError as exc:
                 raise write_error(self.directory, exc) from exc
         self.topk = topk
-        self.task = task
-        # Box labels by class id (a detection run's names; none known: null labels).
-        self._names = np.array(list(class_names) or [None], dtype=object)
-        self._named = bool(class_names)
-        self.schema = prediction_schema(topk, save_outputs, task, meta)
+        # ``class_names``: a detection run's, when the task is given by its name.
+        self.task = as_task(task, class_names)
+        self.schema = prediction_schema(topk, save_outputs, self.task, meta)
+        # Columns an unstorable value nulls (batchinfer.sink.storable): the task's too.
+        self._results = (*RESULT_COLUMNS, *(f.name for f in self.task.fields()))
         self._meta_type = meta
         self._outputs = [(n, tuple(s), math.prod(s)) for n, s in save_outputs or ()]
         self.rows_per_part = rows_per_part
@@ -386,8 +385,8 @@ class PredictionWriter:
         gives them, computed for a whole batch at once).
         """
         row = Row(**{"id_bytes": None, **fields})  # type: ignore[arg-type]
-        if self.task == "classify" and row.error is None and row.pred is None and row.outputs:
-            row.pred, row.topk_index, row.topk_score = self._top(row.outputs)
+        if row.error is None and row.pred is None and row.outputs:
+            self.task.collect([row], self.topk)
         self.write([row])
 
     def write(self, rows: list[Row]) -> None:
@@ -423,33 +422,9 @@ class PredictionWriter:
             self._saved_outputs(r.outputs if good else None)
             for r, good in zip(rows, ok, strict=True)
         ]
-        topk = [r.topk_index if good else None for r, good in zip(rows, ok, strict=True)]
-        widths = {t.size for t in topk if t is not None}
-        if self._topk_index is not None:
-            widths.add(self._topk_index.width)
-        if len(widths) > 1:
-            raise ValueError(f"rows have top-k of different widths {sorted(widths)}")
+        self._bytes += self._task_columns.add(rows, ok)  # may refuse: before any append
         for name in _SCALAR_COLUMNS:
             self._cols[name].extend([getattr(r, name) for r in rows])
-        self._pred.extend([r.pred if good else None for r, good in zip(rows, ok, strict=True)])
-        if widths and self._topk_index is None:  # earlier rows had none: null
-            (width,) = widths
-            self._topk_index = _Column("int32", width, nulls=self._rows)
-            self._topk_score = _Column("float32", width, nulls=self._rows)
-        if self._topk_index is not None:
-            self._topk_index.extend(topk)
-            self._topk_score.extend(
-                [r.topk_score if t is not None else None for r, t in zip(rows, topk, strict=True)]
-            )
-        if self.task == "detect":
-            for r, good in zip(rows, ok, strict=True):
-                boxes = None
-                if good:
-                    boxes = r.boxes if r.boxes is not None else np.empty((0, 6), np.float32)
-                    self._bytes += boxes.nbytes
-                self._boxes.append(boxes)
-                self._size["width"].append(r.width if good else None)
-                self._size["height"].append(r.height if good else None)
         if self._meta_type is not None:
             self._meta.extend(r.meta for r in rows)
         self._rows += len(rows)
@@ -545,30 +520,13 @@ class PredictionWriter:
         # Scalar columns are plain lists until the part is written: appending a batch of rows
         # to a list is cheap, and a part holds at most rows_per_part of them (a few MB).
         self._cols: dict[str, list] = {name: [] for name in _SCALAR_COLUMNS}
-        self._pred: list[int | None] = []
-        # Top-k width is known at the first row that has one (k = min(topk, classes)).
-        self._topk_index: _Column | None = None
-        self._topk_score: _Column | None = None
+        # The task's columns (Task.columns: each row's payload, or classify's top-k).
+        self._task_columns = self.task.columns()
         self._saved: list[list[np.ndarray | None]] = [[] for _ in self._outputs]
-        # Detection runs: each row's boxes (float32 (n, 6); None on error rows), image size.
-        self._boxes: list[np.ndarray | None] = []
-        self._size: dict[str, list[int | None]] = {"width": [], "height": []}
         self._meta: list[object] = []  # each row's Row.meta, when the schema has meta
         self._bytes = 0
         self._rows = 0
         self._errors = 0
-
-    def _top(
-        self, outputs: Sequence[np.ndarray]
-    ) -> tuple[int | None, np.ndarray | None, np.ndarray | None]:
-        """Top-1 and top-k of the first output (None when it is not a classification)."""
-        first = np.asarray(outputs[0])
-        if first.size <= 1:
-            return None, None, None
-        if not self.topk:
-            return int(np.argmax(first)), None, None
-        idx, score = top_k(first, self.topk)
-        return int(idx[0]), idx, score
 
     def _saved_outputs(self, outputs: Sequence[np.ndarray] | None) -> list[np.ndarray | None]:
         """The flattened outputs to save for one row (None on errors)."""
@@ -599,55 +557,61 @@ class PredictionWriter:
                 arrays.append(
                     text_array(col, f.type) if text else checked_array(col, f.name, f.type, bad)
                 )
-        if self.task == "detect":
-            arrays += self._box_arrays(bad)
-        elif self.task != "raw":
-            arrays.append(checked_array(self._pred, "pred", pa.int64(), bad))
-            for col, value_type in (
-                (self._topk_index, pa.int32()),
-                (self._topk_score, pa.float32()),
-            ):
-                if col is None:
-                    arrays.append(pa.nulls(self._rows, pa.list_(value_type)))
-                else:
-                    arrays.append(col.arrow(value_type))
+        arrays += self._task_columns.arrays(bad)
         arrays += [_list_array(chunks, pa.float32()) for chunks in self._saved]
         if self._meta_type is not None:
             arrays.append(meta_array(self._meta, self._meta_type, bad))
         table = pa.Table.from_arrays(arrays, schema=self.schema)
-        return as_error_rows(table, bad) if bad else table
+        return as_error_rows(table, bad, self._results) if bad else table
 
-    def _box_arrays(self, bad: dict[int, str]) -> list[pa.Array]:
-        """boxes, n_boxes, width, height: one struct array over every box of the part, cut
-        into rows by offsets (no Python object per box but the label strings)."""
-        chunks = self._boxes
-        lengths = np.fromiter((0 if b is None else len(b) for b in chunks), np.int64, len(chunks))
-        offsets = np.zeros(len(chunks) + 1, np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        present = [b for b in chunks if b is not None and len(b)]
-        flat = np.concatenate(present) if present else np.empty((0, 6), np.float32)
-        class_ids = flat[:, 5].astype(np.int32)
-        if self._named:
-            known = (class_ids >= 0) & (class_ids < len(self._names))
-            labels = pa.array(
-                np.where(known, self._names[np.clip(class_ids, 0, len(self._names) - 1)], None),
-                type=pa.string(),
+
+class TopKColumns:
+    """A part's ``pred``, ``topk_index`` and ``topk_score`` (the classify task's columns),
+    as typed arrays: a row costs its bytes, not Python objects."""
+
+    def __init__(self) -> None:
+        self._pred: list[int | None] = []
+        self._rows = 0
+        # Top-k width is known at the first row that has one (k = min(topk, classes)).
+        self._index: _Column | None = None
+        self._score: _Column | None = None
+
+    def add(self, rows: Sequence[Row], ok: Sequence[bool]) -> int:
+        """Buffer rows' top-k (``ok`` False: an error row, nulls); ValueError, before any
+        append, when rows have top-k of different widths."""
+        topk = [r.topk_index if good else None for r, good in zip(rows, ok, strict=True)]
+        widths = {t.size for t in topk if t is not None}
+        if self._index is not None:
+            widths.add(self._index.width)
+        if len(widths) > 1:
+            raise ValueError(f"rows have top-k of different widths {sorted(widths)}")
+        self._pred.extend([r.pred if good else None for r, good in zip(rows, ok, strict=True)])
+        if widths and self._index is None:  # earlier rows had none: null
+            (width,) = widths
+            self._index = _Column("int32", width, nulls=self._rows)
+            self._score = _Column("float32", width, nulls=self._rows)
+        if self._index is not None and self._score is not None:
+            self._index.extend(topk)
+            self._score.extend(
+                [r.topk_score if t is not None else None for r, t in zip(rows, topk, strict=True)]
             )
-        else:
-            labels = pa.nulls(len(flat), pa.string())
-        columns = [pa.array(class_ids, type=pa.int32()), labels]
-        columns += [
-            pa.array(np.ascontiguousarray(flat[:, i]), type=pa.float32()) for i in (4, 0, 1, 2, 3)
-        ]
-        boxes = pa.StructArray.from_arrays(columns, fields=BOX_FIELDS)
-        mask = np.fromiter((b is None for b in chunks), bool, len(chunks))
-        listed = pa.ListArray.from_arrays(
-            pa.array(offsets), boxes, type=pa.list_(BOX_TYPE), mask=_null_mask(mask)
-        )
-        n_boxes = pa.array(np.where(mask, 0, lengths).astype(np.int32), mask=mask)
-        return [
-            listed,
-            n_boxes,
-            checked_array(self._size["width"], "width", pa.int32(), bad),
-            checked_array(self._size["height"], "height", pa.int32(), bad),
-        ]
+        self._rows += len(rows)
+        return 0
+
+    def arrays(self, bad: dict[int, str]) -> list[pa.Array]:
+        arrays = [checked_array(self._pred, "pred", pa.int64(), bad)]
+        for col, value_type in ((self._index, pa.int32()), (self._score, pa.float32())):
+            if col is None:
+                arrays.append(pa.nulls(self._rows, pa.list_(value_type)))
+            else:
+                arrays.append(col.arrow(value_type))
+        return arrays
+
+
+def __getattr__(name: str) -> Any:
+    """The box struct's old names here (batchinfer/tasks/boxes.py holds them now)."""
+    if name in ("BOX_FIELDS", "BOX_TYPE"):
+        from batchinfer.tasks import boxes
+
+        return getattr(boxes, name)
+    raise AttributeError(name)

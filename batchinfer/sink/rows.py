@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,16 +42,29 @@ class Row:
     outputs: list[np.ndarray] | None = None  # views: valid only during RowSink.write
     t_done: float = 0.0  # time.monotonic() when the row became due (not written to Parquet)
     node: str | None = None  # the cluster node that ran it (None on one board)
-    # Detection runs (engine/detection.py): float32 (n, 6) x1, y1, x2, y2, score, class id
-    # in the original image's pixels, best first; and that image's size.
-    boxes: np.ndarray | None = None
-    width: int | None = None
-    height: int | None = None
     # A list's other columns for the item (Item.columns): the predictions' ``meta`` struct.
     meta: Mapping[str, object] | None = None
     # A video frame's 0-based index in its video and presentation time (s); None otherwise.
     frame: int | None = None
     time_s: float | None = None
+    # What the task's decoder made of the item in the core worker (batchinfer/tasks:
+    # Task.decoder); None for tasks that decode in the coordinator, and on error rows.
+    payload: Any = None
+
+    # A box task's payload (tasks/boxes.py BoxRows), as detection readers (evaluate/) read
+    # it: float32 (n, 6) x1, y1, x2, y2, score, class id in the original image's pixels,
+    # best first; and that image's size. None for other tasks.
+    @property
+    def boxes(self) -> np.ndarray | None:
+        return getattr(self.payload, "rows", None)
+
+    @property
+    def width(self) -> int | None:
+        return getattr(self.payload, "width", None)
+
+    @property
+    def height(self) -> int | None:
+        return getattr(self.payload, "height", None)
 
 
 class RowSink(Protocol):

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchinfer.errors import BatchinferError, OutputWriteError
 from batchinfer.sink.folder_handle import Folder
@@ -20,6 +20,9 @@ from batchinfer.sink.manifest import RunManifest
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
 from batchinfer.sink.stats import CoreStatsRecorder, write_core_stats, write_timeline
+
+if TYPE_CHECKING:
+    from batchinfer.tasks import Task
 
 
 def _now() -> str:
@@ -38,7 +41,7 @@ class RunFolder:
         save_outputs: bool,
         part_rows: int,
         first_part: int,
-        task: str = "classify",
+        task: Task | str = "classify",
         class_names: tuple[str, ...] = (),
         meta: Any = None,
         out: Folder | None = None,
@@ -72,7 +75,7 @@ class RunFolder:
         part_rows: int,
         first_part: int = 0,
         guard: Callable[[], None] | None = None,
-        task: str = "classify",
+        task: Task | str = "classify",
         class_names: tuple[str, ...] = (),
         meta: Any = None,
         out: Folder | None = None,

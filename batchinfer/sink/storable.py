@@ -12,6 +12,8 @@ row stays in its part, so every item still has exactly one row; being an error r
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pyarrow as pa
 
 from batchinfer.sink.atomic import DATA_ERRORS
@@ -94,9 +96,12 @@ def meta_array(
     return checked_array(values, "meta", meta, {} if unstorable is None else unstorable)
 
 
-def as_error_rows(table: pa.Table, unstorable: dict[int, str]) -> pa.Table:
-    """``table`` with the rows of ``unstorable`` made error rows: their result columns and
-    saved outputs null, their error the reason (a row that was an error row keeps its own)."""
+def as_error_rows(
+    table: pa.Table, unstorable: dict[int, str], results: Collection[str] = RESULT_COLUMNS
+) -> pa.Table:
+    """``table`` with the rows of ``unstorable`` made error rows: their ``results`` columns
+    (the task's: a plug-in's own) and saved outputs null, their error the reason (a row that
+    was an error row keeps its own)."""
     import pyarrow.compute as pc  # only here: importing it costs every run ~50 ms
 
     n = table.num_rows
@@ -112,7 +117,7 @@ def as_error_rows(table: pa.Table, unstorable: dict[int, str]) -> pa.Table:
     for field, column in zip(table.schema, table.columns, strict=True):
         if field.name == "error":
             column = pa.chunked_array([pa.array(errors, type=field.type)])
-        elif field.name in RESULT_COLUMNS or field.name.startswith("out_"):
+        elif field.name in results or field.name.startswith("out_"):
             column = pc.if_else(mask, pa.scalar(None, type=field.type), column)
         columns.append(column)
     return pa.Table.from_arrays(columns, schema=table.schema)
