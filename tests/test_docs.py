@@ -91,13 +91,24 @@ def check(args: list[str]) -> list[str]:
     known = _options(command)
     if command is cli:
         known.add("--version")
+    takes_value = {
+        opt
+        for p in command.params
+        if isinstance(p, click.Option) and not p.is_flag and not p.count
+        for opt in p.opts
+    }
     problems = []
+    value_next = False
     for word in words:
+        if value_next:  # an option's value, which may itself start with "-" ('-hwaccel rkmpp')
+            value_next = False
+            continue
         if not word.startswith("-") or word == "-" or re.fullmatch(r"-\d.*", word):
             continue  # an argument or a negative number
         flag = word.split("=", 1)[0]
         if flag not in known:
             problems.append(f"{' '.join(path)}: {flag} is not in its --help")
+        value_next = flag in takes_value and "=" not in word
     return problems
 
 
