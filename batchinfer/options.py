@@ -163,7 +163,8 @@ class SimOptions:
     faults: tuple[str, ...] = option(
         (),
         "Inject a fault: KIND:core=C:call=N or KIND:item=I (KIND crash, hang, none, init), "
-        "init:core=C, skew:core=C (repeatable).",
+        "init:core=C, skew:core=C, leak:mb=M or leak:core=C:mb=M (every call keeps M MB) "
+        "(repeatable).",
         flag="--sim-fault",
         multiple=True,
     )
