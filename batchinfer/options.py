@@ -340,6 +340,19 @@ class ReliabilityOptions:
         "On Ctrl-C, how long items already in flight may take to finish.",
         bounds=Bounds(0, DAY_S, why="one day"),
     )
+    max_worker_rss_mb: float | None = option(
+        None,
+        "A core worker whose own memory (RSS less shared pages) passes this many MB is "
+        "replaced between items (default: half the machine's memory over the core workers, "
+        "at least 256).",
+        bounds=Bounds(16, 2**24, why="16 TiB"),
+    )
+    recycle_after: int = option(
+        2000,
+        "A core worker whose memory grew steadily over its last N items is replaced "
+        "between items; 0: only --max-worker-rss-mb replaces one.",
+        bounds=Bounds(0, 2**40, why="no run is that long"),
+    )
     canary: bool = option(
         True,
         "Check before the run that every core gives the same outputs.",
