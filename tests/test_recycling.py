@@ -109,6 +109,12 @@ def test_what_is_not_steady_growth_recycles_nothing(shape: str) -> None:
     assert _feed(RecyclePolicy(10_000, 100), series) == []
 
 
+def test_a_worker_faster_than_the_samples_is_judged_over_more_items() -> None:
+    # 100 items between two samples (N = 100): judged over the last MIN_SAMPLES samples.
+    verdicts = _feed(RecyclePolicy(10_000, 100), [(i * 100, 300 + i * 8.0) for i in range(40)])
+    assert [items for items, _ in verdicts] == [(MIN_SAMPLES - 1) * 100]
+
+
 def test_an_idle_worker_s_samples_count_as_one() -> None:
     policy = RecyclePolicy(10_000, 100)
     policy.up(0)

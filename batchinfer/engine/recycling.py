@@ -19,9 +19,11 @@ A worker is to be recycled (stopped between items and started afresh on its core
   said once and never recycled for its size (a fresh worker would be no smaller), only for
   growth;
 - growth: ``recycle_after`` (N) is not 0, it has finished at least N items, and its memory
-  grew *steadily* over its last N items: the samples taken over them (at least
-  ``MIN_SAMPLES``), split into four quarters in order, have each quarter's median above the
-  quarter's before, and the last quarter's median at least ``GROWTH_MB`` above the first's.
+  grew *steadily* over its last N items: the samples taken over them (``MIN_SAMPLES`` at
+  least: a worker fast enough to do N items in fewer samples is judged over its last
+  ``MIN_SAMPLES`` samples, so over more items), split into four quarters in order, have each
+  quarter's median above the quarter's before, and the last quarter's median at least
+  ``GROWTH_MB`` above the first's.
   A single spike moves no quarter's median (each has three samples or more); a step (a
   cache filled once) raises one quarter, not three in a row; noise does not add up to
   ``GROWTH_MB``. Samples with no item finished in between count as one (the newest), so
@@ -141,8 +143,9 @@ class RecyclePolicy:
             samples.pop()  # no item since: the newer sample stands for that point
         samples.append((worker.items, rss_mb))
         # The window: the newest samples spanning n items, and the one just before them
-        # (the memory at the window's start).
-        while len(samples) > 1 and samples[1][0] <= worker.items - n:
+        # (the memory at the window's start); MIN_SAMPLES at least, so a worker that does
+        # n items between two samples is judged over more items, not never.
+        while len(samples) > MIN_SAMPLES and samples[1][0] <= worker.items - n:
             samples.popleft()
         if worker.items < n or samples[0][0] > worker.items - n or len(samples) < MIN_SAMPLES:
             return None
