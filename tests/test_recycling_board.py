@@ -35,7 +35,7 @@ def often(monkeypatch):
     monkeypatch.setattr(board, "RSS_EVERY_S", 0.01)
 
 
-def _config(demo_kit, out, **extra):
+def _config(demo_kit, out, limit=N, **extra):
     return config(
         dataset=demo_kit.dataset,
         model=demo_kit.models["digits"],
@@ -43,7 +43,7 @@ def _config(demo_kit, out, **extra):
         sim=fast_sim(LEAK, npu_ms=4),
         recycle_after=40,
         cores=(0, 1),  # core 1 does about half the items: several times 40
-        limit=N,
+        limit=limit,
         out=out,
         **extra,
     )
@@ -99,3 +99,26 @@ def test_a_run_stopped_after_a_recycling_resumes_to_every_item_once(demo_kit, tm
     by_invocation = {(r["invocation"], r["core"]): r["recycles"] for r in _stats(resumed.out)}
     assert by_invocation[(0, 1)] >= 1  # the first run's, kept beside the resumed run's
     assert (1, None) in by_invocation
+
+
+@pytest.mark.slow  # ~3 s; default-tier sibling: the first test (a worker that stops)
+def test_a_recycled_worker_that_does_not_stop_is_killed_and_replaced(
+    demo_kit, tmp_path, often, monkeypatch
+):
+    real = board.BoardPool.recycle
+
+    def frozen(self, key: int, now: float) -> None:
+        child = self._child("worker", key)
+        os.kill(child.proc.pid, signal.SIGSTOP)  # it will never read its Stop
+        real(self, key, now)
+
+    monkeypatch.setattr(board, "_JOIN_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(board.BoardPool, "recycle", frozen)
+    # Long enough for the watchdog to find it (else the run's end kills it, said otherwise).
+    result = run(_config(demo_kit, tmp_path / "o", limit=3 * N))
+    assert (result.status, exit_code(result)) == ("complete", 0)
+    assert sorted(read_predictions(result.out)["index"].to_pylist()) == list(range(3 * N))
+    stats = {r["core"]: r for r in _stats(result.out)}
+    assert stats[1]["recycles"] >= 1 and stats[1]["restarts"] == 0
+    killed = [str(w) for w in result.warnings if "of being recycled" in w]
+    assert killed[0] == "core 1: its worker did not stop within 0.3 s of being recycled; killed."

@@ -42,6 +42,7 @@ from batchinfer.engine.pools import (
     PoolReport,
     ReaderLost,
     ReaderUp,
+    Said,
     Where,
     WorkerLost,
     WorkerMemory,
@@ -355,7 +356,7 @@ class BoardPool:
             # Recycled: it held no item, so nothing is lost; its successor starts now.
             if not s.stopping:
                 self.start_worker(child.key, self.clock())
-            return None
+            return None if child.killed_for is None else Said(f"{child.name}: {what}.")
         return WorkerLost(child.key, what, frozenset(i for i, _ in working), child.hung_items)
 
     # ------------------------------------------------------------------ checks
@@ -395,7 +396,7 @@ class BoardPool:
             return
         self._recycling[id(child)] = child
         if child.killed_for is None:
-            child.phase = f"it did not stop within {_JOIN_TIMEOUT_S:g} s of being recycled"
+            child.phase = f"its worker did not stop within {_JOIN_TIMEOUT_S:g} s of being recycled"
             child.deadline = now + _JOIN_TIMEOUT_S
             self.children.send(child, Stop())
 
