@@ -31,6 +31,7 @@ from batchinfer.engine.core_texts import alike, for_cores, place_text, reader_de
 from batchinfer.engine.fd_limit import too_many_files
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.pools import (
+    ItemResult,
     ItemsDone,
     ItemsRead,
     PoolEvent,
@@ -392,15 +393,7 @@ class Engine:
     def _on_event(self, event: PoolEvent) -> None:
         match event:
             case ItemsDone(key, results):
-                self.recycler.done(key, len(results))
-                for r in results:
-                    finished = self.scheduler.done(key, r.slot, r.error)
-                    if finished is None:
-                        continue
-                    if finished.error is None:
-                        self.collector.success(r.slot, key, r.instance, r.t0, r.t1, *r.boxes)
-                    else:
-                        self.collector.error(finished)
+                self._on_done(key, results)
             case ItemsRead(_reader, items):
                 now = self.clock()
                 for slot, read_ms, error in items:
@@ -425,6 +418,17 @@ class Engine:
                     self.warn(f"reader {reader} {what}; started a new one.")
             case Said(message):
                 self.warn(message)
+
+    def _on_done(self, key: int, results: list[ItemResult]) -> None:
+        self.recycler.done(key, len(results))
+        for r in results:
+            finished = self.scheduler.done(key, r.slot, r.error)
+            if finished is None:
+                continue
+            if finished.error is None:
+                self.collector.success(r.slot, key, r.instance, r.t0, r.t1, *r.boxes)
+            else:
+                self.collector.error(finished)
 
     def _on_worker_up(self, up: WorkerUp) -> None:
         key, where = up.key, self.pool.where(up.key)
