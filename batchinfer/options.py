@@ -164,7 +164,8 @@ class SimOptions:
     faults: tuple[str, ...] = option(
         (),
         "Inject a fault: KIND:core=C:call=N or KIND:item=I (KIND crash, hang, none, init), "
-        "init:core=C, skew:core=C (repeatable).",
+        "init:core=C, skew:core=C, leak:mb=M or leak:core=C:mb=M (every call keeps M MB) "
+        "(repeatable).",
         flag="--sim-fault",
         multiple=True,
     )
@@ -340,6 +341,19 @@ class ReliabilityOptions:
         10.0,
         "On Ctrl-C, how long items already in flight may take to finish.",
         bounds=Bounds(0, DAY_S, why="one day"),
+    )
+    max_worker_rss_mb: float | None = option(
+        None,
+        "A core worker whose own memory (RSS less shared pages) passes this many MB is "
+        "replaced between items (default: half the machine's memory over the core workers, "
+        "at least 256).",
+        bounds=Bounds(16, 2**24, why="16 TiB"),
+    )
+    recycle_after: int = option(
+        2000,
+        "A core worker whose memory grew steadily over its last N items is replaced "
+        "between items; 0: only --max-worker-rss-mb replaces one.",
+        bounds=Bounds(0, 2**40, why="no run is that long"),
     )
     canary: bool = option(
         True,

@@ -25,8 +25,9 @@ What happens is scripted per key and per item:
 A key's worker infers ``instances`` items at once (the rest it holds queue behind them).
 Every call the loop makes is recorded in ``calls`` as a tuple, with item indexes rather
 than slots: ("send_work", key, [indexes], now), ("send_reads", reader, [indexes], now),
-("start_worker", key, now), ("retire", key), ("restart_reader", reader), ("shift", gap_s),
-("close", hard).
+("start_worker", key, now), ("retire", key), ("recycle", key, now), ("restart_reader",
+reader), ("shift", gap_s), ("close", hard). Workers' memory is scripted with ``at(t,
+WorkerMemory(key, mb))``.
 """
 
 from __future__ import annotations
@@ -313,6 +314,14 @@ class FakePool:
 
     def start_worker(self, key: int, now: float) -> None:
         self.calls.append(("start_worker", key, now))
+        self._start(key, now)
+
+    def recycle(self, key: int, now: float) -> None:
+        """The loop drained the key's worker: it must hold nothing; a new one starts."""
+        self.calls.append(("recycle", key, now))
+        worker = self.workers[key]
+        assert not worker.queue and not worker.running, f"key {key} recycled holding items"
+        self._forget(worker)
         self._start(key, now)
 
     def restart_reader(self, reader: int) -> None:

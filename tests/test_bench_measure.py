@@ -218,7 +218,9 @@ def test_restarts_and_retired_cores_while_measuring_are_recorded_but_not_before(
     r.advance(101.5, rate=lambda t: 100.0)
     r.obs.notify(ev.Restarted(0, "worker process crashed (exit code -9)", 0.25))
     r.obs.notify(ev.CoreRetired(0, "3 crashes in a row"))
+    r.obs.notify(ev.Recycling(1, 900.0, "over reliability.max_worker_rss_mb (500 MB)"))
     assert r.obs.failures == [
         "core 0 restarted (worker process crashed (exit code -9))",
         "core 0 retired (3 crashes in a row)",
+        "core 1 recycled (over reliability.max_worker_rss_mb (500 MB))",
     ]

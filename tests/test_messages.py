@@ -176,7 +176,7 @@ def _adapter() -> None:
 
 
 def _loop() -> None:
-    from batchinfer.engine.loop import _for_cores
+    from batchinfer.engine.core_texts import for_cores as _for_cores
     from batchinfer.runtime.adapter import CoreError
 
     with pytest.raises(CoreError) as caught:
@@ -253,7 +253,8 @@ def test_each_module_names_settings_as_each_front_end_sets_them(make, cli, job, 
 
 def test_cores_that_failed_alike_are_grouped_by_their_reasons_not_their_text() -> None:
     from batchinfer.cli.options import flag_of
-    from batchinfer.engine.loop import _alike, _for_cores
+    from batchinfer.engine.core_texts import alike as _alike
+    from batchinfer.engine.core_texts import for_cores as _for_cores
     from batchinfer.runtime.adapter import CoreReason, Mark
 
     init = CoreReason.of("NPU ", Mark.CORE, " could not start; ", Mark.ADVICE, "check it.")

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import models as M  # tests/ is on sys.path under pytest (no tests/__init__.py)
 import numpy as np
+import psutil
 import pytest
 
 from batchinfer.errors import UsageError
 from batchinfer.runtime import constants as C
+from batchinfer.runtime import sim as sim_module
 from batchinfer.runtime.sim import Fault, RKNNLite, SimSettings, parse_fault
 
 X = np.zeros((1, 8, 8, 1), dtype=np.uint8)
@@ -132,6 +134,8 @@ def run_threads(runtimes: list[RKNNLite], calls: int) -> float:
         ("crash:item=0", Fault("crash", item=0)),
         ("init:core=2", Fault("init", core=2)),
         ("init:core=2:call=3", Fault("init", core=2, call=3)),
+        ("leak:mb=4", Fault("leak", mb=4.0)),
+        ("leak:core=1:mb=0.5", Fault("leak", core=1, mb=0.5)),
     ],
 )
 def test_parse_fault_accepts_the_documented_forms(spec: str, fault: Fault) -> None:
@@ -153,11 +157,39 @@ def test_parse_fault_accepts_the_documented_forms(spec: str, fault: Fault) -> No
         "crash:core=x:call=1",
         "crash:call=1:core=0",
         "CRASH:item=1",
+        "leak",
+        "leak:core=1",
+        "leak:core=1:call=2:mb=4",
+        "leak:item=3:mb=4",
+        "crash:core=0:call=1:mb=4",
     ],
 )
 def test_parse_fault_rejects_everything_else(spec: str) -> None:
     with pytest.raises(UsageError, match=r"KIND:core=C:call=N"):
         parse_fault(spec)
+
+
+def _own_memory_mb() -> float:
+    """This process's memory as the engine watches a worker's (engine/usage.py)."""
+    info = psutil.Process().memory_info()
+    return (info.rss - info.shared) / 2**20
+
+
+def test_a_leak_fault_keeps_memory_per_call_on_its_core_only(model: Path, state: Path) -> None:
+    leaky = sim(state, model, C.NPU_CORE_1, faults="leak:core=1:mb=8")
+    clean = sim(state, model, C.NPU_CORE_0, faults="leak:core=1:mb=8")
+    try:
+        before = _own_memory_mb()
+        for _ in range(3):
+            assert clean.inference(inputs=[X]) is not None
+        assert _own_memory_mb() - before < 8  # core 0 does not leak
+        for _ in range(4):
+            assert leaky.inference(inputs=[X]) is not None
+        assert _own_memory_mb() - before >= 4 * 8 * 0.9  # resident, not merely reserved
+    finally:
+        leaky.release()
+        clean.release()
+        sim_module._LEAKED.clear()  # this is the test process: give it back
 
 
 def test_settings_come_from_env_and_overrides_win(

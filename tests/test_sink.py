@@ -461,6 +461,7 @@ def test_core_stats_total_row_arithmetic() -> None:
     rec.add_busy(1, 1.5)  # carried over from an incarnation that died...
     rec.add_restart(1)
     rec.set_busy(1, 0.5)  # ...and the new one reports from 0
+    rec.add_recycle(0)  # a worker replaced because it grew
     rows = rec.table().to_pylist()
     assert [r["core"] for r in rows] == [0, 1, None]
     c0, c1, total = rows
@@ -469,6 +470,7 @@ def test_core_stats_total_row_arithmetic() -> None:
     assert c0["utilization"] == pytest.approx(3.0 / 5.0)
     assert c1["busy_s"] == 2.0 and c1["restarts"] == 1 and c1["wall_s"] == 5.0
     assert total["items"] == 11 and total["errors"] == 2 and total["restarts"] == 1
+    assert (c0["recycles"], c1["recycles"], total["recycles"]) == (1, 0, 1)
     assert total["wall_s"] == 10.0 and total["items_per_s"] == pytest.approx(1.1)
     assert total["busy_s"] == 5.0
     assert total["utilization"] == pytest.approx(5.0 / (10.0 * 2))
@@ -488,10 +490,11 @@ def test_core_without_completions_has_null_rates() -> None:
     summary = format_summary(rec.table())
     lines = summary.splitlines()
     assert lines[0].split() == [
-        "core", "items", "errors", "restarts", "items/s", "util", "%", "p50", "ms", "p99", "ms"
+        "core", "items", "errors", "restarts", "recycles", "items/s", "util", "%", "p50", "ms",
+        "p99", "ms"
     ]  # fmt: skip
     assert [ln.split()[0] for ln in lines[1:]] == ["0", "1", "2", "all"]
-    assert lines[3].split()[4] == "-"
+    assert lines[3].split()[5] == "-"
 
 
 def test_timeline_counts() -> None:

@@ -86,8 +86,13 @@ class BenchObserver:
             self._tick(event.t)
         elif isinstance(event, ev.Stopping):
             self.end_early(event.reason)
-        elif isinstance(event, (ev.Restarted, ev.CoreRetired)) and self.phase == "measuring":
-            what = "restarted" if isinstance(event, ev.Restarted) else "retired"
+        elif (
+            isinstance(event, (ev.Restarted, ev.CoreRetired, ev.Recycling))
+            and self.phase == "measuring"
+        ):  # a recycled worker's core pauses while its successor loads the model
+            what = {ev.Restarted: "restarted", ev.CoreRetired: "retired"}.get(
+                type(event), "recycled"
+            )
             self.failures.append(f"core {event.core} {what} ({event.reason})")
 
     def _rows(self, rows: list) -> None:

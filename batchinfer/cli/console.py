@@ -97,7 +97,9 @@ def format_summary(table: pa.Table) -> str:
 
     On a cluster a core is shown as ``node/core``.
     """
-    header = ("core", "items", "errors", "restarts", "items/s", "util %", "p50 ms", "p99 ms")
+    header = (
+        "core", "items", "errors", "restarts", "recycles", "items/s", "util %", "p50 ms", "p99 ms"
+    )  # fmt: skip
     lines = []
     rows = table.to_pylist()
     rows.sort(key=lambda r: (r["core"] is None, r.get("node") or "", r["core"] or 0))
@@ -110,6 +112,7 @@ def format_summary(table: pa.Table) -> str:
                 str(r["items"]),
                 str(r["errors"]),
                 str(r["restarts"]),
+                str(r["recycles"]),
                 _fmt(r["items_per_s"], ".1f"),
                 _fmt(util, ".0f"),
                 _fmt(r["p50_ms"], ".2f"),

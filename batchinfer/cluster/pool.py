@@ -320,6 +320,11 @@ class RayPool:
             actor.probe_deadline = now + self.rel.startup_timeout_s
         self._waiting[actor.probe] = ("probe", actor, actor.probe)
 
+    def recycle(self, key: int, now: float) -> None:
+        """Refused: this pool reports no WorkerMemory, so the loop never drains an actor to
+        recycle it (--max-worker-rss-mb and --recycle-after act on one board only)."""
+        raise NotImplementedError("Ray actors are not recycled: the pool reports no memory")
+
     def restart_reader(self, reader: int) -> None:
         """A read lane needs no restart: its next task starts when it is sent reads."""
 

@@ -12,7 +12,11 @@ What only a board has lives here too:
 - readers grow and shrink with demand and yield to the core workers once those are seen
   well fed (reader_scaling.py): the one place this pool changes the scheduler, by adding
   and closing readers;
-- CPU and memory of every child are accounted by role (usage.py).
+- CPU and memory of every child are accounted by role (usage.py), and each ready core
+  worker's own memory is reported to the loop (WorkerMemory, every RSS_EVERY_S), which
+  decides when one is recycled (recycling.py). A recycled worker is asked to stop; its new
+  incarnation starts once it has exited (never two on one core: they share its rows of
+  the status board), or once the watchdog killed it for not stopping in time.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ from batchinfer.engine.pools import (
     PoolReport,
     ReaderLost,
     ReaderUp,
+    Said,
     Where,
     WorkerLost,
+    WorkerMemory,
     WorkerRetired,
     WorkerUp,
 )
@@ -57,6 +63,7 @@ from batchinfer.engine.protocol import (
     WorkerReady,
 )
 from batchinfer.engine.reader_scaling import ReaderScaler
+from batchinfer.engine.recycling import RSS_EVERY_S
 from batchinfer.engine.scheduler import Scheduler
 from batchinfer.engine.slots import SlotRegion, StatusBoard, sweep_dead_segments
 from batchinfer.engine.sources import ItemSource
@@ -121,6 +128,8 @@ class BoardPool:
             f.column for f in plan.feeds if f.source == FROM_COLUMN and f.column is not None
         )
         self._next_check = 0.0
+        self._next_memory = 0.0
+        self._recycling: dict[int, Child] = {}  # id -> a worker asked to stop, to be replaced
         self._starved = False
         self._started = False  # the scaler was told that start-up is over
         self.outputs: SlotRegion | None = None
@@ -343,6 +352,11 @@ class BoardPool:
         if s.cores[child.key].state != CoreStatus.RETIRED:
             self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
             self.stats.set_busy(child.key, 0.0)
+        if self._recycling.pop(id(child), None) is not None:
+            # Recycled: it held no item, so nothing is lost; its successor starts now.
+            if not s.stopping:
+                self.start_worker(child.key, self.clock())
+            return None if child.killed_for is None else Said(f"{child.name}: {what}.")
         return WorkerLost(child.key, what, frozenset(i for i, _ in working), child.hung_items)
 
     # ------------------------------------------------------------------ checks
@@ -357,12 +371,34 @@ class BoardPool:
         for child, reason, items in self.watchdog.hung(now, live, self.board.snapshot()):
             child.hung_items = items
             self.children.kill(child, reason)  # its exit comes back from wait()
+        events: list[PoolEvent] = []
+        if now >= self._next_memory:
+            self._next_memory = now + RSS_EVERY_S
+            events = self._worker_memory(live)
         if self.scaler is not None and not stopping:
             if not self._started and self._all_ready():
                 self._started = True
                 self.scaler.started(now, self.usage.idle_cpus)
             self._scale_readers(now)
-        return []
+        return events
+
+    def _worker_memory(self, live: list[Child]) -> list[PoolEvent]:
+        """Each ready core worker's own memory (not one being recycled or killed)."""
+        workers = [c for c in live if c.kind == "worker" and id(c) not in self._recycling]
+        return [WorkerMemory(key, mb) for key, mb in self.usage.workers_memory(workers)]
+
+    def recycle(self, key: int, now: float) -> None:
+        """Ask the key's worker to stop (it holds no item); the watchdog kills it if it has
+        not exited by ``_JOIN_TIMEOUT_S``; its successor starts when it is gone (_on_exit)."""
+        child = self._child("worker", key)
+        if child is None:
+            self.start_worker(key, now)  # gone already: nothing to wait for
+            return
+        self._recycling[id(child)] = child
+        if child.killed_for is None:
+            child.phase = f"its worker did not stop within {_JOIN_TIMEOUT_S:g} s of being recycled"
+            child.deadline = now + _JOIN_TIMEOUT_S
+            self.children.send(child, Stop())
 
     def _all_ready(self) -> bool:
         """Every core is up (or retired) and every reader ready: start-up is over."""

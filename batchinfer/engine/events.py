@@ -95,6 +95,18 @@ class Restarted:
 
 
 @dataclass(frozen=True)
+class Recycling:
+    """A core's worker grew (``rss_mb``, its own memory; ``reason``: over the limit, or
+    steady growth): it gets no new items and is replaced once it holds none
+    (engine/recycling.py)."""
+
+    core: int
+    rss_mb: float
+    reason: str
+    node: str | None = None
+
+
+@dataclass(frozen=True)
 class CoreRetired:
     """A core takes no more items for the rest of the run."""
 

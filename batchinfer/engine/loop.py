@@ -10,10 +10,11 @@ The pool (pools.py: the interface and its protocol; board.py, cluster/pool.py) c
 and reports; everything that is policy is here or in the scheduler, once: admission, which
 worker gets an item, retries and error rows, start-up (items flow while workers start;
 retirements during start-up said once for cores that failed alike), restarts after a
-back-off, retirement texts, stopping (a first request drains, a second stops at once), and
-the result. The loop owns time: it passes ``now`` to the scheduler and the pool, and
-notices when it was itself not running (Ctrl-Z, a frozen VM), so workers are not blamed
-for the gap. The slot life cycle and shutdown order are in the NOTE of slots.py.
+back-off, retirement texts, recycling workers that grow (recycling.py), stopping (a first
+request drains, a second stops at once), and the result. The loop owns time: it passes
+``now`` to the scheduler and the pool, and notices when it was itself not running (Ctrl-Z,
+a frozen VM), so workers are not blamed for the gap. The slot life cycle and shutdown
+order are in the NOTE of slots.py.
 """
 
 from __future__ import annotations
@@ -26,26 +27,29 @@ from batchinfer.engine import events as ev
 from batchinfer.engine.board import BoardPool
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector, nonfinite_warning
+from batchinfer.engine.core_texts import alike, for_cores, place_text, reader_deaths, worker_text
 from batchinfer.engine.fd_limit import too_many_files
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.pools import (
+    ItemResult,
     ItemsDone,
     ItemsRead,
     PoolEvent,
     ReaderLost,
     ReaderUp,
     Said,
-    Where,
     WorkerLost,
+    WorkerMemory,
     WorkerPool,
     WorkerRetired,
     WorkerUp,
 )
+from batchinfer.engine.recycling import Recycler
 from batchinfer.engine.scheduler import CoreLoss, ReaderDeathsExceeded, Scheduler
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
-from batchinfer.messages import Message, as_message, join, setting
+from batchinfer.messages import Message, as_message, join
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreKey, CoreStatsRecorder, place_name
@@ -94,7 +98,7 @@ class Engine:
             layout.readers,
             self.rel.max_attempts,
             physical=layout.physical,
-            name=lambda key: _place_text(self.pool.where(key)),
+            name=lambda key: place_text(self.pool.where(key)),
             capacity=layout.capacity,
         )
         self.stats = stats or CoreStatsRecorder(layout.places, plan.instances_per_core)
@@ -109,9 +113,13 @@ class Engine:
         )  # fmt: skip
         # The canary is compared per place (a core of a node), named as the texts name it.
         self._places: list[CoreKey] = list(layout.places)
-        names = {layout.place(k): _place_text(self.pool.where(k)) for k in layout.keys}
+        names = {layout.place(k): place_text(self.pool.where(k)) for k in layout.keys}
         self.canary = Canary(name=lambda i: names[self._places[i]])
         self._tick_s = tick_s
+        # Workers that grow are replaced between items (recycling.py: when, and how).
+        self.recycler = Recycler(
+            self.rel, self.scheduler, self.pool, self.stats, self.warn, self.notify, self._name
+        )
         self.warnings: list[Message] = []
         self.sdk_versions: dict[int | str, str | None] = {}
         self.stop_reason: str | None = None
@@ -163,7 +171,7 @@ class Engine:
         except HardStop:
             status = "interrupted"
         except ReaderDeathsExceeded as e:
-            status, error = "failed", self._reader_deaths(e)
+            status, error = "failed", reader_deaths(self.scheduler.reader_deaths, e)
         except BatchinferError as e:
             status, error = "failed", e
         except OSError as e:  # out of file descriptors: one sentence, not a traceback
@@ -207,16 +215,6 @@ class Engine:
         """How the result names a key's place: its core on a board, node:core on a cluster."""
         where = self.pool.where(key)
         return where.core if where.node is None else place_name(where.node, where.core)
-
-    def _reader_deaths(self, e: ReaderDeathsExceeded) -> RunFailedError:
-        return RunFailedError(
-            f"readers died {self.scheduler.reader_deaths} times without a file to blame "
-            f"(last: {e}); the machine may be out of memory: run with fewer "
-            + setting("runtime.readers")
-            + " or "
-            + setting("runtime.slots")
-            + ", then resume."
-        )
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
@@ -283,17 +281,17 @@ class Engine:
         # are said once, without the advice to leave one core out, which cannot help.
         retired = self._retired_for
         if len(retired) > 1 and len(self.pool.layout.keys) == len(retired):
-            groups = _alike(retired)
+            groups = alike(retired)
             if len(groups) == 1:
                 ((reason, keys),) = groups.items()
-                return _for_cores(reason, self._cores(keys), advice=False)
+                return for_cores(reason, self._cores(keys), advice=False)
         return join("; ", self.warnings) or "every worker exited during start-up"
 
     def _say_held_retirements(self) -> None:
         """Say the cores retired while the others started, once for cores that failed
         alike ("cores 0, 2 retired: ..."), now that it is known some core is up."""
         held, self._held = self._held, {}
-        for reason, keys in _alike(held).items():
+        for reason, keys in alike(held).items():
             cores = self._cores(keys)
             if len(keys) == 1:
                 message = f"{self._name(keys[0])} retired: " + reason.said(cores)
@@ -304,7 +302,7 @@ class Engine:
                 nodes = self._nodes(keys)
                 if nodes:
                     which += f" of node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
-                message = f"{which} retired: " + _for_cores(reason, cores, advice=True)
+                message = f"{which} retired: " + for_cores(reason, cores, advice=True)
             self.notify(ev.Warned(message))  # in self.warnings, one per core
 
     def _cores(self, keys: list[int]) -> list[int]:
@@ -312,7 +310,7 @@ class Engine:
         return sorted({self.pool.where(k).core for k in keys})
 
     def _name(self, key: int) -> str:
-        return _worker_text(self.pool.where(key))
+        return worker_text(self.pool.where(key))
 
     def _nodes(self, keys: Iterable[int]) -> list[str]:
         """The nodes of ``keys``, each once: none on a board."""
@@ -389,19 +387,13 @@ class Engine:
             self._on_event(event)
         for key in self.scheduler.restarts_due(now):
             self.pool.start_worker(key, now)
+        self.recycler.due(now)
 
     # ------------------------------------------------------------------ events
     def _on_event(self, event: PoolEvent) -> None:
         match event:
             case ItemsDone(key, results):
-                for r in results:
-                    finished = self.scheduler.done(key, r.slot, r.error)
-                    if finished is None:
-                        continue
-                    if finished.error is None:
-                        self.collector.success(r.slot, key, r.instance, r.t0, r.t1, r.decoded)
-                    else:
-                        self.collector.error(finished)
+                self._on_done(key, results)
             case ItemsRead(_reader, items):
                 now = self.clock()
                 for slot, read_ms, error in items:
@@ -414,6 +406,8 @@ class Engine:
                 self._retire(key, reason, quiet)
             case WorkerLost():
                 self._on_worker_lost(event)
+            case WorkerMemory(key, rss_mb):
+                self.recycler.memory(key, rss_mb)
             case ReaderUp(reader, pid):
                 self.notify(ev.ChildReady("reader", reader, pid))
             case ReaderLost(reader, what, culprit):
@@ -425,9 +419,21 @@ class Engine:
             case Said(message):
                 self.warn(message)
 
+    def _on_done(self, key: int, results: list[ItemResult]) -> None:
+        self.recycler.done(key, len(results))
+        for r in results:
+            finished = self.scheduler.done(key, r.slot, r.error)
+            if finished is None:
+                continue
+            if finished.error is None:
+                self.collector.success(r.slot, key, r.instance, r.t0, r.t1, r.decoded)
+            else:
+                self.collector.error(finished)
+
     def _on_worker_up(self, up: WorkerUp) -> None:
         key, where = up.key, self.pool.where(up.key)
         self._first.discard(key)
+        self.recycler.up(key)
         self.sdk_versions[self._label(key)] = up.sdk_version
         if not self._opened:
             self._opened = True
@@ -491,33 +497,3 @@ class Engine:
             blame = " (blamed on the item, not the core)" if loss.blamed_items else ""
             self.warn(f"{name}: {what}{blame}; restarting it in {delay:.2g} s.")
             self.notify(ev.Restarted(where.core, what, delay, node=where.node))
-
-
-def _place_text(where: Where) -> str:
-    """A key's core as texts name it: "core 2", "core 2 of node b"."""
-    return f"core {where.core}" if where.node is None else f"core {where.core} of node {where.node}"
-
-
-def _worker_text(where: Where) -> str:
-    """A key's worker: its core, and its instance when a key is one instance of several."""
-    text = _place_text(where)
-    return text if where.instance is None else f"{text} (instance {where.instance})"
-
-
-def _alike(reasons: dict[int, CoreReason]) -> dict[CoreReason, list[int]]:
-    """Keys grouped by reason: a reason names its core by a mark, so cores that failed
-    alike have equal reasons."""
-    groups: dict[CoreReason, list[int]] = {}
-    for key in sorted(reasons):
-        groups.setdefault(reasons[key], []).append(key)
-    return groups
-
-
-def _for_cores(reason: CoreReason, cores: list[int], *, advice: bool) -> Message:
-    """A reason from :func:`_alike` said of ``cores``: with ``advice``, to leave them out
-    where the reason advised it (not when every core failed: it cannot help then)."""
-    text = reason.said(cores, advice=advice)
-    if reason.names_core:
-        return text
-    every = f"core {cores[0]}" if len(cores) == 1 else f"cores {', '.join(map(str, cores))}"
-    return f"{every}: " + text

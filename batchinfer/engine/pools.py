@@ -27,11 +27,17 @@ PROTOCOL (loop ⇄ pool), all on the loop's thread, all times on the loop's cloc
     check(now) ◄───────────────────────────────────── events found by looking: a worker
                                                       that did not start in time
                                                       (WorkerRetired), workers lost with
-                                                      their node (WorkerLost). A hung
-                                                      worker is killed here; its
-                                                      WorkerLost comes from wait()
+                                                      their node (WorkerLost), the ready
+                                                      workers' memory now and then
+                                                      (WorkerMemory). A hung worker is
+                                                      killed here; its WorkerLost comes
+                                                      from wait()
     shift(gap_s)                                      the loop was not running: move clocks
     start_worker(key, now)     (after a back-off)     start the key's worker again
+    recycle(key, now)          (it holds no item)     replace the key's worker: stop it,
+                                                      start a new one; its WorkerUp comes
+                                                      from wait() (a pool that sends no
+                                                      WorkerMemory is never asked)
     retire(key)                (never again)          stop it for good, drop what it holds
     close(hard)                                       stop everything (hard: kill at once)
 
@@ -115,6 +121,13 @@ class WorkerLost(NamedTuple):
     culprits: frozenset[int] | None = None
 
 
+class WorkerMemory(NamedTuple):
+    """The key's worker's own memory now, in MB (RSS less shared pages: recycling.py)."""
+
+    key: int
+    rss_mb: float
+
+
 class ReaderUp(NamedTuple):
     """A reader process is up (observers account CPU by pid); read lanes send none."""
 
@@ -162,7 +175,15 @@ class Said(NamedTuple):
 
 
 PoolEvent = (
-    WorkerUp | WorkerRetired | WorkerLost | ItemsDone | ReaderUp | ItemsRead | ReaderLost | Said
+    WorkerUp
+    | WorkerRetired
+    | WorkerLost
+    | WorkerMemory
+    | ItemsDone
+    | ReaderUp
+    | ItemsRead
+    | ReaderLost
+    | Said
 )
 
 
@@ -212,6 +233,10 @@ class WorkerPool(Protocol):
 
     def start_worker(self, key: int, now: float) -> None:
         """Start the key's worker again (after WorkerLost and the scheduler's back-off)."""
+
+    def recycle(self, key: int, now: float) -> None:
+        """Replace the key's worker, which holds no item (the loop drained it: it grew,
+        recycling.py): stop it, then start a new one, whose WorkerUp comes from ``wait``."""
 
     def restart_reader(self, reader: int) -> None:
         """Start reader ``reader`` again after ReaderLost (a read lane: nothing to do)."""

@@ -41,6 +41,9 @@ Failure policy:
   is for a broken machine (the OOM killer), not for bad files.
 - After a stop request nothing new is admitted or dispatched; items that come back with
   attempts left are released without a row, so --resume runs them.
+- A worker to be recycled (it grew: recycling.py) is DRAINING: it gets nothing new, the
+  items it holds finish as usual, and once it holds none its restart is due
+  (:meth:`Scheduler.recycles_due`). Nothing is charged: a death meanwhile is a death.
 
 The scheduler's "cores" are keys: core numbers on one board. A cluster driver
 (batchinfer.cluster) schedules one key per runtime instance (a Ray actor), several of
@@ -516,6 +519,25 @@ class Scheduler:
             flight.state = READY
             self.ready.appendleft(slot)
         state.inflight.clear()
+
+    def drain(self, core: int) -> bool:
+        """Send ``core`` nothing more until it is recycled (False: it is not READY)."""
+        state = self.cores[core]
+        if state.state != CoreStatus.READY or self.stopping:
+            return False
+        state.state = CoreStatus.DRAINING
+        return True
+
+    def recycles_due(self) -> list[int]:
+        """DRAINING cores that hold nothing any more (they are starting from here on)."""
+        if self.stopping:
+            return []
+        due = [
+            c.core for c in self.cores.values() if c.state == CoreStatus.DRAINING and not c.inflight
+        ]
+        for core in due:
+            self.core_starting(core)
+        return due
 
     def restarts_due(self, now: float) -> list[int]:
         """Cores whose back-off has passed (they are starting from here on)."""

@@ -36,6 +36,7 @@ class CoreStatus(_Word):
 
     STARTING = "starting"
     READY = "ready"
+    DRAINING = "draining"  # to be recycled: no new items; those it holds finish
     DOWN = "down"  # its worker died; restarted at restart_at
     RETIRED = "retired"  # for the rest of the run
 

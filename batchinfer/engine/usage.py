@@ -7,7 +7,9 @@ so it is counted apart: ``startup`` holds each child's CPU until it was ready, t
 server's (its imports) and the coordinator's until the run started, and the roles hold
 only what came after (what a run's CPU per item means). Its peak RSS is sampled while the
 engine runs (every ``SAMPLE_EVERY_S``), so it is this run's peak, not the peak of whatever
-process launched it (``ru_maxrss`` would carry that over).
+process launched it (``ru_maxrss`` would carry that over). The core workers' own memory is
+read here too, from the coordinator (:meth:`Usage.worker_memory_mb`; what it counts and why:
+recycling.py).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import psutil
 
 from batchinfer.engine.child import cpu_seconds
 from batchinfer.engine.children import Child
+from batchinfer.engine.states import ChildState
 
 SAMPLE_EVERY_S = 0.5
 
@@ -31,6 +34,7 @@ class Usage:
         self._counted: set[int] = set()
         self._next = 0.0
         self.peak_rss_mb = self._me.memory_info().rss / 2**20
+        self._procs: dict[int, psutil.Process] = {}  # pid -> the live child's Process
         psutil.cpu_percent(percpu=True)  # the first call starts psutil's interval
 
     def sample(self, now: float) -> None:
@@ -39,6 +43,30 @@ class Usage:
             return
         self._next = now + SAMPLE_EVERY_S
         self.peak_rss_mb = max(self.peak_rss_mb, self._me.memory_info().rss / 2**20)
+
+    def workers_memory(self, workers: list[Child]) -> list[tuple[int, float]]:
+        """(key, own memory in MB) of each of ``workers`` that is ready and not killed."""
+        out = []
+        for child in workers:
+            pid = child.proc.pid
+            if child.state == ChildState.READY and child.killed_for is None and pid is not None:
+                mb = self.worker_memory_mb(pid)
+                if mb is not None:
+                    out.append((child.key, mb))
+        return out
+
+    def worker_memory_mb(self, pid: int) -> float | None:
+        """A child's own memory in MB: RSS less shared pages (one read of its
+        /proc/PID/statm); None when it cannot be read (it is gone)."""
+        try:
+            proc = self._procs.get(pid)
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+            info = proc.memory_info()
+        except psutil.Error:
+            self._procs.pop(pid, None)
+            return None
+        return max(0, info.rss - getattr(info, "shared", 0)) / 2**20
 
     def idle_cpus(self) -> float:
         """CPUs free since the last call (in CPUs, over the CPUs this process may use)."""
@@ -51,6 +79,8 @@ class Usage:
         if id(child) in self._counted:
             return
         self._counted.add(id(child))
+        if child.proc.pid is not None:
+            self._procs.pop(child.proc.pid, None)
         self._gone["readers" if child.kind == "reader" else "workers"] += (
             child.cpu_s - child.cpu_at_ready
         )

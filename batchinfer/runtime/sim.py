@@ -52,6 +52,9 @@ Faults (for tests of the engine)
     (``init:core=C`` fails every init_runtime on core C, ``init:core=C:call=N`` the N-th);
     ``skew:core=C`` makes every output computed on core C differ slightly (by 1 % of its
     largest magnitude), as some nets do per core on real boards (airockchip/rknn-toolkit2#228).
+    ``leak:mb=M`` (every core) or ``leak:core=C:mb=M`` makes every successful call keep M MB
+    of memory it touched for as long as its process lives, as a runtime that leaks per call
+    does: the worker's memory grows until it is recycled (engine/recycling.py).
     The engine says which item is being inferred with :meth:`RKNNLite.set_current_item`,
     an extra method the real RKNNLite does not have.
 
@@ -108,19 +111,21 @@ ESTIMATE = timing.ESTIMATE  # the npu_ms value that asks for the per-model estim
 # Chips that run each other's models (one .rknn serves RK3566 and RK3568).
 _SAME_NPU = {"rk3566": "rk3568", "rk3568": "rk3566"}
 
-FAULT_KINDS = ("crash", "hang", "none", "init", "skew")
+FAULT_KINDS = ("crash", "hang", "none", "init", "skew", "leak")
 # Faults that hold for every call on a core rather than firing at one call.
-_PER_CORE_KINDS = ("init", "skew")
+_PER_CORE_KINDS = ("init", "skew", "leak")
 FAULT_FORMS = (
     "KIND:core=C:call=N (once, at the N-th call on core C), KIND:item=I (every time item I "
     "is inferred), init:core=C (every init on core C fails) or skew:core=C (core C's outputs "
-    "differ slightly, as some nets do on real boards); KIND is crash, hang, none or init"
+    "differ slightly, as some nets do on real boards), leak:mb=M or leak:core=C:mb=M (every "
+    "call keeps M MB); KIND is crash, hang, none or init"
 )
 _FAULT_RE = re.compile(
     r"^(?P<kind>[a-z]+)"
     r"(?::core=(?P<core>\d+))?"
     r"(?::call=(?P<call>\d+))?"
-    r"(?::item=(?P<item>\d+))?$"
+    r"(?::item=(?P<item>\d+))?"
+    r"(?::mb=(?P<mb>\d+(?:\.\d+)?))?$"
 )
 
 _DEFAULTS = {"chip": "rk3588", "npu_ms": 2.0, "host_ms": 4.0}
@@ -136,19 +141,21 @@ _ENV = {
 # ---------------------------------------------------------------- settings and faults
 @dataclass(frozen=True)
 class Fault:
-    """One injected fault: ``kind`` with either ``core`` (+ ``call``) or ``item``."""
+    """One injected fault: ``kind`` with either ``core`` (+ ``call``) or ``item``; a leak
+    has ``mb`` (and ``core``, or none: every core)."""
 
     kind: str
     core: int | None = None
     call: int | None = None
     item: int | None = None
+    mb: float | None = None
 
     def __str__(self) -> str:
         parts = [self.kind]
-        for name in ("core", "call", "item"):
+        for name in ("core", "call", "item", "mb"):
             value = getattr(self, name)
             if value is not None:
-                parts.append(f"{name}={value}")
+                parts.append(f"{name}={value:g}" if name == "mb" else f"{name}={value}")
         return ":".join(parts)
 
 
@@ -162,6 +169,12 @@ def parse_fault(spec: str) -> Fault:
     core, call, item = (
         None if match[k] is None else int(match[k]) for k in ("core", "call", "item")
     )
+    if (kind == "leak") != (match["mb"] is not None):
+        raise bad
+    if kind == "leak":
+        if call is not None or item is not None:
+            raise bad
+        return Fault(kind, core=core, mb=float(match["mb"]))
     if item is not None:
         if core is not None or call is not None or kind in _PER_CORE_KINDS:
             raise bad
@@ -464,6 +477,10 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(0)  # releases the GIL and lets other threads and processes run
 
 
+# What leak faults kept (``leak:mb=M``): for as long as the process lives, as a real leak.
+_LEAKED: list[np.ndarray] = []
+
+
 # ---------------------------------------------------------------- the runtime
 class RKNNLite(OnnxRKNNBase):
     """``rknnlite.api.RKNNLite`` emulating an NPU board (see the module docstring)."""
@@ -647,6 +664,7 @@ class RKNNLite(OnnxRKNNBase):
         if fired is not None:
             return self._fire(fired)
         outputs = runtime.compute(feeds)
+        self._leak()
         if self._skewed:
             # A small, deterministic per-core difference (airockchip/rknn-toolkit2#228).
             outputs = [o + np.float32(0.01) * (np.abs(o).max() or 1) for o in outputs]
@@ -655,6 +673,13 @@ class RKNNLite(OnnxRKNNBase):
         outputs = deliver(outputs)
         _sleep_until(end)
         return outputs
+
+    def _leak(self) -> None:
+        """The leak faults of this call's cores: keep memory that was written (np.full
+        touches every page, so it is resident, not merely reserved)."""
+        for f in self.settings.faults:
+            if f.kind == "leak" and f.mb and (f.core is None or f.core in self.cores):
+                _LEAKED.append(np.full(int(f.mb * 2**20), 1, np.uint8))
 
     def _reserve(self, earliest: float) -> tuple[Fault | None, float]:
         """Reserve this call's core(s) on the board: (fault that fires, end of the hold).

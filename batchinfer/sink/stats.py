@@ -124,6 +124,7 @@ class _CoreCounters:
     items: int = 0
     errors: int = 0
     restarts: int = 0
+    recycles: int = 0  # workers replaced because they grew (engine/recycling.py)
     busy_current: float = 0.0  # the live worker incarnation's cumulative report
     busy_carried: float = 0.0  # from incarnations that died
     last_done: float | None = None
@@ -247,6 +248,11 @@ class CoreStatsRecorder:
         c.restarts += 1
         c.busy_current = 0.0
 
+    def add_recycle(self, core: CoreKey) -> None:
+        """Count a recycling of ``core``'s worker (it grew); its busy time is carried over
+        as a death's (:meth:`add_busy`) when it has exited."""
+        self._core(core).recycles += 1
+
     def set_busy(self, core: CoreKey, busy_s: float) -> None:
         """Set the live worker's cumulative busy seconds on ``core`` (as it reports them)."""
         self._core(core).busy_current = float(busy_s)
@@ -269,6 +275,7 @@ class CoreStatsRecorder:
             total.items += c.items
             total.errors += c.errors
             total.restarts += c.restarts
+            total.recycles += c.recycles
             latency.merge(c.latency)
         busy = sum(c.busy_s for c in self._cores.values())
         wall = self._wall(self._t_last)
@@ -325,6 +332,7 @@ class CoreStatsRecorder:
             "items": c.items,
             "errors": c.errors,
             "restarts": c.restarts,
+            "recycles": c.recycles,
             "busy_s": busy,
             "wall_s": wall,
             "items_per_s": c.items / wall if wall else None,
@@ -369,6 +377,7 @@ def core_stats_schema(percentiles: Sequence[float] = PERCENTILES) -> pa.Schema:
             pa.field("items", pa.int64()),
             pa.field("errors", pa.int64()),
             pa.field("restarts", pa.int64()),
+            pa.field("recycles", pa.int64()),
             pa.field("busy_s", pa.float64()),
             pa.field("wall_s", pa.float64()),
             pa.field("items_per_s", pa.float64()),
