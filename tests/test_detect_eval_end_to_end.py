@@ -452,7 +452,10 @@ def test_without_matplotlib_a_detection_job_still_writes_its_summary(kit, monkey
     # plots' (and matplotlib) at its top, so the evaluation ended in a traceback after the
     # runs, with no summary and no exit code a scheduler could act on.
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
-    for module in ("report", "detection_report", "detection_plots", "detection_summary"):
+    for module in (
+        "report", "plots", "scorers.instances_report", "scorers.instances_plots",
+        "scorers.classify_report",
+    ):  # fmt: skip
         monkeypatch.delitem(sys.modules, f"batchinfer.evaluate.{module}", raising=False)
     root, _, _ = kit
     job = write_job(root, "noplots")

@@ -22,7 +22,7 @@ import pyarrow as pa
 from batchinfer.evaluate.groundtruth import GroundTruth
 
 if TYPE_CHECKING:
-    from batchinfer.evaluate.detection_plots import Boxes
+    from batchinfer.evaluate.scorers.instances_plots import Boxes
     from batchinfer.sink.rows import Row
 
 BOX_TYPE = pa.struct(
@@ -129,7 +129,7 @@ class DetectionItems:
 
     def box_sets(self) -> dict[str, Boxes | None]:
         """Item id -> its boxes for the gallery (None for an error row)."""
-        from batchinfer.evaluate.detection_plots import Boxes
+        from batchinfer.evaluate.scorers.instances_plots import Boxes
 
         out: dict[str, Boxes | None] = {}
         for item, b in zip(self.id.tolist(), self.boxes, strict=True):
