@@ -465,3 +465,18 @@ def test_without_matplotlib_a_detection_job_still_writes_its_summary(kit, monkey
     summary = (root / "eval" / "noplots" / "summary.md").read_text()
     assert "(detection): PASS" in summary and "Report:" not in summary
     assert not (root / "eval" / "noplots" / "report.html").exists()
+
+
+def test_a_detection_job_refuses_a_report_path_holding_a_file_eval_did_not_write(kit):
+    # Detection had a pipeline of its own, which skipped the check classification makes:
+    # it replaced whatever file stood at output.report (and wrote an unmarked summary).
+    root, _, _ = kit
+    theirs = root / "notes.html"
+    theirs.write_text("<p>someone's notes</p>\n")
+    job = write_job(root, "theirs", extra=f'[output]\nreport = "{theirs}"\n')
+    result = invoke("eval", job, "--no-progress")
+    assert result.exit_code == 2, result.output + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {job}: output.report {theirs} exists and was not written")
+    assert theirs.read_text() == "<p>someone's notes</p>\n"
+    assert not (root / "eval" / "theirs").exists()  # refused before anything ran or was locked

@@ -56,6 +56,21 @@ def same_items(device: Any, reference: Any | None) -> None:
         )
 
 
+class Inputs:
+    """What every task's metrics see: the device's per-item results, and the reference's,
+    the baseline's and the device run's core stats when there are (a task's inputs add
+    what its metrics need: the class map, the ground truth)."""
+
+    def __init__(
+        self, device: Any, reference: Any | None, baseline: Any | None, core_stats: list | None
+    ) -> None:
+        same_items(device, reference)
+        self.device = device
+        self.reference = reference
+        self.baseline = baseline
+        self.core_stats = core_stats or []
+
+
 def core_rows(
     items: Any,
     core_stats: list[dict],
@@ -114,13 +129,13 @@ def items_per_s(x: Any) -> float | None:
     return total[0].get("items_per_s") if total else None
 
 
-def errors_metric(help: str) -> Metric:
-    """``errors``: the items that ended as error rows (``help`` says what they cost)."""
-    return Metric("errors", lambda x: float((~x.device.ok).sum()), "", help, better="lower")
-
-
-def throughput_metric() -> Metric:
-    return Metric("items_per_s", items_per_s, "", "Device run throughput, items per second.")
+def run_metrics(errors_help: str) -> list[Metric]:
+    """Every task's metrics of the run: ``errors``, the items that ended as error rows
+    (``errors_help`` says what they cost), and ``items_per_s``."""
+    return [
+        Metric("errors", lambda x: float((~x.device.ok).sum()), "", errors_help, better="lower"),
+        Metric("items_per_s", items_per_s, "", "Device run throughput, items per second."),
+    ]
 
 
 # --------------------------------------------------------------------------- custom metrics

@@ -9,7 +9,7 @@ Every name (job, model, item, metric) and message is data: code spans and escape
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,22 @@ def no_baseline(record: dict[str, Any], command: Callable[[str], str], advice: s
             "as the baseline, so the next evaluation is compared with it."
         )
     return advice
+
+
+def core_table(
+    cores: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, Callable[[Any], str]]]
+) -> list[str]:
+    """The per-core table (none without cores): where, items, errors, the task's
+    ``columns`` (header, how a core's row shows), items/s; a blank line first."""
+    if not cores:
+        return []
+    head = ["core", "items", "errors", *(h for h, _ in columns), "items/s"]
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cores:
+        cells = [text(c["place"]), str(c["items"]), str(c["errors"])]
+        cells += [show(c) for _, show in columns] + [fmt(c["items_per_s"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def markdown_summary(record: dict[str, Any], report: Path | None, scorer: Any) -> str:

@@ -20,7 +20,6 @@ import pyarrow as pa
 from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.data.whole_file import LABELS_BOUND, read_whole
 from batchinfer.evaluate.baseline import Baseline, read_baseline, unreadable
-from batchinfer.evaluate.gates import fmt
 from batchinfer.evaluate.items import ItemResults
 from batchinfer.evaluate.jobspec import Job
 from batchinfer.evaluate.markdown import code, text
@@ -34,7 +33,14 @@ from batchinfer.evaluate.scorers.classify_metrics import (
     confusion_matrix,
 )
 from batchinfer.evaluate.steps import item_places
-from batchinfer.evaluate.summary import ACCEPT_ONE, ids_text, labels_outside, no_baseline, pct
+from batchinfer.evaluate.summary import (
+    ACCEPT_ONE,
+    core_table,
+    ids_text,
+    labels_outside,
+    no_baseline,
+    pct,
+)
 from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, Source, Thumbnail
 from batchinfer.sink.rows import MemorySink
 
@@ -337,16 +343,17 @@ class ClassifyScorer:
     @staticmethod
     def summary_body(record: Mapping[str, Any]) -> list[str]:
         """Per core, then the items flipped since the baseline."""
-        lines = []
-        if record["per_core"]:
-            lines += ["", "| core | items | errors | top-1 | agreement | cosine | items/s |"]
-            lines.append("|---|---|---|---|---|---|---|")
-            for c in record["per_core"]:
-                cos = "-" if c["cosine_mean"] is None else f"{c['cosine_mean']:.6f}"
-                lines.append(
-                    f"| {text(c['place'])} | {c['items']} | {c['errors']} | {pct(c['top1'])} | "
-                    f"{pct(c['agreement'])} | {cos} | {fmt(c['items_per_s'])} |"
-                )
+        lines = core_table(
+            record["per_core"],
+            (
+                ("top-1", lambda c: pct(c["top1"])),
+                ("agreement", lambda c: pct(c["agreement"])),
+                (
+                    "cosine",
+                    lambda c: "-" if c["cosine_mean"] is None else f"{c['cosine_mean']:.6f}",
+                ),
+            ),
+        )
         flipped = record["flipped"]
         lines.append("")
         if flipped is None:

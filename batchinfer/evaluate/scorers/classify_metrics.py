@@ -28,14 +28,7 @@ import numpy as np
 
 from batchinfer.errors import RunFailedError
 from batchinfer.evaluate.items import ItemResults
-from batchinfer.evaluate.metrics import (
-    Metric,
-    core_rows,
-    core_values,
-    errors_metric,
-    same_items,
-    throughput_metric,
-)
+from batchinfer.evaluate.metrics import Inputs, Metric, core_rows, core_values, run_metrics
 from batchinfer.evaluate.outside import Outside, outside_labels
 
 
@@ -137,7 +130,7 @@ class Flips:
     test: McNemar
 
 
-class EvalInputs:
+class EvalInputs(Inputs):
     """What the metrics see: device results, and the reference, baseline, stats if any."""
 
     def __init__(
@@ -149,13 +142,9 @@ class EvalInputs:
         topk: int = 5,
         core_stats: list[dict] | None = None,
     ) -> None:
-        same_items(device, reference)
-        self.device = device
-        self.reference = reference
-        self.baseline = baseline
+        super().__init__(device, reference, baseline, core_stats)
         self.classes = classes
         self.topk = topk
-        self.core_stats = core_stats or []
 
     def for_reference(self) -> EvalInputs:
         """The same inputs with the reference as the model under test (its own accuracy)."""
@@ -287,8 +276,7 @@ def builtin_metrics(topk: int = 5) -> dict[str, Metric]:
             "Top-1 accuracy of the worst class.",
             comparable=True,
         ),
-        errors_metric("Items that ended as error rows (unreadable, or failed every attempt)."),
-        throughput_metric(),
+        *run_metrics("Items that ended as error rows (unreadable, or failed every attempt)."),
         Metric(
             "top1_agreement",
             _agreement,

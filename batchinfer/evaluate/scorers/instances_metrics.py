@@ -30,14 +30,7 @@ from typing import Any
 import numpy as np
 
 from batchinfer.evaluate.groundtruth import GroundTruth
-from batchinfer.evaluate.metrics import (
-    Metric,
-    core_rows,
-    core_values,
-    errors_metric,
-    same_items,
-    throughput_metric,
-)
+from batchinfer.evaluate.metrics import Inputs, Metric, core_rows, core_values, run_metrics
 from batchinfer.evaluate.scorers.coco import (
     DetectionScore,
     disagreement,
@@ -48,7 +41,7 @@ from batchinfer.evaluate.scorers.coco_bootstrap import BootstrapResult, paired_b
 from batchinfer.evaluate.scorers.instances_items import DetectionItems, coco_predictions
 
 
-class DetectInputs:
+class DetectInputs(Inputs):
     """What detection metrics see: the device's boxes, the ground truth, and the reference,
     the baseline's boxes and the device's core stats when there are."""
 
@@ -64,15 +57,11 @@ class DetectInputs:
         seed: int = 0,
         core_stats: list[dict] | None = None,
     ) -> None:
-        same_items(device, reference)
-        self.device = device
+        super().__init__(device, reference, baseline, core_stats)
         self.gt = gt
         self.category_ids = list(category_ids)
-        self.reference = reference
-        self.baseline = baseline
         self.resamples = resamples
         self.seed = seed
-        self.core_stats = core_stats or []
 
     def for_reference(self) -> DetectInputs:
         """The same inputs with the reference as the detector under test."""
@@ -207,8 +196,7 @@ def detection_metrics() -> dict[str, Metric]:
                comparable=True),
         Metric("map50", lambda x: x.score.map50, "", "COCO mAP at IoU 0.50.", comparable=True),
         Metric("map75", lambda x: x.score.map75, "", "COCO mAP at IoU 0.75.", comparable=True),
-        errors_metric("Items that ended as error rows (their objects count as missed)."),
-        throughput_metric(),
+        *run_metrics("Items that ended as error rows (their objects count as missed)."),
         Metric("unmatched_items", lambda x: float(len(x.gt.unmatched_items)), "",
                "Dataset images the ground truth does not name (not scored).", better="lower"),
         Metric("unknown_images", lambda x: float(len(x.gt.unknown_images)), "",

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from batchinfer.evaluate.gates import fmt
 from batchinfer.evaluate.markdown import code, text
-from batchinfer.evaluate.summary import ACCEPT_ONE, no_baseline
+from batchinfer.evaluate.summary import ACCEPT_ONE, core_table, no_baseline
 
 #: Metrics the summary shows when computed (every gated metric is shown too).
 KEY_METRICS = (
@@ -65,16 +64,14 @@ def intro(record: Mapping[str, Any]) -> list[str]:
 
 def body(record: Mapping[str, Any]) -> list[str]:
     """Per core, then the comparisons with the reference and the baseline."""
-    lines = []
-    if record["per_core"]:
-        lines += ["", "| core | items | errors | mAP50:95 | reference | disagreement | items/s |"]
-        lines.append("|---|---|---|---|---|---|---|")
-        for c in record["per_core"]:
-            lines.append(
-                f"| {text(c['place'])} | {c['items']} | {c['errors']} | {pct(c['map50_95'])} | "
-                f"{pct(c['reference_map50_95'])} | {pct(c['disagreement_mean'])} | "
-                f"{fmt(c['items_per_s'])} |"
-            )
+    lines = core_table(
+        record["per_core"],
+        (
+            ("mAP50:95", lambda c: pct(c["map50_95"])),
+            ("reference", lambda c: pct(c["reference_map50_95"])),
+            ("disagreement", lambda c: pct(c["disagreement_mean"])),
+        ),
+    )
     lines.append("")
     if record["vs_reference"]:
         line = bootstrap_line(record["vs_reference"]["map50_95"], "device", "reference")
