@@ -452,7 +452,10 @@ def test_without_matplotlib_a_detection_job_still_writes_its_summary(kit, monkey
     # plots' (and matplotlib) at its top, so the evaluation ended in a traceback after the
     # runs, with no summary and no exit code a scheduler could act on.
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
-    for module in ("report", "detection_report", "detection_plots", "detection_summary"):
+    for module in (
+        "report", "plots", "scorers.instances_report", "scorers.instances_plots",
+        "scorers.classify_report",
+    ):  # fmt: skip
         monkeypatch.delitem(sys.modules, f"batchinfer.evaluate.{module}", raising=False)
     root, _, _ = kit
     job = write_job(root, "noplots")
@@ -462,3 +465,18 @@ def test_without_matplotlib_a_detection_job_still_writes_its_summary(kit, monkey
     summary = (root / "eval" / "noplots" / "summary.md").read_text()
     assert "(detection): PASS" in summary and "Report:" not in summary
     assert not (root / "eval" / "noplots" / "report.html").exists()
+
+
+def test_a_detection_job_refuses_a_report_path_holding_a_file_eval_did_not_write(kit):
+    # Detection had a pipeline of its own, which skipped the check classification makes:
+    # it replaced whatever file stood at output.report (and wrote an unmarked summary).
+    root, _, _ = kit
+    theirs = root / "notes.html"
+    theirs.write_text("<p>someone's notes</p>\n")
+    job = write_job(root, "theirs", extra=f'[output]\nreport = "{theirs}"\n')
+    result = invoke("eval", job, "--no-progress")
+    assert result.exit_code == 2, result.output + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {job}: output.report {theirs} exists and was not written")
+    assert theirs.read_text() == "<p>someone's notes</p>\n"
+    assert not (root / "eval" / "theirs").exists()  # refused before anything ran or was locked

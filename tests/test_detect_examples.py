@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from batchinfer.evaluate.detection_examples import detection_examples
-from batchinfer.evaluate.detection_items import DetectionItems
-from batchinfer.evaluate.detection_metrics import DetectInputs
 from batchinfer.evaluate.groundtruth import Category, GroundTruth
+from batchinfer.evaluate.scorers.instances_examples import detection_examples
+from batchinfer.evaluate.scorers.instances_items import DetectionItems
+from batchinfer.evaluate.scorers.instances_metrics import DetectInputs
 
 IDS = ["a.png", "b.png", "c.png", "d.png"]
 #: One object per image (class 0, "red"; category id 1), at the same place.
@@ -112,7 +112,7 @@ def test_the_display_threshold_keeps_what_scores_at_least_it(tmp_path):
 
 def test_the_report_draws_the_ground_truth_beside_each_sides_boxes(tmp_path):
     pytest.importorskip("matplotlib")
-    from batchinfer.evaluate.detection_report import _gallery
+    from batchinfer.evaluate.scorers.instances_report import _gallery
 
     for name in IDS:
         Image.new("RGB", (64, 64), (200, 200, 200)).save(tmp_path / name)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from detection_data import HEIGHT, WIDTH, detector, ground_truth
 
-from batchinfer.evaluate.detection import score_detections
-from batchinfer.evaluate.detection_items import DetectionItems, coco_predictions
-from batchinfer.evaluate.detection_metrics import DetectInputs, detection_metrics
 from batchinfer.evaluate.groundtruth import GroundTruth
 from batchinfer.evaluate.metrics import score
+from batchinfer.evaluate.scorers.coco import score_detections
+from batchinfer.evaluate.scorers.instances_items import DetectionItems, coco_predictions
+from batchinfer.evaluate.scorers.instances_metrics import DetectInputs, detection_metrics
 
 
 def as_items(

@@ -13,19 +13,19 @@ pytest.importorskip("matplotlib")
 from detection_data import detector, ground_truth
 from PIL import Image
 
-from batchinfer.evaluate.detection import score_detections
-from batchinfer.evaluate.detection_plots import (
+from batchinfer.evaluate.groundtruth import Category, GroundTruth
+from batchinfer.evaluate.plots import svg as figure_svg
+from batchinfer.evaluate.scorers.coco import score_detections
+from batchinfer.evaluate.scorers.instances_plots import (
     DEVICE_COLOR,
     REFERENCE_COLOR,
     Boxes,
     ap_figure,
     disagreements,
     draw_boxes,
-    figure_svg,
     gallery,
     pr_figure,
 )
-from batchinfer.evaluate.groundtruth import Category, GroundTruth
 
 #: Names that mathtext would misread or refuse: shown as written, never parsed.
 ODD_NAMES = (r"$\frac$", "price_$5", "a_b")

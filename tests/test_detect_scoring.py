@@ -11,17 +11,19 @@ import numpy as np
 import pytest
 from detection_data import detector, ground_truth
 
-from batchinfer.evaluate.detection import (
+from batchinfer.evaluate.groundtruth import GroundTruth
+from batchinfer.evaluate.scorers.coco import (
     IOU_THRESHOLDS,
     disagreement,
+    score_detections,
+    score_groups,
+)
+from batchinfer.evaluate.scorers.coco_bootstrap import (
     match_images,
     paired_bootstrap,
     resample_weights,
-    score_detections,
-    score_groups,
     weighted_map,
 )
-from batchinfer.evaluate.groundtruth import GroundTruth
 
 
 def pycocotools_eval(gt: GroundTruth, results: list[dict], image_ids=None):

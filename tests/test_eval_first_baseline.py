@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from batchinfer.evaluate.detection_summary import detection_summary
+from batchinfer.evaluate.scorers.instances import InstancesScorer
+from batchinfer.evaluate.summary import markdown_summary
+
+
+def detection_summary(record: dict, report: Path) -> str:
+    return markdown_summary(record, report, InstancesScorer)
 
 
 def detection_record(**extra: object) -> dict:

@@ -13,6 +13,7 @@ import pytest
 from batchinfer.errors import RunFailedError
 from batchinfer.evaluate.baseline import read_baseline, write_baseline
 from batchinfer.evaluate.history import append_history, history_row, job_history
+from batchinfer.evaluate.scorers.classify import baseline_items
 
 
 def facts(job: str, day: int, verdict: str = "pass") -> dict:
@@ -84,11 +85,11 @@ def test_the_baseline_records_who_when_and_sha(tmp_path):
         "metrics": {"top1": 0.5},
     }
     folder = tmp_path / "out" / "baseline"
-    assert read_baseline(folder) is None
+    assert read_baseline(folder, baseline_items) is None
     record = write_baseline(folder, items, evaluation, repo)
     assert record["git_commit"] == head
     assert "@" in record["accepted_by"]
-    baseline = read_baseline(folder)
+    baseline = read_baseline(folder, baseline_items)
     assert baseline is not None
     assert baseline.record["accepted_at"] == "2026-12-02T02:00:00+00:00"
     assert baseline.record["model_sha256"] == "cd" * 32
@@ -102,4 +103,4 @@ def test_the_baseline_records_who_when_and_sha(tmp_path):
 def test_a_damaged_baseline_says_how_to_recover(tmp_path):
     (tmp_path / "baseline.json").write_text("{")
     with pytest.raises(RunFailedError, match=r"cannot be read.*--update-baseline"):
-        read_baseline(tmp_path)
+        read_baseline(tmp_path, baseline_items)

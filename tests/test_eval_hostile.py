@@ -365,7 +365,8 @@ def test_the_detection_summary_keeps_hostile_names_as_text_too():
     # The detection summary was written apart from the classification one and interpolated
     # names raw: a backtick in a file name closed its code span, a '<img>' in a message was
     # HTML, a '|' in a class-free message split the gate table.
-    from batchinfer.evaluate.detection_summary import detection_summary
+    from batchinfer.evaluate.scorers.instances import InstancesScorer
+    from batchinfer.evaluate.summary import markdown_summary
 
     hostile = "a`b|<img src=x onerror=alert(1)>\nc"
     device = {
@@ -393,7 +394,7 @@ def test_the_detection_summary_keeps_hostile_names_as_text_too():
         "vs_baseline": None,
         "errors": [{"id": f"{hostile}.png", "error": f"cannot read {hostile}"}],
     }  # fmt: skip
-    page = rendered(detection_summary(record, Path(f"/out/{hostile}/report.html")))
+    page = rendered(markdown_summary(record, Path(f"/out/{hostile}/report.html"), InstancesScorer))
     assert "<img" not in page  # every '<img' is shown as text (&lt;img)
     assert all(w == {4} for w in table_widths(page)[:1]), page  # the gate table keeps 4 cells
     shown = html.escape(hostile.replace("\n", "\\n"), quote=False)

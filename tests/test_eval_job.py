@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from batchinfer.evaluate import Gate, JobError, builtin_metrics, load_job
-from batchinfer.evaluate.detection_metrics import detection_metrics
 from batchinfer.evaluate.job import (
     DatasetSettings,
     GateSettings,
@@ -19,6 +18,7 @@ from batchinfer.evaluate.job import (
     OutputSettings,
     RaySettings,
 )
+from batchinfer.evaluate.scorers.instances_metrics import detection_metrics
 from batchinfer.options import (
     DetectOptions,
     PreprocessOptions,

@@ -21,7 +21,12 @@ import pytest
 from PIL import Image
 from test_eval_metrics import items
 
-from batchinfer.evaluate.metrics import EvalInputs, builtin_metrics, class_counts, score
+from batchinfer.evaluate.metrics import score
+from batchinfer.evaluate.scorers.classify_metrics import (
+    EvalInputs,
+    builtin_metrics,
+    class_counts,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HUGE = 2_000_000_000

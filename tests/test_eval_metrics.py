@@ -11,14 +11,12 @@ import pytest
 
 from batchinfer.errors import RunFailedError
 from batchinfer.evaluate import EvalInputs, ItemResults, builtin_metrics, mcnemar
-from batchinfer.evaluate.metrics import (
+from batchinfer.evaluate.metrics import CustomMetricError, load_custom, score
+from batchinfer.evaluate.scorers.classify_metrics import (
     BaselineItems,
-    CustomMetricError,
     class_counts,
     confusion_matrix,
     cosine_similarity,
-    load_custom,
-    score,
     topk_accuracy,
 )
 

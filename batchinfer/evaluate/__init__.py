@@ -13,8 +13,10 @@ from __future__ import annotations
 from batchinfer.evaluate.evaluation import EvalLockedError, Evaluation, evaluate
 from batchinfer.evaluate.gates import GateResult, Verdict, check_gates
 from batchinfer.evaluate.items import ItemResults
-from batchinfer.evaluate.job import Gate, Job, JobError, load_job
-from batchinfer.evaluate.metrics import EvalInputs, Metric, builtin_metrics, mcnemar
+from batchinfer.evaluate.job import load_job
+from batchinfer.evaluate.jobspec import Gate, Job, JobError
+from batchinfer.evaluate.metrics import Metric
+from batchinfer.evaluate.scorers.classify_metrics import EvalInputs, builtin_metrics, mcnemar
 
 __all__ = [
     "EvalInputs",

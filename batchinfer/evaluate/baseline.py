@@ -17,17 +17,16 @@ import logging
 import os
 import socket
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.errors import RunFailedError
 from batchinfer.evaluate.files import write_json, write_table
-from batchinfer.evaluate.metrics import BaselineItems
 
 RECORD = "baseline.json"
 ITEMS = "items.parquet"
@@ -39,9 +38,10 @@ log = logging.getLogger("batchinfer")
 
 @dataclass(frozen=True)
 class Baseline:
-    """An accepted evaluation: its per-item correctness and its record."""
+    """An accepted evaluation: its per-item results (as its job's scorer reads them) and
+    its record."""
 
-    items: BaselineItems
+    items: Any
     record: dict[str, Any]
 
     @property
@@ -49,25 +49,29 @@ class Baseline:
         return dict(self.record.get("metrics") or {})
 
 
-def read_baseline(folder: Path) -> Baseline | None:
-    """The baseline in ``folder``, or None when none was accepted yet."""
+def unreadable(folder: Path, why: str) -> RunFailedError:
+    """The error of a baseline that cannot be used (``why``: what is wrong with it)."""
+    return RunFailedError(
+        f"the baseline in {folder} {why}; restore it, or move the folder aside and accept a "
+        "new baseline with --update-baseline."
+    )
+
+
+def read_baseline(
+    folder: Path, read_items: Callable[[pa.Table, dict[str, Any]], Any]
+) -> Baseline | None:
+    """The baseline in ``folder``, or None when none was accepted yet. ``read_items(table,
+    record)``: the items as the job's scorer reads them (it raises :func:`unreadable` for
+    a baseline of another task)."""
     record_path = folder / RECORD
     if not record_path.exists():
         return None
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
-        table = pq.read_table(folder / ITEMS, columns=["id", "correct"])
+        table = pq.read_table(folder / ITEMS)
     except (OSError, ValueError, pa.ArrowException) as exc:
-        raise RunFailedError(
-            f"the baseline in {folder} cannot be read ({exc}); restore it, or move the folder "
-            "aside and accept a new baseline with --update-baseline."
-        ) from None
-    items = BaselineItems(
-        id=np.array(table.column("id").to_pylist(), dtype=object),
-        correct=np.array(table.column("correct").to_pylist(), dtype=bool),
-        metrics=dict(record.get("metrics") or {}),
-    )
-    return Baseline(items, record)
+        raise unreadable(folder, f"cannot be read ({exc})") from None
+    return Baseline(read_items(table, record), record)
 
 
 def _who() -> str:

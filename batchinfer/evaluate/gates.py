@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from batchinfer.evaluate.job import SIGNIFICANCE, Gate
+from batchinfer.evaluate.jobspec import SIGNIFICANCE, Gate
 
 #: Comparisons allow this much floating-point slack.
 _EPS = 1e-12

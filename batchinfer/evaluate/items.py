@@ -19,8 +19,32 @@ import pyarrow.parquet as pq
 from batchinfer.sink.rows import Row
 
 
+class PerItem:
+    """What every task's per-item results have (ItemResults, a detection job's
+    DetectionItems): ``index``, ``id``, ``core``, ``node`` and ``error`` arrays."""
+
+    index: np.ndarray
+    core: np.ndarray
+    node: np.ndarray | None
+    error: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def ok(self) -> np.ndarray:
+        """Items that have a result (not error rows)."""
+        return np.array([e is None for e in self.error], dtype=bool)
+
+    @property
+    def places(self) -> list[tuple[str | None, int]]:
+        """Each item's (node, core): node None on one board, core -1 when none gave it."""
+        assert self.node is not None
+        return list(zip(self.node.tolist(), self.core.tolist(), strict=True))
+
+
 @dataclass
-class ItemResults:
+class ItemResults(PerItem):
     """One model's results for every item (see the module docstring).
 
     - ``index`` (int64): position in the dataset's order; ``id`` (str): path in the dataset
@@ -48,14 +72,6 @@ class ItemResults:
     def __post_init__(self) -> None:
         if self.node is None:
             self.node = np.full(len(self.index), None, dtype=object)
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    @property
-    def ok(self) -> np.ndarray:
-        """Items that have a result (not error rows)."""
-        return np.array([e is None for e in self.error], dtype=bool)
 
     @property
     def labelled(self) -> np.ndarray:
@@ -115,11 +131,6 @@ class ItemResults:
             outputs=outputs,
             node=np.array([r.node for r in rows], dtype=object),
         )
-
-    @property
-    def places(self) -> list[tuple[str | None, int]]:
-        """Each item's (node, core): node None on one board, core -1 when none gave it."""
-        return list(zip(self.node.tolist(), self.core.tolist(), strict=True))
 
     # ------------------------------------------------------------------ Parquet
     def to_table(self, with_outputs: bool = True) -> pa.Table:

@@ -1,22 +1,17 @@
-"""The metric registry and the metric functions, on per-item results (pure numpy).
+"""The metric registry, custom metrics and the scoring of both, for every task.
 
-Every metric is one named number. Built-in metrics (see :func:`builtin_metrics`):
-
-- accuracy (needs labels): ``top1``, ``top<k>``, ``class_top1_min`` (the worst class);
-  an error row counts as wrong, so a failing item can never raise accuracy;
-- ``errors`` (error rows), ``items_per_s`` (the device run's throughput);
-- against the float reference: ``top1_agreement`` (same top-1 class), ``cosine_mean`` and
-  ``cosine_min`` (cosine similarity of the outputs, item by item);
-- per core (from each row's ``core``, and ``node`` on a cluster): ``core_top1_min``,
-  ``core_top1_spread``, ``core_agreement_min``, ``core_cosine_min``: a core that computes
-  differently shows here;
-- against the baseline (the last accepted run), matched by item id: ``mcnemar_p``
-  (McNemar's paired test on per-item top-1 correctness), ``flipped_lost`` (right then,
-  wrong now), ``flipped_gained``.
+Every metric is one named number a gate can name (``[gates.METRIC]``). A task's built-in
+metrics are its scorer's (evaluate/scoring.py): classification's in
+scorers/classify_metrics.py, detection's in scorers/instances_metrics.py; each is a
+:class:`Metric` computed from the scorer's inputs (which hold the device's items, and the
+reference's, the baseline's and the core stats when there are). The helpers below are the
+parts both compute alike: the check that both sides cover the same items, one row per
+core, the run's throughput.
 
 Custom metrics are ``module:function`` or ``file.py:function``: the function gets the
-device's :class:`~batchinfer.evaluate.items.ItemResults` (and, when the job has a
-reference, is called again with the reference's) and returns ``{name: number}``.
+device's per-item results (:class:`~batchinfer.evaluate.items.ItemResults`, a detection
+job's :class:`~batchinfer.evaluate.scorers.instances_items.DetectionItems`) and, when the
+job has a reference, is called again with the reference's; it returns ``{name: number}``.
 """
 
 from __future__ import annotations
@@ -29,382 +24,118 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from batchinfer.errors import RunFailedError
-from batchinfer.evaluate.items import ItemResults
-from batchinfer.evaluate.outside import Outside, outside_labels
 from batchinfer.sink.stats import place_name, place_order
-
-
-# --------------------------------------------------------------------------- functions
-def topk_accuracy(items: ItemResults, k: int) -> float | None:
-    """Share of labelled items whose label is among the best ``k`` classes (None: no labels)."""
-    labelled = items.labelled
-    if not labelled.any():
-        return None
-    if k == 1:
-        hit = items.correct
-    else:
-        hit = items.ok & (items.topk[:, :k] == items.label[:, None]).any(axis=1)
-    return float(hit[labelled].mean())
-
-
-def class_counts(items: ItemResults, n_classes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per class: (labelled items, top-1 correct, error rows)."""
-    labelled = items.labelled & (items.label < n_classes)
-    label = items.label[labelled]
-    total = np.bincount(label, minlength=n_classes)
-    correct = np.bincount(label, weights=items.correct[labelled], minlength=n_classes)
-    errors = np.bincount(label, weights=~items.ok[labelled], minlength=n_classes)
-    return total, correct.astype(np.int64), errors.astype(np.int64)
-
-
-def confusion_matrix(items: ItemResults, n_classes: int) -> np.ndarray:
-    """Counts [true class, predicted class] over labelled items with a result."""
-    keep = items.ok & items.labelled & (items.label < n_classes)
-    keep &= (items.pred >= 0) & (items.pred < n_classes)
-    matrix = np.zeros((n_classes, n_classes), dtype=np.int64)
-    np.add.at(matrix, (items.label[keep], items.pred[keep]), 1)
-    return matrix
-
-
-def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine of two (n x d) arrays; NaN where a row is NaN; 1 for two zero rows."""
-    dot = np.einsum("ij,ij->i", a, b)
-    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cos = dot / norms
-    both_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
-    cos[both_zero] = 1.0
-    cos[(norms == 0) & ~both_zero] = 0.0
-    cos[np.isnan(a).any(axis=1) | np.isnan(b).any(axis=1)] = np.nan
-    return np.clip(cos, -1.0, 1.0)
-
-
-@dataclass(frozen=True)
-class McNemar:
-    """McNemar's test on paired correctness: ``lost`` right-then-wrong, ``gained`` the reverse."""
-
-    lost: int
-    gained: int
-    statistic: float | None  # chi-square (None for the exact test)
-    p_value: float
-    method: str  # "exact" (binomial) or "chi2" (with continuity correction)
-
-
-#: Below this many discordant items the exact binomial test is used (chi-square is then poor).
-MCNEMAR_EXACT_BELOW = 25
-
-
-def mcnemar(lost: int, gained: int) -> McNemar:
-    """Two-sided McNemar test of ``lost`` vs ``gained`` discordant pairs.
-
-    Exact binomial test (p = 2 P[X <= min(lost, gained)], X ~ Bin(n, 1/2), at most 1) when
-    n = lost + gained < 25, else chi-square with Edwards' continuity correction,
-    (|lost - gained| - 1)^2 / n on one degree of freedom.
-    """
-    n = lost + gained
-    if n == 0:
-        return McNemar(lost, gained, None, 1.0, "exact")
-    if n < MCNEMAR_EXACT_BELOW:
-        tail = sum(math.comb(n, i) for i in range(min(lost, gained) + 1)) / 2**n
-        return McNemar(lost, gained, None, min(1.0, 2 * tail), "exact")
-    statistic = (abs(lost - gained) - 1) ** 2 / n
-    # The chi-square survival function with one degree of freedom.
-    return McNemar(lost, gained, statistic, math.erfc(math.sqrt(statistic / 2)), "chi2")
-
-
-# --------------------------------------------------------------------------- the inputs
-@dataclass(frozen=True)
-class BaselineItems:
-    """The baseline's per-item correctness, by item id."""
-
-    id: np.ndarray
-    correct: np.ndarray
-    metrics: Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class Flips:
-    """Items whose top-1 correctness changed since the baseline (ids in dataset order)."""
-
-    lost: list[str]
-    gained: list[str]
-    compared: int  # items labelled in both runs
-    test: McNemar
-
-
-class EvalInputs:
-    """What the metrics see: device results, and the reference, baseline, stats if any."""
-
-    def __init__(
-        self,
-        device: ItemResults,
-        reference: ItemResults | None = None,
-        baseline: BaselineItems | None = None,
-        classes: tuple[str, ...] = (),
-        topk: int = 5,
-        core_stats: list[dict] | None = None,
-    ) -> None:
-        if reference is not None and not np.array_equal(device.index, reference.index):
-            raise RunFailedError(
-                "the reference and the device results do not cover the same items; delete "
-                "the reference cache and run the evaluation again."
-            )
-        self.device = device
-        self.reference = reference
-        self.baseline = baseline
-        self.classes = classes
-        self.topk = topk
-        self.core_stats = core_stats or []
-
-    def for_reference(self) -> EvalInputs:
-        """The same inputs with the reference as the model under test (its own accuracy)."""
-        assert self.reference is not None
-        return EvalInputs(self.reference, classes=self.classes, topk=self.topk)
-
-    @cached_property
-    def n_classes(self) -> int:
-        """The per-class tables' classes: the model's and the named ones (see outside.py)."""
-        widest = max([o.shape[-1] for o in self.device.outputs[:1]] or [0])
-        return max(len(self.classes), widest)
-
-    @cached_property
-    def outside(self) -> Outside:
-        """Labelled items whose label is none of the :attr:`n_classes` classes."""
-        return outside_labels(self.device.label, self.n_classes)
-
-    @cached_property
-    def cosine(self) -> np.ndarray:
-        """Per item cosine of device and reference outputs; NaN where either failed."""
-        if self.reference is None:
-            return np.full(len(self.device), np.nan)
-        a, b = self.device.flat_outputs(), self.reference.flat_outputs()
-        if a.shape != b.shape:
-            raise RunFailedError(
-                f"the device model's outputs ({a.shape[1]} values per item) and the "
-                f"reference's ({b.shape[1]}) differ in size, so they cannot be compared; "
-                "use a reference model with the same outputs."
-            )
-        return cosine_similarity(a, b)
-
-    @cached_property
-    def agree(self) -> np.ndarray:
-        """Device and reference give the same top-1 class (False where either failed)."""
-        if self.reference is None:
-            return np.zeros(len(self.device), dtype=bool)
-        return self.device.ok & self.reference.ok & (self.device.pred == self.reference.pred)
-
-    @cached_property
-    def flips(self) -> Flips | None:
-        if self.baseline is None:
-            return None
-        before = dict(zip(self.baseline.id.tolist(), self.baseline.correct.tolist(), strict=True))
-        lost, gained, compared = [], [], 0
-        for item_id, labelled, now in zip(
-            self.device.id.tolist(),
-            self.device.labelled.tolist(),
-            self.device.correct.tolist(),
-            strict=True,
-        ):
-            was = before.get(item_id)
-            if was is None or not labelled:
-                continue
-            compared += 1
-            if was and not now:
-                lost.append(item_id)
-            elif now and not was:
-                gained.append(item_id)
-        return Flips(lost, gained, compared, mcnemar(len(lost), len(gained)))
-
-    @cached_property
-    def per_core(self) -> list[dict[str, Any]]:
-        """One dict per core that gave results: items, errors, accuracy, agreement, cosine.
-
-        A core is (node, core) on a cluster (node None on one board), so that core 2 of one
-        board is judged apart from core 2 of the others; ``place`` names it (``node1/2``).
-        """
-        d = self.device
-        stats = {
-            (r.get("node"), r["core"]): r for r in self.core_stats if r.get("core") is not None
-        }
-        places = d.places
-        keys = sorted({p for p in places if p[1] >= 0} | set(stats), key=place_order)
-        rows = []
-        for node, core in keys:
-            on = np.array([p == (node, core) for p in places], dtype=bool)
-            labelled = on & d.labelled
-            ref_ok = on & self.reference.ok if self.reference is not None else on & False
-            cos = self.cosine[on & ~np.isnan(self.cosine)]
-            s = stats.get((node, core), {})
-            rows.append(
-                {
-                    "core": core,
-                    "node": node,
-                    "place": place_name(node, core),
-                    "items": int((on & d.ok).sum()),
-                    "errors": int((on & ~d.ok).sum()),
-                    "top1": float(d.correct[labelled].mean()) if labelled.any() else None,
-                    "agreement": float(self.agree[ref_ok].mean()) if ref_ok.any() else None,
-                    "cosine_mean": float(cos.mean()) if cos.size else None,
-                    "items_per_s": s.get("items_per_s"),
-                    "p50_ms": s.get("p50_ms"),
-                    "p99_ms": s.get("p99_ms"),
-                    "utilization": s.get("utilization"),
-                }
-            )
-        return rows
 
 
 # --------------------------------------------------------------------------- the registry
 @dataclass(frozen=True)
 class Metric:
-    """One named number computed from :class:`EvalInputs` (None when it cannot be)."""
+    """One named number computed from a scorer's inputs (None when it cannot be)."""
 
     name: str
-    fn: Callable[[EvalInputs], float | None]
+    fn: Callable[[Any], float | None]
     needs: str  # "" | "labels" | "reference" | "baseline"
     help: str
     better: str = "higher"  # or "lower"
     comparable: bool = False  # the reference has a value of its own (gates' min_ratio_to_reference)
 
 
-def _core_values(x: EvalInputs, key: str) -> list[float]:
+# --------------------------------------------------------------------------- shared parts
+def same_items(device: Any, reference: Any | None) -> None:
+    """RunFailedError unless both sides' results cover the same items."""
+    if reference is not None and not np.array_equal(device.index, reference.index):
+        raise RunFailedError(
+            "the reference and the device results do not cover the same items; delete "
+            "the reference cache and run the evaluation again."
+        )
+
+
+class Inputs:
+    """What every task's metrics see: the device's per-item results, and the reference's,
+    the baseline's and the device run's core stats when there are (a task's inputs add
+    what its metrics need: the class map, the ground truth)."""
+
+    def __init__(
+        self, device: Any, reference: Any | None, baseline: Any | None, core_stats: list | None
+    ) -> None:
+        same_items(device, reference)
+        self.device = device
+        self.reference = reference
+        self.baseline = baseline
+        self.core_stats = core_stats or []
+
+
+def core_rows(
+    items: Any,
+    core_stats: list[dict],
+    fields: Callable[[np.ndarray, tuple[str | None, int]], dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """One dict per core that gave results: where, items, errors, the task's ``fields(on,
+    place)`` (``on``: the items that core ran), then its throughput and latency.
+
+    A core is (node, core) on a cluster (node None on one board), so that core 2 of one
+    board is judged apart from core 2 of the others; ``place`` names it (``node1/2``).
+    """
+    stats = {(r.get("node"), r["core"]): r for r in core_stats if r.get("core") is not None}
+    places = items.places
+    keys = sorted({p for p in places if p[1] >= 0} | set(stats), key=place_order)
+    ok = items.ok
+    rows = []
+    for node, core in keys:
+        on = np.array([p == (node, core) for p in places], dtype=bool)
+        s = stats.get((node, core), {})
+        rows.append(
+            {
+                "core": core,
+                "node": node,
+                "place": place_name(node, core),
+                "items": int((on & ok).sum()),
+                "errors": int((on & ~ok).sum()),
+                **fields(on, (node, core)),
+                "items_per_s": s.get("items_per_s"),
+                "p50_ms": s.get("p50_ms"),
+                "p99_ms": s.get("p99_ms"),
+                "utilization": s.get("utilization"),
+            }
+        )
+    return rows
+
+
+def core_values(x: Any, key: str) -> list[float]:
+    """The cores' values of ``key`` (those that have one)."""
     return [r[key] for r in x.per_core if r[key] is not None]
 
 
-def _min(values: list[float]) -> float | None:
-    return min(values) if values else None
+def worst_cores(x: Any, picks: tuple[tuple[str, str, Callable], ...]) -> dict[str, str]:
+    """Which core each per-core metric comes from, for the verdict: ``picks`` are (metric,
+    per-core key, min or max)."""
+    notes = {}
+    for metric, key, pick in picks:
+        rows = [r for r in x.per_core if r[key] is not None]
+        if len(rows) > 1:
+            notes[metric] = f"worst core {pick(rows, key=lambda r: r[key])['place']}"
+    return notes
 
 
-def _finite(values: np.ndarray) -> np.ndarray:
-    return values[~np.isnan(values)]
-
-
-def _items_per_s(x: EvalInputs) -> float | None:
+def items_per_s(x: Any) -> float | None:
+    """The device run's throughput (its core stats' total row)."""
     total = [r for r in x.core_stats if r.get("core") is None]
     return total[0].get("items_per_s") if total else None
 
 
-def _class_top1_min(x: EvalInputs) -> float | None:
-    total, correct, _ = class_counts(x.device, x.n_classes)
-    present = total > 0
-    return float((correct[present] / total[present]).min()) if present.any() else None
-
-
-def _agreement(x: EvalInputs) -> float | None:
-    assert x.reference is not None
-    ref_ok = x.reference.ok
-    return float(x.agree[ref_ok].mean()) if ref_ok.any() else None
-
-
-def _spread(values: list[float]) -> float | None:
-    return max(values) - min(values) if values else None
-
-
-def builtin_metrics(topk: int = 5) -> dict[str, Metric]:
-    """The built-in metrics by name (``top<k>`` follows ``metrics.topk``)."""
-    metrics = [
-        Metric(
-            "top1",
-            lambda x: topk_accuracy(x.device, 1),
-            "labels",
-            "Share of labelled items whose top-1 class is their label (error rows are wrong).",
-            comparable=True,
-        ),
-        Metric(
-            f"top{topk}",
-            lambda x: topk_accuracy(x.device, topk),
-            "labels",
-            f"Share of labelled items whose label is among the best {topk} classes.",
-            comparable=True,
-        ),
-        Metric(
-            "class_top1_min",
-            _class_top1_min,
-            "labels",
-            "Top-1 accuracy of the worst class.",
-            comparable=True,
-        ),
-        Metric(
-            "errors",
-            lambda x: float((~x.device.ok).sum()),
-            "",
-            "Items that ended as error rows (unreadable, or failed every attempt).",
-            better="lower",
-        ),
-        Metric("items_per_s", _items_per_s, "", "Device run throughput, items per second."),
-        Metric(
-            "top1_agreement",
-            _agreement,
-            "reference",
-            "Share of items (with a reference result) whose top-1 class is the reference's.",
-        ),
-        Metric(
-            "cosine_mean",
-            lambda x: float(_finite(x.cosine).mean()) if _finite(x.cosine).size else None,
-            "reference",
-            "Mean cosine similarity of device and reference outputs.",
-        ),
-        Metric(
-            "cosine_min",
-            lambda x: float(_finite(x.cosine).min()) if _finite(x.cosine).size else None,
-            "reference",
-            "Worst item's cosine similarity of device and reference outputs.",
-        ),
-        Metric(
-            "core_top1_min",
-            lambda x: _min(_core_values(x, "top1")),
-            "labels",
-            "Top-1 accuracy of the worst core.",
-        ),
-        Metric(
-            "core_top1_spread",
-            lambda x: _spread(_core_values(x, "top1")),
-            "labels",
-            "Best core's top-1 minus the worst core's.",
-            better="lower",
-        ),
-        Metric(
-            "core_agreement_min",
-            lambda x: _min(_core_values(x, "agreement")),
-            "reference",
-            "Top-1 agreement with the reference of the worst core.",
-        ),
-        Metric(
-            "core_cosine_min",
-            lambda x: _min(_core_values(x, "cosine_mean")),
-            "reference",
-            "Mean output cosine with the reference of the worst core.",
-        ),
-        Metric(
-            "mcnemar_p",
-            lambda x: x.flips.test.p_value if x.flips else None,
-            "baseline",
-            "McNemar's p-value for a change in per-item top-1 correctness since the baseline.",
-        ),
-        Metric(
-            "flipped_lost",
-            lambda x: float(len(x.flips.lost)) if x.flips else None,
-            "baseline",
-            "Items right in the baseline and wrong now.",
-            better="lower",
-        ),
-        Metric(
-            "flipped_gained",
-            lambda x: float(len(x.flips.gained)) if x.flips else None,
-            "baseline",
-            "Items wrong in the baseline and right now.",
-        ),
+def run_metrics(errors_help: str) -> list[Metric]:
+    """Every task's metrics of the run: ``errors``, the items that ended as error rows
+    (``errors_help`` says what they cost), and ``items_per_s``."""
+    return [
+        Metric("errors", lambda x: float((~x.device.ok).sum()), "", errors_help, better="lower"),
+        Metric("items_per_s", items_per_s, "", "Device run throughput, items per second."),
     ]
-    if topk == 1:
-        metrics.pop(1)
-    return {m.name: m for m in metrics}
 
 
 # --------------------------------------------------------------------------- custom metrics
@@ -413,7 +144,7 @@ class CustomMetric:
     """A job's ``module:function`` metric, loaded."""
 
     spec: str
-    fn: Callable[[ItemResults], Mapping[str, float]]
+    fn: Callable[[Any], Mapping[str, float]]
 
 
 class CustomMetricError(Exception):
@@ -445,7 +176,7 @@ def load_custom(spec: str, folder: Path) -> CustomMetric:
     return CustomMetric(spec, fn)
 
 
-def run_custom(metric: CustomMetric, items: ItemResults, reserved: set[str]) -> dict[str, float]:
+def run_custom(metric: CustomMetric, items: Any, reserved: set[str]) -> dict[str, float]:
     """Call a custom metric; RunFailedError if it raises, CustomMetricError if its result is bad."""
     try:
         values = metric.fn(items)
@@ -469,7 +200,7 @@ def run_custom(metric: CustomMetric, items: ItemResults, reserved: set[str]) -> 
 
 
 def score(
-    inputs: EvalInputs, registry: Mapping[str, Metric], custom: list[CustomMetric]
+    inputs: Any, registry: Mapping[str, Metric], custom: list[CustomMetric]
 ) -> dict[str, float]:
     """Every metric that can be computed: name -> value; ``reference.<name>`` for the reference.
 

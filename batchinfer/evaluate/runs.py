@@ -1,4 +1,5 @@
-"""The device model and the float reference, each through the engine, into ItemResults.
+"""The device model and the float reference, each through the engine, into per-item results
+(the job's scorer makes them of the rows: ItemResults, DetectionItems).
 
 Each side is planned like a main run (``plan_inference``: the same checks and defaults), then
 run as ``Engine(DatasetSource, MemorySink(keep_outputs=True))``: rows stay in memory,
@@ -44,7 +45,7 @@ from batchinfer.engine.task import NotADetectorError
 from batchinfer.errors import BatchinferError, RunInterrupted
 from batchinfer.evaluate.files import write_table
 from batchinfer.evaluate.items import ItemResults
-from batchinfer.evaluate.job import Job, ModelSettings
+from batchinfer.evaluate.jobspec import Job, ModelSettings
 from batchinfer.options import OutputOptions
 from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
@@ -75,7 +76,7 @@ class SidePlan:
 class SideRun:
     """One side's results."""
 
-    items: ItemResults
+    items: Any  # the scorer's per-item results (ItemResults, DetectionItems)
     result: EngineResult | None  # None: the reference came from the cache
     core_stats: list[dict[str, Any]]
     cached: bool = False
@@ -181,17 +182,15 @@ def run_side(
     job: Job,
     plan: SidePlan,
     dataset: Dataset,
-    relabel: dict[str, int] | None,
     signals: StopSignals,
     observers: Sequence[Observer],
+    collect: Callable[[MemorySink], Any],
     cluster: ClusterSession | None = None,
-    collect: Callable[[MemorySink], Any] | None = None,
 ) -> SideRun:
     """Run one side over the dataset through the engine; raises if the run did not complete.
 
+    ``collect``: makes the side's items of the rows (the scorer's ``collect``).
     ``cluster``: run it on that Ray cluster's nodes (rows and core stats then name the node).
-    ``collect``: makes the side's items of the rows (default: ItemResults; a detection
-    job's are DetectionItems).
     """
     engine_plan = plan.engine if cluster is not None else settle_instances(plan.engine)
     sink = MemorySink(keep_outputs=True)
@@ -219,11 +218,7 @@ def run_side(
             f"interrupted during the {plan.side} run; nothing was recorded (no history row, "
             "no report)."
         )
-    if collect is not None:
-        items = collect(sink)
-    else:
-        shapes = [shape for shape, _ in sink.output_shapes]
-        items = ItemResults.from_rows(sink.rows, shapes, job.metrics.topk, relabel)
+    items = collect(sink)
     return SideRun(items, result, result.stats.table().to_pylist(), instances=engine_plan)
 
 
@@ -237,9 +232,13 @@ def cache_path(folder: Path, fingerprint: dict[str, Any]) -> Path:
     return folder / f"reference-{cache_key(fingerprint)[:20]}.parquet"
 
 
-def load_cached(folder: Path, fingerprint: dict[str, Any], items_type: Any = ItemResults) -> Any:
+def load_cached(
+    folder: Path,
+    fingerprint: dict[str, Any],
+    read_items: Callable[[pa.Table], Any] = ItemResults.from_table,
+) -> Any:
     """The cached reference results for ``fingerprint``, or None (absent, other, unreadable);
-    ``items_type`` (ItemResults, DetectionItems) reads the table."""
+    ``read_items`` (the scorer's) makes the items of the table."""
     path = cache_path(folder, fingerprint)
     try:
         table = pq.read_table(path)
@@ -248,7 +247,7 @@ def load_cached(folder: Path, fingerprint: dict[str, Any], items_type: Any = Ite
     meta = table.schema.metadata or {}
     if meta.get(b"batchinfer.cache_key", b"").decode() != cache_key(fingerprint):
         return None
-    return items_type.from_table(table)
+    return read_items(table)
 
 
 def store_cached(folder: Path, fingerprint: dict[str, Any], items: Any) -> Path:
@@ -265,20 +264,19 @@ def reference_results(
     job: Job,
     plan: SidePlan,
     dataset: Dataset,
-    relabel: dict[str, int] | None,
     signals: StopSignals,
     observers: Callable[[str], Sequence[Observer]],
-    collect: Callable[[MemorySink], Any] | None = None,
-    items_type: Any = ItemResults,
+    collect: Callable[[MemorySink], Any],
+    read_items: Callable[[pa.Table], Any],
 ) -> SideRun:
     """The reference's results: from the cache when its fingerprint matches, else a run
-    (``collect`` and ``items_type``: as :func:`run_side` and :func:`load_cached`)."""
-    cached = load_cached(job.outputs.cache, plan.fingerprint, items_type)
+    (``collect`` and ``read_items``: as :func:`run_side` and :func:`load_cached`)."""
+    cached = load_cached(job.outputs.cache, plan.fingerprint, read_items)
     if cached is not None:
         log.info(f"reference: {plan.model.name} from the cache (same model, dataset, settings)")
         return SideRun(cached, None, [], cached=True)
     log.info(f"reference: {plan.model.name} on {plan.engine.backend.name}")
-    run = run_side(job, plan, dataset, relabel, signals, observers("reference"), collect=collect)
+    run = run_side(job, plan, dataset, signals, observers("reference"), collect)
     if run.items.ok.all():
         store_cached(job.outputs.cache, plan.fingerprint, run.items)
     else:

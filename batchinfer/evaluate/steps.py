@@ -1,6 +1,7 @@
-"""The steps both kinds of evaluation share: classification (evaluation.py) and detection
-(detection_eval.py) lock the job's output folders, run the device side on its cluster,
-score the metrics, and record the evaluation the same way.
+"""The steps of evaluation.py's one pipeline that do not depend on the task: check the
+outputs, lock the job's output folders, run the device side on its cluster, score the
+metrics, name the record's folder, say where items' pictures are. What depends on the task
+is the scorer's (evaluate/scoring.py).
 """
 
 from __future__ import annotations
@@ -8,12 +9,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchinfer.data.dataset import Dataset
+from batchinfer.data.shards import ShardSet
 from batchinfer.data.sources import open_source
 from batchinfer.engine.signals import StopSignals
 from batchinfer.errors import (
@@ -22,13 +24,12 @@ from batchinfer.errors import (
     OutputWriteError,
     RunFailedError,
 )
-from batchinfer.evaluate.files import write_bytes
+from batchinfer.evaluate.files import REPORT_MARK, SUMMARY_MARK, not_ours, write_bytes
 from batchinfer.evaluate.gates import Verdict
-from batchinfer.evaluate.job import Job
+from batchinfer.evaluate.jobspec import Job
 from batchinfer.evaluate.metrics import (
     CustomMetric,
     CustomMetricError,
-    EvalInputs,
     load_custom,
     score,
 )
@@ -69,6 +70,23 @@ class Evaluation:
 
 def now_utc() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+# --------------------------------------------------------------------------- the outputs
+def check_own_outputs(job: Job) -> None:
+    """Before anything runs: the report and summary paths hold nothing but files eval
+    wrote (exit 2 otherwise; see batchinfer.evaluate.files)."""
+    for key, path, mark in (
+        ("output.report", job.outputs.report, REPORT_MARK),
+        ("output.summary", job.outputs.summary, SUMMARY_MARK),
+    ):
+        why = not_ours(path, mark)
+        if why is not None:
+            raise job.error(
+                f"{key} {path} {why}; eval replaces only the files it wrote there: move that "
+                f"file away or set {key} to another path.",
+                key,
+            )
 
 
 # --------------------------------------------------------------------------- the lock
@@ -170,7 +188,7 @@ def device_cluster(
 
 
 def score_metrics(
-    job: Job, inputs: EvalInputs, registry: dict, custom: list[CustomMetric]
+    job: Job, inputs: Any, registry: dict, custom: list[CustomMetric]
 ) -> dict[str, float]:
     try:
         metrics = score(inputs, registry, custom)
@@ -224,3 +242,25 @@ def side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
         "retired_cores": [] if result is None else list(result.retired_cores),
         "core_stats": run.core_stats,
     }
+
+
+# --------------------------------------------------------------------------- pictures
+def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Where the report finds a few items' pictures: id -> ``{"path": file}``, or for a
+    tar shard's member ``{"path": shard, "member": {"offset", "size", "name"}}``
+    (evaluate/thumbnails.py reads either). A list's ids need not be paths
+    (``Dataset.paths_of``); a shard set's members are found by listing its shards (headers
+    only, once per report)."""
+    if not ids:
+        return {}
+    if isinstance(dataset, ShardSet):
+        wanted, found = set(ids), {}
+        for item in dataset:
+            m = item.member
+            if item.id in wanted and m is not None and m.fault is None:
+                member = {"offset": m.offset, "size": m.size, "name": m.name}
+                found[item.id] = {"path": item.path, "member": member}
+                if len(found) == len(wanted):
+                    break
+        return found
+    return {ident: {"path": path} for ident, path in dataset.paths_of(ids).items()}

@@ -1,4 +1,7 @@
-"""The short Markdown summary of an evaluation, for CI logs and chat (``summary.md``).
+"""The short Markdown summary of an evaluation, for CI logs and chat (``summary.md``): its
+frame, the same for every task, and the helpers the scorers' lines use. What lies between
+the metrics and the warnings is the scorer's (evaluate/scoring.py); nothing here needs
+matplotlib, so an environment without it (the toolkit's) still gets its summary.
 
 Every name (job, model, item, metric) and message is data: code spans and escapes from
 :mod:`batchinfer.evaluate.markdown`, so none can break out into markup or a table.
@@ -6,7 +9,7 @@ Every name (job, model, item, metric) and message is data: code spans and escape
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +18,15 @@ from batchinfer.evaluate.gates import CHECK_WORDS, fmt
 from batchinfer.evaluate.markdown import code, name, text
 from batchinfer.evaluate.outside import Outside
 
-#: Metrics the summary shows when computed (every gated metric is shown too).
-KEY_METRICS = (
-    "top1",
-    "top5",
-    "class_top1_min",
-    "errors",
-    "top1_agreement",
-    "cosine_mean",
-    "cosine_min",
-    "core_cosine_min",
-    "mcnemar_p",
-    "items_per_s",
-)
 _SHOW_IDS = 10
 ACCEPT_ONE = "No baseline yet: accept this evaluation with `--update-baseline`."
 
 
-def _pct(value: float | None) -> str:
+def pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f} %"
 
 
-def _ids(ids: list[str]) -> str:
+def ids_text(ids: list[str]) -> str:
     shown = ", ".join(code(i) for i in ids[:_SHOW_IDS])
     return shown + (f" and {len(ids) - _SHOW_IDS} more" if len(ids) > _SHOW_IDS else "")
 
@@ -69,16 +59,36 @@ def no_baseline(record: dict[str, Any], command: Callable[[str], str], advice: s
     return advice
 
 
-def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
-    """A few lines of Markdown: verdict, every gate, key metrics, per core, flips, warnings."""
+def core_table(
+    cores: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, Callable[[Any], str]]]
+) -> list[str]:
+    """The per-core table (none without cores): where, items, errors, the task's
+    ``columns`` (header, how a core's row shows), items/s; a blank line first."""
+    if not cores:
+        return []
+    head = ["core", "items", "errors", *(h for h, _ in columns), "items/s"]
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for c in cores:
+        cells = [text(c["place"]), str(c["items"]), str(c["errors"])]
+        cells += [show(c) for _, show in columns] + [fmt(c["items_per_s"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown_summary(record: dict[str, Any], report: Path | None, scorer: Any) -> str:
+    """A few lines of Markdown: verdict, every gate, key metrics, then the task's lines
+    (``scorer``'s, a :class:`~batchinfer.evaluate.scoring.Scorer`, its class will do: per
+    core, comparisons), warnings, the first item error. (Typed Any: the scorers import
+    this module's helpers, and an import circle is refused even under TYPE_CHECKING.)"""
     device, reference = record["device"], record["reference"]
     metrics = record["metrics"]
-    lines = [f"### batchinfer eval {code(record['job'])}: {record['verdict'].upper()}", ""]
+    title = f"batchinfer eval {code(record['job'])}{scorer.summary_title(record)}"
+    lines = [f"### {title}: {record['verdict'].upper()}", ""]
     facts = (
         f"{code(Path(device['model']).name)} (sha256 `{device['model_sha256'][:12]}`) on "
         f"{text(device['backend'])}, cores {','.join(map(str, device['cores']))}"
         f"{text(on_cluster(device))}; "
-        f"{record['dataset']['evaluated']} items, {fmt(metrics.get('errors', 0))} errors"
+        f"{scorer.summary_items(record)}, {fmt(metrics.get('errors', 0))} errors"
     )
     if reference:
         cached = ", cached" if reference["cached"] else ""
@@ -87,6 +97,7 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
     if device["backend"] == "sim":
         facts += " (emulated NPU: throughput is the emulator's, not a board's)"
     lines += [facts + f"; evaluation {record['eval_id']}.", ""]
+    lines += scorer.summary_intro(record)
 
     lines += ["| gate | value | limit | result |", "|---|---|---|---|"]
     for g in record["gates"]:
@@ -98,43 +109,16 @@ def markdown_summary(record: dict[str, Any], report: Path | None) -> str:
         metric = name(g["metric"], cell=True)
         lines.append(f"| {metric} {check} | {fmt(g['value'])} | {limit} | {result}{note} |")
     gated = [g["metric"] for g in record["gates"]]
-    shown = [m for m in dict.fromkeys([*KEY_METRICS, *gated]) if m in metrics]
+    shown = [m for m in dict.fromkeys([*scorer.summary_metrics(), *gated]) if m in metrics]
     lines += ["", "| metric | value | reference |", "|---|---|---|"]
     for metric in shown:
         value, ref = fmt(metrics[metric]), fmt(metrics.get("reference." + metric))
         lines.append(f"| {name(metric, cell=True)} | {value} | {ref} |")
 
-    if record["per_core"]:
-        lines += ["", "| core | items | errors | top-1 | agreement | cosine | items/s |"]
-        lines.append("|---|---|---|---|---|---|---|")
-        for c in record["per_core"]:
-            cos = "-" if c["cosine_mean"] is None else f"{c['cosine_mean']:.6f}"
-            lines.append(
-                f"| {text(c['place'])} | {c['items']} | {c['errors']} | {_pct(c['top1'])} | "
-                f"{_pct(c['agreement'])} | {cos} | {fmt(c['items_per_s'])} |"
-            )
-    flipped = record["flipped"]
-    lines.append("")
-    if flipped is None:
-        lines.append(no_baseline(record, code, ACCEPT_ONE))
-    else:
-        test = flipped["mcnemar"]
-        base = record["baseline"] or {}
-        lines.append(
-            f"Since the baseline ({text(base.get('eval_id'))}, accepted by "
-            f"{text(base.get('accepted_by'))}): "
-            f"{len(flipped['lost'])} items lost, {len(flipped['gained'])} gained of "
-            f"{flipped['compared']}; McNemar p = {test['p_value']:.3g} ({test['method']})."
-        )
-        if flipped["lost"]:
-            lines.append(f"Lost: {_ids(flipped['lost'])}.")
-        if flipped["gained"]:
-            lines.append(f"Gained: {_ids(flipped['gained'])}.")
+    lines += scorer.summary_body(record)
     for warning in device["warnings"]:
         lines.append(f"Warning: {text(warning)}")
-    outside = labels_outside(record)
-    if outside:
-        lines.append(f"Warning: {text(outside)}")
+    lines += [f"Warning: {text(w)}" for w in scorer.summary_warnings(record)]
     if record["errors"]:
         first = record["errors"][0]
         lines.append(f"Item errors, first: {code(first['id'])}: {text(first['error'])}")

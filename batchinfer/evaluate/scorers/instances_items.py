@@ -20,9 +20,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchinfer.evaluate.groundtruth import GroundTruth
+from batchinfer.evaluate.items import PerItem
 
 if TYPE_CHECKING:
-    from batchinfer.evaluate.detection_plots import Boxes
+    from batchinfer.evaluate.scorers.instances_plots import Boxes
     from batchinfer.sink.rows import Row
 
 BOX_TYPE = pa.struct(
@@ -40,7 +41,7 @@ _NO_BOXES = np.zeros((0, 6), dtype=np.float32)
 
 
 @dataclass
-class DetectionItems:
+class DetectionItems(PerItem):
     """One detector's results for every item (see the module docstring).
 
     - ``index`` (int64), ``id`` (str): as in ItemResults
@@ -59,18 +60,6 @@ class DetectionItems:
     width: np.ndarray
     height: np.ndarray
     names: tuple[str, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    @property
-    def ok(self) -> np.ndarray:
-        return np.array([e is None for e in self.error], dtype=bool)
-
-    @property
-    def places(self) -> list[tuple[str | None, int]]:
-        """Each item's (node, core): node None on one board, core -1 when none gave it."""
-        return list(zip(self.node.tolist(), self.core.tolist(), strict=True))
 
     @property
     def n_boxes(self) -> np.ndarray:
@@ -129,7 +118,7 @@ class DetectionItems:
 
     def box_sets(self) -> dict[str, Boxes | None]:
         """Item id -> its boxes for the gallery (None for an error row)."""
-        from batchinfer.evaluate.detection_plots import Boxes
+        from batchinfer.evaluate.scorers.instances_plots import Boxes
 
         out: dict[str, Boxes | None] = {}
         for item, b in zip(self.id.tolist(), self.boxes, strict=True):

@@ -29,22 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.errors import RunFailedError
-from batchinfer.evaluate.detection import (
-    BootstrapResult,
+from batchinfer.evaluate.groundtruth import GroundTruth
+from batchinfer.evaluate.metrics import Inputs, Metric, core_rows, core_values, run_metrics
+from batchinfer.evaluate.scorers.coco import (
     DetectionScore,
     disagreement,
-    paired_bootstrap,
     score_detections,
     score_groups,
 )
-from batchinfer.evaluate.detection_items import DetectionItems, coco_predictions
-from batchinfer.evaluate.groundtruth import GroundTruth
-from batchinfer.evaluate.metrics import Metric
-from batchinfer.sink.stats import place_name, place_order
+from batchinfer.evaluate.scorers.coco_bootstrap import BootstrapResult, paired_bootstrap
+from batchinfer.evaluate.scorers.instances_items import DetectionItems, coco_predictions
 
 
-class DetectInputs:
+class DetectInputs(Inputs):
     """What detection metrics see: the device's boxes, the ground truth, and the reference,
     the baseline's boxes and the device's core stats when there are."""
 
@@ -60,19 +57,11 @@ class DetectInputs:
         seed: int = 0,
         core_stats: list[dict] | None = None,
     ) -> None:
-        if reference is not None and not np.array_equal(device.index, reference.index):
-            raise RunFailedError(
-                "the reference and the device results do not cover the same items; delete "
-                "the reference cache and run the evaluation again."
-            )
-        self.device = device
+        super().__init__(device, reference, baseline, core_stats)
         self.gt = gt
         self.category_ids = list(category_ids)
-        self.reference = reference
-        self.baseline = baseline
         self.resamples = resamples
         self.seed = seed
-        self.core_stats = core_stats or []
 
     def for_reference(self) -> DetectInputs:
         """The same inputs with the reference as the detector under test."""
@@ -150,13 +139,8 @@ class DetectInputs:
         """One dict per core that gave results: items, errors, images scored, mAP, and
         against the reference its mAP on the same images and the mean disagreement."""
         d = self.device
-        stats = {
-            (r.get("node"), r["core"]): r for r in self.core_stats if r.get("core") is not None
-        }
-        places = d.places
-        keys = sorted({p for p in places if p[1] >= 0} | set(stats), key=place_order)
         groups: dict[int, Hashable] = {}
-        for item, place in zip(d.id.tolist(), places, strict=True):
+        for item, place in zip(d.id.tolist(), d.places, strict=True):
             if place[1] >= 0 and item in self.gt.image_ids:
                 groups[self.gt.image_ids[item]] = place
         scores = score_groups(self.gt, self.results, groups)
@@ -165,42 +149,24 @@ class DetectInputs:
             if self.reference_results is not None
             else {}
         )
-        ok = d.ok
-        rows = []
-        for node, core in keys:
-            on = np.array([p == (node, core) for p in places], dtype=bool)
-            s = scores.get((node, core))
-            r = ref_scores.get((node, core))
+
+        def fields(on: np.ndarray, place: tuple[str | None, int]) -> dict[str, Any]:
+            s, r = scores.get(place), ref_scores.get(place)
             dis = self.disagreement[on & ~np.isnan(self.disagreement)]
-            st = stats.get((node, core), {})
-            rows.append(
-                {
-                    "core": core,
-                    "node": node,
-                    "place": place_name(node, core),
-                    "items": int((on & ok).sum()),
-                    "errors": int((on & ~ok).sum()),
-                    "images": 0 if s is None else s.images,
-                    "map50_95": None if s is None else s.map50_95,
-                    "map50": None if s is None else s.map50,
-                    "reference_map50_95": None if r is None else r.map50_95,
-                    "disagreement_mean": float(dis.mean()) if dis.size else None,
-                    "items_per_s": st.get("items_per_s"),
-                    "p50_ms": st.get("p50_ms"),
-                    "p99_ms": st.get("p99_ms"),
-                    "utilization": st.get("utilization"),
-                }
-            )
-        return rows
+            return {
+                "images": 0 if s is None else s.images,
+                "map50_95": None if s is None else s.map50_95,
+                "map50": None if s is None else s.map50,
+                "reference_map50_95": None if r is None else r.map50_95,
+                "disagreement_mean": float(dis.mean()) if dis.size else None,
+            }
+
+        return core_rows(d, self.core_stats, fields)
 
 
 # --------------------------------------------------------------------------- the registry
-def _core_values(x: DetectInputs, key: str) -> list[float]:
-    return [r[key] for r in x.per_core if r[key] is not None]
-
-
 def _core_maps(x: DetectInputs) -> list[float]:
-    return _core_values(x, "map50_95")
+    return core_values(x, "map50_95")
 
 
 def _drop(x: DetectInputs, key: str) -> float | None:
@@ -217,11 +183,6 @@ def _p(result: dict[str, BootstrapResult] | None, key: str) -> float | None:
     return None if not np.isfinite(p) else p
 
 
-def _items_per_s(x: DetectInputs) -> float | None:
-    total = [r for r in x.core_stats if r.get("core") is None]
-    return total[0].get("items_per_s") if total else None
-
-
 def _finite_mean(values: np.ndarray) -> float | None:
     values = values[~np.isnan(values)]
     return float(values.mean()) if values.size else None
@@ -235,10 +196,7 @@ def detection_metrics() -> dict[str, Metric]:
                comparable=True),
         Metric("map50", lambda x: x.score.map50, "", "COCO mAP at IoU 0.50.", comparable=True),
         Metric("map75", lambda x: x.score.map75, "", "COCO mAP at IoU 0.75.", comparable=True),
-        Metric("errors", lambda x: float((~x.device.ok).sum()), "",
-               "Items that ended as error rows (their objects count as missed).",
-               better="lower"),
-        Metric("items_per_s", _items_per_s, "", "Device run throughput, items per second."),
+        *run_metrics("Items that ended as error rows (their objects count as missed)."),
         Metric("unmatched_items", lambda x: float(len(x.gt.unmatched_items)), "",
                "Dataset images the ground truth does not name (not scored).", better="lower"),
         Metric("unknown_images", lambda x: float(len(x.gt.unknown_images)), "",
@@ -258,7 +216,7 @@ def detection_metrics() -> dict[str, Metric]:
                lambda x: max(_core_maps(x)) - min(_core_maps(x)) if _core_maps(x) else None,
                "", "Best core's mAP50:95 minus the worst core's.", better="lower"),
         Metric("core_disagreement_max",
-               lambda x: max(_core_values(x, "disagreement_mean"), default=None), "reference",
+               lambda x: max(core_values(x, "disagreement_mean"), default=None), "reference",
                "The highest mean box disagreement with the reference of any core.",
                better="lower"),
         Metric("map_bootstrap_p", lambda x: _p(x.vs_baseline, "map50_95"), "baseline",

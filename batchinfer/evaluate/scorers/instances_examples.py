@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from batchinfer.data.dataset import Dataset
-from batchinfer.evaluate.detection import disagreement
-from batchinfer.evaluate.detection_metrics import DetectInputs
 from batchinfer.evaluate.groundtruth import GroundTruth
+from batchinfer.evaluate.scorers.coco import disagreement
+from batchinfer.evaluate.scorers.instances_metrics import DetectInputs
 
 #: What brought an image into the report, as the report says it.
 WHY = {

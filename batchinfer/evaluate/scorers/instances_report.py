@@ -1,10 +1,9 @@
-"""The report and the Markdown summary of a detection evaluation.
+"""The detection sections of the evaluation report (evaluate/report.py holds the frame).
 
-The page is report.py's (the same header, style, Content-Security-Policy, gates table,
-trend plot, metric table and run facts); its middle sections are detection's: AP per class
+Between the frame's trend and its metric table: AP per class
 (table and bars, the reference beside the device), precision-recall curves at IoU 0.5,
 per core, images with the ground truth beside the device's (and the reference's) boxes
-from ``metrics.display_conf`` up (chosen by detection_examples.py: in every report, not
+from ``metrics.display_conf`` up (chosen by instances_examples.py: in every report, not
 only where device and reference disagree), the comparisons with the reference and the
 baseline (paired image bootstrap), and how the ground truth matched the dataset. Plot
 ids: ``detect-ap``, ``detect-pr``, ``detect-pr-overall``; the images are ``data:`` JPEGs.
@@ -15,31 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from batchinfer.evaluate.detection_examples import WHY
-from batchinfer.evaluate.detection_plots import (
+from batchinfer.evaluate.gates import fmt
+from batchinfer.evaluate.plots import svg
+from batchinfer.evaluate.report import emulated_note, esc, no_baseline_html
+from batchinfer.evaluate.scorers.instances_examples import WHY
+from batchinfer.evaluate.scorers.instances_plots import (
     DEVICE_COLOR,
     GROUND_TRUTH_COLOR,
     REFERENCE_COLOR,
     ap_figure,
     draw_on,
-    figure_svg,
     open_picture,
     pr_figure,
 )
-from batchinfer.evaluate.detection_summary import _bootstrap_line, _pct, detection_summary
-from batchinfer.evaluate.gates import CHECK_WORDS, fmt
-from batchinfer.evaluate.report import (
-    _CSS,
-    _e,
-    _facts,
-    _gates_table,
-    _metrics_table,
-    no_baseline_html,
-    trend_plot,
-)
+from batchinfer.evaluate.scorers.instances_summary import bootstrap_line, pct
 from batchinfer.sink.stats import place_name
 
-_GALLERY_CSS = """
+GALLERY_CSS = """
 .gallery{display:flex;flex-wrap:wrap;gap:12px}
 .shot{border:1px solid #e0e0e0;border-radius:4px;padding:6px;font-size:12px}
 .panels{display:flex;flex-wrap:wrap;gap:6px;margin-bottom:4px}
@@ -70,13 +61,13 @@ def _classes_table(record: dict[str, Any], limit: int = 80) -> str:
     )  # fmt: skip
     body = []
     for c in rows:
-        cells = [c["gt_boxes"], c["detections"], _pct(c["ap50_95"]), _pct(c["ap50"])]
-        cells.append(_pct(c["recall50"]))
+        cells = [c["gt_boxes"], c["detections"], pct(c["ap50_95"]), pct(c["ap50"])]
+        cells.append(pct(c["recall50"]))
         if ref:
-            cells += [_pct(c.get("reference_ap50_95")), _pct(c.get("reference_ap50"))]
+            cells += [pct(c.get("reference_ap50_95")), pct(c.get("reference_ap50"))]
         body.append(
-            f"<tr><td>{_e(c['name'])}</td>"
-            + "".join(f"<td class=num>{_e(v)}</td>" for v in cells)
+            f"<tr><td>{esc(c['name'])}</td>"
+            + "".join(f"<td class=num>{esc(v)}</td>" for v in cells)
             + "</tr>"
         )
     chart = ""
@@ -85,7 +76,7 @@ def _classes_table(record: dict[str, Any], limit: int = 80) -> str:
         ref_rows = None
         if reference is not None:
             ref_rows = [{**c, "ap50_95": c.get("reference_ap50_95")} for c in record["per_class"]]
-        chart = figure_svg(ap_figure(record["per_class"], ref_rows))
+        chart = svg(ap_figure(record["per_class"], ref_rows))
     return f"{note}<table id=ap-table>{head}{''.join(body)}</table>{chart}"
 
 
@@ -96,7 +87,7 @@ def _pr_section(record: dict[str, Any]) -> str:
     return (
         "<p class=muted>COCO's interpolated precision at 101 recall points, IoU 0.5; the "
         "bold line is the average over the classes (the AP50 of every class averaged)."
-        "</p>" + figure_svg(pr_figure(curves["device"], curves["reference"]))
+        "</p>" + svg(pr_figure(curves["device"], curves["reference"]))
     )
 
 
@@ -109,20 +100,15 @@ def _cores_table(record: dict[str, Any]) -> str:
     rows = []
     for c in record["per_core"]:
         cells = [c["place"], c["items"], c["errors"]]
-        cells += [_pct(c[k]) for k in ("map50_95", "map50", "reference_map50_95")]
-        cells += [_pct(c["disagreement_mean"])]
+        cells += [pct(c[k]) for k in ("map50_95", "map50", "reference_map50_95")]
+        cells += [pct(c["disagreement_mean"])]
         cells += [fmt(c[k]) for k in ("items_per_s", "p50_ms", "p99_ms")]
-        rows.append("<tr>" + "".join(f"<td class=num>{_e(v)}</td>" for v in cells) + "</tr>")
-    emulated = (
-        "<p>Throughput figures come from the emulated NPU (sim): they are not a board's.</p>"
-        if record["device"]["backend"] == "sim"
-        else ""
-    )
+        rows.append("<tr>" + "".join(f"<td class=num>{esc(v)}</td>" for v in cells) + "</tr>")
     note = (
         "<p class=muted>Each core's mAP is on the images it ran: a core that computes "
         "differently scores apart from the others.</p>"
     )
-    return f"{emulated}{note}<table id=core-table>{head}{''.join(rows)}</table>"
+    return f"{emulated_note(record)}{note}<table id=core-table>{head}{''.join(rows)}</table>"
 
 
 #: The longest side of one panel of the report's images, in CSS pixels.
@@ -135,9 +121,9 @@ def _count(n: int) -> str:
 
 def _panel(picture: Any, title: str, rows: list[dict[str, Any]], color: tuple) -> str:
     uri = draw_on(picture, [(rows, color, 2)]) if picture is not None else None
-    img = f"<img alt='{_e(title)}' src='{uri}'>" if uri else ""
+    img = f"<img alt='{esc(title)}' src='{uri}'>" if uri else ""
     key = f"<span class=key style='background:{_rgb(color)}'></span>"
-    return f"<figure>{img}<figcaption>{key}{_e(title)}</figcaption></figure>"
+    return f"<figure>{img}<figcaption>{key}{esc(title)}</figcaption></figure>"
 
 
 def _shot(item: dict[str, Any], conf: float) -> str:
@@ -155,7 +141,7 @@ def _shot(item: dict[str, Any], conf: float) -> str:
             of = item.get(f"{side}_all", len(rows))
             title = f"{side}: {_count(len(rows))} >= {conf:g} (of {of})"
             panels.append(_panel(picture, title, rows, color))
-    facts = [f"<code>{_e(item['id'])}</code>", _e(WHY.get(item.get("why", ""), "an example"))]
+    facts = [f"<code>{esc(item['id'])}</code>", esc(WHY.get(item.get("why", ""), "an example"))]
     if picture is None:
         facts.append("<span class=muted>no picture: the image cannot be read now</span>")
     if truth is None:
@@ -165,7 +151,7 @@ def _shot(item: dict[str, Any], conf: float) -> str:
     if item.get("disagreement") is not None:
         facts.append(f"against the reference {item['disagreement']:.3f}")
     core = place_name(item.get("node"), item["core"]) if item["core"] >= 0 else "-"
-    facts.append(f"core {_e(core)}")
+    facts.append(f"core {esc(core)}")
     return f"<div class=shot><div class=panels>{''.join(panels)}</div>{' · '.join(facts)}</div>"
 
 
@@ -180,7 +166,7 @@ def _gallery(record: dict[str, Any]) -> str:
     intro = (
         f"<p class=muted>{len(shots)} images: {reference}those whose boxes differ most from "
         "the ground truth, then others. Boxes scoring at least "
-        f"{_e(f'{conf:g}')} are drawn (<code>metrics.display_conf</code>; mAP counts every "
+        f"{esc(f'{conf:g}')} are drawn (<code>metrics.display_conf</code>; mAP counts every "
         "box the job's <code>detect.conf</code> keeps). The numbers are 1 - soft F1 of two "
         "box sets (boxes of the same class paired by IoU >= 0.5, each pair counting its "
         "IoU): 0 the same boxes, 1 none in common.</p>"
@@ -196,7 +182,7 @@ def _comparisons(record: dict[str, Any]) -> str:
     ref = record["vs_reference"]
     if ref is not None:
         lines = "".join(
-            f"<li>{_e(_bootstrap_line(ref[k], 'device', 'reference'))}</li>" for k in ref
+            f"<li>{esc(bootstrap_line(ref[k], 'device', 'reference'))}</li>" for k in ref
         )
         parts.append(f"<h3>device against the reference</h3><ul>{lines}</ul>")
     base = record["vs_baseline"]
@@ -205,12 +191,12 @@ def _comparisons(record: dict[str, Any]) -> str:
     else:
         info = record["baseline"] or {}
         lines = "".join(
-            f"<li>{_e(_bootstrap_line(base[k], 'now', 'baseline'))}</li>"
+            f"<li>{esc(bootstrap_line(base[k], 'now', 'baseline'))}</li>"
             for k in ("map50_95", "map50")
         )
         parts.append(
-            f"<h3>against the baseline {_e(info.get('eval_id'))} (accepted by "
-            f"{_e(info.get('accepted_by'))}), on the {base['compared']} images both have</h3>"
+            f"<h3>against the baseline {esc(info.get('eval_id'))} (accepted by "
+            f"{esc(info.get('accepted_by'))}), on the {base['compared']} images both have</h3>"
             f"<ul>{lines}</ul>"
         )
     return "".join(parts)
@@ -227,65 +213,29 @@ def _matching(record: dict[str, Any]) -> str:
         ("ground-truth images not in the dataset", gt["unknown_images"]),
         ("their boxes (dropped)", gt["dropped_annotations"]),
     ]
-    body = "".join(f"<tr><th>{_e(k)}</th><td class=num>{_e(v)}</td></tr>" for k, v in rows)
+    body = "".join(f"<tr><th>{esc(k)}</th><td class=num>{esc(v)}</td></tr>" for k, v in rows)
     out = f"<table id=gt-table>{body}</table>"
     for key, title in (
         ("unmatched_items_first", "first dataset images without ground truth"),
         ("unknown_images_first", "first ground-truth images not in the dataset"),
     ):
         if gt[key]:
-            out += f"<h3>{title}</h3><p>" + ", ".join(f"<code>{_e(n)}</code>" for n in gt[key])
+            out += f"<h3>{title}</h3><p>" + ", ".join(f"<code>{esc(n)}</code>" for n in gt[key])
             out += "</p>"
     return out
 
 
-# --------------------------------------------------------------------------- the page
-def detection_html(record: dict[str, Any], history: list[dict[str, Any]]) -> str:
-    """The report page of a detection evaluation (see the module docstring)."""
-    verdict = record["verdict"]
-    device = record["device"]
-    failed = [g for g in record["gates"] if g["passed"] is False]
-    headline = (
-        "every gate passed"
-        if not failed
-        else f"{len(failed)} gate(s) failed: "
-        + "; ".join(f"{g['metric']} {CHECK_WORDS[g['check']]}" for g in failed)
-    )
-    sections = [
-        ("gates", "Gates", f"<p>{_e(headline)}</p>{_gates_table(record)}"),
-        (
-            "trend",
-            f"Trend over {len(history)} evaluation(s)",
-            "<p class=muted>Points: green passed, red failed. Lines: the gates' current "
-            f"limits.</p>{trend_plot(record, history)}",
-        ),
+# --------------------------------------------------------------------------- the sections
+def sections(record: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The detection sections, between the trend and the metric table."""
+    return [
         ("classes", "AP per class", _classes_table(record)),
         ("pr", "Precision-recall", _pr_section(record)),
         ("cores", "Per core", _cores_table(record)),
         ("gallery", "Images: the ground truth beside the predictions", _gallery(record)),
         ("compare", "Compared with the reference and the baseline", _comparisons(record)),
         ("matching", "Ground truth", _matching(record)),
-        ("metrics", "Every metric", _metrics_table(record)),
-        ("facts", "Run", _facts(record)),
     ]
-    body = "".join(
-        f"<section id={sid}><h2>{_e(title)}</h2>{content}</section>"
-        for sid, title, content in sections
-    )
-    title = f"{record['job']}: {verdict.upper()}"
-    return (
-        "<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
-        "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
-        "img-src data:; style-src 'unsafe-inline'\">"
-        "<meta name=viewport content='width=device-width,initial-scale=1'>"
-        f"<title>{_e(title)} · batchinfer eval {_e(record['eval_id'])}</title>"
-        f"<style>{_CSS}{_GALLERY_CSS}</style></head><body>"
-        f"<header class=verdict-{verdict}><h1>{_e(title)}</h1>"
-        f"<p>{_e(Path(device['model']).name)} on {_e(device['backend'])} · "
-        f"{record['dataset']['evaluated']} items, {record['dataset']['labelled']} scored · "
-        f"evaluation {_e(record['eval_id'])}</p><p>{_e(headline)}</p></header>"
-        f"<main>{body}</main></body></html>\n"
-    )
 
 
-__all__ = ["detection_html", "detection_summary"]
+__all__ = ["GALLERY_CSS", "PANEL_SIDE", "sections"]

@@ -2,7 +2,8 @@
 a gallery of the images where the device and the reference disagree most.
 
 Figures are matplotlib ``Figure`` objects made without pyplot (no global state, no
-display); :func:`figure_svg` turns one into inline SVG for the self-contained HTML page.
+display); :func:`batchinfer.evaluate.plots.svg` turns one into inline SVG for the
+self-contained HTML page.
 Class names are user data: every text that shows one is drawn with ``parse_math=False``,
 so a name with ``$`` or ``_`` is shown as written, never as mathtext (nor an error).
 
@@ -12,14 +13,13 @@ ground truth in blue, the device's boxes in magenta, the reference's in green.
 :func:`gallery` draws both box sets on one image instead: the device's in magenta, the
 reference's over them in thicker green (where the two agree, green shows), ground truth
 (when given) in thin white underneath. The disagreement of an image is
-:func:`~batchinfer.evaluate.detection.disagreement` (1 - soft F1 of the two box sets).
+:func:`~batchinfer.evaluate.scorers.coco.disagreement` (1 - soft F1 of the two box sets).
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import itertools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +31,9 @@ from matplotlib.figure import Figure
 from PIL import Image, ImageOps
 
 from batchinfer.draw import draw_layer
-from batchinfer.evaluate.detection import disagreement
+from batchinfer.evaluate.plots import figure as _figure
+from batchinfer.evaluate.plots import plain_legend as _plain_legend
+from batchinfer.evaluate.scorers.coco import disagreement
 
 REFERENCE_COLOR = (46, 160, 67)
 DEVICE_COLOR = (216, 27, 196)
@@ -40,28 +42,6 @@ TRUTH_COLOR = (255, 255, 255)  # under both box sets (gallery)
 GROUND_TRUTH_COLOR = (25, 118, 210)
 #: Boxes of one set that get their class and score written beside them in the gallery.
 LABELLED_BOXES = 10
-_salt = itertools.count()
-
-
-def figure_svg(fig: Figure) -> str:
-    """The figure as inline SVG (ids salted per figure, so two plots never share one)."""
-    buf = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": f"batchinfer-detect-{next(_salt)}"}):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    text = buf.getvalue()
-    return text[text.index("<svg") :]
-
-
-def _figure(width: float, height: float) -> Figure:
-    fig = Figure(figsize=(width, height), dpi=100)
-    fig.set_layout_engine("constrained")
-    return fig
-
-
-def _plain_legend(ax: Any, **kwargs: Any) -> None:
-    legend = ax.legend(**kwargs)
-    for text in legend.get_texts():
-        text.set_parse_math(False)
 
 
 # --------------------------------------------------------------------------- PR curves
@@ -291,7 +271,6 @@ __all__ = [
     "disagreements",
     "draw_boxes",
     "draw_on",
-    "figure_svg",
     "gallery",
     "open_picture",
     "pr_figure",

@@ -1,0 +1,163 @@
+"""What an evaluation's task decides: the :class:`Scorer` protocol, and which scorer a job gets.
+
+evaluation.py runs one pipeline for every task; whatever depends on what the model's outputs
+mean is its scorer's. The protocol, written down once here:
+
+```text
+PROTOCOL (pipeline ⇄ scorer), one scorer per job: scorer_for(job) -> Scorer
+
+  when                          pipeline calls                    scorer answers / does
+  load_job (nothing has run)    check_job()                       JobError for what its task
+                                                                  needs (detection: the ground
+                                                                  truth, faster-coco-eval)
+                                metrics()                         its built-in Metric registry
+                                significance_test                 where a gate's alpha applies
+  planned (nothing has run)     prepare(dataset, plans)           reads and matches the ground
+                                                                  truth or class map; refuses
+                                                                  a model it cannot score
+  the job's folders locked      announce(dataset)                 its log lines
+  each side's run               collect(sink) -> items            the side's per-item results
+  the reference cache           read_items(table) -> items        the same, from the cache
+  after both runs               read_baseline(folder)             Baseline(items, record) or
+                                                                  None (baseline.read_accepted)
+                                inputs(device, ref, baseline)     what its metrics see
+                                worst_notes(inputs)               which core/item a "worst"
+                                                                  gate value comes from
+  the record (result.json)      side_facts(plan) -> dict          its facts of a side's model
+                                labelled(inputs) -> int           dataset.labelled
+                                record_section(inputs, dataset)   its keys of the record: per
+                                                                  class, per core, worst items
+                                                                  (the gallery), comparisons
+                                items_table(inputs) -> Table      items.parquet (the baseline)
+                                class_history(record)             history's per_class_top1
+  the outputs (record only)     summary_*(record)                 its lines of summary.md
+                                report_*(record, pictures)        its sections of the report
+                                shown_items(record)               the item pictures the report
+                                                                  needs (made in a child)
+```
+
+The shared steps (locks, both sides' runs, custom metrics, gates, history, the baseline's
+files, the record's frame, the report's and the summary's frames) are written once: in
+evaluation.py, steps.py, record.py, report.py and summary.py. A scorer never runs a model
+nor writes a file; the rendering half (``summary_*``, ``report_*``) reads only the record,
+so a record renders again without its job (:func:`scorer_type` by the record's ``task``).
+
+Two scorers: ``classify`` (top-k, confusion, McNemar: scorers/classify.py) and
+``instances`` (COCO-style detection: scorers/instances.py). A task scored the COCO way with
+another ``iouType`` (``segm``, ``keypoints``) subclasses :class:`InstancesScorer` in one
+module and registers itself in :data:`SCORERS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from batchinfer.data.dataset import Dataset
+    from batchinfer.evaluate.baseline import Baseline
+    from batchinfer.evaluate.jobspec import Job
+    from batchinfer.evaluate.metrics import Metric
+    from batchinfer.evaluate.runs import SidePlan, SideRun
+    from batchinfer.evaluate.thumbnails import Source, Thumbnail
+    from batchinfer.sink.rows import MemorySink
+
+#: One report section: (its element id, its title, its HTML).
+Section = tuple[str, str, str]
+
+
+class Scorer(Protocol):
+    """One task's side of an evaluation (see the module docstring)."""
+
+    job: Job
+    #: The record's ``task`` ("classify" records have none: they predate tasks).
+    task: str
+    #: Where a gate's ``alpha`` applies, as the refusal of a misplaced one says it.
+    significance_test: str
+
+    # ------------------------------------------------------------------ the job
+    def check_job(self) -> None: ...
+    def metrics(self) -> dict[str, Metric]: ...
+
+    # ------------------------------------------------------------------ the runs
+    def prepare(self, dataset: Dataset, plans: list[SidePlan]) -> None: ...
+    def announce(self, dataset: Dataset) -> None: ...
+    def collect(self, sink: MemorySink) -> Any: ...
+    def read_items(self, table: pa.Table) -> Any: ...
+    def read_baseline(self) -> Baseline | None: ...
+    def inputs(
+        self, device: SideRun, reference: SideRun | None, baseline: Baseline | None
+    ) -> Any: ...
+    def worst_notes(self, inputs: Any) -> dict[str, str]: ...
+
+    # ------------------------------------------------------------------ the record
+    def side_facts(self, plan: SidePlan) -> dict[str, Any]: ...
+    def labelled(self, inputs: Any) -> int: ...
+    def record_section(self, inputs: Any, dataset: Dataset) -> dict[str, Any]: ...
+    def items_table(self, inputs: Any) -> pa.Table: ...
+
+    # ------------------------------------------------------------------ the outputs
+    @staticmethod
+    def class_history(record: Mapping[str, Any]) -> list[float | None] | None: ...
+    @staticmethod
+    def summary_title(record: Mapping[str, Any]) -> str: ...
+    @staticmethod
+    def summary_items(record: Mapping[str, Any]) -> str: ...
+    @staticmethod
+    def summary_intro(record: Mapping[str, Any]) -> list[str]: ...
+    @staticmethod
+    def summary_metrics() -> tuple[str, ...]: ...
+    @staticmethod
+    def summary_body(record: Mapping[str, Any]) -> list[str]: ...
+    @staticmethod
+    def summary_warnings(record: Mapping[str, Any]) -> list[str]: ...
+    @staticmethod
+    def report_items(record: Mapping[str, Any]) -> str: ...
+    @staticmethod
+    def report_trend() -> tuple[str, ...]: ...
+    @staticmethod
+    def report_css() -> str: ...
+    @staticmethod
+    def report_sections(
+        record: Mapping[str, Any], pictures: Mapping[Source, Thumbnail]
+    ) -> list[Section]: ...
+    @staticmethod
+    def shown_items(record: Mapping[str, Any]) -> list[Source]: ...
+
+
+def _classify() -> type[Scorer]:
+    from batchinfer.evaluate.scorers.classify import ClassifyScorer
+
+    return ClassifyScorer
+
+
+def _instances() -> type[Scorer]:
+    from batchinfer.evaluate.scorers.instances import InstancesScorer
+
+    return InstancesScorer
+
+
+#: The job's ``task`` -> its scorer's class (imported when asked for: detection's needs
+#: numpy and the COCO machinery only for detection jobs).
+SCORERS = {"classify": _classify, "detect": _instances}
+TASKS = tuple(SCORERS)
+
+
+def scorer_type(task: str) -> type[Scorer]:
+    """The scorer of a job's (or a record's) task: the one place a task picks its scorer."""
+    return SCORERS[task]()
+
+
+def scorer_for(job: Job) -> Scorer:
+    """The scorer of ``job`` (its ``task``)."""
+    return scorer_type(job.task)(job)  # type: ignore[call-arg]
+
+
+def record_scorer(record: Mapping[str, Any]) -> type[Scorer]:
+    """The scorer that renders ``record`` (a result.json; one without ``task`` classifies)."""
+    return scorer_type(record.get("task", "classify"))
+
+
+__all__ = ["SCORERS", "TASKS", "Scorer", "Section", "record_scorer", "scorer_for", "scorer_type"]
