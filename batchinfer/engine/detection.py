@@ -48,12 +48,3 @@ def read_geometry(row: np.ndarray) -> Letterbox | None:
         pad_x=float(row[4]),
         pad_y=float(row[5]),
     )
-
-
-def __getattr__(name: str) -> object:
-    """``ItemDecoder``'s old home (batchinfer/tasks/base.py holds it now)."""
-    if name == "ItemDecoder":
-        from batchinfer.tasks.base import ItemDecoder
-
-        return ItemDecoder
-    raise AttributeError(name)

@@ -44,7 +44,7 @@ from batchinfer.evaluate.jobspec import (
     job_key,
     reraise_in_job,
 )
-from batchinfer.evaluate.scoring import TASKS, scorer_for
+from batchinfer.evaluate.scoring import job_tasks, scorer_for
 from batchinfer.messages import setting
 from batchinfer.options import from_mapping
 
@@ -119,8 +119,9 @@ def load_job(path: Path | str) -> Job:
                 "name",
             )
         task = data.get("task", "classify")
-        if task not in TASKS:
-            words = " or ".join(f'"{t}"' for t in TASKS)
+        tasks = job_tasks()
+        if task not in tasks:
+            words = " or ".join(f'"{t}"' for t in tasks)
             raise ConfigError(setting("task") + f" must be {words}, not {task!r}.", "task")
         device = from_mapping(DeviceSettings, _table(path, data, "device"), "device", resolve)
         reference = None

@@ -45,7 +45,7 @@ so a record renders again without its job (:func:`scorer_type` by the record's `
 Two scorers: ``classify`` (top-k, confusion, McNemar: scorers/classify.py) and
 ``instances`` (COCO-style detection: scorers/instances.py). A task scored the COCO way with
 another ``iouType`` (``segm``, ``keypoints``) subclasses :class:`InstancesScorer` in one
-module and registers itself in :data:`SCORERS`.
+module, which its task's ``scorer`` (batchinfer/tasks) names.
 """
 
 from __future__ import annotations
@@ -127,27 +127,27 @@ class Scorer(Protocol):
     def shown_items(record: Mapping[str, Any]) -> list[Source]: ...
 
 
-def _classify() -> type[Scorer]:
-    from batchinfer.evaluate.scorers.classify import ClassifyScorer
+def job_tasks() -> tuple[str, ...]:
+    """The tasks an evaluation job may name: the built-in tasks (batchinfer/tasks) that
+    have a scorer, in the registry's order."""
+    from batchinfer.tasks import REGISTRY, available
 
-    return ClassifyScorer
-
-
-def _instances() -> type[Scorer]:
-    from batchinfer.evaluate.scorers.instances import InstancesScorer
-
-    return InstancesScorer
-
-
-#: The job's ``task`` -> its scorer's class (imported when asked for: detection's needs
-#: numpy and the COCO machinery only for detection jobs).
-SCORERS = {"classify": _classify, "detect": _instances}
-TASKS = tuple(SCORERS)
+    return tuple(n for n in REGISTRY if (t := available(n)) is not None and t.scorer)
 
 
 def scorer_type(task: str) -> type[Scorer]:
-    """The scorer of a job's (or a record's) task: the one place a task picks its scorer."""
-    return SCORERS[task]()
+    """The scorer of a job's (or a record's) task: the one place a task picks its scorer
+    (the task's own ``scorer`` reference, batchinfer/tasks/base.py)."""
+    import importlib
+
+    from batchinfer.tasks import task_class
+
+    ref = task_class(task).scorer
+    if ref is None:
+        raise KeyError(task)
+    module, _, name = ref.partition(":")
+    scorer: type[Scorer] = getattr(importlib.import_module(module), name)
+    return scorer
 
 
 def scorer_for(job: Job) -> Scorer:
@@ -160,4 +160,4 @@ def record_scorer(record: Mapping[str, Any]) -> type[Scorer]:
     return scorer_type(record.get("task", "classify"))
 
 
-__all__ = ["SCORERS", "TASKS", "Scorer", "Section", "record_scorer", "scorer_for", "scorer_type"]
+__all__ = ["Scorer", "Section", "job_tasks", "record_scorer", "scorer_for", "scorer_type"]

@@ -14,61 +14,24 @@ Adding a task is adding its module and one line here: names are imported only wh
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from batchinfer.errors import ConfigError
-from batchinfer.messages import setting
 from batchinfer.tasks.base import Decoded, ItemDecoder, ModelFacts, Placement, Task
+from batchinfer.tasks.registry import (
+    NOT_AVAILABLE,
+    REGISTRY,
+    TaskNotAvailable,
+    available,
+    task_class,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
     from batchinfer.options import DetectOptions
-
-#: Built-in tasks, name -> "module:Class", in the order ``auto`` tries them.
-REGISTRY: dict[str, str] = {
-    "detect": "batchinfer.tasks.detect:Detect",
-    "segment": "batchinfer.tasks.segment:Segment",
-    "pose": "batchinfer.tasks.pose:Pose",
-    "obb": "batchinfer.tasks.obb:Obb",
-    "classify": "batchinfer.tasks.classify:Classify",
-    "raw": "batchinfer.tasks.raw:Raw",
-}
-
-#: What a task's module being absent means: registered, not written yet.
-NOT_AVAILABLE = "not available yet"
-
-
-class TaskNotAvailable(ConfigError):
-    """A registered task whose module is not there (yet)."""
-
-
-def task_class(name: str) -> type[Task]:
-    """The class of built-in task ``name`` (TaskNotAvailable when its module is absent)."""
-    module, _, cls = REGISTRY[name].partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        raise TaskNotAvailable(
-            setting("detect.task") + f" {name}: that task is {NOT_AVAILABLE} in this version "
-            "of batchinfer; use auto, classify, detect or raw.",
-            "detect.task",
-        ) from None
-    found: type[Task] = getattr(mod, cls)
-    return found
-
-
-def available(name: str) -> type[Task] | None:
-    """The class of built-in task ``name``, or None when it is not available yet."""
-    try:
-        return task_class(name)
-    except TaskNotAvailable:
-        return None
 
 
 def task_from_record(record: Mapping[str, Any]) -> Task:

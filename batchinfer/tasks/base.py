@@ -142,8 +142,8 @@ class Task(ABC):
                                in bad (row -> why): that item's error row
         the run's items afterwards
           draw(canvas, row)    a predictions row drawn (the report, export draw)
-          exports()            its standard formats: {name: writer(run, path)}
-          scorer()             eval's scorer (None: evaluate/ has its own for now)
+          exports              its standard formats: {name: "module:function"}
+          scorer               eval's scorer, "module:Class" (None: no job names it)
     """
 
     name: ClassVar[str] = ""
@@ -249,21 +249,14 @@ class Task(ABC):
         """``canvas`` with the row's results drawn (default: unchanged: nothing to draw)."""
         return canvas
 
-    def exports(self) -> dict[str, Callable[..., Any]]:
-        return {}
+    #: Its standard export formats, name -> "module:function" (``function(run_dir, dest)``,
+    #: as ``batchinfer export NAME`` calls it): references, so tasks never import export.
+    exports: ClassVar[Mapping[str, str]] = {}
 
-    def scorer(self) -> Any:
-        """eval's scorer for this task; None: evaluate/ scores it its own way for now."""
-        return None
-
-    # -- plug-ins travel to the workers by reference (batchinfer/tasks/plugin.py) ----------
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        ref = type(self).__dict__.get("_batchinfer_reference")
-        if ref is None:
-            return super().__reduce_ex__(protocol)
-        from batchinfer.tasks.plugin import rebuild
-
-        return rebuild, (ref, dict(self.__dict__))
+    #: eval's scorer for this task, as "module:Class" (a class of batchinfer/evaluate/
+    #: scoring.py's ``Scorer`` protocol, imported by eval when a job names the task: a
+    #: reference, so tasks never import eval), or None: no evaluation job can name it.
+    scorer: ClassVar[str | None] = None
 
 
 def _get(payload: Any, name: str) -> Any:

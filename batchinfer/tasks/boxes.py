@@ -206,8 +206,3 @@ class BoxTask(Task):
         from batchinfer.draw import draw_result
 
         return draw_result(canvas, row.get("boxes"), **style)
-
-    def exports(self) -> dict[str, Any]:
-        from batchinfer.export import export_coco
-
-        return {"coco": export_coco}

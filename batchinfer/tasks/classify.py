@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 class Classify(Task):
     """Top-1 and top-k of the first output (module docstring)."""
 
+    scorer = "batchinfer.evaluate.scorers.classify:ClassifyScorer"
+
     name = "classify"
     decodes_in_worker = False
 
@@ -54,7 +56,7 @@ class Classify(Task):
         return None
 
     def collect(self, rows: Sequence[Row], topk: int) -> None:
-        from batchinfer.sink.predictions import top_k_batch
+        from batchinfer.sink.columns import top_k_batch
 
         first = rows[0].outputs[0] if rows and rows[0].outputs else None
         if first is None or first.size <= 1:
@@ -69,12 +71,12 @@ class Classify(Task):
                 r.pred = p
 
     def fields(self) -> list[pa.Field]:
-        from batchinfer.sink.predictions import CLASSIFY_FIELDS
+        from batchinfer.sink.columns import CLASSIFY_FIELDS
 
         return list(CLASSIFY_FIELDS)
 
     def columns(self) -> Any:
-        from batchinfer.sink.predictions import TopKColumns
+        from batchinfer.sink.columns import TopKColumns
 
         return TopKColumns()
 

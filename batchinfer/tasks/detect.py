@@ -83,6 +83,9 @@ class NotADetectorError(ConfigError):
 class Detect(BoxTask):
     """A YOLO detection head (module docstring)."""
 
+    scorer = "batchinfer.evaluate.scorers.instances:InstancesScorer"
+    exports = {"coco": "batchinfer.export:export_coco"}  # noqa: RUF012 (a ClassVar)
+
     name = "detect"
 
     head: Head | None = None

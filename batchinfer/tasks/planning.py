@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from batchinfer.engine.model_metadata import read_model_metadata
 from batchinfer.errors import ConfigError, ModelError
 from batchinfer.messages import setting
-from batchinfer.tasks import REGISTRY, available, task_class
 from batchinfer.tasks.base import ModelFacts, Task
+from batchinfer.tasks.registry import REGISTRY, available, task_class
 
 if TYPE_CHECKING:
     from batchinfer.options import DetectOptions

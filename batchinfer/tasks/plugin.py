@@ -21,6 +21,7 @@ forked from a server started before the plug-in was loaded).
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
 import importlib
 import importlib.util
@@ -94,6 +95,8 @@ def load(reference: str) -> type[Task]:
     if not cls.name:
         raise _refuse(reference, f"{cls_name} has no name (a class attribute: name = '...').")
     cls._batchinfer_reference = reference  # type: ignore[attr-defined]
+    # Its instances pickle as (reference, fields): the worker imports the class again.
+    copyreg.pickle(cls, _by_reference)
     _loaded[reference] = cls
     return cls
 
@@ -149,7 +152,7 @@ def plan_plugin(name: str, facts: ModelFacts, options: DetectOptions) -> Task:
 def _check_fields(name: str, fields: object) -> None:
     import pyarrow as pa
 
-    from batchinfer.sink.predictions import base_field_names
+    from batchinfer.sink.columns import base_field_names
 
     if not isinstance(fields, list) or not all(isinstance(f, pa.Field) for f in fields):
         raise _refuse(name, "its fields() must return a list of pyarrow.Field.")
@@ -157,6 +160,10 @@ def _check_fields(name: str, fields: object) -> None:
     clash = [f.name for f in fields if f.name in taken or f.name.startswith("out_")]
     if clash:
         raise _refuse(name, f"its field {clash[0]!r} is a column batchinfer writes; rename it.")
+
+
+def _by_reference(task: Task) -> tuple[Any, tuple[str, dict[str, Any]]]:
+    return rebuild, (type(task)._batchinfer_reference, dict(task.__dict__))  # type: ignore[attr-defined]
 
 
 def rebuild(reference: str, state: dict[str, Any]) -> Task:
