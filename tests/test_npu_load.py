@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
 import time
@@ -9,8 +11,14 @@ from pathlib import Path
 
 import models as M  # tests/ is on sys.path under pytest (no tests/__init__.py)
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
+from runs import config, fast_sim
 
+from batchinfer import run
+from batchinfer.cli.console import format_summary
+from batchinfer.engine import events as ev
+from batchinfer.engine.npu_watch import NpuLoadWatch, sampler_for
 from batchinfer.runtime import constants as C
 from batchinfer.runtime.npu_load import (
     NA,
@@ -21,6 +29,7 @@ from batchinfer.runtime.npu_load import (
 )
 from batchinfer.runtime.sim import RKNNLite
 from batchinfer.runtime.sim_load import load_path
+from batchinfer.sink.stats import CoreStatsRecorder
 
 
 @pytest.mark.parametrize(
@@ -171,3 +180,101 @@ def test_the_emulator_writes_the_drivers_text_from_its_busy_time(
     assert 5 <= loads[0] <= 55
     assert all(loads[c] == 0 for c in range(1, cores))
     assert not [p for p in os.listdir(state) if p.startswith(".")]  # no temporary left
+
+
+# ---------------------------------------------------------------- a run's watch
+class _Backend:
+    def __init__(self, name: str, state_dir: Path | None = None, chip: str = "rk3588") -> None:
+        self.name, self.state_dir, self._chip = name, state_dir, chip
+
+    def chip(self) -> str:
+        return self._chip
+
+
+def _started() -> ev.Started:
+    return ev.Started(10, (0, 1, 2), "sim", 1, 0.0)
+
+
+def test_the_watch_samples_the_emulated_board_from_cores_ready_until_stopped(tmp_path: Path):
+    path = load_path(tmp_path, "rk3588")
+    path.write_text(format_load([80, 20, 0]))
+    watch = NpuLoadWatch(lambda: _Backend("sim", tmp_path))
+    watch.notify(_started())
+    assert watch.summary() is not None and watch.summary().per_core is None  # not yet
+    watch.notify(ev.CoresReady(0.0))
+    watch.stop()
+    load = watch.summary()
+    assert load is not None and load.unreadable is None and load.samples >= 2
+    assert load.per_core == pytest.approx({0: 0.8, 1: 0.2, 2: 0.0})
+    assert load.of((0, 1)) == pytest.approx({0: 0.8, 1: 0.2})
+
+
+def test_a_board_whose_debugfs_is_not_readable_says_so_once(tmp_path: Path, caplog):
+    sampler = sampler_for(_Backend("rknnlite"), root=tmp_path)
+    assert sampler is not None and sampler.path == tmp_path / "sys/kernel/debug/rknpu/load"
+    watch = NpuLoadWatch(lambda: _Backend("rknnlite"))
+    watch.notify(_started())
+    watch.sampler = sampler  # this machine's root is not a board's: read the folder's
+    with caplog.at_level(logging.INFO, logger="batchinfer"):
+        watch.notify(ev.CoresReady(0.0))
+        watch.notify(ev.CoresReady(1.0))
+        watch.stop()
+    said = [r.getMessage() for r in caplog.records if "NPU load" in r.getMessage()]
+    assert len(said) == 1 and "not readable" in said[0] and "root" in said[0]
+    load = watch.summary()
+    assert load is not None and load.per_core is None and load.unreadable == said[0]
+
+
+def test_backends_without_an_npu_have_no_watch():
+    for name in ("onnx", "toolkit"):
+        assert sampler_for(_Backend(name)) is None
+    watch = NpuLoadWatch(lambda: None)  # a cluster: its nodes' NPUs are not this machine's
+    watch.notify(_started())
+    watch.notify(ev.CoresReady(0.0))
+    watch.stop()
+    assert watch.summary() is None
+
+
+def test_the_per_core_table_puts_the_boards_figure_beside_the_busy_time():
+    rec = CoreStatsRecorder([0, 1], 1)
+    rec.mark_dispatch(0.0)
+    rec.record(0, 2.0, 5.0, True)
+    rec.record(1, 2.0, 5.0, True)
+    rec.set_busy(0, 1.8)
+    rec.set_busy(1, 1.0)
+    plain = format_summary(rec.table())
+    assert "NPU load %" not in plain
+    unread = format_summary(rec.table(), npu_load=True)
+    header, *rows = unread.splitlines()
+    assert header.split()[5:9] == ["util", "%", "NPU", "load"]
+    assert all(row.split()[6] == NA for row in rows)
+    rec.set_npu_load({0: 0.3})
+    table = rec.table()
+    assert table.column("npu_load").to_pylist() == [0.3, None, pytest.approx(0.3)]
+    rows = format_summary(table, npu_load=True).splitlines()[1:]
+    assert [r.split()[5:7] for r in rows] == [["90", "30"], ["50", NA], ["70", "30"]]
+
+
+def test_a_run_on_the_emulator_reports_the_boards_load_per_core(demo_kit, tmp_path: Path):
+    # One core, all NPU time (10 ms a call, no host time): 150 calls hold core 0 for 1.5 s,
+    # so a driver's window of a second closes under load while the run lasts.
+    result = run(
+        config(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=fast_sim(npu_ms=10),
+            cores=(0,),
+            limit=150,
+            out=tmp_path / "o",
+        )
+    )
+    assert (result.status, result.errors) == ("complete", 0)
+    load = result.npu_load
+    assert load is not None and load.unreadable is None and load.samples >= 2
+    assert load.per_core is not None and set(load.per_core) == {0, 1, 2}
+    assert load.max_per_core[0] >= 0.5 and load.per_core[1] == load.per_core[2] == 0
+    manifest = json.loads((result.out / "manifest.json").read_text())
+    assert manifest["npu_load"]["per_core"]["0"] == pytest.approx(load.per_core[0], abs=1e-4)
+    stats = pq.read_table(result.out / "core_stats.parquet").to_pylist()
+    assert [r["npu_load"] for r in stats] == [pytest.approx(load.per_core[0])] * 2

@@ -17,15 +17,20 @@ The NPU emulator writes the same text in its board folder (batchinfer.runtime.si
 so everything here runs, and is tested, without a board.
 
 :class:`NpuLoadSampler` reads the file on a thread of the coordinator every ``interval_s``
-(a read of a few dozen bytes) and keeps per-core sums; :meth:`NpuLoadSampler.summary` is
-the mean per core over the samples. When the file cannot be read at the start, the sampler
-says why once (:attr:`NpuLoad.unreadable`) and takes no samples.
+(a read of a few dozen bytes) and keeps each sample compactly (its time, a byte per core:
+a night's run at 2 samples/s is well under a megabyte); :meth:`NpuLoadSampler.summary` is
+the mean per core over the samples of an interval (bench: its measurement). When the file
+cannot be read at the start, the sampler says why once (:attr:`NpuLoad.unreadable`) and
+takes no samples. Which file a run reads: batchinfer.engine.npu_watch.
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 import threading
+import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +42,7 @@ BOARD_FILES = ("sys/kernel/debug/rknpu/load", "proc/rknpu/load")
 INTERVAL_S = 0.5
 #: The text that says "not known" in tables.
 NA = "n/a"
+_NONE = 255  # a sample without this core's figure
 
 _HEAD_RE = re.compile(r"^\s*NPU\s+load\s*:(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
 _CORE_RE = re.compile(r"Core\s*(\d+)\s*:\s*(\d+)\s*%")
@@ -107,13 +113,16 @@ class NpuLoad:
         }
 
 
-def unreadable_sentence(path: Path, why: str) -> str:
+#: What to do when a board's file cannot be read.
+BOARD_HINT = (
+    "debugfs is root's on most images: run as root (or mount debugfs) to see the board's "
+    "own per-core figure beside batchinfer's busy time"
+)
+
+
+def unreadable_sentence(path: Path, why: str, hint: str = BOARD_HINT) -> str:
     """What the run says, once, when the driver's load cannot be read."""
-    return (
-        f"NPU load: {path} is not readable ({why}); the NPU load columns say {NA}. debugfs is "
-        "root's on most images: run as root (or mount debugfs) to see the board's own "
-        "per-core figure beside batchinfer's busy time."
-    )
+    return f"NPU load: {path} is not readable ({why}); the NPU load columns say {NA}. {hint}."
 
 
 def _read(path: Path) -> str:
@@ -135,15 +144,18 @@ class NpuLoadSampler:
         interval_s: float = INTERVAL_S,
         read: Callable[[Path], str] = _read,
         label: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        hint: str = BOARD_HINT,
     ) -> None:
         self.path = Path(path)
         self.label = label or str(path)
+        self.hint = hint
         self.interval_s = interval_s
         self._read = read
+        self._clock = clock
         self._lock = threading.Lock()
-        self._sums: dict[int, float] = {}
-        self._counts: dict[int, int] = {}
-        self._max: dict[int, float] = {}
+        self._times = array("d")
+        self._cores: dict[int, array] = {}  # per core, per sample: percent, 255 = none
         self.samples = 0
         self.garbled = 0
         self.unreadable: str | None = None
@@ -156,18 +168,21 @@ class NpuLoadSampler:
             text = self._read(self.path)
         except OSError as e:
             if self.samples == 0 and self.garbled == 0:
-                self.unreadable = unreadable_sentence(self.path, e.strerror or type(e).__name__)
+                why = e.strerror or type(e).__name__
+                self.unreadable = unreadable_sentence(self.path, why, self.hint)
             return False
         loads = parse_load(text)
+        now = self._clock()
         with self._lock:
             if loads is None:
                 self.garbled += 1
                 return True
+            for core in loads.keys() - self._cores.keys():
+                self._cores[core] = array("B", bytes([_NONE]) * self.samples)
+            for core, column in self._cores.items():
+                column.append(int(loads[core]) if core in loads else _NONE)
+            self._times.append(now)
             self.samples += 1
-            for core, pct in loads.items():
-                self._sums[core] = self._sums.get(core, 0.0) + pct / 100
-                self._counts[core] = self._counts.get(core, 0) + 1
-                self._max[core] = max(self._max.get(core, 0.0), pct / 100)
         return True
 
     def start(self) -> NpuLoadSampler:
@@ -192,20 +207,28 @@ class NpuLoadSampler:
         self._thread = None
         self.sample()
 
-    def summary(self) -> NpuLoad:
+    def summary(self, t0: float | None = None, t1: float | None = None) -> NpuLoad:
+        """The mean and highest load per core of the samples taken in ``[t0, t1]``."""
         with self._lock:
-            per_core = {c: self._sums[c] / self._counts[c] for c in self._sums}
+            lo = 0 if t0 is None else bisect.bisect_left(self._times, t0)
+            hi = len(self._times) if t1 is None else bisect.bisect_right(self._times, t1)
+            per_core, highest = {}, {}
+            for core, column in sorted(self._cores.items()):
+                values = [v for v in column[lo:hi] if v != _NONE]
+                if values:
+                    per_core[core] = sum(values) / len(values) / 100
+                    highest[core] = max(values) / 100
             unreadable = self.unreadable
             if not per_core and unreadable is None and self.garbled:
                 unreadable = unreadable_sentence(
-                    self.path, f"{self.garbled} read(s), none in the driver's format"
+                    self.path, f"{self.garbled} read(s), none in the driver's format", self.hint
                 )
             return NpuLoad(
                 source=self.label,
                 per_core=per_core or None,
-                samples=self.samples,
+                samples=max(0, hi - lo),
                 unreadable=unreadable,
-                max_per_core=dict(self._max),
+                max_per_core=highest,
             )
 
 
