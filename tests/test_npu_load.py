@@ -22,6 +22,7 @@ from batchinfer.engine.npu_watch import NpuLoadWatch, sampler_for
 from batchinfer.runtime import constants as C
 from batchinfer.runtime.npu_load import (
     NA,
+    NpuLoad,
     NpuLoadSampler,
     board_load_file,
     format_load,
@@ -278,3 +279,19 @@ def test_a_run_on_the_emulator_reports_the_boards_load_per_core(demo_kit, tmp_pa
     assert manifest["npu_load"]["per_core"]["0"] == pytest.approx(load.per_core[0], abs=1e-4)
     stats = pq.read_table(result.out / "core_stats.parquet").to_pylist()
     assert [r["npu_load"] for r in stats] == [pytest.approx(load.per_core[0])] * 2
+
+
+def test_bench_takes_the_boards_figure_once_it_has_enough_readings():
+    from batchinfer.bench.runner import BOARD_SAMPLES, _npu_loads
+
+    class Fig:
+        cores: tuple = ()  # no emulator time model
+
+    board = NpuLoad("/sys/kernel/debug/rknpu/load", {0: 0.4, 1: 0.2, 2: 0.9}, BOARD_SAMPLES)
+    loads, source = _npu_loads(Fig(), [], board, (0, 1))
+    assert loads == {0: 0.4, 1: 0.2}  # only the measured cores
+    assert source == f"/sys/kernel/debug/rknpu/load, {BOARD_SAMPLES} samples"
+    few = NpuLoad(board.source, board.per_core, BOARD_SAMPLES - 1)
+    assert _npu_loads(Fig(), [], few, (0, 1)) == (None, None)  # and no readings to fall to
+    unread = NpuLoad(board.source, unreadable="not readable")
+    assert _npu_loads(Fig(), [], unread, (0, 1)) == (None, None)

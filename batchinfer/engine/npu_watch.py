@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from batchinfer.engine.board import BoardPool
 from batchinfer.engine.events import CoresReady, Started
 from batchinfer.runtime.npu_load import NpuLoad, NpuLoadSampler, board_load_file
 from batchinfer.runtime.sim_load import load_path
@@ -57,6 +58,13 @@ class NpuLoadWatch:
         if not self._started:
             return NpuLoad(self.sampler.label, unreadable=NOT_SAMPLED)
         return self.sampler.summary(t0, t1)
+
+
+def board_backend(engine: object) -> Any:
+    """The backend a run on this board gave its children (it knows where the board writes
+    the NPU load); None on a cluster, whose NPUs the coordinator cannot read."""
+    pool = getattr(engine, "pool", None)
+    return pool.backend if isinstance(pool, BoardPool) else None
 
 
 def sampler_for(backend: Any, root: Path = Path("/")) -> NpuLoadSampler | None:

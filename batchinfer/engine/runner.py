@@ -30,13 +30,12 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.engine import fork_server
-from batchinfer.engine.board import BoardPool
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer, RowsDone, Started
 from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EngineResult
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.npu_watch import NpuLoadWatch
+from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
@@ -226,7 +225,7 @@ def _run(
     source = DatasetSource(plan.dataset, skip=out.skip(), limit=limit, todo=n - skipped)
     failed, first_row = _FirstFailures(), _FirstRow()
     notes = _DatasetNotes(plan.dataset, plan.engine.task)
-    watch = NpuLoadWatch(lambda: _board_backend(engine))
+    watch = NpuLoadWatch(lambda: board_backend(engine))
     engine = make_engine(
         plan, source, out.rows, [notes, failed, first_row, watch, *observers], out.invocation
     )
@@ -280,13 +279,6 @@ def _run(
         skipped_files=plan.dataset.skipped.to_json(),
         npu_load=npu_load,
     )
-
-
-def _board_backend(engine: RunEngine) -> Any:
-    """The backend this board's run gave its children (it knows where the board writes
-    the NPU load); None on a cluster, whose NPUs the coordinator cannot read."""
-    pool = getattr(engine, "pool", None)
-    return pool.backend if isinstance(pool, BoardPool) else None
 
 
 class _DatasetNotes:
