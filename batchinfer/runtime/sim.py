@@ -32,7 +32,9 @@ Time model
     checks count as host time) and sets ``busy_until = start + npu_ms``; it computes the
     ONNX outputs meanwhile and waits until that absolute deadline (sleeping, then yielding
     for the last 0.1 ms), so a call ends close to it and no overshoot piles up
-    (``tools/bench_sim.py`` compares the emulator with this model).
+    (``tools/bench_sim.py`` compares the emulator with this model). The seconds each core
+    was held also go into the board file, from which the emulator writes the rknpu driver's
+    load text beside it (``<chip>.load``: batchinfer.runtime.sim_load).
     So k instances on one core reach at most ``min(k / (host_ms + npu_ms), 1 / npu_ms)``
     calls per second. ``npu_ms="estimate"`` derives npu_ms per model from its ONNX graph
     (:mod:`batchinfer.runtime.timing`): an estimate, labelled so in get_sdk_version and
