@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
+
+from batchinfer.runtime.npu_load import BOARD_FILES, parse_load
 
 
 def _read(path: Path) -> str | None:
@@ -83,22 +84,14 @@ def _npu(root: Path) -> dict[str, Any]:
     return facts
 
 
-# The rknpu driver's debugfs load file: "NPU load:  Core0:  25%, Core1:  50%, Core2: 100%,"
-# on multi-core NPUs, "NPU load:  37%" on one-core ones. Usually readable by root only.
-NPU_LOAD_FILE = "sys/kernel/debug/rknpu/load"
-_CORE_LOAD_RE = re.compile(r"Core\s*(\d+)\s*:\s*(\d+(?:\.\d+)?)\s*%")
-_ONE_LOAD_RE = re.compile(r"load\s*:\s*(\d+(?:\.\d+)?)\s*%", re.IGNORECASE)
+# The rknpu driver's debugfs load file (its format and parser: batchinfer.runtime.npu_load).
+# Usually readable by root only.
+NPU_LOAD_FILE = BOARD_FILES[0]
 
 
 def parse_npu_load(text: str | None) -> dict[int, float] | None:
     """Per-core NPU load in percent from the driver's load text (one-core NPUs: core 0)."""
-    if not text:
-        return None
-    cores = {int(c): float(p) for c, p in _CORE_LOAD_RE.findall(text)}
-    if cores:
-        return cores
-    one = _ONE_LOAD_RE.search(text)
-    return {0: float(one.group(1))} if one else None
+    return parse_load(text)
 
 
 def parse_devfreq_load(text: str | None) -> float | None:

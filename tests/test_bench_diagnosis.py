@@ -191,3 +191,32 @@ def test_the_emulators_share_is_said_only_of_a_cpu_starved_emulated_run():
     starved = diagnose(replace(BASE, machine_cpus=1.95, runnable=5.0))
     assert starved.bound == "cpu"
     assert with_emulator_share(starved, call_cpu_ms=None, samples_per_s=1500.0) == starved
+
+
+def test_busy_cores_on_an_idle_npu_say_the_time_goes_outside_the_npu():
+    # batchinfer's busy time high while the board's own figure says the NPU is mostly idle:
+    # the calls spend their time off the NPU (the runtime's host side).
+    d = diagnose(
+        replace(
+            BASE,
+            utilization={0: 0.98, 1: 0.97},
+            instances_busy={0: 0.98, 1: 0.97},
+            npu_load={0: 0.3, 1: 0.2},
+            npu_load_source="/sys/kernel/debug/rknpu/load, 20 samples",
+        )
+    )
+    assert d.bound == "host"
+    assert "the NPU only 25 % (/sys/kernel/debug/rknpu/load, 20 samples)" in d.summary
+    assert "72 % of the time the cores were busy went outside the NPU" in d.summary
+    assert d.numbers["outside_npu"] == 0.725
+
+
+def test_idle_cores_name_the_boards_npu_load_too():
+    d = diagnose(replace(BASE, npu_load={0: 0.1, 1: 0.1, 2: 0.1}, npu_load_source="board"))
+    assert "the NPU itself 10 % (board)" in d.summary
+
+
+def test_an_unreadable_board_figure_is_in_the_numbers():
+    why = "NPU load: /sys/kernel/debug/rknpu/load is not readable (Permission denied); ..."
+    d = diagnose(replace(BASE, npu_load=None, npu_load_source=None, npu_load_unreadable=why))
+    assert d.numbers["npu_load_unreadable"] == why and d.numbers["outside_npu"] is None

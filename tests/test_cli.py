@@ -183,8 +183,8 @@ def test_run_prints_the_core_table_then_refuses_to_overwrite_then_overwrites(dem
     assert first.exit_code == 0, first.output
     lines = first.stdout.strip().splitlines()
     assert lines[0].split() == [
-        "core", "items", "errors", "restarts", "recycles", "items/s", "util", "%", "p50", "ms",
-        "p99", "ms"
+        "core", "items", "errors", "restarts", "recycles", "items/s", "util", "%", "NPU",
+        "load", "%", "p50", "ms", "p99", "ms",
     ]  # fmt: skip
     table = {ln.split()[0]: ln.split() for ln in lines[1:-1]}
     assert set(table) == {"0", "1", "2", "all"}

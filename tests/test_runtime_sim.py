@@ -313,14 +313,14 @@ def test_a_call_frozen_in_its_reservation_holds_up_its_own_core_only(
     inside, thaw = threading.Event(), threading.Event()
     board = frozen._board
     assert board is not None
-    reserve = board.set_busy_until
+    reserve = board.hold
 
-    def stop_inside(core: int, t: float) -> None:
+    def stop_inside(core: int, start: float, end: float) -> None:
         inside.set()
         thaw.wait()
-        reserve(core, t)
+        reserve(core, start, end)
 
-    board.set_busy_until = stop_inside  # type: ignore[method-assign]
+    board.hold = stop_inside  # type: ignore[method-assign]
     threads = [threading.Thread(target=_hold, args=(r,)) for r in (frozen, same_core, other_core)]
     try:
         threads[0].start()

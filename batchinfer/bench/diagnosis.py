@@ -67,6 +67,7 @@ class Evidence:
     read_p50_ms: float | None = None
     samples_per_s: float = 0.0
     backend: str = ""
+    npu_load_unreadable: str | None = None  # why the board's own figure is missing
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ def diagnose(e: Evidence) -> Diagnosis:
             None if e.npu_load is None else {str(c): round(v, 4) for c, v in e.npu_load.items()}
         ),
         "npu_load_source": e.npu_load_source,
+        "npu_load_unreadable": e.npu_load_unreadable,
+        # batchinfer's busy time less the board's NPU load: the time calls spend off the NPU
+        "outside_npu": None if npu is None else round(max(0.0, util - npu), 4),
         "utilization": round(util, 4),
         "instances_busy": round(inst, 4),
         "instances_per_core": e.instances_per_core,
@@ -179,7 +183,8 @@ def diagnose(e: Evidence) -> Diagnosis:
                 numbers=numbers,
             )
         known = (
-            f"but the NPU only {_pct(npu)} ({e.npu_load_source})"
+            f"but the NPU only {_pct(npu)} ({e.npu_load_source}): {_pct(max(0.0, util - npu))} "
+            "of the time the cores were busy went outside the NPU (the host side of the calls)"
             if npu is not None
             else "and the NPU load could not be read (rknpu debugfs needs root), so NPU time "
             "cannot be told from host time"
@@ -206,6 +211,8 @@ def diagnose(e: Evidence) -> Diagnosis:
             numbers=numbers,
         )
     idle = f"the cores were busy only {_pct(util)} of the time ({_per_core(e.utilization)})"
+    if npu is not None:
+        idle += f", the NPU itself {_pct(npu)} ({e.npu_load_source})"
     if starved:
         return Diagnosis("cpu", f"CPU-starved: {idle}; {cpu_text}.", cpu_advice, numbers=numbers)
     queue_empty = (

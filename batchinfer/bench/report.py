@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from batchinfer.bench.conditions import describe
+from batchinfer.runtime.npu_load import NA
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -83,7 +84,7 @@ def _cores(d: dict[str, Any]) -> str:
                 _fmt(c["samples_per_s"], ".1f"),
                 _fmt(100 * c["utilization"], ".0f"),
                 _fmt(100 * c["instances_busy"], ".0f"),
-                _fmt(None if c.get("npu_load") is None else 100 * c["npu_load"], ".0f"),
+                NA if c.get("npu_load") is None else f"{100 * c['npu_load']:.0f}",
                 _fmt(c["p50_ms"], ".2f"),
                 _fmt(c["p99_ms"], ".2f"),
             )

@@ -41,6 +41,7 @@ from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.loop import Engine
+from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
 from batchinfer.engine.plan import plan_inference
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, SyntheticSource
@@ -52,6 +53,7 @@ from batchinfer.options import (
     RuntimeOptions,
 )
 from batchinfer.options_video import video_settings
+from batchinfer.runtime.npu_load import NpuLoad
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import NullSink
 
@@ -246,12 +248,16 @@ def run_bench(
     reset_peak_rss()
     sampler = CpuSampler(clock=time.monotonic)
     observer = BenchObserver(prepared.config.bench, sampler, read_conditions, source.finish)
-    engine = Engine(plan, source, NullSink(), [observer, *observers])
+    # The board's own NPU load (its driver's file; the emulator's under sim), sampled on a
+    # thread while the run lasts and averaged over the measurement.
+    watch = NpuLoadWatch(lambda: board_backend(engine))
+    engine = Engine(plan, source, NullSink(), [observer, watch, *observers])
     signals.engine = engine
     try:
         outcome = engine.run()
     finally:
         signals.engine = None
+        watch.stop()
     after = read_conditions()
     if outcome.status == "failed" and outcome.error is not None:
         raise outcome.error
@@ -259,7 +265,8 @@ def run_bench(
         observer.end_early(
             "interrupted" if outcome.status == "interrupted" else "the run ended early"
         )
-    result = _judge(prepared, observer, outcome.backend, outcome.sdk_versions, before, after)
+    board = watch.summary(observer.t_start, observer.t_end) if observer.t_start else None
+    result = _judge(prepared, observer, outcome.backend, outcome.sdk_versions, before, after, board)
     result.interrupted = outcome.status == "interrupted"
     result.postprocess = postprocess_share(outcome.detect, outcome.cpu_s)
     if not result.interrupted:
@@ -295,6 +302,7 @@ def _judge(
     sdk: dict[int, str | None],
     before: dict,
     after: dict,
+    board: NpuLoad | None = None,
 ) -> BenchResult:
     opts = prepared.config.bench
     plan = prepared.plan
@@ -335,13 +343,11 @@ def _judge(
             condition_reasons=condition_reasons(obs.readings),
         ),
     )
-    if fig.cores and fig.cores[0].npu_load is not None:
-        loads: dict[int, float] | None = {c.core: c.npu_load for c in fig.cores}
-        source = "emulator time model (calls x npu_ms)"
-    else:
-        loads, source = npu_load(obs.readings)
-        if loads is not None:
-            loads = {c: v for c, v in loads.items() if c < 0 or c in plan.cores}
+    loads, source = _npu_loads(fig, obs.readings, board, plan.cores)
+    if board is not None and source is not None and source.startswith(board.source):
+        fig = dataclasses.replace(
+            fig, cores=[dataclasses.replace(c, npu_load=loads.get(c.core)) for c in fig.cores]
+        )
     diagnosis = diagnose(
         Evidence(
             cpus=cpus,
@@ -361,6 +367,7 @@ def _judge(
             read_p50_ms=fig.read_p50_ms,
             samples_per_s=fig.samples_per_s,
             backend=backend.get("name", ""),
+            npu_load_unreadable=board.unreadable if board is not None else None,
         )
     )
     return BenchResult(
@@ -381,6 +388,29 @@ def _judge(
         t_end=obs.t_end,
         stopped=obs.stopped,
     )
+
+
+#: Readings of the driver's file a measurement needs before its figure is used: the driver
+#: keeps one figure a second, so a shorter measurement would show the second before it.
+BOARD_SAMPLES = 3
+
+
+def _npu_loads(
+    fig: Any, readings: list[dict], board: NpuLoad | None, cores: tuple[int, ...]
+) -> tuple[dict[int, float] | None, str | None]:
+    """The NPU load per core over the measurement, and where it came from: the board's own
+    driver file (the emulator's under sim) first, from BOARD_SAMPLES readings on; else the
+    emulator's time model (calls x npu_ms); else what the conditions' readings hold (a
+    devfreq node's whole-NPU load)."""
+    mine = board.of(cores) if board is not None else None
+    if board is not None and mine and board.samples >= BOARD_SAMPLES:
+        return mine, f"{board.source}, {board.samples} samples"
+    if fig.cores and fig.cores[0].npu_load is not None:
+        return {c.core: c.npu_load for c in fig.cores}, "emulator time model (calls x npu_ms)"
+    loads, source = npu_load(readings)
+    if loads is not None:
+        loads = {c: v for c, v in loads.items() if c < 0 or c in cores}
+    return loads, source
 
 
 def bench(

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batchinfer.engine import events as ev
 from batchinfer.errors import render_fields
+from batchinfer.runtime.npu_load import NA
 from batchinfer.sink.stats import place_name
 
 # A listing shorter than this says nothing; a longer one a line every LISTING_LINE_EVERY
@@ -92,33 +93,39 @@ def _fmt(value: float | int | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def format_summary(table: pa.Table) -> str:
+def format_summary(table: pa.Table, npu_load: bool = False) -> str:
     """A fixed-width per-core summary for the terminal, the total row last (core "all").
 
-    On a cluster a core is shown as ``node/core``.
+    On a cluster a core is shown as ``node/core``. ``npu_load``: the run had an NPU to
+    read, so a "NPU load %" column (the board's own figure, its ``npu_load`` column) goes
+    beside "util %" (batchinfer's busy time), "n/a" where it was not readable.
     """
     header = (
         "core", "items", "errors", "restarts", "recycles", "items/s", "util %", "p50 ms", "p99 ms"
     )  # fmt: skip
+    if npu_load:
+        header = (*header[:7], "NPU load %", *header[7:])
     lines = []
     rows = table.to_pylist()
     rows.sort(key=lambda r: (r["core"] is None, r.get("node") or "", r["core"] or 0))
     for r in rows:
         util = None if r["utilization"] is None else 100 * r["utilization"]
         name = "all" if r["core"] is None else place_name(r.get("node"), r["core"])
-        lines.append(
-            (
-                name,
-                str(r["items"]),
-                str(r["errors"]),
-                str(r["restarts"]),
-                str(r["recycles"]),
-                _fmt(r["items_per_s"], ".1f"),
-                _fmt(util, ".0f"),
-                _fmt(r["p50_ms"], ".2f"),
-                _fmt(r["p99_ms"], ".2f"),
-            )
-        )
+        cells = [
+            name,
+            str(r["items"]),
+            str(r["errors"]),
+            str(r["restarts"]),
+            str(r["recycles"]),
+            _fmt(r["items_per_s"], ".1f"),
+            _fmt(util, ".0f"),
+            _fmt(r["p50_ms"], ".2f"),
+            _fmt(r["p99_ms"], ".2f"),
+        ]
+        if npu_load:
+            load = r.get("npu_load")
+            cells.insert(7, NA if load is None else f"{100 * load:.0f}")
+        lines.append(tuple(cells))
     widths = [max([len(h), *(len(line[i]) for line in lines)]) for i, h in enumerate(header)]
     out = [
         "  ".join(

@@ -171,7 +171,7 @@ def _run(
     finally:
         console.close()
     try:
-        _say_result(result, format_summary(result.stats))
+        _say_result(result, format_summary(result.stats, npu_load=result.npu_load is not None))
     except BrokenPipeError:
         # Whoever read stdout left (`batchinfer run ... | head -1`): the run is done, so
         # its exit code still says how it went (click would exit 1, "items failed").

@@ -35,11 +35,13 @@ from batchinfer.engine.events import Observer, RowsDone, Started
 from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EngineResult
 from batchinfer.engine.loop import Engine
+from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
 from batchinfer.engine.plan import RunPlan, plan_run
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.errors import UsageError, render_fields
 from batchinfer.hostinfo import host_facts
+from batchinfer.runtime.npu_load import NpuLoad
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.output_folder import OutputFolder
 from batchinfer.sink.rows import RowSink
@@ -63,6 +65,9 @@ class RunResult:
     warnings: list[str] = field(default_factory=list)
     failed_items: list[tuple[str, str]] = field(default_factory=list)  # (id, error), first few
     skipped_files: dict[str, Any] = field(default_factory=dict)  # files that are not items
+    #: The board's own NPU load over the run (its driver's file); None: no NPU to read
+    #: (onnx, toolkit, a cluster's nodes). Its per_core is None when it was not readable.
+    npu_load: NpuLoad | None = None
 
 
 @contextlib.contextmanager
@@ -220,12 +225,18 @@ def _run(
     source = DatasetSource(plan.dataset, skip=out.skip(), limit=limit, todo=n - skipped)
     failed, first_row = _FirstFailures(), _FirstRow()
     notes = _DatasetNotes(plan.dataset, plan.engine.task)
+    watch = NpuLoadWatch(lambda: board_backend(engine))
     engine = make_engine(
-        plan, source, out.rows, [notes, failed, first_row, *observers], out.invocation
+        plan, source, out.rows, [notes, failed, first_row, watch, *observers], out.invocation
     )
     stats = engine.stats
     signals.engine = engine
-    result = engine.run()
+    try:
+        result = engine.run()
+    finally:
+        watch.stop()
+    npu_load = watch.summary()
+    stats.set_npu_load(npu_load.of(plan.engine.cores) if npu_load is not None else None)
     counts = dict(result.counts)
     counts.update(
         dataset=len(plan.dataset),
@@ -249,6 +260,7 @@ def _run(
             "cpu_s": result.cpu_s,
             "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
             "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
+            "npu_load": None if npu_load is None else npu_load.to_json(),
             **_detect_record(out, result.detect, plan),
         },
     )
@@ -265,6 +277,7 @@ def _run(
         warnings=list(result.warnings),
         failed_items=failed.items,
         skipped_files=plan.dataset.skipped.to_json(),
+        npu_load=npu_load,
     )
 
 

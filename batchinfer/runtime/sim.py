@@ -32,7 +32,9 @@ Time model
     checks count as host time) and sets ``busy_until = start + npu_ms``; it computes the
     ONNX outputs meanwhile and waits until that absolute deadline (sleeping, then yielding
     for the last 0.1 ms), so a call ends close to it and no overshoot piles up
-    (``tools/bench_sim.py`` compares the emulator with this model).
+    (``tools/bench_sim.py`` compares the emulator with this model). The seconds each core
+    was held also go into the board file, from which the emulator writes the rknpu driver's
+    load text beside it (``<chip>.load``: batchinfer.runtime.sim_load).
     So k instances on one core reach at most ``min(k / (host_ms + npu_ms), 1 / npu_ms)``
     calls per second. ``npu_ms="estimate"`` derives npu_ms per model from its ONNX graph
     (:mod:`batchinfer.runtime.timing`): an estimate, labelled so in get_sdk_version and
@@ -104,6 +106,7 @@ from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import InputSpec
 from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
 from batchinfer.runtime.rknn_file import read_rknn_metadata
+from batchinfer.runtime.sim_load import WINDOW_OFFSET, load_path, publish
 
 #: The rknpu driver version the emulated board reports (a current RK3588 BSP's).
 DRIVER_VERSION = "0.9.8"
@@ -308,9 +311,11 @@ def resolve_core_mask(chip: str, mask: int) -> tuple[tuple[int, ...], list[str]]
 # ---------------------------------------------------------------- the board file
 _MAGIC = b"BISIMv01"
 _HEADER = struct.Struct("8s40s")  # magic, boot id
-_CORE = struct.Struct("dqq8x")  # busy_until, inference calls, init calls
+# busy_until, inference calls, init calls, seconds held in all (the NPU load: sim_load.py)
+_CORE = struct.Struct("dqqd")
 _MAX_CORES = 16
 _BOARD_SIZE = 4096
+assert _HEADER.size + _MAX_CORES * _CORE.size <= WINDOW_OFFSET < _BOARD_SIZE
 # A reservation further ahead than this is left over from another clock epoch: ignore it.
 _STALE_S = 60.0
 
@@ -359,6 +364,9 @@ class _Board:
         # An RKNNLite dropped without release() must not keep the descriptors: close them
         # when this object goes away (200 forgotten instances hit "too many open files").
         self._closer = weakref.finalize(self, _close_board, self._mm, self._fd, self._core_fds)
+        self.load_path = load_path(state_dir, chip)
+        self.ncores = C.CHIP_CORES[chip]
+        self.publish_load(time.monotonic())  # the load file exists from the first init on
 
     def _set_up(self) -> mmap.mmap | None:
         """The board mapped, if it is set up for this boot already; else None."""
@@ -405,18 +413,28 @@ class _Board:
         busy = _CORE.unpack_from(self._mm, self._offset(core))[0]
         return now if busy > now + _STALE_S else busy
 
-    def set_busy_until(self, core: int, t: float) -> None:
-        _, calls, inits = _CORE.unpack_from(self._mm, self._offset(core))
-        _CORE.pack_into(self._mm, self._offset(core), t, calls, inits)
+    def hold(self, core: int, start: float, end: float) -> None:
+        """Reserve ``core`` from ``start`` (never before its busy_until) to ``end``."""
+        _, calls, inits, held = _CORE.unpack_from(self._mm, self._offset(core))
+        _CORE.pack_into(self._mm, self._offset(core), end, calls, inits, held + end - start)
+
+    def busy_s(self, core: int, now: float) -> float:
+        """Seconds ``core`` has been held until ``now`` (a hold's part after now is not)."""
+        busy, _, _, held = _CORE.unpack_from(self._mm, self._offset(core))
+        return held - min(max(0.0, busy - now), _STALE_S)
+
+    def publish_load(self, now: float) -> None:
+        """Write the driver's load text when a window ends (batchinfer.runtime.sim_load)."""
+        publish(self._mm, self._fd, self.load_path, self.ncores, now, self.busy_s)
 
     def count(self, core: int, *, init: bool) -> int:
         """Add one inference (or init) call on ``core``; the new count, from 1."""
-        busy, calls, inits = _CORE.unpack_from(self._mm, self._offset(core))
+        busy, calls, inits, held = _CORE.unpack_from(self._mm, self._offset(core))
         if init:
             inits += 1
         else:
             calls += 1
-        _CORE.pack_into(self._mm, self._offset(core), busy, calls, inits)
+        _CORE.pack_into(self._mm, self._offset(core), busy, calls, inits, held)
         return inits if init else calls
 
     def close(self) -> None:
@@ -707,7 +725,8 @@ class RKNNLite(OnnxRKNNBase):
             start = max([min(now, earliest)] + [board.busy_until(c, now) for c in cores])
             end = start + self.npu_ms / 1000.0 / len(cores)
             for core in cores:
-                board.set_busy_until(core, end)
+                board.hold(core, start, end)
+        board.publish_load(now)
         return None, end
 
     def _fire(self, fault: Fault) -> None:

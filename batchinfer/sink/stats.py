@@ -163,6 +163,13 @@ class CoreStatsRecorder:
         self._t0: float | None = None
         self._t_last: float | None = None
         self._timeline: dict[tuple[tuple[str | None, int] | None, int], list[int]] = {}
+        self._npu_load: dict[int, float] = {}
+
+    def set_npu_load(self, per_core: dict[int, float] | None) -> None:
+        """The board's own NPU load per core (0..1, its driver's figure, mean over the run;
+        batchinfer.runtime.npu_load), for the npu_load column: None or a core left out is
+        null there (not readable, or no NPU)."""
+        self._npu_load = dict(per_core or {})
 
     def _core(self, core: CoreKey | None) -> _CoreCounters:
         return self._no_core if core is None else self._at(_where(core))
@@ -285,6 +292,8 @@ class CoreStatsRecorder:
         # The total's utilisation is the mean over cores: busy core-seconds / core-seconds.
         n = len(self._cores)
         row["utilization"] = busy / (wall * n) if wall and n else None
+        loads = [r["npu_load"] for r in rows if r["npu_load"] is not None]
+        row["npu_load"] = sum(loads) / len(loads) if loads else None
         rows.append(row)
         for r in rows:
             r["invocation"] = self.invocation
@@ -337,6 +346,7 @@ class CoreStatsRecorder:
             "wall_s": wall,
             "items_per_s": c.items / wall if wall else None,
             "utilization": busy / wall if wall else None,
+            "npu_load": None if key is None or key[0] is not None else self._npu_load.get(key[1]),
             "max_ms": latency.max if latency.n else None,
         }
         for q in self.percentiles:
@@ -382,6 +392,7 @@ def core_stats_schema(percentiles: Sequence[float] = PERCENTILES) -> pa.Schema:
             pa.field("wall_s", pa.float64()),
             pa.field("items_per_s", pa.float64()),
             pa.field("utilization", pa.float64()),
+            pa.field("npu_load", pa.float64()),
             *[pa.field(percentile_column(q), pa.float64()) for q in percentiles],
             pa.field("max_ms", pa.float64()),
         ],
