@@ -247,13 +247,13 @@ def test_the_per_core_table_puts_the_boards_figure_beside_the_busy_time():
     assert "NPU load %" not in plain
     unread = format_summary(rec.table(), npu_load=True)
     header, *rows = unread.splitlines()
-    assert header.split()[5:9] == ["util", "%", "NPU", "load"]
-    assert all(row.split()[6] == NA for row in rows)
+    assert header.split()[6:10] == ["util", "%", "NPU", "load"]
+    assert all(row.split()[7] == NA for row in rows)
     rec.set_npu_load({0: 0.3})
     table = rec.table()
     assert table.column("npu_load").to_pylist() == [0.3, None, pytest.approx(0.3)]
     rows = format_summary(table, npu_load=True).splitlines()[1:]
-    assert [r.split()[5:7] for r in rows] == [["90", "30"], ["50", NA], ["70", "30"]]
+    assert [r.split()[6:8] for r in rows] == [["90", "30"], ["50", NA], ["70", "30"]]
 
 
 def test_a_run_on_the_emulator_reports_the_boards_load_per_core(demo_kit, tmp_path: Path):
