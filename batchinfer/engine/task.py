@@ -272,11 +272,13 @@ def plan_task(
     labels: Path | None = None,
     output_shapes: Sequence[Sequence[int]] | None = None,
     dataset: Path | str | None = None,
+    batch: int = 1,
 ) -> TaskPlan:
     """The task of a run of ``model`` whose image input is ``input_hw`` (None: not an image).
 
     ``output_shapes`` default to the model file's (runtime/model_info.py); ``dataset`` (its
-    path) may name the classes. Raises ConfigError (exit 2) for ``--task detect`` on outputs
+    path) may name the classes; ``batch``: a batch-N model's, whose outputs are judged per
+    item (batch 1: engine/batching.py). Raises ConfigError (exit 2) for ``--task detect`` on outputs
     that are no known head, for a labels file that does not fit the head, and for settings
     out of range.
     """
@@ -286,6 +288,8 @@ def plan_task(
     else:
         quant = ()
     shapes = tuple(_static(s) for s in output_shapes)
+    if batch > 1:  # each item gets row j of a batch-N call's outputs
+        shapes = tuple((1, *s[1:]) if s and s[0] == batch else s for s in shapes)
     meta = read_model_metadata(model)
     other = None if meta is None else OTHER_TASKS.get(meta.task or "")
     model_task = None if meta is None else meta.task
