@@ -34,11 +34,14 @@ The core worker (engine/worker.py, :func:`batched_loop`), per runtime instance:
 
 Failures are charged per call, by the scheduler's policy, unchanged (scheduler.py): an
 item that fails to read is an error row before it reaches a worker, so it never takes a
-place in a call and never fails its neighbours; a call that returns None (or raises)
-fails every item of it (each charged one attempt, retried on another core); a call that
-hangs charges every item in it (the watchdog names them all), each then retried alone; a
-crash during a call of several items charges none and makes each a suspect, retried
-alone (a batch of one, padded), so a poison item ends up charged alone.
+place in a call and never fails its neighbours; a call of several items that returns None
+(or raises) is split at once, in the worker: each item is inferred again alone (a batch of
+one, padded), and only an item that fails alone is reported failed (charged one attempt,
+as a batch-1 model's item would be); a call that hangs charges every item in it (the
+watchdog names every item of the call: any may be the cause), and each is then retried
+alone, as a crash's items are (so with ``reliability.max_attempts`` 1 the neighbours of a
+hanging item become error rows too); a crash during a call of several items charges none
+and makes each a suspect, retried alone, so a poison item ends up charged alone.
 
 The canary (engine/canary.py) is a full batch of N; the worker reports its first row's
 outputs and the per-item output shapes (batch 1), so the output slots, the collector and
@@ -235,6 +238,14 @@ def _call(
     for j in range(len(group)):
         board.finish(rows + j)
     busy.leave(t1)
+    if error is not None and len(group) > 1:
+        # Which item failed the call is unknown: each is inferred again alone, and only
+        # one that fails alone is reported failed (charged), as with a batch-1 model.
+        for task in group:
+            _call(
+                shared, instance, adapter, packer, [task], rows, data_format, decoding, copy_outputs
+            )
+        return
     for j, (slot, index) in enumerate(group):
         shared.held.add(-1)  # handed on: the outbox counts it as finished from here
         if decoding is not None and error is None:
