@@ -70,18 +70,20 @@ def _strings(values: np.ndarray, lengths: np.ndarray) -> list[str]:
     # from the bit length of delta (or of ~delta when negative); exact in float64 below 2^53
     magnitude = delta ^ (delta >> 63)
     used = np.frexp(magnitude.astype(np.float64))[1] // 5 + 1
-    width = int(used.max())
-    # each value's chunks in a row, low bits first (an arithmetic shift, as in C), 0x20 on
-    # all but its last; a column at a time (numpy is slow along short rows)
-    chars = np.empty((delta.size, width), np.uint8)
-    written = np.empty((delta.size, width), bool)
-    for k in range(width):
-        chunk = ((delta >> (5 * k)) & 0x1F).astype(np.uint8)
-        chunk |= (used > k + 1).view(np.uint8) << 5
+    # characters: a value's chunks in turn, low bits first (an arithmetic shift, as in C),
+    # 0x20 on all but its last. Most values take one chunk: each further chunk is made
+    # only for the values that have it.
+    at = np.cumsum(used) - used
+    chars = np.empty(int(at[-1] + used[-1]), np.uint8)
+    which = np.arange(delta.size)
+    for k in range(int(used.max())):
+        if k:
+            which = which[used.take(which) > k]
+        chunk = ((delta.take(which) >> (5 * k)) & 0x1F).astype(np.uint8)
+        chunk |= (used.take(which) > k + 1).view(np.uint8) << 5
         chunk += 48
-        chars[:, k] = chunk
-        written[:, k] = used > k
-    text = chars[written].tobytes().decode("ascii")
+        chars[at.take(which) + k] = chunk
+    text = chars.tobytes().decode("ascii")
     per_mask = np.add.reduceat(used, starts)
     ends = np.cumsum(per_mask)
     bounds = zip((ends - per_mask).tolist(), ends.tolist(), strict=True)
