@@ -18,21 +18,26 @@ sigmoids (as current Ultralytics does): the sign is what counts, and it needs no
 (The zoo's yolov5_seg.py multiplies the coefficients by the object score first: a positive
 factor, which changes no logit's sign, so no mask.)
 
-How, at a cost of the boxes' width x prototype rows rather than their area:
+How, at a cost of the boxes' windows on the prototype and their columns in the original,
+never the image's area:
 
 - only the prototype window under each box (plus one sample for interpolation) is
-  multiplied by the coefficients: (M,) · (M, h, w);
-- each window is interpolated along x at every original column of the box: a column's
-  logit is then piecewise linear in y between prototype rows;
-- the rows where each column's logit crosses 0 are solved for (one division per
-  crossing), and those rows, with the box's top and bottom, are the column's run
-  boundaries: the RLE's *toggles* (rle.py), in column-major positions x·H + y. Runs of 0s
-  outside the box are counted, never made.
+  multiplied by the coefficients, (M,) . (M, h, w), into one table for all boxes: a row
+  per prototype column, the window's rows between columns of zeros;
+- along an original column (its logits interpolated along x between a near and a far
+  prototype column) the logit is linear between two prototype rows, so it can cross 0
+  only in a *cell* whose four samples do not all have the same sign: a few per column,
+  about the mask's outline. The zeros around a window make the column's top and bottom
+  such cells (a column in at its first row rises from the zero before it);
+- each column is evaluated only at the cells of its prototype column, in row order, and
+  each crossing's row solved for (one division): the RLE's *toggles* (rle.py) come out
+  in column-major order, positions x·H + y, with no sort. Runs of 0s outside the box
+  are counted, never made.
 
-The per-box work is a few numpy calls (the window sum, the interpolation into one flat
-buffer, a column's rows contiguous); the crossings, runs and strings of all boxes are
-vectorised together. Boxes go in groups of at most ``_MAX_BUFFER`` column values, so 300
-boxes over a large photo stay within tens of MB; an image whose masks flip more than
+The per-box work is the window sum; the cells, crossings, runs and strings of all boxes
+are vectorised together. Boxes go in groups of at most ``_MAX_BUFFER`` values (a box's
+bound: its columns x window rows, the crossings of a mask that flips in every cell), so
+300 boxes over a large photo stay within tens of MB; an image whose masks flip more than
 ``_MAX_FLIPS`` times (noise: an RLE as big as the image per instance) is refused with an
 InferenceError, which the caller turns into that item's error row.
 
@@ -132,7 +137,7 @@ def mask_rles(
     # (max_det) over a large photo would need GBs. A box's bound: its columns x window
     # rows (the crossings of a mask that flips in every cell) and its window.
     h = win.r1 - win.r0
-    work = win.nx * h + (win.c1 - win.c0 + 1) * int(h[win.live].max())
+    work = win.nx * h + (win.c1 - win.c0) * (int(h[win.live].max()) + 2)
     work = work[win.live]
     group = (np.cumsum(work) - work) // _MAX_BUFFER
     cuts = np.flatnonzero(np.diff(group)) + 1
@@ -258,12 +263,13 @@ def _table(
     quant: tuple[float, int] | None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every box's window of logits, transposed (a row per prototype column, a column per
-    prototype row, after a column of zeros) and stacked, each followed by a copy of its
-    last row, and a row of zeros at the end; and the table row where each box's window
-    starts. Only the windows are multiplied by the coefficients: (M,) . (M, h, w) per
-    box."""
+    prototype row, between columns of zeros) and stacked, with a row of zeros at the end;
+    and the table row where each box's window starts. Only the windows are multiplied by
+    the coefficients: (M,) . (M, h, w) per box."""
     c0, c1, r0, r1 = win.c0[live], win.c1[live], win.r0[live], win.r1[live]
-    rows = c1 - c0 + 1
+    # (a column clamped at the prototype's right edge has weight 0 on its far sample,
+    # whatever row follows)
+    rows = c1 - c0
     first = np.cumsum(rows) - rows
     # zeros around each window: out, where the column's top and bottom flips are found
     table = np.zeros((int(rows.sum()) + 1, int((r1 - r0).max()) + 2), np.float32)
@@ -279,8 +285,6 @@ def _table(
         if quant is not None:  # dequantise after the sum: it is linear
             out -= np.float32(quant[1]) * coefs[i].sum(dtype=np.float32)
         table[g : g + b - a, 1 : y1 - y0 + 1] = out
-        # the far sample of a column clamped at the prototype's right edge is its near one
-        table[g + b - a, 1 : y1 - y0 + 1] = out[-1]
     if quant is not None:
         table *= np.float32(quant[0])
     if not np.isfinite(table).all():
