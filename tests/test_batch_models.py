@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +198,34 @@ def test_a_short_batch_is_padded_with_zeros():
     assert short[0][:, 0, 0, 0].tolist() == [5, 0, 0]
     two = packer.pack([[np.full((1, 2, 2, 1), v, np.uint8)] for v in (1, 2)])
     assert two[0][:, 0, 0, 0].tolist() == [1, 2, 0]
+
+
+@pytest.mark.slow  # two detection runs, ~3.5 s; the classifier twins above are its fast sibling
+def test_a_batch_4_detector_finds_the_boxes_its_batch_1_twin_does(demo_kit, tmp_path):
+    # The demo detector and its batch-4 twin (tools/bench_batch.py's batch_twin: the same
+    # weights, the batch axis kept through each Reshape) on 9 scenes: two full calls and a
+    # short one. Each item's boxes come from row j of its call's outputs, decoded alone.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from bench_batch import batch_twin
+
+    one = demo_kit.models["digits-det"]
+    four = tmp_path / "digits-det-b4.onnx"
+    four.write_bytes(batch_twin(one.read_bytes(), 4))
+    data = tmp_path / "scenes"
+    data.mkdir()
+    for source in sorted(demo_kit.detection.images.glob("*.png"))[:9]:
+        (data / source.name).write_bytes(source.read_bytes())
+    r1, rows1 = _rows(tmp_path, "b1", data, one)
+    r4, rows4 = _rows(tmp_path, "b4", data, four)
+    assert (r1.status, r1.errors, r4.status, r4.errors) == ("complete", 0, "complete", 0)
+    assert [r["id"] for r in rows1] == [r["id"] for r in rows4]
+    assert sum(r["n_boxes"] for r in rows1) > 9  # the scenes hold digits to find
+    for a, b in zip(rows1, rows4, strict=True):
+        assert [x["class_id"] for x in a["boxes"]] == [x["class_id"] for x in b["boxes"]]
+        for key in ("score", "x1", "y1", "x2", "y2"):
+            np.testing.assert_allclose(
+                [x[key] for x in a["boxes"]], [x[key] for x in b["boxes"]], atol=1e-3
+            )
+    assert len({(r["core"], r["instance"], r["latency_ms"]) for r in rows4}) < 9
