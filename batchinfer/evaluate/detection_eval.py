@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchinfer.data.dataset import Dataset
+from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.engine.events import Observer
 from batchinfer.engine.runner import arrow_system_allocator
 from batchinfer.engine.signals import StopSignals
@@ -62,6 +63,7 @@ from batchinfer.evaluate.steps import (
     side_facts,
     write_report,
 )
+from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.hostinfo import host_facts
 from batchinfer.sink.rows import MemorySink
 
@@ -79,6 +81,9 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     # "unknown"), scored on the items evaluated.
     scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
+        if isinstance(dataset, VideoDataset):  # frames: COCO <video>#<frame> or MOT gt.txt
+            task = plan.engine.task
+            return read_video_truth(path, dataset, scored, task.names if task else ())
         if path.is_dir():
             task = plan.engine.task
             names = task.names if task is not None else ()
