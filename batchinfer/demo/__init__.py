@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from batchinfer.demo.clip import DemoClip
+from batchinfer.demo.clip import DemoClip, write_demo_clip_if_possible
 from batchinfer.demo.detection import DetectionSet, write_detection
 from batchinfer.demo.digits import ASSETS, DIGIT_COUNT, load_digits, test_split, to_pixels
 from batchinfer.errors import OutputExistsError, UsageError
@@ -328,7 +328,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     rknn = {stem: write_rknn_model(models_dir, stem) for stem in _all_rknn_stems()}
     detection = write_detection(target / "detection")
     prompt = write_prompt_dataset(target / "prompt")
-    video = _write_clip(target / "video")
+    video = write_demo_clip_if_possible(target / "video")
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
     return DemoKit(
@@ -346,17 +346,6 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
 
 #: What a demo kit consists of: all that --overwrite may delete.
 _OWNED = ("dataset", "detection", "prompt", "video", "models", "README.txt")
-
-
-def _write_clip(target: Path) -> DemoClip | None:
-    """The demo clip, or None when PyAV (the ``video`` extra) is not installed."""
-    try:
-        import av  # noqa: F401
-    except ImportError:
-        return None
-    from batchinfer.demo.clip import write_demo_clip
-
-    return write_demo_clip(target)
 
 
 _README = """\

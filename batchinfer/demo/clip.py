@@ -182,6 +182,15 @@ def write_demo_clip(target: Path, frames: int = FRAMES) -> DemoClip:
     return DemoClip(video, instances, mot, frames, len(coco["annotations"]), h264_codec())
 
 
+def write_demo_clip_if_possible(target: Path) -> DemoClip | None:
+    """:func:`write_demo_clip`, or None when PyAV (the ``video`` extra) is not installed."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return None
+    return write_demo_clip(target)
+
+
 __all__ = [
     "CLIP_NAME",
     "FPS",
@@ -196,4 +205,5 @@ __all__ = [
     "mot_lines",
     "tracks",
     "write_demo_clip",
+    "write_demo_clip_if_possible",
 ]
