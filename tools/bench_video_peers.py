@@ -34,6 +34,7 @@ preprocess + one inference + decode of boxes, in sequence).
 
     python tools/bench_video_peers.py                         # sim and onnx, 3 repeats
     python tools/bench_video_peers.py --backends sim --repeats 5 --frames 3000
+    python tools/bench_video_peers.py --scale 4 --frames 600   # 1280 x 960: decode-bound
 
 Emulator figures (``sim``) are the emulator's, not a board's.
 """
@@ -317,17 +318,33 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--frames", type=int, default=1500, help="clip length (30 fps)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backends", nargs="+", default=["sim", "onnx"], choices=["sim", "onnx"])
+    parser.add_argument(
+        "--scale", type=int, default=1, help="frames enlarged this many times (4: 1280 x 960)"
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/bench-video-peers"))
     args = parser.parse_args(argv)
-    from batchinfer.demo.clip import write_demo_clip
-
     args.workdir.mkdir(parents=True, exist_ok=True)
-    clip = args.workdir / f"clip-{args.frames}" / "digits.mp4"
-    if not clip.exists():
-        write_demo_clip(clip.parent, frames=args.frames)
+    clip = make_clip(args.workdir, args.frames, args.scale)
     print(f"load average before: {_loadavg()}", flush=True)
     sitting(args, clip)
     print(f"\nload average after: {_loadavg()}")
+
+
+def make_clip(workdir: Path, frames: int, scale: int) -> Path:
+    """The demo clip of ``frames`` frames (made once in ``workdir``), each frame enlarged
+    ``scale`` times (pixel repetition: the same digits, scale squared the pixels to decode)."""
+    from batchinfer.data.video.clip import encode_frames
+    from batchinfer.demo import clip as demo_clip
+
+    path = workdir / f"clip-{frames}-x{scale}" / "digits.mp4"
+    if path.exists():
+        return path
+    if scale == 1:
+        return demo_clip.write_demo_clip(path.parent, frames=frames).video
+    path.parent.mkdir(parents=True)
+    big = (np.repeat(np.repeat(s.image, scale, 0), scale, 1) for s in demo_clip.clip_scenes(frames))
+    w, h = demo_clip.WIDTH * scale, demo_clip.HEIGHT * scale
+    return encode_frames(path, big, "h264", w, h, demo_clip.FPS, demo_clip.GOP)
 
 
 def _loadavg() -> str:
