@@ -93,3 +93,22 @@ def test_odd_sides_are_padded_and_rates_kept_as_fractions():
     assert _even(np.ones((5, 7, 3), np.uint8)).shape == (6, 8, 3)
     assert _even(np.ones((4, 6, 3), np.uint8)).shape == (4, 6, 3)
     assert _rate(29.97002997) == Fraction(30000, 1001) and _rate(0.0) == 30
+
+
+def test_a_video_cut_short_is_drawn_up_to_its_last_good_frame(demo_kit, tmp_path):
+    from video_files import faststart_h264, truncated
+
+    cut = truncated(faststart_h264(tmp_path / "whole.mp4"), tmp_path / "cut.mp4", 0.6)
+    run = tmp_path / "run"
+    result = invoke(
+        "run", cut, "--model", demo_kit.models["digits-det"], *DETECTOR, "--out", run,
+        "--cores", "0", "--readers", "1", "--no-progress",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output  # the frames that do not decode: error rows
+    rows = read_run(run).predictions(["frame", "error"]).to_pylist()
+    good = sorted(r["frame"] for r in rows if r["error"] is None)
+    result = invoke("export", "draw", run, "--out", tmp_path / "drawn")
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    assert "cut.mp4: Cannot decode" in result.output and "error row" in result.output
+    written = probe(str(tmp_path / "drawn" / "cut.mp4"))
+    assert written.frames == len(good) == max(good) + 1  # every frame up to the damage
