@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset
 from batchinfer.data.shards import is_shard_spec
+from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.evaluate.baseline import Baseline, read_baseline, unreadable
 from batchinfer.evaluate.groundtruth import (
     GroundTruth,
@@ -41,6 +42,7 @@ from batchinfer.evaluate.scorers.instances_examples import detection_examples
 from batchinfer.evaluate.scorers.instances_items import DetectionItems
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs, detection_metrics
 from batchinfer.evaluate.thumbnails import Source, Thumbnail
+from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.sink.rows import MemorySink
 
 log = logging.getLogger("batchinfer")
@@ -57,6 +59,9 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     # "unknown"), scored on the items evaluated.
     scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
+        if isinstance(dataset, VideoDataset):  # frames: COCO <video>#<frame> or MOT gt.txt
+            task = plan.engine.task
+            return read_video_truth(path, dataset, scored, task.names if task else ())
         if path.is_dir():
             task = plan.engine.task
             names = task.names if task is not None else ()
