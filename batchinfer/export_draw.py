@@ -9,7 +9,9 @@ records, reopened; a tar shard's member by one read of its bytes), within the ru
 and drawn by :mod:`batchinfer.draw`: a row's ``boxes`` (with whatever masks, keypoints or
 rotated boxes they hold) scoring at least ``conf``; a row with a ``pred`` (classification)
 gets its top-1 class and score as a caption. Items whose row is an error are skipped and
-counted, as are items whose image cannot be read now.
+counted, as are items whose image cannot be read now. A run over videos is drawn into
+one video file per video instead (:mod:`batchinfer.export_video`: every frame at the
+source's rate, the frames the run did not infer written undrawn).
 
 Files are named after the item's id made filesystem-safe (``clips/a.jpg`` ->
 ``clips_a.png``), with ``-<index>`` added where two ids would give one name. The folder
@@ -28,11 +30,15 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchinfer.errors import DatasetError, RunFailedError, UsageError
+from batchinfer.export_video import is_video_run
 from batchinfer.results import read_run
 from batchinfer.sink.atomic import write_bytes_atomically
+
+if TYPE_CHECKING:
+    from batchinfer.tasks import Task
 
 #: The record of the files ``export draw`` wrote in a folder: one ``<sha256> <name>`` a line.
 RECORD = ".batchinfer-drawn.txt"
@@ -52,6 +58,8 @@ class DrawExport:
     error_rows: int  # items skipped: their row is an error
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (id, why not)
     deleted: int = 0  # files of an earlier export draw removed (overwrite)
+    #: A run over videos: the video files written (``written`` names them too).
+    videos: list[Any] = field(default_factory=list)  # export_video.VideoWritten
 
 
 def safe_name(item_id: str) -> str:
@@ -175,8 +183,6 @@ def export_draw(
     """Draw the run in ``run_dir`` into the folder ``out`` (module docstring): at most
     ``limit`` items (in dataset order), only ``ids`` when given. UsageError for a folder
     that is not empty (without ``overwrite``) or a run with nothing to draw."""
-    from PIL import Image
-
     from batchinfer.data.input_spec import item_bytes_for
     from batchinfer.evaluate.thumbnails import open_item, picture_source
     from batchinfer.tasks import task_from_record
@@ -202,6 +208,8 @@ def export_draw(
     task = task_from_record(manifest.get("task") or {})  # it draws its rows (Task.draw)
     names = list((manifest.get("task") or {}).get("names") or [])
     names = names or list(((manifest.get("dataset") or {}).get("classes") or {}).get("names", []))
+    if is_video_run(manifest):  # each video rendered back into a video file
+        return _export_videos(folder, todo, manifest, error_rows, task, conf, max_boxes, names)
     places = _dataset_places(manifest, [r["id"] for r in todo]) if todo else {}
     deleted = _prepare(folder)  # only once the images can be found: a failure deletes nothing
     taken = {name.lower() for name in os.listdir(folder)}
@@ -218,13 +226,7 @@ def export_draw(
             if image is None:
                 unreadable.append((row["id"], note or "unreadable"))
                 continue
-            # a small image is enlarged (whole times, pixels kept sharp) so labels can be read
-            scale = max(1, -(-MIN_SIDE // max(image.size)))
-            if scale > 1:
-                size = (image.width * scale, image.height * scale)
-                image = image.resize(size, Image.Resampling.NEAREST)
-            drawn = task.draw(image, row, conf=conf, max_boxes=max_boxes, scale=scale,
-                              caption=_caption(row, names))  # fmt: skip
+            drawn = _drawn(image, row, task, names, conf, max_boxes)
             name = _unique(safe_name(str(row["id"])), int(row["index"]), suffix, taken)
             buf = io.BytesIO()
             drawn.save(buf, format=FORMATS[image_format], **_save_options(image_format))
@@ -236,6 +238,62 @@ def export_draw(
             write_bytes_atomically(data, folder / name)
             written.append(name)
     return DrawExport(folder, written, error_rows, unreadable, deleted)
+
+
+def _drawn(
+    image: Any,
+    row: Mapping[str, Any] | None,
+    task: Task,
+    names: list[str],
+    conf: float,
+    max_boxes: int,
+) -> Any:
+    """``image`` (PIL) with ``row``'s result drawn by the run's task (Task.draw; None: only
+    enlarged, as a video frame the run did not infer)."""
+    from PIL import Image
+
+    from batchinfer.draw import as_image
+
+    image = as_image(image)
+    # a small image is enlarged (whole times, pixels kept sharp) so labels can be read
+    scale = max(1, -(-MIN_SIDE // max(image.size)))
+    if scale > 1:
+        size = (image.width * scale, image.height * scale)
+        image = image.resize(size, Image.Resampling.NEAREST)
+    if row is None:
+        return image
+    return task.draw(image, row, conf=conf, max_boxes=max_boxes, scale=scale,
+                     caption=_caption(row, names))  # fmt: skip
+
+
+def _export_videos(
+    folder: Path,
+    todo: list[dict[str, Any]],
+    manifest: Mapping[str, Any],
+    error_rows: int,
+    task: Task,
+    conf: float,
+    max_boxes: int,
+    names: list[str],
+) -> DrawExport:
+    """A run over videos drawn: one video file per video (batchinfer.export_video)."""
+    from batchinfer.export_video import SUFFIX, draw_videos, open_run_videos
+
+    if todo:
+        open_run_videos(manifest)  # refused here, before anything is deleted
+    deleted = _prepare(folder)
+    taken = {name.lower() for name in os.listdir(folder)}
+    with open(folder / RECORD, "a", encoding="utf-8") as record:
+        videos, unreadable = draw_videos(
+            folder,
+            todo,
+            manifest,
+            lambda row, rgb: _drawn(rgb, row, task, names, conf, max_boxes),
+            record,
+            lambda video_id, index: _unique(safe_name(video_id), index, SUFFIX, taken),
+        )
+    written = [v.name for v in videos]
+    return DrawExport(folder, written, error_rows, unreadable, deleted, videos)
 
 
 def _unique(stem: str, index: int, suffix: str, taken: set[str]) -> str:

@@ -156,6 +156,9 @@ def test_nonsense_counts_are_usage_errors(demo_kit, tmp_path, option, value, lim
     assert_error(result, 2, option)
 
 
+# Waits out a 1 s timeout in a CLI process. Default tier: the same hang and message in
+# process (test_engine.py::test_ready_cores_infer_while_another_core_is_still_starting).
+@pytest.mark.slow
 def test_a_worker_that_hangs_while_starting_is_timed_out_and_named(demo_kit, tmp_path):
     args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o", "--limit", "20")
     argv = [sys.executable, "-m", "batchinfer", *map(str, args), "--cores", "0"]
@@ -490,7 +493,8 @@ def test_a_run_imports_neither_onnxruntime_nor_pyarrow_compute_in_the_coordinato
     assert pq.read_table(tmp_path / "o" / "predictions").num_rows == 40
 
 
-@pytest.mark.parametrize("tmpdir_name", ["tmp", "t" * 120])
+# The short TMPDIR with the slow tier: the long one's run is the same run, checked alike.
+@pytest.mark.parametrize("tmpdir_name", [pytest.param("tmp", marks=pytest.mark.slow), "t" * 120])
 def test_a_run_leaves_nothing_in_tmpdir(demo_kit, tmp_path, tmpdir_name):
     """The program ends with os._exit (entry.py), which skips multiprocessing's own clean-up:
     its fork server's socket folder (pymp-*) was left in TMPDIR after every run. A TMPDIR too

@@ -208,6 +208,14 @@ def test_write_demo_writes_the_detection_val_split(kit):
     assert "detection/instances.json" in kit.readme.read_text()
 
 
+def test_write_demo_writes_the_clip_and_its_ground_truth(kit):
+    clip = kit.video
+    assert clip is not None and clip.video == kit.root / "video" / "digits.mp4"
+    assert clip.instances.is_file() and clip.mot == kit.root / "video" / "gt" / "gt.txt"
+    assert (clip.mot.parent / "labels.txt").read_text().split() == [str(d) for d in range(10)]
+    assert "video/digits.mp4" in kit.readme.read_text()
+
+
 def test_write_demo_refuses_a_non_empty_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(OutputExistsError) as caught:
@@ -244,7 +252,8 @@ def test_overwrite_clears_only_what_a_kit_consists_of(tmp_path):
     (tmp_path / "dataset" / "3" / "9999.png").write_bytes(b"old")
     (tmp_path / "README.txt").write_text("old")
     (tmp_path / "prompt" / "1").mkdir(parents=True)
-    demo._claim(tmp_path, True, owned=("dataset", "detection", "prompt", "models", "README.txt"))
+    (tmp_path / "video" / "gt").mkdir(parents=True)
+    demo._claim(tmp_path, True, owned=demo._OWNED)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
 

@@ -215,6 +215,8 @@ def test_ready_cores_infer_while_another_core_is_still_starting(demo_kit, tmp_pa
     first_down = kinds.index("core down")
     assert first_down > 0 and set(kinds[:first_down]) == {"row"}, timeline.seen
     assert {core for _, (core, _) in timeline.seen[:first_down]} == {1, 2}
+    said = "core 0: the canary inference took longer than 1 s (the inference timeout)"
+    assert any(said in w for w in result.warnings), result.warnings
     table = read_predictions(result.out)
     assert sorted(table["index"].to_pylist()) == list(range(60))
 

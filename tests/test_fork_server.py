@@ -230,7 +230,8 @@ def test_a_start_a_frozen_server_never_serves_is_given_up_when_the_child_is_kill
         pool.close(hard=True, join_timeout_s=5.0)
 
 
-def test_a_dead_server_takes_its_children_and_the_next_start_launches_another():
+def test_a_dead_server_takes_its_children_and_the_next_start_launches_another(caplog):
+    # The fast sibling of test_liveness.py's run with its server killed (slow tier).
     pool = ChildPool(time.monotonic)
     try:
         child = pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
@@ -238,9 +239,13 @@ def test_a_dead_server_takes_its_children_and_the_next_start_launches_another():
         dead = fork_server.server_pid()
         os.kill(dead, signal.SIGKILL)
         _wait_for_exit(pool, child)  # PR_SET_PDEATHSIG
-        pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
+        with caplog.at_level("WARNING", logger="batchinfer.engine.fork_server"):
+            pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
         _, _, (_, ppid), _, _ = _first_message(pool)
         assert ppid == fork_server.server_pid() != dead
+        said = f"the fork server (pid {dead}) exited (exit code -9); children start from a fresh"
+        said += " one"
+        assert [r.getMessage() for r in caplog.records] == [said]  # said once
     finally:
         pool.close(hard=True, join_timeout_s=5.0)
 

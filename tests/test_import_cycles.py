@@ -11,6 +11,7 @@ submodule ``package.name`` when there is one, else to the package itself.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import batchinfer
@@ -39,8 +40,11 @@ def _nearest(name: str, modules: dict[str, tuple[Path, bool]]) -> str | None:
     return name or None
 
 
+@functools.cache  # read once for the module's tests (each parses the whole package)
 def import_graph() -> dict[str, set[str]]:
-    """Each batchinfer module -> the batchinfer modules it imports (itself left out)."""
+    """Each batchinfer module -> the batchinfer modules it imports (itself left out).
+
+    Shared between callers: read it, do not change it."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for name, (path, is_package) in modules.items():

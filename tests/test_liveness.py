@@ -105,9 +105,16 @@ class _StopServerAndKillWorker:
                     os.kill(self.pids[self.core], signal.SIGKILL)
 
 
+# The killed server with the slow tier: the stopped one's run takes the same way back (a
+# fresh server, the worker started again), and test_fork_server.py's
+# test_a_dead_server_takes_its_children_and_the_next_start_launches_another sees a killed
+# server replaced and said.
 @pytest.mark.parametrize(
     ("server_signal", "said"),
-    [(signal.SIGSTOP, "is stopped (SIGSTOP)"), (signal.SIGKILL, "exited (exit code -9)")],
+    [
+        (signal.SIGSTOP, "is stopped (SIGSTOP)"),
+        pytest.param(signal.SIGKILL, "exited (exit code -9)", marks=pytest.mark.slow),
+    ],
 )
 def test_a_frozen_or_dead_fork_server_does_not_keep_workers_from_restarting(
     demo_kit, tmp_path, caplog, server_signal, said

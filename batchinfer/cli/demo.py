@@ -36,4 +36,12 @@ def _demo(target: Path, overwrite: bool) -> None:
             f"wrote {PROMPT_ITEMS} .npz items (arrays image and prompt) for the two-input "
             f"model {kit.models['digits-prompt'].name} to {kit.prompt}"
         )
+    if kit.video is not None:
+        clip = kit.video
+        click.echo(
+            f"wrote a {clip.frames}-frame clip of moving digits ({clip.codec}) to {clip.video}, "
+            f"boxes in {clip.instances} (COCO) and {clip.mot} (MOT)"
+        )
+    else:
+        click.echo("no demo clip: PyAV is not installed (pip install 'batchinfer[video]')")
     click.echo(f"next: batchinfer run {kit.dataset} --model {kit.models['digits']} --cores 0,1,2")

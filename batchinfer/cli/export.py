@@ -110,7 +110,10 @@ def draw(
     """Draw RUN's items with their results into images, one per item that succeeded:
     boxes with class and score, masks, keypoints and rotated boxes (whatever the run's boxes
     hold); a classification's top-1 class and score as a caption. Images are read from
-    where the run read them; items with an error row are skipped and counted.
+    where the run read them; items with an error row are skipped and counted. A run over
+    videos gives one video per video (NAME.mp4, H.264, at the source's frame rate), every
+    frame of it: the frames the run did not infer (sampling, --limit, --ids, error rows)
+    undrawn.
 
     \b
     Example:
@@ -136,8 +139,24 @@ def draw(
         )
     if done.deleted:
         notes.append(f"{_count(done.deleted, 'image')} of an earlier export draw deleted")
+    if done.videos:
+        notes += [f"{v.name}: {v.cut_short}" for v in done.videos if v.cut_short]
+        click.echo(_video_line(done.videos, done.folder, notes))
+        return
     drew = _count(len(done.written), "image")
     click.echo(f"drew {drew} into {done.folder} ({'; '.join(notes)})")
+
+
+def _video_line(videos: list, folder: Path, notes: list[str]) -> str:
+    """What export draw of a run over videos did, in one line."""
+    frames, drawn = sum(v.frames for v in videos), sum(v.drawn for v in videos)
+    first = videos[0]
+    how = f"{first.codec}, {float(first.fps):g} fps" + (", ..." if len(videos) > 1 else "")
+    return (
+        f"drew {drawn} of {_count(frames, 'frame')} into {_count(len(videos), 'video')} in "
+        f"{folder} (first: {first.name}, {how}; the frames the run did not infer are written "
+        f"undrawn; {'; '.join(notes)})"
+    )
 
 
 def _count(n: int, thing: str) -> str:

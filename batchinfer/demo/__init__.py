@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from batchinfer.demo.clip import DemoClip, write_demo_clip_if_possible
 from batchinfer.demo.detection import DetectionSet, write_detection
 from batchinfer.demo.digits import ASSETS, DIGIT_COUNT, load_digits, test_split, to_pixels
 from batchinfer.errors import OutputExistsError, UsageError
@@ -114,6 +115,8 @@ class DemoKit:
     # detection/images/*.png + detection/instances.json (+ instances-seg.json, with masks)
     detection: DetectionSet | None = None
     prompt: Path | None = None  # prompt/<label>/<nnnn>.npz: digits-prompt's two inputs each
+    # video/digits.mp4 + its ground truth (batchinfer.demo.clip); None without PyAV
+    video: DemoClip | None = None
 
 
 def model_path(name: str) -> Path:
@@ -300,13 +303,15 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     Layout: ``dataset/<label>/<nnnn>.png`` (8x8 grayscale, ``nnnn`` the index in the
     original order), ``detection/`` (the synthetic detection val split:
     ``images/<nnnnn>.png`` and a COCO ``instances.json``, see
-    :mod:`batchinfer.demo.detection`), ``models/*.onnx``, ``README.txt``. A non-empty
-    ``target`` is refused unless ``overwrite``, which replaces only those four entries.
+    :mod:`batchinfer.demo.detection`), ``prompt/``, ``video/`` (a clip of moving digits
+    and its ground truth, :mod:`batchinfer.demo.clip`; only when PyAV, the ``video``
+    extra, is installed), ``models/*.onnx``, ``README.txt``. A non-empty ``target`` is
+    refused unless ``overwrite``, which replaces only those entries.
     """
     from PIL import Image  # only the kit needs Pillow
 
     target = Path(target)
-    _claim(target, overwrite, owned=("dataset", "detection", "prompt", "models", "README.txt"))
+    _claim(target, overwrite, owned=_OWNED)
     images, labels = load_digits()
     dataset = target / "dataset"
     for label in range(10):
@@ -323,6 +328,7 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
     rknn = {stem: write_rknn_model(models_dir, stem) for stem in _all_rknn_stems()}
     detection = write_detection(target / "detection")
     prompt = write_prompt_dataset(target / "prompt")
+    video = write_demo_clip_if_possible(target / "video")
     readme = target / "README.txt"
     readme.write_text(_README.format(dir=target))
     return DemoKit(
@@ -334,7 +340,12 @@ def write_demo(target: Path, *, overwrite: bool = False) -> DemoKit:
         count=len(images),
         detection=detection,
         prompt=prompt,
+        video=video,
     )
+
+
+#: What a demo kit consists of: all that --overwrite may delete.
+_OWNED = ("dataset", "detection", "prompt", "video", "models", "README.txt")
 
 
 _README = """\
@@ -351,6 +362,12 @@ detection/          500 synthetic detection images (160-320 px, 1-6 of the held-
                     ink) as COCO RLE, for instance segmentation;
                     detection/instances-pose.json: the same with each digit's four
                     keypoints (the top, right, bottom and left ends of its ink), for pose
+video/digits.mp4    a 10 s clip (300 frames, 30 fps, 320x240, H.264) of four held-out
+                    digits moving across a drifting background (written when PyAV, the
+                    "video" extra, is installed); where each digit is in every frame:
+                    video/instances.json (COCO, file_name "digits.mp4#<frame>") and
+                    video/gt/gt.txt (MOT: frame,id,x,y,w,h,1,class,1; frames and classes
+                    1-based, classes named by the lines of video/gt/labels.txt)
 models/digits.onnx          a small float classifier (uint8 [1,8,8,1] NHWC in, probs [1,10] out)
 models/digits-int8.onnx     the same model quantised to int8 (stands in for an NPU model)
 models/digits-lowcal.onnx   int8 too, but calibrated on the raw 0..16 values instead of the
@@ -386,6 +403,9 @@ Try:
   batchinfer run {dir}/dataset --model {dir}/models/digits.onnx --cores 0,1,2 --backend sim
   batchinfer info {dir}/models/digits-rk3588.rknn
   batchinfer run {dir}/prompt --model {dir}/models/digits-prompt.onnx --backend sim
+  batchinfer run {dir}/video/digits.mp4 --model {dir}/models/digits-det.onnx --backend sim \
+      --mean 0,0,0 --std 255,255,255 --out runs/clip
+  batchinfer export draw runs/clip --out drawn-clip      (drawn-clip/digits.mp4)
   batchinfer run {dir}/dataset --model {dir}/models/digits-rk3588.rknn   (on an RK3588 board)
 
 The models' accuracies and how they were made: MODELS.md in the batchinfer package

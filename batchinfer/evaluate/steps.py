@@ -34,6 +34,7 @@ from batchinfer.evaluate.metrics import (
     score,
 )
 from batchinfer.evaluate.runs import SidePlan, SideRun
+from batchinfer.options_video import video_settings
 from batchinfer.sink.outdir import OutLock, lock_holder
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ def open_job_dataset(job: Job) -> Dataset:
         return open_source(
             job.dataset.path,  # type: ignore[arg-type]
             image_root=job.dataset.image_root,
+            video=video_settings(job.device.preprocess),  # a video's sampling: the device's
         )
     except BatchinferError as exc:
         raise job.error(f"dataset.path: {exc}", "dataset.path") from None

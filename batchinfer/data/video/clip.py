@@ -12,6 +12,8 @@ a frame can be told from its neighbours by eye and every pixel changes between f
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from fractions import Fraction
 from pathlib import Path
 from typing import Literal
 
@@ -78,6 +80,21 @@ def write_clip(
 
     ``gop``: frames between keyframes (each range a reader decodes starts at one).
     """
+    pictures = (clip_frame(i, width, height) for i in range(frames))
+    return encode_frames(path, pictures, kind, width, height, fps, gop)
+
+
+def encode_frames(
+    path: str | Path,
+    pictures: Iterable[np.ndarray],
+    kind: ClipKind = "h264",
+    width: int = 320,
+    height: int = 240,
+    fps: int | Fraction = 30,
+    gop: int = 30,
+) -> Path:
+    """Encode ``pictures`` ((height, width, 3) uint8 RGB each) as a ``kind`` video at ``fps``
+    frames per second (module docstring: the codecs) to ``path``, and return it."""
     import av
 
     path = Path(path)
@@ -91,7 +108,7 @@ def write_clip(
             stream = out.add_stream(codec, rate=fps, options=options)
             stream.pix_fmt = "yuv420p"
             if codec == "mpeg4":  # its default 200 kb/s smears the digits
-                stream.bit_rate = width * height * fps // 2
+                stream.bit_rate = int(width * height * fps) // 2
         stream.width, stream.height = width, height
         stream.codec_context.gop_size = gop
         if kind == "h264" and stream.codec_context.name == "libx264":
@@ -100,8 +117,8 @@ def write_clip(
                 **stream.codec_context.options,
                 "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0",
             }
-        for i in range(frames):
-            frame = av.VideoFrame.from_ndarray(clip_frame(i, width, height), format="rgb24")
+        for picture in pictures:
+            frame = av.VideoFrame.from_ndarray(picture, format="rgb24")
             for packet in stream.encode(frame):
                 out.mux(packet)
         for packet in stream.encode(None):

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset
 from batchinfer.data.shards import is_shard_spec
+from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.evaluate.baseline import Baseline, read_baseline, unreadable
 from batchinfer.evaluate.groundtruth import (
     GroundTruth,
@@ -41,6 +42,7 @@ from batchinfer.evaluate.scorers.instances_examples import detection_examples
 from batchinfer.evaluate.scorers.instances_items import DetectionItems
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs, detection_metrics
 from batchinfer.evaluate.thumbnails import Source, Thumbnail
+from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.sink.rows import MemorySink
 
 if TYPE_CHECKING:
@@ -73,9 +75,13 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     # "unknown"), scored on the items evaluated.
     scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
+        task = plan.engine.task
+        detector = task if isinstance(task, _Detector) else None
+        if isinstance(dataset, VideoDataset):  # frames: COCO <video>#<frame> or MOT gt.txt
+            return read_video_truth(
+                path, dataset, scored, detector.names if detector is not None else ()
+            )
         if path.is_dir():
-            task = plan.engine.task
-            detector = task if isinstance(task, _Detector) else None
             names = detector.names if detector is not None else ()
             if not names and detector is not None and detector.head is not None:
                 # Unnamed classes are the head's: a YOLO class id beyond them is refused
