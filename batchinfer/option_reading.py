@@ -116,7 +116,7 @@ def from_mapping(
                 name,
             )
         hint_type = _type_of(cls, key)
-        if dataclasses.is_dataclass(hint_type):
+        if isinstance(hint_type, type) and dataclasses.is_dataclass(hint_type):
             values[key] = from_mapping(hint_type, value, name, resolve)
             continue
         try:

@@ -394,7 +394,7 @@ def _colour(text: str) -> int | tuple[int, int, int]:
     if len(parts) == 1:
         return parts[0]
     if len(parts) == 3:
-        return parts  # type: ignore[return-value]
+        return parts
     raise ValueError(f"{text!r} is not a colour; give one grey level (114) or r,g,b")
 
 

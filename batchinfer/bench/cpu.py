@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,7 +208,7 @@ def cpu_use(
     start: CpuSnapshot,
     end: CpuSnapshot,
     cpus: int,
-    runnable: list[int] | None = None,
+    runnable: Sequence[int | None] | None = None,
 ) -> CpuUse:
     """Each tracked process's CPU use between two snapshots, and the machine's."""
     seconds = max(end.t - start.t, 1e-9)
@@ -233,7 +233,7 @@ def cpu_use(
     ours = max(0.0, end.tree_s - start.tree_s) / seconds
     machine = max(0.0, end.machine_s - start.machine_s) / seconds
     steal = max(0.0, end.steal_s - start.steal_s) / seconds
-    runnable = [r for r in runnable or [] if r is not None]
+    read = [r for r in runnable or [] if r is not None]  # None: a reading that failed
     return CpuUse(
         seconds,
         cpus,
@@ -242,5 +242,5 @@ def cpu_use(
         max(0.0, machine - ours),
         steal,
         machine,
-        sum(runnable) / len(runnable) if runnable else None,
+        sum(read) / len(read) if read else None,
     )

@@ -113,7 +113,8 @@ def busy_processes(e: Evidence) -> int:
 
 def diagnose(e: Evidence) -> Diagnosis:
     """What limited the run (see the module docstring for the rules)."""
-    npu = _mean(e.npu_load.values()) if e.npu_load else None
+    npu_load = e.npu_load or {}  # empty: unknown
+    npu = _mean(npu_load.values()) if npu_load else None
     inst = _mean(e.instances_busy.values())
     util = _mean(e.utilization.values())
     readers = _mean(e.reader_cpu) if e.reader_cpu else None
@@ -167,7 +168,7 @@ def diagnose(e: Evidence) -> Diagnosis:
     if npu is not None and npu >= NPU_BUSY:
         return Diagnosis(
             "npu",
-            f"NPU-bound: the NPU was busy {_pct(npu)} of the time ({_per_core(e.npu_load)}; "
+            f"NPU-bound: the NPU was busy {_pct(npu)} of the time ({_per_core(npu_load)}; "
             f"{e.npu_load_source}).",
             "the NPU is the limit: only a lighter model (smaller input, int8, pruning) or "
             "more NPU cores go faster",

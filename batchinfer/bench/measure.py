@@ -97,34 +97,38 @@ class BenchObserver:
 
     def _rows(self, rows: list) -> None:
         self.log.add_rows(rows)
-        counting = self.phase == "measuring"
-        t_start, window_s, counts = self.t_start, self.opts.window_s, self.counts
+        # t_start is set once the warm-up begins; rows count only while measuring.
+        t_start = self.t_start if self.phase == "measuring" else None
+        window_s, counts = self.opts.window_s, self.counts
         for row in rows:
             if row.error is not None:
                 self.error_times.append(row.t_done)
                 # The first three of the warm-up and the first three measured (the
                 # verdict names one of these), whose errors may all come first.
-                measured = counting and row.t_done >= t_start
+                measured = t_start is not None and row.t_done >= t_start
                 if self._kept_errors[measured] < 3:
                     self._kept_errors[measured] += 1
                     self.first_errors.append((row.t_done, row.error))
-            elif counting and row.t_done >= t_start:
+            elif t_start is not None and row.t_done >= t_start:
                 w = int((row.t_done - t_start) / window_s)
                 if w >= len(counts):
                     counts.extend([0] * (w + 1 - len(counts)))
                 counts[w] += 1
 
     def _tick(self, now: float) -> None:
-        if self.phase == "warmup" and now >= self.t_start:
+        t_start = self.t_start
+        if t_start is None:  # before CoresReady: no warm-up yet, nothing to time
+            return
+        if self.phase == "warmup" and now >= t_start:
             self.cpu_start = self.cpu.snapshot()
             self.readings.append(self.probe())
             self.phase = "measuring"
-            self._count_early_rows()
+            self._count_early_rows(t_start)
         if self.phase != "measuring":
             return
         w = self.opts.window_s
         closed = self.closed
-        while now >= self.t_start + (closed + 1) * w + self.grace_s:
+        while now >= t_start + (closed + 1) * w + self.grace_s:
             closed += 1
         if closed == self.closed:
             return
@@ -136,16 +140,16 @@ class BenchObserver:
             rates = [c / w for c in counts]
             if should_stop(self.opts, n * w, sum(counts), rates):
                 self.closed = n
-                self._end(self.t_start + n * w)
+                self._end(t_start + n * w)
                 return
         self.closed = closed
 
-    def _count_early_rows(self) -> None:
+    def _count_early_rows(self, t_start: float) -> None:
         """Rows that completed after t_start but arrived before the measurement began."""
         samples = self.log.freeze()
-        late = samples.t_done[samples.t_done >= self.t_start]
+        late = samples.t_done[samples.t_done >= t_start]
         for t in late:
-            w = int((t - self.t_start) / self.opts.window_s)
+            w = int((t - t_start) / self.opts.window_s)
             if w >= len(self.counts):
                 self.counts.extend([0] * (w + 1 - len(self.counts)))
             self.counts[w] += 1
@@ -162,7 +166,7 @@ class BenchObserver:
         if self.phase == "done":
             return
         self.stopped = reason
-        if self.phase == "measuring":
+        if self.phase == "measuring" and self.t_start is not None:  # (measuring: it is set)
             now = self.cpu.clock()
             whole = int(max(0.0, now - self.t_start) / self.opts.window_s)
             self.closed = whole

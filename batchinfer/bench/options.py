@@ -15,7 +15,8 @@ from batchinfer.messages import setting
 from batchinfer.options import check_group, option
 
 #: A measurement lasts an hour at most: every sample is kept in memory until the end.
-MEASURE = Bounds(0, 3600, above=True, why="one hour; every sample is kept in memory")
+MEASURE_MAX_S = 3600.0
+MEASURE = Bounds(0, MEASURE_MAX_S, above=True, why="one hour; every sample is kept in memory")
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class BenchOptions:
         """The longest the measurement may last."""
         if self.max_duration_s is not None:
             return self.max_duration_s
-        return min(3 * self.duration_s, max(self.duration_s, MEASURE.high))
+        return min(3 * self.duration_s, max(self.duration_s, MEASURE_MAX_S))
 
 
 #: Settings of a bench command that are not measurement options.

@@ -3,6 +3,7 @@ same way as a fresh run)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from batchinfer.bench.conditions import describe
@@ -13,7 +14,7 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     """Fixed-width columns: the first left-aligned, the others right-aligned."""
     widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
     return "\n".join(
@@ -240,7 +241,7 @@ def format_result(d: dict[str, Any]) -> str:
 def format_sweep(d: dict[str, Any]) -> str:
     """A sweep's table and recommendation (``d``: its JSON)."""
     kind = d.get("sweep_of")
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for e in d.get("sweep") or []:
         rel = e.get("efficiency") if kind == "cores" else e.get("relative")
         rows.append(
@@ -255,7 +256,15 @@ def format_sweep(d: dict[str, Any]) -> str:
             )
         )
     eff = "scaling efficiency" if kind == "cores" else ""
-    header = ("setting", "samples/s", "vs first", eff, "p99 ms", "bound", "verdict")
+    header: tuple[str, ...] = (
+        "setting",
+        "samples/s",
+        "vs first",
+        eff,
+        "p99 ms",
+        "bound",
+        "verdict",
+    )
     if kind != "cores":
         header = tuple(h for h in header if h)
         rows = [tuple(x for i, x in enumerate(r) if i != 3) for r in rows]

@@ -124,16 +124,17 @@ def prepare(config: BenchConfig) -> Prepared:
         detect=config.detect,
     )
     # One input, fed whole (no feeds); a benchmark does not score labels, so none are read.
+    dataset = config.dataset
     planned = plan_inference(
         run_config,
         (
             lambda _labels: open_source(
-                config.dataset,
+                dataset,
                 image_root=config.image_root,
                 video=video_settings(config.preprocess),
             )
         )
-        if config.dataset
+        if dataset
         else None,
         several_inputs=False,
     )
@@ -344,7 +345,7 @@ def _judge(
         ),
     )
     loads, source = _npu_loads(fig, obs.readings, board, plan.cores)
-    if board is not None and source is not None and source.startswith(board.source):
+    if loads and board is not None and source is not None and source.startswith(board.source):
         fig = dataclasses.replace(
             fig, cores=[dataclasses.replace(c, npu_load=loads.get(c.core)) for c in fig.cores]
         )

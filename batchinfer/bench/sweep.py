@@ -188,7 +188,9 @@ class SweepResult:
             rec["reason"] = render_fields(rec["reason"], render)
         first = results[0].to_json(render) if results else {}
         # The sweep's headline figures are those of the setting it recommends.
-        chosen = next((e["result"] for e in entries if rec and e["name"] == rec.get("name")), {})
+        chosen: dict[str, Any] = next(
+            (e["result"] for e in entries if rec and e["name"] == rec.get("name")), {}
+        )
         headline = {k: chosen.get(k) for k in HEADLINE}
         return {
             "kind": KIND,

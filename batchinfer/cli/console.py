@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn
 
 import click
 import pyarrow as pa
@@ -16,6 +17,9 @@ from batchinfer.engine import events as ev
 from batchinfer.errors import render_fields
 from batchinfer.runtime.npu_load import NA
 from batchinfer.sink.stats import place_name
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 # A listing shorter than this says nothing; a longer one a line every LISTING_LINE_EVERY
 # entries in a log (on a terminal: one line, updated).
@@ -33,7 +37,8 @@ class ConsoleObserver:
     def __init__(self, flag_of: Callable[[str], str], progress: bool = True) -> None:
         self.flag_of = flag_of
         self.progress = progress and sys.stderr.isatty()
-        self.bar = None
+        # The progress bar once the run has started (over no iterable: updated by hand).
+        self.bar: tqdm[NoReturn] | None = None
         self._listed: int | None = None
 
     def notify(self, event: object) -> None:
@@ -100,7 +105,7 @@ def format_summary(table: pa.Table, npu_load: bool = False) -> str:
     read, so a "NPU load %" column (the board's own figure, its ``npu_load`` column) goes
     beside "util %" (batchinfer's busy time), "n/a" where it was not readable.
     """
-    header = (
+    header: tuple[str, ...] = (
         "core", "items", "errors", "restarts", "recycles", "items/s", "util %", "p50 ms", "p99 ms"
     )  # fmt: skip
     if npu_load:

@@ -55,6 +55,7 @@ from batchinfer.data.shards import Member, ShardFiles
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.detection import write_geometry
 from batchinfer.errors import BatchinferError, InferenceError, InputError
+from batchinfer.messages import Message
 from batchinfer.runtime.adapter import CoreError, CoreReason, RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 from batchinfer.runtime.rknn_log import quiet_instance_logs
@@ -173,7 +174,7 @@ class CoreActor:
             except Exception as e:  # report, never vanish: the scheduler decides what follows
                 error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
             t1 = time.monotonic()
-            if self.decode is not None and error is None:
+            if self.decode is not None and outs is not None:  # (None: inference failed)
                 try:
                     decoded = self.decode(outs, geometry)
                     outs = outs if self.keep_outputs else None
@@ -209,7 +210,8 @@ def read_items(
     for _index, path, item_id, member in items:
         t0 = time.perf_counter()
         out = np.empty(preprocess.shape, np.dtype(preprocess.dtype))
-        error, item = None, out
+        error: Message | str | None = None
+        item: np.ndarray | tuple[np.ndarray, np.ndarray] = out
         try:
             name = item_id if member is not None else None  # files: named by their path
             placed = load_into(

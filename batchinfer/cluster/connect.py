@@ -131,10 +131,11 @@ def npu_nodes(nodes: list[dict[str, Any]]) -> list[NodeInfo]:
             found.append((node, tuple(cores)))
     names = [n.get("NodeName") or n.get("NodeManagerAddress") or "node" for n, _ in found]
     infos = []
-    for (node, cores), name in zip(found, names, strict=True):
+    for (node, node_cores), name in zip(found, names, strict=True):
         if names.count(name) > 1:  # several nodes behind one address (or simulated ones)
             name = f"{name}-{node['NodeID'][:6]}"
-        infos.append(NodeInfo(name, node["NodeID"], node.get("NodeManagerAddress", ""), cores))
+        address = node.get("NodeManagerAddress", "")
+        infos.append(NodeInfo(name, node["NodeID"], address, node_cores))
     return sorted(infos, key=lambda n: n.name)
 
 
@@ -182,7 +183,8 @@ class RayConnection:
         self.log_to_driver = log_to_driver
         self.cluster: LocalCluster | None = None  # local:N
         self._connected_here = False
-        self.ray = None
+        # The ray module once entered (import_ray: Any, as every use of Ray's API here).
+        self.ray: Any = None
 
     def __enter__(self) -> RayConnection:
         ray = self.ray = import_ray()

@@ -40,12 +40,16 @@ def draft_scale(full: tuple[int, int], size: tuple[int, int]) -> int:
 
 
 def decode(
-    img: JpegImagePlugin.JpegImageFile, f: BinaryIO, mode: str, size: tuple[int, int] | None
+    img: JpegImagePlugin.JpegImageFile,
+    f: BinaryIO | None,
+    mode: str,
+    size: tuple[int, int] | None,
 ) -> Image.Image | None:
     """``img``'s pixels as Pillow would load them after ``img.draft(mode, size)`` (no
-    draft when ``size`` is None), or None when Pillow should decode it."""
+    draft when ``size`` is None), or None when Pillow should decode it (also when there is
+    no file ``f`` to read the JPEG's bytes from)."""
     sj = _simplejpeg()
-    if sj is None or img.mode not in ("L", "RGB") or len(img.tile) != 1:
+    if sj is None or f is None or img.mode not in ("L", "RGB") or len(img.tile) != 1:
         return None
     w, h = img.size
     s = draft_scale(img.size, size) if size else 1

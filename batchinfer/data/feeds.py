@@ -209,7 +209,7 @@ def check_first_item(feeds: Sequence[Feed], item: Item | None, dataset: str) -> 
                 f"column {feed.column!r}, but the items of {dataset} have no columns; pass a "
                 "list file (.csv, .jsonl, .parquet) that has one."
             )
-        if feed.column not in columns:
+        if feed.column is None or feed.column not in columns:  # (FROM_COLUMN has a column)
             have = ", ".join(repr(c) for c in columns) or "none"
             raise UsageError(
                 setting("preprocess.inputs")
@@ -416,7 +416,8 @@ def _from_column(feed: Feed, value: object, out: np.ndarray, name: str, base: st
             raise InputError(f"{where} is not a list of numbers.")
         _copy_tensor(array, feed, out, where, convert=True)
         return
-    text = os.fspath(value)  # type: ignore[arg-type]
+    assert isinstance(value, (str, os.PathLike))  # _value_kind's "path"
+    text = os.fspath(value)
     path = text if os.path.isabs(text) or not base else os.path.join(base, text)
     label = f"{text} ({where})"
     extension = os.path.splitext(text)[1].lower()

@@ -307,7 +307,7 @@ def parse_background(text: str) -> tuple[int, int, int] | None:
     try:
         if value.count(",") == 2:
             return _background(tuple(int(part) for part in value.split(",")))
-        return ImageColor.getrgb(value)[:3]  # type: ignore[return-value]
+        return ImageColor.getrgb(value)[:3]
     except ValueError as exc:
         raise UsageError(
             setting("preprocess.background") + f" {text!r} is not a colour; {_BACKGROUND_FORMS}."

@@ -313,14 +313,14 @@ class ParquetList(_ListFile):
             raise DatasetError(
                 f"The Parquet list {self.file} has no path column (its columns: {shown})."
             )
-        wanted = {
-            "path": ("text", pa.types.is_string, pa.types.is_large_string),
-            "id": ("text or integers", pa.types.is_string, pa.types.is_large_string,
-                   pa.types.is_integer),
-            "label": ("integers or class names", pa.types.is_integer, pa.types.is_string,
-                      pa.types.is_large_string),
+        wanted: dict[str, tuple[str, tuple[Callable[[pa.DataType], bool], ...]]] = {
+            "path": ("text", (pa.types.is_string, pa.types.is_large_string)),
+            "id": ("text or integers", (pa.types.is_string, pa.types.is_large_string,
+                   pa.types.is_integer)),
+            "label": ("integers or class names", (pa.types.is_integer, pa.types.is_string,
+                      pa.types.is_large_string)),
         }  # fmt: skip
-        for name, (what, *tests) in wanted.items():
+        for name, (what, tests) in wanted.items():
             if name in names:
                 t = schema.field(name).type
                 if not any(test(t) for test in tests):

@@ -80,6 +80,7 @@ def preprocess_for(
         raise UsageError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
 
     rank = len(dims)
+    new_shape: tuple[int | None, ...]
     if rank == 4:
         model_layout = _channel_layout(dims, layout)
         if model_layout == "nhwc":
@@ -112,7 +113,7 @@ def preprocess_for(
             )
         if any(d is None for d in dims):
             raise UsageError(f"The model input {tuple(shape)} has a dynamic dimension.")
-        new_shape = tuple(dims)  # type: ignore[assignment]
+        new_shape = tuple(dims)
         out_layout = "nhwc"
         default_color = "rgb"
     return Preprocess(

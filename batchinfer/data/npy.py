@@ -152,7 +152,7 @@ def _read_fd(fd: int | None, n: int, label: str) -> bytes:
 def _read_exact(fd: int | None, first: bytes, array: np.ndarray, label: str) -> None:
     """Fill ``array`` with ``first`` (data bytes already read), then from ``fd`` (None:
     there is nothing more)."""
-    view = memoryview(array).cast("B")
+    view = array.data.cast("B")
     total = min(len(first), len(view))
     view[:total] = first[:total]
     while total < len(view):

@@ -47,7 +47,7 @@ def write_pixels(pixels: np.ndarray, spec: Preprocess, out: np.ndarray) -> None:
         np.subtract(src, mean, out=dst, dtype=dst.dtype)
         if std is not None:
             np.divide(dst, std, out=dst)
-    else:
+    elif std is not None:  # (one of the two is set: both None returned above)
         np.divide(src, std, out=dst, dtype=dst.dtype)
 
 

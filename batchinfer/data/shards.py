@@ -521,10 +521,10 @@ class ShardSet(Dataset):
         climbing, names = self.climbing
         if climbing:
             shown = ", ".join(repr(n) for n in names)
-            more = f" and {climbing - len(names)} more" if climbing > len(names) else ""
+            others = f" and {climbing - len(names)} more" if climbing > len(names) else ""
             warnings.append(
                 f"{climbing} member(s) of {self.root} have names that climb out of the shard "
-                f"with '..' ({shown}{more}) and are skipped (never items); whoever wrote the "
+                f"with '..' ({shown}{others}) and are skipped (never items); whoever wrote the "
                 "shard should give them names inside it."
             )
         return lines, warnings

@@ -139,13 +139,14 @@ _ROOTED = (_open_list, _open_coco)
 
 def _no_image_root(spec: str, opener: Callable[[str, SourceOptions], Dataset]) -> Message:
     """An image root given with a dataset whose paths it cannot move: said, not ignored."""
-    what = {
+    kinds: dict[Callable[[str, SourceOptions], Dataset], str] = {
         _open_folder: "a folder",
         _open_shards: "tar shards",
         _open_yaml: "a data.yaml, whose split paths start at its path: key",
         _open_glob: "a glob",
         _open_video: "a video",
-    }[opener]
+    }
+    what = kinds[opener]
     return (
         setting("image_root")
         + f" moves the relative paths of a list file or a COCO JSON; {spec} is {what}, so "

@@ -25,6 +25,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -297,7 +298,7 @@ def letterbox(image: np.ndarray, side: int, pad: int = 114) -> tuple[np.ndarray,
     nw, nh = round(w * scale), round(h * scale)
     px, py = (side - nw) // 2, (side - nh) // 2
     canvas = np.full((side, side, 3), pad, np.uint8)
-    resized = Image.fromarray(image).resize((nw, nh), Image.BILINEAR)
+    resized = Image.fromarray(image).resize((nw, nh), Image.Resampling.BILINEAR)
     canvas[py : py + nh, px : px + nw] = np.asarray(resized)
     return canvas, scale, px, py
 
@@ -317,7 +318,8 @@ def coco_instances(
     """
     from batchinfer.detect.rle import encode_region
 
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for image_id, (name, scene) in enumerate(items, start=1):
         h, w = scene.image.shape[:2]
         images.append({"id": image_id, "file_name": name, "width": w, "height": h})

@@ -118,14 +118,15 @@ class Decoder(GridDecoder[Head, DetectSettings]):
         self._anchors = None
         if head.family == "yolov5-zoo":
             self._anchors = anchor_array(settings.anchors, len(head.strides), head.num_anchors)
-        self._decode = {
+        decode = {
             "yolov5-zoo": self._yolov5_zoo,
             "yolov8-zoo": self._yolov8_zoo,
             "yolov8-ultralytics": self._yolov8_ultralytics,
             "yolov5-ultralytics": self._yolov5_ultralytics,
         }.get(head.family)
-        if self._decode is None:
+        if decode is None:
             raise UsageError(f"No decoder for the detection head family {head.family!r}.")
+        self._decode: Callable[[Sequence[np.ndarray]], list[_Candidates]] = decode
 
     def __call__(self, outputs: Sequence[np.ndarray]) -> Detections:
         """Boxes in the model input's pixels (the letterboxed canvas), class-aware NMS
@@ -369,7 +370,7 @@ def _joined(parts: Sequence[_Candidates]) -> _Candidates:
     starts = np.cumsum([0] + [len(p.scores) for p in parts])
 
     def gather(i: np.ndarray, of: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
-        out = np.empty((len(i), *shape), dtype)
+        out: np.ndarray = np.empty((len(i), *shape), dtype)
         which = np.searchsorted(starts, i, "right") - 1
         for n, part in enumerate(parts):
             mine = which == n

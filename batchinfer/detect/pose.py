@@ -198,6 +198,7 @@ def coco_keypoints(points: np.ndarray | Iterable[Mapping[str, float]]) -> list[f
     x, y, score or a row's list of ``{x, y, score}``. The third value is the keypoint's
     score, as Ultralytics writes it (COCO's keypoint evaluation reads the ground truth's
     visibility, not the prediction's). Coordinates rounded to 3 decimals, scores to 5."""
+    rows: Sequence[Sequence[float]]
     if isinstance(points, np.ndarray):
         rows = points.reshape(-1, 3).tolist()
     else:

@@ -274,7 +274,7 @@ def input_preprocess(config: RunConfig, shape: tuple[int, ...], dtype: str) -> P
         std=pre.std,
         exif_orientation=pre.exif_orientation,
         background=parse_background(pre.background),
-        max_pixels=None if pre.max_pixels == "none" else pre.max_pixels,
+        max_pixels=None if pre.max_pixels == "none" else int(pre.max_pixels),  # its one word
         jpeg_draft=pre.jpeg_draft,
         max_item_bytes=None if pre.max_item_bytes == "none" else pre.max_item_bytes,
     )
@@ -284,6 +284,7 @@ def _check_size(shape: tuple[int, ...], preprocess: Preprocess, asked: tuple[int
     """A fixed-size model input cannot take another size (the runtime would refuse it)."""
     if asked is None or len(shape) not in (3, 4):
         return
+    hw: tuple[int, ...]
     if len(shape) == 4:
         hw = shape[1:3] if preprocess.layout == "nhwc" or shape[3] in (1, 3) else shape[2:4]
     else:
@@ -330,8 +331,9 @@ def plan_engine(
     if warning:
         logging.getLogger("batchinfer").warning(warning)
     cpus = resolve_affinity(rt.cpu_affinity)
-    readers, max_readers = rt.readers, rt.readers
-    if readers is None:  # start with half the CPUs we may use; the run grows or shrinks it
+    if rt.readers is not None:
+        readers = max_readers = rt.readers
+    else:  # start with half the CPUs we may use; the run grows or shrinks it
         usable = len(cpus) if cpus else len(os.sched_getaffinity(0))
         readers, max_readers = max(1, usable // 2), max(1, usable)
     # Instances per core are decided here, once: the slots and the plan use this. -k auto:

@@ -260,7 +260,7 @@ def sweep_dead_segments(shm_dir: str = SHM_DIR) -> list[str]:
     A run is gone when nobody holds its owner lock; a run without an owner segment (a run
     being set up this instant, or an older version) is gone only when its pid is dead.
     """
-    swept = []
+    swept: list[str] = []
     try:
         names = os.listdir(shm_dir)
     except OSError:
@@ -394,7 +394,7 @@ class StatusBoard:
         return self.rows.copy()
 
     def close(self, unlink: bool = False) -> None:
-        self.rows = None  # type: ignore[assignment]
+        self.rows = None
         self.segment.close()
         if unlink:
             self.segment.unlink()

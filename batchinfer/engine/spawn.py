@@ -7,21 +7,31 @@ from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.reader import ReaderSpec, reader_main
 from batchinfer.engine.scheduler import REFILL_AT
+from batchinfer.engine.slots import BoardSpec, RegionSpec
 from batchinfer.engine.worker import WorkerSpec, worker_main
 from batchinfer.runtime.backends import Backend
+
+
+def _shared(memory: RunMemory) -> tuple[RegionSpec, BoardSpec]:
+    """The input slots' and status board's specs every child gets (RunMemory sets both up
+    in __init__ and clears them only in close(), after every child is gone)."""
+    inputs, board = memory.inputs, memory.board
+    assert inputs is not None and board is not None, "the run's shared memory is closed"
+    return inputs.spec, board.spec
 
 
 def start_worker(
     pool: ChildPool, plan: EnginePlan, memory: RunMemory, backend: Backend, core: int
 ) -> Child:
     """Start the core worker of ``core`` (again, after a crash)."""
+    inputs, board = _shared(memory)
     spec = WorkerSpec(
         core=core,
         board_row=memory.worker_rows(core).start,
         instances=plan.instances_per_core,
         backend=backend,
-        inputs=memory.inputs.spec,
-        board=memory.board.spec,
+        inputs=inputs,
+        board=board,
         input_layout=plan.data_format,
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
@@ -52,11 +62,12 @@ def start_reader(
 ) -> Child:
     """Start reader number ``reader`` (again, after it died or hung); ``column_base``: the
     folder relative paths in manifest columns are relative to."""
+    inputs, board = _shared(memory)
     spec = ReaderSpec(
         reader_id=reader,
         board_row=memory.reader_row(reader),
-        inputs=memory.inputs.spec,
-        board=memory.board.spec,
+        inputs=inputs,
+        board=board,
         preprocess=plan.preprocess,
         kind=kind,
         cpus=plan.cpus,

@@ -222,7 +222,8 @@ def read_coco(
 
     matched_ids = set(image_ids.values())
     _check_annotation_ids(data["annotations"], where)
-    annotations, dropped = [], 0
+    annotations: list[dict[str, Any]] = []
+    dropped = 0
     for n, a in enumerate(data["annotations"]):
         box = a.get("bbox")
         if not (isinstance(box, list) and len(box) == 4 and all(map(is_number, box))):
@@ -412,7 +413,9 @@ def read_yolo(
         names = [str(i) for i in range(count)]
     categories = tuple(Category(i, str(n)) for i, n in enumerate(names))
 
-    image_ids, images, annotations = {}, [], []
+    image_ids: dict[str, int] = {}
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for item in evaluated:  # dataset order: image ids follow it
         if item not in boxes_of:
             continue

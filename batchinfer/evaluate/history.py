@@ -61,7 +61,7 @@ def history_row(facts: Mapping[str, Any], metrics: Mapping[str, float]) -> pa.Ta
 
 
 def record_history_row(
-    record: Mapping[str, Any], items: int, per_class_top1: list[float] | None
+    record: Mapping[str, Any], items: int, per_class_top1: list[float | None] | None
 ) -> pa.Table:
     """The history row of an evaluation's record (``result.json``): its fixed columns, with
     ``items`` evaluated and the per-class top-1 (None for detection), and every metric."""

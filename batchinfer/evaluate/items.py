@@ -136,6 +136,7 @@ class ItemResults(PerItem):
     def to_table(self, with_outputs: bool = True) -> pa.Table:
         """The results as a table (outputs as fixed-size lists, shapes in the metadata)."""
         k = self.topk.shape[1]  # metrics.topk, at least 1
+        assert self.node is not None  # __post_init__ filled it
         columns = {
             "index": pa.array(self.index),
             "id": pa.array(self.id.tolist(), pa.string()),

@@ -220,12 +220,12 @@ def score(
             value = metric.fn(reference)
             if value is not None and math.isfinite(value):
                 values[f"reference.{metric.name}"] = float(value)
-    for metric in custom:
+    for custom_metric in custom:
         try:
-            values.update(run_custom(metric, inputs.device, set(registry)))
+            values.update(run_custom(custom_metric, inputs.device, set(registry)))
             if inputs.reference is not None:
-                own = run_custom(metric, inputs.reference, set(registry))
+                own = run_custom(custom_metric, inputs.reference, set(registry))
                 values.update({f"reference.{k}": v for k, v in own.items()})
         except CustomMetricError as exc:
-            raise CustomMetricError(f"{metric.spec} {exc}") from None
+            raise CustomMetricError(f"{custom_metric.spec} {exc}") from None
     return values

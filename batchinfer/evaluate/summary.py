@@ -47,7 +47,7 @@ def labels_outside(record: dict[str, Any]) -> str:
     return Outside(**outside).sentence() if outside else ""
 
 
-def no_baseline(record: dict[str, Any], command: Callable[[str], str], advice: str) -> str:
+def no_baseline(record: Mapping[str, Any], command: Callable[[str], str], advice: str) -> str:
     """The sentence for an evaluation with no baseline to compare with: on the night
     ``--update-baseline`` accepted it, that it is the baseline now; else ``advice`` (how to
     accept one). ``command`` marks a flag up (a Markdown code span, an HTML ``<code>``)."""

@@ -40,7 +40,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -182,7 +182,7 @@ def _member_bytes(shard: str, offset: int, size: int) -> bytes:
 def _npy_image(where: str | io.BytesIO, max_pixels: int | None):  # -> PIL.Image.Image | None
     from PIL import Image
 
-    mmap = "r" if isinstance(where, str) else None
+    mmap: Literal["r"] | None = "r" if isinstance(where, str) else None
     array = np.load(where, mmap_mode=mmap, allow_pickle=False)
     if max_pixels is not None and array.size > 3 * max_pixels:
         raise ValueError("too many values")

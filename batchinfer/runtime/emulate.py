@@ -38,7 +38,8 @@ import stat
 import sys
 import time
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from batchinfer.runtime.constants import CHIP_CORES
 
@@ -60,7 +61,12 @@ class _RknnliteFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, rename_levels: bool) -> None:
         self.rename_levels = rename_levels
 
-    def find_spec(self, fullname, path, target=None):  # type: ignore[no-untyped-def]
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: types.ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _MODULES:
             return None
         package = fullname != _MODULES[-1]
@@ -97,12 +103,12 @@ def pretend_board(chip: str) -> None:
     """Answer platform.machine() and /proc/device-tree/compatible like a ``chip`` board."""
     compatible = f"rockchip,{chip}-evb\0rockchip,{chip}\0"
     os.environ["BATCHINFER_SIM_CHIP"] = chip
-    platform.machine = lambda: "aarch64"  # type: ignore[assignment]
+    platform.machine = lambda: "aarch64"
     real_uname = platform.uname
-    platform.uname = lambda: real_uname()._replace(machine="aarch64")  # type: ignore[assignment]
+    platform.uname = lambda: real_uname()._replace(machine="aarch64")
     real_open = builtins.open
 
-    def board_open(file, mode="r", *args, **kwargs):  # type: ignore[no-untyped-def]
+    def board_open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if isinstance(file, str | os.PathLike) and os.fspath(file) == DEVICE_TREE_COMPATIBLE:
             return io.BytesIO(compatible.encode()) if "b" in mode else io.StringIO(compatible)
         return real_open(file, mode, *args, **kwargs)
@@ -117,10 +123,12 @@ def pretend_board(chip: str) -> None:
         setattr(os, name, _stat_also_for(getattr(os, name), DEVICE_TREE_COMPATIBLE, size))
 
 
-def _stat_also_for(real_stat, path: str, size: int):  # type: ignore[no-untyped-def]
+def _stat_also_for(
+    real_stat: Callable[..., os.stat_result], path: str, size: int
+) -> Callable[..., os.stat_result]:
     """``os.stat`` (or lstat) that answers for ``path`` as for a regular 0444 file."""
 
-    def patched(p, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def patched(p: Any, *args: Any, **kwargs: Any) -> os.stat_result:
         if isinstance(p, str | os.PathLike) and os.fspath(p) == path:
             now = int(time.time())
             mode = stat.S_IFREG | 0o444

@@ -135,9 +135,9 @@ def _model(buf: memoryview) -> GraphInterface:
     for field, wire, value in _fields(buf):
         if field == 1 and wire == _VARINT:
             ir_version = value
-        elif field == 7 and wire == _BYTES:
+        elif field == 7 and isinstance(value, memoryview):
             graphs.append(value)  # a repeated message field merges: keep every part
-        elif field == 14 and wire == _BYTES:
+        elif field == 14 and isinstance(value, memoryview):
             metadata.append(_entry(value))
     if not ir_version:
         raise _Malformed("no IR version")
@@ -147,8 +147,8 @@ def _model(buf: memoryview) -> GraphInterface:
     outputs: list[GraphValue] = []
     initializers: set[str] = set()
     for graph in graphs:
-        for field, wire, value in _fields(graph):
-            if wire != _BYTES:
+        for field, _wire, value in _fields(graph):
+            if not isinstance(value, memoryview):
                 continue
             if field == 11:
                 inputs.append(_value_info(value))
@@ -157,7 +157,11 @@ def _model(buf: memoryview) -> GraphInterface:
             elif field == 5:
                 initializers.add(_tensor_name(value))
             elif field == 15:
-                initializers.update(_tensor_name(v) for f, w, v in _fields(value) if f == 1)
+                initializers.update(
+                    _tensor_name(v)
+                    for f, _w, v in _fields(value)
+                    if f == 1 and isinstance(v, memoryview)
+                )
     if not outputs:
         raise _Malformed("the graph has no outputs")
     return GraphInterface(
@@ -168,26 +172,27 @@ def _model(buf: memoryview) -> GraphInterface:
 def _entry(buf: memoryview) -> tuple[str, str]:
     # Not _text: a metadata string that is not UTF-8 is no reason to refuse the model.
     key = value = ""
-    for field, wire, v in _fields(buf):
-        if field == 1 and wire == _BYTES:
+    for field, _wire, v in _fields(buf):
+        if field == 1 and isinstance(v, memoryview):
             key = str(v, "utf-8", "replace")
-        elif field == 2 and wire == _BYTES:
+        elif field == 2 and isinstance(v, memoryview):
             value = str(v, "utf-8", "replace")
     return key, value
 
 
 def _tensor_name(buf: memoryview) -> str:
     name = ""
-    for field, wire, value in _fields(buf):
-        if field == 8 and wire == _BYTES:
+    for field, _wire, value in _fields(buf):
+        if field == 8 and isinstance(value, memoryview):
             name = _text(value)
     return name
 
 
 def _value_info(buf: memoryview) -> GraphValue:
-    name, shape, kind = "", (), "unknown"
-    for field, wire, value in _fields(buf):
-        if wire != _BYTES:
+    shape: tuple[int | str | None, ...] = ()
+    name, kind = "", "unknown"
+    for field, _wire, value in _fields(buf):
+        if not isinstance(value, memoryview):
             continue
         if field == 1:
             name = _text(value)
@@ -197,8 +202,8 @@ def _value_info(buf: memoryview) -> GraphValue:
 
 
 def _type(buf: memoryview) -> tuple[tuple[int | str | None, ...], str]:
-    for field, wire, value in _fields(buf):
-        if wire != _BYTES:
+    for field, _wire, value in _fields(buf):
+        if not isinstance(value, memoryview):
             continue
         if field == 1:
             return _tensor_type(value)
@@ -208,21 +213,24 @@ def _type(buf: memoryview) -> tuple[tuple[int | str | None, ...], str]:
 
 
 def _tensor_type(buf: memoryview) -> tuple[tuple[int | str | None, ...], str]:
-    elem, shape = 0, ()
+    elem = 0
+    shape: tuple[int | str | None, ...] = ()
     for field, wire, value in _fields(buf):
-        if field == 1 and wire == _VARINT:
+        if field == 1 and wire == _VARINT and isinstance(value, int):
             elem = value
-        elif field == 2 and wire == _BYTES:
-            shape = tuple(_dim(v) for f, w, v in _fields(value) if f == 1 and w == _BYTES)
+        elif field == 2 and isinstance(value, memoryview):
+            shape = tuple(
+                _dim(v) for f, _w, v in _fields(value) if f == 1 and isinstance(v, memoryview)
+            )
     return shape, f"tensor({_ELEM_TYPES.get(elem, f'elem_type {elem}')})"
 
 
 def _dim(buf: memoryview) -> int | str | None:
     dim: int | str | None = None
     for field, wire, value in _fields(buf):
-        if field == 1 and wire == _VARINT:
+        if field == 1 and wire == _VARINT and isinstance(value, int):
             dim = value - (1 << 64) if value >= 1 << 63 else value  # int64, two's complement
-        elif field == 2 and wire == _BYTES:
+        elif field == 2 and isinstance(value, memoryview):
             dim = _text(value)
     return dim
 
@@ -285,9 +293,9 @@ def read_qdq_boundaries(
         ins = [_affine(first_consumer.get(name), tensors) for name in inputs]
         outs = []
         for name in outputs:
-            node = producer.get(name)
-            dequantised = node is not None and node.op_type == "DequantizeLinear"
-            outs.append(_affine(node, tensors) if dequantised else None)
+            made_by = producer.get(name)
+            dequantised = made_by is not None and made_by.op_type == "DequantizeLinear"
+            outs.append(_affine(made_by, tensors) if dequantised else None)
         return ins, outs
     except _Malformed as exc:
         raise ModelError(f"the ONNX model is not well formed ({exc}); re-export it.") from None
@@ -372,9 +380,9 @@ def _scalar(buf: memoryview) -> tuple[str, float | int] | None:
         if field == 1:
             dims += _ints(wire, value)
         elif field == 2 and wire == _VARINT:
-            data_type = int(value)  # type: ignore[arg-type]
+            data_type = int(value)
         elif field == 9 and wire == _BYTES:
-            raw = bytes(value)  # type: ignore[arg-type]
+            raw = bytes(value)
         elif field == 14 and wire == _VARINT:
             external = value == 1
         elif field in (4, 5, 7, 10, 11):
@@ -383,6 +391,7 @@ def _scalar(buf: memoryview) -> tuple[str, float | int] | None:
     if dtype is None or external or math.prod(dims) != 1:
         return None
     size = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    bits: bytes | None
     if raw is not None:
         if len(raw) != size:
             return None
@@ -404,8 +413,7 @@ def _typed_bytes(
     chunks = [(w, raw) for f, w, raw in typed if f == field]
     if fixed:  # float_data, double_data: packed, or one fixed-size field per value
         data = b"".join(
-            bytes(raw) if w == _BYTES else int(raw).to_bytes(fixed, "little")  # type: ignore[arg-type]
-            for w, raw in chunks
+            bytes(raw) if w == _BYTES else int(raw).to_bytes(fixed, "little") for w, raw in chunks
         )
         return data if len(data) == size else None
     values = [v for w, raw in chunks for v in _ints(w, raw)]
@@ -437,6 +445,7 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
     while pos < end:
         tag, pos = _varint(buf, pos)
         field, wire = tag >> 3, tag & 7
+        value: int | memoryview
         if field == 0:
             raise _Malformed("field number 0")
         if wire == _VARINT:

@@ -155,8 +155,9 @@ def _metadata(path: Path, doc: dict) -> RknnMetadata:
 
 
 def _tensor(entry: dict) -> RknnTensor:
-    dtype = entry.get("dtype") if isinstance(entry.get("dtype"), dict) else {}
-    size = entry.get("size") if isinstance(entry.get("size"), list) else []
+    raw_dtype, raw_size = entry.get("dtype"), entry.get("size")
+    dtype = raw_dtype if isinstance(raw_dtype, dict) else {}
+    size = raw_size if isinstance(raw_size, list) else []
     return RknnTensor(
         name=str(entry.get("url", "")),
         shape=tuple(int(d) for d in size),

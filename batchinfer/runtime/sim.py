@@ -94,6 +94,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -137,7 +138,14 @@ _FAULT_RE = re.compile(
     r"(?::mb=(?P<mb>\d+(?:\.\d+)?))?$"
 )
 
-_DEFAULTS = {"chip": "rk3588", "npu_ms": 2.0, "host_ms": 4.0}
+
+class _Defaults(TypedDict):
+    chip: str
+    npu_ms: float
+    host_ms: float
+
+
+_DEFAULTS: _Defaults = {"chip": "rk3588", "npu_ms": 2.0, "host_ms": 4.0}
 _ENV = {
     "chip": "BATCHINFER_SIM_CHIP",
     "npu_ms": "BATCHINFER_SIM_NPU_MS",
@@ -353,16 +361,17 @@ class _Board:
             # Set up once per boot, under the board's lock; once it is, no lock is taken
             # here either, so a worker frozen while creating a runtime holds up no other
             # worker's (re)start.
-            self._mm = self._set_up()
-            if self._mm is None:
+            mm = self._set_up()
+            if mm is None:
                 with self.locked():
-                    self._mm = self._set_up()  # by another process while we waited?
-                    if self._mm is None:
+                    mm = self._set_up()  # by another process while we waited?
+                    if mm is None:
                         if os.fstat(self._fd).st_size < _BOARD_SIZE:
                             os.ftruncate(self._fd, _BOARD_SIZE)
-                        self._mm = mmap.mmap(self._fd, _BOARD_SIZE)
-                        self._mm[:] = bytes(_BOARD_SIZE)
-                        _HEADER.pack_into(self._mm, 0, _MAGIC, _boot_id())
+                        mm = mmap.mmap(self._fd, _BOARD_SIZE)
+                        mm[:] = bytes(_BOARD_SIZE)
+                        _HEADER.pack_into(mm, 0, _MAGIC, _boot_id())
+            self._mm = mm
         except BaseException:
             os.close(self._fd)
             raise
@@ -563,7 +572,9 @@ class RKNNLite(OnnxRKNNBase):
             self.settings = dataclasses.replace(self.settings, chip=chip)
 
     def _check_settings(self, settings: ConversionSettings | None) -> None:
-        wanted = (settings.target_platform or "").lower() if settings else ""
+        if not settings:
+            return
+        wanted = (settings.target_platform or "").lower()
         chip = self.settings.chip
         if wanted and wanted not in (chip, _SAME_NPU.get(chip)):
             self.rknn_log.native(
@@ -702,11 +713,13 @@ class RKNNLite(OnnxRKNNBase):
         _tight_timer_slack()
         for fault in self.settings.faults:
             if fault.item is not None and fault.item in self._current_items:
-                return self._fire(fault)
+                self._fire(fault)  # returns only for "none": no outputs
+                return None
         _sleep_until(host_done)
         fired, end = self._reserve(host_done)
         if fired is not None:
-            return self._fire(fired)
+            self._fire(fired)
+            return None
         outputs = runtime.compute(feeds)
         self._leak()
         if self._skewed:

@@ -70,8 +70,8 @@ def class_map(job: Job, dataset: Dataset) -> tuple[tuple[str, ...], dict[str, in
         # label (a folder or list label 2000000000 once asked for 2e9 names): labels from
         # names are 0..n-1, and a label from a number is named by that number anyway.
         inverse = {index: name for name, index in dataset.labels.items()}
-        names = tuple(inverse.get(i, str(i)) for i in range(len(inverse)))
-        return names, None, {"source": "folders"}
+        by_index = tuple(inverse.get(i, str(i)) for i in range(len(inverse)))
+        return by_index, None, {"source": "folders"}
     raw = read_whole(
         labels_file,
         "dataset.labels",

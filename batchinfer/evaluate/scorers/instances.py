@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -45,6 +45,22 @@ from batchinfer.evaluate.thumbnails import Source, Thumbnail
 from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.sink.rows import MemorySink
 
+if TYPE_CHECKING:
+    from batchinfer.detect.heads import Head
+
+
+@runtime_checkable
+class _Detector(Protocol):
+    """What this scorer reads of a task whose rows hold boxes (``Task.detects``): its
+    class names (tasks.boxes.BoxTask) and its detection head (tasks.detect.Detect)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    @property
+    def head(self) -> Head | None: ...
+
+
 log = logging.getLogger("batchinfer")
 
 
@@ -59,17 +75,19 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
     # "unknown"), scored on the items evaluated.
     scored = None if job.dataset.limit is None else set(ids[: job.dataset.limit])
     try:
+        task = plan.engine.task
+        detector = task if isinstance(task, _Detector) else None
         if isinstance(dataset, VideoDataset):  # frames: COCO <video>#<frame> or MOT gt.txt
-            task = plan.engine.task
-            return read_video_truth(path, dataset, scored, task.names if task else ())
+            return read_video_truth(
+                path, dataset, scored, detector.names if detector is not None else ()
+            )
         if path.is_dir():
-            task = plan.engine.task
-            names = task.names if task is not None else ()
-            if not names and task is not None and task.head is not None:
+            names = detector.names if detector is not None else ()
+            if not names and detector is not None and detector.head is not None:
                 # Unnamed classes are the head's: a YOLO class id beyond them is refused
                 # with its line, not taken as a count (class 2000000000 asked for that
                 # many categories).
-                names = tuple(str(i) for i in range(task.head.num_classes))
+                names = tuple(str(i) for i in range(detector.head.num_classes))
             return read_yolo(
                 path,
                 ids,
@@ -87,7 +105,8 @@ def read_ground_truth(job: Job, dataset: Dataset, plan: SidePlan) -> GroundTruth
 def _detector_plan(job: Job, plan: SidePlan) -> tuple[int, tuple[str, ...]]:
     """(classes, class names) of a side's detection head (the plan asked for detection)."""
     task = plan.engine.task
-    if task is None or not task.detects or task.head is None:  # plan_task raises first
+    if not isinstance(task, _Detector) or not task.detects or task.head is None:
+        # (plan_task refused a model that is not a detector before this)
         raise job.error(f"{plan.side}.model {plan.model.name} is not a detector.", "model")
     return task.head.num_classes, task.names
 
@@ -174,7 +193,7 @@ class InstancesScorer:
         """A detection job has ground truth and detectors (and faster-coco-eval to score)."""
         job = self.job
         ds, key = job.dataset, "dataset.ground_truth"
-        if is_shard_spec(ds.path):
+        if ds.path is not None and is_shard_spec(ds.path):
             raise job.error(
                 "dataset.path names tar shards, which detection jobs do not read yet (their "
                 "ground truth names image files); extract them into a folder.",

@@ -155,7 +155,7 @@ class DetectionItems(PerItem):
     def from_table(cls, table: pa.Table) -> DetectionItems:
         meta = table.schema.metadata or {}
         names = tuple(json.loads(meta.get(b"batchinfer.class_names", b"[]")))
-        boxes = []
+        boxes: list[np.ndarray | None] = []
         for row in table.column("boxes").to_pylist():
             if row is None:
                 boxes.append(None)

@@ -106,7 +106,7 @@ def ap_figure(
     ax.bar(x - (width / 2 if reference is not None else 0), [r[key] for r in rows], width,
            color="#d81b60", label="device")  # fmt: skip
     if reference is not None:
-        ref = [np.nan if ref_by_id.get(r["category_id"]) is None else ref_by_id[r["category_id"]]
+        ref = [np.nan if (v := ref_by_id.get(r["category_id"])) is None else v
                for r in rows]  # fmt: skip
         ax.bar(x + width / 2, ref, width, color="#2e7d32", label="reference")
         _plain_legend(ax, fontsize=7, loc="upper left")
@@ -239,7 +239,7 @@ def gallery(
 ) -> list[dict[str, Any]]:
     """The ``n`` items where device and reference disagree most (a disagreement above 0),
     each with its score, box counts and its image with both box sets drawn."""
-    out = []
+    out: list[dict[str, Any]] = []
     for item, score in disagreements(device, reference):
         if len(out) >= n or score <= 0:
             break
