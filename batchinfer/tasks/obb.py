@@ -39,7 +39,6 @@ class Obb(HeadTask):
     """Oriented boxes (module docstring)."""
 
     name = "obb"
-    scorer = "batchinfer.evaluate.scorers.rotated:RotatedScorer"
     exports = {"dota": "batchinfer.tasks.obb:export_dota"}  # noqa: RUF012 (a ClassVar)
 
     @classmethod
