@@ -133,6 +133,9 @@ def test_eval_scores_equal_pycocotools_on_the_same_predictions(
     # the float graph on the emulator and ONNX Runtime agree: no drop
     assert record["metrics"][f"{prefix}_map_drop"] == pytest.approx(0, abs=1e-9)
     assert f"COCO {iou_type}" in (scenes / "eval" / task / "summary.md").read_text()
+    # the report's examples are drawn with their masks / keypoints
+    shown = [b for w in record["worst"] for b in w["device_boxes"] + w["reference_boxes"]]
+    assert shown and all(part in b for b in shown)
 
 
 def test_a_pose_job_whose_sigmas_do_not_fit_the_keypoints_is_refused(scenes):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 
 from batchinfer.evaluate.baseline import Baseline, read_baseline, unreadable
@@ -193,6 +194,7 @@ class PartsScorer(InstancesScorer):
     def record_section(self, inputs: DetectInputs, dataset: Any) -> dict[str, Any]:
         assert isinstance(inputs, PartInputs)
         out = super().record_section(inputs, dataset)
+        _with_parts(out["worst"], inputs, self.job.metrics.display_conf)
         ref = inputs.reference_part_score
         out["parts"] = {
             "iou_type": self.iou_type,
@@ -206,6 +208,19 @@ class PartsScorer(InstancesScorer):
     @staticmethod
     def summary_body(record: Mapping[str, Any]) -> list[str]:
         return [*InstancesScorer.summary_body(record), *parts_lines(record)]
+
+
+def _with_parts(worst: list[dict[str, Any]], inputs: PartInputs, conf: float) -> None:
+    """The report's examples drawn with their masks or keypoints: each example's device
+    and reference boxes (those from ``conf`` up, in the same order) with their parts."""
+    sides = (("device_boxes", inputs.device), ("reference_boxes", inputs.reference))
+    for example in worst:
+        for key, items in sides:
+            if items is None or example.get(key) is None:
+                continue
+            i = int(np.flatnonzero(items.index == example["index"])[0])
+            boxes = items.box_dicts(i) or []
+            example[key] = [b for b in boxes if b["score"] >= conf]
 
 
 def parts_lines(record: Mapping[str, Any]) -> list[str]:
