@@ -39,7 +39,10 @@ class Obb(HeadTask):
     """Oriented boxes (module docstring)."""
 
     name = "obb"
-    exports = {"dota": "batchinfer.tasks.obb:export_dota"}  # noqa: RUF012 (a ClassVar)
+    exports = {  # noqa: RUF012 (a ClassVar)
+        "coco": "batchinfer.export:export_coco",
+        "dota": "batchinfer.export:export_dota",
+    }
 
     @classmethod
     def find_head(cls, facts: ModelFacts, asked: bool) -> Any:
