@@ -39,6 +39,7 @@ class Obb(HeadTask):
     """Oriented boxes (module docstring)."""
 
     name = "obb"
+    scorer = "batchinfer.evaluate.scorers.rotated:RotatedScorer"
     exports = {  # noqa: RUF012 (a ClassVar)
         "coco": "batchinfer.export:export_coco",
         "dota": "batchinfer.export:export_dota",

@@ -139,9 +139,14 @@ class PartsScorer(InstancesScorer):
     prefix: ClassVar[str] = ""
     what: ClassVar[str] = ""  # the part as the record and summary say it
     items_type: ClassVar[type[PartItems]] = PartItems
+    inputs_type: ClassVar[type[PartInputs]] = PartInputs
 
     def sigmas(self) -> Sequence[float] | None:
         return None
+
+    def label(self) -> str:
+        """How the summary names the parts' score."""
+        return f"COCO {self.iou_type}"
 
     def check_job(self) -> None:
         super().check_job()
@@ -179,7 +184,7 @@ class PartsScorer(InstancesScorer):
         self, device: SideRun, reference: SideRun | None, baseline: Baseline | None
     ) -> PartInputs:
         assert self.gt is not None
-        out = PartInputs(
+        out = self.inputs_type(
             device.items,
             self.gt,
             self.category_ids,
@@ -198,6 +203,7 @@ class PartsScorer(InstancesScorer):
         ref = inputs.reference_part_score
         out["parts"] = {
             "iou_type": self.iou_type,
+            "label": self.label(),
             "what": self.what,
             "device": inputs.part_score.metrics(),
             "reference": None if ref is None else ref.metrics(),
@@ -236,7 +242,8 @@ def parts_lines(record: Mapping[str, Any]) -> list[str]:
             f"{k} {v:.4f}" if isinstance(v, float) else f"{k} -" for k, v in scores.items()
         )
 
-    line = f"COCO {parts['iou_type']} ({parts['what']}): {said(parts['device'])}"
+    label = parts.get("label") or f"COCO {parts['iou_type']}"
+    line = f"{label} ({parts['what']}): {said(parts['device'])}"
     if parts.get("reference"):
         line += f"; reference: {said(parts['reference'])}"
     return ["", line]
