@@ -98,3 +98,29 @@ def test_an_obb_runs_dota_export_has_its_corners(tmp_path):
         want = corners(np.array([[box[k] for k in ("cx", "cy", "w", "h", "angle")]]))
         np.testing.assert_allclose(np.array(quad, float), want.reshape(-1), atol=0.06)
     assert _drawn_differs(tmp_path, tmp_path / "out") >= 3
+
+
+@pytest.mark.parametrize("task", ["segment", "pose", "obb"])
+def test_bench_reports_each_tasks_post_processing_per_item(tmp_path, task):
+    """Issue 41 item 8: the decode's CPU travels per item for every task decoded in the
+    core workers, and bench says it per item."""
+    if task == "segment":
+        _, outputs, _ = _scene_outputs("yolov8-seg-zoo", (320, 320), 12, (320, 320), seed=3)
+        hw = (320, 320)
+    elif task == "pose":
+        hw = (320, 320)
+        outputs = _pose_outputs("zoo", hw, (17, 3))
+    else:
+        hw = (640, 640)
+        lb = letterbox_geometry(640, 640, 640, 640)
+        rng = np.random.default_rng(7)
+        outputs = F.zoo_outputs(hw, 3, F.random_instances(rng, lb, 5, 3, rotated=True))
+    model = write_fake_model(tmp_path / f"{task}.onnx", outputs, hw)
+    result = invoke(
+        "bench", "--model", model, "--backend", "sim", "--sim-npu-ms", "1", "--cores", "0",
+        "--warmup", "0.1", "--duration", "0.3", "--min-samples", "5", "--max-duration", "0.6",
+        "--window", "0.1",
+    )  # fmt: skip
+    assert f"bench: {task}.onnx" in result.output, result.output
+    line = next(x for x in result.output.splitlines() if "post-processing" in x)
+    assert float(line.split(": ")[1].split(" ms CPU per item")[0]) > 0
