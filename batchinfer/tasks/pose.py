@@ -12,7 +12,7 @@ float32>>`` in the original image's pixels (score 1 when the model gives none, D
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +24,6 @@ from batchinfer.tasks.boxes import BoxRows
 from batchinfer.tasks.head_task import HeadTask, Parts, flat_extras
 
 if TYPE_CHECKING:
-    from PIL import Image
-
     from batchinfer.detect import Letterbox
     from batchinfer.detect.pose import Poses
 
@@ -93,14 +91,3 @@ class Pose(HeadTask):
         offsets = pa.array(np.arange(len(flat) + 1, dtype=np.int32) * k)
         listed = pa.ListArray.from_arrays(offsets, structs, type=pa.list_(KEYPOINT_TYPE))
         return [*super().box_columns(flat, payloads), listed]
-
-    def draw(self, canvas: Image.Image, row: Mapping[str, Any], **style: Any) -> Image.Image:
-        """Boxes and keypoints; COCO's person skeleton joins 17 keypoints unless the caller
-        gives ``skeleton`` (the ground truth's categories), other counts are dots alone."""
-        from batchinfer.draw import COCO_SKELETON, draw_result
-
-        boxes = row.get("boxes") or []
-        if "skeleton" not in style:
-            count = len(boxes[0].get("keypoints") or []) if boxes else 0
-            style["skeleton"] = COCO_SKELETON if count == 17 else ()
-        return draw_result(canvas, row.get("boxes"), **style)
