@@ -2,8 +2,9 @@
 
 Stable API (other test files import it):
 
-- ``nhwc_uint8_model(dir, name=..., size=8, channels=1, classes=10, dynamic_batch=False)``:
-  input "image" uint8 [1,size,size,channels] (NHWC) -> "logits" float32 [1,classes].
+- ``nhwc_uint8_model(dir, name=..., size=8, channels=1, classes=10, dynamic_batch=False,
+  batch=1)``: input "image" uint8 [1,size,size,channels] (NHWC) -> "logits" float32
+  [1,classes]; ``batch`` N builds its batch-N twin ([N,...] -> [N,classes]).
   ``nhwc_uint8_reference(x, ...)`` computes the same logits with numpy.
 - ``nchw_float_model(dir, ...)``: input "input" float32 [1,3,8,8] (NCHW) -> "logits"
   float32 [1,10]; ``nchw_float_reference(x_nchw)``.
@@ -65,9 +66,11 @@ def nhwc_uint8_model(
     channels: int = 1,
     classes: int = 10,
     dynamic_batch: bool = False,
+    batch: int = 1,
 ) -> Path:
-    """Path of a uint8 NHWC [1,size,size,channels] -> float32 [1,classes] classifier."""
-    batch: int | str = "N" if dynamic_batch else 1
+    """Path of a uint8 NHWC [1,size,size,channels] -> float32 [1,classes] classifier;
+    ``batch`` N > 1: its twin built for a static batch of N ([N,...] in, [N,classes] out)."""
+    axis: int | str = "N" if dynamic_batch else batch
     nodes: list = [helper.make_node("Cast", ["image"], ["f"], to=TensorProto.FLOAT)]
     inits: list = [numpy_helper.from_array(np.array(1 / 255, dtype=np.float32), "scale")]
     nodes.append(helper.make_node("Mul", ["f", "scale"], ["scaled"]))
@@ -75,8 +78,8 @@ def nhwc_uint8_model(
     graph = helper.make_graph(
         nodes,
         "nhwc_uint8",
-        [helper.make_tensor_value_info("image", TensorProto.UINT8, [batch, size, size, channels])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, classes])],
+        [helper.make_tensor_value_info("image", TensorProto.UINT8, [axis, size, size, channels])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [axis, classes])],
         inits,
     )
     return _save(graph, Path(directory) / name)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pycocotools.mask as mask_api
 import pytest
 
-from batchinfer.detect import masks
+from batchinfer.detect import masks, rle
 from batchinfer.detect.letterbox import letterbox_geometry
 from batchinfer.detect.masks import mask_rles, pixel_ranges, proto_map
 from batchinfer.errors import InferenceError
@@ -154,3 +155,92 @@ def test_masks_of_noise_are_refused_before_they_fill_memory(monkeypatch):
     monkeypatch.setattr(masks, "_MAX_FLIPS", 20_000)
     with pytest.raises(InferenceError, match="look like noise"):
         mask_rles(proto, rng.normal(0, 1, (10, 32)), boxes, pmap)
+
+
+def _dense_in(proto, coefs, box, pmap, crop):
+    """The definition on the pixels of ``crop`` (x0, y0, x1, y1) only: a large original's
+    masks are checked where they can be, without a dense image of the whole photo."""
+    _, ph, pw = proto.shape
+    x0, y0, x1, y1 = crop
+    logits = np.tensordot(coefs, proto.astype(np.float64), axes=1)
+    sx = np.clip(pmap.ax * np.arange(x0, x1) + pmap.bx, 0, pw - 1)
+    sy = np.clip(pmap.ay * np.arange(y0, y1) + pmap.by, 0, ph - 1)
+    k0, j0 = np.floor(sx).astype(int), np.floor(sy).astype(int)
+    k1, j1 = np.minimum(k0 + 1, pw - 1), np.minimum(j0 + 1, ph - 1)
+    fx, fy = (sx - k0)[None, :], (sy - j0)[:, None]
+    along_x = logits[:, k0] * (1 - fx) + logits[:, k1] * fx
+    value = along_x[j0] * (1 - fy) + along_x[j1] * fy
+    cx, cy = np.arange(x0, x1) + 0.5, np.arange(y0, y1) + 0.5
+    inside = ((cx >= box[0]) & (cx < box[2]))[None, :] & ((cy >= box[1]) & (cy < box[3]))[:, None]
+    return (value > 0) & inside
+
+
+def test_a_large_photo_at_its_edges_and_tiny_boxes_equal_the_definition():
+    """A 4000 x 3000 original (25 pixels a prototype sample), noisy logits: boxes on each
+    edge of the image (the prototype's clamped rows and columns), one the image's full
+    height (runs continue across columns), one pixel, under a pixel (empty)."""
+    rng = np.random.default_rng(7)
+    proto = rng.normal(0, 1, (32, 160, 160)).astype(np.float32)
+    w, h = 4000, 3000
+    boxes = np.array(
+        [
+            [0, 0, 180, 140],  # the top left corner
+            [3850, 2900, 4000, 3000],  # the bottom right corner
+            [3990, 1000, 4100, 1300],  # 10 columns at the right edge, past it
+            [1200, -40, 1290, 3000.4],  # the whole height
+            [2000.2, 1500.1, 2000.8, 1500.9],  # one pixel (its centre inside)
+            [2500.6, 700, 2501.4, 900],  # no pixel centre inside: empty
+        ],
+        np.float32,
+    )
+    coefs = rng.normal(0, 1, (len(boxes), 32)).astype(np.float32)
+    pmap = proto_map(letterbox_geometry(w, h, 640, 640), (640, 640), (160, 160))
+    masks = mask_rles(proto, coefs, boxes, pmap)
+    for i, counts in enumerate(masks):
+        xa, ya, xb, yb = pixel_ranges(boxes[i : i + 1], h, w)[0]
+        crop = (max(xa - 2, 0), max(ya - 2, 0), min(max(xb, xa) + 2, w), min(max(yb, ya) + 2, h))
+        want = _dense_in(proto, coefs[i], boxes[i], pmap, crop)
+        got = _crop_of(counts, h, crop)
+        assert np.array_equal(got, want), (i, int((got != want).sum()))
+        assert rle.area(counts) == want.sum()  # nothing outside the crop
+    assert rle.area(masks[4]) <= 1 and rle.area(masks[5]) == 0
+
+
+def _crop_of(counts, height, crop):
+    """The pixels of ``crop`` (x0, y0, x1, y1) in a ``counts`` string, read from its runs
+    (a dense 4000 x 3000 mask per instance would be slow to make)."""
+    bounds = np.cumsum(rle.counts_from_string(counts))
+    x0, y0, x1, y1 = crop
+    at = np.arange(x0, x1)[None, :] * height + np.arange(y0, y1)[:, None]  # column-major
+    return np.searchsorted(bounds, at, side="right") % 2 == 1
+
+
+def test_the_cost_follows_the_boxes_not_the_image():
+    """A small box in a 30000 x 20000 image: no buffer of the image's size (600 M pixels)
+    is made, only the box's columns and the prototype window under it."""
+    rng = np.random.default_rng(8)
+    proto = rng.normal(0, 1, (32, 160, 160)).astype(np.float32)
+    pmap = proto_map(letterbox_geometry(30000, 20000, 640, 640), (640, 640), (160, 160))
+    boxes = np.array([[15000, 9000, 15400, 9300], [0, 0, 300, 200]], np.float32)
+    coefs = rng.normal(0, 1, (2, 32)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        masks = mask_rles(proto, coefs, boxes, pmap)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, peak  # bytes
+    for counts, box in zip(masks, boxes, strict=True):
+        rle = {"size": [20000, 30000], "counts": counts.encode()}
+        x, y, bw, bh = mask_api.toBbox(rle)
+        assert mask_api.area(rle) > 0
+        assert box[0] <= x and x + bw <= box[2] and box[1] <= y and y + bh <= box[3]
+
+
+def test_flips_made_out_of_order_are_sorted_before_pairs_cancel():
+    """Crossings come out in column-major order by construction; should rounding in
+    extreme logits ever misorder two, they are sorted, and equal ones still cancel."""
+    keys = np.array([9, 4, 4, 2, 4, 12])
+    kept = masks._odd_runs(keys)
+    assert keys[kept].tolist() == [2, 4, 9, 12]
+    assert masks._odd_runs(np.array([1, 3, 3, 3, 3, 7])).tolist() == [0, 5]

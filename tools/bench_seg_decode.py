@@ -8,10 +8,12 @@ its mask an ellipse in a prototype channel of its own (coefficients: that channe
 noise); every other cell scores about sigmoid(-6). The outputs are then laid out as each
 head family returns them. Timed with ``time.process_time`` (CPU time): ``--number`` calls
 per repeat, the median of ``--repeats``; ``masks`` is the mask + RLE part alone
-(``masks.mask_rles`` on the kept instances).
+(``masks.mask_rles`` called with the very arguments the decoder passes it: the kept
+instances' coefficients and boxes).
 
     python tools/bench_seg_decode.py
     python tools/bench_seg_decode.py --heads yolov8-seg-zoo --images 640x640 1920x1080 --int8
+    python tools/bench_seg_decode.py --images 640x480 1920x1080 4000x3000   # bigger originals
     python tools/bench_seg_decode.py --sides 16 128   # smaller objects
 """
 
@@ -19,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from unittest import mock
 
 import numpy as np
 from bench_decode_timing import cpu_ms, quantise
 
-from batchinfer.detect import DetectSettings, letterbox_geometry
+from batchinfer.detect import DetectSettings, letterbox_geometry, seg_decode
 from batchinfer.detect.decode import COCO_ANCHORS
 from batchinfer.detect.heads import STRIDES, grid_sizes
-from batchinfer.detect.masks import mask_rles, proto_map
 from batchinfer.detect.seg_decode import SegmentDecoder
 from batchinfer.detect.seg_heads import proto_grid, recognise_segment
 
@@ -131,6 +134,15 @@ def outputs_for(head: str, size: int, classes: int, proto, cells, rng) -> list[n
     return [*outs, proto[None]]
 
 
+def mask_call(decoder: SegmentDecoder, outputs, lb) -> Callable[[], object]:
+    """``masks.mask_rles`` on the arguments ``decoder`` gives it for these outputs."""
+    real = seg_decode.mask_rles
+    with mock.patch.object(seg_decode, "mask_rles", side_effect=real) as spy:
+        decoder.decode(outputs, lb)
+    args = spy.call_args.args
+    return lambda: real(*args)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -175,18 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 dets = decoder.decode(outs, lb)
                 total = cpu_ms(lambda d=decoder, o=outs, lb=lb: d.decode(o, lb), args.number,
                                args.repeats)  # fmt: skip
-                # the masks alone, for the same kept instances (float coefficients)
-                coefs = np.eye(NM, dtype=np.float32)[np.arange(len(dets)) % NM]
-                pmap = proto_map(lb, (args.size, args.size), head.proto_hw)
-                pq = quant[head.proto_index] if quant else None
-                proto_out = outs[head.proto_index]
-                masks = cpu_ms(
-                    lambda c=coefs, b=dets.boxes, pm=pmap, po=proto_out, q=pq: mask_rles(
-                        po, c, b, pm, q
-                    ),
-                    args.number,
-                    args.repeats,
-                )
+                # the masks alone: the same call the decoder makes
+                masks = cpu_ms(mask_call(decoder, outs, lb), args.number, args.repeats)
                 print(f"{name:>24} {image:>10} {dtype:>7} {len(dets):5d} {total:9.3f} {masks:9.3f}")
     return 0
 

@@ -18,21 +18,26 @@ sigmoids (as current Ultralytics does): the sign is what counts, and it needs no
 (The zoo's yolov5_seg.py multiplies the coefficients by the object score first: a positive
 factor, which changes no logit's sign, so no mask.)
 
-How, at a cost of the boxes' width x prototype rows rather than their area:
+How, at a cost of the boxes' windows on the prototype and their columns in the original,
+never the image's area:
 
 - only the prototype window under each box (plus one sample for interpolation) is
-  multiplied by the coefficients: (M,) · (M, h, w);
-- each window is interpolated along x at every original column of the box: a column's
-  logit is then piecewise linear in y between prototype rows;
-- the rows where each column's logit crosses 0 are solved for (one division per
-  crossing), and those rows, with the box's top and bottom, are the column's run
-  boundaries: the RLE's *toggles* (rle.py), in column-major positions x·H + y. Runs of 0s
-  outside the box are counted, never made.
+  multiplied by the coefficients, (M,) . (M, h, w), into one table for all boxes: a row
+  per prototype column, the window's rows between columns of zeros;
+- along an original column (its logits interpolated along x between a near and a far
+  prototype column) the logit is linear between two prototype rows, so it can cross 0
+  only in a *cell* whose four samples do not all have the same sign: a few per column,
+  about the mask's outline. The zeros around a window make the column's top and bottom
+  such cells (a column in at its first row rises from the zero before it);
+- each column is evaluated only at the cells of its prototype column, in row order, and
+  each crossing's row solved for (one division): the RLE's *toggles* (rle.py) come out
+  in column-major order, positions x·H + y, with no sort. Runs of 0s outside the box
+  are counted, never made.
 
-The per-box work is a few numpy calls (the window sum, the interpolation into one flat
-buffer, a column's rows contiguous); the crossings, runs and strings of all boxes are
-vectorised together. Boxes go in groups of at most ``_MAX_BUFFER`` column values, so 300
-boxes over a large photo stay within tens of MB; an image whose masks flip more than
+The per-box work is the window sum; the cells, crossings, runs and strings of all boxes
+are vectorised together. Boxes go in groups of at most ``_MAX_BUFFER`` values (a box's
+bound: its columns x window rows, the crossings of a mask that flips in every cell), so
+300 boxes over a large photo stay within tens of MB; an image whose masks flip more than
 ``_MAX_FLIPS`` times (noise: an RLE as big as the image per instance) is refused with an
 InferenceError, which the caller turns into that item's error row.
 
@@ -47,7 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from batchinfer.detect.letterbox import Letterbox
-from batchinfer.detect.rle import cancel_pairs, strings_from_counts, strings_of_toggles
+from batchinfer.detect.rle import strings_from_counts, strings_of_toggles
 from batchinfer.errors import InferenceError
 
 # Non-finite logits (a NaN in an output) count as outside, finitely, so crossings stay
@@ -124,132 +129,213 @@ def mask_rles(
     proto = proto.reshape(m, ph, pw)
     coefs = np.asarray(coefs, np.float32).reshape(-1, m)
     n = len(coefs)
-    height, width = pmap.height, pmap.width
-    ranges = pixel_ranges(boxes, height, width)
-    xa, ya, xb, yb = ranges.T
-    nx = np.where((xb > xa) & (yb > ya), xb - xa, 0)
-    live = np.flatnonzero(nx)
-    if not live.size:
-        return strings_from_counts([np.array([height * width])] * n)
-    # rows of the prototype window under each box
-    sy0 = np.clip(pmap.ay * ya + pmap.by, 0, ph - 1)
-    sy1 = np.clip(pmap.ay * (yb - 1) + pmap.by, 0, ph - 1)
-    r0 = np.floor(sy0).astype(np.int64)
-    r1 = np.minimum(np.floor(sy1).astype(np.int64) + 2, ph)
-    # boxes in groups whose buffers (a value per column and prototype row) stay under
-    # _MAX_BUFFER values together: 300 boxes (max_det) over a large photo would need GBs
-    size = height * width
-    work = (nx * (r1 - r0))[live]
+    size = pmap.height * pmap.width
+    win = _windows(pixel_ranges(boxes, pmap.height, pmap.width), pmap)
+    if not win.live.size:
+        return strings_from_counts([np.array([size])] * n)
+    # boxes in groups whose buffers stay under _MAX_BUFFER values together: 300 boxes
+    # (max_det) over a large photo would need GBs. A box's bound: its columns x window
+    # rows (the crossings of a mask that flips in every cell) and its window.
+    h = win.r1 - win.r0
+    work = win.nx * h + (win.c1 - win.c0) * (int(h[win.live].max()) + 2)
+    work = work[win.live]
     group = (np.cumsum(work) - work) // _MAX_BUFFER
     cuts = np.flatnonzero(np.diff(group)) + 1
-    parts, flips = [], 0
-    for part in np.split(live, cuts):
-        parts.append(_group_keys(proto, coefs, part, ranges, r0, r1, pmap, quant))
-        flips += parts[-1].size
+    where, owner, flips = [], [], 0
+    for part in np.split(win.live, cuts):
+        pos, box = _group_toggles(proto, coefs, part, win, pmap, quant)
+        where.append(pos)
+        owner.append(box)
+        flips += pos.size
         if flips > _MAX_FLIPS:
             # smooth masks flip about twice a column; noise up to once a pixel, and its RLE
             # would be as big as the image for each instance
             raise InferenceError(
                 f"The masks of this image change value more than {_MAX_FLIPS:,} times "
-                f"({len(live)} instances in a {width}x{height} image): the prototype or "
-                "coefficients look like noise, not a segmentation model's output."
+                f"({win.live.size} instances in a {pmap.width}x{pmap.height} image): the "
+                "prototype or coefficients look like noise, not a segmentation model's output."
             )
-    keys = np.concatenate(parts)  # each group's keys sorted, the groups in box order
-    owner, where = np.divmod(keys, size + 1)
-    return strings_of_toggles(where, np.bincount(owner, minlength=n), size)
+    per_mask = np.bincount(np.concatenate(owner), minlength=n)
+    return strings_of_toggles(np.concatenate(where), per_mask, size)
 
 
-def _group_keys(
+@dataclass(frozen=True)
+class _Windows:
+    """Per box (original pixels, prototype samples): the pixel ranges, how many columns,
+    which boxes have any, and the prototype window under each (rows r0:r1, columns
+    c0:c1, one sample beyond the last pixel for the interpolation)."""
+
+    xa: np.ndarray
+    ya: np.ndarray
+    yb: np.ndarray
+    nx: np.ndarray  # columns (0 for an empty box)
+    live: np.ndarray  # the boxes with pixels, in order
+    r0: np.ndarray
+    r1: np.ndarray
+    c0: np.ndarray
+    c1: np.ndarray
+
+
+def _windows(ranges: np.ndarray, pmap: ProtoMap) -> _Windows:
+    ph, pw = pmap.proto_hw
+    xa, ya, xb, yb = ranges.T
+    nx = np.where((xb > xa) & (yb > ya), xb - xa, 0)
+    # the same expressions as each column's and row's sample position (_columns, _rows)
+    sy0 = np.clip(pmap.ay * ya + pmap.by, 0, ph - 1)
+    sy1 = np.clip(pmap.ay * (yb - 1) + pmap.by, 0, ph - 1)
+    sx0 = np.clip(pmap.ax * xa + pmap.bx, 0, pw - 1)
+    sx1 = np.clip(pmap.ax * (xb - 1) + pmap.bx, 0, pw - 1)
+    r0 = np.floor(sy0).astype(np.int64)
+    r1 = np.minimum(np.floor(sy1).astype(np.int64) + 2, ph)
+    c0 = np.floor(sx0).astype(np.int64)
+    c1 = np.minimum(np.floor(sx1).astype(np.int64) + 1, pw - 1) + 1
+    return _Windows(xa, ya, yb, nx, np.flatnonzero(nx), r0, r1, c0, c1)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """Every column of a group's boxes, one box after another: its box (in the group),
+    x, the table row of its near prototype column, and its weight on the far one."""
+
+    box: np.ndarray
+    x: np.ndarray
+    row: np.ndarray
+    fx: np.ndarray  # float32
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """The cells (two neighbouring table columns of a table row) where a column's logit
+    may change sign, per table row in column order. A column's logit at a cell's upper
+    and lower row is ``d0 x fx + n0`` and ``d1 x fx + n1`` (float32, as the interpolation
+    along x: (far - near) x weight + near); ``j`` is its upper row in the window."""
+
+    n0: np.ndarray
+    d0: np.ndarray
+    n1: np.ndarray
+    d1: np.ndarray
+    j: np.ndarray  # float64
+    start: np.ndarray  # each table row's first cell
+    count: np.ndarray  # and how many
+
+
+def _group_toggles(
     proto: np.ndarray,
     coefs: np.ndarray,
     live: np.ndarray,
-    ranges: np.ndarray,
-    r0: np.ndarray,
-    r1: np.ndarray,
+    win: _Windows,
     pmap: ProtoMap,
     quant: tuple[float, int] | None,
-) -> np.ndarray:
-    """The flips of boxes ``live`` (sorted, none empty) as sorted keys box x (H W + 1) +
-    column-major position."""
-    pw = proto.shape[2]
-    xa, xb = ranges[:, 0], ranges[:, 2]
-    nx = xb - xa
-    # every live box's columns, one after another
-    counts_x = nx[live]
-    col_box = np.repeat(live, counts_x)
-    starts = np.cumsum(counts_x) - counts_x
-    x = xa[col_box] + np.arange(col_box.size) - np.repeat(starts, counts_x)
-    sx = np.clip(pmap.ax * x + pmap.bx, 0, pw - 1)
-    k0 = np.floor(sx).astype(np.int64)
-    k1 = np.minimum(k0 + 1, pw - 1)
-    fx = (sx - k0).astype(np.float32)
-    # each column's logits at its box's window rows, interpolated along x, one column
-    # after another (a column's rows contiguous) in one flat buffer. The loop is per box,
-    # and short: a few numpy calls each.
-    ends = starts + counts_x
-    c0 = k0[starts]
-    c1 = k1[ends - 1] + 1
-    box_of = np.repeat(np.arange(live.size), counts_x)
-    near_at, far_at = k0 - c0[box_of], k1 - c0[box_of]  # in each box's window
-    h = (r1 - r0)[live]
-    col_h = np.repeat(h, counts_x)
-    col_start = np.cumsum(col_h) - col_h
-    flat = np.empty(int(col_h.sum()), np.float32)
-    weight = fx[:, None]
-    for i, a, b, w0, w1, y0, y1, f0, f1 in zip(
-        live.tolist(), starts.tolist(), ends.tolist(), c0.tolist(), c1.tolist(),
-        r0[live].tolist(), r1[live].tolist(), col_start[starts].tolist(),
-        (col_start[starts] + counts_x * h).tolist(), strict=True,
-    ):  # fmt: skip
-        # (columns, rows): einsum reads the strided window in place (copying it for a
-        # matrix product costs as much again)
-        logits = np.einsum(
-            "m,mhw->wh", coefs[i], proto[:, y0:y1, w0:w1], dtype=np.float32, casting="unsafe"
-        )
-        if quant is not None:  # dequantise after the sum: it is linear
-            logits -= np.float32(quant[1]) * coefs[i].sum(dtype=np.float32)
-        near = logits[near_at[a:b]]
-        out = flat[f0:f1].reshape(b - a, y1 - y0)
-        np.subtract(logits[far_at[a:b]], near, out=out)
-        out *= weight[a:b]
-        out += near
-    if quant is not None:
-        flat *= np.float32(quant[0])
-    if not np.isfinite(flat).all():
-        np.nan_to_num(flat, copy=False, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
-    toggles = _toggles(flat, col_start, col_h, col_box, x, r0, ranges, pmap)
-    # one sort for all: key = box x (H W + 1) + position
-    return cancel_pairs(col_box[toggles[0]] * (pmap.height * pmap.width + 1) + toggles[1])
-
-
-def _toggles(
-    flat: np.ndarray,
-    col_start: np.ndarray,
-    col_h: np.ndarray,
-    col_box: np.ndarray,
-    x: np.ndarray,
-    r0: np.ndarray,
-    ranges: np.ndarray,
-    pmap: ProtoMap,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(column index, column-major position) of every flip: box tops where the column
-    starts inside, box bottoms where it ends inside, and each 0 crossing between."""
-    ya, yb = ranges[col_box, 1], ranges[col_box, 3]
-    inside = flat > 0
-    at = np.flatnonzero(inside[:-1] != inside[1:])
-    col = np.searchsorted(col_start, at, side="right") - 1
-    seg = at - col_start[col]
-    within = seg < col_h[col] - 1  # not from a column's last row to the next column
-    at, col, seg = at[within], col[within], seg[within]
-    v0 = flat[at].astype(np.float64)
-    v1 = flat[at + 1].astype(np.float64)
-    s = r0[col_box[col]] + seg + v0 / (v0 - v1)  # sample position of the 0
+    """The flips of boxes ``live`` (in order, none empty): column-major positions, each
+    box's sorted, and the box of each."""
+    table, first = _table(proto, coefs, live, win, quant)
+    cols = _columns(live, win, first, pmap)
+    cells = _cells(table)
+    # every column against each cell of its table row, a column's cells in row order
+    count = cells.count.take(cols.row)
+    col = np.repeat(np.arange(cols.x.size), count)
+    cell = np.arange(col.size)
+    cell += np.repeat(cells.start.take(cols.row) - (np.cumsum(count) - count), count)
+    fx = np.repeat(cols.fx, count)
+    v0 = cells.d0.take(cell) * fx + cells.n0.take(cell)
+    v1 = cells.d1.take(cell) * fx + cells.n1.take(cell)
+    hit = np.flatnonzero((v0 > 0) != (v1 > 0))
+    col, cell = col.take(hit), cell.take(hit)
+    a, b = v0.take(hit).astype(np.float64), v1.take(hit).astype(np.float64)
+    box = cols.box.take(col)
+    s = win.r0[live].take(box) + cells.j.take(cell) + a / (a - b)  # sample position of the 0
     t = (s - pmap.by) / pmap.ay  # ... as a pixel row
     # rising: the first row past the 0 is in; falling: the first row at or past it is out
-    row = np.where(v1 > 0, np.floor(t) + 1, np.ceil(t))
-    row = np.clip(row, ya[col], yb[col]).astype(np.int64)
-    top = np.flatnonzero(inside[col_start])
-    bottom = np.flatnonzero(inside[col_start + col_h - 1])
-    column = np.concatenate((top, col, bottom))
-    rows = np.concatenate((ya[top], row, yb[bottom]))
-    return column, x[column] * pmap.height + rows
+    row = np.where(b > 0, np.floor(t) + 1, np.ceil(t))
+    row = np.clip(row, win.ya[live].take(box), win.yb[live].take(box)).astype(np.int64)
+    pos = cols.x.take(col) * pmap.height + row
+    owner = live.take(box)
+    keep = _odd_runs(owner * (pmap.height * pmap.width + 1) + pos)
+    return pos.take(keep), owner.take(keep)
+
+
+def _table(
+    proto: np.ndarray,
+    coefs: np.ndarray,
+    live: np.ndarray,
+    win: _Windows,
+    quant: tuple[float, int] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every box's window of logits, transposed (a row per prototype column, a column per
+    prototype row, between columns of zeros) and stacked, with a row of zeros at the end;
+    and the table row where each box's window starts. Only the windows are multiplied by
+    the coefficients: (M,) . (M, h, w) per box."""
+    c0, c1, r0, r1 = win.c0[live], win.c1[live], win.r0[live], win.r1[live]
+    # (a column clamped at the prototype's right edge has weight 0 on its far sample,
+    # whatever row follows)
+    rows = c1 - c0
+    first = np.cumsum(rows) - rows
+    # zeros around each window: out, where the column's top and bottom flips are found
+    table = np.zeros((int(rows.sum()) + 1, int((r1 - r0).max()) + 2), np.float32)
+    for i, g, a, b, y0, y1 in zip(
+        live.tolist(), first.tolist(), c0.tolist(), c1.tolist(), r0.tolist(), r1.tolist(),
+        strict=True,
+    ):  # fmt: skip
+        # einsum reads the strided window in place (copying it for a matrix product costs
+        # as much again); into a view of the table it writes more slowly than a copy
+        out = np.einsum(
+            "m,mhw->wh", coefs[i], proto[:, y0:y1, a:b], dtype=np.float32, casting="unsafe"
+        )
+        if quant is not None:  # dequantise after the sum: it is linear
+            out -= np.float32(quant[1]) * coefs[i].sum(dtype=np.float32)
+        table[g : g + b - a, 1 : y1 - y0 + 1] = out
+    if quant is not None:
+        table *= np.float32(quant[0])
+    if not np.isfinite(table).all():
+        np.nan_to_num(table, copy=False, nan=-_BIG, posinf=_BIG, neginf=-_BIG)
+    return table, first
+
+
+def _columns(live: np.ndarray, win: _Windows, first: np.ndarray, pmap: ProtoMap) -> _Columns:
+    nx = win.nx[live]
+    box = np.repeat(np.arange(live.size), nx)
+    x = np.arange(box.size) + np.repeat(win.xa[live] - (np.cumsum(nx) - nx), nx)
+    sx = np.clip(pmap.ax * x + pmap.bx, 0, pmap.proto_hw[1] - 1)
+    k0 = np.floor(sx).astype(np.int64)
+    row = k0 + np.repeat(first - win.c0[live], nx)
+    return _Columns(box, x, row, (sx - k0).astype(np.float32))
+
+
+def _cells(table: np.ndarray) -> _Cells:
+    """The cells of each table row (but the last) where a column's logit may change sign.
+
+    Between two prototype rows it is linear, so only where the four samples around
+    (near and far column, upper and lower row) do not all have the same sign: about a
+    mask's outline. The zeros before and after each window make the column's top and
+    bottom such cells too: a column in at its first row rises from the zero before it (at
+    window row -1, so its flip clips to the box's top), one in at its last row falls to
+    the zero after it (at row h, past the box's bottom)."""
+    width = table.shape[1]
+    inside = table > 0
+    near = inside[:-1]
+    mixed = near[:, 1:] != near[:, :-1]  # down one row in the near column
+    mixed |= inside[1:, 1:] != inside[1:, :-1]  # ... in the far one
+    mixed |= inside[1:, :-1] != near[:, :-1]  # across, at the upper row
+    row, j = np.divmod(np.flatnonzero(mixed), width - 1)
+    at = row * width + j  # each cell's upper near sample
+    flat = table.ravel()
+    n0, n1 = flat.take(at), flat.take(at + 1)
+    d0, d1 = flat.take(at + width) - n0, flat.take(at + width + 1) - n1
+    count = np.bincount(row, minlength=table.shape[0])
+    return _Cells(n0, d0, n1, d1, j - 1.0, np.cumsum(count) - count, count)
+
+
+def _odd_runs(keys: np.ndarray) -> np.ndarray:
+    """Where to keep ``keys`` (box x (H W + 1) + position, made in order): one of each
+    run of equal keys of odd length; two flips at one place (a column's end and the next
+    column's start, a crossing clipped to the box's top) are no flip."""
+    step = np.diff(keys)
+    if (step < 0).any():  # crossings out of order: rounding in extreme logits
+        order = np.argsort(keys, kind="stable")
+        return order[_odd_runs(keys[order])]
+    if step.all():
+        return np.arange(keys.size)
+    starts = np.flatnonzero(np.concatenate(([True], step != 0)))
+    runs = np.diff(starts, append=keys.size)
+    return starts[runs % 2 == 1]

@@ -54,25 +54,40 @@ def strings_of_toggles(toggles: np.ndarray, per_mask: np.ndarray, size: int) -> 
 
 
 def _strings(values: np.ndarray, lengths: np.ndarray) -> list[str]:
-    """Encode the run lengths ``values``, ``lengths[i]`` of them for mask i, in turn."""
+    """Encode the run lengths ``values``, ``lengths[i]`` of them for mask i (each >= 1),
+    in turn."""
+    values = np.asarray(values, np.int64)
+    if not values.size:
+        return [""] * len(lengths)
+    starts = np.cumsum(lengths) - lengths
     # from the fourth count of each mask on: minus the count two before
-    index = np.arange(len(values)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    early = np.zeros(values.size, bool)  # a mask's first three counts
+    for k in range(3):
+        early[starts + np.minimum(k, lengths - 1)] = True
     delta = values.copy()
-    later = np.flatnonzero(index > 2)
-    delta[later] -= values[later - 2]
+    delta[2:] -= np.where(early[2:], 0, values[:-2])
     # chunks per value: the fewest n with -2^(5n-1) <= delta < 2^(5n-1) (two's complement),
     # from the bit length of delta (or of ~delta when negative); exact in float64 below 2^53
-    magnitude = np.where(delta < 0, ~delta, delta)
+    magnitude = delta ^ (delta >> 63)
     used = np.frexp(magnitude.astype(np.float64))[1] // 5 + 1
-    first = np.cumsum(used) - used
-    which = np.repeat(np.arange(len(delta)), used)  # the value each character writes
-    k = np.arange(int(used.sum())) - first[which]  # and which of its chunks
-    chars = (delta[which] >> (5 * k)) & 0x1F  # an arithmetic shift, as in C
-    chars += 48 + 0x20 * (k < used[which] - 1)  # 0x20: more chunks follow
-    text = chars.astype(np.uint8).tobytes().decode("ascii")
-    ends = np.cumsum(np.add.reduceat(used, np.cumsum(lengths) - lengths))
-    starts = np.concatenate(([0], ends[:-1]))
-    return [text[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    # characters: a value's chunks in turn, low bits first (an arithmetic shift, as in C),
+    # 0x20 on all but its last. Most values take one chunk: each further chunk is made
+    # only for the values that have it.
+    at = np.cumsum(used) - used
+    chars = np.empty(int(at[-1] + used[-1]), np.uint8)
+    which = np.arange(delta.size)
+    for k in range(int(used.max())):
+        if k:
+            which = which[used.take(which) > k]
+        chunk = ((delta.take(which) >> (5 * k)) & 0x1F).astype(np.uint8)
+        chunk |= (used.take(which) > k + 1).view(np.uint8) << 5
+        chunk += 48
+        chars[at.take(which) + k] = chunk
+    text = chars.tobytes().decode("ascii")
+    per_mask = np.add.reduceat(used, starts)
+    ends = np.cumsum(per_mask)
+    bounds = zip((ends - per_mask).tolist(), ends.tolist(), strict=True)
+    return [text[a:b] for a, b in bounds]
 
 
 def string_from_counts(counts: np.ndarray) -> str:

@@ -107,7 +107,7 @@ class BoardPool:
         self._max_readers = max(readers, plan.max_readers) if source.needs_reader else 0
         self.layout = Layout(
             keys=tuple(plan.cores),
-            instances=plan.instances_per_core,
+            instances=plan.item_lanes,  # a batch-N model's instances take N items each
             capacity=None,
             slots=plan.slots,
             readers=readers,
@@ -181,7 +181,7 @@ class BoardPool:
             plan.slots,
             plan.input_layout,
             plan.cores,
-            plan.instances_per_core,
+            plan.item_lanes,  # board rows per core: one per item a call may hold
             self._max_readers,
             geometry=plan.letterboxes,
         )
@@ -434,7 +434,7 @@ class BoardPool:
         with room to spare and its instances busy it waits for nothing; counted that way,
         8x8 PNGs that one reader decodes far faster than the cores consume looked starved
         10-18 % of the time.)"""
-        s, k = self.scheduler, self.plan.instances_per_core
+        s, k = self.scheduler, self.plan.item_lanes
         return not s.ready and any(
             c.state == CoreStatus.READY and len(c.inflight) < k for c in s.cores.values()
         )

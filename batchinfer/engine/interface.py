@@ -47,6 +47,10 @@ class EnginePlan:
     # instances_choice then records the choice and why, for the manifest.
     instances_auto: bool = False
     instances_choice: dict[str, Any] | None = None
+    # A model built for a batch of N (a static batch axis N > 1, engine/batching.py): each
+    # slot holds one item (``preprocess.shape`` has batch 1) and a core worker's instance
+    # packs up to N of them into each runtime call. 1: one item per call.
+    batch: int = 1
 
     @property
     def detects(self) -> bool:
@@ -67,6 +71,12 @@ class EnginePlan:
     def copies_outputs(self) -> bool:
         """The workers copy the raw outputs to the output slots (the rows read them)."""
         return self.worker_task is None or self.save_outputs
+
+    @property
+    def item_lanes(self) -> int:
+        """Items one core works on at once: instances × batch (the scheduler's queue depth,
+        the status board's rows and the refills scale with it, engine/batching.py)."""
+        return self.instances_per_core * self.batch
 
     @property
     def input_layout(self) -> TensorLayout:

@@ -1,8 +1,9 @@
 """The shared memory of one run: its owner lock, input slots, status board and output slots
 (and, for detection runs, each slot's letterbox geometry: engine/detection.py).
 
-Layout of the status board: one row per (core worker, instance), cores in the order of the
-plan, then one row per reader. Creation and removal follow the NOTE in slots.py.
+Layout of the status board: one row per (core worker, instance), N per instance for a
+batch-N model (engine/batching.py), cores in the order of the plan, then one row per reader.
+Creation and removal follow the NOTE in slots.py.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from batchinfer.data.preprocess import (
 from batchinfer.data.sources import is_folder, open_source
 from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.engine.affinity import resolve_affinity
+from batchinfer.engine.batching import split_batch
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.instances import default_slots, is_auto, planned_instances
 from batchinfer.engine.interface import EnginePlan
@@ -255,7 +256,8 @@ def plan_input_feeds(
         engine = dataclasses.replace(engine, preprocess=images[0])
     layout = TensorLayout(tuple(f.shape for f in feeds), tuple(f.dtype for f in feeds))
     check_slots_fit(engine.slots, layout, given=config.runtime.slots is not None)
-    return dataclasses.replace(engine, feeds=feeds)
+    # Inputs fed apart take whole tensors, a batch-N model's too: not packed (batching.py).
+    return dataclasses.replace(engine, feeds=feeds, batch=1)
 
 
 def input_preprocess(config: RunConfig, shape: tuple[int, ...], dtype: str) -> Preprocess:
@@ -310,12 +312,15 @@ def plan_engine(
     rt, pre, out = config.runtime, config.preprocess, config.output
     check_settings(config)
     cores = check_cores(rt, backend)
+    batch, shape = split_batch(shape)  # a batch-N model: one item per slot (batching.py)
     preprocess = input_preprocess(config, shape, dtype)
     _check_size(shape, preprocess, pre.size)
     if task is None:
         model = Path(config.model).expanduser().resolve()
         input_hw = preprocess.size if preprocess.is_image else None
-        task = plan_task(config.detect, model, input_hw, config.labels, dataset=config.dataset)
+        task = plan_task(
+            config.detect, model, input_hw, config.labels, dataset=config.dataset, batch=batch
+        )
     placement = task.placement
     if placement.letterboxes:
         preprocess = dataclasses.replace(preprocess, resize="letterbox", pad=placement.pad)
@@ -332,7 +337,8 @@ def plan_engine(
     # Instances per core are decided here, once: the slots and the plan use this. -k auto:
     # sized for the most it may choose; settle_instances (at start) sizes it down.
     k = planned_instances(rt.instances_per_core)
-    slots = rt.slots if rt.slots is not None else default_slots(len(cores), k, max_readers)
+    lanes = k * batch  # items a core works on at once (EnginePlan.item_lanes)
+    slots = rt.slots if rt.slots is not None else default_slots(len(cores), lanes, max_readers)
     check_slots_fit(slots, preprocess, given=rt.slots is not None)
     return EnginePlan(
         backend=backend,
@@ -348,6 +354,7 @@ def plan_engine(
         topk=out.topk,
         task=task,
         save_outputs=out.save_outputs or task.keeps_outputs,
+        batch=batch,
     )
 
 

@@ -21,6 +21,10 @@ original image's pixels. It follows the input region's rules (written by the slo
 while READING, read by a core worker while INFERRING); the boxes go back in the ``done``
 message, and a detection run's output segment holds nothing unless ``--save-outputs``.
 
+A slot always holds one item, a batch-N model's too: its core worker packs up to N READY
+slots into one runtime call and scatters the outputs back to each slot's output region
+(the rule, and what a failure of such a call charges: the NOTE of engine/batching.py).
+
 The scheduler (scheduler.py) owns every slot's state; nobody else decides about a slot::
 
     FREE ──admit──► READING ──loaded──► READY ──dispatch──► INFERRING ──done──► DONE ──► FREE

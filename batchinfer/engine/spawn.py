@@ -25,10 +25,11 @@ def start_worker(
         input_layout=plan.data_format,
         cpus=plan.cpus,
         parent_pid=pool.parent_pid,
-        refill_at=REFILL_AT * plan.instances_per_core,
+        refill_at=REFILL_AT * plan.item_lanes,
         task=plan.worker_task,
         geometry=memory.geometry.spec if memory.geometry is not None else None,
         save_outputs=plan.save_outputs,
+        batch=plan.batch,
     )
     limit = plan.reliability.startup_timeout_s
     return pool.start(

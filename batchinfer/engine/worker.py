@@ -38,6 +38,10 @@ NPU then 0.5 ms of decode per item). The decoder reads the slot's letterbox geom
 (written by the reader, engine/detection.py) and puts the result in the outbox; only the
 task's payload travels back, never the raw tensors. A decode that raises makes that item an
 error row. An item being decoded still holds its slot.
+A batch-N model (WorkerSpec.batch > 1): each instance gathers up to N queued items, packs
+them into one call and scatters the outputs back to each item's slot; the rule (how long
+it waits for a full batch, padding, board rows, what a failure charges) is the NOTE of
+engine/batching.py. The messages do not change: one result per item.
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from batchinfer.engine.batching import (
+    BatchWork,
+    Held,
+    batch_shapes,
+    batched_loop,
+    unbatchable_outputs,
+)
 from batchinfer.engine.canary import canary_input, infer_canary
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.protocol import (
@@ -103,6 +114,7 @@ class WorkerSpec:
     task: Task | None = None  # a task that decodes in the worker (Task.decodes_in_worker)
     geometry: RegionSpec | None = None  # each slot's letterbox geometry (letterboxing tasks)
     save_outputs: bool = False  # a task decoding here: copy the raw outputs to the slots too
+    batch: int = 1  # items per runtime call (engine/batching.py); board rows: instances × batch
 
 
 class _BusyClock:
@@ -261,7 +273,10 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
         send_or_exit(results, Initialised())
         inputs = SlotRegion.attach(spec.inputs)
         layout = inputs.spec.layout
-        canary = [canary_input(s, d) for s, d in zip(layout.shapes, layout.dtypes, strict=True)]
+        call_shapes = list(layout.shapes)
+        if spec.batch > 1:  # a full batch of N items, each of the slot's shape
+            call_shapes = batch_shapes(layout.shapes, spec.batch)
+        canary = [canary_input(s, d) for s, d in zip(call_shapes, layout.dtypes, strict=True)]
         try:
             outs = infer_canary(
                 lambda: adapters[0].infer(
@@ -272,6 +287,12 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             reason = _reason(e).after("the canary inference failed: ")
             send_or_exit(results, InitFailed(reason))
             return
+        if spec.batch > 1:  # a batch-N model: its first item stands for every item
+            unsplittable = unbatchable_outputs(outs, spec.batch)
+            if unsplittable is not None:
+                send_or_exit(results, InitFailed(CoreReason.of(unsplittable)))
+                return
+            outs = [o[:1] for o in outs]
         decoders: list[ItemDecoder] = []
         if spec.task is not None:
             decoders = [ItemDecoder(spec.task) for _ in adapters]
@@ -356,8 +377,11 @@ def _serve(
     # Tasks decoding here: per instance, the inferred items waiting for its decoder thread.
     to_decode: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in decoders or ()]
 
+    held = Held()  # a batch-N model's items taken and not yet handed on (batching.py)
+
     def left() -> int:
-        return work.qsize() + busy.active + sum(q.qsize() for q in to_decode)
+        inferring = held.count if spec.batch > 1 else busy.active
+        return work.qsize() + inferring + sum(q.qsize() for q in to_decode)
 
     outbox = _Outbox(sender.deliver, busy, left, spec.refill_at)
 
@@ -371,12 +395,20 @@ def _serve(
                 error = f"decoding the outputs failed: {type(e).__name__}: {e}"
             outbox.add((slot, index, instance, t0, t1, error, decoded))
 
+    # ---- the instances' part: runtime calls (one item each, or a batch-N model's groups)
+    batches = BatchWork(
+        spec.batch, spec.core, spec.board_row, work, inputs, outputs, board, busy, outbox.add, held
+    )
+
     def instance_loop(instance: int, adapter: RuntimeAdapter) -> None:
         row = spec.board_row + instance
         calls = 0
         decoding = to_decode[instance] if to_decode else None
         copy_outputs = decoding is None or spec.save_outputs
         data_format = _data_format(spec)
+        if spec.batch > 1:
+            batched_loop(batches, instance, adapter, data_format, decoding, copy_outputs, _GC_EVERY)
+            return
         while (task := work.get()) is not None:
             slot, index = task
             adapter.set_current_item(index)

@@ -164,6 +164,15 @@ class RuntimeAdapter:
         if callable(setter):
             setter(index)
 
+    def set_current_items(self, indexes: list[int]) -> None:
+        """Tell the runtime which items the next call of a batch-N model holds (the sim's
+        item faults fire when any of them is named); one item: :meth:`set_current_item`."""
+        setter = getattr(self.rknn, "set_current_items", None)
+        if callable(setter):
+            setter(indexes)
+        else:
+            self.set_current_item(indexes[0] if indexes else None)
+
     def release(self) -> None:
         """Release the runtime (idempotent)."""
         self.rknn.release()

@@ -44,6 +44,12 @@ Time model
     for ``npu_ms / ncores``. One instance on three cores therefore gains only on the NPU
     part, never on ``host_ms``, which is why one instance per core wins on a real board.
     NPU_CORE_AUTO takes whichever core of the chip frees first.
+    Batch-N models (a static batch axis N > 1): ``npu_ms`` is one item's NPU time, and a
+    call of N items holds its core ``N × npu_ms`` (the estimate, counted on the batch-N
+    graph, grows with N by itself); ``host_ms`` is paid once per call. Public reports of
+    RKNN batch models on boards find NPU time about linear in N (rockchip-linux/rknpu#47;
+    airockchip/rknn-toolkit2#278 found it worse), so a batch gains only the per-call host
+    time: a model chosen from those reports, not a board measurement (docs/guide/emulator.md).
 
 Faults (for tests of the engine)
     ``KIND:core=C:call=N`` fires once, at the N-th inference call on core C counted
@@ -465,6 +471,13 @@ def _close_board(mm: mmap.mmap, fd: int, core_fds: dict[int, int]) -> None:
         os.close(core_fd)
 
 
+def _static_batch(specs: tuple[InputSpec, ...]) -> int:
+    """A model's batch: its first input's leading axis when static and > 1, else 1."""
+    if not specs or len(specs[0].shape) < 2:
+        return 1
+    return max(1, int(specs[0].shape[0]))
+
+
 # ---------------------------------------------------------------- timing helpers
 _thread_state = threading.local()
 _PR_SET_TIMERSLACK = 29
@@ -524,14 +537,21 @@ class RKNNLite(OnnxRKNNBase):
         self.npu_ms: float | None = None
         self._estimate: timing.Estimate | None = None
         self._board: _Board | None = None
-        self._current_item: int | None = None
+        self._current_items: frozenset[int] = frozenset()
+        #: The loaded model's batch (its first input's static batch axis; 1 for dynamic).
+        self.batch = 1
 
     def set_current_item(self, index: int | None) -> None:
         """Tell the emulator which dataset item the next inference is for (item faults).
 
         Not part of RKNNLite: the engine calls it only when the runtime has it.
         """
-        self._current_item = index
+        self._current_items = frozenset() if index is None else frozenset((index,))
+
+    def set_current_items(self, indexes: Iterable[int]) -> None:
+        """The items of the next call of a batch-N model: an item fault fires when any of
+        them is its item (not part of RKNNLite either)."""
+        self._current_items = frozenset(indexes)
 
     # ---------------------------------------------------------------- hooks
     def _announce(self) -> None:
@@ -557,8 +577,11 @@ class RKNNLite(OnnxRKNNBase):
             )
 
     def _prepare(self, onnx_path: Path, onnx_bytes: bytes, specs: tuple[InputSpec, ...]) -> None:
+        self.batch = _static_batch(specs)
         if self.settings.npu_ms != ESTIMATE:
-            self.npu_ms, self._estimate = float(self.settings.npu_ms), None
+            # npu_ms is one item's NPU time: a batch-N call holds its core N times as long
+            # (the Time model's batch rule, module docstring).
+            self.npu_ms, self._estimate = float(self.settings.npu_ms) * self.batch, None
             return
         shapes = {s.name: s.to_onnx(s.shape) for s in specs}
         try:
@@ -657,6 +680,9 @@ class RKNNLite(OnnxRKNNBase):
             npu = f"npu_ms={self._estimate.npu_ms:.3g} (an estimate from the graph)"
         else:
             npu = f"npu_ms={self.npu_ms:g}"
+            if self.batch > 1:
+                per_item = self.settings.npu_ms
+                npu = f"npu_ms={per_item:g} per item, {self.npu_ms:g} per call of {self.batch}"
         # Imported here, not at the top: the coordinator imports this module to check the
         # emulator's settings and never needs ONNX Runtime (runtime/onnx_graph.py).
         import onnxruntime
@@ -675,7 +701,7 @@ class RKNNLite(OnnxRKNNBase):
         host_done = self._call_started + self.settings.host_ms / 1000.0
         _tight_timer_slack()
         for fault in self.settings.faults:
-            if fault.item is not None and fault.item == self._current_item:
+            if fault.item is not None and fault.item in self._current_items:
                 return self._fire(fault)
         _sleep_until(host_done)
         fired, end = self._reserve(host_done)

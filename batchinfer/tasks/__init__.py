@@ -63,16 +63,19 @@ def plan_task(
     labels: Path | None = None,
     output_shapes: Sequence[Sequence[int]] | None = None,
     dataset: Path | str | None = None,
+    batch: int = 1,
 ) -> Task:
     """The task of a run of ``model`` whose image input is ``input_hw`` (None: not an image).
 
     ``output_shapes`` default to the model file's (runtime/model_info.py); ``dataset`` (its
-    path) may name the classes. Raises ConfigError (exit 2) when the asked task refuses
-    the model, for a labels file that does not fit, and for settings out of range.
+    path) may name the classes; ``batch``: a batch-N model's, whose outputs are judged per
+    item (each item gets row j of a call's outputs: engine/batching.py). Raises ConfigError
+    (exit 2) when the asked task refuses the model, for a labels file that does not fit,
+    and for settings out of range.
     """
     from batchinfer.tasks.planning import plan
 
-    return plan(opts, model, input_hw, labels, output_shapes, dataset)
+    return plan(opts, model, input_hw, labels, output_shapes, dataset, batch)
 
 
 __all__ = [

@@ -37,6 +37,7 @@ def plan(
     labels: Path | None,
     output_shapes: Sequence[Sequence[int]] | None,
     dataset: Path | str | None,
+    batch: int = 1,
 ) -> Task:
     """See :func:`batchinfer.tasks.plan_task`."""
     from batchinfer.tasks.boxes import check_detect_options
@@ -58,6 +59,8 @@ def plan(
         output_shapes, quant = _model_outputs(model, name)
     else:
         quant = ()
+    if batch > 1:  # each item gets row j of a batch-N call's outputs
+        output_shapes = [(1, *s[1:]) if s and s[0] == batch else tuple(s) for s in output_shapes]
     facts = ModelFacts(
         model=Path(model),
         input_hw=None if input_hw is None else (int(input_hw[0]), int(input_hw[1])),
