@@ -10,7 +10,8 @@ asking which task made it:
 - ``mask``: a COCO compressed RLE struct ``{counts, height, width}`` in the original
   image's pixels, filled in the class colour (alpha-blended) with a solid outline;
 - ``keypoints``: a list of ``{x, y, score}``; points at or above ``keypoint_conf`` are dots,
-  joined by ``skeleton`` (COCO's person skeleton by default) where both ends are shown;
+  joined by ``skeleton`` where both ends are shown (default: COCO's person skeleton for
+  17 keypoints, no lines for other counts);
 - ``label`` (else ``class_id``) and ``score``: written on a filled background that stays
   inside the image.
 
@@ -147,6 +148,11 @@ def _keypoints(
             draw.ellipse((p[0] - r, p[1] - r, p[0] + r, p[1] + r), fill=color, outline=_ink(color))
 
 
+def _default_skeleton(count: int) -> Sequence[tuple[int, int]]:
+    """COCO's person skeleton for its 17 keypoints; no lines for another count."""
+    return COCO_SKELETON if count == 17 else ()
+
+
 def _label(
     draw: ImageDraw.ImageDraw,
     text: str,
@@ -195,7 +201,7 @@ def draw_layer(
     labels: bool = True,
     mask_alpha: float = 0.4,
     keypoint_conf: float = 0.5,
-    skeleton: Sequence[tuple[int, int]] = COCO_SKELETON,
+    skeleton: Sequence[tuple[int, int]] | None = None,
     caption: str | None = None,
 ) -> Image.Image:
     """``out`` (an RGB image, drawn on in place and returned) with the row's ``boxes`` drawn
@@ -221,7 +227,9 @@ def draw_layer(
         if outline is not None:
             draw.polygon(outline, outline=c, width=width)
         if b.get("keypoints"):
-            _keypoints(draw, b["keypoints"], c, scale, width, keypoint_conf, skeleton)
+            # COCO's person skeleton fits 17 keypoints only: others are dots unless given one
+            joins = skeleton if skeleton is not None else _default_skeleton(len(b["keypoints"]))
+            _keypoints(draw, b["keypoints"], c, scale, width, keypoint_conf, joins)
     if labels:  # last, so that no box hides a label
         for b, c, anchor in zip(kept, colors, anchors, strict=True):
             if anchor is not None:

@@ -4,7 +4,10 @@
     export_coco("runs/night", "results.json", annotations="instances_val2017.json")
 
 writes the list of ``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}`` that
-pycocotools' ``COCO.loadRes``, faster-coco-eval and most detection tools read.
+pycocotools' ``COCO.loadRes``, faster-coco-eval and most detection tools read; a segment
+run's results add ``segmentation`` (compressed RLE), a pose run's ``keypoints`` (x, y,
+score per keypoint): COCO's segm and keypoints results. :func:`export_dota` writes an obb
+run's rotated boxes as DOTA's Task1 result files.
 
 Image ids: with ``annotations`` (a COCO instances JSON), each prediction's ``id`` (its path
 in the dataset) is matched to an image's ``file_name``: the whole path, else its last
@@ -30,6 +33,10 @@ from batchinfer.data.whole_file import COCO_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import RunFailedError, UsageError
 from batchinfer.results import read_run
 from batchinfer.sink.atomic import write_bytes_atomically
+
+#: The tasks whose rows hold boxes: ``export coco`` writes them (segment adds each box's
+#: ``segmentation``, pose its ``keypoints``; obb's boxes are the enclosing axis-aligned ones).
+BOX_TASKS = ("detect", "segment", "pose", "obb")
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,7 @@ def export_coco(
 
     run = read_run(run_dir)
     task = run.manifest.raw.get("task") or {}
-    if task.get("task") != "detect":
+    if task.get("task") not in BOX_TASKS:
         raise UsageError(
             f"{run_dir} is not a detection run (its task is {task.get('task', 'classify')}); "
             "COCO results come from a run with boxes."
@@ -179,3 +186,40 @@ def export_coco(
         path = Path(dest)
         write_bytes_atomically(json.dumps(results).encode(), path)
     return CocoExport(path, results, len(rows), how_images, how_categories)
+
+
+def export_dota(run_dir: Path | str, dest: Path | str) -> dict[str, int]:
+    """An obb run's rotated boxes as DOTA's Task1 results: in folder ``dest``, one
+    ``Task1_<class>.txt`` per class with lines ``<image> <score> x1 y1 x2 y2 x3 y3 x4 y4``
+    (the image's file name without its extension, the corners in original pixels, in
+    Ultralytics' ``xywhr2xyxyxyxy`` order). Returns the boxes written per file name.
+    UsageError when the run is not an obb run."""
+    import numpy as np
+
+    from batchinfer.detect.rotated import corners
+
+    run = read_run(run_dir)
+    task = run.manifest.raw.get("task") or {}
+    if task.get("task") != "obb":
+        raise UsageError(
+            f"{run_dir} is not an oriented-box run (its task is "
+            f"{task.get('task', 'classify')}); DOTA results come from a --task obb run."
+        )
+    names = list(task.get("names") or [])
+    lines: dict[str, list[str]] = {}
+    for row in _rows(run):
+        for box in row["boxes"] or ():
+            c = int(box["class_id"])
+            name = names[c] if 0 <= c < len(names) else str(c)
+            xywhr = np.array([[box[k] for k in ("cx", "cy", "w", "h", "angle")]], np.float64)
+            quad = " ".join(f"{v:.1f}" for v in corners(xywhr).reshape(-1).tolist())
+            image = PurePosixPath(str(row["id"])).stem
+            lines.setdefault(name, []).append(f"{image} {float(box['score']):.5f} {quad}")
+    folder = Path(dest)
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name, rows in sorted(lines.items()):
+        path = folder / f"Task1_{name.replace('/', '_').replace(' ', '_')}.txt"
+        write_bytes_atomically(("\n".join(rows) + "\n").encode(), path)
+        counts[path.name] = len(rows)
+    return counts

@@ -404,10 +404,11 @@ class DetectOptions:
 
     task: str = option(
         "auto",
-        "auto, classify, detect, raw, or a plug-in task (path/to/file.py:Class, "
-        "package.module:Class, or an installed one's name). auto: detect when the outputs "
-        "are a known detection head, classify for one (1, N) output, else raw (the outputs "
-        "are stored).",
+        "auto, detect, segment, pose, obb, classify, raw, or a plug-in task "
+        "(path/to/file.py:Class, package.module:Class, or an installed one's name). auto: "
+        "the task the model's metadata names, else the first whose head the outputs are "
+        "(detect, segment, pose, obb), classify for one (1, N) output, else raw (the "
+        "outputs are stored).",
     )
     conf: float = option(
         0.25, "Detection: the score a box needs to be kept (0-1).", bounds=Bounds(0, 1)

@@ -364,7 +364,7 @@ def test_a_yolo_class_beyond_the_detectors_is_refused_not_allocated_for(kit):
         (lambda t: t.replace("[gates.map_drop]", "[gates.top1]"), "no metric 'top1'"),
         (lambda t: t.replace("[gates.map_drop]\nmax = 0.01", "[gates.map75]\nmax_drop = 0.1\n"
                              "alpha = 0.05"), "gates.map75.alpha applies to gates.map50_95"),
-        (lambda t: t.replace('task = "detect"', 'task = "segment"'), "task must be"),
+        (lambda t: t.replace('task = "detect"', 'task = "masks"'), "task must be"),
         (lambda t: t[: t.index("[reference]")] + t[t.index("[dataset]") :],
          "gates.map_drop: map_drop compares with the float reference"),
     ],

@@ -240,8 +240,9 @@ def test_a_pose_export_is_not_taken_for_a_52_class_detector(tmp_path):
     # (1, 56, N) is also the layout of a 52-class detector: before, auto decoded it so.
     model = _ultralytics_export(tmp_path / "yolov8n-pose.onnx", 56, POSE)
     plan = plan_task(DetectOptions(), model, (64, 64))
-    assert plan.name == "raw" and plan.model_task == "pose"
-    assert "metadata says task: pose (an Ultralytics pose (keypoint) model)" in plan.reason
+    assert plan.name == "pose" and plan.model_task == "pose"
+    assert plan.head.num_classes == 1 and plan.head.num_keypoints == 17
+    assert "from the model's metadata (task: pose)" in plan.reason
     with pytest.raises(ConfigError) as asked:
         plan_task(DetectOptions(task="detect"), model, (64, 64))
     message = str(asked.value)
@@ -251,13 +252,16 @@ def test_a_pose_export_is_not_taken_for_a_52_class_detector(tmp_path):
     # Older exports name no task but carry keypoints.
     older = {k: v for k, v in POSE.items() if k != "task"}
     old = _ultralytics_export(tmp_path / "old-pose.onnx", 56, older)
-    assert plan_task(DetectOptions(), old, (64, 64)).name == "raw"
+    assert plan_task(DetectOptions(), old, (64, 64)).name == "pose"
 
 
-@pytest.mark.parametrize("task", ["segment", "obb", "classify"])
-def test_other_ultralytics_tasks_are_not_detectors_either(tmp_path, task):
+# (1, 56, N) is an OBB head of 51 classes; no segmentation head has one output
+@pytest.mark.parametrize(
+    ("task", "taken"), [("segment", "raw"), ("obb", "obb"), ("classify", "raw")]
+)
+def test_other_ultralytics_tasks_are_not_detectors_either(tmp_path, task, taken):
     model = _ultralytics_export(tmp_path / f"{task}.onnx", 56, {"task": task})
-    assert plan_task(DetectOptions(), model, (64, 64)).name == "raw"
+    assert plan_task(DetectOptions(), model, (64, 64)).name == taken
     with pytest.raises(ConfigError, match=f"says task: {task}"):
         plan_task(DetectOptions(task="detect"), model, (64, 64))
 
@@ -294,7 +298,9 @@ def test_without_metadata_info_says_the_classes_were_inferred_from_the_shape(tmp
     assert "52 classes inferred from the output shapes" in info.stdout
     pose = _ultralytics_export(tmp_path / "pose.onnx", 56, POSE)
     info = CliRunner().invoke(main, ["info", str(pose), "--backend", "onnx"])
-    assert "task:    raw: the model's metadata says task: pose" in info.stdout
+    assert "task:    pose: YOLOv8/YOLO11-pose Ultralytics ONNX head, 1 class, 17 keypoints" in (
+        info.stdout
+    )
     data = tmp_path / "data"
     data.mkdir()
     Image.new("RGB", (64, 64)).save(data / "a.png")

@@ -135,6 +135,10 @@ def test_keypoints_and_their_skeleton_are_drawn_where_visible():
         before, [box(keypoints=points[:3])], labels=False, skeleton=[(0, 2), (2, 9)]
     )
     assert changed(before, other)[60, 20:36].all()
+    # by default only 17 keypoints get COCO's person skeleton: 4 keypoints (the demo's ink
+    # ends) are dots, not joined by the bones (0, 1), (1, 2) of a nose, eyes and ears
+    four = draw_result(before, [box(keypoints=points[:4])], labels=False)
+    assert (0, 1) in COCO_SKELETON and not changed(before, four)[60, 24]
 
 
 def test_threshold_and_cap():

@@ -291,6 +291,11 @@ def test_jobs_readme_documents_every_key_and_metric():
         assert f"`{name}`" in text, f"metric {name} is not in docs/reference/jobs.md"
     for name in detection_metrics():
         assert f"`{name}`" in text, f"detection metric {name} is not in docs/reference/jobs.md"
+    from batchinfer.evaluate.scorers.instance_parts import part_metrics
+    from batchinfer.evaluate.scorers.rotated import rotated_metrics
+
+    for name in {**part_metrics("segm", ""), **part_metrics("kpt", ""), **rotated_metrics()}:
+        assert f"`{name}`" in text, f"metric {name} is not in docs/reference/jobs.md"
 
 
 @pytest.mark.parametrize("kind", ["csv", "folder", "empty"])

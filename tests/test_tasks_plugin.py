@@ -152,7 +152,7 @@ def bad_file(tmp_path) -> Path:
         ("{bad}:Declines", "its recognise() said no"),
         ("{bad}:Clash", "its field 'error' is a column batchinfer writes"),
         ("{boom}:Fine", "importing it failed: ZeroDivisionError"),
-        ("segment", "not available yet"),
+        ("segment", "--task segment: The model's outputs ((1, 16), for a 8x8 input) are not"),
         ("bogus", "'bogus' is no task"),
     ],
 )

@@ -452,8 +452,9 @@ int8 w8a8) on the detector's calibration scenes. Against the float model on 8 va
 
 Val, int8 ({first}, toolkit simulator, same decoding): {map_line(first)}.
 
-There is no `jobs/segment-digits.toml` yet: `batchinfer eval` has no segment task
-(issue 41, item 2); this model and `instances-seg.json` are what it will score.
+`jobs/segment-digits.toml` scores this model with `batchinfer eval` (COCO segm beside
+bbox, on the emulator against ONNX Runtime); `jobs/segment-digits-toolkit.toml` the int8
+.rknn in rknn-toolkit2's simulator.
 """
 
 

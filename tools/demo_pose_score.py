@@ -225,6 +225,7 @@ keypoints'):
 Val, int8 (digits-pose-{pose.RKNN_FIRST}.rknn, rknn-toolkit2's simulator, same decoding):
 {map_line(f"digits-pose-{pose.RKNN_FIRST}.rknn")}.
 
-There is no `jobs/pose-digits.toml` yet: `batchinfer eval` has no pose task (issue 41,
-item 3); this model and `instances-pose.json` are what it will score.
+`jobs/pose-digits.toml` scores this model with `batchinfer eval` (COCO keypoints, OKS
+sigma 0.1 per keypoint: `metrics.keypoint_sigmas`, beside bbox, on the emulator against
+ONNX Runtime); `jobs/pose-digits-toolkit.toml` the int8 .rknn in rknn-toolkit2's simulator.
 """

@@ -15,6 +15,7 @@ def command() -> None:
     Example:
       batchinfer export coco runs/night --out results.json --annotations instances_val2017.json
       batchinfer export draw runs/night --out drawn --conf 0.5
+      batchinfer export dota runs/aerial --out dota-results
     """
 
 
@@ -37,9 +38,10 @@ def command() -> None:
     "index; COCO's category ids for COCO's 80 classes, else the class ids.",
 )
 def coco(run: Path, dest: Path, annotations: Path | None) -> None:
-    """Write RUN's boxes (a detection run folder) as COCO result JSON:
+    """Write RUN's boxes (a detect, segment, pose or obb run folder) as COCO result JSON:
     [{"image_id", "category_id", "bbox": [x, y, w, h], "score"}, ...], what pycocotools'
-    loadRes and faster-coco-eval read."""
+    loadRes and faster-coco-eval read; with "segmentation" (RLE) for a segment run and
+    "keypoints" for a pose run."""
     _coco(run, dest, annotations)
 
 
@@ -51,6 +53,26 @@ def _coco(run: Path, dest: Path, annotations: Path | None) -> None:
         f"wrote {len(done.results)} boxes of {done.images} images to {done.path} "
         f"(image ids: {done.image_ids}; category ids: {done.category_ids})"
     )
+
+
+@command.command("dota")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option(
+    "--out",
+    "-o",
+    "dest",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The folder to write Task1_<class>.txt files into (made if missing; a class's "
+    "file is replaced).",
+)
+def dota(run: Path, dest: Path) -> None:
+    """Write RUN's rotated boxes (a --task obb run folder) as DOTA Task1 results: one
+    Task1_<class>.txt per class, lines '<image> <score> x1 y1 x2 y2 x3 y3 x4 y4'."""
+    from batchinfer.export import export_dota
+
+    counts = export_dota(run, dest)
+    click.echo(f"wrote {sum(counts.values())} rotated boxes in {len(counts)} files to {dest}")
 
 
 @command.command("draw")

@@ -46,6 +46,8 @@ def coco_results(
     COCO image id; ``category_ids[class_id]`` is the category id written (None: the class
     id itself; :data:`COCO80_CATEGORY_IDS` for COCO-trained models). Coordinates are
     rounded to 3 decimals and scores to 5, as the model zoo and Ultralytics write them.
+    A box with a ``mask`` (segment) adds ``segmentation``, one with ``keypoints`` (pose)
+    adds the flat ``keypoints`` list: COCO's segm and keypoints results.
     """
     results: list[dict] = []
     for row in rows:
@@ -73,12 +75,33 @@ def coco_results(
                 )
             x1, y1 = float(box["x1"]), float(box["y1"])
             w, h = float(box["x2"]) - x1, float(box["y2"]) - y1
-            results.append(
-                {
-                    "image_id": image_id,
-                    "category_id": category,
-                    "bbox": [round(x1, 3), round(y1, 3), round(w, 3), round(h, 3)],
-                    "score": round(float(box["score"]), 5),
-                }
-            )
+            result = {
+                "image_id": image_id,
+                "category_id": category,
+                "bbox": [round(x1, 3), round(y1, 3), round(w, 3), round(h, 3)],
+                "score": round(float(box["score"]), 5),
+            }
+            result.update(_parts(box))
+            results.append(result)
     return results
+
+
+def _parts(box: Mapping[str, Any]) -> dict[str, Any]:
+    """A segment box's ``segmentation`` (its compressed RLE) and a pose box's flat
+    ``keypoints`` [x, y, v, ...] (v: the keypoint's score, which COCO's keypoint scoring
+    does not read for detections), as COCO's results have them; {} for a plain box."""
+    out: dict[str, Any] = {}
+    mask = box.get("mask")
+    if mask is not None:
+        out["segmentation"] = {
+            "size": [int(mask["height"]), int(mask["width"])],
+            "counts": str(mask["counts"]),
+        }
+    points = box.get("keypoints")
+    if points is not None:
+        out["keypoints"] = [
+            round(float(p[k]), 3 if k != "score" else 5)
+            for p in points
+            for k in ("x", "y", "score")
+        ]
+    return out

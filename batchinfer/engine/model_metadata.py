@@ -17,6 +17,8 @@ class ModelMetadata:
     task: str | None  # "detect", "pose", ... (None when not said)
     names: tuple[str, ...] | None  # class names by id, when given and well-formed
     file: str  # the ONNX file it was read from, for messages
+    # A pose export's (keypoints, values per keypoint: 2 or 3), when given and well-formed
+    kpt_shape: tuple[int, int] | None = None
 
 
 def read_model_metadata(model: Path) -> ModelMetadata | None:
@@ -38,7 +40,22 @@ def read_model_metadata(model: Path) -> ModelMetadata | None:
     names = _metadata_names(props.get("names"))
     if task is None and names is None:
         return None
-    return ModelMetadata(task, names, path.name)
+    return ModelMetadata(task, names, path.name, _kpt_shape(props.get("kpt_shape")))
+
+
+def _kpt_shape(text: str | None) -> tuple[int, int] | None:
+    """Ultralytics writes ``kpt_shape`` as a list literal, "[17, 3]"; None unless it is
+    two positive integers, the second 2 or 3."""
+    try:
+        value = ast.literal_eval(text) if text else None  # literals only: never runs code
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return None
+    k, d = value
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return None
+    return (k, d) if k >= 1 and d in (2, 3) else None
 
 
 def _metadata_names(text: str | None) -> tuple[str, ...] | None:

@@ -30,6 +30,7 @@ Category ids are COCO's own for a COCO file and the class index for YOLO labels.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -87,7 +88,10 @@ class GroundTruth:
         """A fresh COCO dataset dict (COCO API objects may add keys to what they get)."""
         return {
             "images": [dict(i) for i in self.images],
-            "annotations": [{**a, "bbox": list(a["bbox"])} for a in self.annotations],
+            "annotations": [
+                {**a, "bbox": list(a["bbox"]), **{k: copy.deepcopy(a[k]) for k in _PARTS if k in a}}
+                for a in self.annotations
+            ],
             "categories": [{"id": c.id, "name": c.name} for c in self.categories],
         }
 
@@ -257,6 +261,8 @@ def read_coco(
                 "bbox": [float(v) for v in box],
                 "area": float(area) if is_number(area) else float(box[2] * box[3]),
                 "iscrowd": 1 if a.get("iscrowd") else 0,
+                # what COCO's segm and keypoints scoring read, kept as the file has them
+                **{k: a[k] for k in _PARTS if a.get(k) is not None},
             }
         )
     evaluated = [i for i in item_ids if scored is None or i in scored]
@@ -270,6 +276,10 @@ def read_coco(
         unknown_images=tuple(unknown),
         dropped_annotations=dropped,
     )
+
+
+#: An annotation's keys beside its box that COCO's ``segm`` / ``keypoints`` scoring reads.
+_PARTS = ("segmentation", "keypoints", "num_keypoints")
 
 
 def _check_annotation_ids(entries: list[Any], where: str) -> None:

@@ -135,6 +135,12 @@ class MetricsSettings:
         "detect.conf, 0.001 for mAP, keeps every low-score box).",
         bounds=Bounds(0, 1),
     )
+    keypoint_sigmas: tuple[float, ...] | None = option(
+        None,
+        "Pose jobs: the OKS sigma of each keypoint, in the model's keypoint order (default: "
+        "COCO's 17 person keypoints' sigmas).",
+        bounds=Bounds(0, 100, above=True, why="a sigma is a fraction of the object's scale"),
+    )
 
 
 @dataclass(frozen=True)

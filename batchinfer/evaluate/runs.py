@@ -112,8 +112,8 @@ def plan_side(job: Job, side: str, settings: ModelSettings, dataset: Dataset) ->
     """Check one side's model and settings (JobError-style messages with the job's keys)."""
     assert settings.model is not None  # load_job checked it
     detect, labels = settings.detect, None
-    if job.task == "detect":  # the job's task; dataset.labels names the detector's classes
-        detect = dataclasses.replace(detect, task="detect")
+    if job.task != "classify":  # the job's box task; dataset.labels names its classes
+        detect = dataclasses.replace(detect, task=job.task)
         labels = job.dataset.labels
     config = RunConfig(
         dataset=dataset.root,

@@ -42,10 +42,12 @@ evaluation.py, steps.py, record.py, report.py and summary.py. A scorer never run
 nor writes a file; the rendering half (``summary_*``, ``report_*``) reads only the record,
 so a record renders again without its job (:func:`scorer_type` by the record's ``task``).
 
-Two scorers: ``classify`` (top-k, confusion, McNemar: scorers/classify.py) and
-``instances`` (COCO-style detection: scorers/instances.py). A task scored the COCO way with
-another ``iouType`` (``segm``, ``keypoints``) subclasses :class:`InstancesScorer` in one
-module, which its task's ``scorer`` (batchinfer/tasks) names.
+Scorers: ``classify`` (top-k, confusion, McNemar: scorers/classify.py) and ``instances``
+(COCO-style detection: scorers/instances.py); the box tasks whose boxes carry a part
+subclass the instances scorer through scorers/instance_parts.py, one module each:
+``segment`` (COCO segm: scorers/segm.py), ``pose`` (COCO keypoints, OKS:
+scorers/keypoints.py), ``obb`` (DOTA-style rotated mAP50: scorers/rotated.py). A task's
+``scorer`` (batchinfer/tasks) names its class.
 """
 
 from __future__ import annotations

@@ -293,14 +293,18 @@ def _recognised(opts: DetectOptions, facts: ModelFacts) -> Head | None:
     return head
 
 
-def _planned(opts: DetectOptions, facts: ModelFacts, head: Head, asked: bool) -> Detect:
-    from batchinfer.detect import DetectSettings
+def box_plan(
+    opts: DetectOptions, facts: ModelFacts, num_classes: int, description: str
+) -> dict[str, Any]:
+    """What every box task plans alike (segment, pose and obb too): class names, the
+    ``detect.classes`` check, the pad colour, as keyword arguments of a BoxTask (with
+    ``classes``: the wanted class ids or None)."""
     from batchinfer.detect.class_names import class_names, dataset_classes
 
     meta = facts.meta
     named = class_names(
-        head.num_classes,
-        head.describe(),
+        num_classes,
+        description,
         facts.labels,
         None if meta is None else meta.names,
         dataset_classes(facts.dataset) if facts.labels is None else None,
@@ -315,13 +319,30 @@ def _planned(opts: DetectOptions, facts: ModelFacts, head: Head, asked: bool) ->
             "or leave it out to keep every class.",
             "detect.classes",
         )
-    if wanted is not None and any(c >= head.num_classes for c in wanted):
+    if wanted is not None and any(c >= num_classes for c in wanted):
         raise ConfigError(
             setting("detect.classes")
-            + f" names class {max(wanted)}, but the model's head has {head.num_classes} "
-            f"classes (0-{head.num_classes - 1}; {head.describe()}).",
+            + f" names class {max(wanted)}, but the model's head has {num_classes} "
+            f"classes (0-{num_classes - 1}; {description}).",
             "detect.classes",
         )
+    assert facts.input_hw is not None
+    return {
+        "output_shapes": facts.output_shapes,
+        "model_task": facts.model_task,
+        "input_hw": facts.input_hw,
+        "names": named.names,
+        "names_source": named.source,
+        "category_ids": named.category_ids,
+        "pad": pad_rgb(opts),
+        "classes": wanted,
+    }
+
+
+def _planned(opts: DetectOptions, facts: ModelFacts, head: Head, asked: bool) -> Detect:
+    from batchinfer.detect import DetectSettings
+
+    common = box_plan(opts, facts, head.num_classes, head.describe())
     anchors, anchors_source = None, None
     if head.num_anchors > 1:
         from batchinfer.detect.anchors import head_anchors
@@ -333,20 +354,13 @@ def _planned(opts: DetectOptions, facts: ModelFacts, head: Head, asked: bool) ->
         max_det=int(opts.max_det),
         anchors=anchors,
         agnostic=bool(opts.agnostic_nms),
-        classes=wanted,
+        classes=common.pop("classes"),
     )
-    assert facts.input_hw is not None
     return Detect(
         reason="asked for" if asked else "the outputs are a known detection head",
-        output_shapes=facts.output_shapes,
-        model_task=facts.model_task,
         settings=settings,
-        input_hw=facts.input_hw,
-        names=named.names,
-        names_source=named.source,
-        category_ids=named.category_ids,
-        pad=pad_rgb(opts),
         quant=facts.quant,
         head=head,
         anchors_source=anchors_source,
+        **common,
     )

@@ -166,10 +166,12 @@ def score_detections(
     results: Sequence[Mapping[str, Any]],
     image_ids: Collection[int] | None = None,
     iou_type: str = "bbox",
+    sigmas: Sequence[float] | None = None,
 ) -> DetectionScore:
     """COCO scores of ``results`` (COCO result dicts) on ``image_ids`` (default: all the
     ground truth's images), by faster-coco-eval, for COCO's ``iou_type`` (``bbox``;
-    ``segm`` and ``keypoints`` need the ground truth's masks or keypoints too)."""
+    ``segm`` and ``keypoints`` need the ground truth's masks or keypoints too; ``sigmas``:
+    the OKS sigma of each keypoint, default COCO's 17 person keypoints')."""
     COCO, COCOeval_faster = _coco_api()
     check_results(gt, results)
     ids = sorted({i["id"] for i in gt.images} if image_ids is None else set(image_ids))
@@ -199,6 +201,8 @@ def score_detections(
         coco_dt = coco_gt.loadRes([_result(r) for r in results])
         ev = COCOeval_faster(coco_gt, coco_dt, iou_type, print_function=quiet)
         ev.params.imgIds = ids
+        if sigmas is not None:
+            ev.params.kpt_oks_sigmas = np.asarray(sigmas, dtype=np.float64)
         ev.params.catIds = cats
         ev.evaluate()
         ev.accumulate()

@@ -212,10 +212,10 @@ class InstancesScorer:
         require_scoring()
         sides = [("device", job.device)] + ([("reference", job.reference)] if job.reference else [])
         for side, settings in sides:
-            if settings.detect.task not in ("auto", "detect"):
+            if settings.detect.task not in ("auto", self.task):
                 raise job.error(
-                    f'{side}.detect.task is "{settings.detect.task}" in a detection job; drop '
-                    'it (the task is the job\'s: task = "detect").',
+                    f'{side}.detect.task is "{settings.detect.task}" in a {self.task} job; '
+                    f'drop it (the task is the job\'s: task = "{self.task}").',
                     f"{side}.detect.task",
                 )
 
