@@ -43,6 +43,7 @@ import numpy as np
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine.pools import (
+    ItemRead,
     ItemResult,
     ItemsDone,
     ItemsRead,
@@ -451,6 +452,6 @@ class FakePool:
                 r.queue.clear()
                 return [ReaderLost(reader, behaviour.what, slot)]
             self._read_next(reader, self.clock.now)
-            return [ItemsRead(reader, [(slot, behaviour.after_s * 1e3, behaviour.error)])]
+            return [ItemsRead(reader, [ItemRead(slot, behaviour.after_s * 1e3, behaviour.error)])]
 
         self._schedule(now + behaviour.after_s, done)

@@ -11,6 +11,7 @@ from runs import config, fast_sim
 
 pytest.importorskip("ray.util.scheduling_strategies")  # the pool places actors with it
 
+from batchinfer.cluster.actors import CallResult
 from batchinfer.cluster.connect import NodeInfo
 from batchinfer.cluster.pool import RayPool
 from batchinfer.data.dataset import Item
@@ -210,8 +211,13 @@ def test_an_actor_up_sends_its_canary_of_instance_0_and_takes_calls_of_a_few_ite
     assert [len(c.args[0]) for c in run.calls(0)] == [2, 2, 1]  # call_items=2
     first = run.calls(0)[0]
     run.now = 10.0
-    # (t_start, t_end on the node's clock, before_return_s, error, outputs, boxes)
-    first.answer([(100.0, 100.5, 0.25, None, ["o0"], None), (100.5, 100.75, 0, "bad", None, None)])
+    # t0, t1 on the node's clock
+    first.answer(
+        [
+            CallResult(100.0, 100.5, 0.25, None, ["o0"], None),
+            CallResult(100.5, 100.75, 0, "bad", None, None),
+        ]
+    )
     (done,) = run.pool.wait(0.0)
     assert isinstance(done, ItemsDone) and done.key == 0
     a, b = done.results

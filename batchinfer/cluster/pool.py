@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
+from batchinfer.cluster.actors import CallResult, CoreActor, NodeHost, model_files
 from batchinfer.cluster.busy import BusyUnion
 from batchinfer.cluster.connect import (
     GCS_TIMEOUT_S,
@@ -419,22 +419,22 @@ class RayPool:
         canary = info["canary"] if actor.instance == 0 else None
         return [WorkerUp(actor.key, info["pid"], info.get("sdk_version"), outputs, canary)]
 
-    def _on_results(self, actor: _Actor, call: _Call, value: list) -> list[PoolEvent]:
+    def _on_results(self, actor: _Actor, call: _Call, value: list[CallResult]) -> list[PoolEvent]:
         if call.epoch != actor.epoch:
             return []  # the actor died meanwhile and its items went back already
         with contextlib.suppress(ValueError):
             actor.calls.remove(call)
         now = self.clock()
         actor.last_progress = now
-        self._busy[actor.where].add(actor.instance, [(t0, t1) for t0, t1, *_ in value])
+        self._busy[actor.where].add(actor.instance, [(r.t0, r.t1) for r in value])
         self._report_busy(actor)
         results = []
-        for slot, (t0, t1, after_s, error, outputs, decoded) in zip(call.slots, value, strict=True):
-            if error is None:
-                self.outputs[slot] = outputs
-            done = now - after_s  # the node's clock is not ours: place its times on ours
-            t_start = done - (t1 - t0)
-            results.append(ItemResult(slot, actor.instance, t_start, done, error, decoded))
+        for slot, r in zip(call.slots, value, strict=True):
+            if r.error is None:
+                self.outputs[slot] = r.outputs
+            done = now - r.before_return_s  # the node's clock is not ours: place its times on ours
+            t_start = done - (r.t1 - r.t0)
+            results.append(ItemResult(slot, actor.instance, t_start, done, r.error, r.decoded))
         return [ItemsDone(actor.key, results)]
 
     def _report_busy(self, actor: _Actor, final: bool = False) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from batchinfer.cluster.actors import read_items
 from batchinfer.data.preprocess import Preprocess
-from batchinfer.engine.pools import ItemsRead, ReaderLost
+from batchinfer.engine.pools import ItemRead, ItemsRead, ReaderLost
 from batchinfer.engine.scheduler import Scheduler
 
 #: Items per read task at most.
@@ -105,11 +105,12 @@ class ReadLanes:
         if lane.task is not task:
             return [], None
         lane.task = None
-        ready, items = [], []
+        ready: list[tuple[int, Any]] = []
+        items: list[ItemRead] = []
         for slot, (read_ms, error), array in zip(task.slots, meta, task.arrays, strict=True):
             if error is None:
                 ready.append((slot, array))
-            items.append((slot, read_ms, error))
+            items.append(ItemRead(slot, read_ms, error))
         return ready, ItemsRead(lane.index, items)
 
     def failed(

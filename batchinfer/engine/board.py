@@ -34,6 +34,7 @@ from batchinfer.engine.fd_limit import check_fd_limit
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pools import (
+    ItemRead,
     ItemResult,
     ItemsDone,
     ItemsRead,
@@ -54,11 +55,13 @@ from batchinfer.engine.protocol import (
     Done,
     Failed,
     Infer,
+    InferTask,
     InitFailed,
     Initialised,
     Loaded,
     Read,
     ReaderReady,
+    ReadTask,
     Stop,
     WorkerReady,
 )
@@ -228,7 +231,7 @@ class BoardPool:
             child.last_progress = now  # it was idle: its clock starts now
         items = [s.flight(slot).item for slot in slots]
         tasks = [
-            (slot, it.index, it.path, it.id, it.member, self._column_values(it))
+            ReadTask(slot, it.index, it.path, it.id, it.member, self._column_values(it))
             for slot, it in zip(slots, items, strict=True)
         ]
         self.children.send(child, Read(tasks))
@@ -239,7 +242,7 @@ class BoardPool:
             return  # cannot happen: the scheduler dispatches to ready cores only
         if len(self.scheduler.cores[key].inflight) == len(slots):
             child.last_progress = now  # it was idle: its clock starts now
-        tasks = [(slot, self.scheduler.flight(slot).item.index) for slot in slots]
+        tasks = [InferTask(slot, self.scheduler.flight(slot).item.index) for slot in slots]
         self.children.send(child, Infer(tasks))
 
     def _column_values(self, item: Item) -> tuple | None:
@@ -279,16 +282,16 @@ class BoardPool:
             case Loaded(items, cpu_s):
                 child.cpu_s = cpu_s
                 if self.scaler is not None:
-                    self.scaler.decoded(sum(m[2] for m in items) / 1e3)
-                return ItemsRead(child.key, [(slot, ms, err) for slot, _i, ms, err in items])
+                    self.scaler.decoded(sum(r.read_ms for r in items) / 1e3)
+                return ItemsRead(child.key, [ItemRead(r.slot, r.read_ms, r.error) for r in items])
             case Done(results, busy_s, cpu_s):
                 child.busy_s, child.cpu_s = busy_s, cpu_s
                 self.stats.set_busy(child.key, busy_s)
                 return ItemsDone(
                     child.key,
                     [
-                        ItemResult(slot, instance, t0, t1, error, decoded)
-                        for slot, _index, instance, t0, t1, error, decoded in results
+                        ItemResult(r.slot, r.instance, r.t0, r.t1, r.error, r.decoded)
+                        for r in results
                     ],
                 )
             case ReaderReady() | WorkerReady():

@@ -153,11 +153,19 @@ class ItemsDone(NamedTuple):
     results: list[ItemResult]
 
 
+class ItemRead(NamedTuple):
+    """One slot a reader finished: its decode's milliseconds, and why it failed, if it did."""
+
+    slot: int
+    read_ms: float
+    error: str | None
+
+
 class ItemsRead(NamedTuple):
-    """Reader ``reader`` finished these slots: (slot, read_ms, error or None)."""
+    """Reader ``reader`` finished these slots."""
 
     reader: int
-    items: list[tuple[int, float, str | None]]
+    items: list[ItemRead]
 
 
 class ReaderLost(NamedTuple):
