@@ -22,7 +22,7 @@ from batchinfer.engine.scheduler import (
     ReaderDeathsExceeded,
     Scheduler,
 )
-from batchinfer.engine.watchdog import Watchdog
+from batchinfer.engine.watchdog import HangLimit, Watchdog
 from batchinfer.options import ReliabilityOptions
 
 
@@ -322,6 +322,24 @@ def test_time_the_coordinator_was_not_running_is_not_held_against_children():
     assert w.hung(61.1, [c], board((0, 0), (0, 0), (0, 0))) == []
     # ... but time after the pause counts again.
     assert w.hung(63.5, [c], busy)
+
+
+def test_one_hang_limit_makes_the_texts_of_the_board_and_the_cluster() -> None:
+    """The board's watchdog and the Ray pool (a call of n items: n times the limit) say a
+    hang in the same words (HangLimit)."""
+    inference, decode = HangLimit.inference(REL), HangLimit.decode(REL)
+    assert inference == HangLimit(2.0, "the inference timeout")
+    call = inference.of(3)
+    assert not call.passed(1.0, 7.0) and call.passed(1.0, 7.01)
+    assert call.hung("inference of a call of 3 items", "actor") == (
+        "inference of a call of 3 items hung for more than 6 s (the inference timeout); "
+        "actor killed"
+    )
+    assert decode.of(2).stuck() == "was stuck for more than 10 s (the decode timeout)"
+    ((_, why, _),) = watchdog().hung(3.5, [child()], board((7, 1.0), (0, 0), (0, 0)))
+    assert why == inference.hung("inference of item 7", "worker")
+    ((_, why, _),) = watchdog(held=3).hung(2.5, [child()], board((0, 0), (0, 0), (0, 0)))
+    assert why == inference.frozen(3)
 
 
 # ------------------------------------------------------------------------ reader scaling

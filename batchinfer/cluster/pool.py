@@ -87,6 +87,7 @@ from batchinfer.engine.pools import (
 from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
+from batchinfer.engine.watchdog import HangLimit
 from batchinfer.errors import NoCoreError, UsageError
 from batchinfer.messages import setting
 from batchinfer.runtime.adapter import CoreReason
@@ -292,7 +293,7 @@ class RayPool:
             lanes,
             self.plan.preprocess,
             self.source.kind,
-            self.rel.decode_timeout_s,
+            HangLimit.decode(self.rel),
         )
         self._prefill()
 
@@ -489,7 +490,7 @@ class RayPool:
         repeat, and the nodes (once a second)."""
         self._forget_released()
         events: list[PoolEvent] = []
-        limit = self.rel.inference_timeout_s
+        limit = HangLimit.inference(self.rel)
         for actor in self.actors:
             if actor.state == CoreStatus.STARTING and now > actor.probe_deadline:
                 reason = CoreReason.of(
@@ -502,13 +503,10 @@ class RayPool:
                     self._probe(actor, now, again=True)
             elif actor.calls and actor.kill_reason is None:
                 held = len(actor.calls[0].slots)
-                if now - actor.last_progress > limit * held:
+                if limit.of(held).passed(actor.last_progress, now):
                     index = self.scheduler.flight(actor.calls[0].slots[0]).item.index
                     item = f"item {index}" if held == 1 else f"a call of {held} items"
-                    actor.kill_reason = (
-                        f"inference of {item} hung for more than {limit * held:g} s (the "
-                        "inference timeout); actor killed"
-                    )
+                    actor.kill_reason = limit.of(held).hung(f"inference of {item}", "actor")
                     with contextlib.suppress(Exception):
                         self.ray.kill(actor.handle, no_restart=False)
         if self.reads is not None:

@@ -24,6 +24,7 @@ from batchinfer.cluster.actors import read_items
 from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine.pools import ItemRead, ItemsRead, ReaderLost
 from batchinfer.engine.scheduler import Scheduler
+from batchinfer.engine.watchdog import HangLimit
 
 #: Items per read task at most.
 READ_ITEMS = 8
@@ -57,14 +58,14 @@ class ReadLanes:
         lanes: list[tuple[Any, str | None]],
         preprocess: Preprocess,
         kind: str,
-        decode_timeout_s: float,
+        decode_limit: HangLimit,
     ) -> None:
         self.ray = ray
         self.scheduler = scheduler
         self.lanes = [Lane(i, strategy, node) for i, (strategy, node) in enumerate(lanes)]
         self.preprocess = preprocess
         self.kind = kind
-        self.decode_timeout_s = decode_timeout_s
+        self.decode_limit = decode_limit  # per item of a task
         self.alone: set[int] = set()  # items to read alone (they were in a task that died)
         self._task = ray.remote(num_cpus=1, max_retries=0)(read_items) if lanes else None
 
@@ -130,15 +131,13 @@ class ReadLanes:
         return ReaderLost(lane.index, what, culprit)
 
     def check_hangs(self, now: float) -> None:
-        limit = self.decode_timeout_s
         for lane in self.lanes:
             task = lane.task
             if task is None or task.cancel_reason is not None:
                 continue
-            if now - task.t_sent > limit * len(task.slots):
-                task.cancel_reason = (
-                    f"was stuck for more than {limit * len(task.slots):g} s (the decode timeout)"
-                )
+            limit = self.decode_limit.of(len(task.slots))
+            if limit.passed(task.t_sent, now):
+                task.cancel_reason = limit.stuck()
                 with contextlib.suppress(Exception):
                     self.ray.cancel(task.meta, force=True)
 
