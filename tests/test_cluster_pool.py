@@ -181,13 +181,17 @@ class _Run:
     def calls(self, key: int) -> list[_Ref]:
         return [r for r in self.handle(key).calls if r.method == "infer" and not r.done]
 
+    def items(self, slots: list[int]) -> list[tuple[int, Item]]:
+        """(slot, item) of each slot, as the loop sends them."""
+        return [(s, self.scheduler.flight(s).item) for s in slots]
+
     def admit(self, n: int) -> dict[int, list[int]]:
         for i in range(n):
             item = Item(i, "", f"synthetic/{i}", None, None)
             self.pool.fill(self.scheduler.admit(item, self.now, needs_reader=False), item)
         sent = self.scheduler.dispatch(self.now)
         for key, slots in sent.items():
-            self.pool.send_work(key, slots, self.now)
+            self.pool.send_work(key, self.items(slots), self.now)
         return sent
 
 
@@ -248,7 +252,7 @@ def test_an_actor_death_names_the_items_of_its_oldest_call_and_a_suspect_comes_b
     assert [e.key for e in run.start(0)] == [0]  # up again
     run.scheduler.core_ready(0)
     sent = run.scheduler.dispatch(run.now)
-    run.pool.send_work(0, sent[0], run.now)
+    run.pool.send_work(0, run.items(sent[0]), run.now)
     (call,) = run.calls(0)
     assert len(sent[0]) == 1 and list(call.args[0]) == [min(oldest)]
 

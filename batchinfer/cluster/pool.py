@@ -112,6 +112,7 @@ _GCS_LOST_S = 5.0
 class _Call:
     ref: Any
     slots: list[int]
+    indexes: list[int]  # the slots' items
     epoch: int
 
 
@@ -289,7 +290,6 @@ class RayPool:
                 lanes.append(("DEFAULT", None))
         self.reads = ReadLanes(
             ray,
-            scheduler,
             lanes,
             self.plan.preprocess,
             self.source.kind,
@@ -326,6 +326,9 @@ class RayPool:
         recycle it (--max-worker-rss-mb and --recycle-after act on one board only)."""
         raise NotImplementedError("Ray actors are not recycled: the pool reports no memory")
 
+    def stopping(self) -> None:
+        """Nothing to do: actors are not recycled."""
+
     def restart_reader(self, reader: int) -> None:
         """A read lane needs no restart: its next task starts when it is sent reads."""
 
@@ -337,27 +340,27 @@ class RayPool:
             self.source.fill(item, self._buffers[slot])
             self._input_refs[slot] = self.ray.put(self._buffers[slot][0])
 
-    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
+    def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         assert self.reads is not None
         lane = self.reads.lanes[reader]
-        self._submitted(lane, self.reads.send(lane, slots, now))
+        self._submitted(lane, self.reads.send(lane, items, now))
 
     def _submitted(self, lane: Lane, task: ReadTask | None) -> None:
         if task is not None:
             self._waiting[task.meta] = ("read", lane, task)
 
-    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
+    def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         """Calls of up to ``call_items`` items (a suspect comes alone: the scheduler sends
         it to an empty key and nothing else with it)."""
         actor = self.actors[key]
         if not actor.calls:
             actor.last_progress = now  # it was idle: its clock starts now
         n = self.call_items
-        for i in range(0, len(slots), n):
-            chunk = list(slots[i : i + n])
-            indexes = [self.scheduler.flight(s).item.index for s in chunk]
+        for i in range(0, len(items), n):
+            chunk = [slot for slot, _ in items[i : i + n]]
+            indexes = [item.index for _, item in items[i : i + n]]
             ref = actor.handle.infer.remote(indexes, *[self._input_refs[s] for s in chunk])
-            call = _Call(ref, chunk, actor.epoch)
+            call = _Call(ref, chunk, indexes, actor.epoch)
             actor.calls.append(call)
             self._waiting[ref] = ("call", actor, call)
 
@@ -452,7 +455,7 @@ class RayPool:
         actor.kill_reason = None
         # Calls run one at a time, in order: the oldest one was being inferred.
         oldest = actor.calls[0] if actor.calls else call
-        working = frozenset(self.scheduler.flight(s).item.index for s in oldest.slots)
+        working = frozenset(oldest.indexes)
         self._drop_calls(actor)
         self._report_busy(actor)
         actor.state = CoreStatus.DOWN
@@ -504,7 +507,7 @@ class RayPool:
             elif actor.calls and actor.kill_reason is None:
                 held = len(actor.calls[0].slots)
                 if limit.of(held).passed(actor.last_progress, now):
-                    index = self.scheduler.flight(actor.calls[0].slots[0]).item.index
+                    index = actor.calls[0].indexes[0]
                     item = f"item {index}" if held == 1 else f"a call of {held} items"
                     actor.kill_reason = limit.of(held).hung(f"inference of {item}", "actor")
                     with contextlib.suppress(Exception):

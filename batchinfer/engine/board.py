@@ -134,6 +134,8 @@ class BoardPool:
         self._next_memory = 0.0
         self._recycling: dict[int, Child] = {}  # id -> a worker asked to stop, to be replaced
         self._starved = False
+        self._stopping = False  # the loop drains: a recycled worker gets no successor
+        self._retired: set[int] = set()  # keys the loop retired
         self._started = False  # the scaler was told that start-up is over
         self.outputs: SlotRegion | None = None
         self._memory: RunMemory | None = None
@@ -222,28 +224,27 @@ class BoardPool:
     def fill(self, slot: int, item: Item) -> None:
         self.source.fill(item, self.inputs[slot])
 
-    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
+    def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         child = self._child("reader", reader)
         if child is None:
             return  # being restarted: reader_lost has re-queued its slots already
-        s = self.scheduler
-        if not s.held_by_reader(reader) - len(slots):
+        if not child.held:
             child.last_progress = now  # it was idle: its clock starts now
-        items = [s.flight(slot).item for slot in slots]
+        child.held.update(items)
         tasks = [
             ReadTask(slot, it.index, it.path, it.id, it.member, self._column_values(it))
-            for slot, it in zip(slots, items, strict=True)
+            for slot, it in items
         ]
         self.children.send(child, Read(tasks))
 
-    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
+    def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         child = self._child("worker", key)
         if child is None:
             return  # cannot happen: the scheduler dispatches to ready cores only
-        if len(self.scheduler.cores[key].inflight) == len(slots):
+        if not child.held:
             child.last_progress = now  # it was idle: its clock starts now
-        tasks = [InferTask(slot, self.scheduler.flight(slot).item.index) for slot in slots]
-        self.children.send(child, Infer(tasks))
+        child.held.update(items)
+        self.children.send(child, Infer([InferTask(slot, it.index) for slot, it in items]))
 
     def _column_values(self, item: Item) -> tuple | None:
         """The item's values of the columns that feed model inputs (engine.feeds), in feed
@@ -281,11 +282,15 @@ class BoardPool:
         match msg:
             case Loaded(items, cpu_s):
                 child.cpu_s = cpu_s
+                for read in items:
+                    child.held.pop(read.slot, None)
                 if self.scaler is not None:
                     self.scaler.decoded(sum(r.read_ms for r in items) / 1e3)
                 return ItemsRead(child.key, [ItemRead(r.slot, r.read_ms, r.error) for r in items])
             case Done(results, busy_s, cpu_s):
                 child.busy_s, child.cpu_s = busy_s, cpu_s
+                for done in results:
+                    child.held.pop(done.slot, None)
                 self.stats.set_busy(child.key, busy_s)
                 return ItemsDone(
                     child.key,
@@ -340,24 +345,23 @@ class BoardPool:
         rows = self._board_rows(child)
         working = [(int(i), t) for i, t in board.snapshot()[rows] if t > 0]
         board.rows[rows] = 0.0
-        s = self.scheduler
         if child.kind == "reader":
-            if child.key in s.closing and not s.held_by_reader(child.key):
+            if child.stopped and not child.held:
                 return None  # stopped because fewer readers are enough: nothing to redo
             culprit = None
             if working:
                 index = working[0][0]
-                for slot in s.reading[child.key]:
-                    if s.flight(slot).item.index == index:
+                for slot, item in child.held.items():
+                    if item.index == index:
                         culprit = slot
-                        what += f" while decoding {s.flight(slot).item.id}"
+                        what += f" while decoding {item.id}"
             return ReaderLost(child.key, what, culprit)
-        if s.cores[child.key].state != CoreStatus.RETIRED:
+        if child.key not in self._retired:
             self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
             self.stats.set_busy(child.key, 0.0)
         if self._recycling.pop(id(child), None) is not None:
             # Recycled: it held no item, so nothing is lost; its successor starts now.
-            if not s.stopping:
+            if not self._stopping:
                 self.start_worker(child.key, self.clock())
             return None if child.killed_for is None else Said(f"{child.name}: {what}.")
         return WorkerLost(child.key, what, frozenset(i for i, _ in working), child.hung_items)
@@ -425,10 +429,9 @@ class BoardPool:
         row = self.memory.reader_row(child.key)
         return slice(row, row + 1)
 
-    def _held_by(self, child: Child) -> int:
-        if child.kind == "worker":
-            return len(self.scheduler.cores[child.key].inflight)
-        return len(self.scheduler.reading[child.key])  # sent to it (unsent ones wait here)
+    @staticmethod
+    def _held_by(child: Child) -> int:
+        return len(child.held)  # sent to it (a reader's unsent ones wait in the scheduler)
 
     # ------------------------------------------------------------------ readers
     def _is_starved(self) -> bool:
@@ -450,6 +453,7 @@ class BoardPool:
             child = self._child("reader", reader)
             if child is not None and not s.held_by_reader(reader) and not child.killed_for:
                 child.killed_for = "stopped: fewer readers are enough"
+                child.stopped = True
                 self.children.send(child, Stop())
         open_readers = s.open_readers()
         change = self.scaler.decide(now, len(open_readers), self.usage.idle_cpus)
@@ -483,7 +487,11 @@ class BoardPool:
                 os.setpriority(os.PRIO_PROCESS, pid, lower)
 
     # ------------------------------------------------------------------ ending
+    def stopping(self) -> None:
+        self._stopping = True
+
     def retire(self, key: int) -> None:
+        self._retired.add(key)
         child = self._child("worker", key)
         if child is not None and child.killed_for is None:
             self.children.kill(child, "retired")  # it exits anyway after InitFailed

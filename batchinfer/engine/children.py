@@ -18,15 +18,18 @@ import logging
 import os
 import select
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchinfer.engine import fork_server
 from batchinfer.engine.fork_server import ForkedChild
 from batchinfer.engine.protocol import Stop, decode, encode
 from batchinfer.engine.states import ChildState
+
+if TYPE_CHECKING:
+    from batchinfer.data.dataset import Item
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,9 @@ class Child:
     cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
     readable: Any = None  # a poll object on ``results`` alone: "is another message there?"
     yielding: bool = False  # readers: lowered in priority (Engine._yield_to_workers)
+    # What the pool sent it and has not heard back about: slot -> its item (engine/board.py).
+    held: dict[int, Item] = field(default_factory=dict)
+    stopped: bool = False  # readers: stopped because fewer readers are enough
 
     @property
     def name(self) -> str:
