@@ -119,7 +119,7 @@ class BoardPool:
         )
         self.nodes: tuple[str, ...] = ()
         self.children = ChildPool(clock)
-        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by)
+        self.watchdog = Watchdog(self.rel, self._board_rows)
         self.usage = Usage()
         # With runtime.readers fixed (or one CPU) the count stays, but the scaler's windows
         # still decide the readers' priority (_yield_to_workers).
@@ -228,9 +228,7 @@ class BoardPool:
         child = self._child("reader", reader)
         if child is None:
             return  # being restarted: reader_lost has re-queued its slots already
-        if not child.held:
-            child.last_progress = now  # it was idle: its clock starts now
-        child.held.update(items)
+        child.sent(items, now)
         tasks = [
             ReadTask(slot, it.index, it.path, it.id, it.member, self._column_values(it))
             for slot, it in items
@@ -241,9 +239,7 @@ class BoardPool:
         child = self._child("worker", key)
         if child is None:
             return  # cannot happen: the scheduler dispatches to ready cores only
-        if not child.held:
-            child.last_progress = now  # it was idle: its clock starts now
-        child.held.update(items)
+        child.sent(items, now)
         self.children.send(child, Infer([InferTask(slot, it.index) for slot, it in items]))
 
     def _column_values(self, item: Item) -> tuple | None:
@@ -282,23 +278,18 @@ class BoardPool:
         match msg:
             case Loaded(items, cpu_s):
                 child.cpu_s = cpu_s
-                for read in items:
-                    child.held.pop(read.slot, None)
+                child.heard(items)
                 if self.scaler is not None:
                     self.scaler.decoded(sum(r.read_ms for r in items) / 1e3)
                 return ItemsRead(child.key, [ItemRead(r.slot, r.read_ms, r.error) for r in items])
             case Done(results, busy_s, cpu_s):
                 child.busy_s, child.cpu_s = busy_s, cpu_s
-                for done in results:
-                    child.held.pop(done.slot, None)
+                child.heard(results)
                 self.stats.set_busy(child.key, busy_s)
-                return ItemsDone(
-                    child.key,
-                    [
-                        ItemResult(r.slot, r.instance, r.t0, r.t1, r.error, r.decoded)
-                        for r in results
-                    ],
-                )
+                done = [
+                    ItemResult(r.slot, r.instance, r.t0, r.t1, r.error, r.decoded) for r in results
+                ]
+                return ItemsDone(child.key, done)
             case ReaderReady() | WorkerReady():
                 child.state, child.deadline = ChildState.READY, None
                 child.cpu_s = child.cpu_at_ready = msg.cpu_s
@@ -428,10 +419,6 @@ class BoardPool:
             return self.memory.worker_rows(child.key)
         row = self.memory.reader_row(child.key)
         return slice(row, row + 1)
-
-    @staticmethod
-    def _held_by(child: Child) -> int:
-        return len(child.held)  # sent to it (a reader's unsent ones wait in the scheduler)
 
     # ------------------------------------------------------------------ readers
     def _is_starved(self) -> bool:

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import select
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchinfer.engine import fork_server
 from batchinfer.engine.fork_server import ForkedChild
-from batchinfer.engine.protocol import Stop, decode, encode
+from batchinfer.engine.protocol import InferResult, ReadResult, Stop, decode, encode
 from batchinfer.engine.states import ChildState
 
 if TYPE_CHECKING:
@@ -66,6 +66,17 @@ class Child:
     @property
     def name(self) -> str:
         return f"reader {self.key}" if self.kind == "reader" else f"core {self.key}"
+
+    def sent(self, items: Iterable[tuple[int, Item]], now: float) -> None:
+        """``items`` ((slot, item)) were sent to it; an idle child's clock starts now."""
+        if not self.held:
+            self.last_progress = now
+        self.held.update(items)
+
+    def heard(self, records: Iterable[ReadResult | InferResult]) -> None:
+        """It reported these slots' items (read, or inferred): it holds them no more."""
+        for r in records:
+            self.held.pop(r.slot, None)
 
 
 @dataclass(frozen=True)

@@ -89,11 +89,9 @@ class Watchdog:
         self,
         rel: ReliabilityOptions,
         rows_of: Callable[[Child], slice],
-        held_by: Callable[[Child], int],
     ) -> None:
         self.rel = rel
         self.rows_of = rows_of
-        self.held_by = held_by
         self._resumed_at = 0.0
 
     def resumed(self, now: float) -> None:
@@ -130,6 +128,8 @@ class Watchdog:
                     out.append(Hung(child, reason, frozenset(i for i, _ in late)))
                 else:
                     out.append(Hung(child, limit.stuck()))
-            elif not active and self.held_by(child) and limit.passed(child.last_progress, now):
-                out.append(Hung(child, limit.frozen(self.held_by(child))))
+            elif not active and child.held and limit.passed(child.last_progress, now):
+                # What it holds: sent to it and not heard back (a reader's unsent ones wait in
+                # the scheduler).
+                out.append(Hung(child, limit.frozen(len(child.held))))
         return out
