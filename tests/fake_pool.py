@@ -26,7 +26,7 @@ A key's worker infers ``instances`` items at once (the rest it holds queue behin
 Every call the loop makes is recorded in ``calls`` as a tuple, with item indexes rather
 than slots: ("send_work", key, [indexes], now), ("send_reads", reader, [indexes], now),
 ("start_worker", key, now), ("retire", key), ("recycle", key, now), ("restart_reader",
-reader), ("shift", gap_s), ("close", hard). Workers' memory is scripted with ``at(t,
+reader), ("shift", gap_s), ("stopping",), ("close", hard). Workers' memory is scripted with ``at(t,
 WorkerMemory(key, mb))``.
 """
 
@@ -43,6 +43,7 @@ import numpy as np
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine.pools import (
+    ItemRead,
     ItemResult,
     ItemsDone,
     ItemsRead,
@@ -263,16 +264,16 @@ class FakePool:
     def fill(self, slot: int, item: Item) -> None:
         pass  # the fake model needs no inputs
 
-    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
-        self.calls.append(("send_reads", reader, self._indexes(slots), now))
-        self.readers[reader].queue.extend(slots)
+    def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
+        self.calls.append(("send_reads", reader, [it.index for _, it in items], now))
+        self.readers[reader].queue.extend(slot for slot, _ in items)
         self._read_next(reader, now)
 
-    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
-        self.calls.append(("send_work", key, self._indexes(slots), now))
+    def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
+        self.calls.append(("send_work", key, [it.index for _, it in items], now))
         worker = self.workers[key]
         assert worker.up, f"items sent to key {key}, whose worker is not up"
-        worker.queue.extend(slots)
+        worker.queue.extend(slot for slot, _ in items)
         self._infer_next(worker, now)
 
     def wait(self, timeout_s: float) -> list[PoolEvent]:
@@ -302,6 +303,9 @@ class FakePool:
                     self._lose(worker, f"hung for more than {self.timeout_s:g} s", culprits)
                 )
         return events
+
+    def stopping(self) -> None:
+        self.calls.append(("stopping",))
 
     def shift(self, gap_s: float) -> None:
         self.calls.append(("shift", gap_s))
@@ -349,10 +353,6 @@ class FakePool:
     ) -> None:
         """``wakes``: the first ``wait`` that runs it returns right after (a stall)."""
         heapq.heappush(self._heap, (t, next(self._order), wakes, action))
-
-    def _indexes(self, slots: Sequence[int]) -> list[int]:
-        assert self.scheduler is not None
-        return [self.scheduler.flight(s).item.index for s in slots]
 
     def _live(self, worker: _Worker, action: Callable[[], list[PoolEvent]]):
         """``action``, unless the worker it was meant for was lost or retired since."""
@@ -451,6 +451,6 @@ class FakePool:
                 r.queue.clear()
                 return [ReaderLost(reader, behaviour.what, slot)]
             self._read_next(reader, self.clock.now)
-            return [ItemsRead(reader, [(slot, behaviour.after_s * 1e3, behaviour.error)])]
+            return [ItemsRead(reader, [ItemRead(slot, behaviour.after_s * 1e3, behaviour.error)])]
 
         self._schedule(now + behaviour.after_s, done)

@@ -11,6 +11,7 @@ from runs import config, fast_sim
 
 pytest.importorskip("ray.util.scheduling_strategies")  # the pool places actors with it
 
+from batchinfer.cluster.actors import CallResult
 from batchinfer.cluster.connect import NodeInfo
 from batchinfer.cluster.pool import RayPool
 from batchinfer.data.dataset import Item
@@ -180,13 +181,17 @@ class _Run:
     def calls(self, key: int) -> list[_Ref]:
         return [r for r in self.handle(key).calls if r.method == "infer" and not r.done]
 
+    def items(self, slots: list[int]) -> list[tuple[int, Item]]:
+        """(slot, item) of each slot, as the loop sends them."""
+        return [(s, self.scheduler.flight(s).item) for s in slots]
+
     def admit(self, n: int) -> dict[int, list[int]]:
         for i in range(n):
             item = Item(i, "", f"synthetic/{i}", None, None)
             self.pool.fill(self.scheduler.admit(item, self.now, needs_reader=False), item)
         sent = self.scheduler.dispatch(self.now)
         for key, slots in sent.items():
-            self.pool.send_work(key, slots, self.now)
+            self.pool.send_work(key, self.items(slots), self.now)
         return sent
 
 
@@ -210,8 +215,13 @@ def test_an_actor_up_sends_its_canary_of_instance_0_and_takes_calls_of_a_few_ite
     assert [len(c.args[0]) for c in run.calls(0)] == [2, 2, 1]  # call_items=2
     first = run.calls(0)[0]
     run.now = 10.0
-    # (t_start, t_end on the node's clock, before_return_s, error, outputs, boxes)
-    first.answer([(100.0, 100.5, 0.25, None, ["o0"], None), (100.5, 100.75, 0, "bad", None, None)])
+    # t0, t1 on the node's clock
+    first.answer(
+        [
+            CallResult(100.0, 100.5, 0.25, None, ["o0"], None),
+            CallResult(100.5, 100.75, 0, "bad", None, None),
+        ]
+    )
     (done,) = run.pool.wait(0.0)
     assert isinstance(done, ItemsDone) and done.key == 0
     a, b = done.results
@@ -242,7 +252,7 @@ def test_an_actor_death_names_the_items_of_its_oldest_call_and_a_suspect_comes_b
     assert [e.key for e in run.start(0)] == [0]  # up again
     run.scheduler.core_ready(0)
     sent = run.scheduler.dispatch(run.now)
-    run.pool.send_work(0, sent[0], run.now)
+    run.pool.send_work(0, run.items(sent[0]), run.now)
     (call,) = run.calls(0)
     assert len(sent[0]) == 1 and list(call.args[0]) == [min(oldest)]
 

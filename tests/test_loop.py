@@ -350,6 +350,9 @@ def test_a_stop_request_drains_the_items_in_flight():
     sent = [i for _, _, indexes, t in pool.of("send_work") for i in indexes]
     assert all(t <= stopped_at for *_, t in pool.of("send_work"))  # nothing sent after it
     assert sorted(rows) == sorted(sent) and len(rows) < 40  # every item in flight finished
+    # The pool is told once, so that it starts no worker while the run drains.
+    assert pool.of("stopping") == [("stopping",)]
+    assert pool.calls.index(("stopping",)) > pool.calls.index(pool.of("send_work")[-1])
     assert all(r.error is None for r in rows.values())
     assert (
         "interrupted by a test: finishing the items in flight (at most 10 s); press Ctrl-C "

@@ -22,7 +22,7 @@ from batchinfer.engine.scheduler import (
     ReaderDeathsExceeded,
     Scheduler,
 )
-from batchinfer.engine.watchdog import Watchdog
+from batchinfer.engine.watchdog import HangLimit, Watchdog
 from batchinfer.options import ReliabilityOptions
 
 
@@ -264,16 +264,18 @@ def test_after_a_stop_nothing_is_dispatched_and_unfinished_items_are_left_for_re
 
 
 # ------------------------------------------------------------------------------ watchdog
-def child(kind="worker", key=0, last_progress=0.0) -> Child:
-    return Child(kind, key, None, None, None, 0.0, None, "", "ready", last_progress)
+def child(kind="worker", key=0, last_progress=0.0, held=0) -> Child:
+    c = Child(kind, key, None, None, None, 0.0, None, "", "ready", last_progress)
+    c.held = {slot: Item(slot, "", "", None, None) for slot in range(held)}
+    return c
 
 
 REL = ReliabilityOptions(inference_timeout_s=2.0, decode_timeout_s=5.0)
 
 
-def watchdog(held=0):
+def watchdog():
     rows = {("worker", 0): slice(0, 2), ("reader", 0): slice(2, 3)}
-    return Watchdog(REL, lambda c: rows[(c.kind, c.key)], lambda c: held)
+    return Watchdog(REL, lambda c: rows[(c.kind, c.key)])
 
 
 def board(*rows):
@@ -296,16 +298,16 @@ def test_a_reader_uses_the_decode_timeout():
 
 def test_a_child_frozen_between_items_while_holding_some_is_hung():
     idle = board((0, 0), (0, 0), (0, 0))
-    assert watchdog(held=0).hung(100.0, [child()], idle) == []  # idle and empty: fine
-    assert watchdog(held=3).hung(1.5, [child()], idle) == []  # held briefly: fine
-    ((_, why, _),) = watchdog(held=3).hung(2.5, [child()], idle)
+    assert watchdog().hung(100.0, [child()], idle) == []  # idle and empty: fine
+    assert watchdog().hung(1.5, [child(held=3)], idle) == []  # held briefly: fine
+    ((_, why, _),) = watchdog().hung(2.5, [child(held=3)], idle)
     assert "made no progress for more than 2 s" in why and "holding 3 item(s)" in why
 
 
 def test_a_child_still_starting_is_judged_by_its_deadline_only():
-    c = child()
+    c = child(held=3)
     c.state, c.deadline, c.phase = "starting", 10.0, "loading the model took too long"
-    assert watchdog(held=3).hung(9.0, [c], board((7, 1.0), (0, 0), (0, 0))) == []
+    assert watchdog().hung(9.0, [c], board((7, 1.0), (0, 0), (0, 0))) == []
     assert watchdog().hung(10.5, [c], board((0, 0), (0, 0), (0, 0))) == [
         (c, "loading the model took too long; killed", None)
     ]
@@ -313,7 +315,7 @@ def test_a_child_still_starting_is_judged_by_its_deadline_only():
 
 def test_time_the_coordinator_was_not_running_is_not_held_against_children():
     """Ctrl-Z for longer than the timeout: when the job continues, nobody is killed."""
-    w, c = watchdog(held=2), child(last_progress=1.0)
+    w, c = watchdog(), child(last_progress=1.0, held=2)
     busy = board((7, 1.0), (0, 0), (0, 0))
     # A minute stopped, as the loop found (tests/test_loop.py); the pool moves the clocks.
     w.resumed(61.0)
@@ -322,6 +324,24 @@ def test_time_the_coordinator_was_not_running_is_not_held_against_children():
     assert w.hung(61.1, [c], board((0, 0), (0, 0), (0, 0))) == []
     # ... but time after the pause counts again.
     assert w.hung(63.5, [c], busy)
+
+
+def test_one_hang_limit_makes_the_texts_of_the_board_and_the_cluster() -> None:
+    """The board's watchdog and the Ray pool (a call of n items: n times the limit) say a
+    hang in the same words (HangLimit)."""
+    inference, decode = HangLimit.inference(REL), HangLimit.decode(REL)
+    assert inference == HangLimit(2.0, "the inference timeout")
+    call = inference.of(3)
+    assert not call.passed(1.0, 7.0) and call.passed(1.0, 7.01)
+    assert call.hung("inference of a call of 3 items", "actor") == (
+        "inference of a call of 3 items hung for more than 6 s (the inference timeout); "
+        "actor killed"
+    )
+    assert decode.of(2).stuck() == "was stuck for more than 10 s (the decode timeout)"
+    ((_, why, _),) = watchdog().hung(3.5, [child()], board((7, 1.0), (0, 0), (0, 0)))
+    assert why == inference.hung("inference of item 7", "worker")
+    ((_, why, _),) = watchdog().hung(2.5, [child(held=3)], board((0, 0), (0, 0), (0, 0)))
+    assert why == inference.frozen(3)
 
 
 # ------------------------------------------------------------------------ reader scaling

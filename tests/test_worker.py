@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multiprocessing import Pipe
 
-from batchinfer.engine.protocol import Done, decode
+from batchinfer.engine.protocol import Done, InferResult, decode
 from batchinfer.engine.worker import BATCH_MAX, BATCH_WAIT_S, _BusyClock, _Outbox, _Sender
 
 REFILL_AT = 3
@@ -19,7 +19,7 @@ class _Rig:
         self.direct: list[bool] = []
         self.outbox = _Outbox(
             lambda batch, busy_s, direct: (
-                self.sent.append(([r[0] for r in batch], busy_s)),
+                self.sent.append(([r.slot for r in batch], busy_s)),
                 self.direct.append(direct),
             ),
             busy or _BusyClock(),
@@ -28,7 +28,7 @@ class _Rig:
         )
 
     def add(self, slot: int, t0: float, t1: float) -> None:
-        self.outbox.add((slot, slot, 0, t0, t1, None))
+        self.outbox.add(InferResult(slot, slot, 0, t0, t1, None, None))
 
     def take(self) -> list[list[int]]:
         out, self.sent = [slots for slots, _ in self.sent], []

@@ -13,14 +13,15 @@ Protocol (the driver's side: pool.py):
                               runtime/adapter.py CoreReason); called again after
                               Ray restarted the actor (a new process: a new instance)
                             infer(indexes, *inputs)
-                              -> [(t_start, t_end, before_return_s, error, outputs, decoded)]
+                              -> [CallResult(t0, t1, before_return_s, error, outputs,
+                                  decoded)]
                               one call, a few items, inferred in order; error None: outputs
                               are the model's outputs; else one sentence. When the run's
                               task decodes in the workers the actor decodes too (decoded: a
                               tasks.Decoded, as a core worker's; outputs None unless the run
                               saves them, --save-outputs); a letterboxing task's inputs come
                               as (tensor, geometry).
-                              t_start, t_end:
+                              t0, t1:
                               inside inference(), on the node's monotonic clock (shared by
                               the node's actors, not the driver's); before_return_s: how
                               long before the call returned the item was done.
@@ -46,7 +47,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -59,7 +60,18 @@ from batchinfer.messages import Message
 from batchinfer.runtime.adapter import CoreError, CoreReason, RuntimeAdapter
 from batchinfer.runtime.backends import Backend
 from batchinfer.runtime.rknn_log import quiet_instance_logs
-from batchinfer.tasks import ItemDecoder, Task
+from batchinfer.tasks import Decoded, ItemDecoder, Task
+
+
+class CallResult(NamedTuple):
+    """One item of a core actor's ``infer`` call (the module docstring's protocol)."""
+
+    t0: float
+    t1: float
+    before_return_s: float
+    error: str | None
+    outputs: list[np.ndarray] | None
+    decoded: Decoded | None
 
 
 class NodeHost:
@@ -156,7 +168,7 @@ class CoreActor:
             "pid": os.getpid(),
         }
 
-    def infer(self, indexes: list[int], *inputs: np.ndarray) -> list[tuple]:
+    def infer(self, indexes: list[int], *inputs: np.ndarray) -> list[CallResult]:
         """Infer each input in order (see the module docstring)."""
         assert self.adapter is not None, "start() comes first"
         results = []
@@ -180,9 +192,9 @@ class CoreActor:
                     outs = outs if self.keep_outputs else None
                 except Exception as e:
                     error = f"decoding the outputs failed: {type(e).__name__}: {e}"
-            results.append((t0, t1, error, outs, decoded))
+            results.append(CallResult(t0, t1, 0.0, error, outs, decoded))
         end = time.monotonic()
-        return [(t0, t1, end - t1, e, o, b) for t0, t1, e, o, b in results]
+        return [r._replace(before_return_s=end - r.t1) for r in results]
 
     def stop(self) -> None:
         if self.adapter is not None:

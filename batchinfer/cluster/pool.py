@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
+from batchinfer.cluster.actors import CallResult, CoreActor, NodeHost, model_files
 from batchinfer.cluster.busy import BusyUnion
 from batchinfer.cluster.connect import (
     GCS_TIMEOUT_S,
@@ -87,6 +87,7 @@ from batchinfer.engine.pools import (
 from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
+from batchinfer.engine.watchdog import HangLimit
 from batchinfer.errors import NoCoreError, UsageError
 from batchinfer.messages import setting
 from batchinfer.runtime.adapter import CoreReason
@@ -111,6 +112,7 @@ _GCS_LOST_S = 5.0
 class _Call:
     ref: Any
     slots: list[int]
+    indexes: list[int]  # the slots' items
     epoch: int
 
 
@@ -288,11 +290,10 @@ class RayPool:
                 lanes.append(("DEFAULT", None))
         self.reads = ReadLanes(
             ray,
-            scheduler,
             lanes,
             self.plan.preprocess,
             self.source.kind,
-            self.rel.decode_timeout_s,
+            HangLimit.decode(self.rel),
         )
         self._prefill()
 
@@ -325,6 +326,9 @@ class RayPool:
         recycle it (--max-worker-rss-mb and --recycle-after act on one board only)."""
         raise NotImplementedError("Ray actors are not recycled: the pool reports no memory")
 
+    def stopping(self) -> None:
+        """Nothing to do: actors are not recycled."""
+
     def restart_reader(self, reader: int) -> None:
         """A read lane needs no restart: its next task starts when it is sent reads."""
 
@@ -336,27 +340,27 @@ class RayPool:
             self.source.fill(item, self._buffers[slot])
             self._input_refs[slot] = self.ray.put(self._buffers[slot][0])
 
-    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
+    def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         assert self.reads is not None
         lane = self.reads.lanes[reader]
-        self._submitted(lane, self.reads.send(lane, slots, now))
+        self._submitted(lane, self.reads.send(lane, items, now))
 
     def _submitted(self, lane: Lane, task: ReadTask | None) -> None:
         if task is not None:
             self._waiting[task.meta] = ("read", lane, task)
 
-    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
+    def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         """Calls of up to ``call_items`` items (a suspect comes alone: the scheduler sends
         it to an empty key and nothing else with it)."""
         actor = self.actors[key]
         if not actor.calls:
             actor.last_progress = now  # it was idle: its clock starts now
         n = self.call_items
-        for i in range(0, len(slots), n):
-            chunk = list(slots[i : i + n])
-            indexes = [self.scheduler.flight(s).item.index for s in chunk]
+        for i in range(0, len(items), n):
+            chunk = [slot for slot, _ in items[i : i + n]]
+            indexes = [item.index for _, item in items[i : i + n]]
             ref = actor.handle.infer.remote(indexes, *[self._input_refs[s] for s in chunk])
-            call = _Call(ref, chunk, actor.epoch)
+            call = _Call(ref, chunk, indexes, actor.epoch)
             actor.calls.append(call)
             self._waiting[ref] = ("call", actor, call)
 
@@ -419,22 +423,22 @@ class RayPool:
         canary = info["canary"] if actor.instance == 0 else None
         return [WorkerUp(actor.key, info["pid"], info.get("sdk_version"), outputs, canary)]
 
-    def _on_results(self, actor: _Actor, call: _Call, value: list) -> list[PoolEvent]:
+    def _on_results(self, actor: _Actor, call: _Call, value: list[CallResult]) -> list[PoolEvent]:
         if call.epoch != actor.epoch:
             return []  # the actor died meanwhile and its items went back already
         with contextlib.suppress(ValueError):
             actor.calls.remove(call)
         now = self.clock()
         actor.last_progress = now
-        self._busy[actor.where].add(actor.instance, [(t0, t1) for t0, t1, *_ in value])
+        self._busy[actor.where].add(actor.instance, [(r.t0, r.t1) for r in value])
         self._report_busy(actor)
         results = []
-        for slot, (t0, t1, after_s, error, outputs, decoded) in zip(call.slots, value, strict=True):
-            if error is None:
-                self.outputs[slot] = outputs
-            done = now - after_s  # the node's clock is not ours: place its times on ours
-            t_start = done - (t1 - t0)
-            results.append(ItemResult(slot, actor.instance, t_start, done, error, decoded))
+        for slot, r in zip(call.slots, value, strict=True):
+            if r.error is None:
+                self.outputs[slot] = r.outputs
+            done = now - r.before_return_s  # the node's clock is not ours: place its times on ours
+            t_start = done - (r.t1 - r.t0)
+            results.append(ItemResult(slot, actor.instance, t_start, done, r.error, r.decoded))
         return [ItemsDone(actor.key, results)]
 
     def _report_busy(self, actor: _Actor, final: bool = False) -> None:
@@ -451,7 +455,7 @@ class RayPool:
         actor.kill_reason = None
         # Calls run one at a time, in order: the oldest one was being inferred.
         oldest = actor.calls[0] if actor.calls else call
-        working = frozenset(self.scheduler.flight(s).item.index for s in oldest.slots)
+        working = frozenset(oldest.indexes)
         self._drop_calls(actor)
         self._report_busy(actor)
         actor.state = CoreStatus.DOWN
@@ -489,7 +493,7 @@ class RayPool:
         repeat, and the nodes (once a second)."""
         self._forget_released()
         events: list[PoolEvent] = []
-        limit = self.rel.inference_timeout_s
+        limit = HangLimit.inference(self.rel)
         for actor in self.actors:
             if actor.state == CoreStatus.STARTING and now > actor.probe_deadline:
                 reason = CoreReason.of(
@@ -502,13 +506,10 @@ class RayPool:
                     self._probe(actor, now, again=True)
             elif actor.calls and actor.kill_reason is None:
                 held = len(actor.calls[0].slots)
-                if now - actor.last_progress > limit * held:
-                    index = self.scheduler.flight(actor.calls[0].slots[0]).item.index
+                if limit.of(held).passed(actor.last_progress, now):
+                    index = actor.calls[0].indexes[0]
                     item = f"item {index}" if held == 1 else f"a call of {held} items"
-                    actor.kill_reason = (
-                        f"inference of {item} hung for more than {limit * held:g} s (the "
-                        "inference timeout); actor killed"
-                    )
+                    actor.kill_reason = limit.of(held).hung(f"inference of {item}", "actor")
                     with contextlib.suppress(Exception):
                         self.ray.kill(actor.handle, no_restart=False)
         if self.reads is not None:

@@ -9,7 +9,7 @@ reader death, reported as a :class:`~batchinfer.engine.pools.ReaderLost`: a one-
 names its item as the culprit (the scheduler charges it an attempt), a larger task's items
 are read alone next time, so that a second death names its file. Files that cannot be
 decoded come back as errors of :class:`~batchinfer.engine.pools.ItemsRead` (error rows at
-once). The lanes read the scheduler (which item is in a slot), never write it.
+once). The lanes know the items the loop gave them (RayPool.send_reads), not the scheduler.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchinfer.cluster.actors import read_items
+from batchinfer.data.dataset import Item
 from batchinfer.data.preprocess import Preprocess
-from batchinfer.engine.pools import ItemsRead, ReaderLost
-from batchinfer.engine.scheduler import Scheduler
+from batchinfer.engine.pools import ItemRead, ItemsRead, ReaderLost
+from batchinfer.engine.watchdog import HangLimit
 
 #: Items per read task at most.
 READ_ITEMS = 8
@@ -34,6 +35,7 @@ class ReadTask:
     meta: Any
     arrays: list[Any]
     slots: list[int]
+    indexes: list[int]  # the slots' items
     t_sent: float
     cancel_reason: str | None = None
 
@@ -43,7 +45,7 @@ class Lane:
     index: int
     strategy: Any  # Ray scheduling strategy of its tasks
     node_id: str | None  # the node it reads on, when there is one
-    queue: deque[int] = field(default_factory=deque)
+    queue: deque[tuple[int, Item]] = field(default_factory=deque)  # (slot, item) to read
     task: ReadTask | None = None
 
 
@@ -53,48 +55,45 @@ class ReadLanes:
     def __init__(
         self,
         ray: Any,
-        scheduler: Scheduler,
         lanes: list[tuple[Any, str | None]],
         preprocess: Preprocess,
         kind: str,
-        decode_timeout_s: float,
+        decode_limit: HangLimit,
     ) -> None:
         self.ray = ray
-        self.scheduler = scheduler
         self.lanes = [Lane(i, strategy, node) for i, (strategy, node) in enumerate(lanes)]
         self.preprocess = preprocess
         self.kind = kind
-        self.decode_timeout_s = decode_timeout_s
+        self.decode_limit = decode_limit  # per item of a task
         self.alone: set[int] = set()  # items to read alone (they were in a task that died)
         self._task = ray.remote(num_cpus=1, max_retries=0)(read_items) if lanes else None
 
-    def send(self, lane: Lane, slots: Sequence[int], now: float) -> ReadTask | None:
-        """``slots`` are to be read on ``lane``: the task started if the lane was idle (the
-        pool waits for its ``meta``)."""
-        lane.queue.extend(slots)
+    def send(self, lane: Lane, items: Sequence[tuple[int, Item]], now: float) -> ReadTask | None:
+        """``items`` ((slot, item)) are to be read on ``lane``: the task started if the lane
+        was idle (the pool waits for its ``meta``)."""
+        lane.queue.extend(items)
         return self.next(lane, now)
 
     def next(self, lane: Lane, now: float) -> ReadTask | None:
         """The lane's next task, if it is idle and has slots queued."""
         if lane.task is not None or not lane.queue:
             return None
-        batch: list[int] = []
+        batch: list[tuple[int, Item]] = []
         while lane.queue and len(batch) < READ_ITEMS:
-            alone = self.scheduler.flight(lane.queue[0]).item.index in self.alone
+            alone = lane.queue[0][1].index in self.alone
             if alone and batch:
                 break
             batch.append(lane.queue.popleft())
             if alone:
                 break
-        items = [
-            (it.index, it.path, it.id, it.member)
-            for it in (self.scheduler.flight(s).item for s in batch)
-        ]
+        items = [(it.index, it.path, it.id, it.member) for _, it in batch]
         assert self._task is not None, "a run with read lanes"
         refs = self._task.options(
             num_returns=len(batch) + 1, scheduling_strategy=lane.strategy
         ).remote(items, self.preprocess, self.kind)
-        lane.task = ReadTask(refs[0], refs[1:], batch, now)
+        lane.task = ReadTask(
+            refs[0], refs[1:], [s for s, _ in batch], [it.index for _, it in batch], now
+        )
         return lane.task
 
     def done(
@@ -105,11 +104,12 @@ class ReadLanes:
         if lane.task is not task:
             return [], None
         lane.task = None
-        ready, items = [], []
+        ready: list[tuple[int, Any]] = []
+        items: list[ItemRead] = []
         for slot, (read_ms, error), array in zip(task.slots, meta, task.arrays, strict=True):
             if error is None:
                 ready.append((slot, array))
-            items.append((slot, read_ms, error))
+            items.append(ItemRead(slot, read_ms, error))
         return ready, ItemsRead(lane.index, items)
 
     def failed(
@@ -123,21 +123,19 @@ class ReadLanes:
         if len(task.slots) == 1 and not node_gone:
             culprit = task.slots[0]
         else:  # whose fault it was is unknown (or it was the node's): read them one by one
-            self.alone.update(self.scheduler.flight(s).item.index for s in task.slots)
+            self.alone.update(task.indexes)
         lane.task = None
         lane.queue.clear()  # reader_lost hands every slot of this lane out again
         return ReaderLost(lane.index, what, culprit)
 
     def check_hangs(self, now: float) -> None:
-        limit = self.decode_timeout_s
         for lane in self.lanes:
             task = lane.task
             if task is None or task.cancel_reason is not None:
                 continue
-            if now - task.t_sent > limit * len(task.slots):
-                task.cancel_reason = (
-                    f"was stuck for more than {limit * len(task.slots):g} s (the decode timeout)"
-                )
+            limit = self.decode_limit.of(len(task.slots))
+            if limit.passed(task.t_sent, now):
+                task.cancel_reason = limit.stuck()
                 with contextlib.suppress(Exception):
                     self.ray.cancel(task.meta, force=True)
 

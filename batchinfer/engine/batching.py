@@ -61,6 +61,8 @@ from typing import Any
 
 import numpy as np
 
+from batchinfer.engine.protocol import InferResult, InferTask
+
 # How long an instance waits for more items once it has the first of a short batch. Short
 # against a batch call (a few ms of NPU per item, times N), long against the coordinator's
 # refills (they travel in well under a millisecond).
@@ -114,17 +116,17 @@ class BatchWork:
     batch: int
     core: int
     board_row: int  # the worker's first status-board row
-    work: queue.SimpleQueue  # (slot, index) tasks; None: stop
+    work: queue.SimpleQueue  # InferTask(slot, index)s; None: stop
     inputs: Any  # SlotRegion: slot -> [one array per model input]
     outputs: Any  # SlotRegion: slot -> [one array per model output]
     board: Any  # StatusBoard
     busy: Any  # worker._BusyClock
-    report: Callable[[tuple], None]  # _Outbox.add
+    report: Callable[[InferResult], None]  # _Outbox.add
     held: Held
     gather_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def gather(work: queue.SimpleQueue, n: int) -> tuple[list[tuple[int, int]], bool]:
+def gather(work: queue.SimpleQueue, n: int) -> tuple[list[InferTask], bool]:
     """Up to ``n`` tasks by the rule of the NOTE (step 1), and whether the stop sentinel
     was taken (then the caller infers what it has and ends)."""
     first = work.get()
@@ -206,7 +208,7 @@ def _call(
     instance: int,
     adapter: Any,
     packer: Packer,
-    group: list[tuple[int, int]],
+    group: list[InferTask],
     rows: int,
     data_format: str | list[str],
     decoding: queue.SimpleQueue | None,
@@ -251,4 +253,4 @@ def _call(
         if decoding is not None and error is None:
             decoding.put((slot, index, instance, t0, t1, [o[j : j + 1] for o in outs]))
         else:
-            shared.report((slot, index, instance, t0, t1, error, None))
+            shared.report(InferResult(slot, index, instance, t0, t1, error, None))

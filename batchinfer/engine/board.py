@@ -34,6 +34,7 @@ from batchinfer.engine.fd_limit import check_fd_limit
 from batchinfer.engine.interface import EnginePlan
 from batchinfer.engine.memory import RunMemory
 from batchinfer.engine.pools import (
+    ItemRead,
     ItemResult,
     ItemsDone,
     ItemsRead,
@@ -54,11 +55,13 @@ from batchinfer.engine.protocol import (
     Done,
     Failed,
     Infer,
+    InferTask,
     InitFailed,
     Initialised,
     Loaded,
     Read,
     ReaderReady,
+    ReadTask,
     Stop,
     WorkerReady,
 )
@@ -116,7 +119,7 @@ class BoardPool:
         )
         self.nodes: tuple[str, ...] = ()
         self.children = ChildPool(clock)
-        self.watchdog = Watchdog(self.rel, self._board_rows, self._held_by)
+        self.watchdog = Watchdog(self.rel, self._board_rows)
         self.usage = Usage()
         # With runtime.readers fixed (or one CPU) the count stays, but the scaler's windows
         # still decide the readers' priority (_yield_to_workers).
@@ -131,6 +134,8 @@ class BoardPool:
         self._next_memory = 0.0
         self._recycling: dict[int, Child] = {}  # id -> a worker asked to stop, to be replaced
         self._starved = False
+        self._stopping = False  # the loop drains: a recycled worker gets no successor
+        self._retired: set[int] = set()  # keys the loop retired
         self._started = False  # the scaler was told that start-up is over
         self.outputs: SlotRegion | None = None
         self._memory: RunMemory | None = None
@@ -219,28 +224,23 @@ class BoardPool:
     def fill(self, slot: int, item: Item) -> None:
         self.source.fill(item, self.inputs[slot])
 
-    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None:
+    def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         child = self._child("reader", reader)
         if child is None:
             return  # being restarted: reader_lost has re-queued its slots already
-        s = self.scheduler
-        if not s.held_by_reader(reader) - len(slots):
-            child.last_progress = now  # it was idle: its clock starts now
-        items = [s.flight(slot).item for slot in slots]
+        child.sent(items, now)
         tasks = [
-            (slot, it.index, it.path, it.id, it.member, self._column_values(it))
-            for slot, it in zip(slots, items, strict=True)
+            ReadTask(slot, it.index, it.path, it.id, it.member, self._column_values(it))
+            for slot, it in items
         ]
         self.children.send(child, Read(tasks))
 
-    def send_work(self, key: int, slots: Sequence[int], now: float) -> None:
+    def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         child = self._child("worker", key)
         if child is None:
             return  # cannot happen: the scheduler dispatches to ready cores only
-        if len(self.scheduler.cores[key].inflight) == len(slots):
-            child.last_progress = now  # it was idle: its clock starts now
-        tasks = [(slot, self.scheduler.flight(slot).item.index) for slot in slots]
-        self.children.send(child, Infer(tasks))
+        child.sent(items, now)
+        self.children.send(child, Infer([InferTask(slot, it.index) for slot, it in items]))
 
     def _column_values(self, item: Item) -> tuple | None:
         """The item's values of the columns that feed model inputs (engine.feeds), in feed
@@ -278,19 +278,18 @@ class BoardPool:
         match msg:
             case Loaded(items, cpu_s):
                 child.cpu_s = cpu_s
+                child.heard(items)
                 if self.scaler is not None:
-                    self.scaler.decoded(sum(m[2] for m in items) / 1e3)
-                return ItemsRead(child.key, [(slot, ms, err) for slot, _i, ms, err in items])
+                    self.scaler.decoded(sum(r.read_ms for r in items) / 1e3)
+                return ItemsRead(child.key, [ItemRead(r.slot, r.read_ms, r.error) for r in items])
             case Done(results, busy_s, cpu_s):
                 child.busy_s, child.cpu_s = busy_s, cpu_s
+                child.heard(results)
                 self.stats.set_busy(child.key, busy_s)
-                return ItemsDone(
-                    child.key,
-                    [
-                        ItemResult(slot, instance, t0, t1, error, decoded)
-                        for slot, _index, instance, t0, t1, error, decoded in results
-                    ],
-                )
+                done = [
+                    ItemResult(r.slot, r.instance, r.t0, r.t1, r.error, r.decoded) for r in results
+                ]
+                return ItemsDone(child.key, done)
             case ReaderReady() | WorkerReady():
                 child.state, child.deadline = ChildState.READY, None
                 child.cpu_s = child.cpu_at_ready = msg.cpu_s
@@ -337,24 +336,23 @@ class BoardPool:
         rows = self._board_rows(child)
         working = [(int(i), t) for i, t in board.snapshot()[rows] if t > 0]
         board.rows[rows] = 0.0
-        s = self.scheduler
         if child.kind == "reader":
-            if child.key in s.closing and not s.held_by_reader(child.key):
+            if child.stopped and not child.held:
                 return None  # stopped because fewer readers are enough: nothing to redo
             culprit = None
             if working:
                 index = working[0][0]
-                for slot in s.reading[child.key]:
-                    if s.flight(slot).item.index == index:
+                for slot, item in child.held.items():
+                    if item.index == index:
                         culprit = slot
-                        what += f" while decoding {s.flight(slot).item.id}"
+                        what += f" while decoding {item.id}"
             return ReaderLost(child.key, what, culprit)
-        if s.cores[child.key].state != CoreStatus.RETIRED:
+        if child.key not in self._retired:
             self.stats.add_busy(child.key, child.busy_s)  # carried over from this incarnation
             self.stats.set_busy(child.key, 0.0)
         if self._recycling.pop(id(child), None) is not None:
             # Recycled: it held no item, so nothing is lost; its successor starts now.
-            if not s.stopping:
+            if not self._stopping:
                 self.start_worker(child.key, self.clock())
             return None if child.killed_for is None else Said(f"{child.name}: {what}.")
         return WorkerLost(child.key, what, frozenset(i for i, _ in working), child.hung_items)
@@ -422,11 +420,6 @@ class BoardPool:
         row = self.memory.reader_row(child.key)
         return slice(row, row + 1)
 
-    def _held_by(self, child: Child) -> int:
-        if child.kind == "worker":
-            return len(self.scheduler.cores[child.key].inflight)
-        return len(self.scheduler.reading[child.key])  # sent to it (unsent ones wait here)
-
     # ------------------------------------------------------------------ readers
     def _is_starved(self) -> bool:
         """A runtime instance has nothing to infer and no item is READY: the cores wait for
@@ -447,6 +440,7 @@ class BoardPool:
             child = self._child("reader", reader)
             if child is not None and not s.held_by_reader(reader) and not child.killed_for:
                 child.killed_for = "stopped: fewer readers are enough"
+                child.stopped = True
                 self.children.send(child, Stop())
         open_readers = s.open_readers()
         change = self.scaler.decide(now, len(open_readers), self.usage.idle_cpus)
@@ -480,7 +474,11 @@ class BoardPool:
                 os.setpriority(os.PRIO_PROCESS, pid, lower)
 
     # ------------------------------------------------------------------ ending
+    def stopping(self) -> None:
+        self._stopping = True
+
     def retire(self, key: int) -> None:
+        self._retired.add(key)
         child = self._child("worker", key)
         if child is not None and child.killed_for is None:
             self.children.kill(child, "retired")  # it exits anyway after InitFailed

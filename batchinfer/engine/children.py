@@ -17,16 +17,19 @@ import contextlib
 import logging
 import os
 import select
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from multiprocessing import Pipe
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchinfer.engine import fork_server
 from batchinfer.engine.fork_server import ForkedChild
-from batchinfer.engine.protocol import Stop, decode, encode
+from batchinfer.engine.protocol import InferResult, ReadResult, Stop, decode, encode
 from batchinfer.engine.states import ChildState
+
+if TYPE_CHECKING:
+    from batchinfer.data.dataset import Item
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +59,24 @@ class Child:
     cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
     readable: Any = None  # a poll object on ``results`` alone: "is another message there?"
     yielding: bool = False  # readers: lowered in priority (Engine._yield_to_workers)
+    # What the pool sent it and has not heard back about: slot -> its item (engine/board.py).
+    held: dict[int, Item] = field(default_factory=dict)
+    stopped: bool = False  # readers: stopped because fewer readers are enough
 
     @property
     def name(self) -> str:
         return f"reader {self.key}" if self.kind == "reader" else f"core {self.key}"
+
+    def sent(self, items: Iterable[tuple[int, Item]], now: float) -> None:
+        """``items`` ((slot, item)) were sent to it; an idle child's clock starts now."""
+        if not self.held:
+            self.last_progress = now
+        self.held.update(items)
+
+    def heard(self, records: Iterable[ReadResult | InferResult]) -> None:
+        """It reported these slots' items (read, or inferred): it holds them no more."""
+        for r in records:
+            self.held.pop(r.slot, None)
 
 
 @dataclass(frozen=True)

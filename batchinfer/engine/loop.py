@@ -321,6 +321,7 @@ class Engine:
         while True:
             if self.stop_reason is not None and not self.scheduler.stopping:
                 self.scheduler.stop()
+                self.pool.stopping()
                 self._drain_until = self.clock() + self.rel.drain_timeout_s
                 self.notify(ev.Stopping(self.stop_reason))
                 self.warn(
@@ -360,11 +361,13 @@ class Engine:
 
     def _send_work(self) -> None:
         now = self.clock()
+        flight = self.scheduler.flight
+        # The pool is given each slot's item: it never looks in the scheduler for them.
         for reader, slots in self.scheduler.take_reads().items():
-            self.pool.send_reads(reader, slots, now)
+            self.pool.send_reads(reader, [(slot, flight(slot).item) for slot in slots], now)
         for key, slots in self.scheduler.dispatch(now).items():
             self.stats.mark_dispatch(now)
-            self.pool.send_work(key, slots, now)
+            self.pool.send_work(key, [(slot, flight(slot).item) for slot in slots], now)
             where = self.pool.where(key)
             self.notify(ev.Dispatched(where.core, len(slots), now, node=where.node))
 

@@ -21,8 +21,8 @@ PROTOCOL (loop ⇄ pool), all on the loop's thread, all times on the loop's cloc
     Engine(plan, source, sink, pool=...) ──layout──►  Layout (read once, before setup)
     setup(scheduler, stats, now) ───────────────────► starts every worker (and reader)
     fill(slot, item)           (sources in memory)    the item's tensors into its slot
-    send_reads(reader, slots, now)                    the slots' items are to be read
-    send_work(key, slots, now)                        the slots' items are to be inferred
+    send_reads(reader, [(slot, item)], now)           these items are to be read
+    send_work(key, [(slot, item)], now)               these items are to be inferred
     wait(timeout_s) ◄──────────────────────────────── events, in the order they happened
     check(now) ◄───────────────────────────────────── events found by looking: a worker
                                                       that did not start in time
@@ -33,6 +33,7 @@ PROTOCOL (loop ⇄ pool), all on the loop's thread, all times on the loop's cloc
                                                       killed here; its WorkerLost comes
                                                       from wait()
     shift(gap_s)                                      the loop was not running: move clocks
+    stopping()                 (a stop request)       the run drains: start no new worker
     start_worker(key, now)     (after a back-off)     start the key's worker again
     recycle(key, now)          (it holds no item)     replace the key's worker: stop it,
                                                       start a new one; its WorkerUp comes
@@ -153,11 +154,19 @@ class ItemsDone(NamedTuple):
     results: list[ItemResult]
 
 
+class ItemRead(NamedTuple):
+    """One slot a reader finished: its decode's milliseconds, and why it failed, if it did."""
+
+    slot: int
+    read_ms: float
+    error: str | None
+
+
 class ItemsRead(NamedTuple):
-    """Reader ``reader`` finished these slots: (slot, read_ms, error or None)."""
+    """Reader ``reader`` finished these slots."""
 
     reader: int
-    items: list[tuple[int, float, str | None]]
+    items: list[ItemRead]
 
 
 class ReaderLost(NamedTuple):
@@ -209,15 +218,20 @@ class WorkerPool(Protocol):
     def where(self, key: int) -> Where: ...
 
     def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
-        """Start every worker and reader; ``scheduler`` is read (flights, what each holds),
-        never written; ``stats`` gets the workers' busy time (set_busy, add_busy)."""
+        """Start every worker and reader; ``stats`` gets the workers' busy time (set_busy,
+        add_busy). What to send comes with each call (send_reads, send_work); ``scheduler``
+        is read only where a pool still holds a policy of its own: the board's reader
+        scaling (which also adds and closes readers) and the Ray pool's freeing of the
+        objects of released slots."""
 
     def fill(self, slot: int, item: Item) -> None:
         """Sources that need no reader: put ``item``'s tensors into ``slot``."""
 
-    def send_reads(self, reader: int, slots: Sequence[int], now: float) -> None: ...
+    def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
+        """Read each item into its slot (``items``: (slot, item))."""
 
-    def send_work(self, key: int, slots: Sequence[int], now: float) -> None: ...
+    def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
+        """Infer each item of its slot (``items``: (slot, item))."""
 
     def wait(self, timeout_s: float) -> list[PoolEvent]:
         """What happened, waiting at most ``timeout_s`` for the first event."""
@@ -230,6 +244,10 @@ class WorkerPool(Protocol):
 
     def shift(self, gap_s: float) -> None:
         """The loop was not running for ``gap_s``: not held against workers or readers."""
+
+    def stopping(self) -> None:
+        """The run is stopping (the items in flight finish, then ``close``): a worker being
+        recycled gets no successor."""
 
     def start_worker(self, key: int, now: float) -> None:
         """Start the key's worker again (after WorkerLost and the scheduler's back-off)."""

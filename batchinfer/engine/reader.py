@@ -3,10 +3,11 @@
 Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
 side: engine/board.py):
   reader -> coordinator  ReaderReady(pid, cpu_s)                 imports done, segments mapped
-                         Loaded([(slot, index, read_ms, error or None), ...], cpu_s)
+                         Loaded([ReadResult(slot, item_index, read_ms, error), ...], cpu_s)
+                         error: None, or why the item cannot be read (its row)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          Failed(traceback)                        start-up failed; then exit
-  coordinator -> reader  Read([(slot, index, path, id, member, values), ...])
+  coordinator -> reader  Read([ReadTask(slot, item_index, path, id, member, values), ...])
                                   decode these, in order; id names the file in errors;
                                   member: None, or where the item is inside the tar shard
                                   at path (data/shards.py Member); the reader keeps the
@@ -43,7 +44,7 @@ from batchinfer.data.shards import ShardFiles
 from batchinfer.data.video.frames import VideoFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry
-from batchinfer.engine.protocol import Loaded, ReaderReady, Stop, decode
+from batchinfer.engine.protocol import Loaded, ReaderReady, ReadResult, Stop, decode
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -111,7 +112,7 @@ def _serve(
             return
         if isinstance(msg, Stop):
             return
-        done: list[tuple] = []
+        done: list[ReadResult] = []
         first_unsent = 0.0
         for slot, index, path, item_id, member, values in msg.items:
             t0 = time.perf_counter()
@@ -152,7 +153,7 @@ def _serve(
             t1 = time.perf_counter()
             if not done:
                 first_unsent = t1
-            done.append((slot, index, (t1 - t0) * 1e3, error))
+            done.append(ReadResult(slot, index, (t1 - t0) * 1e3, error))
             # Slow items go back one by one (a message is cheap next to their decode); fast
             # ones in batches, none of them waiting more than _SEND_AFTER_S.
             if t1 - first_unsent >= _SEND_AFTER_S or t1 - t0 >= _SEND_AFTER_S:

@@ -12,11 +12,16 @@ is CLOCK_MONOTONIC, which keeps counting meanwhile, so after such a gap every ch
 look hung at once. The loop notices a gap between two of its turns, and
 :meth:`BoardPool.shift` (board.py) moves every child's deadline by it and tells the
 watchdog: a child is judged only on time we could watch it.
+
+:class:`HangLimit` is the one place a hang's limit and its texts are made: this watchdog
+judges the board's children by it, and the Ray pool (cluster/pool.py, cluster/reads.py)
+its actors' calls and its read tasks (a call of n items gets n times the limit).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -24,6 +29,48 @@ import numpy as np
 from batchinfer.engine.children import Child
 from batchinfer.engine.states import ChildState
 from batchinfer.options import ReliabilityOptions
+
+
+@dataclass(frozen=True)
+class HangLimit:
+    """How long one item may run in inference (or in decoding) before its worker (reader,
+    actor, read task) is hung, and the texts that say so (they become the items' errors)."""
+
+    seconds: float
+    name: str  # the setting, as the texts name it: "the inference timeout"
+
+    @classmethod
+    def inference(cls, rel: ReliabilityOptions) -> HangLimit:
+        return cls(rel.inference_timeout_s, "the inference timeout")
+
+    @classmethod
+    def decode(cls, rel: ReliabilityOptions) -> HangLimit:
+        return cls(rel.decode_timeout_s, "the decode timeout")
+
+    def of(self, items: int) -> HangLimit:
+        """The limit of one call (or task) of ``items`` items, run one after the other."""
+        return HangLimit(self.seconds * items, self.name)
+
+    def passed(self, since: float, now: float) -> bool:
+        return now - since > self.seconds
+
+    def _over(self) -> str:
+        return f"more than {self.seconds:g} s ({self.name})"
+
+    def hung(self, what: str, killed: str) -> str:
+        """``what`` ("inference of item 7") ran past the limit; ``killed`` what was killed."""
+        return f"{what} hung for {self._over()}; {killed} killed"
+
+    def stuck(self) -> str:
+        """A reader (or read task) that ran past the limit on one item."""
+        return f"was stuck for {self._over()}"
+
+    def frozen(self, held: int) -> str:
+        """A child that holds items, infers or decodes none, and has said nothing."""
+        return (
+            f"made no progress for {self._over()} while holding {held} item(s): frozen or "
+            "stopped; killed"
+        )
 
 
 class Hung(NamedTuple):
@@ -42,11 +89,9 @@ class Watchdog:
         self,
         rel: ReliabilityOptions,
         rows_of: Callable[[Child], slice],
-        held_by: Callable[[Child], int],
     ) -> None:
         self.rel = rel
         self.rows_of = rows_of
-        self.held_by = held_by
         self._resumed_at = 0.0
 
     def resumed(self, now: float) -> None:
@@ -55,10 +100,10 @@ class Watchdog:
         judged from ``now``."""
         self._resumed_at = now
 
-    def _limit(self, child: Child) -> tuple[float, str]:
+    def _limit(self, child: Child) -> HangLimit:
         if child.kind == "worker":
-            return self.rel.inference_timeout_s, "the inference timeout"
-        return self.rel.decode_timeout_s, "the decode timeout"
+            return HangLimit.inference(self.rel)
+        return HangLimit.decode(self.rel)
 
     def hung(self, now: float, children: list[Child], board: np.ndarray) -> list[Hung]:
         """Children to kill now, each with the reason (it becomes their items' error)."""
@@ -72,28 +117,19 @@ class Watchdog:
                 continue
             if child.state != ChildState.READY:
                 continue
-            limit, name = self._limit(child)
+            limit = self._limit(child)
             rows = board[self.rows_of(child)]
             active = [(int(i), max(t, self._resumed_at)) for i, t in rows if t > 0]
-            late = [(i, t) for i, t in active if now - t > limit]
+            late = [(i, t) for i, t in active if limit.passed(t, now)]
             if late:
-                index = late[0][0]
                 if child.kind == "worker":
                     # Its other instances did not hang: only these items are charged.
-                    reason = (
-                        f"inference of item {index} hung for more than {limit:g} s ({name}); "
-                        "worker killed"
-                    )
+                    reason = limit.hung(f"inference of item {late[0][0]}", "worker")
                     out.append(Hung(child, reason, frozenset(i for i, _ in late)))
                 else:
-                    out.append(Hung(child, f"was stuck for more than {limit:g} s ({name})"))
-            elif not active and self.held_by(child) and now - child.last_progress > limit:
-                held = self.held_by(child)
-                out.append(
-                    Hung(
-                        child,
-                        f"made no progress for more than {limit:g} s ({name}) while holding "
-                        f"{held} item(s): frozen or stopped; killed",
-                    )
-                )
+                    out.append(Hung(child, limit.stuck()))
+            elif not active and child.held and limit.passed(child.last_progress, now):
+                # What it holds: sent to it and not heard back (a reader's unsent ones wait in
+                # the scheduler).
+                out.append(Hung(child, limit.frozen(len(child.held))))
         return out

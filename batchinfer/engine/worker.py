@@ -10,10 +10,10 @@ side: engine/board.py):
                                                         canary done: output shapes, canary
                                                         outputs, start-up CPU seconds
   coordinator -> worker  Attach(outputs RegionSpec)     once, before any task
-                         Infer([(slot, index), ...])
+                         Infer([InferTask(slot, item_index), ...])
                          Stop()                         finish queued work, release, exit
-  worker -> coordinator  Done([(slot, index, instance, t_start, t_end, error, decoded), ...],
-                         busy_s, cpu_s)
+  worker -> coordinator  Done([InferResult(slot, item_index, instance, t0, t1, error, decoded),
+                         ...], busy_s, cpu_s)
                          error None: outputs are in the slot's output region (a run whose
                          task decodes here copies none without --save-outputs); else one
                          sentence. decoded: None, or for a task that decodes in the worker
@@ -71,6 +71,7 @@ from batchinfer.engine.protocol import (
     Attach,
     Done,
     Infer,
+    InferResult,
     InitFailed,
     Initialised,
     Stop,
@@ -162,7 +163,7 @@ class _Sender:
         self._thread = threading.Thread(target=self._loop, name="sender", daemon=True)
         self._thread.start()
 
-    def deliver(self, batch: list[tuple], busy_s: float, direct: bool = False) -> None:
+    def deliver(self, batch: list[InferResult], busy_s: float, direct: bool = False) -> None:
         with self._lock:
             if direct and not self._queued:
                 send_or_exit(self._results, Done(batch, busy_s, cpu_seconds()))
@@ -201,7 +202,7 @@ class _Outbox:
 
     def __init__(
         self,
-        deliver: Callable[[list[tuple], float, bool], None],
+        deliver: Callable[[list[InferResult], float, bool], None],
         busy: _BusyClock,
         left: Callable[[], int],
         refill_at: int,
@@ -212,12 +213,12 @@ class _Outbox:
         self._left = left  # items queued or being inferred, the just-finished one excluded
         self._refill_at = refill_at
         self._lock = threading.Lock()
-        self._batch: list[tuple] = []
+        self._batch: list[InferResult] = []
         self._oldest = 0.0
 
-    def add(self, result: tuple) -> None:
-        """Queue one result (slot, index, instance, t0, t1, error, decoded); send if it is time."""
-        t0, t1 = result[3], result[4]
+    def add(self, result: InferResult) -> None:
+        """Queue one result; send it (and those waiting) if it is time."""
+        t0, t1 = result.t0, result.t1
         with self._lock:
             if not self._batch:
                 self._oldest = t1
@@ -393,7 +394,7 @@ def _serve(
                 decoded = decode(outs, None if geometry is None else geometry[slot][0])
             except Exception as e:
                 error = f"decoding the outputs failed: {type(e).__name__}: {e}"
-            outbox.add((slot, index, instance, t0, t1, error, decoded))
+            outbox.add(InferResult(slot, index, instance, t0, t1, error, decoded))
 
     # ---- the instances' part: runtime calls (one item each, or a batch-N model's groups)
     batches = BatchWork(
@@ -440,7 +441,7 @@ def _serve(
             if decoding is not None and error is None:
                 decoding.put((slot, index, instance, t0, t1, outs))
             else:
-                outbox.add((slot, index, instance, t0, t1, error, None))
+                outbox.add(InferResult(slot, index, instance, t0, t1, error, None))
             calls += 1
             if calls % _GC_EVERY == 0:
                 gc.collect()
