@@ -195,3 +195,20 @@ def test_the_design_page_quotes_the_task_protocol_as_it_is_in_the_code():
     page = (ROOT / "docs" / "design.md").read_text()
     assert "From the docstring of `batchinfer/tasks/base.py::Task`" in page
     assert table in page
+
+
+def test_the_contributors_map_names_modules_and_tests_that_exist():
+    # docs/contributing.md's "Where to change what": every file it names is there (a module
+    # moved or a test renamed would send a newcomer to nothing).
+    text = (ROOT / "docs" / "contributing.md").read_text()
+    table = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`((?:batchinfer|tests|tools|docs)/[\w/.*-]+|[\w/]+\.py)`", table))
+    assert len(named) > 15, named
+    missing = []
+    for name in sorted(named):
+        top = name.split("/", 1)[0]
+        path = name if top in ("batchinfer", "tests", "tools", "docs") else f"batchinfer/{name}"
+        found = list(ROOT.glob(path))
+        if not found:
+            missing.append(name)
+    assert not missing, missing
