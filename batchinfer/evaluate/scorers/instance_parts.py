@@ -139,7 +139,7 @@ class PartsScorer(InstancesScorer):
     prefix: ClassVar[str] = ""
     what: ClassVar[str] = ""  # the part as the record and summary say it
     items_type: ClassVar[type[PartItems]] = PartItems
-    inputs_type: ClassVar[type[PartInputs]] = PartInputs
+    inputs_type: ClassVar[type[DetectInputs]] = PartInputs
 
     def sigmas(self) -> Sequence[float] | None:
         return None
@@ -183,17 +183,8 @@ class PartsScorer(InstancesScorer):
     def inputs(
         self, device: SideRun, reference: SideRun | None, baseline: Baseline | None
     ) -> PartInputs:
-        assert self.gt is not None
-        out = self.inputs_type(
-            device.items,
-            self.gt,
-            self.category_ids,
-            reference.items if reference is not None else None,
-            baseline.items if baseline is not None else None,
-            resamples=self.job.metrics.bootstrap,
-            seed=self.job.metrics.seed,
-            core_stats=device.core_stats,
-        )
+        out = super().inputs(device, reference, baseline)
+        assert isinstance(out, PartInputs)
         return out.with_parts(self.iou_type, self.sigmas())
 
     def record_section(self, inputs: DetectInputs, dataset: Any) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -178,6 +178,8 @@ class InstancesScorer:
     """The detection side of an evaluation (evaluate/scoring.py's protocol)."""
 
     task = "detect"
+    #: What its metrics see (a scorer of a part beside the boxes extends it).
+    inputs_type: ClassVar[type[DetectInputs]] = DetectInputs
     significance_test = (
         "gates.map50_95 or gates.map50 with max_drop (the paired image bootstrap of mAP)"
     )
@@ -258,7 +260,7 @@ class InstancesScorer:
         self, device: SideRun, reference: SideRun | None, baseline: Baseline | None
     ) -> DetectInputs:
         assert self.gt is not None
-        return DetectInputs(
+        return self.inputs_type(
             device.items,
             self.gt,
             self.category_ids,
