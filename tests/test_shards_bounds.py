@@ -22,7 +22,7 @@ from test_cli import FAST_SIM, assert_error, invoke, run_args
 from batchinfer import run
 from batchinfer.data import load_into, open_dataset, preprocess_for
 from batchinfer.data.input_spec import DEFAULT_MAX_PIXELS, item_bytes_for
-from batchinfer.data.shards import MAX_LABEL, ShardFiles
+from batchinfer.data.shard_reading import MAX_LABEL, ShardFiles
 from batchinfer.errors import ConfigError, InputError
 from batchinfer.evaluate.thumbnails import make_thumbnails, picture
 from batchinfer.options import PreprocessOptions, _bytes, from_mapping
