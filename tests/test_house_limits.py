@@ -40,7 +40,6 @@ EXCEPTIONS: dict[str, str] = {
     "engine/loop.py": "To split: one step a module on this branch.",
     "engine/plan.py": "To split: one step a module on this branch.",
     "engine/scheduler.py": "To split: one step a module on this branch.",
-    "runtime/toolkit.py": "To split: one step a module on this branch.",
     "engine/worker.py:_serve": (
         "The core worker's hot loop becomes a CoreWorker class (issue 44, item 4)."
     ),
