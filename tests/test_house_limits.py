@@ -36,7 +36,6 @@ EXCEPTIONS: dict[str, str] = {
     "engine/fork_server.py": "Being changed by the early-refusal work; split next.",
     "cluster/pool.py": "To split: one step a module on this branch.",
     "data/listed.py": "To split: one step a module on this branch.",
-    "engine/loop.py": "To split: one step a module on this branch.",
     "engine/scheduler.py": "To split: one step a module on this branch.",
     "engine/worker.py:_serve": (
         "The core worker's hot loop becomes a CoreWorker class (issue 44, item 4)."
