@@ -38,14 +38,14 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchinfer.data.dataset import Item
+from batchinfer.array_items import ArrayItems, check_array, several_inputs
 from batchinfer.data.listed import PathList, open_listed
 from batchinfer.data.sources import frames_of_videos
 from batchinfer.engine.config import RunConfig
@@ -185,7 +185,7 @@ def _given(data: Any) -> tuple[Any, list[str] | None]:
             )
         return data, None
     if isinstance(data, dict):
-        raise _several_inputs()
+        raise several_inputs()
     if not isinstance(data, Iterable):
         raise UsageError(
             f"data is a {type(data).__name__}; pass a list of numpy arrays, one stacked "
@@ -212,19 +212,12 @@ def _given(data: Any) -> tuple[Any, list[str] | None]:
 def _kind_of(value: Any, i: int) -> None:
     """UsageError unless ``value`` (item ``i`` of a list of arrays) is a numpy array."""
     if isinstance(value, dict):
-        raise _several_inputs()
+        raise several_inputs()
     if not isinstance(value, np.ndarray):
         raise UsageError(
             f"item {i} of data is a {type(value).__name__}; give numpy arrays, or file "
             "paths, all of one kind."
         )
-
-
-def _several_inputs() -> UsageError:
-    return UsageError(
-        "infer feeds arrays to models with one input; for a model with several inputs, "
-        "save each item as an .npz (one array per input name) and use batchinfer.run."
-    )
 
 
 def _paths(values: Iterable[Any]) -> list[str]:
@@ -259,7 +252,7 @@ def _plan_arrays(config: RunConfig, arrays: Any) -> tuple[EnginePlan, ItemSource
     except ModelError:
         several = False  # a bare .rknn: model_input reads its shape off the settings
     if several:
-        raise _several_inputs()
+        raise several_inputs()
     engine = plan_inference(config, several_inputs=False).engine
     if engine.letterboxes:
         assert engine.task is not None
@@ -271,101 +264,16 @@ def _plan_arrays(config: RunConfig, arrays: Any) -> tuple[EnginePlan, ItemSource
     engine.preprocess.validate_for("npy")  # arrays are tensors as they are, like .npy
     slot_shape, slot_dtype = tuple(engine.preprocess.shape), np.dtype(engine.preprocess.dtype)
     if isinstance(arrays, np.ndarray):
-        _check_array(0, arrays[0], slot_shape, slot_dtype)
+        check_array(0, arrays[0], slot_shape, slot_dtype)
         total: int | None = len(arrays)
     elif isinstance(arrays, Sequence):
         for i, array in enumerate(arrays):
-            _check_array(i, array, slot_shape, slot_dtype)
+            check_array(i, array, slot_shape, slot_dtype)
         total = len(arrays)
     else:
         total = None
     source = ArrayItems(arrays, total, slot_shape, slot_dtype, engine.slots + WAITING_ROWS)
     return engine, source
-
-
-def _check_array(i: int, array: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    if isinstance(array, dict):
-        raise _several_inputs()
-    if not isinstance(array, np.ndarray):
-        raise UsageError(f"item {i} of data is a {type(array).__name__}, not a numpy array.")
-    # Axes of size 1 (the batch, one channel) may be left out: the bytes are the same.
-    if _squeezed(array.shape) != _squeezed(shape):
-        raise UsageError(
-            f"item {i} of data has shape {array.shape} but the model takes {shape}; give "
-            "arrays of that shape (its axes of size 1 may be left out)."
-        )
-    if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-        raise UsageError(
-            f"item {i} of data is {array.dtype} but the model takes {dtype}; convert it "
-            f"first (e.g. array.astype('{dtype}')) as you mean it to be."
-        )
-    return array
-
-
-def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
-
-
-class ArrayItems(ItemSource):
-    """Arrays, from a list or read lazily from a stream, each copied by the coordinator
-    into its slot (sources.ArraySource, with a stream's checks and its wait for the caller,
-    see the module docstring)."""
-
-    def __init__(
-        self,
-        arrays: Iterable[np.ndarray],
-        total: int | None,
-        shape: tuple[int, ...],
-        dtype: np.dtype,
-        waiting: int,
-    ) -> None:
-        self.arrays = arrays
-        self._total = total
-        self.shape, self.dtype = shape, dtype
-        self.waiting = waiting
-        self._next: np.ndarray | None = None
-        self._ready = threading.Condition()
-        self._unread = 0  # rows handed to the caller's queue and not yet taken
-        self._closed = False
-
-    @property
-    def total(self) -> int | None:
-        return self._total
-
-    def rows_queued(self, n: int) -> None:
-        """``n`` rows went to the caller's queue (the engine's thread)."""
-        with self._ready:
-            self._unread += n
-
-    def rows_taken(self, n: int) -> None:
-        """The caller took ``n`` rows (the caller's thread)."""
-        with self._ready:
-            self._unread -= n
-            self._ready.notify_all()
-
-    def close(self) -> None:
-        """No more items: the caller has gone."""
-        with self._ready:
-            self._closed = True
-            self._ready.notify_all()
-
-    def __iter__(self) -> Iterator[Item]:
-        for i, array in enumerate(self.arrays):
-            with self._ready:
-                # Never waits while the caller waits for rows: then nothing is unread.
-                while self._unread >= self.waiting and not self._closed:
-                    self._ready.wait()
-                if self._closed:
-                    return
-            self._next = _check_array(i, array, self.shape, self.dtype)
-            yield Item(index=i, path="", id=f"array/{i}", label=None, label_name=None)
-
-    def fill(self, item: Item, inputs: list[np.ndarray]) -> None:
-        # The engine fills an item's slot as soon as it has taken the item from __iter__.
-        assert self._next is not None
-        dst = inputs[0]
-        np.copyto(dst, self._next.reshape(dst.shape), casting="same_kind")
-        self._next = None
 
 
 # --------------------------------------------------------------------------- rows

@@ -19,7 +19,7 @@ from runs import config, fast_sim
 
 import batchinfer
 from batchinfer import run
-from batchinfer.api import ArrayItems
+from batchinfer.array_items import ArrayItems
 from batchinfer.demo import load_digits
 from batchinfer.errors import ConfigError, ModelError, RunInterrupted, UsageError
 from batchinfer.options import OutputOptions, PreprocessOptions, RuntimeOptions

@@ -14,7 +14,8 @@ from onnx import TensorProto, helper
 
 from batchinfer.errors import UsageError
 from batchinfer.runtime import graph, timing
-from batchinfer.runtime.sim import RKNNLite, SimSettings
+from batchinfer.runtime.sim import RKNNLite
+from batchinfer.runtime.sim_settings import SimSettings
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "npu_ms_calibration.py"
 

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from batchinfer.data.input_spec import DEFAULT_MAX_PIXELS, item_bytes_for
-from batchinfer.data.shards import ShardFiles
+from batchinfer.data.shard_reading import ShardFiles
 from batchinfer.data.sources import open_source
 from batchinfer.errors import InputError
 

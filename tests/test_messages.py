@@ -118,7 +118,7 @@ def test_settings_are_named_with_setting_not_templates() -> None:
         for path in sorted((root / "batchinfer").rglob("*.py"))
         if (hits := _templates(path))
     }
-    braces = found.pop("batchinfer/data/shards.py", [])
+    braces = found.pop("batchinfer/data/shard_names.py", [])
     assert set(braces) <= {"{body}"}, braces  # a shard pattern's brace ({000..099}), not a setting
     assert not found, f"name settings with batchinfer.messages.setting(), not templates: {found}"
 

@@ -228,7 +228,8 @@ def test_emulator_state_folder_must_be_private_and_ours(tmp_path, monkeypatch, c
 
     from models import nhwc_uint8_model
 
-    from batchinfer.runtime.sim import RKNNLite, default_state_dir
+    from batchinfer.runtime.sim import RKNNLite
+    from batchinfer.runtime.sim_settings import default_state_dir
 
     model = nhwc_uint8_model(tmp_path)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

@@ -21,7 +21,8 @@ import pytest
 from batchinfer.errors import UsageError
 from batchinfer.runtime import constants as C
 from batchinfer.runtime import sim as sim_module
-from batchinfer.runtime.sim import Fault, RKNNLite, SimSettings, parse_fault
+from batchinfer.runtime.sim import RKNNLite
+from batchinfer.runtime.sim_settings import Fault, SimSettings, parse_fault
 
 X = np.zeros((1, 8, 8, 1), dtype=np.uint8)
 _PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30

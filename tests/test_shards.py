@@ -21,15 +21,12 @@ from test_cli import assert_error, invoke, run_args
 
 from batchinfer import run
 from batchinfer.data import load_into, open_dataset, preprocess_for
+from batchinfer.data.dataset import Member
 from batchinfer.data.fingerprint import files_sha256
-from batchinfer.data.shards import (
-    Member,
-    ShardFiles,
-    ShardSet,
-    expand_braces,
-    is_shard_spec,
-    list_members,
-)
+from batchinfer.data.shard_names import expand_braces, is_shard_spec
+from batchinfer.data.shard_reading import ShardFiles
+from batchinfer.data.shards import ShardSet
+from batchinfer.data.tar_headers import list_members
 from batchinfer.errors import DatasetError, InputError
 from batchinfer.results import read_predictions
 

@@ -22,7 +22,7 @@ from test_cli import FAST_SIM, assert_error, invoke, run_args
 from batchinfer import run
 from batchinfer.data import load_into, open_dataset, preprocess_for
 from batchinfer.data.input_spec import DEFAULT_MAX_PIXELS, item_bytes_for
-from batchinfer.data.shards import MAX_LABEL, ShardFiles
+from batchinfer.data.shard_reading import MAX_LABEL, ShardFiles
 from batchinfer.errors import ConfigError, InputError
 from batchinfer.evaluate.thumbnails import make_thumbnails, picture
 from batchinfer.options import PreprocessOptions, _bytes, from_mapping
@@ -184,7 +184,7 @@ def test_make_thumbnails_applies_the_jobs_bound(tmp_path: Path) -> None:
 def test_the_fingerprint_records_the_bound_only_when_it_is_set(tmp_path: Path) -> None:
     """A run that leaves the bound alone keeps the fingerprint it had before the setting
     existed (its --resume is not refused); one that sets it records it."""
-    from batchinfer.engine.plan import preprocess_record
+    from batchinfer.engine.plan_records import preprocess_record
 
     assert "max_item_bytes" not in preprocess_record(preprocess_for((1, 8, 8, 1), "uint8"))
     given = preprocess_for((1, 8, 8, 1), "uint8", max_item_bytes=1000)

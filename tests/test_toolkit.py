@@ -20,6 +20,7 @@ from batchinfer import demo
 from batchinfer.errors import RuntimeUnavailableError
 from batchinfer.runtime import runtime_class
 from batchinfer.runtime import toolkit as T
+from batchinfer.runtime import toolkit_build as B
 
 
 @pytest.fixture
@@ -150,10 +151,10 @@ def test_concurrent_requests_build_once_and_reuse_the_entry(
         with at_lock:
             assert at_lock.wait_for(lambda: arrived[0] == 4, timeout=30), arrived
         entry.mkdir()
-        (entry / T._DONE).write_text("{}")
+        (entry / B._DONE).write_text("{}")
 
-    monkeypatch.setattr(T, "fcntl", SimpleNamespace(flock=counting_flock, LOCK_EX=fcntl.LOCK_EX))
-    monkeypatch.setattr(T, "_build", fake_build)
+    monkeypatch.setattr(B, "fcntl", SimpleNamespace(flock=counting_flock, LOCK_EX=fcntl.LOCK_EX))
+    monkeypatch.setattr(B, "_build", fake_build)
     model = T.toolkit_model(model_dir / "digits-rk3566.rknn")
     entries: list[Path] = []
     threads = [
@@ -171,7 +172,7 @@ def test_concurrent_requests_build_once_and_reuse_the_entry(
 def test_without_the_toolkit_the_backend_says_how_to_get_it(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.setattr(T.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(B.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(RuntimeUnavailableError, match=r"bash tools/toolkit-env\.sh"):
         runtime_class("toolkit")
     r = T.RKNNLite()

@@ -102,8 +102,8 @@ def test_the_cached_build_computes_what_a_plain_build_does(models: Path, held_ou
     finally:
         r.release()
     model = T.toolkit_model(models / "digits-rk3588.rknn")
-    rknn = T._rknn_class()(verbose=False)
-    with T._quiet():
+    rknn = T.load_rknn_class()(verbose=False)
+    with T.quiet():
         assert rknn.config(**model.settings) == 0
         assert rknn.load_onnx(model=str(model.onnx)) == 0
         dataset = model.onnx.parent / "absolute.txt"
@@ -271,8 +271,8 @@ def test_metadata_of_a_toolkit_model_over_one_mib(tmp_path: Path) -> None:
     for i in range(4):
         np.save(tmp_path / f"c{i}.npy", rng.standard_normal((1, 1024)).astype(np.float32))
     (tmp_path / "list.txt").write_text("".join(f"{tmp_path / f'c{i}.npy'}\n" for i in range(4)))
-    rknn = T._rknn_class()(verbose=False)
-    with T._quiet():
+    rknn = T.load_rknn_class()(verbose=False)
+    with T.quiet():
         assert rknn.config(target_platform="rk3576") == 0
         assert rknn.load_onnx(model=str(tmp_path / "big.onnx")) == 0
         assert rknn.build(do_quantization=True, dataset=str(tmp_path / "list.txt")) == 0

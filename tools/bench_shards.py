@@ -35,7 +35,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from batchinfer.data import load_into, open_dataset, preprocess_for
-from batchinfer.data.shards import ShardFiles
+from batchinfer.data.shard_reading import ShardFiles
 
 
 def write_images(folder: Path, count: int, size: int) -> list[Path]:

@@ -51,8 +51,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from batchinfer.data.dataset import Member
 from batchinfer.data.preprocess import Preprocess, load_into
-from batchinfer.data.shards import Member, ShardFiles
+from batchinfer.data.shard_reading import ShardFiles
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.detection import write_geometry
 from batchinfer.errors import BatchinferError, InferenceError, InputError

@@ -23,6 +23,7 @@ from batchinfer.data.dataset import (
     skip_key,
 )
 from batchinfer.data.listing import DIR, Progress, ProgressCallback, walk
+from batchinfer.data.shard_names import is_shard_spec
 from batchinfer.errors import DatasetError
 
 _WHAT = (
@@ -58,7 +59,7 @@ def open_dataset(
     A ``root`` ending in ``.tar`` names WebDataset-style tar shards instead (braces
     allowed: ``shards/train-{000..099}.tar``); see :mod:`batchinfer.data.shards`.
     """
-    if shards.is_shard_spec(root):
+    if is_shard_spec(root):
         return shards.open_shards(root, labels_file=labels_file, progress=progress)
     path = Path(os.path.abspath(root))
     if not path.exists():

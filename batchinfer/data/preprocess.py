@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
+from batchinfer.data.dataset import Member
 from batchinfer.data.images import decode_array, decode_image
 from batchinfer.data.input_spec import (
     COLORS,
@@ -37,7 +38,7 @@ from batchinfer.data.input_spec import (
 from batchinfer.data.model_input import preprocess_for, raw_pixels_warning
 from batchinfer.data.npy import fill_npy, read_npy
 from batchinfer.data.pixels import write_pixels
-from batchinfer.data.shards import Member, ShardFiles, check_item_size, member_label
+from batchinfer.data.shard_reading import ShardFiles, check_item_size, member_label
 from batchinfer.data.video.dataset import VideoFrame
 from batchinfer.data.whole_file import block_if_hanging, not_regular_reason
 from batchinfer.errors import InputError

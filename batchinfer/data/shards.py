@@ -37,16 +37,12 @@ from the header, and none of it is read (:func:`check_item_size`).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import os
-import re
 import stat
-import tarfile
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Literal
 
 from batchinfer.data.classes import ClassMap, read_labels_file
 from batchinfer.data.dataset import (
@@ -61,243 +57,20 @@ from batchinfer.data.dataset import (
     display_name,
 )
 from batchinfer.data.listing import leftover_kind
-from batchinfer.errors import DatasetError, InputError
-from batchinfer.messages import setting
+from batchinfer.data.shard_names import COMPRESSED, expand_braces
+from batchinfer.data.shard_reading import ClassMemberReader
+from batchinfer.data.tar_headers import TarEntry, list_members
+from batchinfer.errors import DatasetError
 
 #: Source of a class map read from ``.cls`` members (ClassMap.source).
 FROM_CLS_MEMBERS = "cls-members"
-#: Most bytes a ``.cls`` member may hold (an integer and some whitespace).
-_CLS_MAX_BYTES = 64
-#: The largest class index: labels are stored as 64-bit integers (Arrow's int64), so a
-#: larger one would stop the run at its first Parquet part instead of being its row's error.
-MAX_LABEL = 2**63 - 1
 #: How many names a start-up warning shows (members named ``../x.png``, bad ``.cls``).
 NAMES_IN_WARNINGS = 5
-_BLOCK = tarfile.BLOCKSIZE
-#: Bytes read at a time while headers are listed (see _Window).
-_WINDOW = 1 << 16
 #: How many shard names the manifest records (``dataset.shards.names``).
 SHARD_NAMES_KEPT = 1000
-#: Brace ranges expand to at most this many names (a typo such as {0..9999999} is refused).
-MAX_SHARDS = 100_000
 
 _IMAGE_EXT = frozenset(e[1:] for e in IMAGE_EXTENSIONS)
 _NPY_EXT = frozenset(e[1:] for e in NPY_EXTENSIONS)
-_RANGE = re.compile(r"(-?\d+)\.\.(-?\d+)")
-_COMPRESSED = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
-
-
-# --------------------------------------------------------------------------- naming
-
-
-def is_shard_spec(spec: str | os.PathLike[str]) -> bool:
-    """True when ``spec`` names tar shards (a ``.tar`` path, braces allowed), not a folder."""
-    text = os.fspath(spec).lower()
-    return (text.endswith(".tar") or text.endswith(_COMPRESSED)) and not os.path.isdir(spec)
-
-
-def expand_braces(pattern: str) -> list[str]:
-    """Every name ``pattern`` stands for, in order: ``{000..099}`` is a range (zero-padded
-    to the wider bound when one has a leading zero; descending when the first is larger),
-    ``{a,b}`` a list; several braces give every combination, leftmost slowest (as bash).
-    DatasetError for an unbalanced or empty brace, or more than MAX_SHARDS names."""
-    parts: list[list[str]] = []
-    pos = 0
-    for match in re.finditer(r"\{([^{}]*)\}", pattern):
-        parts.append([pattern[pos : match.start()]])
-        parts.append(_alternatives(match.group(1), pattern))
-        pos = match.end()
-    parts.append([pattern[pos:]])
-    if any("{" in p[0] or "}" in p[0] for p in parts[::2]):
-        raise DatasetError(
-            f"The shard pattern {pattern} has an unbalanced or nested brace; write ranges "
-            "as {000..099} and lists as {a,b}, one level deep."
-        )
-    total = 1
-    for options in parts:
-        total *= len(options)
-    if total > MAX_SHARDS:
-        raise DatasetError(
-            f"The shard pattern {pattern} stands for {total} names, more than {MAX_SHARDS}; "
-            "check its ranges."
-        )
-    return ["".join(combo) for combo in itertools.product(*parts)]
-
-
-def _alternatives(body: str, pattern: str) -> list[str]:
-    match = _RANGE.fullmatch(body)
-    if match:
-        first, last = match.group(1), match.group(2)
-        a, b = int(first), int(last)
-        padded = any(len(s.lstrip("-")) > 1 and s.lstrip("-")[0] == "0" for s in (first, last))
-        width = max(len(first), len(last)) if padded else 0
-        step = 1 if b >= a else -1
-        if abs(b - a) + 1 > MAX_SHARDS:
-            raise DatasetError(
-                f"The shard pattern {pattern} has a range {{{body}}} of more than {MAX_SHARDS} "
-                "names; check it."
-            )
-        return [str(n).zfill(width) for n in range(a, b + step, step)]
-    if "," in body:
-        return body.split(",")
-    raise DatasetError(
-        f"The shard pattern {pattern} has a brace {{{body}}} that is neither a range "
-        "{000..099} nor a list {a,b}; fix it (or quote the pattern so the shell leaves it)."
-    )
-
-
-# --------------------------------------------------------------------------- listing
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One member as listed, or a fault (a span of bytes that held no readable header)."""
-
-    name: str  # as tarfile gives it (surrogate escapes for non-UTF-8 bytes), "" for a fault
-    offset: int
-    size: int
-    regular: bool
-    fault: str | None = None
-    directory: bool = False
-
-
-def _is_zero_or_end(block: bytes) -> bool:
-    """True for the end of a shard: no bytes, or zero bytes (the end-of-archive blocks)."""
-    return block.count(0) == len(block)
-
-
-#: Type flags of regular files, directories, and the headers only tarfile parses (pax,
-#: GNU long names, sparse files): see :func:`_header`.
-_REGULAR = frozenset(b"0\x007")
-_DIRECTORY = ord("5")
-_EXTENDED = frozenset(b"xgLKS")
-_COMPLEX: Literal["complex"] = "complex"
-
-
-def _header(block: bytes) -> tuple[str, int, int] | Literal["complex"] | None:
-    """(name, data size, type flag) of a plain ustar/GNU header block; None when the
-    block is not a header (its checksum is wrong); ``_COMPLEX`` for headers tarfile must
-    read (pax, GNU long names and sparse files, base-256 sizes).
-
-    Python's tarfile parses every field of every header (~20 µs each); this reads the
-    three a listing needs (~3 µs), so a shard of small images lists several times faster.
-    """
-    field = block[148:156].split(b"\0", 1)[0].strip()
-    try:
-        stored = int(field, 8)
-    except ValueError:
-        return None
-    unsigned = sum(block) - sum(block[148:156]) + 256
-    if stored != unsigned:  # old tars summed signed bytes, and tarfile accepts both
-        high = sum(b > 127 for b in block[:148]) + sum(b > 127 for b in block[156:])
-        if stored != unsigned - 256 * high:
-            return None
-    flag = block[156]
-    if flag in _EXTENDED or block[124] & 0x80:
-        return _COMPLEX
-    try:
-        size = int(block[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-    except ValueError:
-        return None
-    name = block[:100].split(b"\0", 1)[0]
-    if block[257:263] == b"ustar\0":  # POSIX ustar: a long name's head is in the prefix
-        prefix = block[345:500].split(b"\0", 1)[0]
-        if prefix:
-            name = prefix + b"/" + name
-    if flag == 0 and name.endswith(b"/"):
-        flag = _DIRECTORY  # a pre-POSIX tar's folder (as tarfile reads it)
-    return name.decode("utf-8", "surrogateescape"), size, flag
-
-
-class _Window:
-    """Reads of a shard through a window of ``_WINDOW`` bytes: headers of small members
-    lie a few blocks apart, so most come from the window and cost no system call."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.start = 0
-        self.data = b""
-
-    def read(self, offset: int, n: int) -> bytes:
-        at = offset - self.start
-        if at < 0 or at + n > len(self.data):
-            self.data = os.pread(self.fd, max(n, _WINDOW), offset)
-            self.start, at = offset, 0
-        return self.data[at : at + n]
-
-
-def _next_header(window: _Window, start: int, size: int) -> int:
-    """The offset of the first block at or after ``start`` that is a tar header (by its
-    checksum), or ``size`` when none is."""
-    for at in range(start, size - _BLOCK + 1, _BLOCK):
-        block = window.read(at, _BLOCK)
-        if block.count(0) != _BLOCK and _header(block) is not None:
-            return at
-    return size
-
-
-#: A member as listing needs it: (name, data offset, data size, type flag, next header).
-_Parsed = tuple[str, int, int, int, int]
-
-
-def _member_at(f: BinaryIO, window: _Window, at: int) -> _Parsed | None:
-    """The member whose header starts at ``at``; None when no header is there."""
-    block = window.read(at, _BLOCK)
-    parsed = _header(block) if len(block) == _BLOCK else None
-    if isinstance(parsed, tuple):
-        name, length, flag = parsed
-        data = at + _BLOCK
-        return name, data, length, flag, data + -(-length // _BLOCK) * _BLOCK
-    if parsed is None:
-        return None
-    f.seek(at)  # a header only tarfile reads (pax, a GNU long name, ...)
-    try:
-        tf = tarfile.TarFile(fileobj=f, mode="r", errors="surrogateescape")
-    except tarfile.TarError:
-        return None
-    info = tf.firstmember  # type: ignore[attr-defined]  # read by TarFile() in mode "r"
-    if info is None or tf.offset <= at:
-        return None
-    return info.name, info.offset_data, info.size, info.type[0], tf.offset
-
-
-def list_members(path: str) -> Iterator[_Entry]:
-    """The members of the tar at ``path`` in stored order (headers only), with a fault
-    entry for each span of bytes skipped as corrupt (see the module docstring)."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            yield _Entry("", 0, 0, False, "the shard is empty (0 bytes), not a tar file")
-            return
-        window = _Window(f.fileno())
-        at = 0
-        while at < size:
-            if _is_zero_or_end(window.read(at, _BLOCK)):
-                return  # the end-of-archive blocks: a clean end
-            member = _member_at(f, window, at)
-            if member is None:
-                resume = _next_header(window, at + _BLOCK, size)
-                yield _Entry("", at, resume - at, False, _corrupt(at, resume, size))
-                at = resume
-                continue
-            name, data, length, flag, after = member
-            regular = flag in _REGULAR
-            fault = None
-            if regular and data + length > size:
-                got = max(0, size - data)
-                fault = f"the shard is truncated: it ends {got} bytes into this member's {length}"
-            yield _Entry(name, data, length, regular, fault, flag == _DIRECTORY)
-            at = after
-
-
-def _corrupt(at: int, resume: int, size: int) -> str:
-    if at == 0 and resume == size:
-        return f"the shard is not a tar file (no tar header in its {size} bytes)"
-    tail = "up to the end of the shard" if resume == size else "up to the next header"
-    return (
-        f"the shard has a corrupt header at byte {at}: its {resume - at} bytes {tail} are "
-        "skipped, with whatever members they held"
-    )
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -333,9 +106,9 @@ def _leftover(name: str) -> str | None:
 class _Sample:
     key: str
     shard: int
-    image: _Entry | None = None
+    image: TarEntry | None = None
     kind: str | None = None
-    cls: _Entry | None = None
+    cls: TarEntry | None = None
     fault: str | None = None
 
 
@@ -358,6 +131,23 @@ class _Tally:
             self.skipped_first.append(display_name(name)[0])
 
 
+def _set_aside(entry: TarEntry, name: str, tally: _Tally | None) -> bool:
+    """True (counted in ``tally``) for a member that is no part of a sample: not a file, a
+    name that climbs out of the shard, or what tools leave behind."""
+    if not entry.regular:
+        if tally is not None and not entry.directory:
+            tally.skip(name, NOT_A_FILE)
+        return True
+    if _climbs(name):  # "../x.png": not a leftover, a name no tool should write
+        if tally is not None:
+            tally.climb(name)
+        return True
+    left = _leftover(name)
+    if left is not None and tally is not None:
+        tally.leftovers[left] += 1
+    return left is not None
+
+
 def _samples(shards: list[str], names: list[str], tally: _Tally | None) -> Iterator[_Sample]:
     """Every sample (and fault) of the shards, in order; skipped members go to ``tally``."""
     for index, (path, shard_name) in enumerate(zip(shards, names, strict=True)):
@@ -371,18 +161,7 @@ def _samples(shards: list[str], names: list[str], tally: _Tally | None) -> Itera
                 yield _Sample(fault_key, index, entry, None, None, entry.fault)
                 continue
             name = _normal(entry.name)
-            if not entry.regular:
-                if tally is not None and not entry.directory:
-                    tally.skip(name, NOT_A_FILE)
-                continue
-            if _climbs(name):  # "../x.png": not a leftover, a name no tool should write
-                if tally is not None:
-                    tally.climb(name)
-                continue
-            left = _leftover(name)
-            if left is not None:
-                if tally is not None:
-                    tally.leftovers[left] += 1
+            if _set_aside(entry, name, tally):
                 continue
             key, ext = _split(name)
             if current is None or current.key != key:
@@ -399,46 +178,6 @@ def _samples(shards: list[str], names: list[str], tally: _Tally | None) -> Itera
                 tally.skip(name, display_name("." + ext.lower() if ext else "")[0])
         if current is not None:
             yield current
-
-
-class _ClassReader:
-    """Reads ``.cls`` members while shards are listed, one shard open at a time."""
-
-    def __init__(self) -> None:
-        self._path: str | None = None
-        self._file: BinaryIO | None = None
-
-    def read(self, path: str, entry: _Entry) -> tuple[int | None, str | None]:
-        """(label, fault) from the ``.cls`` member ``entry`` of the shard at ``path``."""
-        name = display_name(entry.name)[0]
-        if entry.fault is not None:
-            return None, f"its class member {name}: {entry.fault}"
-        if entry.size > _CLS_MAX_BYTES:
-            return None, f"its class member {name} holds {entry.size} bytes, not a class index"
-        if self._path != path:
-            self.close()
-            self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
-            self._path = path
-        assert self._file is not None
-        self._file.seek(entry.offset)
-        text = self._file.read(entry.size).strip()
-        if not text.isdigit():
-            return None, (
-                f"its class member {name} holds {text[:20]!r}, not a non-negative integer "
-                "class index"
-            )
-        label = int(text)
-        if label > MAX_LABEL:
-            return None, (
-                f"its class member {name} holds {text[:20]!r}{'...' if len(text) > 20 else ''}, "
-                f"a class index larger than {MAX_LABEL} (labels are 64-bit integers)"
-            )
-        return label, None
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file, self._path = None, None
 
 
 # --------------------------------------------------------------------------- the set
@@ -551,7 +290,7 @@ class ShardSet(Dataset):
         labels = self.class_map
         names_by_label = {v: k for k, v in sorted(labels.labels.items(), reverse=True)}
         index = 0
-        classes = _ClassReader()
+        classes = ClassMemberReader()
         try:
             for sample in _samples(self.shards, self.names, None):
                 if sample.image is None:
@@ -611,21 +350,10 @@ def _sha256(path: str) -> bytes:
 _WHAT = "tar shards (one .tar, or a pattern such as shards/train-{000..099}.tar, quoted)"
 
 
-def open_shards(
-    spec: str | os.PathLike[str],
-    *,
-    labels_file: Path | str | None = None,
-    progress: Callable[[int], None] | None = None,
-) -> ShardSet:
-    """List the shards ``spec`` names (headers only) and return their ShardSet.
-
-    DatasetError when a shard is missing or not a regular file, a shard is compressed,
-    keys repeat, or no sample holds an image or ``.npy`` tensor. ``labels_file`` names the
-    ``.cls`` integers (its names become the items' label names); ``progress(count)`` is
-    called with the number of samples listed after each shard.
-    """
-    text = os.path.abspath(os.path.expanduser(os.fspath(spec)))
-    if text.lower().endswith(_COMPRESSED):
+def _shard_paths(text: str) -> list[str]:
+    """The paths the pattern ``text`` names; DatasetError unless each is a regular,
+    uncompressed tar file named once."""
+    if text.lower().endswith(COMPRESSED):
         raise DatasetError(
             f"The shards {text} are compressed, and a compressed tar cannot be read by "
             "seeking to a member; store them uncompressed (.tar): images compress little."
@@ -641,6 +369,48 @@ def open_shards(
     if len(set(shards)) != len(shards):
         dup = next(p for p, n in Counter(shards).items() if n > 1)
         raise DatasetError(f"The shard pattern {text} names {dup} twice; name each shard once.")
+    return shards
+
+
+def _refuse_listed(
+    text: str, duplicates: list[str], kinds: Counter[str], total: int, tally: _Tally
+) -> None:
+    """DatasetError when the listed samples cannot be a dataset: keys repeat, images and
+    tensors are mixed, or no sample holds an item."""
+    if duplicates:
+        shown = ", ".join(repr(display_name(k)[0]) for k in duplicates)
+        raise DatasetError(
+            f"The shards {text} hold samples with the same key more than once ({shown}); "
+            "keys are the item ids and must be unique across the shard set, so rename them."
+        )
+    if kinds["images"] and kinds["npy"]:
+        raise DatasetError(
+            f"The shards {text} mix {kinds['images']} images and {kinds['npy']} .npy "
+            "tensors; keep one kind of item per shard set."
+        )
+    if not total:
+        skipped = sum(tally.skipped.values())
+        others = f" (only {skipped} other members)" if skipped else ""
+        raise DatasetError(
+            f"The shards {text} hold no samples with an image or .npy member{others}; pass {_WHAT}."
+        )
+
+
+def open_shards(
+    spec: str | os.PathLike[str],
+    *,
+    labels_file: Path | str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ShardSet:
+    """List the shards ``spec`` names (headers only) and return their ShardSet.
+
+    DatasetError when a shard is missing or not a regular file, a shard is compressed,
+    keys repeat, or no sample holds an image or ``.npy`` tensor. ``labels_file`` names the
+    ``.cls`` integers (its names become the items' label names); ``progress(count)`` is
+    called with the number of samples listed after each shard.
+    """
+    text = os.path.abspath(os.path.expanduser(os.fspath(spec)))
+    shards = _shard_paths(text)
     base = os.path.dirname(text[: text.find("{")] if "{" in text else text)
     names = [os.path.relpath(p, base) for p in shards]
     given = None if labels_file is None else read_labels_file(labels_file)
@@ -655,7 +425,7 @@ def open_shards(
     faults = 0
     label_faults: list[str] = []
     bad_labels = 0
-    reader = _ClassReader()
+    reader = ClassMemberReader()
     try:
         for sample in _samples(shards, names, tally):
             if sample.image is None:  # no image or tensor: its other members were counted
@@ -691,29 +461,13 @@ def open_shards(
         reader.close()
     if progress is not None:
         progress(sum(counts))
-    if duplicates:
-        shown = ", ".join(repr(display_name(k)[0]) for k in duplicates)
-        raise DatasetError(
-            f"The shards {text} hold samples with the same key more than once ({shown}); "
-            "keys are the item ids and must be unique across the shard set, so rename them."
-        )
-    if kinds["images"] and kinds["npy"]:
-        raise DatasetError(
-            f"The shards {text} mix {kinds['images']} images and {kinds['npy']} .npy "
-            "tensors; keep one kind of item per shard set."
-        )
-    total = sum(counts)
-    if not total:
-        skipped = sum(tally.skipped.values())
-        others = f" (only {skipped} other members)" if skipped else ""
-        raise DatasetError(
-            f"The shards {text} hold no samples with an image or .npy member{others}; pass {_WHAT}."
-        )
+    _refuse_listed(text, duplicates, kinds, sum(counts), tally)
     kind = "npy" if kinds["npy"] else "images"
-    if given is not None:
-        class_map = given
-    else:
-        class_map = ClassMap(labels={str(n): n for n in sorted(classes)}, source=FROM_CLS_MEMBERS)
+    class_map = (
+        given
+        if given is not None
+        else ClassMap(labels={str(n): n for n in sorted(classes)}, source=FROM_CLS_MEMBERS)
+    )
     return ShardSet(
         root=Path(text),
         shards=shards,
@@ -732,84 +486,3 @@ def open_shards(
         label_faults=(bad_labels, tuple(label_faults)),
         climbing=(tally.climbing, tuple(tally.climbing_first)),
     )
-
-
-# --------------------------------------------------------------------------- reading
-
-
-class ShardFiles:
-    """The shards one reader has open: at most ``keep``, the least recently used closed
-    first. Items come in dataset order, so a reader works through one shard at a time:
-    one open file is enough (an item handed back after a reader died may cost a reopen)."""
-
-    def __init__(self, keep: int = 1) -> None:
-        self.keep = keep
-        self._fds: OrderedDict[str, int] = OrderedDict()
-
-    def _fd(self, path: str) -> int:
-        fd = self._fds.get(path)
-        if fd is not None:
-            self._fds.move_to_end(path)
-            return fd
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        self._fds[path] = fd
-        while len(self._fds) > self.keep:
-            os.close(self._fds.popitem(last=False)[1])
-        return fd
-
-    def read(self, path: str, member: Member, label: str, limit: int | None = None) -> bytes:
-        """The member's bytes; InputError (naming ``label``) when they cannot be read, or
-        when its header says it holds more than ``limit`` bytes (then nothing is read: a
-        sparse shard of a few KiB can declare a member of gigabytes)."""
-        if member.fault is not None:
-            raise InputError(f"Cannot read {label}: {member.fault}.")
-        if member.size == 0:
-            raise InputError(f"Cannot read {label}: the member is empty.")
-        check_item_size(member.size, limit, label, "the member")
-        try:
-            fd = self._fd(path)
-            parts, got = [], 0
-            while got < member.size:
-                chunk = os.pread(fd, member.size - got, member.offset + got)
-                if not chunk:
-                    break
-                parts.append(chunk)
-                got += len(chunk)
-        except OSError as exc:
-            raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
-        if got < member.size:
-            raise InputError(
-                f"Cannot read {label}: the shard is truncated ({got} of the member's "
-                f"{member.size} bytes are there)."
-            )
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def close(self) -> None:
-        while self._fds:
-            os.close(self._fds.popitem()[1])
-
-    def __len__(self) -> int:
-        return len(self._fds)
-
-
-def check_item_size(size: int, limit: int | None, label: str, what: str) -> None:
-    """InputError naming ``label`` when an item of ``size`` bytes (as its tar header or
-    its file's stat says; ``what`` says which: "the member", "the file") is larger than
-    ``limit``, the most one item may hold (Preprocess.max_item_bytes; None: no limit)."""
-    if limit is not None and size > limit:
-        raise InputError(
-            f"Cannot read {label}: {what} is {size:,} bytes, more than the {limit:,} "
-            f"bytes{_in_mib(limit)} one item may hold ("
-            + setting("preprocess.max_item_bytes")
-            + "), so it is not read; raise that setting if the item is really that large."
-        )
-
-
-def _in_mib(n: int) -> str:
-    return f" ({n / 2**20:,.4g} MiB)" if n >= 2**20 else ""
-
-
-def member_label(path: str, member: Member, name: str | None) -> str:
-    """How messages name an item read from a shard: its id, member and shard."""
-    where = f"{member.name} in {os.path.basename(path)}"
-    return f"{name} ({where})" if name else where

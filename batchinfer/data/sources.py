@@ -97,7 +97,7 @@ def _open_shards(spec: str, o: SourceOptions) -> Dataset:
 
 
 def _is_shards(spec: str) -> bool:
-    from batchinfer.data.shards import is_shard_spec
+    from batchinfer.data.shard_names import is_shard_spec
 
     return is_shard_spec(spec)
 

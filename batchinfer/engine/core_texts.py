@@ -3,9 +3,11 @@ says that readers kept dying."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from batchinfer.engine.pools import Where
 from batchinfer.errors import RunFailedError
-from batchinfer.messages import Message, setting
+from batchinfer.messages import Message, join, setting
 from batchinfer.runtime.adapter import CoreReason
 
 
@@ -35,8 +37,42 @@ def for_cores(reason: CoreReason, cores: list[int], *, advice: bool) -> Message:
     text = reason.said(cores, advice=advice)
     if reason.names_core:
         return text
-    every = f"core {cores[0]}" if len(cores) == 1 else f"cores {', '.join(map(str, cores))}"
-    return f"{every}: " + text
+    return f"{cores_text(cores)}: " + text
+
+
+def cores_text(cores: list[int]) -> str:
+    """ "core 2", "cores 0, 2"."""
+    return f"core {cores[0]}" if len(cores) == 1 else f"cores {', '.join(map(str, cores))}"
+
+
+def nodes_text(nodes: list[str]) -> str:
+    """ "node a", "nodes a, b"."""
+    return f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
+
+
+def held_text(reason: CoreReason, cores: list[int], nodes: list[str]) -> Message:
+    """Cores (of several keys, on ``nodes`` on a cluster) retired alike while the others
+    started: "cores 0, 2 retired: ...", with the advice to leave them out."""
+    which = cores_text(cores) + (f" of {nodes_text(nodes)}" if nodes else "")
+    return f"{which} retired: " + for_cores(reason, cores, advice=True)
+
+
+def no_core_text(
+    retired: dict[int, CoreReason],
+    workers: int,
+    cores_of: Callable[[list[int]], list[int]],
+    warnings: list[Message],
+) -> str:
+    """Why no core of ``workers`` started, given why each of ``retired`` was retired (and
+    ``cores_of`` keys). Cores that all failed the same way (a model the runtime refuses, a
+    missing driver) are said once, without the advice to leave one core out, which cannot
+    help; else every warning of the start-up."""
+    if len(retired) > 1 and workers == len(retired):
+        groups = alike(retired)
+        if len(groups) == 1:
+            ((reason, keys),) = groups.items()
+            return for_cores(reason, cores_of(keys), advice=False)
+    return join("; ", warnings) or "every worker exited during start-up"
 
 
 def reader_deaths(deaths: int, last: Exception) -> RunFailedError:

@@ -27,7 +27,15 @@ from batchinfer.engine import events as ev
 from batchinfer.engine.board import BoardPool
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector, nonfinite_warning
-from batchinfer.engine.core_texts import alike, for_cores, place_text, reader_deaths, worker_text
+from batchinfer.engine.core_texts import (
+    alike,
+    held_text,
+    no_core_text,
+    nodes_text,
+    place_text,
+    reader_deaths,
+    worker_text,
+)
 from batchinfer.engine.fd_limit import too_many_files
 from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.pools import (
@@ -49,7 +57,7 @@ from batchinfer.engine.scheduler import CoreLoss, ReaderDeathsExceeded, Schedule
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
-from batchinfer.messages import Message, as_message, join
+from batchinfer.messages import Message, as_message
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreKey, CoreStatsRecorder, place_name
@@ -273,19 +281,11 @@ class Engine:
             # result's warnings too): cores that failed alike are said once, here.
             self._held.clear()
             nodes = self._nodes(self.pool.layout.keys)  # on a cluster, where it tried
-            where = f" on node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}" if nodes else ""
-            raise NoCoreError(f"no NPU core could be started{where}: " + self._why_no_core())
-
-    def _why_no_core(self) -> str:
-        # Cores that all failed the same way (a model the runtime refuses, a missing driver)
-        # are said once, without the advice to leave one core out, which cannot help.
-        retired = self._retired_for
-        if len(retired) > 1 and len(self.pool.layout.keys) == len(retired):
-            groups = alike(retired)
-            if len(groups) == 1:
-                ((reason, keys),) = groups.items()
-                return for_cores(reason, self._cores(keys), advice=False)
-        return join("; ", self.warnings) or "every worker exited during start-up"
+            where = f" on {nodes_text(nodes)}" if nodes else ""
+            why = no_core_text(
+                self._retired_for, len(self.pool.layout.keys), self._cores, self.warnings
+            )
+            raise NoCoreError(f"no NPU core could be started{where}: " + why)
 
     def _say_held_retirements(self) -> None:
         """Say the cores retired while the others started, once for cores that failed
@@ -295,14 +295,8 @@ class Engine:
             cores = self._cores(keys)
             if len(keys) == 1:
                 message = f"{self._name(keys[0])} retired: " + reason.said(cores)
-            else:
-                names = ", ".join(map(str, cores))
-                which = f"core {names}" if len(cores) == 1 else f"cores {names}"
-                # On a cluster, keys of one core number are that core of several nodes.
-                nodes = self._nodes(keys)
-                if nodes:
-                    which += f" of node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}"
-                message = f"{which} retired: " + for_cores(reason, cores, advice=True)
+            else:  # on a cluster, keys of one core number are that core of several nodes
+                message = held_text(reason, cores, self._nodes(keys))
             self.notify(ev.Warned(message))  # in self.warnings, one per core
 
     def _cores(self, keys: list[int]) -> list[int]:

@@ -43,6 +43,7 @@ from batchinfer.engine.batching import split_batch
 from batchinfer.engine.config import RunConfig
 from batchinfer.engine.instances import default_slots, is_auto, planned_instances
 from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.plan_records import engine_preprocess_record
 from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.messages import setting
@@ -75,42 +76,6 @@ class RunPlan:
 
     def preprocess_json(self) -> dict:
         return engine_preprocess_record(self.engine)
-
-
-def preprocess_values(preprocess: Preprocess) -> dict:
-    """The preprocessing's fields as JSON values. ``max_item_bytes`` only when it is not the
-    one ``max_pixels`` gives, so the record of a run that leaves it alone is the one it had
-    before the setting existed, and resuming such a run is not refused."""
-    record = {
-        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(preprocess).items()
-    }
-    if preprocess.item_bytes_derived:
-        record.pop("max_item_bytes")
-    return record
-
-
-def preprocess_record(preprocess: Preprocess) -> dict:
-    """:func:`preprocess_values`, for the manifest and the fingerprint. The pad colour only
-    where it is used (letterboxing), so a classification run's record is the one it had
-    before detection existed, and resuming such a run is not refused."""
-    record = preprocess_values(preprocess)
-    if preprocess.resize != "letterbox":
-        record.pop("pad", None)
-    return record
-
-
-def engine_preprocess_record(engine: EnginePlan) -> dict:
-    """:func:`preprocess_record`, with each model input's feed when a plan has feeds (a
-    single-input run's record is the one it had before feeds existed)."""
-    record = preprocess_record(engine.preprocess)
-    if engine.feeds:
-        record["inputs"] = [
-            {**feed.to_json(), "preprocess": preprocess_record(feed.preprocess)}
-            if feed.preprocess is not None
-            else feed.to_json()
-            for feed in engine.feeds
-        ]
-    return record
 
 
 def _out_path(out: Path | None) -> Path:

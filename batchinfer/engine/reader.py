@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 
 from batchinfer.data.feeds import Feed, load_feeds
 from batchinfer.data.preprocess import Preprocess, load_into
-from batchinfer.data.shards import ShardFiles
+from batchinfer.data.shard_reading import ShardFiles
 from batchinfer.data.video.frames import VideoFiles
 from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry

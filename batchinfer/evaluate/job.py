@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchinfer.data.parse_errors import parse_problem
-from batchinfer.data.shards import is_shard_spec
+from batchinfer.data.shard_names import is_shard_spec
 from batchinfer.data.whole_file import JOB_BOUND, NESTING_ERRORS, read_whole
 from batchinfer.errors import ConfigError
 from batchinfer.evaluate.jobspec import (

@@ -33,12 +33,8 @@ from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
 from batchinfer.engine.instances import settle_instances
 from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.plan import (
-    engine_preprocess_record,
-    plan_inference,
-    preprocess_values,
-    runtime_files,
-)
+from batchinfer.engine.plan import plan_inference, runtime_files
+from batchinfer.engine.plan_records import engine_preprocess_record, preprocess_values
 from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
 from batchinfer.engine.task import NotADetectorError

@@ -231,7 +231,7 @@ class SimBackend(Backend):
 
     def settings(self) -> Any:
         """The emulator's resolved settings (options, then BATCHINFER_SIM_* variables)."""
-        from batchinfer.runtime.sim import SimSettings
+        from batchinfer.runtime.sim_settings import SimSettings
 
         o = self.options
         return SimSettings.from_env(
@@ -256,7 +256,7 @@ class SimBackend(Backend):
                 + f" {chip!r} is unknown; use one of {', '.join(CHIP_CORES)}.",
                 "runtime.sim.chip",
             )
-        from batchinfer.runtime.sim import parse_fault
+        from batchinfer.runtime.sim_settings import parse_fault
 
         for spec in self.options.faults:
             try:

@@ -79,29 +79,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import fcntl
 import logging
-import mmap
 import os
-import re
 import signal
-import struct
 import sys
-import tempfile
 import threading
 import time
-import weakref
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TypedDict
 
 import numpy as np
 
-from batchinfer.errors import ModelError, UsageError
-from batchinfer.messages import setting
+from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
-from batchinfer.runtime import graph, timing
+from batchinfer.runtime import timing
 from batchinfer.runtime._emulated_runtime import EmulatedRuntime
 from batchinfer.runtime._onnx_base import (
     RKNN_API_VERSION,
@@ -111,349 +102,19 @@ from batchinfer.runtime._onnx_base import (
 )
 from batchinfer.runtime.conversion import ConversionSettings
 from batchinfer.runtime.model_info import InputSpec
-from batchinfer.runtime.private_files import ensure_private_dir, open_private_file
 from batchinfer.runtime.rknn_file import read_rknn_metadata
-from batchinfer.runtime.sim_load import WINDOW_OFFSET, load_path, publish
+from batchinfer.runtime.sim_board import Board
+from batchinfer.runtime.sim_settings import (
+    PER_CORE_KINDS,
+    SAME_NPU,
+    Fault,
+    SimSettings,
+    resolve_core_mask,
+)
 
 #: The rknpu driver version the emulated board reports (a current RK3588 BSP's).
 DRIVER_VERSION = "0.9.8"
 ESTIMATE = timing.ESTIMATE  # the npu_ms value that asks for the per-model estimate
-# Chips that run each other's models (one .rknn serves RK3566 and RK3568).
-_SAME_NPU = {"rk3566": "rk3568", "rk3568": "rk3566"}
-
-FAULT_KINDS = ("crash", "hang", "none", "init", "skew", "leak")
-# Faults that hold for every call on a core rather than firing at one call.
-_PER_CORE_KINDS = ("init", "skew", "leak")
-FAULT_FORMS = (
-    "KIND:core=C:call=N (once, at the N-th call on core C), KIND:item=I (every time item I "
-    "is inferred), init:core=C (every init on core C fails) or skew:core=C (core C's outputs "
-    "differ slightly, as some nets do on real boards), leak:mb=M or leak:core=C:mb=M (every "
-    "call keeps M MB); KIND is crash, hang, none or init"
-)
-_FAULT_RE = re.compile(
-    r"^(?P<kind>[a-z]+)"
-    r"(?::core=(?P<core>\d+))?"
-    r"(?::call=(?P<call>\d+))?"
-    r"(?::item=(?P<item>\d+))?"
-    r"(?::mb=(?P<mb>\d+(?:\.\d+)?))?$"
-)
-
-
-class _Defaults(TypedDict):
-    chip: str
-    npu_ms: float
-    host_ms: float
-
-
-_DEFAULTS: _Defaults = {"chip": "rk3588", "npu_ms": 2.0, "host_ms": 4.0}
-_ENV = {
-    "chip": "BATCHINFER_SIM_CHIP",
-    "npu_ms": "BATCHINFER_SIM_NPU_MS",
-    "host_ms": "BATCHINFER_SIM_HOST_MS",
-    "faults": "BATCHINFER_SIM_FAULTS",
-    "state_dir": "BATCHINFER_SIM_STATE",
-}
-
-
-# ---------------------------------------------------------------- settings and faults
-@dataclass(frozen=True)
-class Fault:
-    """One injected fault: ``kind`` with either ``core`` (+ ``call``) or ``item``; a leak
-    has ``mb`` (and ``core``, or none: every core)."""
-
-    kind: str
-    core: int | None = None
-    call: int | None = None
-    item: int | None = None
-    mb: float | None = None
-
-    def __str__(self) -> str:
-        parts = [self.kind]
-        for name in ("core", "call", "item", "mb"):
-            value = getattr(self, name)
-            if value is not None:
-                parts.append(f"{name}={value:g}" if name == "mb" else f"{name}={value}")
-        return ":".join(parts)
-
-
-def parse_fault(spec: str) -> Fault:
-    """The Fault a spec such as ``crash:core=1:call=5`` names; UsageError if it is malformed."""
-    match = _FAULT_RE.match(spec.strip())
-    bad = UsageError(f"Fault spec {spec!r} is not valid; use {FAULT_FORMS}.")
-    if match is None or match["kind"] not in FAULT_KINDS:
-        raise bad
-    kind = match["kind"]
-    core, call, item = (
-        None if match[k] is None else int(match[k]) for k in ("core", "call", "item")
-    )
-    if (kind == "leak") != (match["mb"] is not None):
-        raise bad
-    if kind == "leak":
-        if call is not None or item is not None:
-            raise bad
-        return Fault(kind, core=core, mb=float(match["mb"]))
-    if item is not None:
-        if core is not None or call is not None or kind in _PER_CORE_KINDS:
-            raise bad
-        return Fault(kind, item=item)
-    if core is None or (call is None and kind not in _PER_CORE_KINDS) or call == 0:
-        raise bad
-    if kind == "skew" and call is not None:
-        raise bad
-    return Fault(kind, core=core, call=call)
-
-
-def _parse_faults(value: str | Iterable[str | Fault] | None) -> tuple[Fault, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [part for part in value.split(";") if part.strip()]
-    return tuple(v if isinstance(v, Fault) else parse_fault(v) for v in value)
-
-
-def default_state_dir() -> Path:
-    """Where boards live by default: a per-user folder in the temp dir (not /dev/shm)."""
-    return Path(tempfile.gettempdir()) / f"batchinfer-sim-{os.getuid()}"
-
-
-@dataclass(frozen=True)
-class SimSettings:
-    """The emulated board: chip, per-call NPU and host time, faults, state folder."""
-
-    chip: str = _DEFAULTS["chip"]
-    npu_ms: float | str = _DEFAULTS["npu_ms"]  # milliseconds, or ESTIMATE
-    host_ms: float = _DEFAULTS["host_ms"]
-    faults: tuple[Fault, ...] = ()
-    state_dir: Path = field(default_factory=default_state_dir)
-    #: True when the chip was asked for (argument or BATCHINFER_SIM_CHIP); otherwise the
-    #: emulator takes the chip a loaded .rknn was converted for.
-    chip_given: bool = False
-
-    @classmethod
-    def from_env(cls, **overrides: object) -> SimSettings:
-        """Settings from BATCHINFER_SIM_* env vars, with non-None ``overrides`` winning."""
-        names = {f.name for f in fields(cls)} - {"chip_given"}
-        unknown = set(overrides) - names
-        if unknown:
-            raise UsageError(
-                f"Unknown sim setting(s) {sorted(unknown)}; use {', '.join(sorted(names))}."
-            )
-        raw: dict[str, object] = {}
-        for name in names:
-            value = overrides.get(name)
-            if value is None:
-                value = os.environ.get(_ENV[name]) or None
-            if value is not None:
-                raw[name] = value
-        chip = str(raw.get("chip", _DEFAULTS["chip"])).lower()
-        if chip not in C.CHIP_CORES:
-            raise UsageError(
-                f"Sim chip {chip!r} is unknown; use one of {', '.join(C.CHIP_CORES)} "
-                "(" + setting("runtime.sim.chip") + f" or {_ENV['chip']})."
-            )
-        npu_ms = _npu_ms(raw.get("npu_ms", _DEFAULTS["npu_ms"]))
-        host_ms = _milliseconds(raw.get("host_ms", _DEFAULTS["host_ms"]), "host_ms")
-        faults = _parse_faults(raw.get("faults"))  # type: ignore[arg-type]
-        for fault in faults:
-            if fault.core is not None and fault.core >= C.CHIP_CORES[chip]:
-                raise UsageError(
-                    f"Fault {fault} names core {fault.core}, but {chip} has "
-                    f"{C.CHIP_CORES[chip]} NPU core(s); use a core below {C.CHIP_CORES[chip]}."
-                )
-        state = raw.get("state_dir")
-        state_dir = Path(state) if state is not None else default_state_dir()  # type: ignore[arg-type]
-        return cls(chip, npu_ms, host_ms, faults, state_dir, chip_given="chip" in raw)
-
-
-def _npu_ms(value: object) -> float | str:
-    if isinstance(value, str) and value.strip().lower() == ESTIMATE:
-        if not graph.onnx_available():
-            raise UsageError(
-                f"Sim npu_ms={ESTIMATE!r} reads the model's graph, but {graph.ONNX_MISSING}, "
-                "or give npu_ms in milliseconds."
-            )
-        return ESTIMATE
-    return _milliseconds(value, "npu_ms")
-
-
-def _milliseconds(value: object, name: str) -> float:
-    try:
-        ms = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        ms = -1.0
-    if not ms >= 0.0 or ms == float("inf"):
-        raise UsageError(
-            f"Sim {name}={value!r} is not a duration; give milliseconds >= 0, e.g. 2.0"
-            + (f" or {ESTIMATE!r}" if name == "npu_ms" else "")
-            + f" ({_ENV[name]})."
-        )
-    return ms
-
-
-# ---------------------------------------------------------------- core masks
-def resolve_core_mask(chip: str, mask: int) -> tuple[tuple[int, ...], list[str]]:
-    """The cores ``mask`` holds on ``chip`` (() = AUTO) and warnings; ValueError if refused."""
-    ncores = C.CHIP_CORES[chip]
-    if mask == C.NPU_CORE_AUTO:
-        return (), []
-    if chip not in C.MULTI_CORE_CHIPS:
-        names = [c.upper() for c in C.MULTI_CORE_CHIPS]
-        raise ValueError(
-            f"The core_mask is only supported by {names}. Please do not set this parameter "
-            "on other platforms."
-        )
-    if mask not in C.VALID_CORE_MASKS:
-        raise ValueError(f"The core mode {mask} is not supported currently.")
-    warnings = []
-    if mask == C.NPU_CORE_ALL:
-        mask = (1 << ncores) - 1
-    elif chip == "rk3576" and mask == C.NPU_CORE_2:
-        warnings.append(
-            'The RK3576 platform has only two NPU cores. "NPU_CORE_2" is not supported and '
-            'will be automatically replaced with "NPU_CORE_0".'
-        )
-        mask = C.NPU_CORE_0
-    elif chip == "rk3576" and mask == C.NPU_CORE_0_1_2:
-        warnings.append(
-            'The RK3576 platform has only two NPU cores. "NPU_CORE_0_1_2" is not supported '
-            'and will be automatically replaced with "NPU_CORE_0_1".'
-        )
-        mask = C.NPU_CORE_0_1
-    return tuple(c for c in range(ncores) if mask & (1 << c)), warnings
-
-
-# ---------------------------------------------------------------- the board file
-_MAGIC = b"BISIMv01"
-_HEADER = struct.Struct("8s40s")  # magic, boot id
-# busy_until, inference calls, init calls, seconds held in all (the NPU load: sim_load.py)
-_CORE = struct.Struct("dqqd")
-_MAX_CORES = 16
-_BOARD_SIZE = 4096
-assert _HEADER.size + _MAX_CORES * _CORE.size <= WINDOW_OFFSET < _BOARD_SIZE
-# A reservation further ahead than this is left over from another clock epoch: ignore it.
-_STALE_S = 60.0
-
-
-def _boot_id() -> bytes:
-    # CLOCK_MONOTONIC restarts at boot: a board file from an earlier boot is reset.
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_bytes().strip()[:40]
-    except OSError:
-        return b"unknown"
-
-
-class _Board:
-    """One chip's shared state: per-core reservations and call counters, under flock.
-
-    Each instance opens its own file descriptions, so flock also serialises threads
-    of one process (flock locks belong to the open file description). A core's
-    reservation and counters are changed under that core's own lock file
-    (``<chip>.core<N>.lock``; several cores in ascending order), the board file's lock
-    only guards its set-up: a worker stopped (SIGSTOP) in the middle of a call holds up
-    the calls on its own core, never another core's, as on a board.
-    """
-
-    def __init__(self, state_dir: Path, chip: str) -> None:
-        ensure_private_dir(state_dir)  # /tmp/batchinfer-sim-<uid> is a guessable name
-        self.path = state_dir / f"{chip}.board"
-        self._fd = open_private_file(self.path)
-        try:
-            # Set up once per boot, under the board's lock; once it is, no lock is taken
-            # here either, so a worker frozen while creating a runtime holds up no other
-            # worker's (re)start.
-            mm = self._set_up()
-            if mm is None:
-                with self.locked():
-                    mm = self._set_up()  # by another process while we waited?
-                    if mm is None:
-                        if os.fstat(self._fd).st_size < _BOARD_SIZE:
-                            os.ftruncate(self._fd, _BOARD_SIZE)
-                        mm = mmap.mmap(self._fd, _BOARD_SIZE)
-                        mm[:] = bytes(_BOARD_SIZE)
-                        _HEADER.pack_into(mm, 0, _MAGIC, _boot_id())
-            self._mm = mm
-        except BaseException:
-            os.close(self._fd)
-            raise
-        self._core_fds: dict[int, int] = {}  # opened when a call first locks the core
-        # An RKNNLite dropped without release() must not keep the descriptors: close them
-        # when this object goes away (200 forgotten instances hit "too many open files").
-        self._closer = weakref.finalize(self, _close_board, self._mm, self._fd, self._core_fds)
-        self.load_path = load_path(state_dir, chip)
-        self.ncores = C.CHIP_CORES[chip]
-        self.publish_load(time.monotonic())  # the load file exists from the first init on
-
-    def _set_up(self) -> mmap.mmap | None:
-        """The board mapped, if it is set up for this boot already; else None."""
-        if os.fstat(self._fd).st_size < _BOARD_SIZE:
-            return None
-        mm = mmap.mmap(self._fd, _BOARD_SIZE)
-        magic, boot = _HEADER.unpack_from(mm, 0)
-        if magic == _MAGIC and boot.rstrip(b"\0") == _boot_id():
-            return mm
-        mm.close()
-        return None
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[None]:
-        """The whole board (its set-up)."""
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    @contextlib.contextmanager
-    def cores_locked(self, cores: Iterable[int]) -> Iterator[None]:
-        """``cores``' reservations and counters, locked in ascending order (no deadlock
-        between two multi-core masks)."""
-        taken: list[int] = []
-        try:
-            for core in sorted(set(cores)):
-                fd = self._core_fds.get(core)
-                if fd is None:
-                    lock_file = self.path.with_name(f"{self.path.stem}.core{core}.lock")
-                    fd = self._core_fds[core] = open_private_file(lock_file)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                taken.append(fd)
-            yield
-        finally:
-            for fd in reversed(taken):
-                fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _offset(self, core: int) -> int:
-        return _HEADER.size + core * _CORE.size
-
-    def busy_until(self, core: int, now: float) -> float:
-        busy = _CORE.unpack_from(self._mm, self._offset(core))[0]
-        return now if busy > now + _STALE_S else busy
-
-    def hold(self, core: int, start: float, end: float) -> None:
-        """Reserve ``core`` from ``start`` (never before its busy_until) to ``end``."""
-        _, calls, inits, held = _CORE.unpack_from(self._mm, self._offset(core))
-        _CORE.pack_into(self._mm, self._offset(core), end, calls, inits, held + end - start)
-
-    def busy_s(self, core: int, now: float) -> float:
-        """Seconds ``core`` has been held until ``now`` (a hold's part after now is not)."""
-        busy, _, _, held = _CORE.unpack_from(self._mm, self._offset(core))
-        return held - min(max(0.0, busy - now), _STALE_S)
-
-    def publish_load(self, now: float) -> None:
-        """Write the driver's load text when a window ends (batchinfer.runtime.sim_load)."""
-        publish(self._mm, self._fd, self.load_path, self.ncores, now, self.busy_s)
-
-    def count(self, core: int, *, init: bool) -> int:
-        """Add one inference (or init) call on ``core``; the new count, from 1."""
-        busy, calls, inits, held = _CORE.unpack_from(self._mm, self._offset(core))
-        if init:
-            inits += 1
-        else:
-            calls += 1
-        _CORE.pack_into(self._mm, self._offset(core), busy, calls, inits, held)
-        return inits if init else calls
-
-    def close(self) -> None:
-        self._closer()
 
 
 def _model_chip(path: Path) -> str | None:
@@ -471,13 +132,6 @@ def _model_chip(path: Path) -> str | None:
         named = meta.platforms[0]
     chip = (named or "").lower()
     return chip if chip in C.CHIP_CORES else None
-
-
-def _close_board(mm: mmap.mmap, fd: int, core_fds: dict[int, int]) -> None:
-    mm.close()
-    os.close(fd)
-    for core_fd in core_fds.values():
-        os.close(core_fd)
 
 
 def _static_batch(specs: tuple[InputSpec, ...]) -> int:
@@ -545,7 +199,7 @@ class RKNNLite(OnnxRKNNBase):
         #: NPU milliseconds per call for the loaded model (settings.npu_ms, or its estimate).
         self.npu_ms: float | None = None
         self._estimate: timing.Estimate | None = None
-        self._board: _Board | None = None
+        self._board: Board | None = None
         self._current_items: frozenset[int] = frozenset()
         #: The loaded model's batch (its first input's static batch axis; 1 for dynamic).
         self.batch = 1
@@ -576,7 +230,7 @@ class RKNNLite(OnnxRKNNBase):
             return
         wanted = (settings.target_platform or "").lower()
         chip = self.settings.chip
-        if wanted and wanted not in (chip, _SAME_NPU.get(chip)):
+        if wanted and wanted not in (chip, SAME_NPU.get(chip)):
             self.rknn_log.native(
                 logging.ERROR,
                 f"The target platform of the model ({wanted}) does not match the current "
@@ -604,7 +258,7 @@ class RKNNLite(OnnxRKNNBase):
     def _before_init(self, core_mask: int) -> bool:
         _tight_timer_slack()
         try:
-            self._board = _Board(self.settings.state_dir, self.settings.chip)
+            self._board = Board(self.settings.state_dir, self.settings.chip)
         except OSError as exc:
             self.rknn_log.e(
                 f"cannot open the sim board in {self.settings.state_dir} ({exc}); set "
@@ -757,7 +411,7 @@ class RKNNLite(OnnxRKNNBase):
             for core in cores:
                 n = board.count(core, init=False)
                 for fault in self.settings.faults:
-                    if fault.kind not in _PER_CORE_KINDS and fault.core == core and fault.call == n:
+                    if fault.kind not in PER_CORE_KINDS and fault.core == core and fault.call == n:
                         fired = fault
             if fired is not None:
                 return fired, now

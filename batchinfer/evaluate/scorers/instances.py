@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset
-from batchinfer.data.shards import is_shard_spec
+from batchinfer.data.shard_names import is_shard_spec
 from batchinfer.data.video.dataset import VideoDataset
 from batchinfer.evaluate.baseline import Baseline, read_baseline, unreadable
 from batchinfer.evaluate.groundtruth import (
