@@ -22,9 +22,9 @@ import importlib
 
 _WHERE = {
     "Engine": "batchinfer.engine.loop",
-    "EnginePlan": "batchinfer.engine.interface",
-    "EngineResult": "batchinfer.engine.interface",
-    "RunConfig": "batchinfer.engine.config",
+    "EnginePlan": "batchinfer.engine.planning.interface",
+    "EngineResult": "batchinfer.engine.planning.interface",
+    "RunConfig": "batchinfer.engine.planning.config",
     "RunResult": "batchinfer.engine.runner",
     "run": "batchinfer.engine.runner",
     "OutputOptions": "batchinfer.options",

@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.feeds import FROM_COLUMN
-from batchinfer.engine.children import Child, ChildPool, Exited, Message
-from batchinfer.engine.fd_limit import check_fd_limit
-from batchinfer.engine.interface import EnginePlan
-from batchinfer.engine.memory import RunMemory
+from batchinfer.engine.planning.interface import EnginePlan
+from batchinfer.engine.plumbing.children import Child, ChildPool, Exited, Message
+from batchinfer.engine.plumbing.fd_limit import check_fd_limit
+from batchinfer.engine.plumbing.memory import RunMemory
+from batchinfer.engine.plumbing.usage import Usage
 from batchinfer.engine.pools import (
     ItemRead,
     ItemResult,
@@ -72,7 +73,6 @@ from batchinfer.engine.slots import SlotRegion, StatusBoard, sweep_dead_segments
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.spawn import start_reader, start_worker
 from batchinfer.engine.states import ChildState, CoreStatus
-from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.stats import CoreStatsRecorder

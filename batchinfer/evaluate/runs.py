@@ -31,11 +31,11 @@ from batchinfer.data.dataset import Dataset
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instances import settle_instances
-from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.plan import plan_inference, runtime_files
-from batchinfer.engine.plan_records import engine_preprocess_record, preprocess_values
-from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.planning.instances import settle_instances
+from batchinfer.engine.planning.interface import EnginePlan, EngineResult
+from batchinfer.engine.planning.plan import plan_inference, runtime_files
+from batchinfer.engine.planning.plan_records import engine_preprocess_record, preprocess_values
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
 from batchinfer.engine.task import NotADetectorError
 from batchinfer.errors import BatchinferError, RunInterrupted

@@ -2,7 +2,7 @@
 
 - Ctrl-C and a closed terminal go to the whole process group; only the coordinator decides
   what they mean, so children ignore SIGINT and SIGHUP (from their first instruction: they
-  are forked by a fork server that ignores them, engine/fork_server.py).
+  are forked by a fork server that ignores them, engine/plumbing/fork_server.py).
 - A child must never outlive the coordinator, even blocked in a read of a hanging file:
   on Linux the kernel sends it SIGKILL when its parent, the fork server, dies
   (PR_SET_PDEATHSIG, set by the server's code in the child right after the fork, and
@@ -21,8 +21,8 @@ import signal
 import traceback
 from multiprocessing.connection import Connection
 
-from batchinfer.engine.affinity import pin_current_process
-from batchinfer.engine.fork_server import die_with_parent
+from batchinfer.engine.planning.affinity import pin_current_process
+from batchinfer.engine.plumbing.fork_server import die_with_parent
 from batchinfer.engine.protocol import Failed, encode
 
 # Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.

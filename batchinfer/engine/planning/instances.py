@@ -257,7 +257,12 @@ class ProbeSpec:
 def probe_main(spec: ProbeSpec, tasks: Connection, results: Connection) -> None:
     """Entry point of the probe child: make the instances, :func:`measure`, report, release."""
     from batchinfer.engine.canary import canary_input
-    from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
+    from batchinfer.engine.plumbing.child import (
+        cpu_seconds,
+        report_failure,
+        send_or_exit,
+        setup_child,
+    )
     from batchinfer.runtime.rknn_log import quiet_instance_logs
 
     setup_child(spec.parent_pid, spec.cpus)
@@ -284,7 +289,7 @@ def probe(plan: Any, timeout_s: float) -> Timings:
     """:func:`measure` on ``plan``'s first core, in a child forked by the run's fork server
     (as a core worker is: a runtime never lives in the coordinator). RuntimeError when it
     fails or takes longer than ``timeout_s``."""
-    from batchinfer.engine.children import ChildPool, Exited
+    from batchinfer.engine.plumbing.children import ChildPool, Exited
     from batchinfer.engine.protocol import Failed
 
     pool = ChildPool(time.monotonic)
