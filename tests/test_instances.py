@@ -11,6 +11,7 @@ import logging
 import pytest
 from runs import config
 
+from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.planning.instances import (
     AUTO_MAX,
     FALLBACK,
@@ -20,7 +21,6 @@ from batchinfer.engine.planning.instances import (
     pick_instances,
     planned_instances,
     refuse_on_cluster,
-    settle_instances,
     throughput,
 )
 from batchinfer.errors import ConfigError, UsageError

@@ -30,10 +30,10 @@ import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
 from batchinfer.engine.events import Observer, RowsDone, Started
+from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
 from batchinfer.engine.planning.config import RunConfig
-from batchinfer.engine.planning.instances import settle_instances
 from batchinfer.engine.planning.interface import EngineResult
 from batchinfer.engine.planning.plan import RunPlan, plan_run
 from batchinfer.engine.plumbing import fork_server

@@ -15,13 +15,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
 import traceback
 from multiprocessing.connection import Connection
 
-from batchinfer.engine.planning.affinity import pin_current_process
+import psutil
+
 from batchinfer.engine.plumbing.fork_server import die_with_parent
 from batchinfer.engine.protocol import Failed, encode
 
@@ -37,6 +39,14 @@ def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent_pid)
     pin_current_process(cpus)
+
+
+def pin_current_process(cpus: tuple[int, ...] | None) -> None:
+    """Pin this process to ``cpus`` (no-op for None or where the OS refuses); which CPUs is
+    planning's choice (engine/planning/affinity.py), pinning is the child's first step."""
+    if cpus:
+        with contextlib.suppress(AttributeError, OSError, psutil.Error):
+            psutil.Process().cpu_affinity(list(cpus))
 
 
 def send_or_exit(conn: Connection, message: tuple) -> None:
