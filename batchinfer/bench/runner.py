@@ -69,7 +69,7 @@ class BenchConfig:
     image_root: Path | None = None  # where a list's or COCO file's relative paths start
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
-    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (batchinfer/tasks)
     command: str | None = None
 
 

@@ -429,7 +429,7 @@ def plan_inference(
     ``model``: the model file (default: ``config.model``, resolved). ``dataset``: None (the
     caller feeds tensors itself), one already open, or a function that opens it with the
     labels file the task reads (a detector's labels file names the head's classes, not
-    the dataset's class folders: engine/task.py). ``several_inputs`` False: a model with
+    the dataset's class folders: batchinfer/tasks). ``several_inputs`` False: a model with
     several inputs is refused and no input is fed apart (bench, arrays). ``files_here``
     False: the dataset's files are read elsewhere (a Ray cluster's nodes, ``--ray-data
     shared``), so a list's first files are not looked for on this machine.
