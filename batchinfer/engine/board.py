@@ -3,17 +3,17 @@ the run's shared memory (input and output slots, the status board).
 
 It implements :class:`batchinfer.engine.pools.WorkerPool` for the engine loop (loop.py):
 the loop decides, this pool carries out and reports. It owns its children's state
-(children.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates their messages
-(protocol.py; what each child does is in reader.py and worker.py) into the pool events the
-loop handles. The slot life cycle and shutdown order are in the NOTE of slots.py.
+(plumbing/children.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates
+their messages (protocol.py; what each child does is in reader.py and worker.py) into the
+pool events the loop handles. The slot life cycle and shutdown order are in the NOTE of slots.py.
 
 What only a board has lives here too:
 - hangs are read from the status board (watchdog.py: which instance hung, since when);
 - readers grow and shrink with demand and yield to the core workers once those are seen
   well fed (reader_scaling.py): the one place this pool changes the scheduler, by adding
   and closing readers;
-- CPU and memory of every child are accounted by role (usage.py), and each ready core
-  worker's own memory is reported to the loop (WorkerMemory, every RSS_EVERY_S), which
+- CPU and memory of every child are accounted by role (plumbing/usage.py), and each ready
+  core worker's own memory is reported to the loop (WorkerMemory, every RSS_EVERY_S), which
   decides when one is recycled (recycling.py). A recycled worker is asked to stop; its new
   incarnation starts once it has exited (never two on one core: they share its rows of
   the status board), or once the watchdog killed it for not stopping in time.
