@@ -33,6 +33,9 @@ _WHERE = {
     "RunConfig": "batchinfer.engine.planning.config",
     "RunResult": "batchinfer.engine.runner",
     "run": "batchinfer.engine.runner",
+    # Named by the Ray guide's example, so that it does not depend on the engine's floors.
+    "plan_inference": "batchinfer.engine.planning.plan",
+    "StopSignals": "batchinfer.engine.plumbing.signals",
     "OutputOptions": "batchinfer.options",
     "PreprocessOptions": "batchinfer.options",
     "ReliabilityOptions": "batchinfer.options",
