@@ -2,36 +2,29 @@
 
 It takes charge of its signals before anything else is imported: libraries start threads
 when they are imported (pyarrow does), and a thread that does not block SIGINT could
-swallow a Ctrl-C (engine/signals.py says why). For ``batchinfer run`` on this machine it
-then launches the children's fork server (engine/fork_server.py), so the server imports
-numpy and the child modules while this process imports the CLI, pyarrow and the engine
-(each takes a few tenths of a second; on two CPUs they overlap), unless ``--out`` names a
-folder another run holds (the command then refuses before it imports the engine). Then
-it runs the click commands.
+swallow a Ctrl-C (engine/signals.py says why). Then it runs the click commands. It reads
+none of their options: ``batchinfer run`` refuses a held ``--out`` and launches the
+children's fork server itself, from its parsed options (cli/run.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 
 def main() -> None:
-    """Install the signal router, launch the fork server early for a local run, then run
-    the CLI."""
+    """Install the signal router, then run the CLI."""
     _prefer_system_allocator()
     from batchinfer.engine.signals import SignalRouter
 
     SignalRouter.install()
     code: object = 0
     try:
-        with _fork_server_if_local_run(sys.argv[1:]):
-            from batchinfer.cli import main as cli
+        from batchinfer.cli import main as cli
 
-            cli()
+        cli()
     except KeyboardInterrupt:  # while importing the CLI (a command handles its own)
         print("error: interrupted; nothing was started.", file=sys.stderr)
         code = 130
@@ -92,40 +85,3 @@ def _remove_multiprocessing_temp_dir() -> None:
     from multiprocessing import util
 
     shutil.rmtree(util.get_temp_dir(), ignore_errors=True)
-
-
-def _fork_server_if_local_run(args: list[str]) -> contextlib.AbstractContextManager:
-    """The fork server, held for the command, if ``args`` look like a run on this machine.
-
-    A guess from the words alone (click has not parsed them yet): a wrong guess costs a
-    server launched for nothing, or one launched later by the engine itself, never a
-    wrong result."""
-    local_run = (
-        args[:1] == ["run"]
-        and not any(a == "--ray" or a.startswith("--ray=") for a in args)
-        and not any(a in ("-h", "--help") for a in args)
-    )
-    if not local_run or _out_is_held(args):  # a held OUT: the command refuses at once
-        return contextlib.nullcontext()
-    from batchinfer.engine import fork_server
-
-    return fork_server.running()
-
-
-def _out_is_held(args: list[str]) -> bool:
-    """Whether ``--out``/``-o`` in ``args`` names a folder another run holds (a guess from
-    the words, as above; the command itself checks properly)."""
-    out = None
-    for i, arg in enumerate(args):
-        if arg in ("--out", "-o") and i + 1 < len(args):
-            out = args[i + 1]
-        elif arg.startswith("--out="):
-            out = arg[len("--out=") :]
-    if not out:
-        return False
-    from batchinfer.sink.out_lock import lock_holder
-
-    try:
-        return lock_holder(Path(os.path.abspath(os.path.expanduser(out)))) is not None
-    except OSError:
-        return False

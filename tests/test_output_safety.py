@@ -362,6 +362,34 @@ def test_a_held_out_is_refused_before_the_model_dataset_or_fork_server(
         run(config(dataset=data, model=digits, out=out))
 
 
+@pytest.mark.parametrize("front", ["command", "library"])
+def test_a_run_asks_once_whether_out_is_held_before_it_takes_the_lock(
+    front, data, digits, tmp_path, monkeypatch
+):
+    """One early refusal (the front door's), then the lock: planning does not ask again."""
+    from runs import config
+
+    from batchinfer import run
+    from batchinfer.sink import out_lock, outdir
+
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out))  # OUT holds a run: every look at it is a real one
+    asked: list[Path] = []
+    real = out_lock.lock_holder
+
+    def counted(path: Path) -> dict | None:
+        asked.append(path)
+        return real(path)
+
+    for module in (out_lock, outdir):
+        monkeypatch.setattr(module, "lock_holder", counted)
+    if front == "command":
+        ok_run(*run_args(data, digits, out, "--overwrite"))
+    else:
+        run(config(dataset=data, model=digits, out=out, overwrite=True))
+    assert asked == [out]  # taking the lock asks nobody: it is taken, or the run stops
+
+
 def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits, tmp_path):
     from batchinfer.sink.outdir import OutLock
 
@@ -381,7 +409,7 @@ def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits
     # Refused before the engine (and pyarrow, a few tenths of a second) is imported, and
     # before a fork server is launched.
     assert "pyarrow" not in imported and "batchinfer.engine.plan" not in imported
-    assert "multiprocessing.forkserver" not in imported
+    assert "batchinfer.engine.fork_server" not in imported
 
 
 def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):
