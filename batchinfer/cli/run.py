@@ -136,9 +136,11 @@ def _run(
     output = build_group("output", params)
     if output.out is not None and ray_address is None:
         # The run's one early refusal of a held OUT (the lock is asked again when taken):
-        # before the fork server is launched and the engine and pyarrow are imported (a
-        # few tenths of a second), let alone the model opened or the dataset listed. On a
-        # cluster, run_on_cluster makes it (Ray's start dwarfs those imports).
+        # before the engine and pyarrow are imported (a few tenths of a second), let alone
+        # the model opened or the dataset listed. It ends the command, and so stops the
+        # fork server the program's entry point launched before click read these options
+        # (entry.py). On a cluster, run_on_cluster makes it (Ray's start dwarfs those
+        # imports).
         from batchinfer.sink.out_lock import refuse_if_held
 
         refuse_if_held(output.out)
@@ -161,7 +163,9 @@ def _run(
         from batchinfer.engine import fork_server
 
         # The children's fork server imports numpy and the child modules while this
-        # process imports the engine and pyarrow and plans (on two CPUs they overlap).
+        # process imports the engine and pyarrow and plans (on two CPUs they overlap). The
+        # program launched it before importing click (entry.py): this holds that one; a
+        # command called in-process (click's CliRunner) launches it here.
         with fork_server.running():
             result = _here(config, no_progress)
     from batchinfer.cli.console import format_summary
