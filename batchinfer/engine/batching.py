@@ -215,8 +215,6 @@ def _call(
     copy_outputs: bool,
 ) -> None:
     """Pack, call, scatter: one runtime call for ``group`` (steps 2-4)."""
-    from batchinfer.errors import InferenceError  # here: the module stays import-light
-
     board, busy = shared.board, shared.busy
     adapter.set_current_items([index for _, index in group])
     batch = packer.pack([shared.inputs[slot] for slot, _ in group])
@@ -232,10 +230,8 @@ def _call(
             for j, (slot, _) in enumerate(group):
                 for dst, src in zip(shared.outputs[slot], outs, strict=True):
                     np.copyto(dst, src[j : j + 1].reshape(dst.shape), casting="same_kind")
-    except InferenceError:
-        error = "inference() returned None"  # the runtime logged why (its E RKNN line)
     except Exception as e:  # report, never vanish: the coordinator decides what follows
-        error = f"inference failed on core {shared.core}: {type(e).__name__}: {e}"
+        error = adapter.row_error(e)  # a None: with the runtime's own E line
     t1 = time.monotonic()
     for j in range(len(group)):
         board.finish(rows + j)

@@ -430,11 +430,8 @@ def _serve(
                     # the slot.
                     for dst, src in zip(outputs[slot], outs, strict=True):
                         np.copyto(dst, src.reshape(dst.shape), casting="same_kind")
-            except InferenceError:
-                # The runtime logged why (its E RKNN line); the row says what and where.
-                error = "inference() returned None"
             except Exception as e:  # report, never vanish: the coordinator decides what follows
-                error = f"inference failed on core {spec.core}: {type(e).__name__}: {e}"
+                error = adapter.row_error(e)  # a None: with the runtime's own E line
             t1 = time.monotonic()
             board.finish(row)
             busy.leave(t1)
