@@ -3,11 +3,16 @@
 It takes charge of its signals before anything else is imported: libraries start threads
 when they are imported (pyarrow does), and a thread that does not block SIGINT could
 swallow a Ctrl-C (engine/plumbing/signals.py says why). For ``batchinfer run`` on this machine it
-then launches the children's fork server (engine/plumbing/fork_server.py), so the server imports
-numpy and the child modules while this process imports the CLI, pyarrow and the engine
-(each takes a few tenths of a second; on two CPUs they overlap), unless ``--out`` names a
-folder another run holds (the command then refuses before it imports the engine). Then
-it runs the click commands.
+then launches the children's fork server (engine/plumbing/fork_server.py), so that the server
+imports numpy and the child modules while this process imports click, the CLI, pyarrow
+and the engine (each takes a few tenths of a second; on two CPUs they overlap). Then it
+runs the click commands, and stops the server when the command ends.
+
+Whether the words are such a run is read before click is imported, as click would read
+them, from tables generated from the commands' own option definitions
+(batchinfer/run_words.py). Nothing else is asked here: a held ``--out`` is refused by the
+``run`` command from its parsed options, and that refusal ends the command, so the server
+launched for it is stopped at once (a few milliseconds of launch, spent for nothing).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from pathlib import Path
+from collections.abc import Mapping
 from typing import NoReturn
 
 
@@ -95,37 +100,77 @@ def _remove_multiprocessing_temp_dir() -> None:
 
 
 def _fork_server_if_local_run(args: list[str]) -> contextlib.AbstractContextManager:
-    """The fork server, held for the command, if ``args`` look like a run on this machine.
+    """The fork server, held for the command, if ``args`` are a run on this machine.
 
-    A guess from the words alone (click has not parsed them yet): a wrong guess costs a
-    server launched for nothing, or one launched later by the engine itself, never a
-    wrong result."""
-    local_run = (
-        args[:1] == ["run"]
-        and not any(a == "--ray" or a.startswith("--ray=") for a in args)
-        and not any(a in ("-h", "--help") for a in args)
-    )
-    if not local_run or _out_is_held(args):  # a held OUT: the command refuses at once
+    Launched here, before click and the CLI are imported, it starts 30-70 ms sooner than
+    from the ``run`` command, which matters on a loaded machine (docs/performance.md). A
+    wrong guess costs a server launched for nothing, or one launched later by the command
+    itself, never a wrong result."""
+    if not local_run(args):
         return contextlib.nullcontext()
     from batchinfer.engine.plumbing import fork_server
 
     return fork_server.running()
 
 
-def _out_is_held(args: list[str]) -> bool:
-    """Whether ``--out``/``-o`` in ``args`` names a folder another run holds (a guess from
-    the words, as above; the command itself checks properly)."""
-    out = None
-    for i, arg in enumerate(args):
-        if arg in ("--out", "-o") and i + 1 < len(args):
-            out = args[i + 1]
-        elif arg.startswith("--out="):
-            out = arg[len("--out=") :]
-    if not out:
-        return False
-    from batchinfer.sink.out_lock import lock_holder
+def local_run(args: list[str]) -> bool:
+    """Whether ``batchinfer ARGS`` runs the ``run`` command on this machine: the command
+    named, no help or version asked for, no ``--ray``, and every option one click knows."""
+    from batchinfer import run_words as words
 
-    try:
-        return lock_holder(Path(os.path.abspath(os.path.expanduser(out)))) is not None
-    except OSError:
+    top = read_words(args, words.GROUP_OPTIONS, interspersed=False)
+    if top is None or top[0] & words.ENDS_EARLY or top[1][:1] != [words.COMMAND]:
         return False
+    run = read_words(top[1][1:], words.RUN_OPTIONS, interspersed=True)
+    return run is not None and not run[0] & {*words.ENDS_EARLY, words.ON_CLUSTER}
+
+
+def read_words(
+    args: list[str], options: Mapping[str, tuple[str, int]], *, interspersed: bool
+) -> tuple[set[str], list[str]] | None:
+    """The parameters ``args`` set and their positional words, read as click's parser
+    reads them: ``--name=value`` or ``--name value``, short options clustered (``-k3``,
+    ``-ab``), ``--`` ending the options, a value taken whatever it looks like. Without
+    ``interspersed`` (a group) the first positional word ends the options. None where click
+    would refuse a word (an unknown option, a missing value, a value given to a flag).
+    ``options`` maps each option to its parameter and the words its value takes."""
+    given: set[str] = set()
+    words: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            words += args[i:]
+            break
+        if len(arg) < 2 or arg[0] != "-":  # a positional word ("-" is one too)
+            if not interspersed:
+                words += args[i - 1 :]
+                break
+            words.append(arg)
+            continue
+        taken = _option_words(arg, options, given)
+        if taken is None or i + taken > len(args):
+            return None
+        i += taken
+    return given, words
+
+
+def _option_words(arg: str, options: Mapping[str, tuple[str, int]], given: set[str]) -> int | None:
+    """Add the parameters the option word ``arg`` sets to ``given``; return how many of the
+    words after it are its value (None: click would refuse ``arg``)."""
+    if arg.startswith("--"):  # --name or --name=value (a value given to a flag: refused)
+        name, eq, _ = arg.partition("=")
+        param, n = options.get(name, ("", -1))
+        if n < 0 or (eq and n == 0):
+            return None
+        given.add(param)
+        return n - 1 if eq else n
+    for j in range(1, len(arg)):  # -abc: the flags a, b and c; -kVALUE: k and its value
+        param, n = options.get("-" + arg[j], ("", -1))
+        if n < 0:
+            return None
+        given.add(param)
+        if n:
+            return n - 1 if j + 1 < len(arg) else n
+    return 0

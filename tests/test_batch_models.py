@@ -115,7 +115,7 @@ def test_a_call_that_fails_charges_only_the_item_that_fails_alone(tmp_path):
     assert result.errors == 1
     failed = [r for r in rows if r["error"] is not None]
     assert [r["index"] for r in failed] == [6]
-    assert "returned None" in failed[0]["error"]
+    assert "returned None: E RKNN: failed to submit!" in failed[0]["error"]
     # Its neighbours in the failed call were inferred again alone, at once: no attempt lost.
     assert all(r["attempt"] == 1 for r in rows if r["error"] is None)
 

@@ -487,6 +487,33 @@ def test_readers_of_npy_tensors_yield_to_the_core_workers_from_the_start(tmp_pat
     assert watch.niceness and set(watch.niceness) == {min(mine + board.READER_NICENESS, 19)}
 
 
+def test_the_pool_takes_light_reads_from_the_data_layer_not_from_a_kind_it_names(
+    demo_kit, tmp_path, monkeypatch
+):
+    """Whether reading is light work is the data layer's to say (Dataset.light_reads, through
+    ItemSource.light_reads): the board's pool names no dataset kind. Images said light here
+    get yielding readers from the start."""
+    from batchinfer.data.dataset import Dataset
+    from batchinfer.engine import board
+
+    monkeypatch.setattr(Dataset, "light_reads", property(lambda self: True), raising=False)
+    watch = _Readers()
+    result = run(
+        config(
+            dataset=demo_kit.dataset,
+            model=demo_kit.models["digits"],
+            backend="sim",
+            sim=fast_sim(npu_ms=2),
+            limit=40,
+            out=tmp_path / "o",
+        ),
+        observers=[watch],
+    )
+    assert (result.status, result.errors) == ("complete", 0)
+    mine = psutil.Process().nice()
+    assert watch.niceness and set(watch.niceness) == {min(mine + board.READER_NICENESS, 19)}
+
+
 def test_readers_yield_to_the_core_workers_once_the_scaler_says_the_cores_are_fed(
     demo_kit, tmp_path
 ):

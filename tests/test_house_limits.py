@@ -45,12 +45,6 @@ EXCEPTIONS: dict[str, str] = {
         "Not split yet: the worker life cycle (starts, losses, retirements) is the concern "
         "to move out."
     ),
-    "engine/worker.py:_serve": (
-        "The core worker's hot loop becomes a CoreWorker class (issue 44, item 4)."
-    ),
-    "engine/worker.py:worker_main": (
-        "The core worker's start-up goes with the CoreWorker class (issue 44, item 4)."
-    ),
     "option_reading.py:_conforms": (
         "One flat type dispatch over every option type an option group may declare."
     ),

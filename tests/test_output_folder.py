@@ -153,12 +153,18 @@ def test_overwrite_planned_on_a_run_clears_only_what_the_run_wrote(tmp_path):
     assert _manifest(out)["invocations"][0]["command"] == "new"
 
 
-def test_planning_refuses_resume_without_out_and_a_held_out_first(tmp_path):
+def test_planning_refuses_resume_without_out_and_a_held_out_when_it_takes_the_lock(tmp_path):
     out = tmp_path / "o"
     with pytest.raises(UsageError, match="needs"):
         OutputFolder.look(out, dataclasses.replace(OutputOptions(), resume=True))
-    with OutLock(out, command="holder"), pytest.raises(OutputLockedError, match="holder"):
-        OutputFolder.look(out, _options(out, resume=True, overwrite=True))
+    folder = _looked(out, overwrite=True)  # planning does not ask
+    with (
+        OutLock(out, command="holder"),
+        pytest.raises(OutputLockedError, match="holder"),
+        folder.begin({}, save_outputs=False),
+    ):
+        pass
+    assert folder.stage is Stage.PLANNED
 
 
 def test_a_planned_run_whose_out_was_taken_meanwhile_starts_no_engine(tmp_path):

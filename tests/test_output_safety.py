@@ -364,11 +364,67 @@ def test_a_held_out_is_refused_before_the_model_dataset_or_fork_server(
         run(config(dataset=data, model=digits, out=out))
 
 
+@pytest.mark.parametrize("front", ["command", "library"])
+def test_a_run_asks_once_whether_out_is_held_before_it_takes_the_lock(
+    front, data, digits, tmp_path, monkeypatch
+):
+    """One early refusal (the front door's), then the lock: planning does not ask again."""
+    from runs import config
+
+    from batchinfer import run
+    from batchinfer.sink import out_lock, outdir
+
+    out = tmp_path / "o"
+    ok_run(*run_args(data, digits, out))  # OUT holds a run: every look at it is a real one
+    asked: list[Path] = []
+    real = out_lock.lock_holder
+
+    def counted(path: Path) -> dict | None:
+        asked.append(path)
+        return real(path)
+
+    for module in (out_lock, outdir):
+        monkeypatch.setattr(module, "lock_holder", counted)
+    if front == "command":
+        ok_run(*run_args(data, digits, out, "--overwrite"))
+    else:
+        run(config(dataset=data, model=digits, out=out, overwrite=True))
+    assert asked == [out]  # taking the lock asks nobody: it is taken, or the run stops
+
+
+# The program as `python -m batchinfer` runs it, reporting (as JSON on stdout) the fork
+# servers it launched, whether click was imported by then, and the processes it has left
+# when the command is done, just before it exits.
+_REPORTING_PROGRAM = """\
+import json, sys
+import psutil
+import batchinfer.entry as entry
+from batchinfer.engine.plumbing import fork_server
+launched = []
+class Server(fork_server._Server):
+    def __init__(self):
+        launched.append("click" in sys.modules)
+        super().__init__()
+fork_server._Server = Server
+real_exit = entry._exit
+def report(code):
+    left = [p.pid for p in psutil.Process().children(recursive=True)]
+    print(json.dumps({"click_before_server": launched, "left": left}), flush=True)
+    real_exit(code)
+entry._exit = report
+entry.main()
+"""
+
+
 def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits, tmp_path):
+    """The one early refusal is the run command's, from its parsed options: click has parsed
+    them, so the program's entry point, which launches the fork server before it imports
+    click (entry.py), cannot know OUT is held and has launched one. The refusal ends the
+    command, and the server with it: nothing is left when the program exits."""
     from batchinfer.sink.outdir import OutLock
 
     out = tmp_path / "o"
-    argv = [sys.executable, "-X", "importtime", "-m", "batchinfer"]
+    argv = [sys.executable, "-X", "importtime", "-c", _REPORTING_PROGRAM]
     argv += [str(a) for a in run_args(data, digits, out)]
     with OutLock(out, command="the holder"):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
@@ -380,10 +436,10 @@ def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits
         for line in proc.stderr.splitlines()
         if line.startswith("import time:")
     }
-    # Refused before the engine (and pyarrow, a few tenths of a second) is imported, and
-    # before a fork server is launched.
+    # Refused before the engine (and pyarrow, a few tenths of a second) is imported.
     assert "pyarrow" not in imported and "batchinfer.engine.planning.plan" not in imported
-    assert "multiprocessing.forkserver" not in imported
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report == {"click_before_server": [False], "left": []}
 
 
 def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):

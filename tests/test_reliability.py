@@ -103,6 +103,8 @@ def test_inference_returning_none_every_time_is_an_error_row_after_retries(demo_
     (row,) = [r for r in table.to_pylist() if r["error"] is not None]
     assert row["index"] == 7 and row["attempt"] == 3
     assert row["error"].count("returned None") == 3
+    # Each attempt says why, in the runtime's own words (its E line).
+    assert row["error"].count("returned None: E RKNN: failed to submit!") == 3, row["error"]
     assert len({part.split(":")[0] for part in row["error"].split("; ")}) == 3  # three cores
 
 

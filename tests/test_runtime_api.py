@@ -257,8 +257,40 @@ def test_adapter_drives_the_sim_with_item_faults(tmp_path: Path) -> None:
     first = a.infer(x)
     assert np.shares_memory(first[0], a.infer(x)[0])  # reuse_outputs by default
     a.set_current_item(1)
-    with pytest.raises(InferenceError, match=r"None on core 0.*E log lines"):
+    with pytest.raises(InferenceError, match=r"None on core 0.*E log lines") as failed:
         a.infer(x)
+    # The row carries the runtime's own line (librknnrt's, its time left out), not the
+    # wrapper's "Catch exception" line that follows it.
+    said = a.row_error(failed.value)
+    assert said.startswith("inference() returned None: E RKNN: failed to submit!, op id: 0")
+    assert "injected fault" in said and "[" not in said.split("E RKNN: ")[1][:2]
+    a.set_current_item(2)
+    a.infer(x)  # a call that works says nothing, and the next failure only its own line
+    assert a._errors.line is None
     assert "batchinfer sim" in a.sdk_version()
     a.release()
     assert a.sdk_version() is None
+
+
+def test_the_row_says_the_last_line_of_a_logged_traceback(tmp_path: Path) -> None:
+    from batchinfer.runtime.sim import RKNNLite
+
+    model = M.nhwc_uint8_model(tmp_path)
+    sim = RKNNLite(npu_ms=0, host_ms=0, state_dir=tmp_path / "s")
+    a = RuntimeAdapter(sim, core=0, model=model)
+    a.load()
+    a.init(RKNNLite.NPU_CORE_0)
+    with pytest.raises(InferenceError) as failed:
+        a.infer([np.zeros((1, 8, 8, 1), np.float64)])  # RKNNLite refuses float64
+    said = a.row_error(failed.value)
+    assert said.startswith("inference() returned None: E ") and "float64" in said, said
+    assert "\n" not in said
+    a.release()
+
+
+def test_the_row_says_only_the_old_words_when_the_runtime_logged_nothing() -> None:
+    a = RuntimeAdapter(Scripted(outputs=None), core=1, model=Path("m.rknn"))
+    with pytest.raises(InferenceError) as failed:
+        a.infer([np.zeros(1)])
+    assert a.row_error(failed.value) == "inference() returned None"
+    assert a.row_error(ValueError("bad")) == "inference failed on core 1: ValueError: bad"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from multiprocessing import Pipe
 
+from batchinfer.engine.core_worker import BATCH_MAX, BATCH_WAIT_S, BusyClock, Outbox, Sender
 from batchinfer.engine.protocol import Done, InferResult, decode
-from batchinfer.engine.worker import BATCH_MAX, BATCH_WAIT_S, _BusyClock, _Outbox, _Sender
 
 REFILL_AT = 3
 
@@ -13,16 +13,16 @@ REFILL_AT = 3
 class _Rig:
     """An outbox whose messages are kept in a list; ``left``: what the worker still has."""
 
-    def __init__(self, left: int, busy: _BusyClock | None = None) -> None:
+    def __init__(self, left: int, busy: BusyClock | None = None) -> None:
         self.left = left
         self.sent: list[tuple[list[int], float]] = []
         self.direct: list[bool] = []
-        self.outbox = _Outbox(
+        self.outbox = Outbox(
             lambda batch, busy_s, direct: (
                 self.sent.append(([r.slot for r in batch], busy_s)),
                 self.direct.append(direct),
             ),
-            busy or _BusyClock(),
+            busy or BusyClock(),
             lambda: self.left,
             REFILL_AT,
         )
@@ -90,7 +90,7 @@ def test_batch_is_capped_and_send_takes_the_rest() -> None:
 
 
 def test_a_batch_carries_the_busy_seconds_so_far() -> None:
-    busy = _BusyClock()
+    busy = BusyClock()
     busy.enter(1.0)
     assert busy.active == 1
     busy.leave(3.5)
@@ -102,7 +102,7 @@ def test_a_batch_carries_the_busy_seconds_so_far() -> None:
 
 def test_the_sender_writes_every_delivered_batch_in_order_before_close_returns() -> None:
     receive, send = Pipe(duplex=False)
-    sender = _Sender(send)
+    sender = Sender(send)
     batches = [[(slot, slot, 0, 0.0, 0.0, None)] for slot in range(50)]
     for i, batch in enumerate(batches):
         sender.deliver(batch, float(i))
@@ -126,7 +126,7 @@ def test_only_a_thread_with_nothing_left_sends_itself() -> None:
 
 def test_direct_sends_keep_the_order_of_queued_ones() -> None:
     receive, send = Pipe(duplex=False)
-    sender = _Sender(send)
+    sender = Sender(send)
     for i in range(200):  # a direct one never overtakes one queued before it
         sender.deliver([(i, i, 0, 0.0, 0.0, None)], float(i), direct=i % 3 == 0)
     sender.close()

@@ -3,6 +3,9 @@
     python tools/gen_cli_reference.py           # rewrite docs/reference/cli.md
     python tools/gen_cli_reference.py --check   # exit 1 if the committed page differs
 
+It runs tools/gen_run_words.py too (the entry point's tables of the run command's options),
+the other file to rewrite after changing a command's options.
+
 tests/test_docs.py fails when the committed page is not what this script writes, so a
 changed option or help text comes with its page. A committed page (rather than an mkdocs
 hook generating it at build time) is readable on GitHub without a build, and keeps the
@@ -72,15 +75,18 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
+    import gen_run_words  # a sibling script (this folder is sys.path[0])
+
+    words = gen_run_words.main(argv)
     text = render()
     if "--check" in argv:
         if not PAGE.exists() or PAGE.read_text() != text:
             print(f"{PAGE} is out of date: run python tools/gen_cli_reference.py", file=sys.stderr)
             return 1
-        return 0
+        return words
     PAGE.write_text(text)
     print(f"wrote {PAGE}")
-    return 0
+    return words
 
 
 if __name__ == "__main__":

@@ -6,12 +6,16 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from batchinfer.cli.options import build_group, flag_of, group_options
 from batchinfer.errors import render_fields
+
+if TYPE_CHECKING:
+    from batchinfer.engine.planning.config import RunConfig
+    from batchinfer.engine.runner import RunResult
 
 EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
 
@@ -113,8 +117,6 @@ def command(
         ray_data,
         image_root,
     )
-    # The children's fork server is launched by the program's entry point (before this
-    # module is imported) and by the engine's run() before it plans.
     _run(*args)
 
 
@@ -129,17 +131,19 @@ def _run(
     ray_data: str = "head",
     image_root: Path | None = None,
 ) -> None:
-    from batchinfer.sink.out_lock import refuse_if_held
+    from batchinfer.engine.planning.config import RunConfig  # options only: cheap to import
 
     output = build_group("output", params)
-    if output.out is not None:
-        # A held OUT is refused first: before the engine, pyarrow and the console are
-        # imported (a few tenths of a second), let alone the model or dataset opened.
-        refuse_if_held(output.out)
-    from batchinfer.cli.console import ConsoleObserver, format_summary
-    from batchinfer.engine import RunConfig
-    from batchinfer.engine import run as run_engine
+    if output.out is not None and ray_address is None:
+        # The run's one early refusal of a held OUT (the lock is asked again when taken):
+        # before the engine and pyarrow are imported (a few tenths of a second), let alone
+        # the model opened or the dataset listed. It ends the command, and so stops the
+        # fork server the program's entry point launched before click read these options
+        # (entry.py). On a cluster, run_on_cluster makes it (Ray's start dwarfs those
+        # imports).
+        from batchinfer.sink.out_lock import refuse_if_held
 
+        refuse_if_held(output.out)
     config = RunConfig(
         dataset=dataset,
         model=model,
@@ -153,23 +157,19 @@ def _run(
         image_root=image_root,
         command=shlex.join(["batchinfer", *sys.argv[1:]]),
     )
-    console = ConsoleObserver(flag_of, progress=not no_progress)
-    try:
-        if ray_address is not None:  # scale-out on Ray: the cluster's engine, same outputs
-            from batchinfer.cluster import ClusterLostError, run_on_cluster
+    if ray_address is not None:
+        result = _on_cluster(config, no_progress, ray_address, ray_data)
+    else:
+        from batchinfer.engine.plumbing import fork_server
 
-            try:
-                result = run_on_cluster(
-                    config, ray_address, [console], data=ray_data, listing=console.listing
-                )
-            except ClusterLostError as e:  # its message ends with the command that resumes
-                if e.out is not None:
-                    e.resume_command = resume_command(sys.argv[1:], e.out)
-                raise
-        else:
-            result = run_engine(config, observers=[console], listing=console.listing)
-    finally:
-        console.close()
+        # The children's fork server imports numpy and the child modules while this
+        # process imports the engine and pyarrow and plans (on two CPUs they overlap). The
+        # program launched it before importing click (entry.py): this holds that one; a
+        # command called in-process (click's CliRunner) launches it here.
+        with fork_server.running():
+            result = _here(config, no_progress)
+    from batchinfer.cli.console import format_summary
+
     try:
         _say_result(result, format_summary(result.stats, npu_load=result.npu_load is not None))
     except BrokenPipeError:
@@ -181,6 +181,34 @@ def _run(
         click.echo(f"resume with: {resume_command(sys.argv[1:], result.out)}", err=True)
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(EXIT_ITEM_ERRORS if result.errors else EXIT_OK)
+
+
+def _here(config: RunConfig, no_progress: bool) -> RunResult:
+    """Run ``config`` on this board (its held-OUT refusal made already)."""
+    from batchinfer.cli.console import ConsoleObserver
+    from batchinfer.engine.runner import plan_and_run
+
+    console = ConsoleObserver(flag_of, progress=not no_progress)
+    try:
+        return plan_and_run(config, [console], console.listing)
+    finally:
+        console.close()
+
+
+def _on_cluster(config: RunConfig, no_progress: bool, address: str, data: str) -> RunResult:
+    """Run ``config`` on a Ray cluster: the cluster's engine, the same outputs."""
+    from batchinfer.cli.console import ConsoleObserver
+    from batchinfer.cluster import ClusterLostError, run_on_cluster
+
+    console = ConsoleObserver(flag_of, progress=not no_progress)
+    try:
+        return run_on_cluster(config, address, [console], data=data, listing=console.listing)
+    except ClusterLostError as e:  # its message ends with the command that resumes
+        if e.out is not None:
+            e.resume_command = resume_command(sys.argv[1:], e.out)
+        raise
+    finally:
+        console.close()
 
 
 def _say_result(result: Any, summary: str) -> None:

@@ -182,10 +182,8 @@ class CoreActor:
             error, outs, decoded = None, None, None
             try:
                 outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
-            except InferenceError:
-                error = "inference() returned None"
             except Exception as e:  # report, never vanish: the scheduler decides what follows
-                error = f"inference failed on core {self.core}: {type(e).__name__}: {e}"
+                error = self.adapter.row_error(e)  # a None: with the runtime's own E line
             t1 = time.monotonic()
             if self.decode is not None and outs is not None:  # (None: inference failed)
                 try:

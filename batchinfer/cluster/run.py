@@ -31,6 +31,7 @@ from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import NoCoreError, UsageError
 from batchinfer.messages import setting
+from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -53,6 +54,8 @@ def run_on_cluster(
     failures are error rows. A cluster that stops answering mid-run raises ClusterLostError
     (exit 3) once the rows done are written and the manifest says ``interrupted``.
     """
+    if config.output.out is not None:  # the early refusal, before Ray is started
+        refuse_if_held(config.output.out)
     with arrow_system_allocator(), StopSignals() as signals:
         # With shared data the nodes read the files (check_shared_dataset asks each for the
         # first), which this machine may not mount.

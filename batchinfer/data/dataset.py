@@ -202,6 +202,13 @@ class Dataset:
         self._count = count
 
     @property
+    def light_reads(self) -> bool:
+        """Whether reading an item is a plain copy into its slot (a .npy or .npz tensor,
+        no decode), never what the cores wait for: the engine's readers then yield to the
+        core workers from the start (engine/sources.py, ItemSource.light_reads)."""
+        return self.kind in ("npy", "npz")
+
+    @property
     def classes(self) -> tuple[str, ...]:
         """Class names in label order (empty for a dataset without class folders)."""
         return self.class_map.names

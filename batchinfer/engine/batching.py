@@ -14,7 +14,7 @@ rows per core), so a core holds enough items to fill its calls. A model with sev
 inputs (or fed by ``.npz`` items or manifest columns) is not packed: its tensors are fed
 whole, as before.
 
-The core worker (engine/worker.py, :func:`batched_loop`), per runtime instance:
+The core worker (engine/core_worker.py, :func:`batched_loop`), per runtime instance:
 
 1. *Gather*: take one item from the worker's queue (waiting as long as it takes), then
    every item already queued, up to N; if still short, wait for more until
@@ -98,7 +98,7 @@ def unbatchable_outputs(outputs: Sequence[np.ndarray], n: int) -> str | None:
 
 class Held:
     """Items an instance took from the queue and has not yet handed on (gathered, in a
-    call, or being scattered): the worker counts them as items it still holds (_Outbox)."""
+    call, or being scattered): the worker counts them as items it still holds (Outbox)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -111,7 +111,7 @@ class Held:
 
 @dataclass
 class BatchWork:
-    """What the batched instances of one core worker share (engine/worker.py builds it)."""
+    """What the batched instances of one core worker share (engine/core_worker.py builds it)."""
 
     batch: int
     core: int
@@ -120,8 +120,8 @@ class BatchWork:
     inputs: Any  # SlotRegion: slot -> [one array per model input]
     outputs: Any  # SlotRegion: slot -> [one array per model output]
     board: Any  # StatusBoard
-    busy: Any  # worker._BusyClock
-    report: Callable[[InferResult], None]  # _Outbox.add
+    busy: Any  # core_worker.BusyClock
+    report: Callable[[InferResult], None]  # core_worker.Outbox.add
     held: Held
     gather_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -186,7 +186,7 @@ def batched_loop(
 ) -> None:
     """One runtime instance of a batch-N model until the stop sentinel (the NOTE's steps);
     ``decoding``: a detection run's queue to this instance's decoder thread; ``gc_every``:
-    calls between the worker's periodic collections (engine/worker.py's _GC_EVERY)."""
+    calls between the worker's periodic collections (engine/core_worker.py: GC_EVERY)."""
     layout = shared.inputs.spec.layout
     packer = Packer(layout.shapes, layout.dtypes, shared.batch)
     rows = shared.board_row + instance * shared.batch
@@ -215,8 +215,6 @@ def _call(
     copy_outputs: bool,
 ) -> None:
     """Pack, call, scatter: one runtime call for ``group`` (steps 2-4)."""
-    from batchinfer.errors import InferenceError  # here: the module stays import-light
-
     board, busy = shared.board, shared.busy
     adapter.set_current_items([index for _, index in group])
     batch = packer.pack([shared.inputs[slot] for slot, _ in group])
@@ -232,10 +230,8 @@ def _call(
             for j, (slot, _) in enumerate(group):
                 for dst, src in zip(shared.outputs[slot], outs, strict=True):
                     np.copyto(dst, src[j : j + 1].reshape(dst.shape), casting="same_kind")
-    except InferenceError:
-        error = "inference() returned None"  # the runtime logged why (its E RKNN line)
     except Exception as e:  # report, never vanish: the coordinator decides what follows
-        error = f"inference failed on core {shared.core}: {type(e).__name__}: {e}"
+        error = adapter.row_error(e)  # a None: with the runtime's own E line
     t1 = time.monotonic()
     for j in range(len(group)):
         board.finish(rows + j)

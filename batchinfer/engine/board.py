@@ -214,8 +214,8 @@ class BoardPool:
             reader,
             self.source.column_base,
         )
-        if self.source.kind in ("npy", "npz"):
-            # Loading a tensor is a copy into its slot, never what the cores wait for: such
+        if self.source.light_reads:
+            # Loading the item is a copy into its slot, never what the cores wait for: such
             # a reader yields to the core workers from the start.
             self._yield(child)
         return child

@@ -6,7 +6,7 @@
 
 OUT's life is :class:`batchinfer.sink.output_folder.OutputFolder`'s (plan.out): the engine
 calls it before the run and after it; nothing else here touches the folder, but for
-:func:`run`'s probe for a held OUT before the fork server is launched.
+:func:`run`'s early refusal of a held OUT (planning does not ask; the lock does).
 
 The same steps run a plan on a Ray cluster (batchinfer.cluster): :func:`run_plan` takes
 the engine to use (``make_engine``) and extra manifest fields.
@@ -191,8 +191,21 @@ def run(
             f"run takes a RunConfig or (dataset, model=..., options), not both ({given})."
         )
     if config.output.out is not None:
-        refuse_if_held(config.output.out)  # before the fork server is launched for nothing
-    # The children's fork server is launched first: it imports while this process plans.
+        # The early refusal of a held OUT, before the fork server is launched for nothing
+        # (the ``run`` command makes its own, before it imports this module).
+        refuse_if_held(config.output.out)
+    return plan_and_run(config, observers, listing)
+
+
+def plan_and_run(
+    config: RunConfig,
+    observers: Sequence[Observer] = (),
+    listing: Callable[[int], None] | None = None,
+) -> RunResult:
+    """:func:`run` after its early refusal of a held OUT, for a caller that made it (the
+    ``run`` command): plan ``config`` and run it. OUT is not asked about again until its
+    lock is taken (:meth:`OutputFolder.begin`)."""
+    # The children's fork server is held first: it imports while this process plans.
     with arrow_system_allocator(), StopSignals() as signals, fork_server.running():
         plan = plan_run(config, listing=listing)
         return run_plan(plan, signals, observers)

@@ -15,36 +15,48 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from batchinfer.data.dataset import Dataset, Item
 
 
-class ItemSource:
-    """The interface the engine uses (subclasses below)."""
+class ItemSource(Protocol):
+    """What the engine takes its items from: the sources below, api.ArrayItems, a test's.
+
+    What the data layer knows and the engine needs is said here, as fields: whether
+    readers decode the items, what they decode, whether that is light work. The pools read
+    these fields, never a dataset kind by name. Sources below subclass this for its
+    defaults (a source without readers, whose items fill their slots).
+    """
 
     #: Readers decode the items (they have paths); else :meth:`fill` writes the slot.
     needs_reader: bool = False
-    #: The dataset kind readers decode ("images", "npy" or "npz"), when ``needs_reader``.
+    #: The dataset kind readers decode ("images", "npy" or "npz"), when ``needs_reader``:
+    #: passed through to the data layer's loaders, not read by the engine.
     kind: str = ""
     #: The folder that relative paths in manifest columns are relative to ("": the current
     #: folder): a list file's folder, or a dataset folder itself.
     column_base: str = ""
+    #: Reading an item is a plain copy into its slot (Dataset.light_reads), never what the
+    #: cores wait for: readers yield to the core workers from the start.
+    light_reads: bool = False
 
     @property
     def total(self) -> int | None:
         """How many items will come, when known (for progress)."""
         return None
 
-    def __iter__(self) -> Iterator[Item]:
-        raise NotImplementedError
+    def __iter__(self) -> Iterator[Item]: ...
 
     def prefill(self, inputs: Callable[[int], list[np.ndarray]], slots: int) -> None:
         """Called once before the first item, with every slot's input views."""
+        return  # a default (this is no empty protocol member): most sources need nothing
 
     def fill(self, item: Item, inputs: list[np.ndarray]) -> None:
         """Write ``item``'s tensors into its slot's input views (sources without readers)."""
+        return  # a default: sources with readers never fill
 
 
 class DatasetSource(ItemSource):
@@ -61,6 +73,7 @@ class DatasetSource(ItemSource):
     ) -> None:
         self.dataset = dataset
         self.kind = dataset.kind
+        self.light_reads = dataset.light_reads
         root = str(dataset.root)
         self.column_base = root if os.path.isdir(root) else os.path.dirname(root)
         self.skip = skip

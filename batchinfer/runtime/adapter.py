@@ -7,6 +7,9 @@ messages say what failed and what to do.
 
 from __future__ import annotations
 
+import logging
+import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -70,6 +73,52 @@ class CoreError(InferenceError):
         self.reason = reason or CoreReason.of(message)
 
 
+# What a failed call's row says (the worker and the Ray actor's words since the first
+# release): then, after a colon, the runtime's own last E line of that call, when it
+# logged one through its logger (:class:`_LastErrorLine`).
+RETURNED_NONE = "inference() returned None"
+
+# librknnrt's lines carry the time ("RKNN: [12:00:01.234] ..."): a row keeps the words.
+_STAMP = re.compile(r"^RKNN: \[[0-9:.]+\] ")
+
+
+class _LastErrorLine(logging.Handler):
+    """The last E line the runtime logged in this thread since :meth:`clear`.
+
+    RKNNLite never raises from ``inference``: it logs why and returns None
+    (runtime/CONTRACT.md). Which line says it: librknnrt's own (``E RKNN: failed to
+    submit!, ...``) over the Python wrapper's that follows it (``E Catch exception when
+    running RKNN model.``); of a multi-line record (a traceback), its last line (the
+    exception). Per thread: should one logger serve several instances ([guess]: the real
+    RKNNLite keeps one per object, as the emulator does), each call still reads only what
+    was logged in its own thread. On a board librknnrt writes its lines to the descriptor,
+    not through this logger: there only the wrapper's lines are seen.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self._seen = threading.local()
+
+    def clear(self) -> None:
+        self._seen.line = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            lines = [ln for ln in record.getMessage().splitlines() if ln.strip()]
+        except Exception:  # a record that cannot be formatted says nothing here
+            return
+        if not lines:
+            return
+        line = _STAMP.sub("RKNN: ", lines[-1].strip())
+        kept = getattr(self._seen, "line", None)
+        if kept is None or not kept.startswith("RKNN: ") or line.startswith("RKNN: "):
+            self._seen.line = line
+
+    @property
+    def line(self) -> str | None:
+        return getattr(self._seen, "line", None)
+
+
 class RuntimeAdapter:
     """An RKNNLite-shaped runtime whose failures raise ModelError / InferenceError."""
 
@@ -80,6 +129,10 @@ class RuntimeAdapter:
         self.core = core
         self.model = Path(model)
         self.hint = hint  # what to check when the runtime fails (from its backend)
+        self._logger = getattr(getattr(rknn, "rknn_log", None), "logger", None)
+        self._errors = _LastErrorLine()
+        if isinstance(self._logger, logging.Logger):
+            self._logger.addHandler(self._errors)
 
     @property
     def _where(self) -> str:
@@ -135,6 +188,7 @@ class RuntimeAdapter:
     ) -> list[np.ndarray]:
         """The outputs for ``inputs`` (views reused by the next call when ``reuse_outputs``);
         ``data_format`` is one string for every input, or a list with one per input."""
+        self._errors.clear()
         outputs = self.rknn.inference(
             inputs=inputs, data_format=data_format, reuse_outputs=reuse_outputs
         )
@@ -144,6 +198,13 @@ class RuntimeAdapter:
                 raise InferenceError("Inference returned None on the NPU" + why)
             raise self._on_core("Inference returned None on ", Mark.CORE, why)
         return outputs
+
+    def row_error(self, exc: Exception) -> str:
+        """What an item's row says when :meth:`infer` raised ``exc`` in this thread."""
+        if isinstance(exc, InferenceError):
+            line = self._errors.line
+            return RETURNED_NONE if line is None else f"{RETURNED_NONE}: E {line}"
+        return f"inference failed on core {self.core}: {type(exc).__name__}: {exc}"
 
     def _on_core(self, *parts: str | Mark) -> CoreError:
         """The error, on this adapter's core, whose reason is ``parts``."""
@@ -175,4 +236,6 @@ class RuntimeAdapter:
 
     def release(self) -> None:
         """Release the runtime (idempotent)."""
+        if isinstance(self._logger, logging.Logger):
+            self._logger.removeHandler(self._errors)
         self.rknn.release()

@@ -131,10 +131,12 @@ def check_separate(out: Path, dataset: Path) -> None:
     )
 
 
-def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: bool = True) -> None:
+def check_out(folder: OutFolder, *, overwrite: bool, resume: bool) -> None:
     """Refuse an OUT this run may not use (UsageError, exit 2); changes nothing.
 
-    ``probe_lock`` False: the caller holds OUT's lock itself.
+    Whether another run holds OUT is not asked here: the run's front door refused a held
+    OUT first of all (out_lock.refuse_if_held), and taking the lock (:class:`OutLock`)
+    refuses one again.
     """
     path = folder.path
     if overwrite and resume:
@@ -144,9 +146,6 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool, probe_lock: b
             + setting("output.resume")
             + " contradict each other (replace the run, or continue it); pass one of them."
         )
-    holder = lock_holder(path) if probe_lock and folder.state != "absent" else None
-    if holder is not None:
-        raise OutputLockedError(locked_message(path, holder))
     if folder.state == "run":
         if not (overwrite or resume):
             raise OutputExistsError(

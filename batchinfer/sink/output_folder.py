@@ -4,7 +4,7 @@
 run (:meth:`~OutputFolder.begin`) and after it (:meth:`~OutputFolder.finish`), and
 planning builds it (:meth:`~OutputFolder.look`, :meth:`~OutputFolder.accept`):
 
-    look (planning, reads only)  held? resume without OUT? inspect OUT; OUT apart from the
+    look (planning, reads only)  resume without OUT? inspect OUT; OUT apart from the
       │                          dataset; may this run use it (new, --resume, --overwrite)
     accept(fingerprint)          --resume: the same run (fingerprint), parts intact; reads only
       │
@@ -47,7 +47,6 @@ from batchinfer.options import OutputOptions
 from batchinfer.sink.fingerprint import check_resume_fingerprint
 from batchinfer.sink.folder_handle import Folder
 from batchinfer.sink.manifest import RunManifest, open_predictions
-from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.outdir import (
     OutFolder,
     OutLock,
@@ -107,12 +106,12 @@ class OutputFolder:
 
         ``output``: the run's output options (``out`` None: ``path`` is a new default
         folder). ``dataset``: the dataset's folder, when it is one (results written into a
-        listed folder would be items). Raises OutputLockedError for a held OUT (first of
-        all), ConfigError, UsageError or OutputExistsError (exit 2).
+        listed folder would be items). Raises ConfigError, UsageError or OutputExistsError
+        (exit 2). Whether another run holds OUT is not asked here: the run's front door
+        refused a held OUT before anything slow (``refuse_if_held``: the ``run`` command,
+        :func:`batchinfer.engine.run`), and :meth:`begin` asks again under the lock.
         """
         path = Path(os.path.abspath(Path(path).expanduser()))
-        if output.out is not None:  # a held OUT first, before any other check
-            refuse_if_held(path)
         if output.resume and output.out is None:
             raise ConfigError(
                 setting("output.resume")
@@ -198,7 +197,7 @@ class OutputFolder:
         a path that may lead elsewhere by then (:meth:`check_held` tells a swap)."""
         opts = self.output
         found = self.found = inspect_out(self.path)
-        check_out(found, overwrite=opts.overwrite, resume=opts.resume, probe_lock=False)
+        check_out(found, overwrite=opts.overwrite, resume=opts.resume)
         continued, self._done = None, None
         try:
             predictions = open_predictions(out, create=True)
