@@ -1,6 +1,6 @@
 """The engine: readers, core workers and shared-memory slots, fed by a source, into a sink.
 
-Three floors (docs/design.md draws the map; tests/test_engine_walls.py holds the walls):
+Three floors (docs/design.md draws the map; tests/test_import_layers.py holds the walls):
 
 - ``engine/`` itself: the loop, :class:`Engine` (loop.py), the one loop every front end
   runs (``run``, ``bench``, ``eval``, the library's ``infer``, a Ray cluster): source in,

@@ -5,5 +5,5 @@ in plan_records.py): the model's inputs and task (model_metadata.py, batchinfer.
 cores, CPUs (affinity.py), instances per core (instances.py; the ``-k auto`` measurement
 itself runs a child, so it is engine/instance_probe.py) and slots. The EnginePlan and
 EngineResult the loop takes and gives are in interface.py. Planning starts no process and
-imports nothing of the board's plumbing (tests/test_engine_walls.py).
+imports nothing of the board's plumbing (tests/test_import_layers.py).
 """

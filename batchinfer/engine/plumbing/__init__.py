@@ -5,5 +5,5 @@ Private to the board's pool (engine/board.py and engine/spawn.py are its front d
 front ends borrow a tool from it (the coordinator's signals, the fd-limit estimate, a
 ChildPool for thumbnails). It knows nothing of the loop, the scheduler or planning: of the
 engine it uses only the shared vocabulary (protocol.py, states.py, slots.py, detection.py),
-and tests/test_engine_walls.py holds that.
+and tests/test_import_layers.py holds that.
 """
