@@ -48,12 +48,12 @@ import pyarrow as pa
 from batchinfer.array_items import ArrayItems, check_array, several_inputs
 from batchinfer.data.listed import PathList, open_listed
 from batchinfer.data.sources import frames_of_videos
-from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instances import settle_instances
-from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.plan import plan_inference
+from batchinfer.engine.planning.config import RunConfig
+from batchinfer.engine.planning.interface import EnginePlan, EngineResult
+from batchinfer.engine.planning.plan import plan_inference
 from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.errors import ModelError, RunInterrupted, UsageError
 from batchinfer.options import (
@@ -234,7 +234,8 @@ def _paths(values: Iterable[Any]) -> list[str]:
 
 # --------------------------------------------------------------------------- planning
 def _plan_paths(config: RunConfig, paths: list[str]) -> tuple[EnginePlan, ItemSource, Any]:
-    """Paths are a dataset named by a list, planned as ``run`` plans one (engine/plan.py)."""
+    """Paths are a dataset named by a list, planned as ``run`` plans one
+    (engine/planning/plan.py)."""
     entries = PathList("paths", f"the {len(paths)} paths given", Path.cwd(), paths, "path")
     video = video_settings(config.preprocess)
     planned = plan_inference(

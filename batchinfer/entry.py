@@ -2,8 +2,8 @@
 
 It takes charge of its signals before anything else is imported: libraries start threads
 when they are imported (pyarrow does), and a thread that does not block SIGINT could
-swallow a Ctrl-C (engine/signals.py says why). For ``batchinfer run`` on this machine it
-then launches the children's fork server (engine/fork_server.py), so that the server
+swallow a Ctrl-C (engine/plumbing/signals.py says why). For ``batchinfer run`` on this machine it
+then launches the children's fork server (engine/plumbing/fork_server.py), so that the server
 imports numpy and the child modules while this process imports click, the CLI, pyarrow
 and the engine (each takes a few tenths of a second; on two CPUs they overlap). Then it
 runs the click commands, and stops the server when the command ends.
@@ -28,7 +28,7 @@ def main() -> None:
     """Install the signal router, launch the fork server early for a local run, then run
     the CLI."""
     _prefer_system_allocator()
-    from batchinfer.engine.signals import SignalRouter
+    from batchinfer.engine.plumbing.signals import SignalRouter
 
     SignalRouter.install()
     code: object = 0
@@ -108,7 +108,7 @@ def _fork_server_if_local_run(args: list[str]) -> contextlib.AbstractContextMana
     itself, never a wrong result."""
     if not local_run(args):
         return contextlib.nullcontext()
-    from batchinfer.engine import fork_server
+    from batchinfer.engine.plumbing import fork_server
 
     return fork_server.running()
 

@@ -143,7 +143,7 @@ def export_coco(
     (atomically) when given; see the module docstring for the ids. UsageError when the run
     is not a detection run, or the annotations do not fit it."""
     from batchinfer.detect import coco_results
-    from batchinfer.engine.task import NAMES_COCO80
+    from batchinfer.detect.class_names import NAMES_COCO80
 
     run = read_run(run_dir)
     task = run.manifest.raw.get("task") or {}

@@ -18,7 +18,7 @@ A field's metadata says how a front end shows it:
   below=True)`` (0 < x < 1), ``Bounds(1, 10_000, why="...")``; a ceiling may be a function
   of the machine (``Bounds(1, readers_ceiling)``). Job files are checked on load
   (:func:`from_mapping`); runs, benches and evaluations when planned (``check_settings`` in
-  batchinfer.engine.plan checks every group of a RunConfig with :func:`check_group`). A
+  batchinfer.engine.planning.plan checks every group of a RunConfig with :func:`check_group`). A
   value out of range is one ConfigError (exit 2) naming the setting and its limit. Floats
   must be finite, bounded or not. Every numeric field of a group in GROUPS must declare its
   ``bounds`` (tests/test_bounds.py checks); None and words (``"estimate"``) always pass.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from batchinfer.engine.signals import SignalRouter
+from batchinfer.engine.plumbing.signals import SignalRouter
 
 SignalRouter.install()  # first, as batchinfer.entry does (it is idempotent)
 

@@ -25,7 +25,7 @@ from batchinfer.engine.batching import (
     split_batch,
     unbatchable_outputs,
 )
-from batchinfer.engine.plan import plan_inference
+from batchinfer.engine.planning.plan import plan_inference
 from batchinfer.results import read_predictions
 
 

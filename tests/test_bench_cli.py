@@ -337,7 +337,7 @@ def test_a_decode_bound_bench_on_a_dataset_grows_a_reader_when_a_cpu_is_free(tmp
     from PIL import Image
 
     from batchinfer.demo import model_path
-    from batchinfer.engine.usage import Usage
+    from batchinfer.engine.plumbing.usage import Usage
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 usable CPUs (one reader at most on one)")

@@ -11,7 +11,7 @@ import numpy as np
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine.board import BoardPool
-from batchinfer.engine.children import Child, Exited
+from batchinfer.engine.plumbing.children import Child, Exited
 from batchinfer.engine.pools import ReaderLost, WorkerLost
 
 

@@ -117,7 +117,7 @@ def test_bench_refuses_a_setting_out_of_its_range(no_engine, flags, needles):
 def test_slots_whose_inputs_cannot_fit_dev_shm_are_refused_with_the_most_that_fit(
     demo_kit, tmp_path, no_engine, monkeypatch
 ):
-    import batchinfer.engine.plan as plan
+    import batchinfer.engine.planning.plan as plan
 
     # pool224's input is 224x224x3 uint8: 147 KiB a slot; 10 MiB free holds 69 of them.
     monkeypatch.setattr(plan, "free_space", lambda: 10 * 2**20)

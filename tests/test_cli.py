@@ -499,7 +499,8 @@ def test_a_run_leaves_nothing_in_tmpdir(demo_kit, tmp_path, tmpdir_name):
     """The program ends with os._exit (entry.py), which skips multiprocessing's own clean-up:
     its fork server's socket folder (pymp-*) was left in TMPDIR after every run. A TMPDIR too
     long for a UNIX socket's path failed the run ("AF_UNIX path too long", Python 3.11).
-    The engine's own fork server talks over a socket pair: no path (engine/fork_server.py)."""
+    The engine's own fork server talks over a socket pair: no path
+    (engine/plumbing/fork_server.py)."""
     tmp = tmp_path / tmpdir_name
     tmp.mkdir()
     args = ["run", str(demo_kit.dataset), "--model", str(demo_kit.models["digits"])]

@@ -39,7 +39,7 @@ from batchinfer.cluster.local import (  # noqa: E402
 )
 from batchinfer.cluster.resources import node_resources  # noqa: E402
 from batchinfer.engine import events as ev  # noqa: E402
-from batchinfer.engine.plan import model_input, plan_engine  # noqa: E402
+from batchinfer.engine.planning.plan import model_input, plan_engine  # noqa: E402
 from batchinfer.engine.sources import ArraySource, SyntheticSource  # noqa: E402
 from batchinfer.evaluate import evaluate, load_job  # noqa: E402
 from batchinfer.results import read_run  # noqa: E402

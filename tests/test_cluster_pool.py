@@ -15,7 +15,7 @@ from batchinfer.cluster.actors import CallResult
 from batchinfer.cluster.connect import NodeInfo
 from batchinfer.cluster.pool import RayPool
 from batchinfer.data.dataset import Item
-from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.planning.plan import model_input, plan_engine
 from batchinfer.engine.pools import (
     ItemsDone,
     Said,

@@ -16,7 +16,7 @@ from batchinfer import run
 from batchinfer.cli.options import flag_of
 from batchinfer.data.found import PROBE, check_some_exist
 from batchinfer.data.sources import open_source
-from batchinfer.engine.plan import plan_run
+from batchinfer.engine.planning.plan import plan_run
 from batchinfer.errors import DatasetError
 from batchinfer.evaluate.job import job_key
 

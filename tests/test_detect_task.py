@@ -149,7 +149,7 @@ def test_a_classification_runs_fingerprint_is_the_one_it_had_before_detection(tm
     import models as M
     from runs import config
 
-    from batchinfer.engine.plan import plan_run
+    from batchinfer.engine.planning.plan import plan_run
 
     data = tmp_path / "d"
     data.mkdir()

@@ -19,9 +19,9 @@ from runs import config, exit_code, fast_sim
 from batchinfer import run
 from batchinfer.demo import load_digits, model_path
 from batchinfer.engine import events as ev
-from batchinfer.engine.plan import plan_run
+from batchinfer.engine.planning.plan import plan_run
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.runner import process_age_s, run_plan
-from batchinfer.engine.signals import StopSignals
 from batchinfer.results import read_predictions
 
 FAST_SIM = fast_sim()
@@ -348,9 +348,9 @@ class _ScriptedScaler:
 
 def _run_with_scaler(cfg, watch: _Readers, scaler: _ScriptedScaler):
     """``run(cfg)`` with the engine's reader scaler replaced by ``scaler``."""
-    from batchinfer.engine import fork_server
     from batchinfer.engine.board import BoardPool
     from batchinfer.engine.loop import Engine
+    from batchinfer.engine.plumbing import fork_server
     from batchinfer.sink.stats import CoreStatsRecorder
 
     def engine(plan, source, sink, observers, invocation):
@@ -412,11 +412,11 @@ def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(demo_kit, 
 
     from PIL import Image
 
-    from batchinfer.engine import fork_server
     from batchinfer.engine.board import BoardPool
     from batchinfer.engine.loop import Engine
+    from batchinfer.engine.plumbing import fork_server
+    from batchinfer.engine.plumbing.usage import Usage
     from batchinfer.engine.reader_scaling import ReaderScaler
-    from batchinfer.engine.usage import Usage
     from batchinfer.sink.stats import CoreStatsRecorder
 
     # Noise 2400x1800 costs ~75 ms a decode here (more on a loaded machine), against 0.2 ms

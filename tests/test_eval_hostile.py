@@ -27,7 +27,7 @@ from click.testing import CliRunner, Result
 
 from batchinfer.cli import main
 from batchinfer.data.whole_file import HANGING_FILE_ENV
-from batchinfer.engine.child import send_or_exit, setup_child
+from batchinfer.engine.plumbing.child import send_or_exit, setup_child
 from batchinfer.evaluate.files import REPORT_MARK
 from batchinfer.evaluate.markdown import code, text
 from batchinfer.evaluate.thumbnails import MAX_HUNG, ThumbnailSpec, make_thumbnails, picture
@@ -262,7 +262,7 @@ def test_the_real_picture_maker_does_not_open_what_is_not_a_regular_file(tmp_pat
 
 STUCK = """
 import subprocess, sys, types
-from batchinfer.engine.signals import SignalRouter, StopSignals
+from batchinfer.engine.plumbing.signals import SignalRouter, StopSignals
 SignalRouter.install()
 from batchinfer.engine.slots import create_segment, segment_name
 from batchinfer.sink.outdir import OutLock

@@ -19,7 +19,7 @@ from batchinfer.detect.obb import ObbDecoder, ObbSettings, recognise_obb
 from batchinfer.detect.pose import PoseDecoder, recognise_pose
 from batchinfer.detect.seg_decode import SegmentDecoder
 from batchinfer.detect.seg_heads import recognise_segment
-from batchinfer.engine.model_metadata import read_model_metadata
+from batchinfer.engine.planning.model_metadata import read_model_metadata
 
 # pycocotools' decode warns under numpy 2 (its __array__ takes no copy keyword)
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")

@@ -1,5 +1,5 @@
 """Children come from a fork server: immune to Ctrl-C from their first instruction, and the
-server goes with the pool that used it (engine/fork_server.py)."""
+server goes with the pool that used it (engine/plumbing/fork_server.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import time
 import psutil
 import pytest
 
-from batchinfer.engine import fork_server
-from batchinfer.engine.children import ChildPool, Exited, Message
+from batchinfer.engine.plumbing import fork_server
+from batchinfer.engine.plumbing.children import ChildPool, Exited, Message
 
 
 def _report_signals(spec, tasks, results) -> None:
@@ -107,7 +107,7 @@ def test_interpreter_options_start_a_python_with_the_same_settings():
             sys.executable,
             *options,
             "-c",
-            "from batchinfer.engine.fork_server import interpreter_options; "
+            "from batchinfer.engine.plumbing.fork_server import interpreter_options; "
             "print('\\n'.join(interpreter_options()))",
         ],
         capture_output=True,
@@ -239,7 +239,7 @@ def test_a_dead_server_takes_its_children_and_the_next_start_launches_another(ca
         dead = fork_server.server_pid()
         os.kill(dead, signal.SIGKILL)
         _wait_for_exit(pool, child)  # PR_SET_PDEATHSIG
-        with caplog.at_level("WARNING", logger="batchinfer.engine.fork_server"):
+        with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.fork_server"):
             pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")
         _, _, (_, ppid), _, _ = _first_message(pool)
         assert ppid == fork_server.server_pid() != dead

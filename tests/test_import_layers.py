@@ -5,6 +5,9 @@ The graph is test_import_cycles.py's (every import counts: at the top, in a func
 never import; a new floor is one more row. The data layer reads files into tensors and
 knows nothing of evaluation (its COCO reader is data/coco_file.py, which evaluation uses),
 of the engine that runs it, or of any front end.
+
+Inside the engine, its floors (engine/planning/, engine/plumbing/) have walls of their own:
+the second half of this file.
 """
 
 from __future__ import annotations
@@ -44,3 +47,85 @@ def test_the_rule_sees_an_import_that_runs_up() -> None:
 def test_no_import_runs_up_a_layer() -> None:
     found = _upward(import_graph(), ABOVE)
     assert not found, f"imports that run up a layer (move what both need down): {found}"
+
+
+# ---------------------------------------------------------------------- the engine's walls
+# Each row is a floor of batchinfer/engine/ and the engine modules it
+# may import beside its own (anything outside the engine is the top-level layer rule's
+# business). An allow-list, not a deny-list: a new edge out of a floor is a decision, made
+# here, with its reason.
+#
+# - ``plumbing`` (the board's processes, signals, limits, shared-memory segments) knows
+#   nothing of the loop, the scheduler, planning or the pools: only the vocabulary it carries
+#   (protocol.py's messages, states.py's states, slots.py's layout, detection.py's geometry
+#   rows in the segments it creates).
+# - ``planning`` (settings and files in, an EnginePlan out) starts no process, so it imports
+#   nothing of the plumbing, nor of what runs a plan: only slots.py (the layout a plan sizes),
+#   batching.py (how a batch-N model splits) and the scheduler's queue depth, which the
+#   default number of slots is made of.
+
+ENGINE = "batchinfer.engine"
+
+#: floor (a subpackage of the engine) -> the engine modules outside it that it may import.
+MAY_IMPORT: dict[str, frozenset[str]] = {
+    "plumbing": frozenset({"protocol", "states", "slots", "detection"}),
+    "planning": frozenset({"slots", "batching", "scheduler"}),
+}
+
+
+def _floor(module: str) -> str | None:
+    """The engine floor ``module`` is in (a subpackage's name), or None."""
+    parts = module.split(".")
+    if parts[:2] != ENGINE.split(".") or len(parts) < 3 or parts[2] not in MAY_IMPORT:
+        return None
+    return parts[2]
+
+
+def _through_the_wall(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for module, targets in graph.items():
+        floor = _floor(module)
+        if floor is None:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            if parts[:2] != ENGINE.split(".") or _floor(target) == floor:
+                continue
+            name = parts[2] if len(parts) > 2 else "__init__"
+            if name not in MAY_IMPORT[floor]:
+                found.append(f"{module} -> {target}")
+    return sorted(found)
+
+
+def test_the_rule_sees_an_import_through_a_wall() -> None:
+    graph = {
+        "batchinfer.engine.plumbing.a": {
+            "batchinfer.engine.plumbing.b",  # its own floor
+            "batchinfer.engine.protocol",  # allowed
+            "batchinfer.engine.scheduler",  # not allowed
+            "batchinfer.errors",  # outside the engine
+        },
+        "batchinfer.engine.planning.p": {"batchinfer.engine.plumbing.a"},
+        "batchinfer.engine.loop": {"batchinfer.engine.plumbing.a"},  # above: no rule
+    }
+    assert _through_the_wall(graph) == [
+        "batchinfer.engine.planning.p -> batchinfer.engine.plumbing.a",
+        "batchinfer.engine.plumbing.a -> batchinfer.engine.scheduler",
+    ]
+
+
+def test_every_floor_exists_and_holds_modules() -> None:
+    graph = import_graph()
+    for floor in MAY_IMPORT:
+        assert any(m.startswith(f"{ENGINE}.{floor}.") for m in graph), floor
+    for floor, allowed in MAY_IMPORT.items():
+        missing = sorted(m for m in allowed if f"{ENGINE}.{m}" not in graph)
+        assert not missing, f"{floor} may import modules that are gone: {missing}"
+
+
+def test_no_import_goes_through_an_engine_wall() -> None:
+    found = _through_the_wall(import_graph())
+    assert not found, (
+        "imports through a wall of the engine (move what both sides need down, or pass it "
+        f"in the call): {found}"
+    )

@@ -1,5 +1,6 @@
-"""``-k auto`` (batchinfer/engine/instances.py): the rule on scripted timings, the settling of
-a plan, the option's parsing (CLI and job files), and one run that records its choice."""
+"""``-k auto`` (batchinfer/engine/planning/instances.py): the rule on scripted timings, the
+settling of a plan, the option's parsing (CLI and job files), and one run that records its
+choice."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import logging
 import pytest
 from runs import config
 
-from batchinfer.engine.instances import (
+from batchinfer.engine.instance_probe import settle_instances
+from batchinfer.engine.planning.instances import (
     AUTO_MAX,
     FALLBACK,
     Timings,
@@ -19,7 +21,6 @@ from batchinfer.engine.instances import (
     pick_instances,
     planned_instances,
     refuse_on_cluster,
-    settle_instances,
     throughput,
 )
 from batchinfer.errors import ConfigError, UsageError

@@ -23,7 +23,7 @@ from runs import config, fast_sim
 from batchinfer import run
 from batchinfer.data.whole_file import HANGING_FILE_ENV
 from batchinfer.engine import events as ev
-from batchinfer.engine import fork_server, janitor
+from batchinfer.engine.plumbing import fork_server, janitor
 from batchinfer.engine.slots import (
     SEGMENT_PREFIX,
     SHM_DIR,
@@ -126,7 +126,7 @@ def test_a_frozen_or_dead_fork_server_does_not_keep_workers_from_restarting(
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
         sim=fast_sim(npu_ms=1.0), cores=(0,), limit=300, out=tmp_path / "o",
     )  # fmt: skip
-    with caplog.at_level("WARNING", logger="batchinfer.engine.fork_server"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.fork_server"):
         result = run(cfg, observers=[stopper])
     assert stopper.server is not None
     table = read_predictions(result.out)
@@ -465,7 +465,7 @@ def test_a_janitor_that_does_not_exit_is_said_then_killed(caplog):
     stopped here, with the stopped case's shortcut off."""
     keeper = janitor.Janitor()
     keeper.proc.send_signal(signal.SIGSTOP)
-    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.janitor"):
         keeper.close(say_after_s=0.01, kill_after_s=0.05, kill_stopped=False)
     assert keeper.proc.returncode == -signal.SIGKILL  # killed and reaped
     said = [r.getMessage() for r in caplog.records]
@@ -478,7 +478,7 @@ def test_a_stopped_janitor_is_killed_at_once_and_said(caplog):
     10 s, silently for the first 2)."""
     keeper = janitor.Janitor()
     keeper.proc.send_signal(signal.SIGSTOP)
-    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.janitor"):
         keeper.close(say_after_s=60.0, kill_after_s=120.0)
     assert keeper.proc.returncode == -signal.SIGKILL  # killed and reaped
     said = [r.getMessage() for r in caplog.records]
@@ -502,7 +502,7 @@ def test_a_janitor_seen_stopped_only_after_the_first_look_is_killed_without_wait
         return len(looks) > 1 and real(pid)
 
     monkeypatch.setattr(janitor, "_stopped", late)
-    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.janitor"):
         keeper.close(say_after_s=5.0, kill_after_s=10.0)
     assert keeper.proc.returncode == -signal.SIGKILL
     said = [r.getMessage() for r in caplog.records]
@@ -516,7 +516,7 @@ def test_a_stopped_janitor_does_not_keep_the_run_from_ending(demo_kit, tmp_path,
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
         sim=fast_sim(), limit=50, out=tmp_path / "o",
     )  # fmt: skip
-    with caplog.at_level("WARNING", logger="batchinfer.engine.janitor"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.janitor"):
         result = run(cfg, observers=[stop])
     assert result.status == "complete" and result.succeeded == 50
     assert stop.stopped is not None and not stop.stopped.is_running()  # killed and reaped
@@ -625,7 +625,7 @@ def test_freezing_every_process_of_a_run_for_ever_ends_it_with_exit_3_then_resum
         dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
         sim=fast_sim(npu_ms=1.0), timeout_s=0.5, limit=200, out=tmp_path / "o",
     )  # fmt: skip
-    with caplog.at_level("WARNING", logger="batchinfer.engine.children"):
+    with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.children"):
         try:
             # Cores retired ("resume the run") or readers past their death limit ("then
             # resume"): which limit trips first depends on the machine's timing.

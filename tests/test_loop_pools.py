@@ -20,7 +20,7 @@ from runs import config, fast_sim
 
 from batchinfer.engine import Engine, EnginePlan
 from batchinfer.engine import events as ev
-from batchinfer.engine.plan import model_input, plan_engine
+from batchinfer.engine.planning.plan import model_input, plan_engine
 from batchinfer.engine.sources import ArraySource
 from batchinfer.runtime.backends import make_backend
 from batchinfer.sink.rows import MemorySink

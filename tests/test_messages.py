@@ -140,7 +140,7 @@ def test_a_preprocess_error_names_the_setting_as_each_front_end_sets_it() -> Non
 # code: (what makes it, the CLI's text, an eval job's text or None where it cannot reach an
 # eval, whose runs choose their own output folders and never resume).
 class _Chip:
-    """A backend as engine/plan.py's check_cores sees one."""
+    """A backend as engine/planning/plan.py's check_cores sees one."""
 
     def cores(self) -> tuple[int, ...]:
         return (0, 1, 2)
@@ -157,7 +157,7 @@ class _Refusing:
 
 
 def _plan_cores() -> None:
-    from batchinfer.engine.plan import check_cores
+    from batchinfer.engine.planning.plan import check_cores
     from batchinfer.options import RuntimeOptions
 
     check_cores(RuntimeOptions(cores=(7,)), _Chip())  # type: ignore[arg-type]
@@ -210,7 +210,7 @@ def _outdir(tmp: Path) -> None:
 
 
 def _instances() -> None:
-    from batchinfer.engine.instances import planned_instances
+    from batchinfer.engine.planning.instances import planned_instances
 
     planned_instances("many")
 

@@ -32,7 +32,7 @@ from batchinfer.data.feeds import (
 )
 from batchinfer.data.folder import open_dataset
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.plan import model_input, plan_engine, plan_input_feeds
+from batchinfer.engine.planning.plan import model_input, plan_engine, plan_input_feeds
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import DatasetError, InputError, UsageError
 from batchinfer.evaluate.job import job_key

@@ -172,9 +172,9 @@ def test_a_planned_run_whose_out_was_taken_meanwhile_starts_no_engine(tmp_path):
     from PIL import Image
     from runs import config
 
-    from batchinfer.engine.plan import plan_run
+    from batchinfer.engine.planning.plan import plan_run
+    from batchinfer.engine.plumbing.signals import StopSignals
     from batchinfer.engine.runner import run_plan
-    from batchinfer.engine.signals import StopSignals
 
     data = tmp_path / "d"
     data.mkdir()

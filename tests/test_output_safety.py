@@ -342,7 +342,8 @@ def test_a_held_out_is_refused_before_the_model_dataset_or_fork_server(
     from runs import config
 
     from batchinfer import run
-    from batchinfer.engine import fork_server, plan
+    from batchinfer.engine.planning import plan
+    from batchinfer.engine.plumbing import fork_server
     from batchinfer.sink.outdir import OutLock
 
     def must_not(what: str):
@@ -398,7 +399,7 @@ _REPORTING_PROGRAM = """\
 import json, sys
 import psutil
 import batchinfer.entry as entry
-from batchinfer.engine import fork_server
+from batchinfer.engine.plumbing import fork_server
 launched = []
 class Server(fork_server._Server):
     def __init__(self):
@@ -436,7 +437,7 @@ def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits
         if line.startswith("import time:")
     }
     # Refused before the engine (and pyarrow, a few tenths of a second) is imported.
-    assert "pyarrow" not in imported and "batchinfer.engine.plan" not in imported
+    assert "pyarrow" not in imported and "batchinfer.engine.planning.plan" not in imported
     report = json.loads(proc.stdout.splitlines()[-1])
     assert report == {"click_before_server": [False], "left": []}
 
@@ -703,7 +704,7 @@ def test_sighup_stops_like_sigterm_and_the_run_resumes(demo_kit, tmp_path):
 
 
 def test_ctrl_c_while_the_dataset_is_listed_exits_130(data, digits, tmp_path, monkeypatch):
-    import batchinfer.engine.plan as plan
+    import batchinfer.engine.planning.plan as plan
 
     real = plan.open_source
 

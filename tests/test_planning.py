@@ -1,4 +1,4 @@
-"""run, infer, bench and eval plan through one path (engine/plan.py's plan_inference):
+"""run, infer, bench and eval plan through one path (engine/planning/plan.py's plan_inference):
 the backend, the model's input, the engine's plan, the dataset and its feeds."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from runs import config
 
-from batchinfer.engine import plan
+from batchinfer.engine.planning import plan
 from batchinfer.options import RuntimeOptions
 
 

@@ -358,7 +358,7 @@ def test_too_low_an_open_file_limit_is_one_sentence_exit_3_and_a_failed_manifest
 def test_running_out_of_open_files_later_is_one_sentence_and_leaves_nothing(
     demo_kit, tmp_path, monkeypatch
 ):
-    from batchinfer.engine.children import ChildPool
+    from batchinfer.engine.plumbing.children import ChildPool
 
     real = ChildPool.start
     started = []

@@ -171,7 +171,7 @@ def test_parse_fault_rejects_everything_else(spec: str) -> None:
 
 
 def _own_memory_mb() -> float:
-    """This process's memory as the engine watches a worker's (engine/usage.py)."""
+    """This process's memory as the engine watches a worker's (engine/plumbing/usage.py)."""
     info = psutil.Process().memory_info()
     return (info.rss - info.shared) / 2**20
 

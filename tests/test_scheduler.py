@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from batchinfer.data.dataset import Item
-from batchinfer.engine.children import Child
+from batchinfer.engine.plumbing.children import Child
 from batchinfer.engine.scheduler import (
     BACKOFF_S,
     MAX_CRASHES_IN_ROW,

@@ -184,7 +184,7 @@ def test_make_thumbnails_applies_the_jobs_bound(tmp_path: Path) -> None:
 def test_the_fingerprint_records_the_bound_only_when_it_is_set(tmp_path: Path) -> None:
     """A run that leaves the bound alone keeps the fingerprint it had before the setting
     existed (its --resume is not refused); one that sets it records it."""
-    from batchinfer.engine.plan_records import preprocess_record
+    from batchinfer.engine.planning.plan_records import preprocess_record
 
     assert "max_item_bytes" not in preprocess_record(preprocess_for((1, 8, 8, 1), "uint8"))
     given = preprocess_for((1, 8, 8, 1), "uint8", max_item_bytes=1000)

@@ -11,7 +11,7 @@ import pytest
 from runs import config, exit_code, fast_sim
 
 from batchinfer import run
-from batchinfer.engine.children import ChildPool, Message
+from batchinfer.engine.plumbing.children import ChildPool, Message
 from batchinfer.engine.protocol import Stop, decode
 from batchinfer.engine.states import ChildState
 

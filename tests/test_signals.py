@@ -1,4 +1,4 @@
-"""The signal router (engine/signals.py): how the main thread is made to stop, and the
+"""The signal router (engine/plumbing/signals.py): how the main thread is made to stop, and the
 three signals kept blocked there whatever a library does."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 _BLOCKED_IN_A_READ = """
 import os
-from batchinfer.engine.signals import SignalRouter
+from batchinfer.engine.plumbing.signals import SignalRouter
 SignalRouter.install()
 r, w = os.pipe()
 try:
@@ -40,7 +40,7 @@ def test_a_signal_with_no_route_interrupts_a_main_thread_blocked_in_a_read():
 _TRACKER_STARTED_LATE = """
 import signal
 from multiprocessing import resource_tracker
-from batchinfer.engine.signals import SIGNALS, SignalRouter, StopSignals
+from batchinfer.engine.plumbing.signals import SIGNALS, SignalRouter, StopSignals
 SignalRouter.install()
 resource_tracker.ensure_running()  # it unblocks SIGINT and SIGTERM in the calling thread
 with StopSignals():

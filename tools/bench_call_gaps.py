@@ -39,7 +39,7 @@ import psutil
 
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine import collector as collector_module
-from batchinfer.engine.config import RunConfig
+from batchinfer.engine.planning.config import RunConfig
 from batchinfer.engine.runner import run
 from batchinfer.options import OutputOptions, RuntimeOptions, SimOptions
 

@@ -76,7 +76,7 @@ from batchinfer.data.folder import open_dataset
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.demo import make_npy_dataset, model_path
 from batchinfer.engine import events as ev
-from batchinfer.engine.config import RunConfig
+from batchinfer.engine.planning.config import RunConfig
 from batchinfer.options import OutputOptions, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
 from batchinfer.runtime.backends import Backend
@@ -203,7 +203,7 @@ class Setting:
         # Imported here, not at the top: a script whose children import it again as their
         # __main__ would count plan's imports (pyarrow, 42 ms of CPU) per child as the engine's
         # start-up in this harness, which `batchinfer run` never pays.
-        from batchinfer.engine.plan import plan_inference
+        from batchinfer.engine.planning.plan import plan_inference
 
         config = RunConfig(dataset=dataset, model=model, runtime=self.runtime)
         data = open_dataset(dataset)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from batchinfer.demo import model_path
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine import events as ev
-from batchinfer.engine.plan import plan_inference
+from batchinfer.engine.planning.plan import plan_inference
 from batchinfer.engine.sources import SyntheticSource
 from batchinfer.options import RuntimeOptions, SimOptions
 from batchinfer.sink.rows import NullSink

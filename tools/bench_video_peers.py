@@ -59,8 +59,8 @@ from batchinfer.data.images import decode_array
 from batchinfer.data.pixels import write_pixels
 from batchinfer.demo import model_path
 from batchinfer.engine import events as ev
-from batchinfer.engine.config import RunConfig
 from batchinfer.engine.detection import ItemDecoder, write_geometry
+from batchinfer.engine.planning.config import RunConfig
 
 PEERS = ("engine", "loop-pyav", "loop-opencv", "threads")
 CONF = 0.25
@@ -97,7 +97,7 @@ class Setting:
     """One backend's plan: the engine's preprocessing, task and runtime instances."""
 
     def __init__(self, clip: Path, backend: str, workdir: Path) -> None:
-        from batchinfer.engine.plan import plan_inference
+        from batchinfer.engine.planning.plan import plan_inference
 
         self.clip, self.backend_name, self.workdir = clip, backend, workdir
         self.options = {"backend": backend, "cores": (0, 1, 2), **DETECTOR}

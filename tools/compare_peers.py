@@ -48,9 +48,9 @@ from batchinfer.bench.report import table
 from batchinfer.bench.runner import label
 from batchinfer.demo import model_path
 from batchinfer.engine import events as ev
-from batchinfer.engine.config import RunConfig
 from batchinfer.engine.loop import Engine
-from batchinfer.engine.plan import plan_inference
+from batchinfer.engine.planning.config import RunConfig
+from batchinfer.engine.planning.plan import plan_inference
 from batchinfer.engine.sources import ArraySource
 from batchinfer.options import RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter

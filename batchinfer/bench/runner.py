@@ -36,14 +36,14 @@ from batchinfer.bench.verdict import Measured, judge
 from batchinfer.data.dataset import Dataset, Item, say_notes
 from batchinfer.data.sources import open_source
 from batchinfer.data.video.dataset import VideoDataset
-from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instances import settle_instances
-from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
-from batchinfer.engine.plan import plan_inference
-from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.planning.config import RunConfig
+from batchinfer.engine.planning.interface import EnginePlan
+from batchinfer.engine.planning.plan import plan_inference
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, SyntheticSource
 from batchinfer.hostinfo import host_facts
 from batchinfer.options import (
@@ -69,7 +69,7 @@ class BenchConfig:
     image_root: Path | None = None  # where a list's or COCO file's relative paths start
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
-    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (batchinfer/tasks)
     command: str | None = None
 
 

@@ -239,8 +239,8 @@ def run_sweep(
     measured (its result is kept, INVALID) and the sweep with it.
     """
     from batchinfer.bench.runner import prepare, run_bench
-    from batchinfer.engine.instances import settle_instances
-    from batchinfer.engine.signals import StopSignals
+    from batchinfer.engine.instance_probe import settle_instances
+    from batchinfer.engine.plumbing.signals import StopSignals
 
     check_value(MAX_P99_MS, max_p99_ms, "bench.max_p99_ms")
     base = prepare(config)

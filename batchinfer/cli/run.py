@@ -14,7 +14,7 @@ from batchinfer.cli.options import build_group, flag_of, group_options
 from batchinfer.errors import render_fields
 
 if TYPE_CHECKING:
-    from batchinfer.engine.config import RunConfig
+    from batchinfer.engine.planning.config import RunConfig
     from batchinfer.engine.runner import RunResult
 
 EXIT_OK, EXIT_ITEM_ERRORS, EXIT_INTERRUPTED = 0, 1, 130
@@ -131,7 +131,7 @@ def _run(
     ray_data: str = "head",
     image_root: Path | None = None,
 ) -> None:
-    from batchinfer.engine.config import RunConfig  # options only: cheap to import
+    from batchinfer.engine.planning.config import RunConfig  # options only: cheap to import
 
     output = build_group("output", params)
     if output.out is not None and ray_address is None:
@@ -160,7 +160,7 @@ def _run(
     if ray_address is not None:
         result = _on_cluster(config, no_progress, ray_address, ray_data)
     else:
-        from batchinfer.engine import fork_server
+        from batchinfer.engine.plumbing import fork_server
 
         # The children's fork server imports numpy and the child modules while this
         # process imports the engine and pyarrow and plans (on two CPUs they overlap). The

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from batchinfer.cluster.connect import ClusterLostError, NodeInfo
 from batchinfer.cluster.pool import CALL_ITEMS, DATA_MODES, RayPool
 from batchinfer.engine import events as ev
-from batchinfer.engine.interface import EnginePlan, EngineResult
 from batchinfer.engine.loop import Engine
+from batchinfer.engine.planning.interface import EnginePlan, EngineResult
 from batchinfer.engine.sources import ItemSource
 from batchinfer.sink.rows import RowSink
 from batchinfer.sink.stats import CoreStatsRecorder

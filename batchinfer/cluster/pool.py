@@ -71,7 +71,7 @@ from batchinfer.cluster.connect import (
 from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
 from batchinfer.cluster.resources import core_resource
 from batchinfer.data.dataset import Item
-from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.planning.interface import EnginePlan
 from batchinfer.engine.pools import (
     ItemResult,
     ItemsDone,

@@ -21,13 +21,13 @@ from batchinfer.cluster.connect import (
     check_shared_dataset,
 )
 from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
-from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instances import refuse_on_cluster
-from batchinfer.engine.interface import EnginePlan
-from batchinfer.engine.plan import RunPlan, plan_run
+from batchinfer.engine.planning.config import RunConfig
+from batchinfer.engine.planning.instances import refuse_on_cluster
+from batchinfer.engine.planning.interface import EnginePlan
+from batchinfer.engine.planning.plan import RunPlan, plan_run
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
-from batchinfer.engine.signals import StopSignals
 from batchinfer.engine.sources import ItemSource
 from batchinfer.errors import NoCoreError, UsageError
 from batchinfer.messages import setting

@@ -2,7 +2,7 @@
 
 The dataset's own are a COCO JSON's categories or a data.yaml's ``names``.
 A detection run over such a dataset names its boxes' classes by them when no labels file
-is given (engine/task.py), and keeps a COCO file's category ids, so ``export coco`` writes
+is given (batchinfer/tasks), and keeps a COCO file's category ids, so ``export coco`` writes
 the ids the annotations use. The model's class i is the dataset's i-th category by id (as
 Ultralytics numbers COCO's categories, and as evaluations match classes by order,
 batchinfer.evaluate.groundtruth.category_ids_for). Files whose classes cannot be read this

@@ -1,6 +1,6 @@
 """Checks of what a run takes from the machine: memory, /dev/shm, open files.
 
-Sized for the default plan (batchinfer.engine.plan): one worker per NPU core with one
+Sized for the default plan (batchinfer.engine.planning.plan): one worker per NPU core with one
 instance each, readers up to the CPUs usable, and the slots ``default_slots`` gives, each
 holding one of the model's inputs (read off ``--model``; without one a 640x640 RGB image,
 a detector's usual input). The /dev/shm and open-files verdicts are the engine's own
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from batchinfer.doctor.machine import Machine
 from batchinfer.doctor.report import Check, fail, ok
-from batchinfer.engine.fd_limit import fd_limit_problem, fds_needed
-from batchinfer.engine.instances import default_slots
-from batchinfer.engine.plan import slots_fit_error
+from batchinfer.engine.planning.instances import default_slots
+from batchinfer.engine.planning.plan import slots_fit_error
+from batchinfer.engine.plumbing.fd_limit import fd_limit_problem, fds_needed
 from batchinfer.engine.slots import TensorLayout
 from batchinfer.errors import BatchinferError
 from batchinfer.messages import setting

@@ -1,15 +1,21 @@
 """The engine: readers, core workers and shared-memory slots, fed by a source, into a sink.
 
-Where to start reading:
-- ``run`` (runner.py) is the main job: a dataset folder into a run folder (planning in
-  plan.py, the output folder's life in batchinfer.sink);
-- :class:`Engine` (loop.py) is the one loop every front end runs (``run``, ``bench``,
-  ``eval``, the library's ``infer``, a Ray cluster): source in, rows out, through a worker
-  pool, the interface in pools.py: this board's processes (board.py; children.py starts
-  and watches them, worker.py and reader.py are what runs in them, protocol.py their
-  messages, slots.py the shared memory) or a cluster's Ray actors (batchinfer.cluster);
-- the policy the loop applies: scheduler.py (slots, retries, error rows), collector.py
-  (rows and statistics), canary.py; EnginePlan and EngineResult are in interface.py.
+Three floors (docs/design.md draws the map; tests/test_import_layers.py holds the walls):
+
+- ``engine/`` itself: the loop, :class:`Engine` (loop.py), the one loop every front end
+  runs (``run``, ``bench``, ``eval``, the library's ``infer``, a Ray cluster): source in,
+  rows out, through a worker pool, the interface in pools.py. The policy it applies:
+  scheduler.py (slots, retries, error rows), collector.py (rows and statistics), canary.py,
+  recycling.py, watchdog.py, reader_scaling.py. The two pools' front doors: this board's
+  processes (board.py, their specs in spawn.py; reader.py and worker.py are what runs in
+  them, protocol.py their messages, slots.py the shared memory) and a cluster's Ray actors
+  (batchinfer.cluster). ``run`` (runner.py) is the main job: a dataset folder into a run
+  folder (the output folder's life in batchinfer.sink).
+- ``engine/planning/``: settings and files in, an EnginePlan out (plan.py; RunConfig in
+  config.py, EnginePlan and EngineResult in interface.py), before any process starts.
+- ``engine/plumbing/``: the board's process plumbing (the fork server, children, signals,
+  limits, CPU by role, the run's segments and their janitor), private to the board's pool;
+  it knows nothing of the loop, the scheduler or planning.
 
 Names are imported on first use: a reader or core worker process imports
 ``batchinfer.engine.reader`` or ``.worker``, and must not pay for the coordinator's modules
@@ -22,11 +28,14 @@ import importlib
 
 _WHERE = {
     "Engine": "batchinfer.engine.loop",
-    "EnginePlan": "batchinfer.engine.interface",
-    "EngineResult": "batchinfer.engine.interface",
-    "RunConfig": "batchinfer.engine.config",
+    "EnginePlan": "batchinfer.engine.planning.interface",
+    "EngineResult": "batchinfer.engine.planning.interface",
+    "RunConfig": "batchinfer.engine.planning.config",
     "RunResult": "batchinfer.engine.runner",
     "run": "batchinfer.engine.runner",
+    # Named by the Ray guide's example, so that it does not depend on the engine's floors.
+    "plan_inference": "batchinfer.engine.planning.plan",
+    "StopSignals": "batchinfer.engine.plumbing.signals",
     "OutputOptions": "batchinfer.options",
     "PreprocessOptions": "batchinfer.options",
     "ReliabilityOptions": "batchinfer.options",

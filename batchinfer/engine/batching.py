@@ -3,7 +3,7 @@
 NOTE [Batch-N models: one item per slot, N items per call]
 ==========================================================
 
-Planning (engine/plan.py, :func:`split_batch`): a model whose one input has a static batch
+Planning (engine/planning/plan.py, :func:`split_batch`): a model whose one input has a static batch
 axis N > 1 (an ONNX exported with batch N, or a ``.rknn`` whose ``.onnx`` beside it has
 one) is planned with ``EnginePlan.batch`` = N and an *item* shape of batch 1. Everything
 before the core worker sees items, exactly as for a batch-1 model: a slot holds one item,

@@ -3,17 +3,17 @@ the run's shared memory (input and output slots, the status board).
 
 It implements :class:`batchinfer.engine.pools.WorkerPool` for the engine loop (loop.py):
 the loop decides, this pool carries out and reports. It owns its children's state
-(children.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates their messages
-(protocol.py; what each child does is in reader.py and worker.py) into the pool events the
-loop handles. The slot life cycle and shutdown order are in the NOTE of slots.py.
+(plumbing/children.py's :class:`Child`: pipes, deadlines, progress, CPU) and translates
+their messages (protocol.py; what each child does is in reader.py and worker.py) into the
+pool events the loop handles. The slot life cycle and shutdown order are in the NOTE of slots.py.
 
 What only a board has lives here too:
 - hangs are read from the status board (watchdog.py: which instance hung, since when);
 - readers grow and shrink with demand and yield to the core workers once those are seen
   well fed (reader_scaling.py): the one place this pool changes the scheduler, by adding
   and closing readers;
-- CPU and memory of every child are accounted by role (usage.py), and each ready core
-  worker's own memory is reported to the loop (WorkerMemory, every RSS_EVERY_S), which
+- CPU and memory of every child are accounted by role (plumbing/usage.py), and each ready
+  core worker's own memory is reported to the loop (WorkerMemory, every RSS_EVERY_S), which
   decides when one is recycled (recycling.py). A recycled worker is asked to stop; its new
   incarnation starts once it has exited (never two on one core: they share its rows of
   the status board), or once the watchdog killed it for not stopping in time.
@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.feeds import FROM_COLUMN
-from batchinfer.engine.children import Child, ChildPool, Exited, Message
-from batchinfer.engine.fd_limit import check_fd_limit
-from batchinfer.engine.interface import EnginePlan
-from batchinfer.engine.memory import RunMemory
+from batchinfer.engine.planning.interface import EnginePlan
+from batchinfer.engine.plumbing.children import Child, ChildPool, Exited, Message
+from batchinfer.engine.plumbing.fd_limit import check_fd_limit
+from batchinfer.engine.plumbing.memory import RunMemory
+from batchinfer.engine.plumbing.usage import Usage
 from batchinfer.engine.pools import (
     ItemRead,
     ItemResult,
@@ -72,7 +73,6 @@ from batchinfer.engine.slots import SlotRegion, StatusBoard, sweep_dead_segments
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.spawn import start_reader, start_worker
 from batchinfer.engine.states import ChildState, CoreStatus
-from batchinfer.engine.usage import Usage
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.stats import CoreStatsRecorder

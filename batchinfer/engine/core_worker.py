@@ -33,7 +33,7 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from batchinfer.engine.batching import BatchWork, Held, batched_loop
-from batchinfer.engine.child import cpu_seconds, send_or_exit
+from batchinfer.engine.plumbing.child import cpu_seconds, send_or_exit
 from batchinfer.engine.protocol import Done, Infer, InferResult, InferTask, Stop, decode
 from batchinfer.engine.slots import SlotRegion, StatusBoard
 from batchinfer.runtime.adapter import RuntimeAdapter

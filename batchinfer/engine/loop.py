@@ -36,8 +36,8 @@ from batchinfer.engine.core_texts import (
     reader_deaths,
     worker_text,
 )
-from batchinfer.engine.fd_limit import too_many_files
-from batchinfer.engine.interface import EnginePlan, EngineResult
+from batchinfer.engine.planning.interface import EnginePlan, EngineResult
+from batchinfer.engine.plumbing.fd_limit import too_many_files
 from batchinfer.engine.pools import (
     ItemResult,
     ItemsDone,

@@ -87,7 +87,8 @@ class Stop(NamedTuple):
 
 
 class Failed(NamedTuple):
-    """child -> coordinator: start-up failed (engine/child.py report_failure); then exit."""
+    """child -> coordinator: start-up failed (engine/plumbing/child.py report_failure);
+    then exit."""
 
     traceback: str
 

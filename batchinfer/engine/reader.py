@@ -42,8 +42,8 @@ from batchinfer.data.feeds import Feed, load_feeds
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shard_reading import ShardFiles
 from batchinfer.data.video.frames import VideoFiles
-from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.detection import write_geometry
+from batchinfer.engine.plumbing.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.protocol import Loaded, ReaderReady, ReadResult, Stop, decode
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError

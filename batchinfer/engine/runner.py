@@ -11,7 +11,7 @@ calls it before the run and after it; nothing else here touches the folder, but 
 The same steps run a plan on a Ray cluster (batchinfer.cluster): :func:`run_plan` takes
 the engine to use (``make_engine``) and extra manifest fields.
 
-Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call (engine/signals.py).
+Signals: SIGINT, SIGTERM and SIGHUP are handled for the whole call (engine/plumbing/signals.py).
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
-from batchinfer.engine import fork_server
-from batchinfer.engine.config import RunConfig
 from batchinfer.engine.events import Observer, RowsDone, Started
-from batchinfer.engine.instances import settle_instances
-from batchinfer.engine.interface import EngineResult
+from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
-from batchinfer.engine.plan import RunPlan, plan_run
-from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.planning.config import RunConfig
+from batchinfer.engine.planning.interface import EngineResult
+from batchinfer.engine.planning.plan import RunPlan, plan_run
+from batchinfer.engine.plumbing import fork_server
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource, ItemSource
 from batchinfer.errors import UsageError, render_fields
 from batchinfer.hostinfo import host_facts

@@ -49,7 +49,7 @@ Rules that make this safe:
    them by name with :func:`attach`. Segments are files of /dev/shm opened with ``os.open``
    (what shm_open(3) does on Linux), never ``multiprocessing.shared_memory``, whose resource
    tracker would unlink a segment when a child that attached it exits. A SIGKILLed
-   coordinator loses nothing: its janitor process (janitor.py) unlinks the run's segments
+   coordinator loses nothing: its janitor process (plumbing/janitor.py) unlinks the run's segments
    when the coordinator is gone. Each run also holds an ``flock`` on its own ``…-owner``
    segment for as long as it lives; :func:`sweep_dead_segments` removes the segments of
    runs whose owner lock nobody holds (should a janitor have died too). A lock, not a pid:

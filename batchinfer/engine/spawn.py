@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from batchinfer.engine.children import Child, ChildPool
-from batchinfer.engine.interface import EnginePlan
-from batchinfer.engine.memory import RunMemory
+from batchinfer.engine.planning.interface import EnginePlan
+from batchinfer.engine.plumbing.children import Child, ChildPool
+from batchinfer.engine.plumbing.memory import RunMemory
 from batchinfer.engine.reader import ReaderSpec, reader_main
 from batchinfer.engine.scheduler import REFILL_AT
 from batchinfer.engine.slots import BoardSpec, RegionSpec

@@ -1,5 +1,5 @@
 """The states of the engine's moving parts, as enums (their meanings are where they change:
-scheduler.py for slots and cores, children.py for child processes, cluster/pool.py for Ray
+scheduler.py for slots and cores, plumbing/children.py for child processes, cluster/pool.py for Ray
 actors).
 
 Each member is also its old string (a ``str`` mixin: Python 3.10 has no StrEnum), so a

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from batchinfer.engine.children import Child
+from batchinfer.engine.plumbing.children import Child
 from batchinfer.engine.states import ChildState
 from batchinfer.options import ReliabilityOptions
 

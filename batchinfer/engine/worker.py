@@ -29,7 +29,7 @@ has nothing left to infer): one thread hand-off per item (the queue) and at most
 message. The main thread also sends results that have waited BATCH_WAIT_S, so a hung call
 holds back none. While an instance infers, its row on the status board holds (index, start
 time). Runtimes are created here, after the fork (the fork server never imports a runtime:
-engine/fork_server.py); the worker exits with the coordinator.
+engine/plumbing/fork_server.py); the worker exits with the coordinator.
 Tasks that decode in the worker (detection, plug-ins) decode here: each instance has a
 decoder thread of its own (one tasks.ItemDecoder each) to which it hands the outputs of each
 inference (fresh arrays, not the runtime's reused buffers) and goes on to its next item at
@@ -55,8 +55,8 @@ import numpy as np
 
 from batchinfer.engine.batching import batch_shapes, unbatchable_outputs
 from batchinfer.engine.canary import canary_input, infer_canary
-from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.core_worker import CoreSlots, CoreWorker, Sender, Serving
+from batchinfer.engine.plumbing.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.protocol import Attach, InitFailed, Initialised, WorkerReady, decode
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard, TensorLayout
 from batchinfer.errors import BatchinferError, InferenceError

@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 
 from batchinfer.engine.events import Observer
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.runner import arrow_system_allocator
-from batchinfer.engine.signals import StopSignals
 from batchinfer.evaluate.baseline import accept_evaluation
 from batchinfer.evaluate.files import SUMMARY_MARK, write_bytes, write_json, write_table
 from batchinfer.evaluate.gates import check_gates

@@ -31,13 +31,12 @@ from batchinfer.data.dataset import Dataset
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instances import settle_instances
-from batchinfer.engine.interface import EnginePlan, EngineResult
-from batchinfer.engine.plan import plan_inference, runtime_files
-from batchinfer.engine.plan_records import engine_preprocess_record, preprocess_values
-from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.instance_probe import settle_instances
+from batchinfer.engine.planning.interface import EnginePlan, EngineResult
+from batchinfer.engine.planning.plan import plan_inference, runtime_files
+from batchinfer.engine.planning.plan_records import engine_preprocess_record, preprocess_values
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.sources import DatasetSource
-from batchinfer.engine.task import NotADetectorError
 from batchinfer.errors import BatchinferError, RunInterrupted
 from batchinfer.evaluate.files import write_table
 from batchinfer.evaluate.items import ItemResults
@@ -47,6 +46,7 @@ from batchinfer.sink.fingerprint import run_fingerprint
 from batchinfer.sink.manifest import model_sha256
 from batchinfer.sink.rows import MemorySink
 from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.tasks.detect import NotADetectorError
 
 if TYPE_CHECKING:  # Ray is an optional extra: imported only when a job runs on a cluster
     from batchinfer.cluster import ClusterEngine, ClusterSession

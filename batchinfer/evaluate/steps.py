@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from batchinfer.data.dataset import Dataset
 from batchinfer.data.shards import ShardSet
 from batchinfer.data.sources import open_source
-from batchinfer.engine.signals import StopSignals
+from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.errors import (
     BatchinferError,
     OutputLockedError,

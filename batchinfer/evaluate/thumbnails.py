@@ -5,8 +5,8 @@ item can block for ever: a FIFO (a symlink to one is a dataset item), a file on 
 network mount. Opened in the coordinator, such an item would hang the evaluation with its
 output folders locked, deaf to Ctrl-C (signals reach the main thread between bytecodes,
 never inside a blocked ``open``). So, as the engine's readers do, the pictures are made by a
-child process of the run's fork server (engine/children.py) and the coordinator only waits on
-its pipe, one item at a time, for at most ``reliability.decode_timeout_s``:
+child process of the run's fork server (engine/plumbing/children.py) and the coordinator only
+waits on its pipe, one item at a time, for at most ``reliability.decode_timeout_s``:
 
 - an item that is not a regular file is not opened (``not a regular file``);
 - an item that takes longer gets no picture (its card says why), the child is killed and a
@@ -45,8 +45,8 @@ from typing import Any, Literal
 import numpy as np
 
 from batchinfer.data.input_spec import item_bytes_for
-from batchinfer.engine.child import send_or_exit, setup_child
-from batchinfer.engine.children import ChildPool, Exited, Message
+from batchinfer.engine.plumbing.child import send_or_exit, setup_child
+from batchinfer.engine.plumbing.children import ChildPool, Exited, Message
 from batchinfer.engine.protocol import Stop, decode
 
 #: Items allowed to hang before the remaining ones are skipped.

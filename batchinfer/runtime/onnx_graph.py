@@ -94,7 +94,7 @@ class GraphInterface:
     inputs: tuple[GraphValue, ...]
     outputs: tuple[GraphValue, ...]
     # The model's metadata_props as (key, value) pairs, in file order (Ultralytics' exports
-    # say their task and class names there: engine/task.py reads them).
+    # say their task and class names there: batchinfer/tasks' plan_task reads them).
     metadata: tuple[tuple[str, str], ...] = ()
 
 

@@ -63,8 +63,8 @@ def run_fingerprint(
     ``dataset_files_sha256`` (data/fingerprint.py) covers what ``resume_check`` says of
     every item's file: ``stat`` its size and mtime, ``content`` its bytes. Without it
     (evaluations) the fingerprint has no such entries. ``task``: None for a classification
-    run (engine/task.py's TaskPlan.fingerprint), so those keep the fingerprint they had
-    before tasks existed.
+    run (the task's Task.fingerprint), so those keep the fingerprint they had before tasks
+    existed.
     """
     files: dict[str, Any] = {}
     if dataset_files_sha256 is not None:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
     from batchinfer.detect import Letterbox
-    from batchinfer.engine.model_metadata import ModelMetadata
+    from batchinfer.engine.planning.model_metadata import ModelMetadata
     from batchinfer.options import DetectOptions
     from batchinfer.sink.rows import Row
 

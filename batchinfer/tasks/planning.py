@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from batchinfer.engine.model_metadata import read_model_metadata
+from batchinfer.engine.planning.model_metadata import read_model_metadata
 from batchinfer.errors import ConfigError, ModelError
 from batchinfer.messages import setting
 from batchinfer.tasks.base import ModelFacts, Task

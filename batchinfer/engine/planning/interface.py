@@ -42,7 +42,7 @@ class EnginePlan:
     # (several inputs, .npz items, manifest columns: batchinfer.data.feeds); empty: the
     # model's one input is fed by the item, with ``preprocess``.
     feeds: tuple[Feed, ...] = ()
-    # -k auto (engine/instances.py): instances_per_core is chosen by a measurement when the
+    # -k auto (engine/planning/instances.py): instances_per_core is chosen by a measurement when the
     # run starts (settle_instances; until then it is the most auto may choose), and
     # instances_choice then records the choice and why, for the manifest.
     instances_auto: bool = False

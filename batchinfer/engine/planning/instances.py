@@ -7,8 +7,8 @@ runtime/CONTRACT.md). Instances on one core overlap one's host part with another
 More than needed buys nothing: each instance holds its own copy of the model (memory) and
 its calls only queue for the NPU, which lengthens every item's latency.
 
-The measurement (:func:`measure`, in a child forked like a core worker: :func:`probe`), on
-the plan's first core before the run starts, with the canary input:
+The measurement (:func:`measure`, in a child forked like a core worker by engine/
+instance_probe.py), on the plan's first core before the run starts, with the canary input:
 
 1. one instance alone: the median time of a call, ``call_ms`` = host + NPU;
 2. :data:`AUTO_MAX` instances at once: calls per second at steady state. When they saturate
@@ -35,7 +35,6 @@ core and says why; the core workers then meet the same problem and report it as 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import statistics
@@ -43,7 +42,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from typing import Any
 
 from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
@@ -80,7 +78,7 @@ _WARMUP_CALLS = 2
 
 def planned_instances(value: int | str, where: str = "runtime.instances_per_core") -> int:
     """The instances per core a plan sizes for: the number given, or AUTO_MAX for auto
-    (slots and status board rows for the most auto may choose; :func:`settle_instances`
+    (slots and status board rows for the most auto may choose; ``settle_instances``
     then sizes them for the choice). ConfigError for any other word."""
     if isinstance(value, str):
         if value.strip().lower() != AUTO:
@@ -238,113 +236,6 @@ def measure(
     span = ends[-1] - ends[first]
     rate = (len(ends) - 1 - first) / span if span > 0 else math.inf
     return Timings(1e3 * call_s, rate, len(calls), len(alone) + len(ends), clock() - t_begin)
-
-
-@dataclass(frozen=True)
-class ProbeSpec:
-    """What the probe child needs (picklable: it travels to the forked child)."""
-
-    backend: Any  # batchinfer.runtime.backends.Backend
-    core: int
-    instances: int
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-    data_format: str | tuple[str, ...]
-    cpus: tuple[int, ...] | None
-    parent_pid: int
-
-
-def probe_main(spec: ProbeSpec, tasks: Connection, results: Connection) -> None:
-    """Entry point of the probe child: make the instances, :func:`measure`, report, release."""
-    from batchinfer.engine.canary import canary_input
-    from batchinfer.engine.child import cpu_seconds, report_failure, send_or_exit, setup_child
-    from batchinfer.runtime.rknn_log import quiet_instance_logs
-
-    setup_child(spec.parent_pid, spec.cpus)
-    quiet_instance_logs()
-    adapters: list = []
-    try:
-        for _ in range(spec.instances):
-            adapters.append(spec.backend.instance(spec.core))
-        inputs = [canary_input(s, d) for s, d in zip(spec.shapes, spec.dtypes, strict=True)]
-        fmt = spec.data_format if isinstance(spec.data_format, str) else list(spec.data_format)
-        calls = [
-            (lambda a=a: a.infer(inputs, data_format=fmt, reuse_outputs=True)) for a in adapters
-        ]
-        timings = dataclasses.replace(measure(calls), cpu_s=cpu_seconds())
-        send_or_exit(results, ("timings", timings))
-    except BaseException as exc:
-        report_failure(results, exc)
-    finally:
-        for a in adapters:
-            a.release()
-
-
-def probe(plan: Any, timeout_s: float) -> Timings:
-    """:func:`measure` on ``plan``'s first core, in a child forked by the run's fork server
-    (as a core worker is: a runtime never lives in the coordinator). RuntimeError when it
-    fails or takes longer than ``timeout_s``."""
-    from batchinfer.engine.children import ChildPool, Exited
-    from batchinfer.engine.protocol import Failed
-
-    pool = ChildPool(time.monotonic)
-    finished = False
-    try:
-        layout = plan.input_layout
-        spec = ProbeSpec(
-            backend=plan.backend,
-            core=plan.cores[0],
-            instances=AUTO_MAX,
-            shapes=tuple(layout.shapes),
-            dtypes=tuple(layout.dtypes),
-            data_format=plan.data_format,
-            cpus=plan.cpus,
-            parent_pid=pool.parent_pid,
-        )
-        pool.start("probe", 0, probe_main, spec, timeout_s, "measuring")
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            for event in pool.poll(min(left, 0.5)):
-                if isinstance(event, Exited):
-                    raise RuntimeError(f"the probe exited (code {event.exitcode})")
-                if isinstance(event.body, Failed):
-                    raise RuntimeError(event.body.traceback.strip().splitlines()[-1])
-                _, value = event.body  # ("timings", Timings)
-                finished = True  # it releases its instances and exits by itself
-                return value
-        raise RuntimeError(f"the measurement took longer than {timeout_s:g} s")
-    finally:
-        pool.close(hard=not finished, join_timeout_s=5.0)
-
-
-# ------------------------------------------------------------------ the one entry
-def settle_instances(plan: Any, measure_core: Callable[[Any, float], Timings] = probe) -> Any:
-    """``plan`` (an EnginePlan) with instances per core chosen when it asks for auto;
-    itself otherwise. Says the choice once (the CLI shows it) and records it in the plan's
-    ``instances_choice``; default slots (sized for AUTO_MAX) are sized for the choice."""
-    if not getattr(plan, "instances_auto", False):
-        return plan
-    started = time.monotonic()
-    try:
-        timings = measure_core(plan, plan.reliability.startup_timeout_s)
-        choice = choose(timings)
-        choice = dataclasses.replace(choice, core=plan.cores[0])
-        log.info(choice.line())
-    except RuntimeError as e:
-        reason = f"measuring failed ({e}); the default used"
-        choice = Choice(FALLBACK, reason, core=plan.cores[0])
-        log.warning(f"instances per core: {FALLBACK} (auto: {reason})")
-    log.debug(f"instances per core chosen in {time.monotonic() - started:.2f} s")
-    slots, cores = plan.slots, len(plan.cores)
-    if slots == default_slots(cores, AUTO_MAX, plan.max_readers):
-        slots = default_slots(cores, choice.k, plan.max_readers)
-    return dataclasses.replace(
-        plan,
-        instances_per_core=choice.k,
-        instances_auto=False,
-        instances_choice=choice.to_json(),
-        slots=slots,
-    )
 
 
 def refuse_on_cluster(plan: Any) -> None:

@@ -1,4 +1,5 @@
-"""CPU affinity: which CPUs our processes run on (RK3588: CPUs 4-7 are the big A76 cores)."""
+"""CPU affinity: which CPUs our processes run on (RK3588: CPUs 4-7 are the big A76 cores);
+each child pins itself to them first thing (engine/plumbing/child.py)."""
 
 from __future__ import annotations
 
@@ -58,10 +59,3 @@ def resolve_affinity(value: str) -> tuple[int, ...] | None:
             f"(it has 0-{max(available)}); give CPUs in that range, or auto."
         )
     return tuple(sorted(cpus))
-
-
-def pin_current_process(cpus: tuple[int, ...] | None) -> None:
-    """Pin this process to ``cpus`` (no-op for None or where the OS refuses)."""
-    if cpus:
-        with contextlib.suppress(AttributeError, OSError, psutil.Error):
-            psutil.Process().cpu_affinity(list(cpus))

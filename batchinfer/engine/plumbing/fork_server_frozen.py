@@ -1,4 +1,4 @@
-"""Imported last by the fork server, and only there (engine/fork_server.py says why).
+"""Imported last by the fork server, and only there (engine/plumbing/fork_server.py says why).
 
 Everything the server has imported by now is shared by every child it forks. Collecting
 once here and freezing what is left moves it out of the collector's sight: each child's

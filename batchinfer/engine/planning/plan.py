@@ -38,12 +38,12 @@ from batchinfer.data.preprocess import (
 )
 from batchinfer.data.sources import is_folder, open_source
 from batchinfer.data.video.dataset import VideoDataset
-from batchinfer.engine.affinity import resolve_affinity
 from batchinfer.engine.batching import split_batch
-from batchinfer.engine.config import RunConfig
-from batchinfer.engine.instances import default_slots, is_auto, planned_instances
-from batchinfer.engine.interface import EnginePlan
-from batchinfer.engine.plan_records import engine_preprocess_record
+from batchinfer.engine.planning.affinity import resolve_affinity
+from batchinfer.engine.planning.config import RunConfig
+from batchinfer.engine.planning.instances import default_slots, is_auto, planned_instances
+from batchinfer.engine.planning.interface import EnginePlan
+from batchinfer.engine.planning.plan_records import engine_preprocess_record
 from batchinfer.engine.slots import SHM_DIR, TensorLayout, free_space
 from batchinfer.errors import ConfigError, ModelError, UsageError
 from batchinfer.messages import setting
@@ -429,7 +429,7 @@ def plan_inference(
     ``model``: the model file (default: ``config.model``, resolved). ``dataset``: None (the
     caller feeds tensors itself), one already open, or a function that opens it with the
     labels file the task reads (a detector's labels file names the head's classes, not
-    the dataset's class folders: engine/task.py). ``several_inputs`` False: a model with
+    the dataset's class folders: batchinfer/tasks). ``several_inputs`` False: a model with
     several inputs is refused and no input is fed apart (bench, arrays). ``files_here``
     False: the dataset's files are read elsewhere (a Ray cluster's nodes, ``--ray-data
     shared``), so a list's first files are not looked for on this machine.

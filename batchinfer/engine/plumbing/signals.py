@@ -42,7 +42,7 @@ process, this process's shared-memory segments unlinked, exit 130; the kernel dr
 A library caller that did not install a router gets Python handlers for the duration of
 the call instead (:class:`StopSignals` does either). Its children are immune from their
 first instruction too: they are forked by a fork server that ignores SIGINT and SIGHUP
-(engine/fork_server.py), whatever the caller's handlers.
+(engine/plumbing/fork_server.py), whatever the caller's handlers.
 """
 
 from __future__ import annotations

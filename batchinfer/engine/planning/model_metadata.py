@@ -1,5 +1,5 @@
 """What an Ultralytics export says about itself: the ``task`` and ``names`` in its ONNX
-metadata_props (engine/task.py decides a run's task with it)."""
+metadata_props (batchinfer/tasks decides a run's task with it)."""
 
 from __future__ import annotations
 

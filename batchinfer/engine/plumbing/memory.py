@@ -9,7 +9,7 @@ Creation and removal follow the NOTE in slots.py.
 from __future__ import annotations
 
 from batchinfer.engine.detection import GEOMETRY_LAYOUT
-from batchinfer.engine.janitor import Janitor
+from batchinfer.engine.plumbing.janitor import Janitor
 from batchinfer.engine.slots import (
     BoardSpec,
     RegionSpec,

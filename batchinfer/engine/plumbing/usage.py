@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import psutil
 
-from batchinfer.engine.child import cpu_seconds
-from batchinfer.engine.children import Child
+from batchinfer.engine.plumbing.child import cpu_seconds
+from batchinfer.engine.plumbing.children import Child
 from batchinfer.engine.states import ChildState
 
 SAMPLE_EVERY_S = 0.5

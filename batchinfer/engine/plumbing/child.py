@@ -2,7 +2,7 @@
 
 - Ctrl-C and a closed terminal go to the whole process group; only the coordinator decides
   what they mean, so children ignore SIGINT and SIGHUP (from their first instruction: they
-  are forked by a fork server that ignores them, engine/fork_server.py).
+  are forked by a fork server that ignores them, engine/plumbing/fork_server.py).
 - A child must never outlive the coordinator, even blocked in a read of a hanging file:
   on Linux the kernel sends it SIGKILL when its parent, the fork server, dies
   (PR_SET_PDEATHSIG, set by the server's code in the child right after the fork, and
@@ -15,14 +15,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
 import traceback
 from multiprocessing.connection import Connection
 
-from batchinfer.engine.affinity import pin_current_process
-from batchinfer.engine.fork_server import die_with_parent
+import psutil
+
+from batchinfer.engine.plumbing.fork_server import die_with_parent
 from batchinfer.engine.protocol import Failed, encode
 
 # Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.
@@ -37,6 +39,14 @@ def setup_child(parent_pid: int, cpus: tuple[int, ...] | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent(parent_pid)
     pin_current_process(cpus)
+
+
+def pin_current_process(cpus: tuple[int, ...] | None) -> None:
+    """Pin this process to ``cpus`` (no-op for None or where the OS refuses); which CPUs is
+    planning's choice (engine/planning/affinity.py), pinning is the child's first step."""
+    if cpus:
+        with contextlib.suppress(AttributeError, OSError, psutil.Error):
+            psutil.Process().cpu_affinity(list(cpus))
 
 
 def send_or_exit(conn: Connection, message: tuple) -> None:

@@ -23,8 +23,8 @@ from multiprocessing import Pipe
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from batchinfer.engine import fork_server
-from batchinfer.engine.fork_server import ForkedChild
+from batchinfer.engine.plumbing import fork_server
+from batchinfer.engine.plumbing.fork_server import ForkedChild
 from batchinfer.engine.protocol import InferResult, ReadResult, Stop, decode, encode
 from batchinfer.engine.states import ChildState
 
@@ -92,7 +92,7 @@ class Exited:
 
 
 class ChildPool:
-    """Processes of one run, forked by the process's fork server (engine/fork_server.py; a
+    """Processes of one run, forked by the process's fork server (engine/plumbing/fork_server.py; a
     runtime is never forked: children create theirs).
 
     A child's sentinel (its life pipe) is watched here, not its server: its death is seen

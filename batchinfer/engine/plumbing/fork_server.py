@@ -18,11 +18,11 @@ What is preloaded, and what is not:
   it is what every forked numpy program relies on).
 - Never a runtime: importing onnxruntime starts a native thread, and RKNNLite owns a
   device. Runtimes are imported and created in the child, after the fork, as before.
-- Last, :mod:`batchinfer.engine.fork_server_frozen` collects and freezes the server's
+- Last, :mod:`batchinfer.engine.plumbing.fork_server_frozen` collects and freezes the server's
   objects, so a child's garbage collections scan only what the child made.
 
 What the rest of the engine relies on, and how it holds:
-- Children ignore SIGINT and SIGHUP from their first instruction (engine/signals.py): the
+- Children ignore SIGINT and SIGHUP from their first instruction (engine/plumbing/signals.py): the
   server ignores them (and SIGTERM) before it imports anything, and a forked child keeps
   that. The server outlives a Ctrl-C (the coordinator decides what it means; a dead server
   would take every child with it).
@@ -32,8 +32,8 @@ What the rest of the engine relies on, and how it holds:
   keep the server, and so itself, alive after a kill -9 of the coordinator.
 - Nothing outlives the run: :func:`release` stops and reaps the server (every server this
   process launched, see below) when the last user of the process is done (a
-  :class:`~batchinfer.engine.children.ChildPool` when it closes, after its children are gone;
-  the ``run`` command, which launches it before it imports the engine, when it ends), so
+  :class:`~batchinfer.engine.plumbing.children.ChildPool` when it closes, after its children are
+  gone; the ``run`` command, which launches it before it imports the engine, when it ends), so
   the leak guard of the tests and the "nothing leaked" rule hold, and the next run's server
   sees the environment of that run. A pool reads the servers' CPU (their imports, their
   forks) when it closes and counts it as the run's start-up.
@@ -105,7 +105,7 @@ PRELOAD = [
     "numpy",
     "batchinfer.engine.worker",
     "batchinfer.engine.reader",
-    "batchinfer.engine.fork_server_frozen",
+    "batchinfer.engine.plumbing.fork_server_frozen",
 ]
 
 #: The server's program (``python -c PROGRAM FD PATH... -- PRELOAD...``): the coordinator's
@@ -119,7 +119,7 @@ sys.path[:] = rest[:cut]
 import signal
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN)
-from batchinfer.engine.fork_server import serve
+from batchinfer.engine.plumbing.fork_server import serve
 serve(int(fd), rest[cut + 1 :])
 """
 
@@ -458,7 +458,7 @@ class ForkedChild:
 
 def _readable(fd: int, timeout_s: float) -> bool:
     """Whether ``fd`` is readable (or at end-of-file) within ``timeout_s``. A poll, not a
-    select: a run may hold more than 1,024 file descriptors (engine/fd_limit.py)."""
+    select: a run may hold more than 1,024 file descriptors (engine/plumbing/fd_limit.py)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(max(0.0, timeout_s) * 1000))

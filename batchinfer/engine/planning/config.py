@@ -48,7 +48,7 @@ class RunConfig:
     preprocess: PreprocessOptions = field(default_factory=PreprocessOptions)
     output: OutputOptions = field(default_factory=OutputOptions)
     reliability: ReliabilityOptions = field(default_factory=ReliabilityOptions)
-    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (engine/task.py)
+    detect: DetectOptions = field(default_factory=DetectOptions)  # the task (batchinfer/tasks)
     limit: int | None = None  # only the first N items of the dataset
     labels: Path | None = None  # a class map file (see batchinfer.data.classes)
     image_root: Path | None = None  # where a list's / COCO file's relative paths start

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from batchinfer.data.preprocess import Preprocess
-from batchinfer.engine.interface import EnginePlan
+from batchinfer.engine.planning.interface import EnginePlan
 
 
 def preprocess_values(preprocess: Preprocess) -> dict:
