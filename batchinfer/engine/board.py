@@ -324,7 +324,8 @@ class BoardPool:
             keep = self.plan.copies_outputs
             self.outputs = self.memory.create_outputs(shapes if keep else [])
         self.children.send(child, Attach(self.outputs.spec))
-        return WorkerUp(child.key, info.pid, info.sdk_version, shapes, info.canary)
+        rss_mb = self.usage.worker_memory_mb(info.pid)  # before its first item
+        return WorkerUp(child.key, info.pid, info.sdk_version, shapes, info.canary, rss_mb)
 
     def _on_exit(self, event: Exited) -> PoolEvent | None:
         child = event.child

@@ -431,6 +431,8 @@ class Engine:
         key, where = up.key, self.pool.where(up.key)
         self._first.discard(key)
         self.recycler.up(key)
+        if up.rss_mb is not None:  # its size before any item: "from the start" is this
+            self.recycler.memory(key, up.rss_mb)
         self.sdk_versions[self._label(key)] = up.sdk_version
         if not self._opened:
             self._opened = True

@@ -99,6 +99,9 @@ class WorkerUp(NamedTuple):
     sdk_version: str | None
     outputs: list  # [(shape, dtype)] of the model's outputs
     canary: Any = None  # the canary's outputs; None: not compared (engine/canary.py)
+    # Its own memory (MB) as it came up, before any item: the recycling policy's first
+    # sample (engine/recycling.py); None where the pool does not watch memory (Ray).
+    rss_mb: float | None = None
 
 
 class WorkerRetired(NamedTuple):

@@ -15,7 +15,8 @@ counted either, so a leak there is not seen.
 A worker is to be recycled (stopped between items and started afresh on its core) when:
 
 - limit: its memory is over ``max_worker_rss_mb`` (default :func:`default_limit_mb`), and
-  its first sample, taken as it came up, was under it. One that starts over the limit is
+  its first sample, taken as it came up, was under it, or came after it had finished items
+  (then it did not start over it). One that starts over the limit is
   said once and never recycled for its size (a fresh worker would be no smaller), only for
   growth;
 - growth: ``recycle_after`` (N) is not 0, it has finished at least N items, and its memory
@@ -120,7 +121,9 @@ class RecyclePolicy:
             return None
         if worker.first_mb is None:
             worker.first_mb = rss_mb
-            if rss_mb > self.limit_mb:
+            # Over the limit "from the start" only when no item was done yet: a first sample
+            # taken late (after items) may be the leak itself, not the worker's own size.
+            if rss_mb > self.limit_mb and worker.items == 0:
                 worker.too_big = True
                 return TooBig(rss_mb)
         if rss_mb > self.limit_mb and not worker.too_big:
