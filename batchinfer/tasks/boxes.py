@@ -206,3 +206,20 @@ class BoxTask(Task):
         from batchinfer.draw import draw_result
 
         return draw_result(canvas, row.get("boxes"), **style)
+
+
+def int8_quant(
+    outputs: Sequence[np.ndarray], known: Sequence[tuple[float, int] | None]
+) -> tuple[tuple[bool, ...], tuple[tuple[float, int] | None, ...]]:
+    """Which of a call's outputs the runtime returned as int8/uint8 (a decoder is made per
+    such set), and their quantisation from the model's graph (``known``: the task's
+    ``quant``); ValueError when the graph does not say an int8 output's."""
+    key = tuple(o.dtype in (np.int8, np.uint8) for o in outputs)
+    if not any(key):
+        return key, ()
+    if len(known) != len(outputs) or any(k and known[i] is None for i, k in enumerate(key)):
+        raise ValueError(
+            "the runtime returned int8 outputs whose quantisation the model does "
+            "not say (no DequantizeLinear after them in its .onnx)"
+        )
+    return key, tuple(known[i] if k else None for i, k in enumerate(key))

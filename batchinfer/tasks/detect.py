@@ -36,7 +36,7 @@ import numpy as np
 from batchinfer.errors import ConfigError
 from batchinfer.messages import Message, setting
 from batchinfer.tasks.base import ItemDecode, ModelFacts, shapes_text
-from batchinfer.tasks.boxes import BoxRows, BoxTask, pad_rgb, to_original
+from batchinfer.tasks.boxes import BoxRows, BoxTask, int8_quant, pad_rgb, to_original
 
 if TYPE_CHECKING:
     from batchinfer.detect import Head, Letterbox
@@ -236,21 +236,9 @@ class _HeadDecoder:
     def _decoder(self, outputs: Sequence[np.ndarray]) -> Any:
         from batchinfer.detect import Decoder
 
-        # Quantisation parameters only for outputs the runtime returns as int8/uint8.
-        key = tuple(o.dtype in (np.int8, np.uint8) for o in outputs)
+        key, quant = int8_quant(outputs, self.task.quant)
         decoder = self._decoders.get(key)
         if decoder is None:
-            quant: tuple[tuple[float, int] | None, ...] = ()
-            if any(key):
-                known = self.task.quant
-                if len(known) != len(outputs) or any(
-                    k and known[i] is None for i, k in enumerate(key)
-                ):
-                    raise ValueError(
-                        "the runtime returned int8 outputs whose quantisation the model does "
-                        "not say (no DequantizeLinear after them in its .onnx)"
-                    )
-                quant = tuple(known[i] if k else None for i, k in enumerate(key))
             decoder = self._decoders[key] = Decoder(self.head, self.input_hw, self.settings, quant)
         return decoder
 

@@ -24,7 +24,7 @@ import numpy as np
 from batchinfer.errors import ConfigError
 from batchinfer.messages import Message, setting
 from batchinfer.tasks.base import ItemDecode, ModelFacts, shapes_text
-from batchinfer.tasks.boxes import BoxRows, BoxTask
+from batchinfer.tasks.boxes import BoxRows, BoxTask, int8_quant
 
 if TYPE_CHECKING:
     from batchinfer.detect import Letterbox
@@ -221,21 +221,9 @@ class _Decoders:
         self._made: dict[tuple[bool, ...], Callable[..., Any]] = {}
 
     def _decoder(self, outputs: Sequence[np.ndarray]) -> Callable[..., Any]:
-        # Quantisation parameters only for outputs the runtime returns as int8/uint8.
-        key = tuple(o.dtype in (np.int8, np.uint8) for o in outputs)
+        key, quant = int8_quant(outputs, self.task.quant)
         made = self._made.get(key)
         if made is None:
-            quant: tuple[tuple[float, int] | None, ...] = ()
-            if any(key):
-                known = self.task.quant
-                if len(known) != len(outputs) or any(
-                    k and known[i] is None for i, k in enumerate(key)
-                ):
-                    raise ValueError(
-                        "the runtime returned int8 outputs whose quantisation the model does "
-                        "not say (no DequantizeLinear after them in its .onnx)"
-                    )
-                quant = tuple(known[i] if k else None for i, k in enumerate(key))
             made = self._made[key] = self.task.make_decoder(quant)
         return made
 
