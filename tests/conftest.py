@@ -3,6 +3,7 @@ and the default run's parallelism (pytest-xdist, when it is installed)."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import fcntl
 import importlib.util
@@ -33,18 +34,52 @@ sys.dont_write_bytecode = False
 
 # Test files that need a package of the dev extra which the toolkit's environment (tools/
 # toolkit-env.sh: rknn-toolkit2's own packages) does not have: not collected there, and
-# said in the run's header, as `pytest.importorskip` would say it per file.
-_NEEDS = {
-    "hypothesis": ["test_fuzz_*.py"],
-    "pycocotools": ["test_rle.py", "test_seg_decode.py", "test_seg_masks.py"],
-    "sybil": ["test_docs_runner.py"],
-}
-_ABSENT = [m for m in _NEEDS if importlib.util.find_spec(m) is None]
-collect_ignore_glob = [f for m in _ABSENT for f in _NEEDS[m]]
+# said in the run's header, as `pytest.importorskip` would say it per file. Found from the
+# files' own module-level imports, followed through the helper modules of tests/ they
+# import (a list kept by hand went stale as tests were added).
+_DEV_ONLY = ("hypothesis", "pycocotools", "sybil")
+_ABSENT = [m for m in _DEV_ONLY if importlib.util.find_spec(m) is None]
+_TESTS = Path(__file__).resolve().parent
+
+
+def _imports(path: Path, seen: set[Path]) -> set[str]:
+    """Top names a tests/ module imports at module level, its tests/ helpers' included."""
+    if path in seen or not path.is_file():
+        return set()
+    seen.add(path)
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found = [node.module]
+        else:
+            continue
+        for name in found:
+            top = name.split(".")[0]
+            names.add(top)
+            names |= _imports(_TESTS / f"{top}.py", seen)
+    return names
+
+
+# What a test needs through a module it loads by path (not an import statement).
+_BY_PATH = {"test_docs_runner.py": {"sybil"}}  # tools/docs_runner.py
+
+
+def _needs_absent(path: Path) -> list[str]:
+    needs = _imports(path, set()) | _BY_PATH.get(path.name, set())
+    return sorted(set(_ABSENT) & needs) if _ABSENT else []
+
+
+collect_ignore_glob = [
+    p.name for p in sorted(_TESTS.glob("test_*.py")) if _ABSENT and _needs_absent(p)
+]
 
 
 def pytest_report_header() -> list[str]:
-    return [f"not collected, {m} is not installed: {', '.join(_NEEDS[m])}" for m in _ABSENT]
+    if not collect_ignore_glob:
+        return []
+    return [f"not collected, {', '.join(_ABSENT)} not installed: {', '.join(collect_ignore_glob)}"]
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads -n
