@@ -10,27 +10,17 @@ Run in the toolkit's environment: ``.venv-toolkit/bin/pytest -m toolkit``. Skipp
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_detect_toolkit import _toolkit_importable
 
 from batchinfer import demo
 from batchinfer.cli import main
 
 pytestmark = pytest.mark.toolkit
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
-
-
-def _toolkit_importable() -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            import rknn.api  # noqa: F401
-        except Exception:
-            return False
-    return True
 
 
 if not _toolkit_importable():

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group("export")
@@ -19,16 +23,17 @@ def command() -> None:
     """
 
 
+def _out_option(help: str) -> Callable[[F], F]:
+    """Every export's ``--out``/``-o`` (the ``dest`` argument); ``help`` says what it is."""
+    option: Callable[[F], F] = click.option(
+        "--out", "-o", "dest", required=True, type=click.Path(path_type=Path), help=help
+    )
+    return option
+
+
 @command.command("coco")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    "-o",
-    "dest",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The COCO result JSON to write (replaced if it exists).",
-)
+@_out_option("The COCO result JSON to write (replaced if it exists).")
 @click.option(
     "--annotations",
     type=click.Path(path_type=Path),
@@ -57,14 +62,9 @@ def _coco(run: Path, dest: Path, annotations: Path | None) -> None:
 
 @command.command("dota")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    "-o",
-    "dest",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The folder to write Task1_<class>.txt files into (made if missing; a class's "
-    "file is replaced).",
+@_out_option(
+    "The folder to write Task1_<class>.txt files into (made if missing; a class's "
+    "file is replaced)."
 )
 def dota(run: Path, dest: Path) -> None:
     """Write RUN's rotated boxes (a --task obb run folder) as DOTA Task1 results: one
@@ -77,14 +77,7 @@ def dota(run: Path, dest: Path) -> None:
 
 @command.command("draw")
 @click.argument("run", type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    "-o",
-    "dest",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The folder to draw into: empty or new (see --overwrite).",
-)
+@_out_option("The folder to draw into: empty or new (see --overwrite).")
 @click.option(
     "--conf",
     type=float,
