@@ -38,9 +38,6 @@ EXCEPTIONS: dict[str, str] = {
         "Not split yet: RayPool's set-up on the nodes and its node watch are the concerns "
         "to move out."
     ),
-    "data/listed.py": (
-        "Not split yet: the listed rows' labels and meta columns are the concern to move out."
-    ),
     "engine/scheduler.py": (
         "Not split yet: the worker life cycle (starts, losses, retirements) is the concern "
         "to move out."

@@ -24,7 +24,6 @@ relative to the base folder when an absolute path lies under it), else the row's
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import posixpath
 from array import array
@@ -35,14 +34,16 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from batchinfer.data.classes import (
-    FROM_LABEL_NAMES,
-    FROM_LABEL_NUMBERS,
-    ClassMap,
-    read_labels_file,
-)
+from batchinfer.data.classes import FROM_LABEL_NAMES, FROM_LABEL_NUMBERS, ClassMap
 from batchinfer.data.dataset import VIDEO_EXTENSIONS, Dataset, Item, Skipped
 from batchinfer.data.found import check_some_exist
+from batchinfer.data.list_columns import (
+    class_map_of,
+    coercer,
+    label_value,
+    meta_type_of,
+    value_tag,
+)
 from batchinfer.data.preprocess import BAD_ROW
 from batchinfer.errors import DatasetError
 
@@ -110,118 +111,6 @@ def item_id(written_id: object, path: str | None, where: str, base: str) -> str:
             return path[len(base) + 1 :].replace(os.sep, "/")
         return path
     return posixpath.normpath(path.replace(os.sep, "/"))
-
-
-# ----------------------------------------------------------------------------- labels
-#: The largest label: predictions store labels as Arrow int64.
-MAX_LABEL = 2**63 - 1
-
-
-def _label_value(value: object, where: str, source: str) -> int | str | None:
-    """A label as written -> an int (a label), a str (a class name) or None (none).
-
-    Every label of a list is checked here when the list is opened (:class:`Scan`), so a
-    label the predictions cannot hold is a usage error naming its line, before anything
-    runs, as a label of the wrong type is (not a write error at the first part).
-    """
-    if value is None:
-        return None
-    shown = None
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return None
-        if not (text.isdecimal() and text.isascii()):
-            return text
-        shown = text if len(text) <= 40 else f"an integer of {len(text)} digits"
-        # int() refuses text of over 4,300 digits: compare lengths first
-        value = int(text) if len(text) <= len(str(MAX_LABEL)) else MAX_LABEL + 1
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LABEL:
-        return value
-    if isinstance(value, (list, dict)):  # not repr(): it may be huge, or nested deep
-        shown = "a JSON list" if isinstance(value, list) else "a JSON object"
-    elif shown is None:
-        shown = repr(value)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise DatasetError(
-        f"The label column of {source} holds {shown} at {where}; a label is a "
-        "non-negative integer below 2**63 (what the predictions' int64 label column holds) "
-        "or a class name."
-    )
-
-
-def _class_map(numbers: set[int], names: set[str], labels_file: Path | str | None, source: str):
-    if numbers and names:
-        raise DatasetError(
-            f"The label column of {source} mixes integers ({min(numbers)}, ...) and class "
-            f"names ({sorted(names)[0]!r}, ...); use one or the other."
-        )
-    if labels_file is not None:
-        given = read_labels_file(labels_file)
-        unknown = sorted(names - given.labels.keys())
-        if unknown:
-            raise DatasetError(
-                f"{len(unknown)} label(s) of {source} are not in the labels file "
-                f"{given.file}: {', '.join(map(repr, unknown[:5]))}; add them to the file."
-            )
-        return given
-    if names:
-        return ClassMap({n: i for i, n in enumerate(sorted(names))}, FROM_LABEL_NAMES)
-    return ClassMap({str(n): n for n in sorted(numbers)}, FROM_LABEL_NUMBERS)
-
-
-# ----------------------------------------------------------------------------- meta types
-def _tag(value: object) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int):
-        return "int"
-    if isinstance(value, float):
-        return "float"
-    if isinstance(value, str):
-        return "str"
-    return "json"
-
-
-def _meta_type(tags: dict[str, set[str]]):
-    """The struct type of the other columns, from the kinds of value each held."""
-    import pyarrow as pa
-
-    fields = []
-    for name, seen in tags.items():
-        if seen <= {"int"}:
-            t = pa.int64() if seen else pa.string()
-        elif seen <= {"int", "float"}:
-            t = pa.float64()
-        elif seen == {"bool"}:
-            t = pa.bool_()
-        else:  # text, or a mix: text (values that are not strings as JSON)
-            t = pa.string()
-        fields.append(pa.field(name, t))
-    return pa.struct(fields) if fields else None
-
-
-def _coercer(meta_type: Any) -> Callable[[dict[str, Any] | None], dict[str, Any] | None]:
-    """Makes a row's columns fit ``meta_type`` (a string field gets JSON for non-strings)."""
-    if meta_type is None:
-        return lambda columns: None
-    import pyarrow as pa
-
-    names = [f.name for f in meta_type]
-    text = {f.name for f in meta_type if pa.types.is_string(f.type)}
-
-    def coerce(columns: dict[str, Any] | None) -> dict[str, Any] | None:
-        if columns is None:
-            return dict.fromkeys(names)
-        out = {}
-        for name in names:
-            v = columns.get(name)
-            if name in text and v is not None and not isinstance(v, str):
-                v = json.dumps(v)
-            out[name] = v
-        return out
-
-    return coerce
 
 
 # ----------------------------------------------------------------------------- dataset
@@ -340,7 +229,7 @@ class ListedDataset(Dataset):
         labels = self.class_map.labels
         names = self.class_map.names
         numbered = self.class_map.source != FROM_LABEL_NAMES
-        coerce = _coercer(self.meta_type)
+        coerce = coercer(self.meta_type)
         for index, (where, path, written_id, label, columns, error) in enumerate(self.entries):
             id_text = item_id(written_id, path, where, base)
             if skip is not None and skip(id_text.encode("utf-8", "surrogateescape")):
@@ -349,7 +238,7 @@ class ListedDataset(Dataset):
                 error = "the row has no path"
             if error is None:
                 error = self._kind_error(path)  # type: ignore[arg-type]
-            value = _label_value(label, where, self.location)
+            value = label_value(label, where, self.location)
             label_index: int | None = None
             label_name: str | None = None
             if isinstance(value, str):
@@ -387,7 +276,7 @@ class Scan:
         self._labels: set[object] = set()  # label values already checked
 
     def label(self, value: object, where: str) -> None:
-        value = _label_value(value, where, self.source)
+        value = label_value(value, where, self.source)
         if isinstance(value, str):
             self.names.add(value)
         elif value is not None:
@@ -424,7 +313,7 @@ class Scan:
         if label is not None:
             try:
                 known = label in self._labels
-            except TypeError:  # a list or dict (JSON): _label_value says why it is wrong
+            except TypeError:  # a list or dict (JSON): label_value says why it is wrong
                 known = False
             if not known:
                 self.label(label, where)
@@ -433,7 +322,7 @@ class Scan:
             for name, v in columns.items():
                 seen = self.tags.setdefault(name, set())
                 if v is not None:
-                    seen.add(_tag(v))
+                    seen.add(value_tag(v))
 
 
 def open_listed(
@@ -476,11 +365,11 @@ def open_listed(
     return ListedDataset(
         entries,
         kind=kinds.get(good, "images") if good else "images",
-        class_map=_class_map(scan.numbers, scan.names, labels_file, source),
+        class_map=class_map_of(scan.numbers, scan.names, labels_file, source),
         count=scan.count,
         bad_rows=scan.bad,
         first_bad=scan.first_bad,
-        meta_type=declared if declared is not None else _meta_type(scan.tags),
+        meta_type=declared if declared is not None else meta_type_of(scan.tags),
     )
 
 

@@ -13,15 +13,13 @@ from batchinfer.data.dataset import (
     Member,
     display_name,
 )
+from batchinfer.data.list_columns import MAX_LABEL
 from batchinfer.data.tar_headers import TarEntry
 from batchinfer.errors import InputError
 from batchinfer.messages import setting
 
 #: Most bytes a ``.cls`` member may hold (an integer and some whitespace).
 _CLS_MAX_BYTES = 64
-#: The largest class index: labels are stored as 64-bit integers (Arrow's int64), so a
-#: larger one would stop the run at its first Parquet part instead of being its row's error.
-MAX_LABEL = 2**63 - 1
 
 
 class ClassMemberReader:
