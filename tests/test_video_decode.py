@@ -7,7 +7,15 @@ import time
 
 import numpy as np
 import pytest
-from video_files import clip_frame, faststart_h264, no_video, raw_h264, truncated, write_clip
+from video_files import (
+    clip_frame,
+    faststart_h264,
+    no_video,
+    packet_ends,
+    raw_h264,
+    truncated,
+    write_clip,
+)
 
 from batchinfer.data.video import (
     DecodedFrame,
@@ -113,10 +121,30 @@ def test_truncated_h264_gives_the_frames_that_decode_then_one_failure(tmp_path):
     assert [f.index for f in frames] == list(range(len(frames))) and len(frames) > 30
     failure = failures[0]
     assert failure.frame == len(frames)  # the first frame that did not decode
-    assert list(failure.missing) == list(range(len(frames), info.frames))
+    # The listed frames that did not decode; when all did (where the cut falls decides:
+    # a packet cut in half, or a B-frame's reference lost), the first frame not there.
+    not_decoded = list(range(len(frames), info.frames)) or [info.damaged_at]
+    assert list(failure.missing) == not_decoded
     message = failure.message
     assert "\n" not in message and str(cut) in message and f"frame {failure.frame}" in message
     assert "90 frames it lists" in message
+
+
+def test_an_mp4_cut_between_packets_decodes_every_listed_frame_then_one_failure(tmp_path):
+    # Cut just past a packet, without B-frames: every frame the cut file holds decodes, and
+    # the one error row is the first frame the index lists but the file lacks.
+    whole = faststart_h264(tmp_path / "whole.mp4", b_frames=0)
+    ends = packet_ends(whole)
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(whole.read_bytes()[: ends[50]])
+    info = probe(cut)
+    assert (info.frames, info.damaged_at, info.declared_frames) == (51, 51, 90)
+    got = decode_all(info, 2)
+    assert [g.index for g in got[:-1] if isinstance(g, DecodedFrame)] == list(range(51))
+    failure = got[-1]
+    assert isinstance(failure, DecodeFailure) and len(got) == 52
+    assert (failure.frame, list(failure.missing)) == (51, [51])
+    assert "after 51 of the 90 frames it lists" in failure.message
 
 
 def test_truncated_matroska_reports_the_frame_after_its_last(tmp_path):

@@ -17,19 +17,25 @@ __all__ = [
     "faststart_h264",
     "need_ffmpeg",
     "no_video",
+    "packet_ends",
     "raw_h264",
     "truncated",
     "write_clip",
 ]
 
 
-def faststart_h264(path: Path, frames: int = 90, gop: int = 30) -> Path:
+def faststart_h264(
+    path: Path, frames: int = 90, gop: int = 30, b_frames: int | None = None
+) -> Path:
     """An H.264 MP4 with its index (moov) first, as cameras that stream write it: cut
-    short, it still opens and lists every frame."""
+    short, it still opens and lists every frame. ``b_frames``: the encoder's at most
+    (None: its default)."""
     with av.open(str(path), "w", options={"movflags": "+faststart"}) as out:
         stream = out.add_stream(h264_codec(), rate=30)
         stream.width, stream.height, stream.pix_fmt = 160, 120, "yuv420p"
         stream.codec_context.gop_size = gop
+        if b_frames is not None:
+            stream.codec_context.max_b_frames = b_frames
         for i in range(frames):
             frame = av.VideoFrame.from_ndarray(clip_frame(i, 160, 120), format="rgb24")
             out.mux(stream.encode(frame))
@@ -42,6 +48,13 @@ def truncated(src: Path, dst: Path, fraction: float) -> Path:
     data = src.read_bytes()
     dst.write_bytes(data[: int(len(data) * fraction)])
     return dst
+
+
+def packet_ends(path: Path) -> list[int]:
+    """The byte offset just past each video packet of ``path``, in file order."""
+    with av.open(str(path)) as container:
+        packets = container.demux(container.streams.video[0])
+        return sorted(p.pos + p.size for p in packets if p.size)
 
 
 def no_video(path: Path) -> Path:
