@@ -33,7 +33,6 @@ MAX_COMPLEXITY = 15
 
 #: Module path (relative to batchinfer/) or "path:function" -> why it may exceed its limit.
 EXCEPTIONS: dict[str, str] = {
-    "engine/plumbing/fork_server.py": "Being changed by the early-refusal work; split next.",
     "cluster/pool.py": (
         "Not split yet: RayPool's set-up on the nodes and its node watch are the concerns "
         "to move out."
