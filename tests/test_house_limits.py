@@ -41,9 +41,6 @@ EXCEPTIONS: dict[str, str] = {
         "Not split yet: the worker life cycle (starts, losses, retirements) is the concern "
         "to move out."
     ),
-    "option_reading.py:_conforms": (
-        "One flat type dispatch over every option type an option group may declare."
-    ),
 }
 
 
