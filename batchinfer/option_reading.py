@@ -28,49 +28,55 @@ def _type_of(cls: type, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
+def _as_is(value: Any) -> Any:
+    return value
+
+
+#: A scalar hint -> the TOML values it takes and how they are converted. A bool is never
+#: taken for a number (a Python bool is an int).
+_SCALARS: dict[Any, tuple[tuple[type, ...], Callable[[Any], Any]]] = {
+    bool: ((bool,), _as_is),
+    int: ((int,), _as_is),
+    float: ((int, float), float),
+    str: ((str,), _as_is),
+    Path: ((str, Path), Path),
+}
+
+
 def _conforms(value: Any, hint: Any) -> Any:
     """``value`` converted to ``hint`` where a job file's TOML types differ; ValueError if not."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _conforms(value, arg)
-            except ValueError:
-                continue
-        raise ValueError
+        return _one_of(value, typing.get_args(hint))
     if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ValueError
-        args = typing.get_args(hint)
-        if not (len(args) == 2 and args[1] is Ellipsis) and len(value) != len(args):
-            raise ValueError
-        return tuple(_conforms(v, args[0]) for v in value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ValueError
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ValueError
-        return value
-    if hint is Path:
-        if not isinstance(value, (str, Path)):
-            raise ValueError
-        return Path(value)
+        return _tuple_of(value, typing.get_args(hint))
+    accepts, convert = _SCALARS.get(hint, ((), _as_is))  # an unknown hint takes nothing
+    if not isinstance(value, accepts) or (isinstance(value, bool) and hint is not bool):
+        raise ValueError
+    return convert(value)
+
+
+def _one_of(value: Any, args: tuple[Any, ...]) -> Any:
+    """``value`` as the first member of a union that takes it (None where it is one)."""
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _conforms(value, arg)
+        except ValueError:
+            continue
     raise ValueError
+
+
+def _tuple_of(value: Any, args: tuple[Any, ...]) -> tuple:
+    """A TOML array as ``tuple[T, ...]`` or a fixed-length ``tuple[T, T]`` (of one type)."""
+    if not isinstance(value, (list, tuple)):
+        raise ValueError
+    if not (len(args) == 2 and args[1] is Ellipsis) and len(value) != len(args):
+        raise ValueError
+    return tuple(_conforms(v, args[0]) for v in value)
 
 
 _NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}

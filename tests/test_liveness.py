@@ -387,7 +387,7 @@ def _wait_for(moment: str, proc: subprocess.Popen) -> list[psutil.Process]:
     deadline = time.monotonic() + 60
     while True:
         family = _children(me)
-        servers = [c for c in family if "fork_server import serve" in _cmdline(c)]
+        servers = [c for c in family if "fork_server_loop import serve" in _cmdline(c)]
         forked = [c for s in servers for c in _children(s)]
         if servers and (forked if moment == "children starting" else not forked):
             return family + forked

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import models as M  # tests/ is on sys.path under pytest (no tests/__init__.py)
+import numpy as np
 import pytest
 
 from batchinfer import demo
@@ -181,3 +182,38 @@ def test_without_the_toolkit_the_backend_says_how_to_get_it(
     assert "rknn-toolkit2, which is not installed" in capsys.readouterr().err
     assert r.get_sdk_version() is None
     assert r.inference(inputs=[]) is None
+
+
+class _FakeSimulator:
+    """Stands in for rknn-toolkit2's RKNN object once it runs: the arrays it was given."""
+
+    def inference(self, inputs: list, data_format: list) -> list:
+        return [np.full((1, 10), float(inputs[0].sum()), dtype=np.float64)]
+
+    def release(self) -> None:
+        pass
+
+
+def test_the_backend_reads_inputs_and_counts_frames_as_the_other_runtimes_do(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Its own init_runtime and call (a fake simulator here) under the base class's public
+    signatures: inputs read as RKNNLite reads them, frames counted by the base."""
+    monkeypatch.setattr(T, "check_settings", lambda model: None)
+    monkeypatch.setattr(T, "ensure_build", lambda model: model_dir)
+    monkeypatch.setattr(T, "_open_simulator", lambda model, entry, warm_up: _FakeSimulator())
+    r = T.RKNNLite()
+    assert r.load_rknn(str(model_dir / "digits-rk3566.rknn")) == 0
+    assert r.init_runtime(core_mask=T.RKNNLite.NPU_CORE_0) == 0 and r.core_mask == 1
+    image = np.ones((1, 28, 28, 1), dtype=np.uint8)
+    (out,) = r.inference(inputs=[image])
+    assert out.dtype == np.float32 and out[0, 0] == 784
+    out, frame = r.inference(inputs=image, get_frame_id=True)  # a lone array: listed
+    assert frame == 2 and "W inference: inputs should be a list, but got ndarray" in (
+        capsys.readouterr().err
+    )
+    assert r.inference(inputs=[image, image]) is None
+    assert "E inference: The model needs 1 inputs, but 2 inputs were given." in (
+        capsys.readouterr().err
+    )
+    assert r.inference(inputs=[image], get_frame_id=True)[1] == 3  # a refused call counts not

@@ -79,27 +79,22 @@ _NHWC_TO_NCHW = (0, 3, 1, 2)
 _NCHW_TO_NHWC = (0, 2, 3, 1)
 
 
+_U32 = ctypes.c_uint32
+
+
 class RKNNTensorAttr(ctypes.Structure):
     """``rknn_tensor_attr`` as the rknnlite wheel declares it."""
 
+    # The C struct's members in rknn_api.h's order, three to a line (one a line made 16
+    # lines of one shape).
     _fields_ = [
-        ("index", ctypes.c_uint32),
-        ("n_dims", ctypes.c_uint32),
-        ("dims", ctypes.c_uint32 * RKNN_MAX_DIMS),
-        ("name", ctypes.c_char * RKNN_MAX_NAME_LEN),
-        ("n_elems", ctypes.c_uint32),
-        ("size", ctypes.c_uint32),
-        ("fmt", ctypes.c_int),
-        ("type", ctypes.c_int),
-        ("qnt_type", ctypes.c_int),
-        ("fl", ctypes.c_int8),
-        ("zp", ctypes.c_int32),
-        ("scale", ctypes.c_float),
-        ("w_stride", ctypes.c_uint32),
-        ("stride_with_stride", ctypes.c_uint32),
-        ("pass_through", ctypes.c_uint8),
-        ("h_stride", ctypes.c_uint32),
-    ]
+        ("index", _U32), ("n_dims", _U32), ("dims", _U32 * RKNN_MAX_DIMS),
+        ("name", ctypes.c_char * RKNN_MAX_NAME_LEN), ("n_elems", _U32), ("size", _U32),
+        ("fmt", ctypes.c_int), ("type", ctypes.c_int), ("qnt_type", ctypes.c_int),
+        ("fl", ctypes.c_int8), ("zp", ctypes.c_int32), ("scale", ctypes.c_float),
+        ("w_stride", _U32), ("stride_with_stride", _U32), ("pass_through", ctypes.c_uint8),
+        ("h_stride", _U32),
+    ]  # fmt: skip
 
 
 class RKNNPerfRun(ctypes.Structure):
@@ -110,6 +105,12 @@ class RKNNPerfRun(ctypes.Structure):
 
 class InputRejected(Exception):
     """An input problem: inference() logs it and returns None."""
+
+
+# The wheel's warning for inputs that are not a list (they are listed and go on).
+_NOT_A_LIST = (
+    "Inputs should be placed in a list, like [img1, img2], both the img1 and img2 are ndarray."
+)
 
 
 #: The members of the real ``rknn_runtime`` that the emulator has (rknn_api.h, the wheel).
@@ -326,25 +327,14 @@ class EmulatedRuntime:
 
     # ---------------------------------------------------------------- inputs
     def feeds(
-        self,
-        inputs: Any,
-        data_type: Any = None,
-        data_format: Any = None,
-        inputs_pass_through: Any = None,
+        self, inputs: Any, data_type: Any, data_format: Any, pass_through: Any
     ) -> dict[str, np.ndarray]:
         """The ONNX feeds for RKNN-interface ``inputs``; InputRejected says what is wrong."""
-        if not isinstance(inputs, list):
-            self._log.w(
-                "Inputs should be placed in a list, like [img1, img2], both the img1 and img2 "
-                "are ndarray."
-            )
-            inputs = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
         n = len(self.inputs)
-        if len(inputs) != n:
-            raise InputRejected(f"The model needs {n} inputs, but {len(inputs)} inputs were given.")
-        types = per_input(data_type, n, "data_type")
-        formats = per_input(data_format, n, "data_format")
-        flags = _pass_through_flags(inputs_pass_through, n)
+        inputs, types, formats = per_input_list(
+            inputs, data_type, data_format, n, lambda _: self._log.w(_NOT_A_LIST)
+        )
+        flags = _pass_through_flags(pass_through, n)
         arrays = [
             self._interface_view(i, arr, types[i], formats[i], flags[i])
             for i, arr in enumerate(inputs)
@@ -443,6 +433,20 @@ class EmulatedRuntime:
             data = data.transpose(_NHWC_TO_NCHW)
         # A real NPU converts and quantises internally; ONNX Runtime needs the graph's type.
         return np.ascontiguousarray(data, dtype=spec.onnx_dtype)
+
+
+def per_input_list(
+    inputs: Any, data_type: Any, data_format: Any, n: int, not_a_list: Callable[[Any], None]
+) -> tuple[list, list, list]:
+    """(inputs, data types, data formats) for a model of ``n`` inputs, read as RKNNLite reads
+    them: inputs that are not a list are told to ``not_a_list`` (a warning) and listed (a
+    lone array as a list of one); InputRejected for a wrong count."""
+    if not isinstance(inputs, list):
+        not_a_list(inputs)
+        inputs = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
+    if len(inputs) != n:
+        raise InputRejected(f"The model needs {n} inputs, but {len(inputs)} inputs were given.")
+    return inputs, per_input(data_type, n, "data_type"), per_input(data_format, n, "data_format")
 
 
 def per_input(value: Any, n: int, what: str) -> list:

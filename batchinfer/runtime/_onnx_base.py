@@ -20,7 +20,9 @@ on both must not depend on either.
 
 Subclasses adjust the hooks: ``_announce`` (lines at construction), ``_before_init`` /
 ``_after_init`` / ``_apply_core_mask`` (chip rules, board lines), ``_execute`` (how a call
-spends time), ``_after_release`` and ``_versions`` (what get_sdk_version names).
+spends time), ``_after_release`` and ``_versions`` (what get_sdk_version names). A backend
+that does not run the ONNX (toolkit.py) replaces ``_init_runtime`` and ``_infer`` whole: the
+wheel's public signatures, their defaults, and the frame count stay here, once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -122,30 +125,32 @@ class OnnxRKNNBase:
         """0 when the model file was read, -1 when it (or ``key_path``) is missing."""
         if path is None:  # os.path.exists(None) raises in the real one too
             raise TypeError("load_rknn() path must be str, bytes or os.PathLike, not NoneType")
-        if not os.path.exists(path):
-            shown = "None" if path == "" else os.fspath(path)
-            self.rknn_log.e(f"Invalid RKNN model path: {shown}", False)
+        data = self._read(path, "RKNN model", "None" if path == "" else os.fspath(path))
+        if data is None:
             return -1
-        try:
-            self.rknn_data = Path(path).read_bytes()
-        except OSError:
-            self.rknn_log.e(f"Catch exception when loading RKNN model [{path}]!", False)
-            return -1
+        self.rknn_data = data
         # Like RKNNLite, nothing is parsed here: a bad model fails in init_runtime.
         self._model_path = Path(path)
         self._loaded(self._model_path)
         self.rknn_user_key = None
         if key_path is not None:
             # The real one has read the model already and keeps it: only the key is missing.
-            if not os.path.exists(key_path):
-                self.rknn_log.e(f"Invalid key envelope path: {key_path}", False)
-                return -1
-            try:
-                self.rknn_user_key = Path(key_path).read_bytes()
-            except OSError:
-                self.rknn_log.e(f"Catch exception when loading key envelope [{key_path}]!", False)
+            self.rknn_user_key = self._read(key_path, "key envelope", key_path)
+            if self.rknn_user_key is None:
                 return -1
         return 0
+
+    def _read(self, path: str, what: str, shown: object) -> bytes | None:
+        """The bytes of ``what`` at ``path``, or None after the wheel's E line for a file
+        missing (named as ``shown``) or unreadable."""
+        if not os.path.exists(path):
+            self.rknn_log.e(f"Invalid {what} path: {shown}", False)
+            return None
+        try:
+            return Path(path).read_bytes()
+        except OSError:
+            self.rknn_log.e(f"Catch exception when loading {what} [{path}]!", False)
+            return None
 
     def init_runtime(
         self,
@@ -155,6 +160,10 @@ class OnnxRKNNBase:
         core_mask: int = C.NPU_CORE_AUTO,
     ) -> int:
         """0 when the runtime is ready, -1 with E lines when it is not."""
+        return self._init_runtime(target, async_mode, core_mask)
+
+    def _init_runtime(self, target: str | None, async_mode: bool, core_mask: int) -> int:
+        """:meth:`init_runtime`'s work (``device_id`` selects nothing here)."""
         self.rknn_log.d(f"target set by user is: {target}")
         if self.rknn_data is None or self._model_path is None:
             self.rknn_log.e(
@@ -310,6 +319,19 @@ class OnnxRKNNBase:
         reuse_outputs: bool = False,
     ) -> list | None:
         """The outputs as float32 arrays in model order (+ frame id), or None; never raises."""
+        outputs = self._infer(inputs, data_type, data_format, inputs_pass_through, reuse_outputs)
+        if outputs is None:
+            return None
+        self._frame_id += 1
+        if get_frame_id:
+            outputs.append(self._frame_id)
+        return outputs
+
+    def _infer(
+        self, inputs: list, data_type: Any, data_format: Any, pass_through: Any, reuse: bool
+    ) -> list | None:
+        """One call's outputs for :meth:`inference` (which counts the frame), or None after
+        its E lines."""
         self._call_started = time.monotonic()  # input conversion is host-side work too
         runtime = self.rknn_runtime
         if runtime is None:
@@ -319,7 +341,7 @@ class OnnxRKNNBase:
             )
             return None
         try:
-            feeds = runtime.feeds(inputs, data_type, data_format, inputs_pass_through)
+            feeds = runtime.feeds(inputs, data_type, data_format, pass_through)
         except Exception:  # InputRejected, an UnbuiltRuntime's, or a TypeError
             # The wheel's two lines: this one, then the traceback (rknn_lite.py, inference).
             self.rknn_log.e("Catch exception when setting inputs.", False)
@@ -327,17 +349,11 @@ class OnnxRKNNBase:
             return None
         assert isinstance(runtime, EmulatedRuntime)  # an UnbuiltRuntime's feeds raised
         try:
-            outputs = self._execute(runtime, feeds, lambda raw: self._deliver(raw, reuse_outputs))
+            return self._execute(runtime, feeds, lambda raw: self._deliver(raw, reuse))
         except Exception as exc:  # never raise, like RKNNLite
             self.rknn_log.e("Catch exception when running RKNN model.", False)
             self.rknn_log.e(f"Exception: {exc}", False)
             return None
-        if outputs is None:
-            return None
-        self._frame_id += 1
-        if get_frame_id:
-            outputs.append(self._frame_id)
-        return outputs
 
     def _run_feeds(
         self, runtime: EmulatedRuntime, feeds: dict[str, np.ndarray]

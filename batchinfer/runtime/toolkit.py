@@ -48,7 +48,7 @@ import numpy as np
 
 from batchinfer.errors import ModelError
 from batchinfer.runtime import constants as C
-from batchinfer.runtime._emulated_runtime import InputRejected, per_input
+from batchinfer.runtime._emulated_runtime import InputRejected, per_input, per_input_list
 from batchinfer.runtime._onnx_base import OnnxRKNNBase, sdk_banner
 from batchinfer.runtime.model_info import ORT_DTYPES, concrete_dims, open_session
 from batchinfer.runtime.rknn_file import read_rknn_metadata
@@ -99,13 +99,7 @@ class RKNNLite(OnnxRKNNBase):
         self._model: ToolkitModel | None = None
         self._ranks: tuple[int, ...] = ()
 
-    def init_runtime(
-        self,
-        target: str | None = None,
-        device_id: str | None = None,
-        async_mode: bool = False,
-        core_mask: int = C.NPU_CORE_AUTO,
-    ) -> int:
+    def _init_runtime(self, target: str | None, async_mode: bool, core_mask: int) -> int:
         """0 when the simulator is ready (building the model first if needed), else -1."""
         if self._model_path is None:
             self._log(
@@ -153,16 +147,10 @@ class RKNNLite(OnnxRKNNBase):
                 f"{model.platform}.",
             )
 
-    def inference(
-        self,
-        inputs: list,
-        data_type: str | list | None = None,
-        data_format: str | list | None = None,
-        inputs_pass_through: list | None = None,
-        get_frame_id: bool = False,
-        reuse_outputs: bool = False,
+    def _infer(
+        self, inputs: list, data_type: Any, data_format: Any, pass_through: Any, reuse: bool
     ) -> list | None:
-        """The outputs as float32 arrays in model order (+ frame id), or None; never raises."""
+        """The simulator's outputs as float32 arrays in model order, or None after an E line."""
         if self._rknn is None:
             self._log(
                 "E",
@@ -171,25 +159,19 @@ class RKNNLite(OnnxRKNNBase):
             )
             return None
         try:
-            arrays, formats = self._check_inputs(
-                inputs, data_type, data_format, inputs_pass_through
-            )
+            arrays, formats = self._check_inputs(inputs, data_type, data_format, pass_through)
             with TOOLKIT_LOCK, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 raw = self._rknn.inference(inputs=arrays, data_format=formats)
             if raw is None:
                 raise InputRejected("rknn-toolkit2's simulator returned None.")
-            outputs = self._deliver(list(raw), reuse_outputs)
+            return self._deliver(list(raw), reuse)
         except InputRejected as exc:
             self._log("E", f"inference: {exc}")
             return None
         except Exception as exc:  # never raise, like RKNNLite
             self._log("E", f"inference: rknn-toolkit2's simulator failed: {last_line(str(exc))}")
             return None
-        self._frame_id += 1
-        if get_frame_id:
-            outputs.append(self._frame_id)
-        return outputs
 
     def _check_inputs(
         self, inputs: Any, data_type: Any, data_format: Any, pass_through: Any
@@ -199,14 +181,8 @@ class RKNNLite(OnnxRKNNBase):
         The simulator is more lenient than a board (it adds a missing batch axis, ignores
         surplus inputs): these checks keep the board's answers.
         """
-        if not isinstance(inputs, list):
-            self._log("W", f"inference: inputs should be a list, but got {type(inputs).__name__}")
-            inputs = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
         n = len(self._ranks)
-        if len(inputs) != n:
-            raise InputRejected(f"The model needs {n} inputs, but {len(inputs)} inputs were given.")
-        types = per_input(data_type, n, "data_type")
-        formats = per_input(data_format, n, "data_format")
+        inputs, types, formats = per_input_list(inputs, data_type, data_format, n, self._not_a_list)
         flags = per_input(pass_through, n, "inputs_pass_through")
         out_formats: list[str | None] = []
         for i, (arr, rank) in enumerate(zip(inputs, self._ranks, strict=True)):
@@ -240,6 +216,9 @@ class RKNNLite(OnnxRKNNBase):
                 )
             out_formats.append(formats[i] or "nhwc")
         return list(inputs), out_formats
+
+    def _not_a_list(self, inputs: Any) -> None:
+        self._log("W", f"inference: inputs should be a list, but got {type(inputs).__name__}")
 
     def _after_release(self) -> None:
         rknn, self._rknn = self._rknn, None

@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 
 import psutil
 
-from batchinfer.engine.plumbing.fork_server import die_with_parent
+from batchinfer.engine.plumbing.fork_server_loop import die_with_parent
 from batchinfer.engine.protocol import Failed, encode
 
 # Ctrl-C and a closed terminal reach the whole process group; the coordinator decides.
