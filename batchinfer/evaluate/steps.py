@@ -252,7 +252,8 @@ def side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
 def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Where the report finds a few items' pictures: id -> ``{"path": file}``, for a tar
     shard's member ``{"path": shard, "member": {"offset", "size", "name"}}``, for a video's
-    frame ``{"path": video, "frame": index}`` (evaluate/thumbnails.py reads each). A list's
+    frame ``{"path": video, "frame": index, "size": the video's bytes as the run read it}``
+    (evaluate/thumbnails.py reads each). A list's
     ids need not be paths
     (``Dataset.paths_of``); a shard set's members are found by listing its shards (headers
     only, once per report)."""
@@ -271,9 +272,10 @@ def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any
     places: dict[str, dict[str, Any]] = {
         ident: {"path": path} for ident, path in dataset.paths_of(ids).items()
     }
-    if isinstance(dataset, VideoDataset):
+    if isinstance(dataset, VideoDataset):  # its size then: the picture is of that file
+        sizes = {v.item.path: v.info.size for v in dataset.videos if v.info is not None}
         for ident, place in places.items():
             video_frame = split_frame_id(ident)  # paths_of gives only frame ids here
             if video_frame is not None:
-                place["frame"] = video_frame[1]
+                place.update(frame=video_frame[1], size=sizes.get(place["path"]))
     return places

@@ -90,10 +90,10 @@ class ThumbnailSpec:
 
 def picture_source(item: Mapping[str, Any]) -> Source:
     """Where an item's picture is read from, given its place (``{"path"}``, ``{"path",
-    "member": {"offset", "size", "name"}}`` or ``{"path", "frame"}``:
+    "member": {"offset", "size", "name"}}`` or ``{"path", "frame", "size"}``:
     evaluate.evaluation.item_places)."""
     if item.get("frame") is not None:
-        return FrameSource(item["path"], int(item["frame"]))
+        return FrameSource(item["path"], int(item["frame"]), item.get("size"))
     member = item.get("member")
     if member is None:
         return item["path"]

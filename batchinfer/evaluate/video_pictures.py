@@ -6,6 +6,7 @@ keyframes) and decodes the one frame from the keyframe at or before it
 (data/video/decode.py :func:`~batchinfer.data.video.decode.decode_frame`, the readers'
 decode). The probe refuses a frame larger than ``max_pixels`` as readers do; a video file
 is never read whole, so the item byte bound does not apply to it (as to a mapped ``.npy``).
+A video whose size is not what the run read gets no picture (it would show another file).
 
 The probe reads every packet of the file (about 15 ms for the demo's 300-frame clip,
 ~0.05 ms a frame: seconds for a two-hour file), so the child keeps the probes of the last
@@ -33,16 +34,20 @@ _probes: OrderedDict[tuple[str, int, int, int | None], VideoInfo] = OrderedDict(
 
 @dataclass(frozen=True)
 class FrameSource:
-    """Where a video frame's picture is read from: the video file and the frame's index."""
+    """Where a video frame's picture is read from: the video file and the frame's index;
+    ``size``: the file's bytes when the run read it (None: not known)."""
 
     path: str
     frame: int
+    size: int | None = None
 
 
 def open_frame(source: FrameSource, st: os.stat_result, max_pixels: int | None) -> tuple[Any, Any]:
     """(the frame as an RGB PIL image, None) or (None, why not), ``st`` the file's stat."""
     from PIL import Image
 
+    if source.size is not None and st.st_size != source.size:  # readers refuse it too
+        return None, f"the video changed since the run ({source.size:,} bytes, now {st.st_size:,})"
     try:
         info = _probe(source.path, st, max_pixels)
     except InputError as exc:
