@@ -163,3 +163,25 @@ def test_frames_past_the_damage_of_a_cut_video_say_why_they_have_no_picture(tmp_
         r"frame 80 does not decode: the file ends early, after \d+ of the 90 frames it lists",
         made[sources[1]].note or "",
     )
+
+
+def test_the_frames_of_one_video_share_one_probe_until_the_file_changes(tmp_path, monkeypatch):
+    from batchinfer.evaluate import video_pictures
+    from batchinfer.evaluate.thumbnails import picture
+
+    clip = write_demo_clip(tmp_path / "clip", frames=FRAMES)
+    probes: list[str] = []
+
+    def counted(path, *args):
+        probes.append(path)
+        return probe(path, *args)
+
+    monkeypatch.setattr(video_pictures, "probe", counted)
+    monkeypatch.setattr(video_pictures, "_probes", type(video_pictures._probes)())
+    for frame in (0, 13, 29):
+        assert picture(FrameSource(str(clip.video), frame), 32, None)[0] is not None
+    assert len(probes) == 1
+    with open(clip.video, "ab") as f:  # another file now: probed again
+        f.write(b"\0")
+    picture(FrameSource(str(clip.video), 0), 32, None)
+    assert len(probes) == 2

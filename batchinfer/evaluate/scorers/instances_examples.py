@@ -31,10 +31,10 @@ from batchinfer.evaluate.scorers.coco import disagreement
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs
 from batchinfer.evaluate.steps import item_places
 
-#: What brought an image into the report, as the report says it.
 #: The longest side of one panel of the report's images, in CSS pixels.
 PANEL_SIDE = 240
 
+#: What brought an image into the report, as the report says it.
 WHY = {
     "reference": "device and reference disagree",
     "ground truth": "the shown boxes differ from the ground truth",
