@@ -119,7 +119,7 @@ def test_the_report_draws_the_ground_truth_beside_each_sides_boxes(tmp_path):
     device = detections([found(150) for _ in IDS])
     inputs = DetectInputs(device, ground_truth(), [1, 2], detections([found(150) for _ in IDS]))
     worst = detection_examples(inputs, dataset(tmp_path), 2, 0.25)
-    page = _gallery({"worst": worst, "display_conf": 0.25, "reference": {"model": "r"}})
+    page = _gallery({"worst": worst, "display_conf": 0.25, "reference": {"model": "r"}}, {})
     assert page.count("<div class=shot>") == 2
     assert page.count("src='data:image/jpeg;base64,") == 6  # truth, device, reference
     assert "ground truth: 1 box</figcaption>" in page

@@ -158,3 +158,11 @@ def test_an_evaluation_opens_a_video_with_the_device_side_sampling(demo_kit, cli
     )
     dataset = open_job_dataset(load_job(job))
     assert [i.id for i in dataset] == [f"digits.mp4#{f}" for f in range(0, FRAMES, 7)]
+
+
+def test_paths_of_finds_every_frame_asked_of_one_video(clip):
+    """VideoDataset.paths_of kept one frame id per video: the report found the video file
+    of one of the gallery's frames only."""
+    dataset = sampled(clip)
+    ids = ["digits.mp4#0", "digits.mp4#3", "digits.mp4#27", "other.mp4#0"]
+    assert dataset.paths_of(ids) == {i: str(clip.video) for i in ids[:3]}

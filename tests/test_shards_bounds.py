@@ -159,7 +159,7 @@ def test_the_report_pictures_refuse_a_member_over_the_bound_unread(
     shard = _sparse_bomb(tmp_path / "bomb.tar")
     (item,) = open_dataset(shard)
     source = (item.path, item.member.offset, item.member.size, item.member.name)
-    uri, note = picture(source, 32, DEFAULT_MAX_PIXELS, item_bytes_for(DEFAULT_MAX_PIXELS))
+    uri, note, _ = picture(source, 32, DEFAULT_MAX_PIXELS, item_bytes_for(DEFAULT_MAX_PIXELS))
     assert uri is None and note is not None
     assert "3,221,225,472 bytes, more than the 268,435,456" in note
     assert max(no_big_reads, default=0) <= 2**20
@@ -327,7 +327,7 @@ def test_the_report_pictures_bound_image_files_but_not_mapped_npy_files(tmp_path
     np.save(array, np.full((16, 16), 7, np.uint8))
     for path in (image, array):
         limit = path.stat().st_size - 1
-        uri, note = picture(str(path), 16, DEFAULT_MAX_PIXELS, limit)
+        uri, note, _ = picture(str(path), 16, DEFAULT_MAX_PIXELS, limit)
         if path == image:
             assert uri is None and f"more than the {limit:,}" in (note or "")
         else:  # read as readers read it: mapped, so its size bounds nothing

@@ -174,6 +174,7 @@ def _write_report(
         startup_timeout_s=rel.startup_timeout_s,
         max_pixels=max_pixels if isinstance(max_pixels, int) else None,
         max_item_bytes=None if max_item_bytes == "none" else max_item_bytes,
+        size=scorer.picture_side,
     )
     page = html_report(record, job_history(history, job.name), pictures, scorer)
     return write_report(job, record_dir, page)

@@ -78,6 +78,8 @@ class Scorer(Protocol):
     task: str
     #: Where a gate's ``alpha`` applies, as the refusal of a misplaced one says it.
     significance_test: str
+    #: The longest side of the pictures its ``shown_items`` get, in pixels.
+    picture_side: int
 
     # ------------------------------------------------------------------ the job
     def check_job(self) -> None: ...

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from batchinfer.data.dataset import Dataset
 from batchinfer.data.shards import ShardSet
 from batchinfer.data.sources import open_source
+from batchinfer.data.video.dataset import VideoDataset
+from batchinfer.data.video.ids import split_frame_id
 from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.errors import (
     BatchinferError,
@@ -248,9 +250,11 @@ def side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- pictures
 def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Where the report finds a few items' pictures: id -> ``{"path": file}``, or for a
-    tar shard's member ``{"path": shard, "member": {"offset", "size", "name"}}``
-    (evaluate/thumbnails.py reads either). A list's ids need not be paths
+    """Where the report finds a few items' pictures: id -> ``{"path": file}``, for a tar
+    shard's member ``{"path": shard, "member": {"offset", "size", "name"}}``, for a video's
+    frame ``{"path": video, "frame": index, "size": the video's bytes as the run read it}``
+    (evaluate/thumbnails.py reads each). A list's
+    ids need not be paths
     (``Dataset.paths_of``); a shard set's members are found by listing its shards (headers
     only, once per report)."""
     if not ids:
@@ -265,4 +269,13 @@ def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any
                 if len(found) == len(wanted):
                     break
         return found
-    return {ident: {"path": path} for ident, path in dataset.paths_of(ids).items()}
+    places: dict[str, dict[str, Any]] = {
+        ident: {"path": path} for ident, path in dataset.paths_of(ids).items()
+    }
+    if isinstance(dataset, VideoDataset):  # its size then: the picture is of that file
+        sizes = {v.item.path: v.info.size for v in dataset.videos if v.info is not None}
+        for ident, place in places.items():
+            video_frame = split_frame_id(ident)  # paths_of gives only frame ids here
+            if video_frame is not None:
+                place.update(frame=video_frame[1], size=sizes.get(place["path"]))
+    return places

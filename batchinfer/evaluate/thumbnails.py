@@ -23,10 +23,14 @@ not make the child read gigabytes.
 An item is a file (its path) or a member of a tar shard (a :data:`Source` tuple: the
 shard's path, the member's offset and size in bytes, its name): the member's bytes are read
 with one ``pread`` and decoded from memory, as the engine's readers do (data/shards.py).
+A video frame is a :class:`~batchinfer.evaluate.video_pictures.FrameSource` (the video's
+path and the frame's index), decoded by the data layer's video decode
+(evaluate/video_pictures.py says how, and what it costs).
 
 Protocol: coordinator -> child ``("make", [source, ...])``, ``Stop()`` (the pool's, from
 engine/protocol.py); child -> coordinator ``("ready",)`` once imported, then
-``("made", uri or None, note or None)`` for each source, in order.
+``("made", uri or None, note or None, scale or None)`` for each source, in order (``scale``:
+the picture's pixels per pixel of the item, for drawing boxes on it).
 """
 
 from __future__ import annotations
@@ -48,24 +52,30 @@ from batchinfer.data.input_spec import item_bytes_for
 from batchinfer.engine.plumbing.child import send_or_exit, setup_child
 from batchinfer.engine.plumbing.children import ChildPool, Exited, Message
 from batchinfer.engine.protocol import Stop, decode
+from batchinfer.evaluate.video_pictures import FrameSource, open_frame
 
 #: Items allowed to hang before the remaining ones are skipped.
 MAX_HUNG = 2
 #: Items pictured of each of the lost and the gained since the baseline.
 FLIPPED_PICTURED = 24
 
-#: Where an item's picture is read from: its file, or (shard, offset, size, member name).
-Source = str | tuple[str, int, int, str]
+#: Where an item's picture is read from: its file, (shard, offset, size, member name), or
+#: a video's frame.
+Source = str | tuple[str, int, int, str] | FrameSource
+#: The longest side of the report's item pictures (a scorer may ask for others: Scorer).
+THUMBNAIL_SIDE = 96
 _SLICE_S = 0.25  # longest wait between two looks at the clock (and at a pending Ctrl-C)
 _REAP_S = 1.0
 
 
 @dataclass(frozen=True)
 class Thumbnail:
-    """An item's picture as a ``data:`` URI, or None and why not."""
+    """An item's picture as a ``data:`` URI, or None and why not; ``scale``: the picture's
+    pixels per pixel of the item."""
 
     uri: str | None
     note: str | None = None
+    scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -79,8 +89,11 @@ class ThumbnailSpec:
 
 
 def picture_source(item: Mapping[str, Any]) -> Source:
-    """Where an item's picture is read from, given its place (``{"path"}`` or ``{"path",
-    "member": {"offset", "size", "name"}}``: evaluate.evaluation.item_places)."""
+    """Where an item's picture is read from, given its place (``{"path"}``, ``{"path",
+    "member": {"offset", "size", "name"}}`` or ``{"path", "frame", "size"}``:
+    evaluate.evaluation.item_places)."""
+    if item.get("frame") is not None:
+        return FrameSource(item["path"], int(item["frame"]), item.get("size"))
     member = item.get("member")
     if member is None:
         return item["path"]
@@ -108,13 +121,14 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
 
 def picture(
     source: Source, size: int, max_pixels: int | None, max_item_bytes: int | None = None
-) -> tuple[str | None, str | None]:
-    """(PNG data: URI of at most ``size`` pixels a side, None) or (None, why not)."""
+) -> tuple[str | None, str | None, float | None]:
+    """(PNG data: URI of at most ``size`` pixels a side, None, its scale) or (None, why not,
+    None)."""
     from PIL import Image
 
     image, note = open_item(source, max_pixels, max_item_bytes)
     if image is None:
-        return None, note
+        return None, note, None
     scale = size / max(image.size)
     resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
     image = image.resize(
@@ -122,7 +136,7 @@ def picture(
     )
     buf = io.BytesIO()
     image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None, scale
 
 
 def open_item(
@@ -136,11 +150,16 @@ def open_item(
     the report's pictures and by ``export draw``."""
     from PIL import Image, ImageOps
 
-    path, name = (source, source) if isinstance(source, str) else (source[0], source[3])
+    if isinstance(source, FrameSource):
+        path, name = source.path, source.path
+    else:
+        path, name = (source, source) if isinstance(source, str) else (source[0], source[3])
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             return None, "not a regular file"
+        if isinstance(source, FrameSource):  # seeked and decoded, never read whole
+            return open_frame(source, st, max_pixels)
         nbytes = st.st_size if isinstance(source, str) else source[2]
         # As readers: a .npy file is mapped, never read whole; a member always is.
         mapped = isinstance(source, str) and name.lower().endswith(".npy")
@@ -210,7 +229,7 @@ def make_thumbnails(
     startup_timeout_s: float,
     max_pixels: int | None,
     max_item_bytes: int | str | None = "auto",
-    size: int = 96,
+    size: int = THUMBNAIL_SIDE,
     clock: Callable[[], float] = time.monotonic,
     maker: Callable[[ThumbnailSpec, Connection, Connection], None] | None = None,
 ) -> dict[Source, Thumbnail]:
@@ -264,8 +283,8 @@ def _run_child(
                 if isinstance(event, Message) and event.body[0] == "ready":
                     deadline, ready = clock() + decode_timeout_s, True
                 elif isinstance(event, Message):
-                    _, uri, note = event.body
-                    out[todo.pop(0)] = Thumbnail(uri, note)
+                    _, uri, note, scale = event.body
+                    out[todo.pop(0)] = Thumbnail(uri, note, scale)
                     deadline = clock() + decode_timeout_s
                 elif isinstance(event, Exited) and todo and ready:
                     out[todo.pop(0)] = Thumbnail(None, "the picture maker died reading it")

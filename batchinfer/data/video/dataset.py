@@ -191,8 +191,14 @@ class VideoDataset(Dataset):
         return self.settings.to_json()
 
     def paths_of(self, ids: Collection[str]) -> dict[str, str]:
-        wanted = {i.rpartition("#")[0]: i for i in ids}
-        return {wanted[v.item.id]: v.item.path for v in self.videos if v.item.id in wanted}
+        """Each frame id's video file (any number of frames of one video)."""
+        videos = {v.item.id: v.item.path for v in self.videos}
+        found = {}
+        for ident in ids:
+            video, _, _ = ident.rpartition("#")
+            if video in videos:
+                found[ident] = videos[video]
+        return found
 
     def item_paths(self) -> Iterator[str]:
         for video in self.videos:

@@ -15,14 +15,14 @@ caller's choice).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from batchinfer.data.video.plan import FrameRange
+from batchinfer.data.video.plan import FrameRange, keyframe_before
 from batchinfer.data.video.probe import VideoInfo
 
 
@@ -65,7 +65,7 @@ def frame_index(info: VideoInfo, pts: int | None, previous: int) -> int:
 
 def decode_range(
     info: VideoInfo, rng: FrameRange, threads: int = 1
-) -> Iterator[DecodedFrame | DecodeFailure]:
+) -> Generator[DecodedFrame | DecodeFailure, None, None]:
     """Yield the wanted frames of ``rng`` in order, then at most one DecodeFailure.
 
     ``threads``: FFmpeg's decoding threads (1: a reader is one of several processes, each
@@ -115,6 +115,22 @@ def decode_range(
         # Every listed frame decoded, but the file should have held more: the error row is
         # the first frame that is not there.
         yield DecodeFailure(info.path, info.damaged_at, reason, np.array([info.damaged_at]))
+
+
+def decode_frame(info: VideoInfo, frame: int) -> DecodedFrame | DecodeFailure:
+    """Frame ``frame`` alone (the eval report's picture of it): :func:`decode_range` over
+    that one frame, from the keyframe at or before it, or the DecodeFailure saying why not."""
+    if not 0 <= frame < info.frames:
+        there = f"the video holds {info.frames} frames"
+        reason = _short_file(info) if info.damaged_at is not None else there
+        return DecodeFailure(info.path, frame, reason, np.array([frame]))
+    seek = keyframe_before(info, frame)
+    one = np.array([frame], dtype=np.int64)
+    decoded = decode_range(info, FrameRange(seek, frame + 1, one, seek, frame + 1))
+    try:
+        return next(decoded)  # the frame, or the failure (decode_range yields one or other)
+    finally:
+        decoded.close()  # the container is closed now, not when the generator is collected
 
 
 def _short_file(info: VideoInfo) -> str:

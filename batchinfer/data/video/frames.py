@@ -27,7 +27,7 @@ import numpy as np
 
 from batchinfer.data.video.dataset import VideoFrame, VideoSettings
 from batchinfer.data.video.decode import DecodedFrame, DecodeFailure, decode_range
-from batchinfer.data.video.plan import FrameRange, wanted_frames
+from batchinfer.data.video.plan import FrameRange, keyframe_before, wanted_frames
 from batchinfer.data.video.probe import VideoInfo, probe
 from batchinfer.errors import InputError
 
@@ -43,14 +43,11 @@ class _Cursor:
     def __init__(self, info: VideoInfo, member: VideoFrame, wanted: np.ndarray) -> None:
         mine = wanted[(wanted >= member.frame) & (wanted >= member.start) & (wanted < member.stop)]
         if len(mine):
-            first = int(mine[0])
-            keys = info.keyframes
-            seek = int(keys[np.searchsorted(keys, first, side="right") - 1])
             rng = FrameRange(
                 member.start,
                 member.stop,
                 mine,
-                seek,
+                keyframe_before(info, int(mine[0])),
                 int(mine[-1]) + 1,
                 member.settings.sampling.keyframes,
             )

@@ -134,10 +134,15 @@ def plan_ranges(info: VideoInfo, parts: int, sampling: Sampling | None = None) -
             if stop == info.frames and info.damaged_at is not None:
                 ranges.append(FrameRange(start, stop, mine, start, start, sampling.keyframes))
             continue
-        first = int(mine[0])
-        seek = int(info.keyframes[np.searchsorted(info.keyframes, first, side="right") - 1])
+        seek = keyframe_before(info, int(mine[0]))
         ranges.append(FrameRange(start, stop, mine, seek, int(mine[-1]) + 1, sampling.keyframes))
     return ranges
+
+
+def keyframe_before(info: VideoInfo, frame: int) -> int:
+    """The last keyframe at or before ``frame``: where decoding it starts."""
+    keys = info.keyframes
+    return int(keys[np.searchsorted(keys, frame, side="right") - 1])
 
 
 def _boundaries(info: VideoInfo, parts: int, keyframes_only: bool) -> list[int]:

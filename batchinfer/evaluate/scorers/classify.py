@@ -41,7 +41,7 @@ from batchinfer.evaluate.summary import (
     no_baseline,
     pct,
 )
-from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, Source, Thumbnail
+from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, THUMBNAIL_SIDE, Source, Thumbnail
 from batchinfer.sink.rows import MemorySink
 
 log = logging.getLogger("batchinfer")
@@ -189,6 +189,7 @@ class ClassifyScorer:
     """The classification side of an evaluation (evaluate/scoring.py's protocol)."""
 
     task = "classify"
+    picture_side = THUMBNAIL_SIDE
     significance_test = "gates.top1 with max_drop (McNemar's test is on per-item top-1 correctness)"
 
     def __init__(self, job: Job) -> None:

@@ -38,10 +38,10 @@ from batchinfer.evaluate.jobspec import Job
 from batchinfer.evaluate.metrics import Metric, worst_cores
 from batchinfer.evaluate.runs import SidePlan, SideRun
 from batchinfer.evaluate.scorers import instances_summary
-from batchinfer.evaluate.scorers.instances_examples import detection_examples
+from batchinfer.evaluate.scorers.instances_examples import PANEL_SIDE, detection_examples
 from batchinfer.evaluate.scorers.instances_items import DetectionItems
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs, detection_metrics
-from batchinfer.evaluate.thumbnails import Source, Thumbnail
+from batchinfer.evaluate.thumbnails import Source, Thumbnail, picture_source
 from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.sink.rows import MemorySink
 
@@ -178,6 +178,7 @@ class InstancesScorer:
     """The detection side of an evaluation (evaluate/scoring.py's protocol)."""
 
     task = "detect"
+    picture_side = PANEL_SIDE
     #: What its metrics see (a scorer of a part beside the boxes extends it).
     inputs_type: ClassVar[type[DetectInputs]] = DetectInputs
     significance_test = (
@@ -370,11 +371,12 @@ class InstancesScorer:
     ) -> list[tuple[str, str, str]]:
         from batchinfer.evaluate.scorers.instances_report import sections  # matplotlib
 
-        return sections(dict(record))
+        return sections(dict(record), pictures)
 
     @staticmethod
     def shown_items(record: Mapping[str, Any]) -> list[Source]:
-        return []  # its gallery draws the boxes on the images itself (instances_report.py)
+        # Video frames only: the gallery opens image files itself (instances_report.py).
+        return [picture_source(i) for i in record["worst"] if i.get("frame") is not None]
 
 
 __all__ = ["InstancesScorer", "class_names", "instances_table", "read_ground_truth"]

@@ -12,6 +12,10 @@ result), chosen in this order:
 Boxes are kept and drawn from ``display_conf`` (``metrics.display_conf``, 0.25) up: a job
 scores mAP at ``detect.conf`` 0.001, which keeps every low-score box, and they would hide
 the image. The ground truth's boxes come beside them, named by category.
+
+Each image's entry holds where it is (evaluate/steps.py ``item_places``): its file, and for
+a video's frame the frame's index too, whose picture the report's picture child decodes
+(:data:`PANEL_SIDE` on its long side) while the report opens image files itself.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from batchinfer.data.dataset import Dataset
 from batchinfer.evaluate.groundtruth import GroundTruth
 from batchinfer.evaluate.scorers.coco import disagreement
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs
+from batchinfer.evaluate.steps import item_places
+
+#: The longest side of one panel of the report's images, in CSS pixels.
+PANEL_SIDE = 240
 
 #: What brought an image into the report, as the report says it.
 WHY = {
@@ -99,7 +107,7 @@ def detection_examples(
             break
         chosen.setdefault(i, "example")
 
-    paths = dataset.paths_of([ids[i] for i in chosen])
+    places = item_places(dataset, [ids[i] for i in chosen])
     out = []
     for i, why in chosen.items():
         t = truth.get(ids[i])
@@ -111,7 +119,8 @@ def detection_examples(
             {
                 "index": int(d.index[i]),
                 "id": ids[i],
-                "path": paths.get(ids[i], str(dataset.root / ids[i])),
+                # its file, and a video frame's index (the report's picture of it)
+                **places.get(ids[i], {"path": str(dataset.root / ids[i])}),
                 "why": why,
                 "disagreement": None if r is None else _finite(inputs.disagreement[i]),
                 "truth_disagreement": against_truth.get(i),
@@ -145,4 +154,4 @@ def _finite(value: float) -> float | None:
     return float(value) if np.isfinite(value) else None
 
 
-__all__ = ["WHY", "detection_examples"]
+__all__ = ["PANEL_SIDE", "WHY", "detection_examples"]

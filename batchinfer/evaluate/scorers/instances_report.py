@@ -11,13 +11,18 @@ ids: ``detect-ap``, ``detect-pr``, ``detect-pr-overall``; the images are ``data:
 
 from __future__ import annotations
 
+import base64
+import io
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from batchinfer.evaluate.gates import fmt
 from batchinfer.evaluate.plots import svg
 from batchinfer.evaluate.report import emulated_note, esc, no_baseline_html
-from batchinfer.evaluate.scorers.instances_examples import WHY
+from batchinfer.evaluate.scorers.instances_examples import PANEL_SIDE, WHY
 from batchinfer.evaluate.scorers.instances_plots import (
     DEVICE_COLOR,
     GROUND_TRUTH_COLOR,
@@ -28,6 +33,7 @@ from batchinfer.evaluate.scorers.instances_plots import (
     pr_figure,
 )
 from batchinfer.evaluate.scorers.instances_summary import bootstrap_line, pct
+from batchinfer.evaluate.thumbnails import Source, Thumbnail, picture_source
 from batchinfer.sink.stats import place_name
 
 GALLERY_CSS = """
@@ -111,10 +117,6 @@ def _cores_table(record: dict[str, Any]) -> str:
     return f"{emulated_note(record)}{note}<table id=core-table>{head}{''.join(rows)}</table>"
 
 
-#: The longest side of one panel of the report's images, in CSS pixels.
-PANEL_SIDE = 240
-
-
 def _count(n: int) -> str:
     return "1 box" if n == 1 else f"{n} boxes"
 
@@ -126,9 +128,22 @@ def _panel(picture: Any, title: str, rows: list[dict[str, Any]], color: tuple) -
     return f"<figure>{img}<figcaption>{key}{esc(title)}</figcaption></figure>"
 
 
-def _shot(item: dict[str, Any], conf: float) -> str:
+def _picture(item: dict[str, Any], pictures: Mapping[Source, Thumbnail]) -> tuple[Any, str]:
+    """An item's picture to draw on (:func:`open_picture`'s pair), or None and why not. A
+    video frame's was decoded by the picture child (evaluate/thumbnails.py, under the decode
+    timeout; the instances scorer's ``shown_items``); an image file is opened here."""
+    if item.get("frame") is None:
+        return open_picture(Path(item["path"]), PANEL_SIDE), "the image cannot be read now"
+    made = pictures.get(picture_source(item))
+    if made is None or made.uri is None or made.scale is None:
+        return None, (made.note if made is not None else None) or "it was not made"
+    with Image.open(io.BytesIO(base64.b64decode(made.uri.partition(",")[2]))) as png:
+        return (png.convert("RGB"), made.scale), ""
+
+
+def _shot(item: dict[str, Any], conf: float, pictures: Mapping[Source, Thumbnail]) -> str:
     """One image: the ground truth, the device's and the reference's boxes side by side."""
-    picture = open_picture(Path(item["path"]), PANEL_SIDE)
+    picture, why_not = _picture(item, pictures)
     panels = []
     truth = item.get("truth_boxes")
     if truth is not None:
@@ -143,7 +158,7 @@ def _shot(item: dict[str, Any], conf: float) -> str:
             panels.append(_panel(picture, title, rows, color))
     facts = [f"<code>{esc(item['id'])}</code>", esc(WHY.get(item.get("why", ""), "an example"))]
     if picture is None:
-        facts.append("<span class=muted>no picture: the image cannot be read now</span>")
+        facts.append(f"<span class=muted>no picture: {esc(why_not)}</span>")
     if truth is None:
         facts.append("no ground truth")
     elif item.get("truth_disagreement") is not None:
@@ -155,9 +170,9 @@ def _shot(item: dict[str, Any], conf: float) -> str:
     return f"<div class=shot><div class=panels>{''.join(panels)}</div>{' · '.join(facts)}</div>"
 
 
-def _gallery(record: dict[str, Any]) -> str:
+def _gallery(record: dict[str, Any], pictures: Mapping[Source, Thumbnail]) -> str:
     conf = record.get("display_conf", 0.25)
-    shots = [_shot(item, conf) for item in record["worst"]]
+    shots = [_shot(item, conf, pictures) for item in record["worst"]]
     if not shots:
         return "<p class=muted>No image has a result to show.</p>"
     reference = (
@@ -226,13 +241,15 @@ def _matching(record: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- the sections
-def sections(record: dict[str, Any]) -> list[tuple[str, str, str]]:
+def sections(
+    record: dict[str, Any], pictures: Mapping[Source, Thumbnail]
+) -> list[tuple[str, str, str]]:
     """The detection sections, between the trend and the metric table."""
     return [
         ("classes", "AP per class", _classes_table(record)),
         ("pr", "Precision-recall", _pr_section(record)),
         ("cores", "Per core", _cores_table(record)),
-        ("gallery", "Images: the ground truth beside the predictions", _gallery(record)),
+        ("gallery", "Images: the ground truth beside the predictions", _gallery(record, pictures)),
         ("compare", "Compared with the reference and the baseline", _comparisons(record)),
         ("matching", "Ground truth", _matching(record)),
     ]
