@@ -10,6 +10,8 @@ The library is the product; the ``batchinfer`` command is a thin shell over it::
 
 from __future__ import annotations
 
+from batchinfer.lazy_exports import attribute
+
 __version__ = "0.1.0"
 
 _ENGINE = (
@@ -25,16 +27,12 @@ _ENGINE = (
 )
 _API = ("InferStream", "infer", "infer_iter")
 __all__ = [*_ENGINE, *_API, "__version__"]
+_WHERE = {
+    **dict.fromkeys(_ENGINE, "batchinfer.engine"),
+    **dict.fromkeys(_API, "batchinfer.api"),
+}
 
 
 def __getattr__(name: str):
     # Imported on first use, so `import batchinfer` stays cheap for reader/worker processes.
-    if name in _ENGINE:
-        from batchinfer import engine
-
-        return getattr(engine, name)
-    if name in _API:
-        from batchinfer import api
-
-        return getattr(api, name)
-    raise AttributeError(name)
+    return attribute(_WHERE, name)

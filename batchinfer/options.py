@@ -27,9 +27,10 @@ A field's metadata says how a front end shows it:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from batchinfer.bounds import (
     DAY_S,
@@ -115,22 +116,26 @@ def _bytes(text: str) -> int | str:
     return int(value)
 
 
-def _ms_or_estimate(text: str) -> float | str:
-    if text.strip().lower() == "estimate":
-        return "estimate"
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not milliseconds (or 'estimate')") from None
+N = TypeVar("N", int, float)
 
 
-def _instances(text: str) -> int | str:
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of instances (or 'auto')") from None
+def _number_or(word: str, number: Callable[[str], N], what: str) -> Callable[[str], N | str]:
+    """The parser of a setting that is a number (``number(text)``, ``what`` in its error)
+    or the ``word`` (any case): the word as it is spelt here."""
+
+    def parse(text: str) -> N | str:
+        if text.strip().lower() == word:
+            return word
+        try:
+            return number(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not {what} (or {word!r})") from None
+
+    return parse
+
+
+_ms_or_estimate = _number_or("estimate", float, "milliseconds")
+_instances = _number_or("auto", int, "a number of instances")
 
 
 # ------------------------------------------------------------------------ shared ranges

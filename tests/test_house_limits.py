@@ -168,16 +168,10 @@ SAME_LINES: set[tuple[str, str]] = {
     ("api.py", "api.py"),
     ("cluster/pool.py", "engine/board.py"),
     ("data/listing.py", "data/listing.py"),
-    ("data/npy.py", "data/preprocess.py"),
-    ("engine/collector.py", "engine/collector.py"),
-    ("engine/reader.py", "evaluate/thumbnails.py"),
-    ("evaluate/scorers/instances_items.py", "tasks/boxes.py"),
-    ("sink/output_folder.py", "sink/run_folder.py"),
-    ("tasks/detect.py", "tasks/head_task.py"),
 }
 
 #: Pairs of modules sharing six or more lines of the same shape (or the same lines).
-SHAPE_BUDGET = 64
+SHAPE_BUDGET = 53
 
 _SKIP = re.compile(r"^(#.*|[()\[\]{},:;]*|(from\s+\S+\s+)?import\s.*|@.*)$")
 _TOKEN = re.compile(

@@ -18,6 +18,7 @@ from batchinfer.options import OutputOptions
 from batchinfer.sink.out_lock import lock_holder
 from batchinfer.sink.outdir import OutLock
 from batchinfer.sink.output_folder import OutputFolder, Stage
+from batchinfer.sink.run_folder import RunEnd
 from batchinfer.sink.stats import CoreStatsRecorder
 
 FINGERPRINT = {"model_sha256": "a" * 64, "topk": 5}
@@ -35,9 +36,7 @@ def _looked(out: Path, fingerprint: dict = FINGERPRINT, **kw) -> OutputFolder:
 
 def _finish(folder: OutputFolder, status: str = "complete") -> str:
     recorder = CoreStatsRecorder([0], 1, folder.invocation)
-    status, error, _ = folder.finish(
-        status=status, error=None, stats=recorder, counts={}, fields={}
-    )
+    status, error, _ = folder.finish(RunEnd(status, None, recorder, {}, {}))
     assert error is None
     return status
 
@@ -232,9 +231,7 @@ def test_a_predictions_folder_swapped_under_a_run_stops_its_next_write_saying_wh
         folder.check_held()
     assert f"its parts are in {out / 'moved'}" in str(info.value)
     recorder = CoreStatsRecorder([0], 1, folder.invocation)
-    status, error, _ = folder.finish(
-        status="complete", error=None, stats=recorder, counts={}, fields={}
-    )
+    status, error, _ = folder.finish(RunEnd("complete", None, recorder, {}, {}))
     assert status == "failed" and isinstance(error, OutputLostError)
     assert list(victim.iterdir()) == []
     assert _manifest(out)["status"] == "running"  # written no more once the swap was seen

@@ -13,27 +13,25 @@ pure modules: :mod:`~batchinfer.bench.verdict`, :mod:`~batchinfer.bench.diagnosi
 
 from __future__ import annotations
 
+from batchinfer.lazy_exports import attribute
+
 _WHERE = {
-    "BenchConfig": "runner",
-    "BenchOptions": "options",
-    "BenchResult": "result",
-    "Comparison": "compare",
-    "SweepResult": "sweep",
-    "bench": "runner",
-    "compare": "compare",
-    "prepare": "runner",
-    "read_json": "result",
-    "run_bench": "runner",
-    "run_sweep": "sweep",
-    "write_json": "result",
+    "BenchConfig": "batchinfer.bench.runner",
+    "BenchOptions": "batchinfer.bench.options",
+    "BenchResult": "batchinfer.bench.result",
+    "Comparison": "batchinfer.bench.compare",
+    "SweepResult": "batchinfer.bench.sweep",
+    "bench": "batchinfer.bench.runner",
+    "compare": "batchinfer.bench.compare",
+    "prepare": "batchinfer.bench.runner",
+    "read_json": "batchinfer.bench.result",
+    "run_bench": "batchinfer.bench.runner",
+    "run_sweep": "batchinfer.bench.sweep",
+    "write_json": "batchinfer.bench.result",
 }
 __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
     # Imported on first use, so the CLI (and `batchinfer --help`) stays quick to start.
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(f"batchinfer.bench.{_WHERE[name]}"), name)
-    raise AttributeError(name)
+    return attribute(_WHERE, name)

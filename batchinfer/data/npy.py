@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from batchinfer.data.whole_file import block_if_hanging, not_regular_reason
+from batchinfer.data.whole_file import open_item
 from batchinfer.errors import InputError
 from batchinfer.messages import setting
 from batchinfer.runtime.constants import SUPPORTED_DTYPES
@@ -87,16 +87,8 @@ def _read_npy(path: str, spec: Any, out: np.ndarray, label: str) -> None:
     # and first bytes, one read of the rest into the slot, one close. A buffered file object
     # added an fstat, an isatty ioctl, a seek and a read: 27-28 against 22.5-23 µs a 150 kB
     # tensor (`python tools/bench_npy_read.py`, both versions in one sitting).
-    # O_NONBLOCK: a FIFO opens at once, and is refused with the devices and /proc files.
-    block_if_hanging(path)
+    fd, _ = open_item(path, label)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
-    try:
-        reason = not_regular_reason(fd)
-        if reason is not None:
-            raise InputError(f"Cannot read {label}: it {reason}.")
         head = _read_fd(fd, _NPY_FIRST_READ, label)
         if not head:
             raise InputError(f"Cannot read {label}: the file is empty.")

@@ -40,7 +40,7 @@ from batchinfer.data.npy import fill_npy, read_npy
 from batchinfer.data.pixels import write_pixels
 from batchinfer.data.shard_reading import ShardFiles, check_item_size, member_label
 from batchinfer.data.video.dataset import VideoFrame
-from batchinfer.data.whole_file import block_if_hanging, not_regular_reason
+from batchinfer.data.whole_file import open_item
 from batchinfer.errors import InputError
 
 if TYPE_CHECKING:
@@ -165,17 +165,8 @@ def _load_frame(
 def _open(path: str, label: str, limit: int | None) -> BinaryIO:
     """The image file at ``path``, open; InputError when it is not a regular file, empty or
     larger than ``limit`` bytes (Preprocess.max_item_bytes, as a tar member is refused)."""
-    # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of blocking the reader.
-    block_if_hanging(path)
+    fd, st = open_item(path, label)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
-    try:
-        st = os.fstat(fd)
-        reason = not_regular_reason(fd, st)
-        if reason is not None:  # /dev/zero, a FIFO, /proc/self/environ: not "empty"
-            raise InputError(f"Cannot read {label}: it {reason}.")
         if st.st_size == 0:
             raise InputError(f"Cannot read {label}: the file is empty.")
         check_item_size(st.st_size, limit, label, "the file")

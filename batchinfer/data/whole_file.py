@@ -32,7 +32,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from batchinfer.errors import DatasetError
+from batchinfer.errors import DatasetError, InputError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -112,6 +112,27 @@ def not_regular_reason(fd: int, st: os.stat_result | None = None) -> str | None:
                 "is not a regular file (its size says 0 but it has content: a /proc or /sys file)"
             )
     return None
+
+
+def open_item(path: str, label: str) -> tuple[int, os.stat_result]:
+    """An item's file (an image, a tensor) open for reading, and its ``fstat``; InputError
+    naming ``label`` when it cannot be opened or is not a regular file (/dev/zero, a FIFO,
+    /proc/self/environ: not "empty"). The caller closes the descriptor."""
+    # O_NONBLOCK: a FIFO opens at once (and is refused here) instead of blocking the reader.
+    block_if_hanging(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"Cannot read {label}: {exc.strerror or exc}.") from exc
+    try:
+        st = os.fstat(fd)
+        reason = not_regular_reason(fd, st)
+        if reason is not None:
+            raise InputError(f"Cannot read {label}: it {reason}.")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def open_regular(

@@ -118,15 +118,15 @@ class Decoder(GridDecoder[Head, DetectSettings]):
         self._anchors = None
         if head.family == "yolov5-zoo":
             self._anchors = anchor_array(settings.anchors, len(head.strides), head.num_anchors)
-        decode = {
+        methods = {
             "yolov5-zoo": self._yolov5_zoo,
             "yolov8-zoo": self._yolov8_zoo,
             "yolov8-ultralytics": self._yolov8_ultralytics,
             "yolov5-ultralytics": self._yolov5_ultralytics,
-        }.get(head.family)
-        if decode is None:
-            raise UsageError(f"No decoder for the detection head family {head.family!r}.")
-        self._decode: Callable[[Sequence[np.ndarray]], list[_Candidates]] = decode
+        }
+        self._decode: Callable[[Sequence[np.ndarray]], list[_Candidates]] = self._by_family(
+            methods, "detection"
+        )
 
     def __call__(self, outputs: Sequence[np.ndarray]) -> Detections:
         """Boxes in the model input's pixels (the letterboxed canvas), class-aware NMS

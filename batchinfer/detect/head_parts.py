@@ -19,7 +19,7 @@ increasing), so only the candidates' scores go through a sigmoid.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -189,12 +189,15 @@ class HeadLike(Protocol):
     """What :class:`GridDecoder` reads of a recognised head."""
 
     @property
+    def family(self) -> str: ...
+    @property
     def strides(self) -> tuple[int, ...]: ...
     def describe(self) -> str: ...
 
 
 H = TypeVar("H", bound=HeadLike)
 S = TypeVar("S", bound=Thresholds)
+M = TypeVar("M")  # a decoder's method for one head family
 
 
 class GridDecoder(Generic[H, S]):
@@ -221,6 +224,14 @@ class GridDecoder(Generic[H, S]):
         self._grids = grid_sizes(self.input_hw, head.strides)
         self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
         self._cells = sum(h * w for h, w in self._grids)
+
+    def _by_family(self, methods: Mapping[str, M], what: str) -> M:
+        """The one of ``methods`` (by head family) that decodes this decoder's head;
+        UsageError naming the ``what`` head family when none does."""
+        method = methods.get(self.head.family)
+        if method is None:
+            raise UsageError(f"No decoder for the {what} head family {self.head.family!r}.")
+        return method
 
     def _default_settings(self) -> S:
         raise NotImplementedError  # a decoder whose settings may be left out says which

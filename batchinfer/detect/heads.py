@@ -54,9 +54,17 @@ class Head:
         name = _DESCRIPTIONS.get(self.family, self.family)
         if self.rows:
             name += " (transposed: a row per cell)"
-        classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
-        strides = "/".join(str(s) for s in self.strides)
-        return f"{name}, {classes}, strides {strides}"
+        return f"{name}, {classes_text(self.num_classes)}, {strides_text(self.strides)}"
+
+
+def classes_text(n: int) -> str:
+    """A head's class count as its description says it: ``80 classes``, ``1 class``."""
+    return f"{n} class" + ("" if n == 1 else "es")
+
+
+def strides_text(strides: Sequence[int]) -> str:
+    """A head's strides as its description says them: ``strides 8/16/32``."""
+    return "strides " + "/".join(str(s) for s in strides)
 
 
 def grid_sizes(input_hw: tuple[int, int], strides: Sequence[int]) -> list[tuple[int, int]]:

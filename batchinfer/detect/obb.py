@@ -51,11 +51,17 @@ from batchinfer.detect.head_parts import (
     zoo_candidates,
     zoo_layout,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES
+from batchinfer.detect.heads import DFL_BINS, STRIDES, classes_text, strides_text
 from batchinfer.detect.letterbox import Letterbox
 from batchinfer.detect.rotated import corners, enclosing_boxes, regularize
 from batchinfer.detect.rotated_nms import METHODS, rotated_nms
 from batchinfer.errors import UsageError
+
+#: The oriented-box head families, as people say them (the head's ``describe``).
+_DESCRIPTIONS = {
+    "yolov8-obb-zoo": "YOLOv8-OBB model-zoo head",
+    "yolov8-obb-ultralytics": "YOLOv8/YOLO11-OBB Ultralytics ONNX head",
+}
 
 
 @dataclass(frozen=True)
@@ -67,12 +73,8 @@ class ObbHead:
     strides: tuple[int, ...]
 
     def describe(self) -> str:
-        name = {
-            "yolov8-obb-zoo": "YOLOv8-OBB model-zoo head",
-            "yolov8-obb-ultralytics": "YOLOv8/YOLO11-OBB Ultralytics ONNX head",
-        }.get(self.family, self.family)
-        classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
-        return f"{name}, {classes}, strides {'/'.join(str(s) for s in self.strides)}"
+        name = _DESCRIPTIONS.get(self.family, self.family)
+        return f"{name}, {classes_text(self.num_classes)}, {strides_text(self.strides)}"
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from batchinfer.detect.head_parts import (
     zoo_candidates,
     zoo_layout,
 )
-from batchinfer.detect.heads import DFL_BINS, STRIDES
+from batchinfer.detect.heads import DFL_BINS, STRIDES, classes_text, strides_text
 from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.nms import nms
 
@@ -64,6 +64,13 @@ COCO_PERSON_SIGMAS: tuple[float, ...] = (
     0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072,
     0.062, 0.062, 0.107, 0.107, 0.087, 0.087, 0.089, 0.089,
 )  # fmt: skip
+
+
+#: The pose head families, as people say them (the head's ``describe``).
+_DESCRIPTIONS = {
+    "yolov8-pose-zoo": "YOLOv8-pose model-zoo head",
+    "yolov8-pose-ultralytics": "YOLOv8/YOLO11-pose Ultralytics ONNX head",
+}
 
 
 @dataclass(frozen=True)
@@ -77,15 +84,9 @@ class PoseHead:
     strides: tuple[int, ...]
 
     def describe(self) -> str:
-        name = {
-            "yolov8-pose-zoo": "YOLOv8-pose model-zoo head",
-            "yolov8-pose-ultralytics": "YOLOv8/YOLO11-pose Ultralytics ONNX head",
-        }.get(self.family, self.family)
-        classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
-        return (
-            f"{name}, {classes}, {self.num_keypoints} keypoints, "
-            f"strides {'/'.join(str(s) for s in self.strides)}"
-        )
+        name = _DESCRIPTIONS.get(self.family, self.family)
+        classes = classes_text(self.num_classes)
+        return f"{name}, {classes}, {self.num_keypoints} keypoints, {strides_text(self.strides)}"
 
 
 @dataclass

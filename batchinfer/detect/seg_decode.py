@@ -46,7 +46,6 @@ from batchinfer.detect.letterbox import Letterbox, boxes_to_original
 from batchinfer.detect.masks import mask_rles, proto_map
 from batchinfer.detect.nms import nms
 from batchinfer.detect.seg_heads import SegHead
-from batchinfer.errors import UsageError
 
 
 @dataclass
@@ -94,14 +93,12 @@ class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
         """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
         runtime returns unconverted (None or absent: the output is float)."""
         super().__init__(head, input_hw, settings, quant)
-        candidates = {
+        methods = {
             "yolov8-seg-zoo": self._yolov8_zoo,
             "yolov5-seg-zoo": self._yolov5_zoo,
             "yolov8-seg-ultralytics": self._yolov8_ultralytics,
-        }.get(head.family)
-        if candidates is None:
-            raise UsageError(f"No decoder for the segmentation head family {head.family!r}.")
-        self._candidates = candidates
+        }
+        self._candidates = self._by_family(methods, "segmentation")
         if head.family == "yolov5-seg-zoo":
             self._anchors = anchor_array(self.settings.anchors, len(head.strides), head.num_anchors)
 

@@ -25,7 +25,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from batchinfer.detect.heads import DFL_BINS, STRIDES, V5_ANCHORS, batch_one, grid_sizes
+from batchinfer.detect.heads import (
+    DFL_BINS,
+    STRIDES,
+    V5_ANCHORS,
+    batch_one,
+    classes_text,
+    grid_sizes,
+)
 
 _DESCRIPTIONS = {
     "yolov8-seg-zoo": "YOLOv8-seg model-zoo head",
@@ -60,8 +67,7 @@ class SegHead:
     def describe(self) -> str:
         """One line for people: ``YOLOv8-seg model-zoo head, 80 classes, 32 masks``."""
         name = _DESCRIPTIONS.get(self.family, self.family)
-        classes = f"{self.num_classes} class" + ("" if self.num_classes == 1 else "es")
-        return f"{name}, {classes}, {self.num_masks} mask coefficients"
+        return f"{name}, {classes_text(self.num_classes)}, {self.num_masks} mask coefficients"
 
 
 def proto_grid(input_hw: tuple[int, int]) -> tuple[int, int]:

@@ -24,7 +24,7 @@ Names are imported on first use: a reader or core worker process imports
 
 from __future__ import annotations
 
-import importlib
+from batchinfer.lazy_exports import attribute
 
 _WHERE = {
     "Engine": "batchinfer.engine.loop",
@@ -47,6 +47,4 @@ __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(name)
+    return attribute(_WHERE, name)

@@ -25,9 +25,12 @@ that costs per item was within the noise of tools/cpu_by_role.py against plain t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from batchinfer.data.dataset import Member
     from batchinfer.data.video.dataset import VideoFrame
     from batchinfer.engine.slots import RegionSpec
@@ -191,3 +194,16 @@ def decode(wire: tuple) -> Any:
     if type(code) is not int:
         return wire
     return tuple.__new__(KINDS[code], wire[1:])
+
+
+def until_stop(tasks: Connection) -> Iterator[Any]:
+    """A child's messages on its task pipe, decoded, until Stop or until the pipe closes
+    (the coordinator is gone): either ends the child's loop."""
+    while True:
+        try:
+            msg = decode(tasks.recv())
+        except (EOFError, OSError):
+            return
+        if isinstance(msg, Stop):
+            return
+        yield msg

@@ -44,7 +44,7 @@ from batchinfer.data.shard_reading import ShardFiles
 from batchinfer.data.video.frames import VideoFiles
 from batchinfer.engine.detection import write_geometry
 from batchinfer.engine.plumbing.child import cpu_seconds, report_failure, send_or_exit, setup_child
-from batchinfer.engine.protocol import Loaded, ReaderReady, ReadResult, Stop, decode
+from batchinfer.engine.protocol import Loaded, ReaderReady, ReadResult, until_stop
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard
 from batchinfer.errors import InputError
 
@@ -105,13 +105,7 @@ def _serve(
     videos: VideoFiles | None = None,
 ) -> None:
     row = spec.board_row
-    while True:
-        try:
-            msg = decode(tasks.recv())
-        except (EOFError, OSError):
-            return
-        if isinstance(msg, Stop):
-            return
+    for msg in until_stop(tasks):
         done: list[ReadResult] = []
         first_unsent = 0.0
         for slot, index, path, item_id, member, values in msg.items:

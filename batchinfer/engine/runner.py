@@ -45,6 +45,7 @@ from batchinfer.runtime.npu_load import NpuLoad
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.output_folder import OutputFolder
 from batchinfer.sink.rows import RowSink
+from batchinfer.sink.run_folder import RunEnd
 from batchinfer.sink.stats import CoreStatsRecorder
 from batchinfer.tasks import Task
 
@@ -258,24 +259,26 @@ def _run(
         collected=result.counts["succeeded"] + result.counts["errors"],
     )
     status, error, counts = out.finish(
-        status=result.status,
-        error=result.error,
-        stats=stats,
-        counts=counts,
-        fields={
-            "sdk_versions": {str(k): v for k, v in result.sdk_versions.items()},
-            "backend_settings": result.backend,
-            "retired_cores": result.retired_cores,
-            # Settings named as fields (runtime.cores), as str() of an error does: the
-            # manifest is read by people and tools, not through a front end.
-            "warnings": [render_fields(w, lambda name: name) for w in result.warnings],
-            "timings": {"collect_s": round(result.collect_s, 4), **first_row.timings()},
-            "cpu_s": result.cpu_s,
-            "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
-            "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
-            "npu_load": None if npu_load is None else npu_load.to_json(),
-            **_detect_record(out, result.detect, plan),
-        },
+        RunEnd(
+            status=result.status,
+            error=result.error,
+            stats=stats,
+            counts=counts,
+            fields={
+                "sdk_versions": {str(k): v for k, v in result.sdk_versions.items()},
+                "backend_settings": result.backend,
+                "retired_cores": result.retired_cores,
+                # Settings named as fields (runtime.cores), as str() of an error does: the
+                # manifest is read by people and tools, not through a front end.
+                "warnings": [render_fields(w, lambda name: name) for w in result.warnings],
+                "timings": {"collect_s": round(result.collect_s, 4), **first_row.timings()},
+                "cpu_s": result.cpu_s,
+                "cpu_ms_per_item": _per_item(result.cpu_s, counts["collected"]),
+                "coordinator_peak_rss_mb": round(result.peak_rss_mb, 1),
+                "npu_load": None if npu_load is None else npu_load.to_json(),
+                **_detect_record(out, result.detect, plan),
+            },
+        )
     )
     if error is not None:
         raise error

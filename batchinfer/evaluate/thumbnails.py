@@ -51,7 +51,7 @@ import numpy as np
 from batchinfer.data.input_spec import item_bytes_for
 from batchinfer.engine.plumbing.child import send_or_exit, setup_child
 from batchinfer.engine.plumbing.children import ChildPool, Exited, Message
-from batchinfer.engine.protocol import Stop, decode
+from batchinfer.engine.protocol import Stop, until_stop
 from batchinfer.evaluate.video_pictures import FrameSource, open_frame
 
 #: Items allowed to hang before the remaining ones are skipped.
@@ -107,13 +107,7 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
     import PIL.Image  # noqa: F401 - imported before "ready", so the first item's wait is a decode
 
     send_or_exit(results, ("ready",))
-    while True:
-        try:
-            msg = decode(tasks.recv())
-        except (EOFError, OSError):
-            return
-        if isinstance(msg, Stop):
-            return
+    for msg in until_stop(tasks):
         for path in msg[1]:
             made = picture(path, spec.size, spec.max_pixels, spec.max_item_bytes)
             send_or_exit(results, ("made", *made))

@@ -11,7 +11,7 @@ module that needs one writer does not import them all.
 
 from __future__ import annotations
 
-import importlib
+from batchinfer.lazy_exports import attribute
 
 _WHERE = {
     "RunManifest": "batchinfer.sink.manifest",
@@ -37,6 +37,4 @@ __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(name)
+    return attribute(_WHERE, name)

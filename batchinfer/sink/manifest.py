@@ -7,6 +7,7 @@ whole JSON document or the previous one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
@@ -14,7 +15,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,6 +220,23 @@ def open_predictions(out: Folder, *, create: bool = False) -> Folder | None:
         if st is not None and not stat.S_ISDIR(st.st_mode):
             raise _not_a_folder(directory, st.st_mode, out.path) from None
         raise write_error(directory, exc) from exc
+
+
+@contextlib.contextmanager
+def opened_out(path: Path) -> Iterator[tuple[Folder, Folder | None]]:
+    """OUT and OUT/predictions/ held open for one use (predictions None when absent), both
+    closed after; OutputWriteError when OUT cannot be opened."""
+    try:
+        out = Folder.open(path)
+    except OSError as exc:
+        raise write_error(path, exc) from exc
+    with out:
+        predictions = open_predictions(out)
+        try:
+            yield out, predictions
+        finally:
+            if predictions is not None:
+                predictions.close()
 
 
 class RunManifest:

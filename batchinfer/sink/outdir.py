@@ -49,7 +49,7 @@ from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,
     RunManifest,
-    open_predictions,
+    opened_out,
     predictions_dir,
     read_manifest,
     regular_in,
@@ -228,19 +228,11 @@ def _victims(
 
 def _check_victims(folder: OutFolder) -> None:
     """:func:`_victims` before anything is locked (planning's look): only reads."""
-    try:
-        out = Folder.open(folder.path)
-    except OSError as exc:
-        raise write_error(folder.path, exc) from exc
-    with out:
-        predictions = open_predictions(out)
+    with opened_out(folder.path) as (out, predictions):
         try:
             _victims(folder, out, predictions)
         except OSError as exc:
             raise write_error(folder.path, exc) from exc
-        finally:
-            if predictions is not None:
-                predictions.close()
 
 
 def clear_run(folder: OutFolder, out: Folder, predictions: Folder | None) -> None:

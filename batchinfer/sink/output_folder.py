@@ -58,8 +58,7 @@ from batchinfer.sink.outdir import (
 )
 from batchinfer.sink.predictions import PREDICTIONS_DIR
 from batchinfer.sink.resume import ResumeState, prepare_resume, verify_parts
-from batchinfer.sink.run_folder import RunFolder
-from batchinfer.sink.stats import CoreStatsRecorder
+from batchinfer.sink.run_folder import RunEnd, RunFolder
 
 if TYPE_CHECKING:
     from batchinfer.tasks import Task
@@ -263,21 +262,11 @@ class OutputFolder:
         return self.rows.manifest.data.get(key)
 
     # -- after the run --------------------------------------------------------------------------
-    def finish(
-        self,
-        *,
-        status: str,
-        error: BatchinferError | None,
-        stats: CoreStatsRecorder,
-        counts: dict[str, int],
-        fields: dict[str, Any],
-    ) -> tuple[str, BatchinferError | None, dict[str, int]]:
+    def finish(self, end: RunEnd) -> tuple[str, BatchinferError | None, dict[str, int]]:
         """Write the last rows, stats, timeline and manifest (:meth:`RunFolder.finish`), then
         release OUT: (status, error, counts on disk)."""
         try:
-            return self.rows.finish(
-                status=status, error=error, stats=stats, counts=counts, fields=fields
-            )
+            return self.rows.finish(end)
         finally:
             self.release()
 

@@ -30,7 +30,7 @@ from batchinfer.sink.manifest import (
     MANIFEST_FILE,
     PART_RE,
     RunManifest,
-    open_predictions,
+    opened_out,
     regular_in,
 )
 from batchinfer.sink.predictions import part_name
@@ -146,17 +146,8 @@ def verify_parts(manifest: RunManifest) -> None:
 @contextlib.contextmanager
 def _opened(manifest: RunManifest) -> Iterator[Folder | None]:
     """OUT/predictions/ opened for one use (None when absent), for callers without a run."""
-    try:
-        out = Folder.open(manifest.out)
-    except OSError as exc:
-        raise write_error(manifest.out, exc) from exc
-    with out:
-        predictions = open_predictions(out)
-        try:
-            yield predictions
-        finally:
-            if predictions is not None:
-                predictions.close()
+    with opened_out(manifest.out) as (_, predictions):
+        yield predictions
 
 
 def _unlink(predictions: Folder, name: str) -> None:

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from batchinfer.errors import BatchinferError, OutputWriteError
 from batchinfer.sink.folder_handle import Folder
@@ -27,6 +27,16 @@ if TYPE_CHECKING:
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+class RunEnd(NamedTuple):
+    """How a run ended, as :meth:`RunFolder.finish` records it."""
+
+    status: str
+    error: BatchinferError | None
+    stats: CoreStatsRecorder
+    counts: dict[str, int]
+    fields: dict[str, Any]  # more top-level fields of the manifest
 
 
 class RunFolder:
@@ -152,20 +162,13 @@ class RunFolder:
             self.writer.close()
 
     # -- the end ----------------------------------------------------------------------
-    def finish(
-        self,
-        *,
-        status: str,
-        error: BatchinferError | None,
-        stats: CoreStatsRecorder,
-        counts: dict[str, int],
-        fields: dict[str, Any],
-    ) -> tuple[str, BatchinferError | None, dict[str, int]]:
+    def finish(self, end: RunEnd) -> tuple[str, BatchinferError | None, dict[str, int]]:
         """Write the last rows, stats, timeline and manifest: (status, error, counts on disk).
 
         A write failure here (disk full) becomes the run's error unless it already had one.
         Nothing is written when OUT is no longer the folder this run locked.
         """
+        status, error, stats, counts, fields = end
         try:
             self.manifest.check_held()
         except OutputWriteError as e:

@@ -479,10 +479,7 @@ def write_core_stats(
     """Write OUT/core_stats.parquet atomically, keeping earlier invocations' rows.
 
     ``folder``: OUT held open (a run's): read and written inside it."""
-    path = Path(out_dir) / CORE_STATS_FILE
-    table = _with_earlier(path, recorder, recorder.table(), folder)
-    write_table_atomically(table, path, folder=folder)
-    return path
+    return _write_kept(Path(out_dir) / CORE_STATS_FILE, recorder, recorder.table(), folder)
 
 
 def write_timeline(
@@ -490,7 +487,14 @@ def write_timeline(
 ) -> Path:
     """Write OUT/timeline.parquet atomically, keeping earlier invocations' rows (``folder``
     as for :func:`write_core_stats`)."""
-    path = Path(out_dir) / TIMELINE_FILE
-    table = _with_earlier(path, recorder, recorder.timeline_table(), folder)
-    write_table_atomically(table, path, folder=folder)
+    table = recorder.timeline_table()
+    return _write_kept(Path(out_dir) / TIMELINE_FILE, recorder, table, folder)
+
+
+def _write_kept(
+    path: Path, recorder: CoreStatsRecorder, table: pa.Table, folder: Folder | None
+) -> Path:
+    """Write ``table`` (this invocation's rows) to ``path`` atomically, after the rows of
+    earlier invocations it holds."""
+    write_table_atomically(_with_earlier(path, recorder, table, folder), path, folder=folder)
     return path

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchinfer.errors import ConfigError
-from batchinfer.messages import setting
+from batchinfer.messages import Message, setting
 from batchinfer.tasks.base import Placement, Task
 
 if TYPE_CHECKING:
@@ -137,6 +137,28 @@ class BoxTask(Task):
             category_ids=tuple(int(c) for c in record.get("category_ids") or ()),
         )
 
+    def record(self) -> dict[str, Any]:
+        """The task record; with the head (a planned task, not one read from a record): its
+        :meth:`head_record`, then the input size, the class names and their COCO ids."""
+        out = super().record()
+        head = self.head_record()
+        if head is None:
+            return out
+        out.update(
+            head,
+            input_hw=list(self.input_hw or ()),
+            names_source=self.names_source,
+            names=list(self.names),
+        )
+        if self.category_ids:
+            out["category_ids"] = list(self.category_ids)
+        return out
+
+    def head_record(self) -> dict[str, Any] | None:
+        """The head and the settings it decodes with, as the record says them (None: no
+        head, as in a task read back from a record)."""
+        return None
+
     # -- sink ----------------------------------------------------------------------------
     def box_fields(self) -> list[pa.Field]:
         """The fields of one element of ``boxes`` (a subclass adds its parts)."""
@@ -206,6 +228,15 @@ class BoxTask(Task):
         from batchinfer.draw import draw_result
 
         return draw_result(canvas, row.get("boxes"), **style)
+
+
+def said_with_head(task: BoxTask, head: Any, outputs: str, how: Message | str) -> Message:
+    """The line a run of a box task with a recognised ``head`` starts with:
+    ``task: NAME (HEAD: OUTPUTS, WHY)``; WHY names ``detect.task`` when it asked for the
+    task, else it is ``how`` (how the task was recognised)."""
+    why = Message(f"{head.describe()}: {outputs}, ")
+    why += "asked for with " + setting("detect.task") if task.reason == "asked for" else how
+    return "task: " + Message(task.name, " (", why, ")")
 
 
 def int8_quant(

@@ -36,7 +36,14 @@ import numpy as np
 from batchinfer.errors import ConfigError
 from batchinfer.messages import Message, setting
 from batchinfer.tasks.base import ItemDecode, ModelFacts, shapes_text
-from batchinfer.tasks.boxes import BoxRows, BoxTask, int8_quant, pad_rgb, to_original
+from batchinfer.tasks.boxes import (
+    BoxRows,
+    BoxTask,
+    int8_quant,
+    pad_rgb,
+    said_with_head,
+    to_original,
+)
 
 if TYPE_CHECKING:
     from batchinfer.detect import Head, Letterbox
@@ -168,21 +175,18 @@ class Detect(BoxTask):
             if n > 3
             else f"output{'s' if n > 1 else ''} {shapes_text(self.output_shapes)}"
         )
-        why = Message(f"{self.head.describe()}: {outputs}, ")
-        if self.reason == "asked for":
-            why += "asked for with " + setting("detect.task")
-        elif self.model_task == self.name:
-            why += "from the model's metadata (task: detect) and its output shapes"
-        else:
-            why += "recognised from the output shapes"
-        return "task: " + Message(self.name, " (", why, ")")
+        how = (
+            "from the model's metadata (task: detect) and its output shapes"
+            if self.model_task == self.name
+            else "recognised from the output shapes"
+        )
+        return said_with_head(self, self.head, outputs, how)
 
-    def record(self) -> dict[str, Any]:
-        out = super().record()
+    def head_record(self) -> dict[str, Any] | None:
         if self.settings is None or self.head is None:
-            return out
+            return None
         s = self.settings
-        out.update(
+        return dict(
             head={
                 "family": self.head.family,
                 "num_classes": self.head.num_classes,
@@ -201,13 +205,7 @@ class Detect(BoxTask):
                 ),
                 "anchors_source": self.anchors_source,
             },
-            input_hw=list(self.input_hw or ()),
-            names_source=self.names_source,
-            names=list(self.names),
         )
-        if self.category_ids:
-            out["category_ids"] = list(self.category_ids)
-        return out
 
     def fingerprint(self) -> dict[str, Any] | None:
         record = super().fingerprint()

@@ -24,7 +24,7 @@ import numpy as np
 from batchinfer.errors import ConfigError
 from batchinfer.messages import Message, setting
 from batchinfer.tasks.base import ItemDecode, ModelFacts, shapes_text
-from batchinfer.tasks.boxes import BoxRows, BoxTask, int8_quant
+from batchinfer.tasks.boxes import BoxRows, BoxTask, int8_quant, said_with_head
 
 if TYPE_CHECKING:
     from batchinfer.detect import Letterbox
@@ -164,19 +164,13 @@ class HeadTask(BoxTask):
             return super().said()
         n = len(self.output_shapes)
         outputs = f"{n} outputs" if n > 3 else f"outputs {shapes_text(self.output_shapes)}"
-        why = Message(f"{self.head.describe()}: {outputs}, ")
-        if self.reason == "asked for":
-            why += "asked for with " + setting("detect.task")
-        else:
-            why += Message(self.reason)
-        return "task: " + Message(self.name, " (", why, ")")
+        return said_with_head(self, self.head, outputs, Message(self.reason))
 
-    def record(self) -> dict[str, Any]:
-        out = super().record()
+    def head_record(self) -> dict[str, Any] | None:
         if self.settings is None or self.head is None:
-            return out
+            return None
         s = self.settings
-        out.update(
+        return dict(
             head={k: _plain(v) for k, v in vars(self.head).items()},
             settings={
                 k: _plain(getattr(s, k))
@@ -184,13 +178,7 @@ class HeadTask(BoxTask):
                 if hasattr(s, k)
             },
             classes=None if self.classes is None else list(self.classes),
-            input_hw=list(self.input_hw or ()),
-            names_source=self.names_source,
-            names=list(self.names),
         )
-        if self.category_ids:
-            out["category_ids"] = list(self.category_ids)
-        return out
 
     # -- worker side -----------------------------------------------------------------------
     def decoder(self) -> ItemDecode:

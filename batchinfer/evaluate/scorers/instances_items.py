@@ -21,22 +21,12 @@ import pyarrow as pa
 
 from batchinfer.evaluate.groundtruth import GroundTruth
 from batchinfer.evaluate.items import PerItem
+from batchinfer.tasks.boxes import BOX_TYPE
 
 if TYPE_CHECKING:
     from batchinfer.evaluate.scorers.instances_plots import Boxes
     from batchinfer.sink.rows import Row
 
-BOX_TYPE = pa.struct(
-    [
-        pa.field("class_id", pa.int32()),
-        pa.field("label", pa.string()),
-        pa.field("score", pa.float32()),
-        pa.field("x1", pa.float32()),
-        pa.field("y1", pa.float32()),
-        pa.field("x2", pa.float32()),
-        pa.field("y2", pa.float32()),
-    ]
-)
 _NO_BOXES = np.zeros((0, 6), dtype=np.float32)
 
 
