@@ -150,7 +150,6 @@ class RayPool:
         self.cluster_nodes = ClusterNodes(
             self.ray, plan, nodes, data, head_node_id, clock=clock, retire_node=self._retire_node
         )
-        self.usable = self.cluster_nodes.usable
         places = self.cluster_nodes.places()
         self.actors = [_Actor(key, n, c, i) for key, (n, c, i) in enumerate(places)]
         cores = sorted({a.where for a in self.actors}, key=lambda w: (w[0], w[1]))
