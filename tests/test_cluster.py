@@ -356,7 +356,7 @@ def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
             np.testing.assert_allclose(r.outputs[0], expected[0], rtol=1e-5)
     finally:
         reference.release()
-    boards = {b.state_dir for b in engine.ray_pool.backends.values()}
+    boards = {b.state_dir for b in engine.ray_pool.cluster_nodes.backends.values()}
     assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
 
 

@@ -11,7 +11,7 @@ from runs import config, fast_sim
 
 pytest.importorskip("ray.util.scheduling_strategies")  # the pool places actors with it
 
-from batchinfer.cluster.actors import CallResult
+from batchinfer.cluster.actors import CallResult, NodeHost
 from batchinfer.cluster.connect import NodeInfo
 from batchinfer.cluster.pool import RayPool
 from batchinfer.data.dataset import Item
@@ -68,6 +68,7 @@ class _Handle:
     def __init__(self, ray: _Ray, cls: type, args: tuple, options: dict) -> None:
         self.ray, self.cls, self.args, self.options = ray, cls, args, options
         self.calls: list[_Ref] = []
+        self.node = options["scheduling_strategy"].node_id
 
     def __getattr__(self, method: str) -> Any:
         handle = self
@@ -78,6 +79,8 @@ class _Handle:
                 # A node host's set-up and every stop answer at once; the rest waits.
                 done = method in ("begin", "end", "stop")
                 ref = _Ref(method, args, value=handle.args[0] if done else None, done=done)
+                if method == "begin" and handle.node in handle.ray.failing:
+                    ref.fail(RuntimeError("Traceback (most recent call last):\nOSError: disk full"))
                 handle.calls.append(ref)
                 return ref
 
@@ -102,8 +105,9 @@ class _Ray:
 
     exceptions = _Exceptions
 
-    def __init__(self, alive: set[str]) -> None:
+    def __init__(self, alive: set[str], failing: set[str]) -> None:
         self.alive = alive  # node ids the GCS lists alive
+        self.failing = failing  # node ids whose host's set-up fails
         self.handles: list[_Handle] = []
         self.killed: list[tuple[_Handle, bool]] = []
 
@@ -135,9 +139,7 @@ class _Ray:
         return [
             h
             for h in self.handles
-            if h.cls.__name__ == "CoreActor"
-            and h.args[1] == core
-            and h.options["scheduling_strategy"].node_id == node
+            if h.cls.__name__ == "CoreActor" and h.args[1] == core and h.node == node
         ]
 
 
@@ -149,13 +151,13 @@ NODES = [NodeInfo(name, name * 56, "10.0.0.1", (0, 1)) for name in "ab"]
 class _Run:
     """A pool over the scripted Ray, set up as the engine loop sets it up."""
 
-    def __init__(self, demo_kit, nodes=NODES, cores=(0, 1), **settings: Any) -> None:
+    def __init__(self, demo_kit, nodes=NODES, cores=(0, 1), failing=(), **settings: Any) -> None:
         cfg = config(dataset=demo_kit.dataset, model=demo_kit.models["digits"],
                      backend="sim", sim=fast_sim(), cores=cores, **settings)  # fmt: skip
         backend = make_backend(cfg.model, cfg.runtime)
         shape, dtype = model_input(cfg.model, cfg)
         plan = plan_engine(cfg, backend, shape, dtype, kind="")
-        self.ray = _Ray({n.node_id for n in nodes})
+        self.ray = _Ray({n.node_id for n in nodes}, set(failing))
         self.now = 0.0
         self.pool = RayPool(plan, SyntheticSource(), nodes, call_items=2, clock=lambda: self.now,
                             ray=self.ray)  # fmt: skip
@@ -202,6 +204,19 @@ def test_the_layout_has_a_key_per_actor_and_names_its_core_and_node(demo_kit):
     assert layout.places == (("a", 0), ("a", 1), ("b", 0), ("b", 1))
     assert run.pool.where(2) == Where(0, "b", 0) and layout.physical(2) == ("b", 0)
     assert run.pool.nodes == ("a", "b")
+
+
+def test_a_node_whose_set_up_fails_is_left_out_and_makes_no_actors(demo_kit):
+    run = _Run(demo_kit, failing={"b" * 56})
+    said, *retired = run.pool.wait(0.0)  # found in setup(): the first wait() says them
+    assert said == Said("node b is left out: its set-up failed (OSError: disk full).")
+    assert [(e.key, e.quiet) for e in retired] == [(2, True), (3, True)]
+    assert {str(e.reason.said([0])) for e in retired} == {"its node's set-up failed"}
+    assert run.pool.nodes == ("a",)
+    assert run.ray.actors(0, "b" * 56) == [] and len(run.ray.actors(0, "a" * 56)) == 1
+    run.pool.close(hard=False)
+    hosts = {h.node: [r.method for r in h.calls] for h in run.ray.handles if h.cls is NodeHost}
+    assert hosts == {"a" * 56: ["begin", "end"], "b" * 56: ["begin"]}  # b's is not undone
 
 
 def test_an_actor_up_sends_its_canary_of_instance_0_and_takes_calls_of_a_few_items(demo_kit):

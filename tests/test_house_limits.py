@@ -33,10 +33,6 @@ MAX_COMPLEXITY = 15
 
 #: Module path (relative to batchinfer/) or "path:function" -> why it may exceed its limit.
 EXCEPTIONS: dict[str, str] = {
-    "cluster/pool.py": (
-        "Not split yet: RayPool's set-up on the nodes and its node watch are the concerns "
-        "to move out."
-    ),
     "engine/scheduler.py": (
         "Not split yet: the worker life cycle (starts, losses, retirements) is the concern "
         "to move out."

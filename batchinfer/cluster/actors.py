@@ -1,7 +1,7 @@
-"""What runs on the nodes: core actors, node hosts and read tasks (plain code; pool.py
-makes Ray actors and tasks of them, so importing this module needs no Ray).
+"""What runs on the nodes: core actors, node hosts and read tasks (plain code; nodes.py and
+reads.py make Ray actors and tasks of them, so importing this module needs no Ray).
 
-Protocol (the driver's side: pool.py):
+Protocol (the driver's side: pool.py; node hosts: nodes.py; read tasks: reads.py):
   NodeHost, one per node    begin(model_files) -> the node's per-run backend
                               model_files: {file name: bytes} of the model and the files a
                               runtime reads beside it; a node that has no identical copy

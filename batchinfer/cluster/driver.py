@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from batchinfer.cluster.connect import ClusterLostError, NodeInfo
-from batchinfer.cluster.pool import CALL_ITEMS, DATA_MODES, RayPool
+from batchinfer.cluster.nodes import DATA_MODES
+from batchinfer.cluster.pool import CALL_ITEMS, RayPool
 from batchinfer.engine import events as ev
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.planning.interface import EnginePlan, EngineResult

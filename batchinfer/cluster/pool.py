@@ -6,7 +6,8 @@
 :class:`RayPool` implements :class:`batchinfer.engine.pools.WorkerPool`: the engine loop
 (engine/loop.py) holds the policy (admission, retries, error rows, restart back-offs,
 retirement texts), this pool carries it out on Ray and reports what it saw. What runs on
-the nodes, and its protocol, is in actors.py.
+the nodes, and its protocol, is in actors.py; the nodes' set-up, where actors and read
+tasks run, and the watch on the nodes are in nodes.py (:class:`ClusterNodes`).
 
 Keys: one per actor, i.e. per runtime instance: key k is instance i of core c of node n
 (``where(k)``). The layout's ``physical`` tells the scheduler which keys share a core, so a
@@ -36,11 +37,11 @@ Failure policy (scheduler.py's single-board policy, carried onto Ray):
   retires it (WorkerRetired from ``check``).
 - A node that leaves (the GCS no longer lists it alive) is said once, and its actors are
   retired quietly; their items go back uncharged and the run goes on with the other nodes.
-  A node whose set-up fails is left out the same way.
-- The cluster itself is lost when its GCS gives no answer for _GCS_LOST_S (each question is
-  bounded by GCS_TIMEOUT_S): ``check`` (or ``wait``) raises ClusterLostError, the run
-  stops at once and ends ``interrupted`` (ClusterEngine), so the rows done so far are
-  written and ``--resume`` continues it.
+  A node whose set-up fails is left out the same way (nodes.py).
+- The cluster itself is lost when its GCS gives no answer for nodes.py's _GCS_LOST_S (each
+  question is bounded by GCS_TIMEOUT_S): ``check`` (or ``wait``) raises ClusterLostError,
+  the run stops at once and ends ``interrupted`` (ClusterEngine), so the rows done so far
+  are written and ``--resume`` continues it.
 - Reads: read lanes stand for reader processes (reads.py); a read task that dies or hangs
   is a ReaderLost.
 - The loop's own gaps (``shift``) are not held against actors and read tasks.
@@ -56,20 +57,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from batchinfer.cluster.actors import CallResult, CoreActor, NodeHost, model_files
+from batchinfer.cluster.actors import CallResult
 from batchinfer.cluster.busy import BusyUnion
-from batchinfer.cluster.connect import (
-    GCS_TIMEOUT_S,
-    ClusterLostError,
-    NodeInfo,
-    check_shared_dataset,
-    import_ray,
-    live_node_ids,
-)
-from batchinfer.cluster.reads import READ_ITEMS, Lane, ReadLanes, ReadTask
-from batchinfer.cluster.resources import core_resource
+from batchinfer.cluster.connect import NodeInfo, import_ray
+from batchinfer.cluster.nodes import ClusterNodes, check_data_mode, short
+from batchinfer.cluster.reads import READ_ITEMS, Lane, MemoryItems, ReadLanes, ReadTask
 from batchinfer.data.dataset import Item
 from batchinfer.engine.planning.interface import EnginePlan
 from batchinfer.engine.pools import (
@@ -78,7 +70,6 @@ from batchinfer.engine.pools import (
     Layout,
     PoolEvent,
     PoolReport,
-    Said,
     Where,
     WorkerLost,
     WorkerRetired,
@@ -88,24 +79,15 @@ from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
 from batchinfer.engine.watchdog import HangLimit
-from batchinfer.errors import NoCoreError, UsageError
-from batchinfer.messages import setting
 from batchinfer.runtime.adapter import CoreReason
-from batchinfer.runtime.backends import Backend
 from batchinfer.sink.stats import CoreStatsRecorder
 
 log = logging.getLogger("batchinfer")
 
-DATA_MODES = ("head", "shared")
 #: Items per actor call at most: one call costs the driver ~0.3 ms (measured here), so
 #: items share it; a call of one item is sent whenever only one is ready.
 CALL_ITEMS = 4
-_NODE_CHECK_S = 1.0
-_STOP_WAIT_S = 2.0
 _PROBE_AGAIN_S = 0.25
-# The GCS gave no answer for this long: the cluster is lost (Ray itself waits 60 s, then
-# ends the process, leaving the run folder unfinished).
-_GCS_LOST_S = 5.0
 
 
 @dataclass
@@ -158,33 +140,21 @@ class RayPool:
         clock: Callable[[], float] = time.monotonic,
         ray: Any = None,
     ) -> None:
-        if data not in DATA_MODES:
-            raise UsageError(
-                setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
-            )
+        check_data_mode(data)
         self.ray = ray if ray is not None else import_ray()
         self.plan = plan
         self.source = source
         self.clock = clock
         self.rel = plan.reliability
-        self.data = data
-        self.head_node_id = head_node_id
         self.call_items = max(1, call_items)
-        self.usable = [n for n in nodes if set(n.cores) & set(plan.cores)]
-        if not self.usable:
-            raise NoCoreError(
-                "no node of the Ray cluster declares the NPU cores to use "
-                f"({', '.join(str(c) for c in plan.cores)}) as resources npu_core_N; start "
-                "each board with ray start --resources (see docs/guide/ray.md)."
-            )
-        k = plan.instances_per_core
-        where = [
-            (n, c, i) for n in self.usable for c in plan.cores if c in n.cores for i in range(k)
-        ]
-        self.actors = [_Actor(key, n, c, i) for key, (n, c, i) in enumerate(where)]
-        places = sorted({a.where for a in self.actors}, key=lambda w: (w[0], w[1]))
+        self.cluster_nodes = ClusterNodes(
+            self.ray, plan, nodes, data, head_node_id, clock=clock, retire_node=self._retire_node
+        )
+        places = self.cluster_nodes.places()
+        self.actors = [_Actor(key, n, c, i) for key, (n, c, i) in enumerate(places)]
+        cores = sorted({a.where for a in self.actors}, key=lambda w: (w[0], w[1]))
         per_call = QUEUED_PER_INSTANCE * self.call_items
-        lanes = self._lanes_wanted() if source.needs_reader else 0
+        lanes = self.cluster_nodes.lanes_wanted() if source.needs_reader else 0
         slots = len(self.actors) * (per_call + self.call_items) + lanes * READ_ITEMS * 2
         self.layout = Layout(
             keys=tuple(range(len(self.actors))),
@@ -192,25 +162,19 @@ class RayPool:
             capacity=per_call,
             slots=slots,
             readers=lanes,
-            places=tuple(places),
+            places=tuple(cores),
             place=lambda key: self.actors[key].where,
             physical=lambda key: self.actors[key].where,
         )
         self.outputs: dict[int, Any] = {}
         self.nodes: tuple[str, ...] = ()
-        self.hosts: dict[str, Any] = {}
-        self.backends: dict[str, Backend] = {}
-        self.lost_nodes: set[str] = set()
         self.reads: ReadLanes | None = None
-        self._busy = {w: BusyUnion(k) for w in places}
+        self._busy = {w: BusyUnion(plan.instances_per_core) for w in cores}
         self._events: list[PoolEvent] = []  # found in setup(): the first wait() returns them
         # ref -> what it answers: ("call", actor, call), ("read", lane, task), ("probe", ...)
         self._waiting: dict[Any, tuple[str, Any, Any]] = {}
         self._input_refs: dict[int, Any] = {}
-        self._slot_ref: dict[int, Any] = {}  # synthetic sources: one object per slot
-        self._buffers: list[list[np.ndarray]] = []
-        self._next_node_check = 0.0
-        self._gcs_silent_since: float | None = None
+        self._memory: MemoryItems | None = None  # a source without readers
         self._scheduler: Scheduler | None = None
         self._stats: CoreStatsRecorder | None = None
 
@@ -228,66 +192,17 @@ class RayPool:
         assert self._stats is not None, "the pool is not set up"
         return self._stats
 
-    def _lanes_wanted(self) -> int:
-        readers = self.plan.readers
-        return readers * len(self.usable) if self.data == "shared" else max(2, readers)
-
     # ------------------------------------------------------------------ set-up
     def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
         self._scheduler, self._stats = scheduler, stats
         ray = self.ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as Affinity
-
-        dataset = getattr(self.source, "dataset", None)
-        if self.source.needs_reader and self.data == "shared" and dataset is not None:
-            check_shared_dataset(self.usable, dataset, self.rel.startup_timeout_s)
-        host_cls = ray.remote(num_cpus=0, max_restarts=0)(NodeHost)
-        files = ray.put(model_files(self.plan.backend.model))  # for nodes without the model
-        begins = {}
-        for node in self.usable:
-            host = host_cls.options(scheduling_strategy=Affinity(node.node_id, soft=False))
-            self.hosts[node.node_id] = handle = host.remote(self.plan.backend)
-            begins[node.node_id] = handle.begin.remote(files)
-        limit = self.rel.startup_timeout_s
-        for node in self.usable:
-            try:
-                self.backends[node.node_id] = ray.get(begins[node.node_id], timeout=limit)
-            except Exception as e:  # the node cannot take part; the others may
-                said = f"node {node.name} is left out: its set-up failed ({_short(e)})."
-                self._events += self._leave_out(node, said, "its node's set-up failed")
-        self.nodes = tuple(n.name for n in self.usable if n.node_id in self.backends)
-        actor_cls = ray.remote(CoreActor)
-        # A task that decodes in the workers decodes in the actors (actors.py).
-        task = self.plan.worker_task
-        k = self.plan.instances_per_core
+        self._events += self.cluster_nodes.begin(self.source)
+        self.nodes = self.cluster_nodes.names
         for actor in self.actors:
-            backend = self.backends.get(actor.node.node_id)
-            if backend is None:
-                continue  # retired with its node
-            actor.handle = actor_cls.options(
-                num_cpus=0,
-                resources={core_resource(actor.core): 1.0 / k},
-                scheduling_strategy=Affinity(actor.node.node_id, soft=False),
-                max_restarts=-1,
-                max_task_retries=0,
-            ).remote(
-                backend,
-                actor.core,
-                self.plan.preprocess.layout,
-                task,
-                self.plan.save_outputs,
-            )
-            self.start_worker(actor.key, now)
-        head = self.head_node_id
-        lanes: list[tuple[Any, str | None]] = []
-        for lane in range(self.layout.readers):
-            if self.data == "head" and head is not None:
-                lanes.append((Affinity(head, soft=False), head))
-            elif self.data == "shared":
-                node_id = self.usable[lane % len(self.usable)].node_id
-                lanes.append((Affinity(node_id, soft=True), node_id))
-            else:
-                lanes.append(("DEFAULT", None))
+            actor.handle = self.cluster_nodes.core_actor(actor.node, actor.core)
+            if actor.handle is not None:  # else retired with its node
+                self.start_worker(actor.key, now)
+        lanes = self.cluster_nodes.lanes(self.layout.readers)
         self.reads = ReadLanes(
             ray,
             lanes,
@@ -298,14 +213,10 @@ class RayPool:
         self._prefill()
 
     def _prefill(self) -> None:
-        if self.source.needs_reader:
-            return
-        shape, dtype = self.plan.preprocess.shape, self.plan.preprocess.dtype
-        slots = self.layout.slots
-        self._buffers = [[np.zeros(shape, np.dtype(dtype))] for _ in range(slots)]
-        self.source.prefill(lambda slot: self._buffers[slot], slots)
-        if type(self.source).fill is ItemSource.fill:  # the slots' tensors never change
-            self._slot_ref = {s: self.ray.put(b[0]) for s, b in enumerate(self._buffers)}
+        if not self.source.needs_reader:
+            self._memory = MemoryItems(
+                self.ray, self.source, self.plan.preprocess, self.layout.slots
+            )
 
     def start_worker(self, key: int, now: float) -> None:
         """Ask the actor to start (make its instance, infer the canary): its WorkerUp comes
@@ -334,11 +245,8 @@ class RayPool:
 
     # ------------------------------------------------------------------ sending
     def fill(self, slot: int, item: Item) -> None:
-        if self._slot_ref:
-            self._input_refs[slot] = self._slot_ref[slot]
-        else:
-            self.source.fill(item, self._buffers[slot])
-            self._input_refs[slot] = self.ray.put(self._buffers[slot][0])
+        assert self._memory is not None, "a source without readers"
+        self._input_refs[slot] = self._memory.put(slot, item)
 
     def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         assert self.reads is not None
@@ -407,7 +315,7 @@ class RayPool:
         if isinstance(exc, self.ray.exceptions.ActorUnavailableError):
             actor.probe_again_at = self.clock() + _PROBE_AGAIN_S  # still restarting
             return []
-        reason = CoreReason.of(f"its actor failed to start ({_short(exc)})")
+        reason = CoreReason.of(f"its actor failed to start ({short(exc)})")
         return [self._retired(actor, reason)]
 
     def _on_started(self, actor: _Actor, probe: Any, info: dict) -> list[PoolEvent]:
@@ -449,8 +357,8 @@ class RayPool:
     def _on_actor_death(self, actor: _Actor, call: _Call, exc: Exception) -> list[PoolEvent]:
         if call.epoch != actor.epoch or actor.state == CoreStatus.RETIRED:
             return []
-        if self._node_gone(actor.node):
-            return self._node_lost(actor.node)
+        if self.cluster_nodes.gone(actor.node):
+            return self.cluster_nodes.lost_node(actor.node)
         what = actor.kill_reason or f"actor process crashed ({type(exc).__name__})"
         actor.kill_reason = None
         # Calls run one at a time, in order: the oldest one was being inferred.
@@ -481,10 +389,7 @@ class RayPool:
 
     def _on_read_failed(self, lane: Lane, task: ReadTask, exc: Exception) -> list[PoolEvent]:
         assert self.reads is not None
-        gone = lane.node_id is not None and any(
-            n.node_id == lane.node_id and self._node_gone(n) for n in self.usable
-        )
-        lost = self.reads.failed(lane, task, exc, gone)
+        lost = self.reads.failed(lane, task, exc, self.cluster_nodes.lane_gone(lane.node_id))
         return [lost] if lost is not None else []
 
     # ------------------------------------------------------------------ checks
@@ -514,13 +419,7 @@ class RayPool:
                         self.ray.kill(actor.handle, no_restart=False)
         if self.reads is not None:
             self.reads.check_hangs(now)
-        if now >= self._next_node_check:
-            self._next_node_check = now + _NODE_CHECK_S
-            alive = self._live_nodes()
-            for node in self.usable:
-                if alive is not None and node.node_id not in alive:
-                    events += self._node_lost(node)
-        return events
+        return events + self.cluster_nodes.watch(now)
 
     def _forget_released(self) -> None:
         """Drop the objects of slots whose item is done (so Ray can free them)."""
@@ -538,51 +437,13 @@ class RayPool:
         if self.reads is not None:
             self.reads.shift(gap_s)
 
-    # ------------------------------------------------------------------ nodes
-    def _node_gone(self, node: NodeInfo) -> bool:
-        if node.node_id in self.lost_nodes:
-            return True
-        alive = self._live_nodes()
-        return alive is not None and node.node_id not in alive
-
-    def _live_nodes(self) -> set[str] | None:
-        """The live nodes' ids; None while the GCS is silent; ClusterLostError once it has
-        been silent for _GCS_LOST_S."""
-        alive = live_node_ids(self.ray, GCS_TIMEOUT_S)
-        if alive is not None:
-            self._gcs_silent_since = None
-            return alive
-        now = self.clock()
-        if self._gcs_silent_since is None:
-            self._gcs_silent_since = now - GCS_TIMEOUT_S  # asked that long ago
-        silent = now - self._gcs_silent_since
-        if silent >= _GCS_LOST_S:
-            raise ClusterLostError(
-                f"the Ray cluster stopped answering: its GCS{_gcs_address(self.ray)} (the "
-                f"gcs_server of the head node) gave no answer for {silent:.0f} s"
-            )
-        return None
-
-    def _node_lost(self, node: NodeInfo) -> list[PoolEvent]:
-        """``node`` left the cluster: said once; its actors are retired (quietly), their
-        items go back uncharged."""
-        if node.node_id in self.lost_nodes:
-            return []
-        return self._leave_out(
-            node,
-            f"node {node.name} left the cluster: its cores are retired and their items go to "
-            "the other nodes.",
-            "its node left the cluster",
-        )
-
-    def _leave_out(self, node: NodeInfo, said: str, why: str) -> list[PoolEvent]:
-        """``node`` takes no part from now on: ``said`` once, its actors retired quietly."""
-        self.lost_nodes.add(node.node_id)
-        events: list[PoolEvent] = [Said(said)]
-        for actor in self.actors:
-            if actor.node.node_id == node.node_id and actor.state != CoreStatus.RETIRED:
-                events.append(self._retired(actor, CoreReason.of(why), quiet=True))
-        return events
+    def _retire_node(self, node: NodeInfo, why: str) -> list[PoolEvent]:
+        """Retire ``node``'s actors quietly (it takes no part from now on: nodes.py)."""
+        return [
+            self._retired(actor, CoreReason.of(why), quiet=True)
+            for actor in self.actors
+            if actor.node.node_id == node.node_id and actor.state != CoreStatus.RETIRED
+        ]
 
     # ------------------------------------------------------------------ ending
     def _retired(self, actor: _Actor, reason: CoreReason, quiet: bool = False) -> WorkerRetired:
@@ -609,51 +470,20 @@ class RayPool:
     def close(self, hard: bool) -> None:
         """Stop the actors (asked first unless ``hard``) and read tasks, then undo each
         node's set-up."""
-        ray = self.ray
         if self.reads is not None:
             self.reads.cancel()
-        live = [a for a in self.actors if a.handle is not None and a.state != CoreStatus.RETIRED]
-        stops = []
-        for actor in live if not hard else ():
-            with contextlib.suppress(Exception):
-                stops.append(actor.handle.stop.remote())
-        if stops:
-            with contextlib.suppress(Exception):
-                ray.wait(stops, num_returns=len(stops), timeout=_STOP_WAIT_S)
+        made = [a for a in self.actors if a.handle is not None]
+        live = [a.handle for a in made if a.state != CoreStatus.RETIRED and not hard]
+        self.cluster_nodes.end(live, [a.handle for a in made])
         for actor in self.actors:
-            self._kill(actor)
             actor.calls.clear()
             if self._stats is not None:
                 self._report_busy(actor, final=True)
-        ends = {}
-        for node_id, host in self.hosts.items():
-            if node_id in self.backends and node_id not in self.lost_nodes:
-                with contextlib.suppress(Exception):
-                    ends[node_id] = host.end.remote()
-        if ends:
-            with contextlib.suppress(Exception):
-                ray.wait(list(ends.values()), num_returns=len(ends), timeout=_STOP_WAIT_S)
-        for host in self.hosts.values():
-            with contextlib.suppress(Exception):
-                ray.kill(host, no_restart=True)
         self._waiting.clear()
         self._input_refs.clear()
-        self._slot_ref.clear()
+        if self._memory is not None:
+            self._memory.clear()
         self.outputs.clear()
 
     def report(self) -> PoolReport:
         return PoolReport(self.plan.backend.describe(), {})
-
-
-def _gcs_address(ray: Any) -> str:
-    """`` at HOST:PORT``, or nothing when Ray does not say."""
-    try:
-        return f" at {ray.get_runtime_context().gcs_address}"
-    except Exception:
-        return ""
-
-
-def _short(exc: BaseException) -> str:
-    """The last line of an exception's text (Ray's carry the remote traceback)."""
-    text = str(exc).strip()
-    return text.splitlines()[-1] if text else type(exc).__name__

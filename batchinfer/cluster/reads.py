@@ -10,6 +10,9 @@ names its item as the culprit (the scheduler charges it an attempt), a larger ta
 are read alone next time, so that a second death names its file. Files that cannot be
 decoded come back as errors of :class:`~batchinfer.engine.pools.ItemsRead` (error rows at
 once). The lanes know the items the loop gave them (RayPool.send_reads), not the scheduler.
+
+A source without readers (tensors in memory, synthetic) has no lanes: :class:`MemoryItems`
+fills its items on the driver and puts them in Ray's object store instead.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from batchinfer.cluster.actors import read_items
 from batchinfer.data.dataset import Item
 from batchinfer.data.preprocess import Preprocess
 from batchinfer.engine.pools import ItemRead, ItemsRead, ReaderLost
+from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.watchdog import HangLimit
 
 #: Items per read task at most.
@@ -153,3 +159,28 @@ class ReadLanes:
             if lane.task is not None:
                 with contextlib.suppress(Exception):
                     self.ray.cancel(lane.task.meta, force=True)
+
+
+class MemoryItems:
+    """The objects of a source's items that it fills in memory (no read tasks): one tensor
+    per slot, filled on the driver and put for each item; a source whose slots' tensors
+    never change (synthetic) has one object per slot, put once."""
+
+    def __init__(self, ray: Any, source: ItemSource, preprocess: Preprocess, slots: int) -> None:
+        self.ray, self.source = ray, source
+        shape, dtype = preprocess.shape, preprocess.dtype
+        self._buffers = [[np.zeros(shape, np.dtype(dtype))] for _ in range(slots)]
+        source.prefill(lambda slot: self._buffers[slot], slots)
+        self._slot_ref: dict[int, Any] = {}
+        if type(source).fill is ItemSource.fill:  # the slots' tensors never change
+            self._slot_ref = {s: ray.put(b[0]) for s, b in enumerate(self._buffers)}
+
+    def put(self, slot: int, item: Item) -> Any:
+        """The object of ``item``'s tensor (in ``slot``)."""
+        if self._slot_ref:
+            return self._slot_ref[slot]
+        self.source.fill(item, self._buffers[slot])
+        return self.ray.put(self._buffers[slot][0])
+
+    def clear(self) -> None:
+        self._slot_ref.clear()

@@ -20,7 +20,8 @@ from batchinfer.cluster.connect import (
     RayConnection,
     check_shared_dataset,
 )
-from batchinfer.cluster.driver import DATA_MODES, ClusterEngine
+from batchinfer.cluster.driver import ClusterEngine
+from batchinfer.cluster.nodes import check_data_mode
 from batchinfer.engine.events import Observer
 from batchinfer.engine.planning.config import RunConfig
 from batchinfer.engine.planning.instances import refuse_on_cluster
@@ -169,10 +170,7 @@ def connect_cluster(
     handler). Raises UsageError for a bad ``data``, NoCoreError when no node declares one
     of the plan's cores, RunFailedError when the cluster cannot be reached.
     """
-    if data not in DATA_MODES:
-        raise UsageError(
-            setting("ray_data") + f" must be one of {', '.join(DATA_MODES)}, not {data!r}."
-        )
+    check_data_mode(data)
     refuse_on_cluster(plan)
     with RayConnection(address, plan.backend.cores()) as connection:
         if signals is not None:
