@@ -29,9 +29,9 @@ path and the frame's index), decoded by the data layer's video decode
 
 How a picture is fitted to its side is the scorer's (:class:`Fit`): the classification
 cards' thumbnails as they come, Lanczos-shrunk (:data:`THUMBNAIL_FIT`); the detection
-gallery's panels, which the coordinator draws boxes on (scorers/instances_plots.draw_on),
-upright by EXIF as the readers saw them, in RGB, shrunk bilinear and enlarged at most 4x
-(:data:`PANEL_FIT`).
+gallery's panels, images and video frames alike, which the coordinator draws boxes on
+(scorers/instances_plots.draw_on): upright by EXIF as the readers saw them, in RGB, shrunk
+bilinear and enlarged at most 4x (:data:`PANEL_FIT`).
 
 Protocol: coordinator -> child ``("make", [source, ...])``, ``Stop()`` (the pool's, from
 engine/protocol.py); child -> coordinator ``("ready",)`` once imported, then
