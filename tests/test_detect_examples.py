@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from batchinfer.evaluate.groundtruth import Category, GroundTruth
-from batchinfer.evaluate.scorers.instances_examples import detection_examples
+from batchinfer.evaluate.scorers.instances_examples import PANEL_SIDE, detection_examples
 from batchinfer.evaluate.scorers.instances_items import DetectionItems
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs
 
@@ -112,14 +112,22 @@ def test_the_display_threshold_keeps_what_scores_at_least_it(tmp_path):
 
 def test_the_report_draws_the_ground_truth_beside_each_sides_boxes(tmp_path):
     pytest.importorskip("matplotlib")
+    from batchinfer.evaluate.scorers.instances import InstancesScorer
     from batchinfer.evaluate.scorers.instances_report import _gallery
+    from batchinfer.evaluate.thumbnails import PANEL_FIT, Thumbnail, picture
 
     for name in IDS:
         Image.new("RGB", (64, 64), (200, 200, 200)).save(tmp_path / name)
     device = detections([found(150) for _ in IDS])
     inputs = DetectInputs(device, ground_truth(), [1, 2], detections([found(150) for _ in IDS]))
     worst = detection_examples(inputs, dataset(tmp_path), 2, 0.25)
-    page = _gallery({"worst": worst, "display_conf": 0.25, "reference": {"model": "r"}}, {})
+    record = {"worst": worst, "display_conf": 0.25, "reference": {"model": "r"}}
+    # The pictures the report's picture child makes (here in this process: no child).
+    pictures = {
+        source: Thumbnail(*picture(source, PANEL_SIDE, None, None, PANEL_FIT))
+        for source in InstancesScorer.shown_items(record)
+    }
+    page = _gallery(record, pictures)
     assert page.count("<div class=shot>") == 2
     assert page.count("src='data:image/jpeg;base64,") == 6  # truth, device, reference
     assert "ground truth: 1 box</figcaption>" in page

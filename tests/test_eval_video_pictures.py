@@ -40,12 +40,15 @@ def decoded_frames(video: Path) -> dict[int, np.ndarray]:
     return {f.index: f.rgb for f in frames if isinstance(f, DecodedFrame)}
 
 
-def downscaled(rgb: np.ndarray, side: int) -> tuple[Image.Image, float]:
-    """The report's picture of a frame: ``side`` pixels on its long side (Lanczos)."""
+def downscaled(
+    rgb: np.ndarray, side: int, shrink: Image.Resampling = Image.Resampling.LANCZOS
+) -> tuple[Image.Image, float]:
+    """The report's picture of a frame: ``side`` pixels on its long side (shrunk with
+    Lanczos for a classification card, bilinear for a detection panel, as its images)."""
     image = Image.fromarray(rgb)
     scale = side / max(image.size)
     size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
-    return image.resize(size, Image.Resampling.LANCZOS), scale
+    return image.resize(size, shrink), scale
 
 
 def png_pixels(uri: str) -> np.ndarray:
@@ -120,7 +123,7 @@ def test_a_detection_reports_gallery_shows_each_frame_it_names(demo_kit, tmp_pat
         item = worst[ident]
         frame = int(ident.rpartition("#")[2])
         assert item["frame"] == frame and item["path"] == str(clip.video)
-        picture = downscaled(frames[frame], 240)
+        picture = downscaled(frames[frame], 240, Image.Resampling.BILINEAR)
         assert images[0][1] == draw_on(picture, [(item["truth_boxes"], GROUND_TRUTH_COLOR, 2)])
 
 

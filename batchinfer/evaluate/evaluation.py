@@ -175,6 +175,7 @@ def _write_report(
         max_pixels=max_pixels if isinstance(max_pixels, int) else None,
         max_item_bytes=None if max_item_bytes == "none" else max_item_bytes,
         size=scorer.picture_side,
+        fit=scorer.picture_fit,
     )
     page = html_report(record, job_history(history, job.name), pictures, scorer)
     return write_report(job, record_dir, page)

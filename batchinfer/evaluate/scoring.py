@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from batchinfer.evaluate.jobspec import Job
     from batchinfer.evaluate.metrics import Metric
     from batchinfer.evaluate.runs import SidePlan, SideRun
-    from batchinfer.evaluate.thumbnails import Source, Thumbnail
+    from batchinfer.evaluate.thumbnails import Fit, Source, Thumbnail
     from batchinfer.sink.rows import MemorySink
 
 #: One report section: (its element id, its title, its HTML).
@@ -80,6 +80,8 @@ class Scorer(Protocol):
     significance_test: str
     #: The longest side of the pictures its ``shown_items`` get, in pixels.
     picture_side: int
+    #: How those pictures are fitted to that side (evaluate/thumbnails.py).
+    picture_fit: Fit
 
     # ------------------------------------------------------------------ the job
     def check_job(self) -> None: ...

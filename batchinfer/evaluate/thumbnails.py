@@ -27,6 +27,12 @@ A video frame is a :class:`~batchinfer.evaluate.video_pictures.FrameSource` (the
 path and the frame's index), decoded by the data layer's video decode
 (evaluate/video_pictures.py says how, and what it costs).
 
+How a picture is fitted to its side is the scorer's (:class:`Fit`): the classification
+cards' thumbnails as they come, Lanczos-shrunk (:data:`THUMBNAIL_FIT`); the detection
+gallery's panels, images and video frames alike, which the coordinator draws boxes on
+(scorers/instances_plots.draw_on): upright by EXIF as the readers saw them, in RGB, shrunk
+bilinear and enlarged at most 4x (:data:`PANEL_FIT`).
+
 Protocol: coordinator -> child ``("make", [source, ...])``, ``Stop()`` (the pool's, from
 engine/protocol.py); child -> coordinator ``("ready",)`` once imported, then
 ``("made", uri or None, note or None, scale or None)`` for each source, in order (``scale``:
@@ -42,7 +48,7 @@ import stat
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -79,6 +85,27 @@ class Thumbnail:
 
 
 @dataclass(frozen=True)
+class Fit:
+    """How an item's picture is fitted to its side (picklable: the child is given it). A
+    picture is always enlarged with sharp pixels (nearest)."""
+
+    #: The most a small picture is enlarged (None: to the side, however small).
+    max_zoom: float | None = None
+    #: The filter a large picture is shrunk with.
+    shrink: Literal["lanczos", "bilinear"] = "lanczos"
+    #: Turned by its EXIF orientation, as readers do for detection (boxes are drawn on it).
+    upright: bool = False
+    #: Made RGB (a grey image too), for boxes in colour; else L or RGB as it comes.
+    rgb: bool = False
+
+
+#: The classification cards' thumbnails.
+THUMBNAIL_FIT = Fit()
+#: The detection gallery's panels (scorers/instances_report.py draws the boxes on them).
+PANEL_FIT = Fit(max_zoom=4.0, shrink="bilinear", upright=True, rgb=True)
+
+
+@dataclass(frozen=True)
 class ThumbnailSpec:
     """What the child needs (picklable)."""
 
@@ -86,6 +113,7 @@ class ThumbnailSpec:
     size: int
     max_pixels: int | None
     max_item_bytes: int | None = None
+    fit: Fit = THUMBNAIL_FIT
 
 
 def picture_source(item: Mapping[str, Any]) -> Source:
@@ -109,28 +137,42 @@ def thumbnail_main(spec: ThumbnailSpec, tasks: Connection, results: Connection) 
     send_or_exit(results, ("ready",))
     for msg in until_stop(tasks):
         for path in msg[1]:
-            made = picture(path, spec.size, spec.max_pixels, spec.max_item_bytes)
+            made = picture(path, spec.size, spec.max_pixels, spec.max_item_bytes, spec.fit)
             send_or_exit(results, ("made", *made))
 
 
 def picture(
-    source: Source, size: int, max_pixels: int | None, max_item_bytes: int | None = None
+    source: Source,
+    size: int,
+    max_pixels: int | None,
+    max_item_bytes: int | None = None,
+    fit: Fit = THUMBNAIL_FIT,
 ) -> tuple[str | None, str | None, float | None]:
     """(PNG data: URI of at most ``size`` pixels a side, None, its scale) or (None, why not,
     None)."""
-    from PIL import Image
-
-    image, note = open_item(source, max_pixels, max_item_bytes)
+    image, note = open_item(source, max_pixels, max_item_bytes, fit.upright)
     if image is None:
         return None, note, None
-    scale = size / max(image.size)
-    resample = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.LANCZOS
-    image = image.resize(
-        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), resample
-    )
+    image, scale = fitted(image.convert("RGB") if fit.rgb else image, size, fit)
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode(), None, scale
+
+
+def fitted(image, side: int, fit: Fit):  # (PIL.Image.Image, ...) -> (PIL.Image.Image, float)
+    """``image`` scaled to ``side`` pixels on its long side as ``fit`` says, and that scale
+    (the picture's pixels per pixel of the image)."""
+    from PIL import Image
+
+    scale = side / max(image.size)
+    if fit.max_zoom is not None:
+        scale = min(fit.max_zoom, scale)
+    if scale == 1.0:
+        return image, scale
+    shrink = {"lanczos": Image.Resampling.LANCZOS, "bilinear": Image.Resampling.BILINEAR}
+    resample = Image.Resampling.NEAREST if scale > 1 else shrink[fit.shrink]
+    size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(size, resample), scale
 
 
 def open_item(
@@ -226,29 +268,23 @@ def make_thumbnails(
     size: int = THUMBNAIL_SIDE,
     clock: Callable[[], float] = time.monotonic,
     maker: Callable[[ThumbnailSpec, Connection, Connection], None] | None = None,
+    fit: Fit = THUMBNAIL_FIT,
 ) -> dict[Source, Thumbnail]:
     """A Thumbnail for each of ``paths`` (files or shard members: :data:`Source`; see the
-    module docstring); never blocks longer than the timeouts, and leaves no process behind.
-    ``max_item_bytes``: the most bytes an item may hold, "auto" for what ``max_pixels``
-    gives (as readers: Preprocess.max_item_bytes), None for no limit. ``maker``: the
-    child's entry point (default :func:`thumbnail_main`; the tests give one that hangs)."""
+    module docstring), fitted to ``size`` as ``fit`` says; never blocks longer than the
+    timeouts, and leaves no process behind. ``max_item_bytes``: the most bytes an item may
+    hold, "auto" for what ``max_pixels`` gives (as readers: Preprocess.max_item_bytes),
+    None for no limit. ``maker``: the child's entry point (default :func:`thumbnail_main`;
+    the tests give one that hangs)."""
     maker = maker or thumbnail_main
     limit = item_bytes_for(max_pixels) if max_item_bytes == "auto" else max_item_bytes
-    spec_limit = limit if isinstance(limit, int) else None
+    # Its parent_pid is each child pool's (_run_child).
+    spec = ThumbnailSpec(0, size, max_pixels, limit if isinstance(limit, int) else None, fit)
     todo = list(dict.fromkeys(paths))
     out: dict[Source, Thumbnail] = {}
     hung = 0
     while todo and hung < MAX_HUNG:
-        hung += _run_child(
-            maker,
-            todo,
-            out,
-            decode_timeout_s,
-            startup_timeout_s,
-            (max_pixels, spec_limit),
-            size,
-            clock,
-        )
+        hung += _run_child(maker, spec, todo, out, decode_timeout_s, startup_timeout_s, clock)
     for path in todo:
         out[path] = Thumbnail(None, f"not read: {hung} items before it took too long to read")
     return out
@@ -256,19 +292,18 @@ def make_thumbnails(
 
 def _run_child(
     maker: Callable[[ThumbnailSpec, Connection, Connection], None],
+    spec: ThumbnailSpec,
     todo: list[Source],
     out: dict[Source, Thumbnail],
     decode_timeout_s: float,
     startup_timeout_s: float,
-    limits: tuple[int | None, int | None],
-    size: int,
     clock: Callable[[], float],
 ) -> int:
     """One child making pictures of ``todo`` (taken off it as they come, into ``out``)
     until done, or until an item hangs (returns 1) or kills it (returns 0)."""
     pool = ChildPool(clock)
     try:
-        spec = ThumbnailSpec(pool.parent_pid, size, *limits)
+        spec = replace(spec, parent_pid=pool.parent_pid)
         child = pool.start("thumbnails", 0, maker, spec, startup_timeout_s, "starting")
         pool.send(child, ("make", list(todo)))
         deadline, ready = clock() + startup_timeout_s, False

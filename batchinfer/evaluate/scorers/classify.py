@@ -41,7 +41,13 @@ from batchinfer.evaluate.summary import (
     no_baseline,
     pct,
 )
-from batchinfer.evaluate.thumbnails import FLIPPED_PICTURED, THUMBNAIL_SIDE, Source, Thumbnail
+from batchinfer.evaluate.thumbnails import (
+    FLIPPED_PICTURED,
+    THUMBNAIL_FIT,
+    THUMBNAIL_SIDE,
+    Source,
+    Thumbnail,
+)
 from batchinfer.sink.rows import MemorySink
 
 log = logging.getLogger("batchinfer")
@@ -190,6 +196,7 @@ class ClassifyScorer:
 
     task = "classify"
     picture_side = THUMBNAIL_SIDE
+    picture_fit = THUMBNAIL_FIT
     significance_test = "gates.top1 with max_drop (McNemar's test is on per-item top-1 correctness)"
 
     def __init__(self, job: Job) -> None:

@@ -41,7 +41,7 @@ from batchinfer.evaluate.scorers import instances_summary
 from batchinfer.evaluate.scorers.instances_examples import PANEL_SIDE, detection_examples
 from batchinfer.evaluate.scorers.instances_items import DetectionItems
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs, detection_metrics
-from batchinfer.evaluate.thumbnails import Source, Thumbnail, picture_source
+from batchinfer.evaluate.thumbnails import PANEL_FIT, Source, Thumbnail, picture_source
 from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.sink.rows import MemorySink
 
@@ -179,6 +179,7 @@ class InstancesScorer:
 
     task = "detect"
     picture_side = PANEL_SIDE
+    picture_fit = PANEL_FIT
     #: What its metrics see (a scorer of a part beside the boxes extends it).
     inputs_type: ClassVar[type[DetectInputs]] = DetectInputs
     significance_test = (
@@ -375,8 +376,8 @@ class InstancesScorer:
 
     @staticmethod
     def shown_items(record: Mapping[str, Any]) -> list[Source]:
-        # Video frames only: the gallery opens image files itself (instances_report.py).
-        return [picture_source(i) for i in record["worst"] if i.get("frame") is not None]
+        # Every image and frame: the gallery draws its boxes on these (instances_report.py).
+        return [picture_source(i) for i in record["worst"]]
 
 
 __all__ = ["InstancesScorer", "class_names", "instances_table", "read_ground_truth"]

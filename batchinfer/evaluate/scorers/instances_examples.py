@@ -14,8 +14,8 @@ scores mAP at ``detect.conf`` 0.001, which keeps every low-score box, and they w
 the image. The ground truth's boxes come beside them, named by category.
 
 Each image's entry holds where it is (evaluate/steps.py ``item_places``): its file, and for
-a video's frame the frame's index too, whose picture the report's picture child decodes
-(:data:`PANEL_SIDE` on its long side) while the report opens image files itself.
+a video's frame the frame's index too, from which the report's picture child makes its
+picture (:data:`PANEL_SIDE` on its long side; the report never opens an item itself).
 """
 
 from __future__ import annotations

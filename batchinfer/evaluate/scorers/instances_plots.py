@@ -34,6 +34,7 @@ from batchinfer.draw import draw_layer
 from batchinfer.evaluate.plots import figure as _figure
 from batchinfer.evaluate.plots import plain_legend as _plain_legend
 from batchinfer.evaluate.scorers.coco import disagreement
+from batchinfer.evaluate.thumbnails import PANEL_FIT, fitted
 
 REFERENCE_COLOR = (46, 160, 67)
 DEVICE_COLOR = (216, 27, 196)
@@ -177,20 +178,17 @@ def open_picture(
     path: str | os.PathLike[str], max_side: int = 360, exif_orientation: bool = True
 ) -> tuple[Image.Image, float] | None:
     """The image at ``path``, made upright and scaled to ``max_side`` on its long side
-    (small images enlarged at most 4x, pixels kept sharp), and that scale; None if
-    unreadable. Decoded once for every panel drawn on it (:func:`draw_on`)."""
+    as the report's panels are (evaluate/thumbnails.py :data:`PANEL_FIT`: small images
+    enlarged at most 4x, pixels kept sharp), and that scale; None if unreadable. Decoded
+    once for every panel drawn on it (:func:`draw_on`). Opened by the caller's process: the
+    report's gallery has its pictures made in a child instead (a FIFO item would block)."""
     try:
         with Image.open(path) as img:
             upright = ImageOps.exif_transpose(img) if exif_orientation else img
             rgb = upright.convert("RGB")
     except (OSError, ValueError, Image.DecompressionBombError):
         return None
-    scale = min(4.0, max_side / max(rgb.size))
-    if scale != 1.0:
-        size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
-        sharp = Image.Resampling.NEAREST if scale > 1 else Image.Resampling.BILINEAR
-        rgb = rgb.resize(size, sharp)
-    return rgb, scale
+    return fitted(rgb, max_side, PANEL_FIT)
 
 
 #: One layer of a picture: its boxes (a :class:`Boxes` or a predictions row's ``boxes``

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -29,7 +28,6 @@ from batchinfer.evaluate.scorers.instances_plots import (
     REFERENCE_COLOR,
     ap_figure,
     draw_on,
-    open_picture,
     pr_figure,
 )
 from batchinfer.evaluate.scorers.instances_summary import bootstrap_line, pct
@@ -129,11 +127,10 @@ def _panel(picture: Any, title: str, rows: list[dict[str, Any]], color: tuple) -
 
 
 def _picture(item: dict[str, Any], pictures: Mapping[Source, Thumbnail]) -> tuple[Any, str]:
-    """An item's picture to draw on (:func:`open_picture`'s pair), or None and why not. A
-    video frame's was decoded by the picture child (evaluate/thumbnails.py, under the decode
-    timeout; the instances scorer's ``shown_items``); an image file is opened here."""
-    if item.get("frame") is None:
-        return open_picture(Path(item["path"]), PANEL_SIDE), "the image cannot be read now"
+    """An item's picture to draw on (:func:`draw_on`'s pair: the picture and its scale), or
+    None and why not. Made by the picture child (evaluate/thumbnails.py, under the decode
+    timeout, for the instances scorer's ``shown_items``): an item that blocks whoever opens
+    it must not block the coordinator, so it never opens one."""
     made = pictures.get(picture_source(item))
     if made is None or made.uri is None or made.scale is None:
         return None, (made.note if made is not None else None) or "it was not made"
