@@ -8,7 +8,8 @@ import pytest
 from batchinfer.data.dataset import Item
 from batchinfer.engine.collector import FLUSH_AGE_S, FLUSH_ROWS, Collector
 from batchinfer.engine.events import RowsDone
-from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE
+from batchinfer.engine.scheduler import Scheduler
 from batchinfer.sink.rows import MemorySink
 from batchinfer.sink.stats import CoreStatsRecorder
 

@@ -12,13 +12,12 @@ import pytest
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine.plumbing.children import Child
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE, REFILL_AT
 from batchinfer.engine.scheduler import (
     BACKOFF_S,
     MAX_CRASHES_IN_ROW,
     MAX_READER_DEATHS,
-    QUEUED_PER_INSTANCE,
     READ_BATCH,
-    REFILL_AT,
     ReaderDeathsExceeded,
     Scheduler,
 )

@@ -58,21 +58,15 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
 from batchinfer.data.dataset import Item
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE, REFILL_AT
 from batchinfer.engine.states import CoreStatus, SlotState
 
 MAX_CRASHES_IN_ROW = 3
 BACKOFF_S = (0.25, 1.0, 4.0)
 MAX_READER_DEATHS = 10
-# Items a worker holds per instance: one in inference and the rest queued behind it, so an
-# instance never waits for the coordinator between two inferences, even while the worker
-# holds finished results back for a moment to send several in one message (worker.py).
-QUEUED_PER_INSTANCE = 6
-# Fewer, larger messages: a core is refilled (up to its capacity) once it holds at most
-# REFILL_AT items per instance, so one message carries several items instead of each item
-# travelling alone as soon as a slot is ready; what it still holds then keeps it busy while
-# the refill travels. Likewise a reader gets new reads when it holds none, or once
-# READ_BATCH of them are waiting.
-REFILL_AT = QUEUED_PER_INSTANCE // 2
+# A core's queue depth and refill point (QUEUED_PER_INSTANCE, REFILL_AT) are in
+# queue_depth.py. Likewise a reader gets new reads when it holds none, or once READ_BATCH of
+# them are waiting: fewer, larger messages.
 READ_BATCH = 4
 # Item groups whose reader is remembered (a few per reader are open at a time).
 _GROUPS_KEPT = 4096
@@ -165,6 +159,7 @@ class Scheduler:
         if capacity is None:
             capacity = QUEUED_PER_INSTANCE * instances_per_core
         self.cores = {c: CoreState(c, capacity) for c in cores}
+        self.instances = instances_per_core
         self.refill_at = REFILL_AT * instances_per_core
         self.max_attempts = max_attempts
         self.unsent: list[list[int]] = [[] for _ in range(readers)]
@@ -175,6 +170,7 @@ class Scheduler:
         self.stopping = False
         self.physical = physical or (lambda core: core)
         self.name = name or (lambda core: f"core {core}")
+        self.view = RunView(self)  # what the pools may read (the loop passes it on)
 
     # ------------------------------------------------------------------ queries
     def flight(self, slot: int) -> Flight:
@@ -225,11 +221,13 @@ class Scheduler:
             self.ready.append(slot)
         return slot
 
-    def add_reader(self) -> int:
-        """A new reader takes reads from now on; returns its number."""
-        self.unsent.append([])
-        self.reading.append(deque())
-        return len(self.unsent) - 1
+    def open_reader(self, reader: int) -> None:
+        """Reader ``reader`` takes reads from now on: the next number, or a closed reader's
+        again (the pool started it: a ReaderAdded)."""
+        while len(self.unsent) <= reader:
+            self.unsent.append([])
+            self.reading.append(deque())
+        self.closing.discard(reader)
 
     def close_reader(self, reader: int) -> None:
         """Reader ``reader`` gets no new reads (it is stopped once it holds none).
@@ -567,3 +565,56 @@ class Scheduler:
             for slot in slots:
                 self.release(slot)
             self.unsent[reader] = []
+
+
+class RunView:
+    """What a pool may read of the run's state (pools.RunState): a read-only window on the
+    scheduler, which the loop passes in ``wait`` and ``check``. A pool changes nothing here;
+    what it wants changed comes back to the loop as an event (ReaderAdded, ReaderClosing)."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    def starved(self) -> bool:
+        """A runtime instance has nothing to infer and no item is READY: the workers wait
+        for the readers. (Not "a core has room": a core is refilled long before it runs dry,
+        so with room to spare and its instances busy it waits for nothing; counted that
+        way, 8x8 PNGs that one reader decodes far faster than the cores consume looked
+        starved 10-18 % of the time.)"""
+        s = self._s
+        k = s.instances
+        return not s.ready and any(
+            c.state == CoreStatus.READY and len(c.inflight) < k for c in s.cores.values()
+        )
+
+    def started(self) -> bool:
+        """Every key is up or retired, and one is up: the workers' start-up is over."""
+        cores = self._s.cores.values()
+        return all(c.state in (CoreStatus.READY, CoreStatus.RETIRED) for c in cores) and any(
+            c.state == CoreStatus.READY for c in cores
+        )
+
+    def released(self, slots: Iterable[int]) -> list[int]:
+        """Those of ``slots`` that are free: their row was written, or left for --resume."""
+        flights = self._s.flights
+        return [slot for slot in slots if flights[slot] is None]
+
+    def indexes(self) -> set[int]:
+        """The indexes of the items in slots."""
+        return {f.item.index for f in self._s.flights if f is not None}
+
+    def readers(self) -> int:
+        """Reader numbers in use, open or closing (the next new reader's number)."""
+        return len(self._s.unsent)
+
+    def open_readers(self) -> list[int]:
+        return self._s.open_readers()
+
+    def closing_readers(self) -> list[int]:
+        """Readers that get no new reads: to be stopped once they hold none."""
+        return sorted(self._s.closing)
+
+    def held_by_reader(self, reader: int) -> int:
+        return self._s.held_by_reader(reader)
