@@ -246,7 +246,7 @@ class Scheduler:
     def _assign_reader(self, slot: int) -> None:
         # Items of one group (a video's keyframe range: data/video/dataset.py) go to one
         # reader, which decodes the range once, in order; a new group to the least busy.
-        group = getattr(self.flight(slot).item.member, "group", None)
+        group = self.flight(slot).item.group
         if len(self.unsent) == 1 and not self.closing:  # one reader: every item's case
             reader = 0
         elif group is not None and self._groups.get(group, -1) in self.open_readers():
