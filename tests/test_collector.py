@@ -28,7 +28,7 @@ class _Rig:
     def __init__(self, slots: int = 2 * FLUSH_ROWS + 4 * QUEUED_PER_INSTANCE) -> None:
         self.clock = _Clock()
         self.s = Scheduler(slots, (0,), 1, readers=1, max_attempts=2)
-        self.s.core_ready(0)
+        self.s.life.core_ready(0)
         self.sink = MemorySink()
         self.events: list[object] = []
         self.c = Collector(

@@ -38,10 +38,6 @@ EXCEPTIONS: dict[str, str] = {
         "Not split yet: RayPool's set-up on the nodes and its node watch are the concerns "
         "to move out."
     ),
-    "engine/scheduler.py": (
-        "Not split yet: the worker life cycle (starts, losses, retirements) is the concern "
-        "to move out."
-    ),
     "option_reading.py:_conforms": (
         "One flat type dispatch over every option type an option group may declare."
     ),

@@ -26,9 +26,9 @@ from fake_pool import (
 from batchinfer.data.input_spec import Preprocess
 from batchinfer.engine import Engine, EnginePlan
 from batchinfer.engine import events as ev
+from batchinfer.engine.core_life import BACKOFF_S, MAX_CRASHES_IN_ROW
 from batchinfer.engine.loop import TICK_S
 from batchinfer.engine.pools import ReaderAdded, ReaderClosing, Said, Where, WorkerRetired
-from batchinfer.engine.scheduler import BACKOFF_S, MAX_CRASHES_IN_ROW
 from batchinfer.engine.sources import ArraySource, SyntheticSource
 from batchinfer.errors import NoCoreError, RunFailedError
 from batchinfer.options import ReliabilityOptions

@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from batchinfer.data.video.dataset import frame_columns
 from batchinfer.engine.events import RowsDone
-from batchinfer.engine.scheduler import Finished, Scheduler
+from batchinfer.engine.flights import Finished
+from batchinfer.engine.scheduler import Scheduler
 from batchinfer.engine.slots import SlotRegion
 from batchinfer.messages import Message, setting
 from batchinfer.sink.rows import Row, RowSink

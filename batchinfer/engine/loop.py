@@ -27,6 +27,7 @@ from batchinfer.engine import events as ev
 from batchinfer.engine.board import BoardPool
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector, nonfinite_warning
+from batchinfer.engine.core_life import CoreLoss
 from batchinfer.engine.core_texts import (
     alike,
     cores_of,
@@ -58,7 +59,8 @@ from batchinfer.engine.pools import (
     WorkerUp,
 )
 from batchinfer.engine.recycling import Recycler
-from batchinfer.engine.scheduler import CoreLoss, ReaderDeathsExceeded, Scheduler
+from batchinfer.engine.run_view import RunView
+from batchinfer.engine.scheduler import ReaderDeathsExceeded, Scheduler
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
@@ -114,6 +116,7 @@ class Engine:
             name=lambda key: place_text(self.pool.where(key)),
             capacity=layout.capacity,
         )
+        self.view = RunView(self.scheduler)  # what the pool may read of the run
         self.stats = stats or CoreStatsRecorder(layout.places, plan.instances_per_core)
 
         def place(key: int) -> tuple[str | None, int]:
@@ -356,8 +359,7 @@ class Engine:
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
-        run = self.scheduler.view  # what the pool may read of the run
-        for event in self.pool.wait(self.collector.wait_s(self.clock(), self._tick_s), run):
+        for event in self.pool.wait(self.collector.wait_s(self.clock(), self._tick_s), self.view):
             self._on_event(event)
         if self.hard_stop:
             self.collector.flush()
@@ -370,9 +372,9 @@ class Engine:
             self.pool.shift(gap)
             self._drain_until = max(self._drain_until, now + self.rel.drain_timeout_s)
         stopping = self.scheduler.stopping
-        for event in self.pool.check(now, run, stopping=stopping, exhausted=self._exhausted):
+        for event in self.pool.check(now, self.view, stopping=stopping, exhausted=self._exhausted):
             self._on_event(event)
-        for key in self.scheduler.restarts_due(now):
+        for key in self.scheduler.life.restarts_due(now):
             self.pool.start_worker(key, now)
         self.recycler.due(now)
 
@@ -438,7 +440,7 @@ class Engine:
             self._opened = True
             self.sink.open(up.outputs)
             self.collector.outputs = self.pool.outputs
-        self.scheduler.core_ready(key)
+        self.scheduler.life.core_ready(key)
         kind = "worker" if where.node is None else "actor"
         self.notify(ev.ChildReady(kind, where.core, up.pid, node=where.node))
         if self.rel.canary and up.canary is not None:
@@ -451,7 +453,7 @@ class Engine:
         self._first.discard(key)
         if self.scheduler.cores[key].state == CoreStatus.RETIRED:
             return
-        self.scheduler.core_retired(key)
+        self.scheduler.life.core_retired(key)
         self.pool.retire(key)
         self._retired_for[key] = reason
         where = self.pool.where(key)
@@ -473,7 +475,7 @@ class Engine:
         if self.scheduler.cores[key].state == CoreStatus.RETIRED:
             return  # WorkerRetired said why already
         culprits = set(lost.culprits) if lost.culprits is not None else None
-        loss: CoreLoss = self.scheduler.core_lost(
+        loss: CoreLoss = self.scheduler.life.core_lost(
             key, set(lost.working), what, self.clock(), culprits
         )
         for finished in loss.finished:

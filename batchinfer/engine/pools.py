@@ -223,7 +223,7 @@ PoolEvent = (
 
 class RunState(Protocol):
     """What a pool may read of the run's state, passed by the loop in ``wait`` and
-    ``check`` (the scheduler's read-only view: scheduler.py's RunView)."""
+    ``check`` (the scheduler's read-only view: run_view.py's RunView)."""
 
     def starved(self) -> bool:
         """A runtime instance has nothing to infer and no item is READY."""

@@ -209,7 +209,7 @@ class Recycler:
                 + "; a new one would be no smaller, so it is recycled only if it grows. "
                 "Raise the limit, or use fewer cores or instances per core."
             )
-        elif isinstance(verdict, Recycle) and self.scheduler.drain(key):
+        elif isinstance(verdict, Recycle) and self.scheduler.life.drain(key):
             held = len(self.scheduler.cores[key].inflight)
             why: Message
             if verdict.grew_mb is None:
@@ -231,6 +231,6 @@ class Recycler:
 
     def due(self, now: float) -> None:
         """Replace the drained workers that hold nothing any more."""
-        for key in self.scheduler.recycles_due():
+        for key in self.scheduler.life.recycles_due():
             self.stats.add_recycle(self.pool.layout.place(key))
             self.pool.recycle(key, now)
