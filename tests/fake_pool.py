@@ -52,12 +52,12 @@ from batchinfer.engine.pools import (
     PoolReport,
     ReaderLost,
     ReaderUp,
+    RunState,
     Where,
     WorkerLost,
     WorkerRetired,
     WorkerUp,
 )
-from batchinfer.engine.scheduler import Scheduler
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.stats import CoreKey, CoreStatsRecorder
 
@@ -166,14 +166,14 @@ class _Worker:
     key: int
     generation: int = 0
     up: bool = False
-    queue: deque[int] = field(default_factory=deque)  # slots held, not yet inferring
+    queue: deque[tuple[int, int]] = field(default_factory=deque)  # (slot, index) held
     running: dict[int, _Running] = field(default_factory=dict)  # instance -> what it infers
 
 
 @dataclass
 class _Reader:
     generation: int = 0
-    queue: deque[int] = field(default_factory=deque)
+    queue: deque[tuple[int, int]] = field(default_factory=deque)  # (slot, index) to read
     busy: bool = False
 
 
@@ -225,7 +225,6 @@ class FakePool:
         self.started: dict[int, int] = {}  # key -> starts so far
         self.inferences: dict[int, int] = {}  # item index -> inferences started
         self.read_count: dict[int, int] = {}  # item index -> reads started
-        self.scheduler: Scheduler | None = None
         self.closed_at: float | None = None  # the clock when close() was called
         # Happenings: (time, order, wakes, action); an action returns the events it makes.
         self._heap: list[tuple[float, int, bool, Callable[[], list[PoolEvent]]]] = []
@@ -254,8 +253,7 @@ class FakePool:
     def where(self, key: int) -> Where:
         return self._where(key)
 
-    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
-        self.scheduler = scheduler
+    def setup(self, stats: CoreStatsRecorder, now: float) -> None:
         for key in self.layout.keys:
             self._start(key, now)
         for r in range(len(self.readers)):
@@ -266,17 +264,19 @@ class FakePool:
 
     def send_reads(self, reader: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         self.calls.append(("send_reads", reader, [it.index for _, it in items], now))
-        self.readers[reader].queue.extend(slot for slot, _ in items)
+        while len(self.readers) <= reader:  # a reader the script added (ReaderAdded)
+            self.readers.append(_Reader())
+        self.readers[reader].queue.extend((slot, it.index) for slot, it in items)
         self._read_next(reader, now)
 
     def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         self.calls.append(("send_work", key, [it.index for _, it in items], now))
         worker = self.workers[key]
         assert worker.up, f"items sent to key {key}, whose worker is not up"
-        worker.queue.extend(slot for slot, _ in items)
+        worker.queue.extend((slot, it.index) for slot, it in items)
         self._infer_next(worker, now)
 
-    def wait(self, timeout_s: float) -> list[PoolEvent]:
+    def wait(self, timeout_s: float, run: RunState) -> list[PoolEvent]:
         deadline = self.clock.now + timeout_s
         while self._heap and self._heap[0][0] <= deadline:
             t = self._heap[0][0]
@@ -292,7 +292,9 @@ class FakePool:
         self.clock.now = max(self.clock.now, deadline)
         return []
 
-    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+    def check(
+        self, now: float, run: RunState, *, stopping: bool, exhausted: bool
+    ) -> list[PoolEvent]:
         """Hangs: a worker with an item past its deadline is killed; its loss names it."""
         events: list[PoolEvent] = []
         for worker in self.workers.values():
@@ -389,11 +391,9 @@ class FakePool:
 
     def _infer_next(self, worker: _Worker, now: float) -> None:
         """Start what the worker holds on its free instances."""
-        assert self.scheduler is not None
         free = [i for i in range(self.layout.instances) if i not in worker.running]
         while worker.queue and free:
-            slot, instance = worker.queue.popleft(), free.pop(0)
-            index = self.scheduler.flight(slot).item.index
+            (slot, index), instance = worker.queue.popleft(), free.pop(0)
             behaviour = self._behaviour(index, worker.key)
             run = _Running(slot, index, instance, now, now + self.timeout_s, behaviour)
             worker.running[instance] = run
@@ -433,9 +433,7 @@ class FakePool:
         r = self.readers[reader]
         if r.busy or not r.queue:
             return
-        assert self.scheduler is not None
-        slot = r.queue.popleft()
-        index = self.scheduler.flight(slot).item.index
+        slot, index = r.queue.popleft()
         n = self.read_count.get(index, 0)
         self.read_count[index] = n + 1
         behaviour: ReadBehaviour = _nth(self._reads.get(index, Read()), n)

@@ -1,6 +1,7 @@
 """BoardPool judges a child's exit from what it sent that child (Child.held), never from
 the scheduler's tables: which item a dead reader was decoding, whether a stopped reader
-leaves anything to redo, whether a recycled worker gets a successor."""
+leaves anything to redo, whether a recycled worker gets a successor. Its reader scaling
+reads the run through the loop's RunState and tells the loop what it changed."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 from batchinfer.data.dataset import Item
 from batchinfer.engine.board import BoardPool
 from batchinfer.engine.plumbing.children import Child, Exited
-from batchinfer.engine.pools import ReaderLost, WorkerLost
+from batchinfer.engine.pools import ReaderAdded, ReaderClosing, ReaderLost, WorkerLost
+from batchinfer.engine.protocol import Stop
 
 
 class _Board:
@@ -78,3 +80,60 @@ def test_a_recycled_worker_gets_a_successor_unless_the_run_is_stopping() -> None
     pool._board.rows[0] = (7, 1.0)
     lost = pool._on_exit(Exited(crashed, 139))
     assert lost == WorkerLost(0, "worker process crashed (exit code 139)", frozenset({7}))
+
+
+class _Run:
+    """A RunState of readers: ``numbers`` in use, ``closing`` among them, ``held`` by each."""
+
+    def __init__(self, numbers: int, closing: list[int], held: dict[int, int]) -> None:
+        self.numbers, self.closing, self.held = numbers, closing, held
+
+    def readers(self) -> int:
+        return self.numbers
+
+    def open_readers(self) -> list[int]:
+        return [r for r in range(self.numbers) if r not in self.closing]
+
+    def closing_readers(self) -> list[int]:
+        return self.closing
+
+    def held_by_reader(self, reader: int) -> int:
+        return self.held.get(reader, 0)
+
+
+def _scaling(change: int, live: list[Child]) -> Any:
+    """A pool whose scaler answers ``change`` and whose live children are ``live``."""
+    pool = _pool()
+    pool.scaler = SimpleNamespace(decide=lambda now, readers, idle: change, fed=False)
+    pool.usage.idle_cpus = lambda: 1.0
+    pool._max_readers = 3
+    pool.sent, pool.begun = [], []
+    pool.children = SimpleNamespace(
+        children=live, send=lambda child, msg: pool.sent.append((child.key, type(msg)))
+    )
+    pool._start_reader = pool.begun.append
+    return pool
+
+
+def _reader(key: int) -> Child:
+    child = _child("reader")
+    child.key = key
+    return child
+
+
+def test_reader_scaling_tells_the_loop_what_it_started_and_what_is_to_close() -> None:
+    # Grow: a new number (the next one), started here and told to the loop.
+    pool = _scaling(+1, [_reader(0), _reader(1)])
+    assert pool._scale_readers(1.0, _Run(2, [], {})) == [ReaderAdded(2)]
+    assert pool.begun == [2] and pool.sent == []
+    # Grow again with reader 1 closed and gone: its number is used again.
+    pool = _scaling(+1, [_reader(0)])
+    assert pool._scale_readers(1.0, _Run(2, [1], {})) == [ReaderAdded(1)]
+    # Shrink: the last open reader is to close; nothing is stopped yet (it may hold reads).
+    pool = _scaling(-1, [_reader(0), _reader(1)])
+    assert pool._scale_readers(1.0, _Run(2, [], {1: 2})) == [ReaderClosing(1)]
+    assert pool.sent == [] and pool.begun == []
+    # A closing reader is stopped once it holds nothing, and only then.
+    pool = _scaling(0, [_reader(0), _reader(1)])
+    assert pool._scale_readers(1.0, _Run(2, [1], {1: 1})) == [] and pool.sent == []
+    assert pool._scale_readers(1.0, _Run(2, [1], {})) == [] and pool.sent == [(1, Stop)]

@@ -71,7 +71,7 @@ def test_a_retry_goes_to_another_physical_core_not_another_instance_of_the_same(
         name=lambda k: "core {1} of node {0}".format(*where[k]),
     )  # fmt: skip
     for key in (0, 1, 2):
-        s.core_ready(key)
+        s.life.core_ready(key)
     slot = s.admit(Item(0, "", "x", None, None), 0.0, needs_reader=False)
     s.cores[1].state = s.cores[2].state = "starting"  # only key 0 is open at first
     assert s.dispatch(0.0) == {0: [slot]}

@@ -24,6 +24,7 @@ from batchinfer.engine.pools import (
     WorkerRetired,
     WorkerUp,
 )
+from batchinfer.engine.run_view import RunView
 from batchinfer.engine.scheduler import Scheduler
 from batchinfer.engine.sources import SyntheticSource
 from batchinfer.runtime.backends import make_backend
@@ -166,14 +167,15 @@ class _Run:
             layout.slots, layout.keys, layout.instances, layout.readers, max_attempts=2,
             physical=layout.physical, capacity=layout.capacity,
         )  # fmt: skip
+        self.view = RunView(self.scheduler)
         self.stats = CoreStatsRecorder(layout.places, 1)
-        self.pool.setup(self.scheduler, self.stats, self.now)
+        self.pool.setup(self.stats, self.now)
 
     def start(self, key: int) -> list:
         """Answer the key's pending start() call; the events that follow."""
         (probe,) = [r for r in self.handle(key).calls if r.method == "start" and not r.done]
         probe.answer(_INFO)
-        return self.pool.wait(0.0)
+        return self.pool.wait(0.0, self.view)
 
     def handle(self, key: int) -> _Handle:
         where = self.pool.where(key)
@@ -208,7 +210,7 @@ def test_the_layout_has_a_key_per_actor_and_names_its_core_and_node(demo_kit):
 
 def test_a_node_whose_set_up_fails_is_left_out_and_makes_no_actors(demo_kit):
     run = _Run(demo_kit, failing={"b" * 56})
-    said, *retired = run.pool.wait(0.0)  # found in setup(): the first wait() says them
+    said, *retired = run.pool.wait(0.0, run.view)  # found in setup(): the first wait() says them
     assert said == Said("node b is left out: its set-up failed (OSError: disk full).")
     assert [(e.key, e.quiet) for e in retired] == [(2, True), (3, True)]
     assert {str(e.reason.said([0])) for e in retired} == {"its node's set-up failed"}
@@ -225,7 +227,7 @@ def test_an_actor_up_sends_its_canary_of_instance_0_and_takes_calls_of_a_few_ite
     assert up == WorkerUp(0, 7, "2.3.2", [((1, 10), "float32")], ["c"])
     (up,) = run.start(1)
     assert up.key == 1 and up.canary is None  # the core's canary is compared once
-    run.scheduler.core_ready(0)
+    run.scheduler.life.core_ready(0)
     sent = run.admit(5)
     assert [len(c.args[0]) for c in run.calls(0)] == [2, 2, 1]  # call_items=2
     first = run.calls(0)[0]
@@ -237,7 +239,7 @@ def test_an_actor_up_sends_its_canary_of_instance_0_and_takes_calls_of_a_few_ite
             CallResult(100.5, 100.75, 0, "bad", None, None),
         ]
     )
-    (done,) = run.pool.wait(0.0)
+    (done,) = run.pool.wait(0.0, run.view)
     assert isinstance(done, ItemsDone) and done.key == 0
     a, b = done.results
     assert (a.slot, a.t0, a.t1, a.error) == (sent[0][0], 9.25, 9.75, None)  # on the loop's clock
@@ -250,22 +252,22 @@ def test_an_actor_death_names_the_items_of_its_oldest_call_and_a_suspect_comes_b
 ):
     run = _Run(demo_kit, nodes=NODES[:1], cores=(0,))
     run.start(0)
-    run.scheduler.core_ready(0)
+    run.scheduler.life.core_ready(0)
     run.admit(5)
     calls = run.calls(0)
     for call in calls:  # Ray fails every pending call of a dead actor
         call.fail(_ActorDiedError("died"))
-    (lost,) = run.pool.wait(0.0)
+    (lost,) = run.pool.wait(0.0, run.view)
     oldest = frozenset(calls[0].args[0])
     assert lost == WorkerLost(0, "actor process crashed (_ActorDiedError)", oldest, None)
     # The scheduler makes both items suspects; each is sent alone once the actor is back.
-    loss = run.scheduler.core_lost(0, set(lost.working), lost.what, run.now)
+    loss = run.scheduler.life.core_lost(0, set(lost.working), lost.what, run.now)
     assert loss.finished == []
     run.now = loss.restart_at
-    for key in run.scheduler.restarts_due(run.now):
+    for key in run.scheduler.life.restarts_due(run.now):
         run.pool.start_worker(key, run.now)
     assert [e.key for e in run.start(0)] == [0]  # up again
-    run.scheduler.core_ready(0)
+    run.scheduler.life.core_ready(0)
     sent = run.scheduler.dispatch(run.now)
     run.pool.send_work(0, run.items(sent[0]), run.now)
     (call,) = run.calls(0)
@@ -275,16 +277,16 @@ def test_an_actor_death_names_the_items_of_its_oldest_call_and_a_suspect_comes_b
 def test_a_hung_call_kills_its_actor_and_its_death_says_so(demo_kit):
     run = _Run(demo_kit, nodes=NODES[:1], cores=(0,), timeout_s=2.0)
     run.start(0)
-    run.scheduler.core_ready(0)
+    run.scheduler.life.core_ready(0)
     run.admit(1)
     run.now = 1.9
-    assert run.pool.check(run.now, stopping=False, exhausted=False) == []
+    assert run.pool.check(run.now, run.view, stopping=False, exhausted=False) == []
     run.now = 2.1
-    assert run.pool.check(run.now, stopping=False, exhausted=False) == []
+    assert run.pool.check(run.now, run.view, stopping=False, exhausted=False) == []
     assert run.ray.killed == [(run.handle(0), False)]  # Ray restarts it
     (call,) = run.calls(0)
     call.fail(_ActorDiedError("killed"))
-    (lost,) = run.pool.wait(0.0)
+    (lost,) = run.pool.wait(0.0, run.view)
     assert lost.what == (
         "inference of item 0 hung for more than 2 s (the inference timeout); actor killed"
     )
@@ -297,9 +299,9 @@ def test_an_actor_that_does_not_start_in_time_is_retired_and_the_loop_is_not_bla
     run.now = 4.0
     run.pool.shift(3.0)  # the loop itself was not running for 3 s of it
     run.now = 7.5
-    assert run.pool.check(run.now, stopping=False, exhausted=False) == []
+    assert run.pool.check(run.now, run.view, stopping=False, exhausted=False) == []
     run.now = 8.5
-    (retired,) = run.pool.check(run.now, stopping=False, exhausted=False)
+    (retired,) = run.pool.check(run.now, run.view, stopping=False, exhausted=False)
     assert isinstance(retired, WorkerRetired) and (retired.key, retired.quiet) == (1, False)
     assert str(retired.reason.said([1])) == ("it did not start within 5 s (the start-up timeout)")
     assert (run.handle(1), True) in run.ray.killed
@@ -310,13 +312,14 @@ def test_a_node_that_leaves_is_said_once_and_its_actors_retired_quietly(demo_kit
     for key in run.pool.layout.keys:
         run.start(key)
     run.ray.alive.discard("b" * 56)
-    said, *retired = run.pool.check(run.now, stopping=False, exhausted=False)
+    said, *retired = run.pool.check(run.now, run.view, stopping=False, exhausted=False)
     assert said == Said(
         "node b left the cluster: its cores are retired and their items go to the other nodes."
     )
     assert [(e.key, e.quiet) for e in retired] == [(2, True), (3, True)]
     assert {str(e.reason.said([0])) for e in retired} == {"its node left the cluster"}
     run.now = 2.0
-    assert run.pool.check(run.now, stopping=False, exhausted=False) == []  # said once
+    said_again = run.pool.check(run.now, run.view, stopping=False, exhausted=False)
+    assert said_again == []  # said once
     run.pool.retire(2)  # what the loop does next: nothing more happens
     assert run.ray.killed == [(run.handle(2), True), (run.handle(3), True)]

@@ -8,7 +8,8 @@ import pytest
 from batchinfer.data.dataset import Item
 from batchinfer.engine.collector import FLUSH_AGE_S, FLUSH_ROWS, Collector
 from batchinfer.engine.events import RowsDone
-from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE
+from batchinfer.engine.scheduler import Scheduler
 from batchinfer.sink.rows import MemorySink
 from batchinfer.sink.stats import CoreStatsRecorder
 
@@ -27,7 +28,7 @@ class _Rig:
     def __init__(self, slots: int = 2 * FLUSH_ROWS + 4 * QUEUED_PER_INSTANCE) -> None:
         self.clock = _Clock()
         self.s = Scheduler(slots, (0,), 1, readers=1, max_attempts=2)
-        self.s.core_ready(0)
+        self.s.life.core_ready(0)
         self.sink = MemorySink()
         self.events: list[object] = []
         self.c = Collector(

@@ -61,15 +61,15 @@ def test_no_import_runs_up_a_layer() -> None:
 #   rows in the segments it creates).
 # - ``planning`` (settings and files in, an EnginePlan out) starts no process, so it imports
 #   nothing of the plumbing, nor of what runs a plan: only slots.py (the layout a plan sizes),
-#   batching.py (how a batch-N model splits) and the scheduler's queue depth, which the
-#   default number of slots is made of.
+#   batching.py (how a batch-N model splits) and queue_depth.py (the items a worker holds),
+#   which the default number of slots is made of.
 
 ENGINE = "batchinfer.engine"
 
 #: floor (a subpackage of the engine) -> the engine modules outside it that it may import.
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "plumbing": frozenset({"protocol", "states", "slots", "detection"}),
-    "planning": frozenset({"slots", "batching", "scheduler"}),
+    "planning": frozenset({"slots", "batching", "queue_depth"}),
 }
 
 
@@ -128,4 +128,56 @@ def test_no_import_goes_through_an_engine_wall() -> None:
     assert not found, (
         "imports through a wall of the engine (move what both sides need down, or pass it "
         f"in the call): {found}"
+    )
+
+
+# ---------------------------------------------------------------------- pools know no policy
+# A pool carries out and reports (engine/pools.py); what it may read of the run comes with
+# the loop's calls (RunState). So no pool reaches the scheduler, the loop or its policy
+# modules through the engine's imports: neither directly nor through an engine module it
+# imports (the walk stays inside the engine: cluster/pool.py reaches the loop through the
+# package's front door, which is not a pool reading the scheduler).
+
+POOLS = ("batchinfer.engine.pools", "batchinfer.engine.board", "batchinfer.cluster.pool")
+POLICY = frozenset(
+    f"{ENGINE}.{m}"
+    for m in (
+        *("scheduler", "core_life", "flights", "run_view"),  # the scheduler and its parts
+        *("loop", "collector", "recycling", "runner"),
+    )
+)
+
+
+def _policy_reached(graph: dict[str, set[str]], start: str) -> list[str]:
+    """The policy modules ``start`` reaches through engine modules, each as a path."""
+    paths, seen, todo = [], {start}, [(start, [start])]
+    while todo:
+        module, path = todo.pop()
+        for target in sorted(graph.get(module, ())):
+            if target in seen or not target.startswith(f"{ENGINE}."):
+                continue
+            seen.add(target)
+            if target in POLICY:
+                paths.append(" -> ".join([*path, target]))
+            else:
+                todo.append((target, [*path, target]))
+    return sorted(paths)
+
+
+def test_the_rule_sees_a_pool_reaching_the_scheduler_through_another_module() -> None:
+    graph = {
+        "batchinfer.engine.board": {"batchinfer.engine.recycling", "batchinfer.errors"},
+        "batchinfer.engine.recycling": {"batchinfer.engine.scheduler"},
+    }
+    assert _policy_reached(graph, "batchinfer.engine.board") == [
+        "batchinfer.engine.board -> batchinfer.engine.recycling",
+    ]
+
+
+def test_no_pool_imports_the_scheduler_or_the_loop() -> None:
+    graph = import_graph()
+    found = [path for pool in POOLS for path in _policy_reached(graph, pool)]
+    assert not found, (
+        "a pool reaches the loop's policy (pass what it needs in the call: pools.RunState): "
+        f"{found}"
     )

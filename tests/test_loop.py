@@ -26,9 +26,9 @@ from fake_pool import (
 from batchinfer.data.input_spec import Preprocess
 from batchinfer.engine import Engine, EnginePlan
 from batchinfer.engine import events as ev
+from batchinfer.engine.core_life import BACKOFF_S, MAX_CRASHES_IN_ROW
 from batchinfer.engine.loop import TICK_S
-from batchinfer.engine.pools import Said, Where, WorkerRetired
-from batchinfer.engine.scheduler import BACKOFF_S, MAX_CRASHES_IN_ROW
+from batchinfer.engine.pools import ReaderAdded, ReaderClosing, Said, Where, WorkerRetired
 from batchinfer.engine.sources import ArraySource, SyntheticSource
 from batchinfer.errors import NoCoreError, RunFailedError
 from batchinfer.options import ReliabilityOptions
@@ -422,6 +422,23 @@ def test_a_reader_lost_with_a_culprit_charges_that_item():
     assert pool.of("restart_reader") == [("restart_reader", 0)] * 3
     assert watch.said().count("reader 0 died (killed by SIGKILL); started a new one.") == 3
     assert len([e for e in watch.of(ev.ChildReady) if e.kind == "reader"]) == 4
+
+
+def test_readers_the_pool_adds_and_closes_take_reads_and_stop_taking_them():
+    """The pool's reader scaling comes to the loop as events (it holds no scheduler): the
+    scheduler sends reads to a reader added (ReaderAdded) and none to one closing."""
+    clock = FakeClock(T0)
+    reads = {i: Read(0.2) for i in range(60)}  # slower than the worker: both readers busy
+    pool = FakePool(clock, keys=(0,), readers=1, reads=reads, items=lambda i, k, n: Succeed(0.1))
+    pool.at(T0 + 1.0, ReaderAdded(1))
+    pool.at(T0 + 3.0, ReaderClosing(0))
+    source = _FilesSource([np.zeros((1, 8, 8, 1), np.uint8)] * 60)
+    result, rows, _ = _run(pool, _plan(keys=(0,)), source=source)
+    assert result.status == "complete" and sorted(rows) == list(range(60))
+    reads = [(reader, t) for _, reader, _, t in pool.of("send_reads")]
+    assert {r for r, t in reads if t < T0 + 1.0} == {0}
+    assert 1 in {r for r, t in reads if T0 + 1.0 < t < T0 + 3.0}
+    assert {r for r, t in reads if t > T0 + 3.0} == {1}  # without the closing: 0 and 1
 
 
 # ---------------------------------------------------------------- the pool says

@@ -11,14 +11,12 @@ import numpy as np
 import pytest
 
 from batchinfer.data.dataset import Item
+from batchinfer.engine.core_life import BACKOFF_S, MAX_CRASHES_IN_ROW
 from batchinfer.engine.plumbing.children import Child
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE, REFILL_AT
 from batchinfer.engine.scheduler import (
-    BACKOFF_S,
-    MAX_CRASHES_IN_ROW,
     MAX_READER_DEATHS,
-    QUEUED_PER_INSTANCE,
     READ_BATCH,
-    REFILL_AT,
     ReaderDeathsExceeded,
     Scheduler,
 )
@@ -33,7 +31,7 @@ def item(i: int) -> Item:
 def ready_scheduler(slots=8, cores=(0, 1, 2), k=1, readers=1, max_attempts=2) -> Scheduler:
     s = Scheduler(slots, cores, k, readers, max_attempts)
     for c in cores:
-        s.core_ready(c)
+        s.life.core_ready(c)
     return s
 
 
@@ -126,7 +124,7 @@ def test_a_crash_charges_only_the_items_that_were_inferring_and_backs_off():
     sent = s.dispatch(0.0)
     on_core0 = sent[0]
     inferring = {s.flight(on_core0[0]).item.index}  # one instance was inside inference()
-    loss = s.core_lost(0, inferring, "worker process crashed (exit code -9)", now=10.0)
+    loss = s.life.core_lost(0, inferring, "worker process crashed (exit code -9)", now=10.0)
     assert loss.finished == []  # first attempt: retried, not yet a row
     assert loss.restart_at == 10.0 + BACKOFF_S[0] and not loss.blamed_items
     assert s.flight(on_core0[0]).failures == ["core 0: worker process crashed (exit code -9)"]
@@ -134,8 +132,8 @@ def test_a_crash_charges_only_the_items_that_were_inferring_and_backs_off():
         assert s.flight(slot).failures == []  # only queued: not charged
         assert slot in s.ready
     assert s.cores[0].state == "down" and not s.cores[0].inflight
-    assert s.restarts_due(10.1) == []
-    assert s.restarts_due(10.0 + BACKOFF_S[0]) == [0]
+    assert s.life.restarts_due(10.1) == []
+    assert s.life.restarts_due(10.0 + BACKOFF_S[0]) == [0]
     assert s.cores[0].state == "starting"
 
 
@@ -150,12 +148,12 @@ def test_a_core_that_crashes_without_any_success_is_retired():
         # A different, fresh item each time: the core is to blame, not an item.
         for slot in sent[0]:
             s.flight(slot).crashes = 0
-        loss = s.core_lost(0, charged, "worker process crashed", now)
+        loss = s.life.core_lost(0, charged, "worker process crashed", now)
         if crash < MAX_CRASHES_IN_ROW - 1:
             assert loss.restart_at is not None
             now = loss.restart_at
-            s.restarts_due(now)
-            s.core_ready(0)
+            s.life.restarts_due(now)
+            s.life.core_ready(0)
         else:
             assert loss.restart_at is None and s.cores[0].state == "retired"
     assert s.alive_cores() == [1]
@@ -168,12 +166,12 @@ def test_one_poison_item_never_retires_the_only_core():
     now, rows = 0.0, []
     for _ in range(3):
         assert s.dispatch(now) == {0: [slot]}
-        loss = s.core_lost(0, {0}, "worker process crashed (exit code -9)", now)
+        loss = s.life.core_lost(0, {0}, "worker process crashed (exit code -9)", now)
         rows += loss.finished
         assert loss.restart_at is not None, "the core is never retired for the item's crashes"
         now = loss.restart_at
-        s.restarts_due(now)
-        s.core_ready(0)
+        s.life.restarts_due(now)
+        s.life.core_ready(0)
     assert len(rows) == 1 and rows[0].attempt == 3 and rows[0].core == 0
     assert s.cores[0].crashes_in_row == 1  # only the first crash could have been the core's
 
@@ -185,12 +183,12 @@ def test_one_poison_item_does_not_retire_healthy_cores_across_three_cores():
     now, rows, crashed = 0.0, [], []
     while not rows:
         now += 10.0  # every back-off has passed
-        for core in s.restarts_due(now):
-            s.core_ready(core)
+        for core in s.life.restarts_due(now):
+            s.life.core_ready(core)
         ((core, [sent]),) = s.dispatch(now).items()
         assert sent == slot
         crashed.append(core)
-        rows = s.core_lost(core, {0}, "crashed", now).finished
+        rows = s.life.core_lost(core, {0}, "crashed", now).finished
     assert len(crashed) == 9 and set(crashed) == {0, 1, 2}
     assert rows[0].attempt == 9
     assert all(st.state != "retired" for st in s.cores.values())
@@ -201,9 +199,9 @@ def test_a_success_resets_the_crash_count():
     s = ready_scheduler(slots=8, cores=(0,), max_attempts=5)
     admit_ready(s, 8)
     sent = s.dispatch(0.0)
-    s.core_lost(0, {s.flight(sent[0][0]).item.index}, "crashed", 0.0)
-    s.restarts_due(1.0)
-    s.core_ready(0)
+    s.life.core_lost(0, {s.flight(sent[0][0]).item.index}, "crashed", 0.0)
+    s.life.restarts_due(1.0)
+    s.life.core_ready(0)
     sent = s.dispatch(1.0)
     s.release(s.done(0, sent[0][0], None).slot)
     assert s.cores[0].crashes_in_row == 0
@@ -523,7 +521,7 @@ def test_items_in_a_crash_are_retried_alone_so_an_innocent_neighbour_survives():
     sent = s.dispatch(0.0)
     poison, innocent = sent[0][0], sent[0][1]
     indexes = {s.flight(poison).item.index, s.flight(innocent).item.index}
-    s.core_lost(0, indexes, "worker process crashed", 0.0)
+    s.life.core_lost(0, indexes, "worker process crashed", 0.0)
     assert s.flight(poison).suspect and s.flight(innocent).suspect
     for core in (1, 2):  # cores 1 and 2 still hold their first items
         assert s.cores[core].inflight
@@ -556,7 +554,7 @@ def test_a_crash_retry_has_an_untried_core_drained_for_it_instead_of_waiting_for
     s = ready_scheduler(slots=40, cores=(0, 1, 2), k=1, max_attempts=3)
     admit_ready(s, 30)
     crashed = s.dispatch(0.0)[0][0]
-    s.core_lost(0, {s.flight(crashed).item.index}, "worker process crashed", 0.0)
+    s.life.core_lost(0, {s.flight(crashed).item.index}, "worker process crashed", 0.0)
     assert s.flight(crashed).crashes == 1
     drained, t = _until_reserved(s, crashed, (1, 2))
     other = 3 - drained
@@ -592,9 +590,9 @@ def test_a_reservation_ends_when_its_core_goes_down():
     s = ready_scheduler(slots=40, cores=(0, 1), k=1, max_attempts=3)
     admit_ready(s, 30)
     crashed = s.dispatch(0.0)[0][0]
-    s.core_lost(0, {s.flight(crashed).item.index}, "worker process crashed", 0.0)
+    s.life.core_lost(0, {s.flight(crashed).item.index}, "worker process crashed", 0.0)
     _, t = _until_reserved(s, crashed, (1,))
-    s.core_lost(1, set(), "worker process crashed", t)  # nothing was inferring
+    s.life.core_lost(1, set(), "worker process crashed", t)  # nothing was inferring
     s.dispatch(t + 0.1)
     assert s.cores[1].reserved is None
 
@@ -613,7 +611,7 @@ def test_slots_are_wanted_when_what_is_ready_or_read_does_not_cover_the_cores_ro
     assert not s.slots_wanted()
     s.dispatch(0.0)  # the cores take them: room and cover shrink together
     assert not s.slots_wanted()
-    s.core_retired(1)  # a retired core has no room; its items are READY again
+    s.life.core_retired(1)  # a retired core has no room; its items are READY again
     assert not s.slots_wanted()
 
 
@@ -635,7 +633,7 @@ def test_a_crash_with_three_inferring_charges_none_and_only_the_poison_becomes_a
     three = sent[:3]
     poison = three[1]
     p_index = s.flight(poison).item.index
-    loss = s.core_lost(0, _inferring(s, 0, 3), "worker process crashed (exit code -11)", 0.0)
+    loss = s.life.core_lost(0, _inferring(s, 0, 3), "worker process crashed (exit code -11)", 0.0)
     assert loss.finished == [] and not loss.blamed_items
     for slot in three:
         f = s.flight(slot)
@@ -643,15 +641,15 @@ def test_a_crash_with_three_inferring_charges_none_and_only_the_poison_becomes_a
     assert s.cores[0].crashes_in_row == 1  # nobody blamed yet: it counts against the core
     now, rows, successes = loss.restart_at, [], {}
     while len(rows) + len(successes) < 10:
-        for core in s.restarts_due(now):
-            s.core_ready(core)
+        for core in s.life.restarts_due(now):
+            s.life.core_ready(core)
         out = s.dispatch(now).get(0, [])
         suspects = [slot for slot in s.cores[0].inflight if s.flight(slot).suspect]
         if suspects:  # a suspect is inferred alone, and nothing joins it
             assert s.cores[0].inflight == set(suspects) and len(suspects) == 1
         for slot in sorted(s.cores[0].inflight):
             if s.flight(slot).item.index == p_index:
-                loss = s.core_lost(0, {p_index}, "worker process crashed", now)
+                loss = s.life.core_lost(0, {p_index}, "worker process crashed", now)
                 assert loss.blamed_items and loss.restart_at is not None  # never retired
                 rows += loss.finished
                 now = loss.restart_at
@@ -674,7 +672,7 @@ def test_a_hang_charges_only_the_hung_item_and_the_others_go_back_uncharged():
     admit_ready(s, 12)
     sent = s.dispatch(0.0)[0]
     indexes = [s.flight(slot).item.index for slot in sent[:3]]
-    loss = s.core_lost(
+    loss = s.life.core_lost(
         0, set(indexes), "inference of item hung; worker killed", 5.0, culprits={indexes[2]}
     )
     assert loss.finished == []
@@ -699,13 +697,13 @@ def test_a_core_that_crashes_whatever_it_runs_is_retired_and_no_item_becomes_a_r
     now, rows, done = 0.0, [], 0
     while s.cores[0].state != "retired":
         now += 10.0
-        for core in s.restarts_due(now):
-            s.core_ready(core)
+        for core in s.life.restarts_due(now):
+            s.life.core_ready(core)
         s.dispatch(now)
         for slot in sorted(s.cores[1].inflight):
             s.release(s.done(1, slot, None).slot)
             done += 1
         if s.cores[0].state == "ready" and s.cores[0].inflight:
-            rows += s.core_lost(0, _inferring(s, 0, k), "crashed", now).finished
+            rows += s.life.core_lost(0, _inferring(s, 0, k), "crashed", now).finished
         assert now < 1000.0, "core 0 was never retired"
     assert rows == []

@@ -17,7 +17,9 @@ from runs import config, fast_sim
 from video_files import clip_frame, faststart_h264, no_video, truncated, write_clip
 
 from batchinfer import run
-from batchinfer.data.dataset import Item
+from batchinfer.data.dataset import Item, Member
+from batchinfer.data.input_spec import Preprocess
+from batchinfer.data.preprocess import load_into
 from batchinfer.data.sources import open_source
 from batchinfer.data.video.dataset import VideoFrame, VideoSettings
 from batchinfer.engine.scheduler import Scheduler
@@ -161,11 +163,29 @@ def test_the_items_of_one_range_go_to_one_reader():
     for i in range(12):
         start = (i % 3) * 10
         frame = VideoFrame(i, 0.0, 0, start, start + 10, settings)
-        item = Item(i, "v.mp4", f"v.mp4#{i}", None, None, member=frame)  # type: ignore[arg-type]
+        item = Item(i, "v.mp4", f"v.mp4#{i}", None, None, member=frame)
         slot = s.admit(item, 0.0, True)
         readers.setdefault(start, set()).add(s.flight(slot).reader)  # type: ignore[arg-type]
     assert all(len(r) == 1 for r in readers.values())
     assert len(set().union(*readers.values())) == 3  # and the ranges spread over the readers
+
+
+def test_an_item_says_its_group_by_its_locator_and_a_loader_refuses_one_it_does_not_know():
+    """The scheduler asks Item.group (typed), never a tar or video type by name; a locator
+    no loader knows is refused, not read as a file of its own."""
+    frame = VideoFrame(7, 0.0, 2, 5, 15, VideoSettings())
+    assert Item(7, "v.mp4", "v.mp4#7", None, None, member=frame).group == (2, 5)
+    member = Member(512, 10, "a.png")
+    assert Item(0, "s.tar", "s.tar:a.png", None, None, member=member).group is None
+    assert Item(0, "a.png", "a.png", None, None).group is None
+
+    class Elsewhere:
+        group = None
+
+    spec = Preprocess((1, 8, 8, 3), "uint8")
+    out = np.zeros(spec.shape, np.uint8)
+    with pytest.raises(TypeError, match="no loader reads an item by Elsewhere"):
+        load_into("a.png", spec, out, "images", member=Elsewhere())
 
 
 def test_sampling_settings_that_contradict_are_a_usage_error(h264, model, tmp_path):

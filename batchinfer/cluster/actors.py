@@ -26,9 +26,10 @@ Protocol (the driver's side: pool.py; node hosts: nodes.py; read tasks: reads.py
                               the node's actors, not the driver's); before_return_s: how
                               long before the call returned the item was done.
   read task                 read_items(items, preprocess, kind) -> (meta, *arrays)
-                              items: [(index, path, id, member)]; member: None, or where
-                              the item is inside the tar shard at path (data/shards.py);
-                              a worker process keeps its last shard open across tasks
+                              items: [(index, path, id, locator)]; locator: None, or
+                              where the item is inside the file at path (data/dataset.py
+                              Locator: a tar shard's member, a video's frame); a worker
+                              process keeps its last shard open across tasks
                               meta: [(read_ms, error)] per item; an array per item (None for
                               an error), each its own object, so each goes to whichever
                               node infers it. Letterboxed (detection) items are
@@ -51,7 +52,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from batchinfer.data.dataset import Member
+from batchinfer.data.dataset import Locator
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shard_reading import ShardFiles
 from batchinfer.engine.canary import canary_input
@@ -213,20 +214,20 @@ _SHARDS = ShardFiles()
 
 
 def read_items(
-    items: list[tuple[int, str, str, Member | None]], preprocess: Preprocess, kind: str
+    items: list[tuple[int, str, str, Locator | None]], preprocess: Preprocess, kind: str
 ) -> tuple:
-    """Decode ``items`` ((index, path, id, member)): (meta, *arrays); see the module
+    """Decode ``items`` ((index, path, id, locator)): (meta, *arrays); see the module
     docstring."""
     meta, arrays = [], []
-    for _index, path, item_id, member in items:
+    for _index, path, item_id, locator in items:
         t0 = time.perf_counter()
         out = np.empty(preprocess.shape, np.dtype(preprocess.dtype))
         error: Message | str | None = None
         item: np.ndarray | tuple[np.ndarray, np.ndarray] = out
         try:
-            name = item_id if member is not None else None  # files: named by their path
+            name = item_id if locator is not None else None  # files: named by their path
             placed = load_into(
-                path, preprocess, out, kind, name=name, member=member, shards=_SHARDS
+                path, preprocess, out, kind, name=name, member=locator, shards=_SHARDS
             )
             if preprocess.resize == "letterbox":
                 geometry = np.zeros(6)

@@ -70,12 +70,13 @@ from batchinfer.engine.pools import (
     Layout,
     PoolEvent,
     PoolReport,
+    RunState,
     Where,
     WorkerLost,
     WorkerRetired,
     WorkerUp,
 )
-from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE, Scheduler
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
 from batchinfer.engine.watchdog import HangLimit
@@ -175,7 +176,6 @@ class RayPool:
         self._waiting: dict[Any, tuple[str, Any, Any]] = {}
         self._input_refs: dict[int, Any] = {}
         self._memory: MemoryItems | None = None  # a source without readers
-        self._scheduler: Scheduler | None = None
         self._stats: CoreStatsRecorder | None = None
 
     def where(self, key: int) -> Where:
@@ -183,18 +183,13 @@ class RayPool:
         return Where(actor.core, actor.node.name, actor.instance)
 
     @property
-    def scheduler(self) -> Scheduler:
-        assert self._scheduler is not None, "the pool is not set up"
-        return self._scheduler
-
-    @property
     def stats(self) -> CoreStatsRecorder:
         assert self._stats is not None, "the pool is not set up"
         return self._stats
 
     # ------------------------------------------------------------------ set-up
-    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
-        self._scheduler, self._stats = scheduler, stats
+    def setup(self, stats: CoreStatsRecorder, now: float) -> None:
+        self._stats = stats
         ray = self.ray
         self._events += self.cluster_nodes.begin(self.source)
         self.nodes = self.cluster_nodes.names
@@ -273,7 +268,7 @@ class RayPool:
             self._waiting[ref] = ("call", actor, call)
 
     # ------------------------------------------------------------------ events
-    def wait(self, timeout_s: float) -> list[PoolEvent]:
+    def wait(self, timeout_s: float, run: RunState) -> list[PoolEvent]:
         events, self._events = self._events, []
         refs = list(self._waiting)
         ready: list = []
@@ -393,10 +388,12 @@ class RayPool:
         return [lost] if lost is not None else []
 
     # ------------------------------------------------------------------ checks
-    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+    def check(
+        self, now: float, run: RunState, *, stopping: bool, exhausted: bool
+    ) -> list[PoolEvent]:
         """Hangs (killed: their deaths come from ``wait``), start-up timeouts, probes to
-        repeat, and the nodes (once a second)."""
-        self._forget_released()
+        repeat, and the nodes (once a second); the objects of released slots are dropped."""
+        self._forget_released(run)
         events: list[PoolEvent] = []
         limit = HangLimit.inference(self.rel)
         for actor in self.actors:
@@ -421,14 +418,13 @@ class RayPool:
             self.reads.check_hangs(now)
         return events + self.cluster_nodes.watch(now)
 
-    def _forget_released(self) -> None:
+    def _forget_released(self, run: RunState) -> None:
         """Drop the objects of slots whose item is done (so Ray can free them)."""
-        flights = self.scheduler.flights
         for table in (self._input_refs, self.outputs):
-            for slot in [s for s in table if flights[s] is None]:
+            for slot in run.released(table):
                 del table[slot]
         if self.reads is not None and self.reads.alone:
-            self.reads.forget({f.item.index for f in flights if f is not None})
+            self.reads.forget(run.indexes())
 
     def shift(self, gap_s: float) -> None:
         for actor in self.actors:

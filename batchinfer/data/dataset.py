@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from batchinfer.data.classes import (
     ClassMap,
@@ -87,10 +88,22 @@ NOT_A_FILE = "(not a regular file)"
 PROGRESS_EVERY = 10_000
 
 
+class Locator(Protocol):
+    """Where an item is inside the file at ``Item.path``: a tar shard's :class:`Member`, a
+    video's frame (data/video/dataset.py VideoFrame). The data layer's loader reads the item
+    by it (data/preprocess.py load_into); the engine carries it to a reader unopened and
+    asks it nothing but its ``group``."""
+
+    @property
+    def group(self) -> Hashable | None:
+        """Items of one group are read by one reader, in order (a video's keyframe range,
+        decoded once); None: any reader may read the item."""
+
+
 @dataclass(frozen=True)
 class Member:
     """Where an item's bytes are inside the tar shard at ``Item.path`` (data/shards.py
-    lists shards; defined here, with the Item that carries it)."""
+    lists shards; defined here, with the Item that carries it): a :class:`Locator`."""
 
     offset: int  # of the member's data, in bytes from the start of the shard
     size: int
@@ -98,6 +111,11 @@ class Member:
     #: Why the item cannot be read (a corrupt header, a truncated shard), found when the
     #: shard was listed; its row is this error.
     fault: str | None = None
+
+    @property
+    def group(self) -> None:
+        """A shard's members are read by any reader (each keeps its last shard open)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -112,13 +130,19 @@ class Item:
     # The exact relative path when it is not valid UTF-8 (then ``id`` shows it with
     # its odd bytes as \xNN); None otherwise. See :func:`display_name`.
     id_bytes: bytes | None = None
-    # Where the item's bytes are inside the tar shard at ``path`` (data/shards.py); None
-    # for an item that is a file of its own.
-    member: Member | None = None
+    # Where the item is inside the file at ``path`` (a tar shard's Member, a video's
+    # VideoFrame: a Locator); None for an item that is a file of its own.
+    member: Locator | None = None
     # A list's other columns for this item (JSON-able values), carried into the
     # predictions' ``meta`` column; None for a folder's items (batchinfer.data.listed).
     # Model inputs may be fed from them (``--input NAME=COLUMN``, batchinfer.data.feeds).
     columns: Mapping[str, object] | None = None
+
+    @property
+    def group(self) -> Hashable | None:
+        """Items of one group are read by one reader, in order (Locator.group)."""
+        member = self.member
+        return None if member is None else member.group
 
     @property
     def key(self) -> bytes:

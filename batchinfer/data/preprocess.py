@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
-from batchinfer.data.dataset import Member
+from batchinfer.data.dataset import Locator, Member
 from batchinfer.data.images import decode_array, decode_image
 from batchinfer.data.input_spec import (
     COLORS,
@@ -77,7 +77,7 @@ def load_into(
     kind: str,
     *,
     name: str | None = None,
-    member: Member | VideoFrame | None = None,
+    member: Locator | None = None,
     shards: ShardFiles | None = None,
     videos: VideoFiles | None = None,
 ) -> Letterbox | None:
@@ -85,13 +85,14 @@ def load_into(
 
     ``out`` must have ``spec.shape`` and ``spec.dtype`` and be C-contiguous (a view over a
     shared-memory slot); ``kind`` is the dataset's ('images' or 'npy'). ``name`` is how
-    messages call the file (the item's id; default ``path``). ``member``: the item is that
-    member of the tar shard at ``path``, read from ``shards`` (the reader's open shards;
-    without it the shard is opened for this item alone). Returns where a letterboxed
-    image went on the input (``spec.resize == "letterbox"``), else None. Raises
-    InputError for anything wrong with the file. A video frame's ``member``
-    (batchinfer.data.video.dataset.VideoFrame) is decoded by ``videos`` (the reader's open
-    decodes; default: this process's, batchinfer.data.video.frames.SHARED).
+    messages call the file (the item's id; default ``path``). ``member`` (Item.member, a
+    Locator): where the item is inside the file at ``path``. A tar shard's Member is read
+    from ``shards`` (the reader's open shards; without it the shard is opened for this item
+    alone); a video frame's (batchinfer.data.video.dataset.VideoFrame) is decoded by
+    ``videos`` (the reader's open decodes; default: this process's,
+    batchinfer.data.video.frames.SHARED). Returns where a letterboxed image went on the
+    input (``spec.resize == "letterbox"``), else None. Raises InputError for anything wrong
+    with the file.
     """
     if out.shape != spec.shape or out.dtype != np.dtype(spec.dtype) or not out.flags.c_contiguous:
         raise ValueError(
@@ -103,8 +104,10 @@ def load_into(
     spec.validate_for(kind)
     if isinstance(member, VideoFrame):
         return _load_frame(path, member, spec, out, name or path, videos)
-    if member is not None:
+    if isinstance(member, Member):
         return _load_member(path, member, spec, out, kind, name, shards)
+    if member is not None:
+        raise TypeError(f"no loader reads an item by {type(member).__name__}")
     label = name or path
     if kind == "images":
         with _open(path, label, spec.item_limit) as f:

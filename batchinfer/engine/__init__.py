@@ -4,13 +4,16 @@ Three floors (docs/design.md draws the map; tests/test_import_layers.py holds th
 
 - ``engine/`` itself: the loop, :class:`Engine` (loop.py), the one loop every front end
   runs (``run``, ``bench``, ``eval``, the library's ``infer``, a Ray cluster): source in,
-  rows out, through a worker pool, the interface in pools.py. The policy it applies:
-  scheduler.py (slots, retries, error rows), collector.py (rows and statistics), canary.py,
-  recycling.py, watchdog.py, reader_scaling.py. The two pools' front doors: this board's
-  processes (board.py, their specs in spawn.py; reader.py and worker.py are what runs in
-  them, protocol.py their messages, slots.py the shared memory) and a cluster's Ray actors
-  (batchinfer.cluster). ``run`` (runner.py) is the main job: a dataset folder into a run
-  folder (the output folder's life in batchinfer.sink).
+  rows out, through a worker pool, the interface in pools.py (a pool reads the run only
+  through the RunState the loop passes; it imports no policy). The policy it applies:
+  scheduler.py (slots, retries, error rows; its workers' life cycle in core_life.py, its
+  records in flights.py, the pools' read-only view of it in run_view.py), collector.py
+  (rows and statistics), canary.py, recycling.py, watchdog.py, reader_scaling.py;
+  queue_depth.py, the items a worker holds, read by all sides. The two pools' front doors:
+  this board's processes (board.py, their specs in spawn.py; reader.py and worker.py are
+  what runs in them, protocol.py their messages, slots.py the shared memory) and a
+  cluster's Ray actors (batchinfer.cluster). ``run`` (runner.py) is the main job: a
+  dataset folder into a run folder (the output folder's life in batchinfer.sink).
 - ``engine/planning/``: settings and files in, an EnginePlan out (plan.py; RunConfig in
   config.py, EnginePlan and EngineResult in interface.py), before any process starts.
 - ``engine/plumbing/``: the board's process plumbing (the fork server, children, signals,

@@ -10,8 +10,9 @@ pool events the loop handles. The slot life cycle and shutdown order are in the 
 What only a board has lives here too:
 - hangs are read from the status board (watchdog.py: which instance hung, since when);
 - readers grow and shrink with demand and yield to the core workers once those are seen
-  well fed (reader_scaling.py): the one place this pool changes the scheduler, by adding
-  and closing readers;
+  well fed (reader_scaling.py), judged from what the run measures and the loop's
+  RunState; a reader started or to close is told to the loop (ReaderAdded,
+  ReaderClosing), which tells the scheduler;
 - CPU and memory of every child are accounted by role (plumbing/usage.py), and each ready
   core worker's own memory is reported to the loop (WorkerMemory, every RSS_EVERY_S), which
   decides when one is recycled (recycling.py). A recycled worker is asked to stop; its new
@@ -42,8 +43,11 @@ from batchinfer.engine.pools import (
     Layout,
     PoolEvent,
     PoolReport,
+    ReaderAdded,
+    ReaderClosing,
     ReaderLost,
     ReaderUp,
+    RunState,
     Said,
     Where,
     WorkerLost,
@@ -67,12 +71,10 @@ from batchinfer.engine.protocol import (
     WorkerReady,
 )
 from batchinfer.engine.reader_scaling import ReaderScaler
-from batchinfer.engine.recycling import RSS_EVERY_S
-from batchinfer.engine.scheduler import Scheduler
 from batchinfer.engine.slots import SlotRegion, StatusBoard, sweep_dead_segments
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.spawn import start_reader, start_worker
-from batchinfer.engine.states import ChildState, CoreStatus
+from batchinfer.engine.states import ChildState
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.stats import CoreStatsRecorder
@@ -84,6 +86,8 @@ READER_NICENESS = 10
 #: Hangs, restarts and readers are checked this often, not on every turn of the loop: at
 #: thousands of items a second a turn comes every millisecond.
 CHECK_EVERY_S = 0.05
+#: How often each core worker's memory is read (WorkerMemory, for recycling.py's policy).
+RSS_EVERY_S = 0.25
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -141,7 +145,6 @@ class BoardPool:
         self._memory: RunMemory | None = None
         self._inputs: SlotRegion | None = None
         self._board: StatusBoard | None = None
-        self._scheduler: Scheduler | None = None
         self._stats: CoreStatsRecorder | None = None
 
     def where(self, key: int) -> Where:
@@ -164,17 +167,12 @@ class BoardPool:
         return self._board
 
     @property
-    def scheduler(self) -> Scheduler:
-        assert self._scheduler is not None, "the pool is not set up"
-        return self._scheduler
-
-    @property
     def stats(self) -> CoreStatsRecorder:
         assert self._stats is not None, "the pool is not set up"
         return self._stats
 
-    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
-        self._scheduler, self._stats = scheduler, stats
+    def setup(self, stats: CoreStatsRecorder, now: float) -> None:
+        self._stats = stats
         plan = self.plan
         # Segments and runtimes a killed earlier run left behind, then this run's backend.
         plan.backend.sweep()
@@ -258,9 +256,9 @@ class BoardPool:
         return None
 
     # ------------------------------------------------------------------ events
-    def wait(self, timeout_s: float) -> list[PoolEvent]:
+    def wait(self, timeout_s: float, run: RunState) -> list[PoolEvent]:
         # Starvation is the state before the events, held for the time the turn waited.
-        self._starved = self.scaler is not None and self._is_starved()
+        self._starved = self.scaler is not None and run.starved()
         events: list[PoolEvent] = []
         for event in self.children.poll(timeout_s):
             if isinstance(event, Message):
@@ -359,7 +357,9 @@ class BoardPool:
         return WorkerLost(child.key, what, frozenset(i for i, _ in working), child.hung_items)
 
     # ------------------------------------------------------------------ checks
-    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+    def check(
+        self, now: float, run: RunState, *, stopping: bool, exhausted: bool
+    ) -> list[PoolEvent]:
         if self.scaler is not None and not exhausted:
             self.scaler.observe(now, self._starved)
         if now < self._next_check:
@@ -375,10 +375,10 @@ class BoardPool:
             self._next_memory = now + RSS_EVERY_S
             events = self._worker_memory(live)
         if self.scaler is not None and not stopping:
-            if not self._started and self._all_ready():
+            if not self._started and self._all_ready(run):
                 self._started = True
                 self.scaler.started(now, self.usage.idle_cpus)
-            self._scale_readers(now)
+            events += self._scale_readers(now, run)
         return events
 
     def _worker_memory(self, live: list[Child]) -> list[PoolEvent]:
@@ -399,13 +399,10 @@ class BoardPool:
             child.deadline = now + _JOIN_TIMEOUT_S
             self.children.send(child, Stop())
 
-    def _all_ready(self) -> bool:
+    def _all_ready(self, run: RunState) -> bool:
         """Every core is up (or retired) and every reader ready: start-up is over."""
-        cores = self.scheduler.cores.values()
-        return (
-            all(c.state in (CoreStatus.READY, CoreStatus.RETIRED) for c in cores)
-            and any(c.state == CoreStatus.READY for c in cores)
-            and all(r.state == ChildState.READY for r in self.children.live("reader"))
+        return run.started() and all(
+            r.state == ChildState.READY for r in self.children.live("reader")
         )
 
     def shift(self, gap_s: float) -> None:
@@ -422,43 +419,36 @@ class BoardPool:
         return slice(row, row + 1)
 
     # ------------------------------------------------------------------ readers
-    def _is_starved(self) -> bool:
-        """A runtime instance has nothing to infer and no item is READY: the cores wait for
-        the readers. (Not "a core has room": a core is refilled long before it runs dry, so
-        with room to spare and its instances busy it waits for nothing; counted that way,
-        8x8 PNGs that one reader decodes far faster than the cores consume looked starved
-        10-18 % of the time.)"""
-        s, k = self.scheduler, self.plan.item_lanes
-        return not s.ready and any(
-            c.state == CoreStatus.READY and len(c.inflight) < k for c in s.cores.values()
-        )
-
-    def _scale_readers(self, now: float) -> None:
-        """Grow or shrink the readers from what the run measures (reader_scaling.py)."""
+    def _scale_readers(self, now: float, run: RunState) -> list[PoolEvent]:
+        """Grow or shrink the readers from what the run measures (reader_scaling.py): stop
+        the closing readers that hold nothing; a reader started, or one to close, is told
+        to the loop (ReaderAdded, ReaderClosing), whose scheduler gives it reads or not."""
         assert self.scaler is not None
-        s = self.scheduler
-        for reader in list(s.closing):
+        closing = run.closing_readers()
+        for reader in closing:
             child = self._child("reader", reader)
-            if child is not None and not s.held_by_reader(reader) and not child.killed_for:
+            if child is not None and not run.held_by_reader(reader) and not child.killed_for:
                 child.killed_for = "stopped: fewer readers are enough"
                 child.stopped = True
                 self.children.send(child, Stop())
-        open_readers = s.open_readers()
+        open_readers = run.open_readers()
         change = self.scaler.decide(now, len(open_readers), self.usage.idle_cpus)
+        events: list[PoolEvent] = []
         if change > 0:
             # A stopped reader's number (and board row) is used again; else a new one, up
             # to the rows the board has.
-            free = [r for r in sorted(s.closing) if self._child("reader", r) is None]
-            if free or len(s.unsent) < self._max_readers:
-                reader = free[0] if free else s.add_reader()
-                s.closing.discard(reader)
+            free = [r for r in closing if self._child("reader", r) is None]
+            if free or run.readers() < self._max_readers:
+                reader = free[0] if free else run.readers()
                 self._start_reader(reader)
                 log.info("reader %d started: decoding was the bottleneck", reader)
+                events.append(ReaderAdded(reader))
         elif change < 0 and len(open_readers) > 1:
-            s.close_reader(open_readers[-1])
+            events.append(ReaderClosing(open_readers[-1]))
         if self.scaler.fed:
             for child in self.children.live("reader"):
                 self._yield(child)
+        return events
 
     def _yield(self, reader: Child) -> None:
         """Lower a reader's priority below the coordinator's (once: it cannot be raised)."""

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from batchinfer.data.dataset import Item
 from batchinfer.data.video.dataset import frame_columns
 from batchinfer.engine.events import RowsDone
-from batchinfer.engine.scheduler import Finished, Flight, Scheduler
+from batchinfer.engine.flights import Finished, Flight
+from batchinfer.engine.scheduler import Scheduler
 from batchinfer.engine.slots import SlotRegion
 from batchinfer.messages import Message, setting
 from batchinfer.sink.rows import Row, RowSink

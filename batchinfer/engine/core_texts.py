@@ -1,14 +1,15 @@
-"""The engine loop's texts: how it names cores, groups the ones that failed alike, and
-says that readers kept dying."""
+"""The engine loop's texts: how it names cores (and the places of keys), groups the ones
+that failed alike, and says that readers kept dying."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from batchinfer.engine.pools import Where
 from batchinfer.errors import RunFailedError
 from batchinfer.messages import Message, join, setting
 from batchinfer.runtime.adapter import CoreReason
+from batchinfer.sink.stats import place_name
 
 
 def place_text(where: Where) -> str:
@@ -20,6 +21,21 @@ def worker_text(where: Where) -> str:
     """A key's worker: its core, and its instance when a key is one instance of several."""
     text = place_text(where)
     return text if where.instance is None else f"{text} (instance {where.instance})"
+
+
+def label(where: Where) -> int | str:
+    """How the result names a key's place: its core on a board, node:core on a cluster."""
+    return where.core if where.node is None else place_name(where.node, where.core)
+
+
+def cores_of(where: Callable[[int], Where], keys: Iterable[int]) -> list[int]:
+    """The cores of ``keys``, each once (a cluster's keys share core numbers)."""
+    return sorted({where(k).core for k in keys})
+
+
+def nodes_of(where: Callable[[int], Where], keys: Iterable[int]) -> list[str]:
+    """The nodes of ``keys``, each once: none on a board."""
+    return sorted({n for n in (where(k).node for k in keys) if n})
 
 
 def alike(reasons: dict[int, CoreReason]) -> dict[CoreReason, list[int]]:
@@ -60,18 +76,18 @@ def held_text(reason: CoreReason, cores: list[int], nodes: list[str]) -> Message
 def no_core_text(
     retired: dict[int, CoreReason],
     workers: int,
-    cores_of: Callable[[list[int]], list[int]],
+    where: Callable[[int], Where],
     warnings: list[Message],
 ) -> str:
     """Why no core of ``workers`` started, given why each of ``retired`` was retired (and
-    ``cores_of`` keys). Cores that all failed the same way (a model the runtime refuses, a
+    ``where`` each key is). Cores that all failed the same way (a model the runtime refuses, a
     missing driver) are said once, without the advice to leave one core out, which cannot
     help; else every warning of the start-up."""
     if len(retired) > 1 and workers == len(retired):
         groups = alike(retired)
         if len(groups) == 1:
             ((reason, keys),) = groups.items()
-            return for_cores(reason, cores_of(keys), advice=False)
+            return for_cores(reason, cores_of(where, keys), advice=False)
     return join("; ", warnings) or "every worker exited during start-up"
 
 

@@ -125,7 +125,7 @@ class Outbox:
     """Finished results waiting to be reported to the coordinator in one message.
 
     The coordinator refills a worker once the items it has not heard back about are down to
-    ``refill_at`` (REFILL_AT per instance: scheduler.py). So a result waits for company (one
+    ``refill_at`` (REFILL_AT per instance: queue_depth.py). So a result waits for company (one
     message then carries several) unless reporting it now is what starts a refill: the
     items this worker still has (queued or being inferred) are at most ``refill_at`` while,
     counting the waiting results, the coordinator sees more. Results also go at once when

@@ -20,17 +20,21 @@ order are in the NOTE of slots.py.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine import events as ev
 from batchinfer.engine.board import BoardPool
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector, nonfinite_warning
+from batchinfer.engine.core_life import CoreLoss
 from batchinfer.engine.core_texts import (
     alike,
+    cores_of,
     held_text,
+    label,
     no_core_text,
+    nodes_of,
     nodes_text,
     place_text,
     reader_deaths,
@@ -43,6 +47,8 @@ from batchinfer.engine.pools import (
     ItemsDone,
     ItemsRead,
     PoolEvent,
+    ReaderAdded,
+    ReaderClosing,
     ReaderLost,
     ReaderUp,
     Said,
@@ -53,14 +59,15 @@ from batchinfer.engine.pools import (
     WorkerUp,
 )
 from batchinfer.engine.recycling import Recycler
-from batchinfer.engine.scheduler import CoreLoss, ReaderDeathsExceeded, Scheduler
+from batchinfer.engine.run_view import RunView
+from batchinfer.engine.scheduler import ReaderDeathsExceeded, Scheduler
 from batchinfer.engine.sources import ItemSource
 from batchinfer.engine.states import CoreStatus
 from batchinfer.errors import BatchinferError, NoCoreError, RunFailedError
 from batchinfer.messages import Message, as_message
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.rows import RowSink
-from batchinfer.sink.stats import CoreKey, CoreStatsRecorder, place_name
+from batchinfer.sink.stats import CoreKey, CoreStatsRecorder
 
 #: The longest the loop waits for events before it checks hangs, restarts and readers.
 TICK_S = 0.1
@@ -109,6 +116,7 @@ class Engine:
             name=lambda key: place_text(self.pool.where(key)),
             capacity=layout.capacity,
         )
+        self.view = RunView(self.scheduler)  # what the pool may read of the run
         self.stats = stats or CoreStatsRecorder(layout.places, plan.instances_per_core)
 
         def place(key: int) -> tuple[str | None, int]:
@@ -172,7 +180,7 @@ class Engine:
         status = "complete"
         error: BatchinferError | None = None
         try:
-            self.pool.setup(self.scheduler, self.stats, self.clock())
+            self.pool.setup(self.stats, self.clock())
             self._start()
             self._loop()
             status = "interrupted" if self.stop_reason else "complete"
@@ -216,13 +224,8 @@ class Engine:
         out: list[int | str] = []
         for place in self._places:
             if all(self.scheduler.cores[k].state == CoreStatus.RETIRED for k in keys[place]):
-                out.append(self._label(keys[place][0]))
+                out.append(label(self.pool.where(keys[place][0])))
         return out
-
-    def _label(self, key: int) -> int | str:
-        """How the result names a key's place: its core on a board, node:core on a cluster."""
-        where = self.pool.where(key)
-        return where.core if where.node is None else place_name(where.node, where.core)
 
     # ------------------------------------------------------------------ start-up
     def _start(self) -> None:
@@ -236,7 +239,7 @@ class Engine:
         says ``cores_start_together``). The statistics' clock starts at the first dispatch.
         """
         self._items = iter(self.source)
-        alive = sorted({self.pool.where(k).core for k in self._alive_keys()})
+        alive = sorted({self.pool.where(k).core for k in self.scheduler.alive_cores()})
         self.notify(
             ev.Started(
                 self.source.total,
@@ -247,7 +250,7 @@ class Engine:
                 nodes=self.pool.nodes,
             )
         )
-        self._first = set(self._alive_keys())
+        self._first = set(self.scheduler.alive_cores())
         self._starting = True
         try:
             while self._first:
@@ -272,18 +275,15 @@ class Engine:
         if not self._first:
             self.notify(ev.CoresReady(self.clock()))
 
-    def _alive_keys(self) -> list[int]:
-        return [k for k, s in self.scheduler.cores.items() if s.state != CoreStatus.RETIRED]
-
     def _check_some_core_alive(self) -> None:
         if not self.scheduler.alive_cores():
             # The error says the retirements held back during start-up (each is in the
             # result's warnings too): cores that failed alike are said once, here.
             self._held.clear()
-            nodes = self._nodes(self.pool.layout.keys)  # on a cluster, where it tried
+            nodes = nodes_of(self.pool.where, self.pool.layout.keys)  # on a cluster: tried
             where = f" on {nodes_text(nodes)}" if nodes else ""
             why = no_core_text(
-                self._retired_for, len(self.pool.layout.keys), self._cores, self.warnings
+                self._retired_for, len(self.pool.layout.keys), self.pool.where, self.warnings
             )
             raise NoCoreError(f"no NPU core could be started{where}: " + why)
 
@@ -292,23 +292,15 @@ class Engine:
         alike ("cores 0, 2 retired: ..."), now that it is known some core is up."""
         held, self._held = self._held, {}
         for reason, keys in alike(held).items():
-            cores = self._cores(keys)
+            cores = cores_of(self.pool.where, keys)
             if len(keys) == 1:
                 message = f"{self._name(keys[0])} retired: " + reason.said(cores)
             else:  # on a cluster, keys of one core number are that core of several nodes
-                message = held_text(reason, cores, self._nodes(keys))
+                message = held_text(reason, cores, nodes_of(self.pool.where, keys))
             self.notify(ev.Warned(message))  # in self.warnings, one per core
-
-    def _cores(self, keys: list[int]) -> list[int]:
-        """The cores of ``keys``, each once (a cluster's keys share core numbers)."""
-        return sorted({self.pool.where(k).core for k in keys})
 
     def _name(self, key: int) -> str:
         return worker_text(self.pool.where(key))
-
-    def _nodes(self, keys: Iterable[int]) -> list[str]:
-        """The nodes of ``keys``, each once: none on a board."""
-        return sorted({n for n in (self.pool.where(k).node for k in keys) if n})
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -367,7 +359,7 @@ class Engine:
 
     def _turn(self) -> None:
         """One turn: wait for events, handle them, write rows, check hangs and restarts."""
-        for event in self.pool.wait(self.collector.wait_s(self.clock(), self._tick_s)):
+        for event in self.pool.wait(self.collector.wait_s(self.clock(), self._tick_s), self.view):
             self._on_event(event)
         if self.hard_stop:
             self.collector.flush()
@@ -380,9 +372,9 @@ class Engine:
             self.pool.shift(gap)
             self._drain_until = max(self._drain_until, now + self.rel.drain_timeout_s)
         stopping = self.scheduler.stopping
-        for event in self.pool.check(now, stopping=stopping, exhausted=self._exhausted):
+        for event in self.pool.check(now, self.view, stopping=stopping, exhausted=self._exhausted):
             self._on_event(event)
-        for key in self.scheduler.restarts_due(now):
+        for key in self.scheduler.life.restarts_due(now):
             self.pool.start_worker(key, now)
         self.recycler.due(now)
 
@@ -391,12 +383,8 @@ class Engine:
         match event:
             case ItemsDone(key, results):
                 self._on_done(key, results)
-            case ItemsRead(_reader, items):
-                now = self.clock()
-                for slot, read_ms, error in items:
-                    finished = self.scheduler.loaded(slot, read_ms, error, now)
-                    if finished is not None:
-                        self.collector.error(finished)
+            case ItemsRead() | ReaderUp() | ReaderLost() | ReaderAdded() | ReaderClosing():
+                self._on_reader(event)
             case WorkerUp():
                 self._on_worker_up(event)
             case WorkerRetired(key, reason, quiet):
@@ -405,16 +393,30 @@ class Engine:
                 self._on_worker_lost(event)
             case WorkerMemory(key, rss_mb):
                 self.recycler.memory(key, rss_mb)
+            case Said(message):
+                self.warn(message)
+
+    def _on_reader(self, event: PoolEvent) -> None:
+        s = self.scheduler
+        match event:
+            case ItemsRead(_reader, items):
+                now = self.clock()
+                for slot, read_ms, error in items:
+                    finished = s.loaded(slot, read_ms, error, now)
+                    if finished is not None:
+                        self.collector.error(finished)
             case ReaderUp(reader, pid):
                 self.notify(ev.ChildReady("reader", reader, pid))
             case ReaderLost(reader, what, culprit):
-                for finished in self.scheduler.reader_lost(reader, culprit, what):
+                for finished in s.reader_lost(reader, culprit, what):
                     self.collector.error(finished)
-                if not self.scheduler.stopping:
+                if not s.stopping:
                     self.pool.restart_reader(reader)
                     self.warn(f"reader {reader} {what}; started a new one.")
-            case Said(message):
-                self.warn(message)
+            case ReaderAdded(reader):  # the pool's reader scaling: the scheduler follows
+                s.open_reader(reader)
+            case ReaderClosing(reader):
+                s.close_reader(reader)
 
     def _on_done(self, key: int, results: list[ItemResult]) -> None:
         self.recycler.done(key, len(results))
@@ -433,12 +435,12 @@ class Engine:
         self.recycler.up(key)
         if up.rss_mb is not None:  # its size before any item: "from the start" is this
             self.recycler.memory(key, up.rss_mb)
-        self.sdk_versions[self._label(key)] = up.sdk_version
+        self.sdk_versions[label(where)] = up.sdk_version
         if not self._opened:
             self._opened = True
             self.sink.open(up.outputs)
             self.collector.outputs = self.pool.outputs
-        self.scheduler.core_ready(key)
+        self.scheduler.life.core_ready(key)
         kind = "worker" if where.node is None else "actor"
         self.notify(ev.ChildReady(kind, where.core, up.pid, node=where.node))
         if self.rel.canary and up.canary is not None:
@@ -451,7 +453,7 @@ class Engine:
         self._first.discard(key)
         if self.scheduler.cores[key].state == CoreStatus.RETIRED:
             return
-        self.scheduler.core_retired(key)
+        self.scheduler.life.core_retired(key)
         self.pool.retire(key)
         self._retired_for[key] = reason
         where = self.pool.where(key)
@@ -473,7 +475,7 @@ class Engine:
         if self.scheduler.cores[key].state == CoreStatus.RETIRED:
             return  # WorkerRetired said why already
         culprits = set(lost.culprits) if lost.culprits is not None else None
-        loss: CoreLoss = self.scheduler.core_lost(
+        loss: CoreLoss = self.scheduler.life.core_lost(
             key, set(lost.working), what, self.clock(), culprits
         )
         for finished in loss.finished:

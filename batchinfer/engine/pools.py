@@ -19,19 +19,21 @@ PROTOCOL (loop ⇄ pool), all on the loop's thread, all times on the loop's cloc
 
     loop                                              pool
     Engine(plan, source, sink, pool=...) ──layout──►  Layout (read once, before setup)
-    setup(scheduler, stats, now) ───────────────────► starts every worker (and reader)
+    setup(stats, now) ──────────────────────────────► starts every worker (and reader)
     fill(slot, item)           (sources in memory)    the item's tensors into its slot
     send_reads(reader, [(slot, item)], now)           these items are to be read
     send_work(key, [(slot, item)], now)               these items are to be inferred
-    wait(timeout_s) ◄──────────────────────────────── events, in the order they happened
-    check(now) ◄───────────────────────────────────── events found by looking: a worker
+    wait(timeout_s, run) ◄─────────────────────────── events, in the order they happened
+    check(now, run) ◄──────────────────────────────── events found by looking: a worker
                                                       that did not start in time
                                                       (WorkerRetired), workers lost with
                                                       their node (WorkerLost), the ready
                                                       workers' memory now and then
-                                                      (WorkerMemory). A hung worker is
-                                                      killed here; its WorkerLost comes
-                                                      from wait()
+                                                      (WorkerMemory), a reader added or
+                                                      to close (ReaderAdded, ReaderClosing:
+                                                      the loop tells the scheduler). A
+                                                      hung worker is killed here; its
+                                                      WorkerLost comes from wait()
     shift(gap_s)                                      the loop was not running: move clocks
     stopping()                 (a stop request)       the run drains: start no new worker
     start_worker(key, now)     (after a back-off)     start the key's worker again
@@ -49,16 +51,20 @@ gives it back; likewise every slot sent with ``send_reads`` comes back in an
 :class:`ItemsRead` or with a :class:`ReaderLost`. A pool never decides what is retried or
 charged: it reports what it saw (which items were inside inference when a worker died,
 which one hung) and the scheduler decides.
+
+A pool reads the run's state only through ``run`` (:class:`RunState`, the scheduler's
+read-only view) in ``wait`` and ``check``: whether the workers wait for input, whether
+start-up is over, which slots are free again, the readers' numbers; it never holds the
+scheduler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from batchinfer.data.dataset import Item
-from batchinfer.engine.scheduler import Scheduler
 from batchinfer.runtime.adapter import CoreReason
 from batchinfer.sink.stats import CoreKey, CoreStatsRecorder
 
@@ -180,6 +186,20 @@ class ReaderLost(NamedTuple):
     culprit: int | None = None
 
 
+class ReaderAdded(NamedTuple):
+    """The pool started reader ``reader`` (a new number, or a closed reader's again): the
+    scheduler gives it reads from now on."""
+
+    reader: int
+
+
+class ReaderClosing(NamedTuple):
+    """Fewer readers are enough: the scheduler gives ``reader`` no new reads; the pool
+    stops it once it holds none (RunState.held_by_reader)."""
+
+    reader: int
+
+
 class Said(NamedTuple):
     """Something the pool wants the user to know (a node left, a node's set-up failed)."""
 
@@ -195,8 +215,39 @@ PoolEvent = (
     | ReaderUp
     | ItemsRead
     | ReaderLost
+    | ReaderAdded
+    | ReaderClosing
     | Said
 )
+
+
+class RunState(Protocol):
+    """What a pool may read of the run's state, passed by the loop in ``wait`` and
+    ``check`` (the scheduler's read-only view: run_view.py's RunView)."""
+
+    def starved(self) -> bool:
+        """A runtime instance has nothing to infer and no item is READY."""
+
+    def started(self) -> bool:
+        """Every key is up or retired, and one is up."""
+
+    def released(self, slots: Iterable[int]) -> list[int]:
+        """Those of ``slots`` that are free again."""
+
+    def indexes(self) -> set[int]:
+        """The indexes of the items in slots."""
+
+    def readers(self) -> int:
+        """Reader numbers in use, open or closing (the next new reader's number)."""
+
+    def open_readers(self) -> list[int]:
+        """Readers that take new reads."""
+
+    def closing_readers(self) -> list[int]:
+        """Readers that get no new reads (ReaderClosing): stopped once they hold none."""
+
+    def held_by_reader(self, reader: int) -> int:
+        """Slots sent (or to be sent) to ``reader`` and not read yet."""
 
 
 @dataclass
@@ -220,12 +271,10 @@ class WorkerPool(Protocol):
 
     def where(self, key: int) -> Where: ...
 
-    def setup(self, scheduler: Scheduler, stats: CoreStatsRecorder, now: float) -> None:
+    def setup(self, stats: CoreStatsRecorder, now: float) -> None:
         """Start every worker and reader; ``stats`` gets the workers' busy time (set_busy,
-        add_busy). What to send comes with each call (send_reads, send_work); ``scheduler``
-        is read only where a pool still holds a policy of its own: the board's reader
-        scaling (which also adds and closes readers) and the Ray pool's freeing of the
-        objects of released slots."""
+        add_busy). What to send comes with each call (send_reads, send_work), what the pool
+        may read of the run with ``wait`` and ``check`` (RunState)."""
 
     def fill(self, slot: int, item: Item) -> None:
         """Sources that need no reader: put ``item``'s tensors into ``slot``."""
@@ -236,14 +285,19 @@ class WorkerPool(Protocol):
     def send_work(self, key: int, items: Sequence[tuple[int, Item]], now: float) -> None:
         """Infer each item of its slot (``items``: (slot, item))."""
 
-    def wait(self, timeout_s: float) -> list[PoolEvent]:
-        """What happened, waiting at most ``timeout_s`` for the first event."""
+    def wait(self, timeout_s: float, run: RunState) -> list[PoolEvent]:
+        """What happened, waiting at most ``timeout_s`` for the first event (``run``: the
+        state the turn waits in, e.g. whether the workers wait for input)."""
 
-    def check(self, now: float, *, stopping: bool, exhausted: bool) -> list[PoolEvent]:
+    def check(
+        self, now: float, run: RunState, *, stopping: bool, exhausted: bool
+    ) -> list[PoolEvent]:
         """Called every turn: find hung workers and readers (kill them: their loss comes
         back from ``wait``); return what is found by looking rather than heard (a worker
         that did not start in time, workers lost with their node); adapt readers (not
-        when ``stopping``; demand is measured until the source is ``exhausted``)."""
+        when ``stopping``; demand is measured until the source is ``exhausted``): a reader
+        started or to close comes back as ReaderAdded or ReaderClosing; free what released
+        slots held (``run.released``)."""
 
     def shift(self, gap_s: float) -> None:
         """The loop was not running for ``gap_s``: not held against workers or readers."""

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from batchinfer.data.dataset import Member
-    from batchinfer.data.video.dataset import VideoFrame
+    from batchinfer.data.dataset import Locator
     from batchinfer.engine.slots import RegionSpec
     from batchinfer.runtime.adapter import CoreReason
     from batchinfer.tasks import Decoded
@@ -46,7 +45,7 @@ class ReadTask(NamedTuple):
     item_index: int  # the item's place in the dataset (a field named index would hide tuple's)
     path: str
     id: str  # names the file in errors
-    member: Member | VideoFrame | None  # where the item is inside its shard or video
+    locator: Locator | None  # where the item is inside the file at path (Item.member)
     values: tuple | None  # the item's value of each manifest column that feeds an input
 
 

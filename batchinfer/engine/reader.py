@@ -7,14 +7,14 @@ side: engine/board.py):
                          error: None, or why the item cannot be read (its row)
                          cpu_s: the reader's CPU seconds so far (for CPU per item by role)
                          Failed(traceback)                        start-up failed; then exit
-  coordinator -> reader  Read([ReadTask(slot, item_index, path, id, member, values), ...])
+  coordinator -> reader  Read([ReadTask(slot, item_index, path, id, locator, values), ...])
                                   decode these, in order; id names the file in errors;
-                                  member: None, or where the item is inside the tar shard
-                                  at path (data/shards.py Member); the reader keeps the
-                                  shard it last read open (ShardFiles); or a
-                                  video frame (data/video/dataset.py VideoFrame): the
-                                  reader keeps its range's decode running (VideoFiles;
-                                  the coordinator sends a range's items to one reader);
+                                  locator: None, or where the item is inside the file at
+                                  path (data/dataset.py Locator), which the data layer's
+                                  load_into reads by; the reader keeps what makes the next
+                                  read cheap open: the tar shard it last read (ShardFiles),
+                                  a video range's decode (VideoFiles; the scheduler sends
+                                  one group's items to one reader, Item.group);
                                   values: None, or the item's value of each manifest
                                   column that feeds a model input (feeds)
                          Stop()
@@ -108,7 +108,7 @@ def _serve(
     for msg in until_stop(tasks):
         done: list[ReadResult] = []
         first_unsent = 0.0
-        for slot, index, path, item_id, member, values in msg.items:
+        for slot, index, path, item_id, locator, values in msg.items:
             t0 = time.perf_counter()
             board.start(row, index, time.monotonic())
             error: str | None = None
@@ -131,7 +131,7 @@ def _serve(
                         inputs[slot][0],
                         spec.kind,
                         name=item_id,
-                        member=member,
+                        member=locator,
                         shards=shards,
                         videos=videos,
                     )

@@ -2,9 +2,10 @@
 
 Memory that grows over a long loop until the process is killed is a known trap of runtimes
 on these boards. So each core worker's memory is watched, from the coordinator: the board's
-pool reads it (``/proc/PID/statm`` through psutil, every ``RSS_EVERY_S``; nothing runs in
-the worker) and reports it (pools.WorkerMemory); the loop gives it here with the count of
-items that worker (this incarnation of it) has finished, and carries out the answer.
+pool reads it (``/proc/PID/statm`` through psutil, every ``RSS_EVERY_S`` of board.py;
+nothing runs in the worker) and reports it (pools.WorkerMemory); the loop gives it here with
+the count of items that worker (this incarnation of it) has finished, and carries out the
+answer.
 
 What is watched is the worker's own memory: its resident set less its shared pages (RSS -
 shared in /proc/PID/statm). The shared-memory slots every worker maps, and the libraries'
@@ -52,8 +53,6 @@ from batchinfer.messages import Message, setting
 from batchinfer.options import ReliabilityOptions
 from batchinfer.sink.stats import CoreStatsRecorder
 
-#: How often the pool reads each core worker's memory.
-RSS_EVERY_S = 0.25
 #: Samples over the last ``recycle_after`` items before growth is judged (3 per quarter).
 MIN_SAMPLES = 12
 #: Growth over the last ``recycle_after`` items that counts as steady (with each quarter up).
@@ -210,7 +209,7 @@ class Recycler:
                 + "; a new one would be no smaller, so it is recycled only if it grows. "
                 "Raise the limit, or use fewer cores or instances per core."
             )
-        elif isinstance(verdict, Recycle) and self.scheduler.drain(key):
+        elif isinstance(verdict, Recycle) and self.scheduler.life.drain(key):
             held = len(self.scheduler.cores[key].inflight)
             why: Message
             if verdict.grew_mb is None:
@@ -232,6 +231,6 @@ class Recycler:
 
     def due(self, now: float) -> None:
         """Replace the drained workers that hold nothing any more."""
-        for key in self.scheduler.recycles_due():
+        for key in self.scheduler.life.recycles_due():
             self.stats.add_recycle(self.pool.layout.place(key))
             self.pool.recycle(key, now)

@@ -43,7 +43,11 @@ Failure policy:
   attempts left are released without a row, so --resume runs them.
 - A worker to be recycled (it grew: recycling.py) is DRAINING: it gets nothing new, the
   items it holds finish as usual, and once it holds none its restart is due
-  (:meth:`Scheduler.recycles_due`). Nothing is charged: a death meanwhile is a death.
+  (``recycles_due``). Nothing is charged: a death meanwhile is a death.
+
+Where it is: admission, reads and dispatch here; the workers' life cycle (starts, losses,
+retirements, recycling's drain, back-offs: ``Scheduler.life``) in core_life.py; the
+records of slots and keys in flights.py.
 
 The scheduler's "cores" are keys: core numbers on one board. A cluster driver
 (batchinfer.cluster) schedules one key per runtime instance (a Ray actor), several of
@@ -55,24 +59,17 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
 
 from batchinfer.data.dataset import Item
+from batchinfer.engine.core_life import CoreLife
+from batchinfer.engine.flights import CoreState, Finished, Flight
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE, REFILL_AT
 from batchinfer.engine.states import CoreStatus, SlotState
 
-MAX_CRASHES_IN_ROW = 3
-BACKOFF_S = (0.25, 1.0, 4.0)
 MAX_READER_DEATHS = 10
-# Items a worker holds per instance: one in inference and the rest queued behind it, so an
-# instance never waits for the coordinator between two inferences, even while the worker
-# holds finished results back for a moment to send several in one message (worker.py).
-QUEUED_PER_INSTANCE = 6
-# Fewer, larger messages: a core is refilled (up to its capacity) once it holds at most
-# REFILL_AT items per instance, so one message carries several items instead of each item
-# travelling alone as soon as a slot is ready; what it still holds then keeps it busy while
-# the refill travels. Likewise a reader gets new reads when it holds none, or once
-# READ_BATCH of them are waiting.
-REFILL_AT = QUEUED_PER_INSTANCE // 2
+# A core's queue depth and refill point (QUEUED_PER_INSTANCE, REFILL_AT) are in
+# queue_depth.py. Likewise a reader gets new reads when it holds none, or once READ_BATCH of
+# them are waiting: fewer, larger messages.
 READ_BATCH = 4
 # Item groups whose reader is remembered (a few per reader are open at a time).
 _GROUPS_KEPT = 4096
@@ -84,59 +81,6 @@ FREE, READING, READY, INFERRING, DONE = (
     SlotState.INFERRING,
     SlotState.DONE,
 )
-
-
-@dataclass(slots=True)
-class Flight:
-    """One item between its source and its row; lives in a slot."""
-
-    item: Item
-    state: SlotState
-    reader: int | None = None
-    core: int | None = None
-    read_ms: float = 0.0
-    t_ready: float = 0.0
-    t_dispatched: float = 0.0
-    failures: list[str] = field(default_factory=list)
-    cores_tried: list[int] = field(default_factory=list)
-    crashes: int = 0  # worker deaths this item was charged with
-    suspect: bool = False  # in a crash with others, not charged: to be retried alone
-
-
-@dataclass
-class CoreState:
-    core: int
-    capacity: int
-    state: CoreStatus = CoreStatus.STARTING
-    inflight: set[int] = field(default_factory=set)
-    crashes_in_row: int = 0
-    restart_at: float | None = None
-    restarts: int = 0
-    suspect: int | None = None  # the slot of a suspect it is inferring alone
-    # The slot (and its flight: a slot is used again) of a crash retry this core drains
-    # for: no refills until it is empty, then that item goes to it alone (Scheduler._reserve).
-    reserved: int | None = None
-    reserved_flight: Flight | None = None
-
-
-@dataclass(frozen=True)
-class Finished:
-    """An item's one row is due: success (``error`` None) or error."""
-
-    slot: int
-    error: str | None
-    attempt: int
-    core: int | None
-
-
-@dataclass(frozen=True)
-class CoreLoss:
-    """What a worker's death means: rows due, and when to restart it (None: retired)."""
-
-    finished: list[Finished]
-    restart_at: float | None
-    reason: str
-    blamed_items: bool
 
 
 class ReaderDeathsExceeded(Exception):
@@ -165,6 +109,7 @@ class Scheduler:
         if capacity is None:
             capacity = QUEUED_PER_INSTANCE * instances_per_core
         self.cores = {c: CoreState(c, capacity) for c in cores}
+        self.instances = instances_per_core
         self.refill_at = REFILL_AT * instances_per_core
         self.max_attempts = max_attempts
         self.unsent: list[list[int]] = [[] for _ in range(readers)]
@@ -175,6 +120,10 @@ class Scheduler:
         self.stopping = False
         self.physical = physical or (lambda core: core)
         self.name = name or (lambda core: f"core {core}")
+        # Starts, losses, retirements, recycling's drain (core_life.py).
+        self.life = CoreLife(
+            self.cores, self.flight, self._fail, self._give_back, lambda: self.stopping, self.name
+        )
 
     # ------------------------------------------------------------------ queries
     def flight(self, slot: int) -> Flight:
@@ -225,11 +174,13 @@ class Scheduler:
             self.ready.append(slot)
         return slot
 
-    def add_reader(self) -> int:
-        """A new reader takes reads from now on; returns its number."""
-        self.unsent.append([])
-        self.reading.append(deque())
-        return len(self.unsent) - 1
+    def open_reader(self, reader: int) -> None:
+        """Reader ``reader`` takes reads from now on: the next number, or a closed reader's
+        again (the pool started it: a ReaderAdded)."""
+        while len(self.unsent) <= reader:
+            self.unsent.append([])
+            self.reading.append(deque())
+        self.closing.discard(reader)
 
     def close_reader(self, reader: int) -> None:
         """Reader ``reader`` gets no new reads (it is stopped once it holds none).
@@ -248,7 +199,7 @@ class Scheduler:
     def _assign_reader(self, slot: int) -> None:
         # Items of one group (a video's keyframe range: data/video/dataset.py) go to one
         # reader, which decodes the range once, in order; a new group to the least busy.
-        group = getattr(self.flight(slot).item.member, "group", None)
+        group = self.flight(slot).item.group
         if len(self.unsent) == 1 and not self.closing:  # one reader: every item's case
             reader = 0
         elif group is not None and self._groups.get(group, -1) in self.open_readers():
@@ -450,107 +401,14 @@ class Scheduler:
         self.ready.appendleft(slot)
         return None
 
-    # ------------------------------------------------------------------ worker life cycle
-    def core_ready(self, core: int) -> None:
-        self.cores[core].state = CoreStatus.READY
-
-    def core_starting(self, core: int) -> None:
-        state = self.cores[core]
-        state.state, state.restart_at = CoreStatus.STARTING, None
-
-    def core_retired(self, core: int) -> None:
-        """A core that will not come back (its init failed): its items go back to READY."""
-        state = self.cores[core]
-        state.state = CoreStatus.RETIRED
-        self._requeue(state)
-
-    def core_lost(
-        self,
-        core: int,
-        working: set[int],
-        reason: str,
-        now: float,
-        culprits: set[int] | None = None,
-    ) -> CoreLoss:
-        """Core ``core``'s worker died or was killed; ``working``: item indexes that were
-        inside inference() then (from the status board); ``culprits``: the ones known to
-        have caused it (a hang names them), None when any of ``working`` may have (a crash).
-
-        Charged: the culprits, else the one item working; several items working and no
-        culprit known: none is charged, each becomes a suspect (module docstring)."""
-        state = self.cores[core]
-        finished = []
-        charged = working if culprits is None else culprits
-        mine = [s for s in sorted(state.inflight) if self.flight(s).item.index in working]
-        blamed_items = any(self.flight(s).crashes or self.flight(s).suspect for s in mine)
-        if culprits is None and len(mine) > 1:
-            charged = set()
-            for slot in mine:
-                self.flight(slot).suspect = True
-        for slot in sorted(state.inflight):
-            flight = self.flight(slot)
-            if flight.item.index not in charged:
-                continue
-            state.inflight.discard(slot)
-            flight.crashes += 1
-            flight.suspect = False
-            flight.cores_tried.append(core)
-            result = self._fail(slot, f"{self.name(core)}: {reason}", core)
-            if result is not None:
-                finished.append(result)
-        self._requeue(state)
-        state.restarts += 1
-        if not blamed_items:
-            state.crashes_in_row += 1
-        if state.crashes_in_row >= MAX_CRASHES_IN_ROW:
-            state.state = CoreStatus.RETIRED
-            return CoreLoss(finished, None, reason, blamed_items)
-        delay = BACKOFF_S[min(max(state.crashes_in_row, 1), len(BACKOFF_S)) - 1]
-        state.state, state.restart_at = CoreStatus.DOWN, now + delay
-        return CoreLoss(finished, state.restart_at, reason, blamed_items)
-
-    def _requeue(self, state: CoreState) -> None:
-        state.suspect = None
-        for slot in sorted(state.inflight, reverse=True):
-            flight = self.flight(slot)
-            if self.stopping:
-                self.release(slot)
-                continue
-            flight.state = READY
-            self.ready.appendleft(slot)
-        state.inflight.clear()
-
-    def drain(self, core: int) -> bool:
-        """Send ``core`` nothing more until it is recycled (False: it is not READY)."""
-        state = self.cores[core]
-        if state.state != CoreStatus.READY or self.stopping:
-            return False
-        state.state = CoreStatus.DRAINING
-        return True
-
-    def recycles_due(self) -> list[int]:
-        """DRAINING cores that hold nothing any more (they are starting from here on)."""
+    def _give_back(self, slot: int) -> None:
+        """An item a lost or retired worker held goes back uncharged: to the front of the
+        ready queue, or left for --resume while stopping."""
         if self.stopping:
-            return []
-        due = [
-            c.core for c in self.cores.values() if c.state == CoreStatus.DRAINING and not c.inflight
-        ]
-        for core in due:
-            self.core_starting(core)
-        return due
-
-    def restarts_due(self, now: float) -> list[int]:
-        """Cores whose back-off has passed (they are starting from here on)."""
-        if self.stopping:
-            return []
-        due = [
-            c.core
-            for c in self.cores.values()
-            if c.state == CoreStatus.DOWN and c.restart_at is not None and now >= c.restart_at
-        ]
-        for core in due:
-            self.core_starting(core)
-        return due
+            self.release(slot)
+            return
+        self.flight(slot).state = READY
+        self.ready.appendleft(slot)
 
     # ------------------------------------------------------------------ ending
     def release(self, slot: int) -> None:

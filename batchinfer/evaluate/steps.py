@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from batchinfer.data.dataset import Dataset
+from batchinfer.data.dataset import Dataset, Member
 from batchinfer.data.shards import ShardSet
 from batchinfer.data.sources import open_source
 from batchinfer.data.video.dataset import VideoDataset
@@ -263,7 +263,7 @@ def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any
         wanted, found = set(ids), {}
         for item in dataset:
             m = item.member
-            if item.id in wanted and m is not None and m.fault is None:
+            if item.id in wanted and isinstance(m, Member) and m.fault is None:
                 member = {"offset": m.offset, "size": m.size, "name": m.name}
                 found[item.id] = {"path": item.path, "member": member}
                 if len(found) == len(wanted):

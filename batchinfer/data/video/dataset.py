@@ -304,7 +304,7 @@ class VideoDataset(Dataset):
             label=base.label,
             label_name=base.label_name,
             id_bytes=None if base.id_bytes is None else base.id_bytes + f"#{frame}".encode(),
-            member=member,  # type: ignore[arg-type]
+            member=member,
             columns=base.columns,
         )
 

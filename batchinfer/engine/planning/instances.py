@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from batchinfer.engine.scheduler import QUEUED_PER_INSTANCE
+from batchinfer.engine.queue_depth import QUEUED_PER_INSTANCE
 from batchinfer.errors import ConfigError, UsageError
 from batchinfer.messages import setting
 
