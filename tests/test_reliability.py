@@ -14,12 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
 import pyarrow.parquet as pq
 import pytest
+from held_start import hold_children
 from runs import config, exit_code, fast_sim
 
 from batchinfer import run
@@ -28,6 +30,9 @@ from batchinfer.engine import events as ev
 from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead_segments
 from batchinfer.errors import NoCoreError, OutputWriteError, RunFailedError, SharedMemoryError
 from batchinfer.results import read_predictions
+
+# Each run launches a fork server of its own, not the module's (tests/conftest.py):
+OWN_FORK_SERVER = "tests/held_start.py changes what the server imports"
 
 
 def _run_digits(demo_kit, *faults: str, npu_ms: float = 0.2, **settings):
@@ -550,6 +555,35 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path):
     # The item it was decoding, if any, was charged one attempt and read again.
     assert table["error"].null_count == 400
     assert exit_code(result) == 0
+
+
+def test_a_decode_timeout_shorter_than_the_readers_start_up_has_no_false_hangs(
+    demo_kit, tmp_path, monkeypatch
+):
+    """A reader's clock starts when it is ready and has started the item, never when the item
+    was sent to a process still importing: 0.3 s turned valid 8x8 PNGs into error rows.
+    Every child's start is held (tests/held_start.py) for 2.5 s, more than twice the 1 s
+    decode timeout, while the run sends the readers their items; 1 s is ample for the decode
+    of an 8x8 PNG on a loaded machine (0.3 s was not, at a load average of 17)."""
+    cfg = config(
+        dataset=demo_kit.dataset,
+        model=demo_kit.models["digits"],
+        limit=300,
+        backend="sim",
+        sim=fast_sim(),
+        decode_timeout_s=1.0,
+        readers=2,
+        out=tmp_path / "o",
+    )
+    with hold_children(monkeypatch, tmp_path) as release:
+        timer = threading.Timer(2.5, release.set)  # the fault's length, not a wait for it
+        timer.start()
+        try:
+            result = run(cfg)
+        finally:
+            timer.cancel()
+    assert exit_code(result) == 0
+    assert read_predictions(result.out)["error"].null_count == 300
 
 
 # Seven FIFOs: more than MAX_READER_DEATHS / max_attempts, 14 s of timeouts waited out; one
