@@ -156,12 +156,13 @@ def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
         for pid in children_before:
             with contextlib.suppress(psutil.Error):
                 spared |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
-    if _HOLDING:  # the module's fork server (warm_fork_server) outlives its tests by design
-        from batchinfer.engine.plumbing import fork_server
-
-        spared.add(fork_server.server_pid() or 0)
     leaked_children = {
-        pid: cmd for pid, cmd in _children().items() if pid not in children_before | spared
+        pid: cmd
+        for pid, cmd in _children().items()
+        if pid not in children_before | spared
+        # The module's fork servers (warm_fork_server: the current one and any it retired)
+        # outlive its tests by design; the hold's end stops every one of them.
+        and not (_HOLDING and "fork_server import serve" in cmd)
     }
     for pid in list(leaked_children):
         try:  # give a child that is exiting right now a moment to be reaped
@@ -212,11 +213,13 @@ def local_ray_cluster(cores: tuple[int, ...] = (0, 1, 2)) -> Iterator[object]:
 _HOLDING: list[bool] = []
 
 
-def _launch_context() -> tuple[dict[str, str], list[str]]:
+def _launch_context() -> tuple[dict[str, str], list[str], list[str]]:
     """What a fork server takes from this process at launch: its environment (but the name
-    of the test pytest is running) and sys.path."""
+    of the test pytest is running), sys.path and the modules it imports (PRELOAD)."""
+    from batchinfer.engine.plumbing import fork_server
+
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    return env, list(sys.path)
+    return env, list(sys.path), list(fork_server.PRELOAD)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -230,9 +233,9 @@ def warm_fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
     through the CLI took 2.1-3.3 s a run with a fresh server, 0.9-1.4 s with this one, on
     the shared 2-CPU VM at a load average of 15-25 (2026-12-07). Each run still goes through
     acquire and release; a module whose runs need a server of their own (it freezes, kills
-    or counts the server, or changes what it imports) says so with ``OWN_FORK_SERVER =
-    "why"``, and its runs each launch one, as a user's run does; a run in another
-    environment or sys.path than the server's gets a fresh one. The hold begins at the
+    or counts the server) says so with ``OWN_FORK_SERVER = "why"``, and its runs each
+    launch one, as a user's run does; a run in another environment, sys.path or PRELOAD
+    than the server's gets a fresh one. The hold begins at the
     module's first acquire, so a module that runs nothing launches no server.
     """
     if getattr(request.module, "OWN_FORK_SERVER", None):
@@ -244,8 +247,8 @@ def warm_fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
 
     def acquire_and_hold() -> None:
         # The server copies the environment and sys.path at launch and its children read
-        # them (BATCHINFER_SIM_* settings, plugins): a test that changed either gets a
-        # server launched for it, as its run would without the hold.
+        # them (BATCHINFER_SIM_* settings, plugins), and it imports PRELOAD: a test that
+        # changed any gets a server launched for it, as its run would without the hold.
         now = _launch_context()
         if _HOLDING and launched_in != [now]:
             _HOLDING.clear()

@@ -31,9 +31,6 @@ from batchinfer.engine.slots import SEGMENT_PREFIX, check_free_space, sweep_dead
 from batchinfer.errors import NoCoreError, OutputWriteError, RunFailedError, SharedMemoryError
 from batchinfer.results import read_predictions
 
-# Each run launches a fork server of its own, not the module's (tests/conftest.py):
-OWN_FORK_SERVER = "tests/held_start.py changes what the server imports"
-
 
 def _run_digits(demo_kit, *faults: str, npu_ms: float = 0.2, **settings):
     """Run the demo digits on the emulator (fast timing) with ``faults`` injected."""
