@@ -157,7 +157,12 @@ def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
             with contextlib.suppress(psutil.Error):
                 spared |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
     leaked_children = {
-        pid: cmd for pid, cmd in _children().items() if pid not in children_before | spared
+        pid: cmd
+        for pid, cmd in _children().items()
+        if pid not in children_before | spared
+        # The module's fork servers (warm_fork_server: the current one and any it retired)
+        # outlive its tests by design; the hold's end stops every one of them.
+        and not (_HOLDING and "fork_server import serve" in cmd)
     }
     for pid in list(leaked_children):
         try:  # give a child that is exiting right now a moment to be reaped
@@ -202,6 +207,66 @@ def local_ray_cluster(cores: tuple[int, ...] = (0, 1, 2)) -> Iterator[object]:
         for p in alive:
             p.kill()
         assert not alive, f"the Ray cluster left processes behind: {alive}"
+
+
+#: Whether warm_fork_server holds the fork server now (one True, or empty).
+_HOLDING: list[bool] = []
+
+
+def _launch_context() -> tuple[dict[str, str], list[str], list[str]]:
+    """What a fork server takes from this process at launch: its environment (but the name
+    of the test pytest is running), sys.path and the modules it imports (PRELOAD)."""
+    from batchinfer.engine.plumbing import fork_server
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    return env, list(sys.path), list(fork_server.PRELOAD)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def warm_fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
+    """One fork server for a test module's runs, not one per run.
+
+    A run launches the server that forks its children (engine/plumbing/fork_server.py) and
+    stops it when it ends, unless another user holds it: held here, it is launched once per
+    module and each run's children are forked from it at once. That launch (an interpreter
+    importing numpy, Pillow and the child modules) was most of a short run's time: 10 digits
+    through the CLI took 2.1-3.3 s a run with a fresh server, 0.9-1.4 s with this one, on
+    the shared 2-CPU VM at a load average of 15-25 (2026-12-07). Each run still goes through
+    acquire and release; a module whose runs need a server of their own (it freezes, kills
+    or counts the server) says so with ``OWN_FORK_SERVER = "why"``, and its runs each
+    launch one, as a user's run does; a run in another environment, sys.path or PRELOAD
+    than the server's gets a fresh one. The hold begins at the
+    module's first acquire, so a module that runs nothing launches no server.
+    """
+    if getattr(request.module, "OWN_FORK_SERVER", None):
+        yield
+        return
+    from batchinfer.engine.plumbing import fork_server
+
+    acquire, launched_in = fork_server.acquire, []
+
+    def acquire_and_hold() -> None:
+        # The server copies the environment and sys.path at launch and its children read
+        # them (BATCHINFER_SIM_* settings, plugins), and it imports PRELOAD: a test that
+        # changed any gets a server launched for it, as its run would without the hold.
+        now = _launch_context()
+        if _HOLDING and launched_in != [now]:
+            _HOLDING.clear()
+            fork_server.release()  # the last user: the stale server stops
+        if not _HOLDING:
+            acquire()
+            _HOLDING.append(True)
+            launched_in[:] = [now]
+        acquire()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fork_server, "acquire", acquire_and_hold)
+        try:
+            yield
+        finally:
+            if _HOLDING:
+                _HOLDING.clear()
+                fork_server.release()
 
 
 @pytest.fixture(scope="session")

@@ -587,15 +587,6 @@ def test_a_configuration_error_exits_2_before_any_worker_starts(
     assert not (tmp_path / "o").exists()
 
 
-def test_the_digits_demo_with_a_short_decode_timeout_has_no_false_hangs(demo_kit, tmp_path):
-    """A reader's clock starts when it is ready and has started the item, never when the item
-    was sent to a process still importing: 0.3 s turned valid 8x8 PNGs into error rows."""
-    args = run_args(demo_kit.dataset, demo_kit.models["digits"], tmp_path / "o")
-    result = invoke(*args, "--decode-timeout-s", "0.3", "--readers", "2")
-    assert result.exit_code == 0, result.output
-    assert "complete: 1797 succeeded, 0 errors" in result.stdout
-
-
 def test_failed_items_are_listed_with_their_reason_and_where_the_rest_are(demo_kit, tmp_path):
     data = tmp_path / "data"
     (data / "1").mkdir(parents=True)

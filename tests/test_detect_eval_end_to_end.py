@@ -170,11 +170,16 @@ def record_of(root: Path, name: str) -> dict:
 
 def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     root, _, coco = kit
-    extra = "[gates.core_disagreement_max]\nmax = 0.95\n"
+    # Which images core 2 runs is the scheduler's choice, and a skewed image's disagreement
+    # is 0.70-0.98 (1 - soft F1: the fewer its blocks, the higher; 1 for extra.png, which the
+    # reference finds nothing in): at 0.95 the gate failed when core 2 ran mostly one-block
+    # images. So the ceiling is 1, which any share passes: the row shows the worst core
+    # named; a ceiling that fails and names it is tests/test_eval_end_to_end.py's.
+    extra = "[gates.core_disagreement_max]\nmax = 1.0\n"
     job = write_job(root, "night", faults='["skew:core=2"]', extra=extra)
     result = invoke("eval", job, "--no-progress")
     assert result.exit_code == 0, result.output + result.stderr
-    row = r"\| core_disagreement_max ceiling \| [0-9.]+ \| <= 0.95 \| pass: worst core 2 \|"
+    row = r"\| core_disagreement_max ceiling \| [0-9.]+ \| <= 1 \| pass: worst core 2 \|"
     assert re.search(row, result.stdout), result.stdout
     record = record_of(root, "night")
     metrics = record["metrics"]
@@ -204,15 +209,18 @@ def test_first_night_scores_the_detector_and_names_the_skewed_core(kit):
     # Core 2's outputs are skewed (+1 % everywhere): every cell then scores 0.01 > conf,
     # so it adds low-score boxes the reference does not have; the gallery shows them.
     cores = {c["core"]: c for c in record["per_core"]}
-    assert cores[2]["disagreement_mean"] > 0.5
+    skewed = [r for r in items if r["core"] == 2 and r["id"] in truth]
+    assert skewed and cores[2]["disagreement_mean"] > 0.5
     assert cores[0]["disagreement_mean"] == pytest.approx(0.0)
     assert metrics["core_disagreement_max"] == cores[2]["disagreement_mean"]
-    assert {w["core"] for w in record["worst"]} == {2}
-    assert record["worst"][0]["device_boxes"] and record["worst"][0]["reference_boxes"]
+    # The worst images are core 2's (all 4 of them when it ran 4 or more).
+    worst = record["worst"][: min(4, len(skewed))]
+    assert {w["core"] for w in worst} == {2}
+    assert worst[0]["device_boxes"] and worst[0]["reference_boxes"]
     # ... drawn from the display threshold up, the ground truth beside them (issue 40 #16).
     assert record["display_conf"] == 0.25
     assert all(b["score"] >= 0.25 for w in record["worst"] for b in w["device_boxes"])
-    assert all(w["device_all"] > len(w["device_boxes"]) for w in record["worst"])
+    assert all(w["device_all"] > len(w["device_boxes"]) for w in worst)
     # The ground truth's loose ends are counted, not ignored.
     assert record["ground_truth"]["unmatched_items"] == 1
     assert record["ground_truth"]["unmatched_items_first"] == ["extra.png"]

@@ -92,6 +92,13 @@ def _config(kit, out: Path, backend: str = "onnx", **flat):
     return dataclasses.replace(cfg, labels=labels)
 
 
+@pytest.fixture(scope="module")
+def onnx_run(kit, tmp_path_factory):
+    """The module's detection run with the default settings (ONNX Runtime): one run that the
+    tests reading it (rows, schema, scores, exports) share; none of them writes into it."""
+    return run(_config(kit, tmp_path_factory.mktemp("onnx-run") / "o"))
+
+
 def _rows(out: Path) -> dict[str, dict]:
     return {r["id"]: r for r in read_run(out).predictions().to_pylist()}
 
@@ -101,8 +108,11 @@ def _boxes(row: dict) -> list[tuple]:
 
 
 @pytest.mark.parametrize("backend", ["onnx", "sim"])
-def test_boxes_land_in_the_original_images_pixels(kit, tmp_path, backend):
-    result = run(_config(kit, tmp_path / "o", backend))
+def test_boxes_land_in_the_original_images_pixels(kit, tmp_path, backend, request):
+    if backend == "onnx":
+        result = request.getfixturevalue("onnx_run")
+    else:
+        result = run(_config(kit, tmp_path / "o", backend))
     assert (result.succeeded, result.errors) == (4, 1)
     rows = _rows(result.out)
 
@@ -151,8 +161,8 @@ def test_boxes_land_in_the_original_images_pixels(kit, tmp_path, backend):
     assert manifest["preprocess"]["pad"] == [114, 114, 114]
 
 
-def test_the_detection_schema_and_the_box_reader(kit, tmp_path):
-    result = run(_config(kit, tmp_path / "o"))
+def test_the_detection_schema_and_the_box_reader(onnx_run):
+    result = onnx_run
     part = sorted((result.out / "predictions").glob("part-*.parquet"))[0]
     schema = pq.read_schema(part)
     names = schema.names
@@ -178,10 +188,10 @@ def test_the_detection_schema_and_the_box_reader(kit, tmp_path):
     assert all(0 < b["score"] <= 1 for b in boxes)
 
 
-def test_scores_below_conf_are_dropped(kit, tmp_path):
+def test_scores_below_conf_are_dropped(kit, tmp_path, onnx_run):
     """--conf is applied in the workers: a threshold between the scores keeps the boxes at
     or above it, and only those."""
-    first = read_boxes(run(_config(kit, tmp_path / "a")).out).to_pylist()
+    first = read_boxes(onnx_run.out).to_pylist()
     scores = {b["id"]: b["score"] for b in first}
     assert len(set(scores.values())) > 1  # the blurred edges score a little lower
     conf = (min(scores.values()) + max(scores.values())) / 2
@@ -220,8 +230,8 @@ def test_resume_of_a_detection_run_is_exact(kit, tmp_path):
         run(_config(kit, out, resume=True, conf=0.5))
 
 
-def test_export_coco_with_and_without_annotations(kit, tmp_path):
-    result = run(_config(kit, tmp_path / "o"))
+def test_export_coco_with_and_without_annotations(onnx_run, tmp_path):
+    result = onnx_run
     plain = export_coco(result.out, tmp_path / "r.json")
     written = json.loads((tmp_path / "r.json").read_text())
     assert written == plain.results and len(written) == 3
@@ -243,10 +253,10 @@ def test_export_coco_with_and_without_annotations(kit, tmp_path):
     assert sorted((r["image_id"], r["category_id"]) for r in matched) == [(7, 5), (8, 5), (9, 3)]
 
 
-def test_export_annotations_are_read_as_a_run_reads_a_coco_file(kit, tmp_path):
+def test_export_annotations_are_read_as_a_run_reads_a_coco_file(onnx_run, tmp_path):
     """export coco --annotations read its file whole with no check: a FIFO blocked it for
     ever, and JSON nested deep was a RecursionError traceback (issue 40, items 7 and 9)."""
-    result = run(_config(kit, tmp_path / "o"))
+    result = onnx_run
     fifo = tmp_path / "ann.json"
     os.mkfifo(fifo)
     with pytest.raises(UsageError, match="FIFO"):

@@ -15,6 +15,9 @@ import pytest
 from batchinfer.engine.plumbing import fork_server
 from batchinfer.engine.plumbing.children import ChildPool, Exited, Message
 
+# Each run launches a fork server of its own, not the module's (tests/conftest.py):
+OWN_FORK_SERVER = "its tests are the server's: launched, frozen, killed, replaced"
+
 
 def _report_signals(spec, tasks, results) -> None:
     # The first instruction of the child: nothing has set its handlers yet.

@@ -39,6 +39,9 @@ from batchinfer.results import read_predictions
 from batchinfer.sink.manifest import PREDICTIONS_DIR
 from batchinfer.sink.predictions import PART_GLOB
 
+# Each run launches a fork server of its own, not the module's (tests/conftest.py):
+OWN_FORK_SERVER = "it freezes and kills the fork server and counts a run's processes"
+
 
 class _StopWorkerAfter:
     """SIGSTOPs core ``core``'s worker once it has done ``n`` rows: frozen, not dead.

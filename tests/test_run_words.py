@@ -17,6 +17,9 @@ from batchinfer import run_words
 from batchinfer.cli import main as cli
 from batchinfer.entry import local_run, read_words
 
+# Each run launches a fork server of its own, not the module's (tests/conftest.py):
+OWN_FORK_SERVER = "it checks when a run launches its fork server"
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -100,7 +100,16 @@ def test_an_obb_runs_dota_export_has_its_corners(tmp_path):
     assert _drawn_differs(tmp_path, tmp_path / "out") >= 3
 
 
-@pytest.mark.parametrize("task", ["segment", "pose", "obb"])
+# Each bench runs its own engine; the default tier keeps segment's, and pose's and obb's
+# decoders are the default tier's in test_tasks_end_to_end.py (the same per-item CPU path).
+@pytest.mark.parametrize(
+    "task",
+    [
+        "segment",
+        pytest.param("pose", marks=pytest.mark.slow),
+        pytest.param("obb", marks=pytest.mark.slow),
+    ],
+)
 def test_bench_reports_each_tasks_post_processing_per_item(tmp_path, task):
     """Issue 41 item 8: the decode's CPU travels per item for every task decoded in the
     core workers, and bench says it per item."""
