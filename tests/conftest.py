@@ -141,6 +141,18 @@ def no_leaks():
     yield from guard_leaks()
 
 
+def _server_mark() -> str:
+    """The line of a fork server's command that names it (fork_server._PROGRAM's import)."""
+    from batchinfer.engine.plumbing import fork_server, fork_server_loop
+
+    mark = f"from {fork_server_loop.__name__} import {fork_server_loop.serve.__name__}"
+    assert mark in fork_server._PROGRAM, "the fork server's program no longer says this"
+    return mark
+
+
+_SERVER_MARK = _server_mark()
+
+
 def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
     """The leak guard's body, for a fixture to yield from.
 
@@ -162,7 +174,7 @@ def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
         if pid not in children_before | spared
         # The module's fork servers (warm_fork_server: the current one and any it retired)
         # outlive its tests by design; the hold's end stops every one of them.
-        and not (_HOLDING and "fork_server import serve" in cmd)
+        and not (_HOLDING and _SERVER_MARK in cmd)
     }
     for pid in list(leaked_children):
         try:  # give a child that is exiting right now a moment to be reaped
