@@ -306,10 +306,8 @@ def test_a_regression_since_the_baseline_fails_with_the_bootstrap_p(kit):
     assert history.column("verdict").to_pylist() == ["pass", "fail"]
 
 
-# A second detection eval; default tier: YOLO labels read (test_detect_groundtruth.py).
-@pytest.mark.slow
-def test_yolo_labels_give_the_same_scores(kit):
-    root, _, coco = kit
+def yolo_labels(root: Path, coco: dict) -> None:
+    """``root/labels``: the COCO ground truth as YOLO label files."""
     labels = root / "labels"
     labels.mkdir(exist_ok=True)
     by_image = {i["id"]: i for i in coco["images"]}
@@ -323,6 +321,13 @@ def test_yolo_labels_give_the_same_scores(kit):
         )
     for name, rows in lines.items():
         (labels / name.replace(".png", ".txt")).write_text("".join(r + "\n" for r in rows))
+
+
+# A second detection eval; default tier: YOLO labels read (test_detect_groundtruth.py).
+@pytest.mark.slow
+def test_yolo_labels_give_the_same_scores(kit):
+    root, _, coco = kit
+    yolo_labels(root, coco)
     job = write_job(root, "yolo", ground_truth="labels")
     result = invoke("eval", job, "--no-progress")
     assert result.exit_code == 0, result.output + result.stderr
@@ -331,6 +336,32 @@ def test_yolo_labels_give_the_same_scores(kit):
     assert record["metrics"]["map50_95"] == pytest.approx(1.0)
     assert record["ground_truth"]["unmatched_items"] == 1  # extra.png has no .txt
     assert record["ground_truth"]["unknown_images"] == 1  # missing.txt has no image
+
+
+def test_a_fifo_among_yolo_images_is_refused_by_name_not_waited_on(tmp_path):
+    # YOLO boxes need each image's size, read before the run: an item that is a symlink to a
+    # FIFO blocked that read for ever, deaf to Ctrl-C. It is refused as an unreadable image
+    # is (exit 2, naming it). A subprocess, so that a hang fails this test.
+    colour_detector(tmp_path)
+    labels_file(tmp_path)
+    data, coco = make_dataset(tmp_path, n=4)
+    yolo_labels(tmp_path, coco)
+    os.mkfifo(tmp_path / "fifo")
+    (data / "img001.png").unlink()
+    (data / "img001.png").symlink_to(tmp_path / "fifo")
+    job = write_job(tmp_path, "fifo", ground_truth="labels")
+    done = subprocess.run(
+        [sys.executable, "-m", "batchinfer", "eval", str(job), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        f"dataset.ground_truth: The image {data / 'img001.png'} is a FIFO (named pipe), not a "
+        "regular file; YOLO labels are normalised to the image's size"
+    ) in " ".join(done.stderr.split()), done.stderr
 
 
 def test_a_yolo_class_beyond_the_detectors_is_refused_not_allocated_for(kit):

@@ -186,3 +186,29 @@ def test_a_fifo_in_a_detection_dataset_costs_its_picture_only(tmp_path):
         else:
             layer = (box["device_boxes"], DEVICE_COLOR, 2)
         assert uri == draw_on(todays_picture(data / ident), [layer]), ident
+
+
+def test_a_job_that_does_not_turn_images_gets_pictures_as_its_readers_saw_them(tmp_path):
+    # The panels were turned by EXIF whatever the job said; with exif_orientation = false
+    # the readers' boxes are in the stored image's coordinates, and were drawn on a turned
+    # picture.
+    from test_detect_eval_end_to_end import invoke
+
+    colour_detector(tmp_path)
+    labels_file(tmp_path)
+    data, _ = make_dataset(tmp_path, n=2)
+    odd = {p.name: p for p in odd_images(tmp_path / "odd")}
+    shutil.copy(odd["turned.jpg"], data / "turned.jpg")  # 150 x 90 stored, 90 x 150 upright
+    job = tmp_path / "job.toml"
+    job.write_text(
+        JOB.replace("[dataset]", "[device.preprocess]\nexif_orientation = false\n[dataset]")
+    )
+
+    result = invoke("eval", job, "--no-progress")
+
+    assert result.exit_code == 0, result.output + result.stderr
+    cards = _cards((tmp_path / "eval" / "pictures" / "report.html").read_text())
+    images, facts = cards["turned.jpg"]
+    assert "no picture" not in facts, facts
+    with Image.open(io.BytesIO(base64.b64decode(images[0][1].partition(",")[2]))) as panel:
+        assert panel.size == (SIDE, 144)  # as stored, shrunk to the side: not turned

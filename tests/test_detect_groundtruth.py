@@ -4,6 +4,8 @@ image sizes after EXIF orientation, and model classes mapped onto categories."""
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,31 @@ def test_image_size_reads_the_header_only(tmp_path):
     (tmp_path / "junk.jpg").write_bytes(b"not an image")
     with pytest.raises(GroundTruthError, match="cannot read the size"):
         image_size(tmp_path / "junk.jpg")
+
+
+def test_image_size_refuses_a_fifo_without_blocking(tmp_path):
+    # A symlink to a FIFO is a dataset item; its size was read with a plain open, which
+    # blocked the coordinator for ever (deaf to Ctrl-C) before the run.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    (tmp_path / "p.jpg").symlink_to(fifo)
+    refused: list[str] = []
+
+    def read_size() -> None:
+        with pytest.raises(GroundTruthError) as caught:
+            image_size(tmp_path / "p.jpg")
+        refused.append(str(caught.value))
+
+    reader = threading.Thread(target=read_size, daemon=True)
+    reader.start()
+    reader.join(30)
+    if reader.is_alive():  # blocked in open(): a writer that comes and goes lets it return
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join()
+    assert refused == [
+        f"The image {tmp_path / 'p.jpg'} is a FIFO (named pipe), not a regular file; YOLO "
+        "labels are normalised to the image's size, so the image must be readable."
+    ]
 
 
 # --------------------------------------------------------------------------- YOLO

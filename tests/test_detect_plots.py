@@ -1,4 +1,4 @@
-"""Detection figures (PR curves, AP per class) and the disagreement gallery."""
+"""Detection figures (PR curves, AP per class) and the boxes drawn on the gallery's panels."""
 
 from __future__ import annotations
 
@@ -19,13 +19,11 @@ from batchinfer.evaluate.scorers.coco import score_detections
 from batchinfer.evaluate.scorers.instances_plots import (
     DEVICE_COLOR,
     REFERENCE_COLOR,
-    Boxes,
     ap_figure,
-    disagreements,
-    draw_boxes,
-    gallery,
+    draw_on,
     pr_figure,
 )
+from batchinfer.evaluate.thumbnails import PANEL_FIT, picture
 
 #: Names that mathtext would misread or refuse: shown as written, never parsed.
 ODD_NAMES = (r"$\frac$", "price_$5", "a_b")
@@ -64,39 +62,39 @@ def test_pr_figure_limits_the_classes_it_draws():
 
 
 def decode(uri: str) -> Image.Image:
-    assert uri.startswith("data:image/jpeg;base64,")
+    assert uri.startswith(("data:image/jpeg;base64,", "data:image/png;base64,"))
     return Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])))
 
 
-def boxes(rows: list[tuple[float, float, float, float, int]]) -> Boxes:
-    a = np.array(rows, dtype=float).reshape(-1, 5)
-    return Boxes(a[:, :4], a[:, 4].astype(int), tuple(f"c{int(c)}" for c in a[:, 4]),
-                 np.full(len(a), 0.9))  # fmt: skip
+def box(x1: float, y1: float, x2: float, y2: float, class_id: int) -> dict:
+    """A predictions row's box."""
+    return {"class_id": class_id, "label": f"c{class_id}", "score": 0.9,
+            "x1": x1, "y1": y1, "x2": x2, "y2": y2}  # fmt: skip
 
 
-def test_disagreements_rank_items_and_leave_error_rows_out():
-    same = boxes([(0, 0, 10, 10, 0)])
-    device = {"a": same, "b": boxes([(0, 0, 10, 12, 0)]), "c": boxes([]), "d": None}
-    reference = {"a": same, "b": same, "c": same, "d": same}
-    ranked = disagreements(device, reference)
-    assert [i for i, _ in ranked] == ["c", "b", "a"]
-    assert ranked[0][1] == 1.0 and ranked[2][1] == 0.0
+def panel(path, layers) -> Image.Image:
+    """The report's panel of the image at ``path``: its picture as the picture child makes
+    it (evaluate/thumbnails.py), the layers drawn on it as the report draws them."""
+    uri, note, scale = picture(str(path), 360, None, fit=PANEL_FIT)
+    assert uri is not None and scale is not None, note
+    return decode(draw_on((decode(uri).convert("RGB"), scale), layers)).convert("RGB")
 
 
-def test_gallery_draws_both_box_sets_on_the_upright_image(tmp_path):
-    # A 800x400 photo stored sideways (EXIF orientation 6): upright it is 400 wide, 800 high.
+def test_a_panel_draws_the_boxes_on_the_upright_picture(tmp_path):
+    # A 800x400 photo stored sideways (EXIF orientation 6): upright it is 400 wide, 800 high;
+    # the readers' boxes are in the upright image's pixels.
     exif = Image.Exif()
     exif[0x0112] = 6
     Image.new("RGB", (800, 400), (0, 0, 0)).save(tmp_path / "p.jpg", exif=exif.tobytes())
     Image.new("RGB", (50, 50), (0, 0, 0)).save(tmp_path / "q.png")
-    device = {"p.jpg": boxes([(40, 400, 360, 760, 1)]), "q.png": boxes([(5, 5, 20, 20, 0)])}
-    reference = {"p.jpg": boxes([(40, 40, 360, 360, 1)]), "q.png": boxes([(5, 5, 20, 21, 0)])}
-    shown = gallery(device, reference, lambda item: tmp_path / item, n=5)
-    assert [s["id"] for s in shown] == ["p.jpg", "q.png"]
-    assert shown[0]["disagreement"] == 1.0 and shown[0]["device_boxes"] == 1
-    img = decode(shown[0]["image"]).convert("RGB")
+    img = panel(
+        tmp_path / "p.jpg",
+        [([box(40, 400, 360, 760, 1)], DEVICE_COLOR, 2),
+         ([box(40, 40, 360, 360, 1)], REFERENCE_COLOR, 3)],
+    )  # fmt: skip
     assert img.size == (180, 360)  # upright, shrunk to 360 on the long side
-    assert decode(shown[1]["image"]).size == (200, 200)  # a small one enlarged, at most 4x
+    small = panel(tmp_path / "q.png", [([box(5, 5, 20, 20, 0)], DEVICE_COLOR, 2)])
+    assert small.size == (200, 200)  # a small one enlarged, at most 4x
     pixels = np.asarray(img).astype(int)
 
     def near(color, x, y):  # JPEG blurs colours a little
@@ -106,11 +104,3 @@ def test_gallery_draws_both_box_sets_on_the_upright_image(tmp_path):
     assert near(REFERENCE_COLOR, int(200 * s), int(360 * s))  # the reference box's bottom edge
     assert near(DEVICE_COLOR, int(200 * s), int(760 * s))  # the device box's bottom edge
     assert not near(DEVICE_COLOR, int(200 * s), int(360 * s))
-    # Agreeing items are not shown; n limits the rest.
-    assert gallery(device, device, lambda item: tmp_path / item) == []
-    assert len(gallery(device, reference, lambda item: tmp_path / item, n=1)) == 1
-
-
-def test_draw_boxes_on_an_unreadable_file_gives_none(tmp_path):
-    (tmp_path / "x.jpg").write_bytes(b"nope")
-    assert draw_boxes(tmp_path / "x.jpg", [(boxes([]), DEVICE_COLOR, 2)]) is None

@@ -5,7 +5,9 @@ refused; ``--overwrite`` deleting only what export draw wrote."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -179,3 +181,30 @@ def test_a_dataset_gone_is_one_error_line_and_touches_nothing(detected, tmp_path
     assert sorted(p.name for p in out.iterdir()) == before  # the earlier drawing kept
     assert_error(fresh, 2, "dataset cannot be opened now")
     assert not (tmp_path / "fresh").exists()
+
+
+def test_an_item_that_became_a_fifo_is_skipped_unopened(detected, tmp_path):
+    # export draw reads the items again in its own process: an item that is now a symlink to
+    # a FIFO (or a file on a dead mount) must not block it, deaf to Ctrl-C.
+    run, data = detected
+    item = sorted(data.glob("*.png"))[0]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    done = []
+    item.rename(tmp_path / "kept")
+    item.symlink_to(fifo)
+    try:
+        drawing = threading.Thread(
+            target=lambda: done.append(export_draw(run, tmp_path / "drawn")), daemon=True
+        )
+        drawing.start()
+        drawing.join(60)
+        if drawing.is_alive():  # blocked in open(): a writer that comes and goes lets it go
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            drawing.join()
+    finally:
+        item.unlink()
+        (tmp_path / "kept").rename(item)
+    (export,) = done
+    assert export.unreadable == [(item.name, "not a regular file")]
+    assert len(export.written) == 6  # the others: 7 successful items, one now a FIFO

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,10 @@ def _write_report(
     rel = job.device.reliability
     max_pixels = job.device.preprocess.max_pixels
     max_item_bytes = job.device.preprocess.max_item_bytes
+    # A picture is turned by its EXIF orientation only when the readers turned the image:
+    # the boxes drawn on it are in the readers' coordinates.
+    fit = scorer.picture_fit
+    fit = replace(fit, upright=fit.upright and job.device.preprocess.exif_orientation)
     pictures = make_thumbnails(
         scorer.shown_items(record),
         decode_timeout_s=rel.decode_timeout_s,
@@ -175,7 +180,7 @@ def _write_report(
         max_pixels=max_pixels if isinstance(max_pixels, int) else None,
         max_item_bytes=None if max_item_bytes == "none" else max_item_bytes,
         size=scorer.picture_side,
-        fit=scorer.picture_fit,
+        fit=fit,
     )
     page = html_report(record, job_history(history, job.name), pictures, scorer)
     return write_report(job, record_dir, page)

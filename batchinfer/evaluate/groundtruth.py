@@ -49,7 +49,7 @@ from batchinfer.data.coco_file import (
     read_coco_json,
     shown,
 )
-from batchinfer.data.whole_file import YOLO_LABELS_BOUND, read_whole
+from batchinfer.data.whole_file import YOLO_LABELS_BOUND, open_regular, read_whole
 
 #: How many unmatched names a record keeps (the counts are always complete).
 NAMES_KEPT = 20
@@ -119,23 +119,23 @@ def image_size(path: str | os.PathLike[str], exif_orientation: bool = True) -> t
     """(width, height) of the image at ``path`` as viewers show it, from its header only.
 
     Pillow opens lazily: the size and the EXIF block come from the header, no pixel is
-    decoded. An EXIF orientation of 5-8 (turned by 90°) swaps width and height.
+    decoded. An EXIF orientation of 5-8 (turned by 90°) swaps width and height. The file is
+    opened non-blocking and refused unless regular: a FIFO would block a plain open for ever.
     """
-    try:
-        with Image.open(path) as img:
-            width, height = img.size
-            if exif_orientation:
-                try:
-                    orientation = img.getexif().get(_ORIENTATION_TAG, 1)
-                except Exception:  # a damaged EXIF block: as stored, as viewers do
-                    orientation = 1
-                if orientation in _SWAPS_AXES:
-                    width, height = height, width
-    except (OSError, Image.UnidentifiedImageError, ValueError) as exc:
-        raise GroundTruthError(
-            f"cannot read the size of {path} ({exc}); YOLO labels are normalised to the "
-            "image's size, so the image must be readable."
-        ) from None
+    hint = "YOLO labels are normalised to the image's size, so the image must be readable"
+    with open(open_regular(os.fspath(path), "The image", GroundTruthError, hint), "rb") as file:
+        try:
+            with Image.open(file) as img:
+                width, height = img.size
+                if exif_orientation:
+                    try:
+                        orientation = img.getexif().get(_ORIENTATION_TAG, 1)
+                    except Exception:  # a damaged EXIF block: as stored, as viewers do
+                        orientation = 1
+                    if orientation in _SWAPS_AXES:
+                        width, height = height, width
+        except (OSError, Image.UnidentifiedImageError, ValueError) as exc:
+            raise GroundTruthError(f"cannot read the size of {path} ({exc}); {hint}.") from None
     return width, height
 
 

@@ -31,7 +31,8 @@ How a picture is fitted to its side is the scorer's (:class:`Fit`): the classifi
 cards' thumbnails as they come, Lanczos-shrunk (:data:`THUMBNAIL_FIT`); the detection
 gallery's panels, images and video frames alike, which the coordinator draws boxes on
 (scorers/instances_plots.draw_on): upright by EXIF as the readers saw them, in RGB, shrunk
-bilinear and enlarged at most 4x (:data:`PANEL_FIT`).
+bilinear and enlarged at most 4x (:data:`PANEL_FIT`; not turned when the job's readers do
+not turn images, ``preprocess.exif_orientation = false``: evaluation._write_report).
 
 Protocol: coordinator -> child ``("make", [source, ...])``, ``Stop()`` (the pool's, from
 engine/protocol.py); child -> coordinator ``("ready",)`` once imported, then

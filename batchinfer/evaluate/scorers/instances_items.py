@@ -24,7 +24,6 @@ from batchinfer.evaluate.items import PerItem
 from batchinfer.tasks.boxes import BOX_TYPE
 
 if TYPE_CHECKING:
-    from batchinfer.evaluate.scorers.instances_plots import Boxes
     from batchinfer.sink.rows import Row
 
 _NO_BOXES = np.zeros((0, 6), dtype=np.float32)
@@ -105,20 +104,6 @@ class DetectionItems(PerItem):
         """Prediction rows ``{"id", "boxes"}`` as :func:`batchinfer.detect.coco_results`
         reads them."""
         return [{"id": self.id[i], "boxes": self.box_dicts(i)} for i in range(len(self))]
-
-    def box_sets(self) -> dict[str, Boxes | None]:
-        """Item id -> its boxes for the gallery (None for an error row)."""
-        from batchinfer.evaluate.scorers.instances_plots import Boxes
-
-        out: dict[str, Boxes | None] = {}
-        for item, b in zip(self.id.tolist(), self.boxes, strict=True):
-            if b is None:
-                out[item] = None
-                continue
-            classes = b[:, 5].astype(np.int64)
-            labels = tuple(self.label_of(int(c)) for c in classes)
-            out[item] = Boxes(b[:, :4].astype(np.float64), classes, labels, b[:, 4].copy())
-        return out
 
     # ------------------------------------------------------------------ Parquet
     def to_table(self, with_outputs: bool = True) -> pa.Table:
