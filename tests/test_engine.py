@@ -458,7 +458,11 @@ def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(demo_kit, 
         result = run_plan(plan_run(cfg), signals, [watch], make_engine=engine)
     assert (result.status, result.errors) == ("complete", 0)
     assert sorted(watch.ready) == [0, 1]
-    assert watch.ready[1]  # started while the run went on, after rows were done
+    # Started while the run went on: after Started (start-up over). Not "after rows were
+    # done": on a loaded machine the first decodes take longer than the scaler's window,
+    # so the cores starve and the reader rightly starts before the first row (seen once,
+    # at load 13).
+    assert watch.ready[1] is not None
     assert sorted(read_predictions(result.out)["index"].to_pylist()) == list(range(45))
     # Decoding was the bottleneck all along: the readers kept their normal priority.
     assert watch.niceness and set(watch.niceness) == {psutil.Process().nice()}
