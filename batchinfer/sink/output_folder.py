@@ -51,6 +51,7 @@ from batchinfer.sink.outdir import (
     OutFolder,
     OutLock,
     check_out,
+    check_out_unlocked,
     check_separate,
     clear_run,
     inspect_out,
@@ -106,9 +107,11 @@ class OutputFolder:
         ``output``: the run's output options (``out`` None: ``path`` is a new default
         folder). ``dataset``: the dataset's folder, when it is one (results written into a
         listed folder would be items). Raises ConfigError, UsageError or OutputExistsError
-        (exit 2). Whether another run holds OUT is not asked here: the run's front door
-        refused a held OUT before anything slow (``refuse_if_held``: the ``run`` command,
-        :func:`batchinfer.engine.run`), and :meth:`begin` asks again under the lock.
+        (exit 2), OutputLockedError when OUT is refused while another run holds it (one
+        started with this one may be making it: :func:`~batchinfer.sink.outdir.
+        check_out_unlocked`). The run's front door refused a held OUT before anything slow
+        (``refuse_if_held``: the ``run`` command, :func:`batchinfer.engine.run`), and
+        :meth:`begin` asks again under the lock.
         """
         path = Path(os.path.abspath(Path(path).expanduser()))
         if output.resume and output.out is None:
@@ -123,7 +126,8 @@ class OutputFolder:
         found = inspect_out(path)
         if dataset is not None:
             check_separate(found.path, Path(dataset).expanduser())
-        check_out(found, overwrite=output.overwrite, resume=output.resume)
+        # Without the lock: a refusal of a folder another run is making says it is in use.
+        found = check_out_unlocked(found, overwrite=output.overwrite, resume=output.resume)
         return cls(found.path, output, found, command)
 
     def accept(self, fingerprint: dict[str, Any]) -> None:
