@@ -317,3 +317,19 @@ def test_a_run_that_finished_while_the_loser_looked_is_judged_as_it_is_now(tmp_p
         go.set()
         thread.join()
     assert _manifest(out)["status"] == "complete"
+
+
+def test_a_resume_planned_on_a_run_another_has_begun_is_told_it_is_in_use(tmp_path):
+    # The other run overwrote OUT with other settings and runs there now: this resume's
+    # look passes (a run), its fingerprint does not match, and OUT is in use.
+    out = tmp_path / "o"
+    _a_run(out)
+    with _looked(out, overwrite=True, fingerprint={**FINGERPRINT, "topk": 3}).begin(
+        {"command": "the other run"}, save_outputs=False
+    ) as other:
+        folder = OutputFolder.look(out, _options(out, resume=True))
+        with pytest.raises(OutputLockedError, match="in use by another batchinfer run"):
+            folder.accept(FINGERPRINT)
+        _finish(other)
+    with pytest.raises(UsageError, match="made with a different"):
+        folder.accept(FINGERPRINT)  # once it has finished: the run it is

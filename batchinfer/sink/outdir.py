@@ -205,13 +205,19 @@ def check_out_unlocked(folder: OutFolder, *, overwrite: bool, resume: bool) -> O
     try:
         check_out(folder, overwrite=overwrite, resume=resume)
         return folder
-    except UsageError:
-        holder = lock_holder(folder.path)
-        if holder is not None:
-            raise OutputLockedError(locked_message(folder.path, holder)) from None
+    except UsageError as refused:
+        refuse_if_in_use(folder.path, refused)
     now = inspect_out(folder.path)
     check_out(now, overwrite=overwrite, resume=resume)
     return now
+
+
+def refuse_if_in_use(path: Path, refused: UsageError) -> None:
+    """OutputLockedError naming the holder, instead of ``refused`` (a refusal of what a
+    look without the lock saw in OUT ``path``), when another run holds OUT now."""
+    holder = lock_holder(path)
+    if holder is not None:
+        raise OutputLockedError(locked_message(path, holder)) from refused
 
 
 def _check_predictions_are_ours(folder: OutFolder) -> None:
