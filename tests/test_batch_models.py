@@ -8,7 +8,6 @@ included (the item counts are not multiples of 4).
 from __future__ import annotations
 
 import queue
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -164,22 +163,30 @@ def test_gather_takes_what_is_queued_up_to_n():
     assert [t[0] for t in group] == [4, 5] and not stop
 
 
+class _ArrivesWhileWaited(queue.SimpleQueue):
+    """A work queue whose ``item`` is sent while gather waits for one (in its timed get):
+    the item on its way arrives within the wait however slow the host is."""
+
+    def __init__(self, item: tuple) -> None:
+        super().__init__()
+        self.item: tuple | None = item
+        self.waits: list[float] = []
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        if timeout is not None and self.item is not None:
+            self.waits.append(timeout)
+            self.put(self.item)
+            self.item = None
+        return super().get(block, timeout)
+
+
 def test_gather_waits_briefly_for_an_item_on_its_way():
-    work: queue.SimpleQueue = queue.SimpleQueue()
+    work = _ArrivesWhileWaited((1, 1))
     work.put((0, 0))
-    arrived = threading.Event()
-
-    def later() -> None:
-        arrived.wait()
-        work.put((1, 1))
-
-    feeder = threading.Thread(target=later)
-    feeder.start()
-    arrived.set()  # sent now: well within GATHER_WAIT_S
-    group, _ = gather(work, 2)
-    feeder.join()
-    assert [t[0] for t in group] == [0, 1]
-    assert GATHER_WAIT_S <= 0.05
+    group, stop = gather(work, 2)
+    assert [t[0] for t in group] == [0, 1] and not stop
+    (waited,) = work.waits  # it waited, once, and no longer than GATHER_WAIT_S
+    assert 0 < waited <= GATHER_WAIT_S <= 0.05
 
 
 def test_gather_hands_over_what_it_has_at_stop():

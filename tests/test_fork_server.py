@@ -241,6 +241,10 @@ def test_a_dead_server_takes_its_children_and_the_next_start_launches_another(ca
         _first_message(pool)
         dead = fork_server.server_pid()
         os.kill(dead, signal.SIGKILL)
+        # The kill is asynchronous: its child can be seen gone while the server is still
+        # exiting (not yet a zombie), when the next start would find it "exited" without
+        # a code, or refusing the start. Wait for its death; WNOWAIT leaves it to its Popen.
+        os.waitid(os.P_PID, dead, os.WEXITED | os.WNOWAIT)
         _wait_for_exit(pool, child)  # PR_SET_PDEATHSIG
         with caplog.at_level("WARNING", logger="batchinfer.engine.plumbing.fork_server"):
             pool.start("worker", 0, _report_signals, "spec", 30.0, "starting")

@@ -258,7 +258,11 @@ def test_the_per_core_table_puts_the_boards_figure_beside_the_busy_time():
 
 def test_a_run_on_the_emulator_reports_the_boards_load_per_core(demo_kit, tmp_path: Path):
     # One core, all NPU time (10 ms a call, no host time): 150 calls hold core 0 for 1.5 s,
-    # so a driver's window of a second closes under load while the run lasts.
+    # so a driver's window of a second closes under load while the run lasts. How busy
+    # core 0 is depends on the host: the gaps between calls are host time, so a loaded
+    # host shows less (0.27 at load 19). What holds whatever the load: core 0 is seen busy
+    # and the idle cores never (a window the emulator closes reads 0 % for core 0 only when
+    # it held a single 10 ms call: the run's 150 calls would take minutes).
     result = run(
         config(
             dataset=demo_kit.dataset,
@@ -274,7 +278,7 @@ def test_a_run_on_the_emulator_reports_the_boards_load_per_core(demo_kit, tmp_pa
     load = result.npu_load
     assert load is not None and load.unreadable is None and load.samples >= 2
     assert load.per_core is not None and set(load.per_core) == {0, 1, 2}
-    assert load.max_per_core[0] >= 0.5 and load.per_core[1] == load.per_core[2] == 0
+    assert 0 < load.max_per_core[0] <= 1 and load.per_core[1] == load.per_core[2] == 0
     manifest = json.loads((result.out / "manifest.json").read_text())
     assert manifest["npu_load"]["per_core"]["0"] == pytest.approx(load.per_core[0], abs=1e-4)
     stats = pq.read_table(result.out / "core_stats.parquet").to_pylist()

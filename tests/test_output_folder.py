@@ -235,3 +235,101 @@ def test_a_predictions_folder_swapped_under_a_run_stops_its_next_write_saying_wh
     assert status == "failed" and isinstance(error, OutputLostError)
     assert list(victim.iterdir()) == []
     assert _manifest(out)["status"] == "running"  # written no more once the swap was seen
+
+
+# ------------------------------------------------ a run planned while another makes OUT
+# Two runs started together: the loser's planning may look at OUT while the winner, holding
+# the lock, has made predictions/ but not yet its manifest (the folder looks foreign), or has
+# written its "running" manifest (the folder looks like a run). Either way the loser must be
+# told OUT is in use, not that it "already exists and is not empty". The winner is stopped
+# between its steps by a hook on RunFolder.begin (its next step, the manifest).
+
+
+def _stopped_between_steps(monkeypatch, step) -> None:
+    """Call ``step()`` when a run has made predictions/ under the lock, before its manifest."""
+    from batchinfer.sink import output_folder
+
+    real = output_folder.RunFolder.begin
+
+    def hooked(*args, **kwargs):
+        step()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(output_folder.RunFolder, "begin", hooked)
+
+
+@pytest.mark.parametrize("flags", [{}, {"resume": True}, {"overwrite": True}])
+def test_a_run_planned_while_another_makes_out_is_told_it_is_in_use(tmp_path, monkeypatch, flags):
+    out = tmp_path / "o"
+    said: list[str] = []
+
+    def loser_plans() -> None:
+        assert sorted(p.name for p in out.iterdir()) == [".batchinfer.lock", "predictions"]
+        with pytest.raises(OutputLockedError) as info:
+            OutputFolder.look(out, _options(out, **flags))
+        said.append(str(info.value))
+
+    _stopped_between_steps(monkeypatch, loser_plans)
+    with OutputFolder.look(out, _options(out), command="the winner") as winner:
+        winner.accept(FINGERPRINT)
+        winner.begin({}, save_outputs=False)
+        (line,) = said
+        assert "in use by another batchinfer run" in line and "the winner" in line
+        with pytest.raises(OutputLockedError, match="in use by another batchinfer run"):
+            OutputFolder.look(out, _options(out))  # its manifest written: still in use
+        _finish(winner)
+
+
+def test_a_run_that_finished_while_the_loser_looked_is_judged_as_it_is_now(tmp_path, monkeypatch):
+    """The loser saw the half-made folder, but by the time it asked who holds OUT the winner
+    had finished: it is told what OUT holds now (a run), not what it saw."""
+    import threading
+
+    from batchinfer.sink import outdir
+
+    out = tmp_path / "o"
+    made, go = threading.Event(), threading.Event()
+
+    def winner_waits() -> None:
+        made.set()
+        go.wait()
+
+    _stopped_between_steps(monkeypatch, winner_waits)
+
+    def winner() -> None:
+        _a_run(out)
+
+    thread = threading.Thread(target=winner)
+    thread.start()
+    made.wait()
+    real = outdir.lock_holder
+
+    def winner_finishes_first(path: Path) -> dict | None:
+        go.set()
+        thread.join()
+        return real(path)
+
+    monkeypatch.setattr(outdir, "lock_holder", winner_finishes_first)
+    try:
+        with pytest.raises(OutputExistsError, match="already holds a run"):
+            OutputFolder.look(out, _options(out))
+    finally:
+        go.set()
+        thread.join()
+    assert _manifest(out)["status"] == "complete"
+
+
+def test_a_resume_planned_on_a_run_another_has_begun_is_told_it_is_in_use(tmp_path):
+    # The other run overwrote OUT with other settings and runs there now: this resume's
+    # look passes (a run), its fingerprint does not match, and OUT is in use.
+    out = tmp_path / "o"
+    _a_run(out)
+    with _looked(out, overwrite=True, fingerprint={**FINGERPRINT, "topk": 3}).begin(
+        {"command": "the other run"}, save_outputs=False
+    ) as other:
+        folder = OutputFolder.look(out, _options(out, resume=True))
+        with pytest.raises(OutputLockedError, match="in use by another batchinfer run"):
+            folder.accept(FINGERPRINT)
+        _finish(other)
+    with pytest.raises(UsageError, match="made with a different"):
+        folder.accept(FINGERPRINT)  # once it has finished: the run it is

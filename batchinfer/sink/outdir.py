@@ -18,9 +18,10 @@ Rules (see docs/reference/output.md):
   again, so a folder swapped for a symbolic link meanwhile is never written through
   (:func:`clear_run`; :func:`swapped_message` says what changed).
 
-:func:`inspect_out` and :func:`check_out` only read; :class:`OutLock` and :func:`clear_run`
-change things, and run only after every check of the configuration has passed. These are
-the parts; :class:`batchinfer.sink.output_folder.OutputFolder` puts them in order for a run.
+:func:`inspect_out`, :func:`check_out` and :func:`check_out_unlocked` only read;
+:class:`OutLock` and :func:`clear_run` change things, and run only after every check of
+the configuration has passed. These are the parts;
+:class:`batchinfer.sink.output_folder.OutputFolder` puts them in order for a run.
 """
 
 from __future__ import annotations
@@ -136,16 +137,11 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool) -> None:
 
     Whether another run holds OUT is not asked here: the run's front door refused a held
     OUT first of all (out_lock.refuse_if_held), and taking the lock (:class:`OutLock`)
-    refuses one again.
+    refuses one again. Planning, which looks without the lock, asks through
+    :func:`check_out_unlocked`.
     """
     path = folder.path
-    if overwrite and resume:
-        raise UsageError(
-            setting("output.overwrite")
-            + " and "
-            + setting("output.resume")
-            + " contradict each other (replace the run, or continue it); pass one of them."
-        )
+    _check_flags(overwrite=overwrite, resume=resume)
     if folder.state == "run":
         if not (overwrite or resume):
             raise OutputExistsError(
@@ -181,6 +177,47 @@ def check_out(folder: OutFolder, *, overwrite: bool, resume: bool) -> None:
             + setting("output.out")
             + "."
         )
+
+
+def _check_flags(*, overwrite: bool, resume: bool) -> None:
+    if overwrite and resume:
+        raise UsageError(
+            setting("output.overwrite")
+            + " and "
+            + setting("output.resume")
+            + " contradict each other (replace the run, or continue it); pass one of them."
+        )
+
+
+def check_out_unlocked(folder: OutFolder, *, overwrite: bool, resume: bool) -> OutFolder:
+    """:func:`check_out` for a look taken without OUT's lock (planning's): the folder as
+    judged. Changes nothing.
+
+    Another run may be making OUT while we look: it holds the lock from before anything
+    but the lock file appears in OUT (:meth:`OutLock.acquire`, then predictions/, then its
+    manifest), so what we saw may be its folder half made. A refusal is therefore checked
+    against the lock: held now, OUT is in use (OutputLockedError naming the holder); free
+    now, a run that held it when we looked has ended since, so OUT is looked at again and
+    judged as it is now. An OUT that passes needs no such check: :meth:`OutLock.acquire`
+    and the look under it come before anything is changed.
+    """
+    _check_flags(overwrite=overwrite, resume=resume)
+    try:
+        check_out(folder, overwrite=overwrite, resume=resume)
+        return folder
+    except UsageError as refused:
+        refuse_if_in_use(folder.path, refused)
+    now = inspect_out(folder.path)
+    check_out(now, overwrite=overwrite, resume=resume)
+    return now
+
+
+def refuse_if_in_use(path: Path, refused: UsageError) -> None:
+    """OutputLockedError naming the holder, instead of ``refused`` (a refusal of what a
+    look without the lock saw in OUT ``path``), when another run holds OUT now."""
+    holder = lock_holder(path)
+    if holder is not None:
+        raise OutputLockedError(locked_message(path, holder)) from refused
 
 
 def _check_predictions_are_ours(folder: OutFolder) -> None:

@@ -41,6 +41,7 @@ from batchinfer.errors import (
     OutputLostError,
     OutputTamperedError,
     OutputWriteError,
+    UsageError,
 )
 from batchinfer.messages import setting
 from batchinfer.options import OutputOptions
@@ -51,9 +52,11 @@ from batchinfer.sink.outdir import (
     OutFolder,
     OutLock,
     check_out,
+    check_out_unlocked,
     check_separate,
     clear_run,
     inspect_out,
+    refuse_if_in_use,
     swapped_message,
 )
 from batchinfer.sink.predictions import PREDICTIONS_DIR
@@ -106,9 +109,11 @@ class OutputFolder:
         ``output``: the run's output options (``out`` None: ``path`` is a new default
         folder). ``dataset``: the dataset's folder, when it is one (results written into a
         listed folder would be items). Raises ConfigError, UsageError or OutputExistsError
-        (exit 2). Whether another run holds OUT is not asked here: the run's front door
-        refused a held OUT before anything slow (``refuse_if_held``: the ``run`` command,
-        :func:`batchinfer.engine.run`), and :meth:`begin` asks again under the lock.
+        (exit 2), OutputLockedError when OUT is refused while another run holds it (one
+        started with this one may be making it: outdir.check_out_unlocked). The run's
+        front door refused a held OUT before anything slow
+        (``refuse_if_held``: the ``run`` command, :func:`batchinfer.engine.run`), and
+        :meth:`begin` asks again under the lock.
         """
         path = Path(os.path.abspath(Path(path).expanduser()))
         if output.resume and output.out is None:
@@ -123,17 +128,23 @@ class OutputFolder:
         found = inspect_out(path)
         if dataset is not None:
             check_separate(found.path, Path(dataset).expanduser())
-        check_out(found, overwrite=output.overwrite, resume=output.resume)
+        # Without the lock: a refusal of a folder another run is making says it is in use.
+        found = check_out_unlocked(found, overwrite=output.overwrite, resume=output.resume)
         return cls(found.path, output, found, command)
 
     def accept(self, fingerprint: dict[str, Any]) -> None:
         """Take this run's fingerprint (written into the manifest by :meth:`begin`); for a
         ``--resume``, UsageError unless the run in OUT was made with the same one and every
-        part under predictions/ is one its ledger vouches for. Reads only."""
+        part under predictions/ is one its ledger vouches for. Reads only. Planning's too,
+        without the lock: a refusal while another run holds OUT says it is in use."""
         self.fingerprint = fingerprint
         if self.output.resume and self.found.manifest is not None:
-            self._same_run(self.found)
-            verify_parts(self.found.manifest)
+            try:
+                self._same_run(self.found)
+                verify_parts(self.found.manifest)
+            except UsageError as refused:
+                refuse_if_in_use(self.path, refused)
+                raise
 
     def _same_run(self, found: OutFolder) -> None:
         assert self.fingerprint is not None, "accept() comes before the run"
