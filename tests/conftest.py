@@ -153,6 +153,13 @@ def _server_mark() -> str:
 _SERVER_MARK = _server_mark()
 
 
+def _held_server(cmd: str) -> bool:
+    """Whether a child with command line ``cmd`` is a fork server warm_fork_server holds (the
+    current one or one it retired): it outlives tests and Ray clusters by design, and the
+    hold's end stops every one of them."""
+    return bool(_HOLDING) and _SERVER_MARK in cmd
+
+
 def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
     """The leak guard's body, for a fixture to yield from.
 
@@ -171,10 +178,7 @@ def guard_leaks(spare_descendants: bool = False) -> Iterator[None]:
     leaked_children = {
         pid: cmd
         for pid, cmd in _children().items()
-        if pid not in children_before | spared
-        # The module's fork servers (warm_fork_server: the current one and any it retired)
-        # outlive its tests by design; the hold's end stops every one of them.
-        and not (_HOLDING and _SERVER_MARK in cmd)
+        if pid not in children_before | spared and not _held_server(cmd)
     }
     for pid in list(leaked_children):
         try:  # give a child that is exiting right now a moment to be reaped
@@ -214,7 +218,12 @@ def local_ray_cluster(cores: tuple[int, ...] = (0, 1, 2)) -> Iterator[object]:
     finally:
         ray.shutdown()
         stop_local_cluster(local)
-        left = [psutil.Process(p) for p in set(_children()) - before if psutil.pid_exists(p)]
+        now = _children()
+        left = [
+            psutil.Process(p)
+            for p in set(now) - before
+            if psutil.pid_exists(p) and not _held_server(now[p])
+        ]
         _, alive = psutil.wait_procs(left, timeout=10)
         for p in alive:
             p.kill()
