@@ -155,8 +155,8 @@ _SERVER_MARK = _server_mark()
 
 def _held_server(cmd: str) -> bool:
     """Whether a child with command line ``cmd`` is a fork server warm_fork_server holds (the
-    current one or one it retired): it outlives tests and Ray clusters by design, and the
-    hold's end stops every one of them."""
+    current one or one it retired): it outlives tests, modules and Ray clusters by design,
+    and the hold's end (the session's) stops every one of them."""
     return bool(_HOLDING) and _SERVER_MARK in cmd
 
 
@@ -230,8 +230,10 @@ def local_ray_cluster(cores: tuple[int, ...] = (0, 1, 2)) -> Iterator[object]:
         assert not alive, f"the Ray cluster left processes behind: {alive}"
 
 
-#: Whether warm_fork_server holds the fork server now (one True, or empty).
+#: Whether warm_fork_server holds a fork server now (one True, or empty).
 _HOLDING: list[bool] = []
+#: Whether the module running now launches a server per run (OWN_FORK_SERVER: one True).
+_OWN: list[bool] = []
 
 
 def _launch_context() -> tuple[dict[str, str], list[str], list[str]]:
@@ -243,25 +245,32 @@ def _launch_context() -> tuple[dict[str, str], list[str], list[str]]:
     return env, list(sys.path), list(fork_server.PRELOAD)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def warm_fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
-    """One fork server for a test module's runs, not one per run.
+def _let_go() -> None:
+    """End the hold: the server stops once the runs using it, if any, release it too."""
+    from batchinfer.engine.plumbing import fork_server
+
+    if _HOLDING:
+        _HOLDING.clear()
+        fork_server.release()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def warm_fork_server() -> Iterator[None]:
+    """One fork server for a test session's runs (an xdist worker's), not one per run.
 
     A run launches the server that forks its children (engine/plumbing/fork_server.py) and
-    stops it when it ends, unless another user holds it: held here, it is launched once per
-    module and each run's children are forked from it at once. That launch (an interpreter
-    importing numpy, Pillow and the child modules) was most of a short run's time: 10 digits
-    through the CLI took 2.1-3.3 s a run with a fresh server, 0.9-1.4 s with this one, on
-    the shared 2-CPU VM at a load average of 15-25 (2026-12-07). Each run still goes through
-    acquire and release; a module whose runs need a server of their own (it freezes, kills
-    or counts the server) says so with ``OWN_FORK_SERVER = "why"``, and its runs each
-    launch one, as a user's run does; a run in another environment, sys.path or PRELOAD
-    than the server's gets a fresh one. The hold begins at the
-    module's first acquire, so a module that runs nothing launches no server.
+    stops it when it ends, unless another user holds it: held here, it is launched at the
+    session's first run and each run's children are forked from it at once. That launch (an
+    interpreter importing numpy, Pillow and the child modules) was most of a short run's
+    time: 10 digits through the CLI took 2.1-3.3 s a run with a fresh server, 0.9-1.4 s
+    with this one, on the shared 2-CPU VM at a load average of 15-25 (2026-12-07). Each run
+    still goes through acquire and release. A run in another environment, sys.path or
+    PRELOAD than the server's gets a fresh one, held in turn (the stale one stops), as its
+    run would launch without the hold. A module whose runs need a server of their own (it
+    freezes, kills or counts the server) says so with ``OWN_FORK_SERVER = "why"``
+    (``own_fork_server``). The hold begins at the first acquire, so a session that runs
+    nothing launches no server, and ends with the session.
     """
-    if getattr(request.module, "OWN_FORK_SERVER", None):
-        yield
-        return
     from batchinfer.engine.plumbing import fork_server
 
     acquire, launched_in = fork_server.acquire, []
@@ -270,14 +279,14 @@ def warm_fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
         # The server copies the environment and sys.path at launch and its children read
         # them (BATCHINFER_SIM_* settings, plugins), and it imports PRELOAD: a test that
         # changed any gets a server launched for it, as its run would without the hold.
-        now = _launch_context()
-        if _HOLDING and launched_in != [now]:
-            _HOLDING.clear()
-            fork_server.release()  # the last user: the stale server stops
-        if not _HOLDING:
-            acquire()
-            _HOLDING.append(True)
-            launched_in[:] = [now]
+        if not _OWN:
+            now = _launch_context()
+            if _HOLDING and launched_in != [now]:
+                _let_go()  # the last user: the stale server stops
+            if not _HOLDING:
+                acquire()
+                _HOLDING.append(True)
+                launched_in[:] = [now]
         acquire()
 
     with pytest.MonkeyPatch.context() as mp:
@@ -285,9 +294,23 @@ def warm_fork_server(request: pytest.FixtureRequest) -> Iterator[None]:
         try:
             yield
         finally:
-            if _HOLDING:
-                _HOLDING.clear()
-                fork_server.release()
+            _let_go()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def own_fork_server(request: pytest.FixtureRequest, warm_fork_server: None) -> Iterator[None]:
+    """A module with ``OWN_FORK_SERVER`` runs without the session's server: the hold ends
+    before its first test, and each of its runs launches and stops a server of its own, as a
+    user's run does."""
+    if not getattr(request.module, "OWN_FORK_SERVER", None):
+        yield
+        return
+    _let_go()
+    _OWN.append(True)
+    try:
+        yield
+    finally:
+        _OWN.clear()
 
 
 @pytest.fixture(scope="session")
