@@ -165,7 +165,7 @@ class Outcome:
     command_cpu_ms_per_item: float = 0.0  # the whole job as a command: its process tree's CPU
 
 
-class _Span:
+class EngineSpan:
     """The engine's items/s counted as the peers count theirs: from the moment every core is
     up (CoresReady; items already flow while core workers start) to the last row, over the
     rows done in that span."""
@@ -239,7 +239,7 @@ class Setting:
             runtime=self.runtime,
             output=OutputOptions(out=out, overwrite=True),
         )
-        span = _Span()
+        span = EngineSpan()
         c0, t0 = _cpu_now(), time.monotonic()
         result = run(cfg, observers=[span])
         wall, cpu = time.monotonic() - t0, _cpu_now() - c0

@@ -54,13 +54,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from bench_peers import EngineSpan  # tools/ is on sys.path: this is a script beside it
 
 from batchinfer.data.images import decode_array
 from batchinfer.data.pixels import write_pixels
 from batchinfer.demo import model_path
-from batchinfer.engine import events as ev
-from batchinfer.engine.detection import ItemDecoder, write_geometry
+from batchinfer.engine.detection import write_geometry
 from batchinfer.engine.planning.config import RunConfig
+from batchinfer.tasks import ItemDecoder
 
 PEERS = ("engine", "loop-pyav", "loop-opencv", "threads")
 CONF = 0.25
@@ -73,24 +74,6 @@ class Outcome:
     end_to_end_s: float
     boxes: list[int]  # boxes at CONF per frame, in frame order
     readers: int = 0
-
-
-class _Span:
-    """Rows done from CoresReady to the last row (as bench_peers counts the engine)."""
-
-    def __init__(self) -> None:
-        self.t0 = self.t1 = 0.0
-        self.rows = 0
-
-    def notify(self, event: object) -> None:
-        if isinstance(event, ev.CoresReady):
-            self.t0 = event.t
-        elif isinstance(event, ev.RowsDone) and self.t0:
-            self.t1, self.rows = event.t, self.rows + len(event.rows)
-
-    @property
-    def rate(self) -> float:
-        return self.rows / (self.t1 - self.t0) if self.t1 > self.t0 else float("nan")
 
 
 class Setting:
@@ -115,7 +98,7 @@ class Setting:
         geometry = np.empty(6)
         write_geometry(geometry, placed)
         outputs = adapter.infer([x], data_format=self.pre.layout)
-        rows = decoder(outputs, geometry)[0]
+        rows = decoder(outputs, geometry).payload.rows
         return int((rows[:, 4] >= CONF).sum())
 
     def _adapters(self, n: int) -> tuple[object, list]:
@@ -131,7 +114,7 @@ class Setting:
         out = self.workdir / f"engine-{self.backend_name}-{repeat}"
         config = RunConfig.of(self.clip, model_path("digits-det"), out=out, overwrite=True,
                               **self.options)  # fmt: skip
-        span, t0 = _Span(), time.monotonic()
+        span, t0 = EngineSpan(), time.monotonic()
         result = run(config, observers=[span])
         wall = time.monotonic() - t0
         if result.errors:
@@ -140,7 +123,7 @@ class Setting:
         table.sort(key=lambda r: r["frame"])
         boxes = [sum(b["score"] >= CONF for b in r["boxes"]) for r in table]
         readers = json.loads((out / "manifest.json").read_text()).get("readers")
-        return Outcome(span.rate, wall, boxes, int(readers or 0))
+        return Outcome(span.items_per_s, wall, boxes, int(readers or 0))
 
     def _loop(self, frames: Callable[[], Iterator[np.ndarray]]) -> Outcome:
         t0 = time.monotonic()
