@@ -8,12 +8,10 @@ decode). The probe refuses a frame larger than ``max_pixels`` as readers do; a v
 is never read whole, so the item byte bound does not apply to it (as to a mapped ``.npy``).
 A video whose size is not what the run read gets no picture (it would show another file).
 
-The probe reads every packet of the file (4 ms for the demo's 300-frame clip, 15 ms for
-3,000 frames of 160x120: one to three seconds for two hours at 30 fps), so the child keeps
-the probes of the last :data:`KEEP` videos it pictured: the pictured frames of one video
-cost one probe between them, then a decode each from its keyframe (about 10 ms on the demo
-clip, whose keyframes are 30 frames apart). A kept probe is used only while the file's size
-and modification time are unchanged.
+The probe reads every packet of the file (its cost grows with the video's length), so the
+child keeps the probes of the last :data:`KEEP` videos it pictured: the pictured frames of
+one video cost one probe between them, then a decode each from the keyframe at or before
+it. A kept probe is used only while the file's size and modification time are unchanged.
 """
 
 from __future__ import annotations
