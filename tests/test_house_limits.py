@@ -5,7 +5,7 @@
   longer needed fails too, so the list only shrinks.
 - Places that share six or more lines: no new pair of the same lines (:data:`SAME_LINES`
   lists today's, to be removed), and no more pairs of the same shape than
-  :data:`SHAPE_BUDGET` (the goal is 20; the budget only goes down).
+  :data:`SHAPE_BUDGET` (at most 20, the issue's goal; the budget only goes down).
 
 Both are computed here from the source with ``ast`` and ``re``, so the test needs no tool
 that CI lacks. The complexity is McCabe's as ruff's C901 counts it (checked equal to
@@ -145,8 +145,17 @@ def test_every_exception_has_a_reason():
 # space folded. Two places share a run when a window of WINDOW such lines stands in both,
 # either to the letter ("same lines") or in shape: each name, string and number made one
 # placeholder, keywords kept. Shape windows must be solid (at least SOLID lines of more
-# than two words), so a list of strings or a signature of ``name: type,`` lines does not
-# count; a window standing in more than TOO_COMMON places is a common idiom, not a copy.
+# than two words that are not a declaration), so a list of strings or a signature of
+# ``name: type,`` lines does not count; a window standing in more than TOO_COMMON places is
+# a common idiom, not a copy.
+#
+# A declaration only names things: a keyword argument handing on a name (``size=pre.size,``),
+# ``self.name = name``, a dict entry ``"name": self.name,``, a field or parameter ``name: type
+# = default``. Two constructor calls, two field lists or two ``to_json`` dicts of six such
+# lines share a shape but no logic (judged pair by pair when this rule was written: 39 of the
+# 53 pairs the rule before it counted were only these), and the way to "share" them would
+# be ``**vars()`` and string tables that type checkers cannot follow. They still count to
+# the letter: six identical lines are a copy whatever they are.
 # A pair is two modules (or one with itself) sharing at least one run; overlapping windows
 # of one module do not pair.
 
@@ -162,7 +171,7 @@ SAME_LINES: set[tuple[str, str]] = {
 }
 
 #: Pairs of modules sharing six or more lines of the same shape (or the same lines).
-SHAPE_BUDGET = 53
+SHAPE_BUDGET = 14
 
 _SKIP = re.compile(r"^(#.*|[()\[\]{},:;]*|(from\s+\S+\s+)?import\s.*|@.*)$")
 _TOKEN = re.compile(
@@ -197,8 +206,19 @@ def _counted_lines(source: str) -> list[tuple[str, str]]:
     return kept
 
 
+_DECLARATION = re.compile(
+    r"^(?:"
+    r"I=I(?:\.I)*,?"  # a keyword argument handing on a name: size=pre.size,
+    r"|I\.I = I"  # self.name = name
+    r"|S: I(?:\.I)*,?"  # "name": self.name,
+    r"|I: [\w\[\], |.]+(?: = (?:[\w.]+|\(\)))?,?"  # a field or parameter: name: type = default
+    r")$"
+)
+
+
 def _solid(shapes: tuple[str, ...]) -> bool:
-    return sum(len(re.findall(r"\w+", s)) > 2 for s in shapes) >= SOLID
+    words = (s for s in shapes if not _DECLARATION.match(s))
+    return sum(len(re.findall(r"\w+", s)) > 2 for s in words) >= SOLID
 
 
 def _pairs(windows: dict[tuple[str, ...], list[tuple[str, int]]]) -> set[tuple[str, str]]:
@@ -244,3 +264,23 @@ def test_places_of_the_same_shape_within_budget():
         f"{SHAPE_BUDGET}): share the logic where it really is the same"
     )
     assert len(places) == SHAPE_BUDGET, f"down to {len(places)}: lower SHAPE_BUDGET to it"
+
+
+def test_declarations_are_thin_but_logic_among_them_counts():
+    def window(*lines: str) -> tuple[str, ...]:
+        return tuple(_shape(" ".join(line.split())) for line in lines)
+
+    wiring = window(
+        "size=pre.size,", "mean=pre.mean,", "self.out = out", '"core": self.core,',
+        "max_drop: float | None = None", "names: tuple[str, ...] = (),",
+    )  # fmt: skip
+    assert not _solid(wiring)
+    logic = window(
+        "size=pre.size,", "mean=pre.mean,", "self.out = out",
+        "mine = np.flatnonzero(branch[keep] == b)", "out[mine] = coefs[where[mine]]",
+        "if nm is None or not fits(shapes):",
+    )  # fmt: skip
+    assert _solid(logic)
+    # a call, a computed default or an attribute set from an expression is not a declaration
+    for line in ("count=len(images),", "x: int = f(y)", "self.a = b + c"):
+        assert _solid(window(line) * 3), line
