@@ -157,12 +157,11 @@ TOO_COMMON = 8
 #: Today's pairs of modules that share six lines to the letter: each is to be made one
 #: piece of code; none may be added.
 SAME_LINES: set[tuple[str, str]] = {
-    ("api.py", "api.py"),
     ("data/listing.py", "data/listing.py"),
 }
 
 #: Pairs of modules sharing six or more lines of the same shape (or the same lines).
-SHAPE_BUDGET = 53
+SHAPE_BUDGET = 52
 
 _SKIP = re.compile(r"^(#.*|[()\[\]{},:;]*|(from\s+\S+\s+)?import\s.*|@.*)$")
 _TOKEN = re.compile(
