@@ -33,14 +33,15 @@ the caller's thread as KeyboardInterrupt, which closes the stream the same way.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import logging
 import os
 import queue
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec
 
 import numpy as np
 import pyarrow as pa
@@ -75,44 +76,7 @@ _NOTHING = object()
 #: Rows a stream of arrays lets wait for the caller, beyond the slots, before it waits.
 WAITING_ROWS = 256
 
-
-def infer(
-    model: str | os.PathLike[str],
-    data: Any,
-    *,
-    cores: Sequence[int] | None = None,
-    runtime: RuntimeOptions | None = None,
-    preprocess: PreprocessOptions | None = None,
-    output: OutputOptions | None = None,
-    reliability: ReliabilityOptions | None = None,
-    detect: DetectOptions | None = None,
-    labels: str | os.PathLike[str] | None = None,
-    observers: Sequence[Observer] = (),
-) -> pa.Table:
-    """Run ``model`` over ``data`` (arrays or file paths, see the module docstring) on the
-    NPU cores; the rows, one per item, in input order (``index``).
-
-    ``cores`` is short for ``runtime.cores``; ``output`` gives ``topk`` and
-    ``save_outputs`` (a folder's settings, ``out``, ``resume``, ``overwrite``, are refused:
-    use :func:`batchinfer.run`). Raises a BatchinferError when the run cannot start or
-    fails as a whole (every core lost); an item's failure is its row's ``error``.
-    """
-    with infer_iter(
-        model,
-        data,
-        cores=cores,
-        runtime=runtime,
-        preprocess=preprocess,
-        output=output,
-        reliability=reliability,
-        detect=detect,
-        labels=labels,
-        observers=observers,
-    ) as stream:
-        batches = list(stream)
-        schema = stream.schema
-    table = pa.Table.from_batches(batches, schema=schema)
-    return table.sort_by("index")
+_P = ParamSpec("_P")
 
 
 def infer_iter(
@@ -169,7 +133,52 @@ def infer_iter(
     return InferStream(plan, source, sink, observers)
 
 
+def _gathered(
+    stream: Callable[_P, InferStream],
+) -> Callable[[Callable[[InferStream], pa.Table]], Callable[_P, pa.Table]]:
+    """Make a function of the opened stream into one taking ``stream``'s arguments.
+
+    ``infer`` takes what ``infer_iter`` takes, so its options are written once, on
+    infer_iter: mypy sees them through the ParamSpec, help() and inspect through
+    ``__signature__`` (infer_iter's, with the gathering function's return type).
+    """
+
+    def wrap(gather: Callable[[InferStream], pa.Table]) -> Callable[_P, pa.Table]:
+        def call(*args: _P.args, **kwargs: _P.kwargs) -> pa.Table:
+            with stream(*args, **kwargs) as opened:
+                return gather(opened)
+
+        call.__name__ = call.__qualname__ = gather.__name__
+        call.__doc__ = gather.__doc__
+        returns = inspect.signature(gather).return_annotation
+        call.__annotations__ = {**stream.__annotations__, "return": returns}
+        # A function object takes any attribute; mypy knows only the declared ones.
+        call.__signature__ = inspect.signature(stream).replace(  # type: ignore[attr-defined]
+            return_annotation=returns
+        )
+        return call
+
+    return wrap
+
+
+@_gathered(infer_iter)
+def infer(stream: InferStream) -> pa.Table:
+    """Run ``model`` over ``data`` (arrays or file paths, see the module docstring) on the
+    NPU cores; the rows, one per item, in input order (``index``).
+
+    ``cores`` is short for ``runtime.cores``; ``output`` gives ``topk`` and
+    ``save_outputs`` (a folder's settings, ``out``, ``resume``, ``overwrite``, are refused:
+    use :func:`batchinfer.run`). Raises a BatchinferError when the run cannot start or
+    fails as a whole (every core lost); an item's failure is its row's ``error``.
+    """
+    # Called with infer_iter's arguments (see _gathered); here, the stream they opened.
+    table = pa.Table.from_batches(list(stream), schema=stream.schema)
+    return table.sort_by("index")
+
+
 # --------------------------------------------------------------------------- arguments
+
+
 def _given(data: Any) -> tuple[Any, list[str] | None]:
     """(arrays, None) or (None, paths): what ``data`` is, refused when it is neither."""
     if isinstance(data, (str, bytes, os.PathLike)):

@@ -40,7 +40,7 @@ def test_a_big_directory_is_listed_once_per_walk(
     # per run (quadratic in the folder's size); it must be listed once per walk.
     root = tmp_path / "flat"
     touch(root, *(f"{i:03d}.png" for i in range(40)))
-    walked = list(listing.walk(str(root), run=4, block=2))
+    walked = list(listing.walk(str(root), listing.Listing(run=4, block=2)))
     assert [path for path, _ in walked] == [f"{i:03d}.png" for i in range(40)]
     assert scandir_calls["flat"] == 1
     ds = open_dataset(root)
@@ -59,7 +59,7 @@ def test_sorted_runs_merge_into_the_same_order(tmp_path: Path) -> None:
     pngs = [path for path, kind in whole if kind == listing.FILE and path.endswith(".png")]
     assert pngs == expected
     for run, block in ((1, 1), (2, 1), (3, 2), (5, 2), (5, 5), (7, 3)):
-        assert list(listing.walk(str(tmp_path), run=run, block=block)) == whole
+        assert list(listing.walk(str(tmp_path), listing.Listing(run=run, block=block))) == whole
 
 
 def test_merged_runs_equal_a_plain_sort_of_random_names(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_merged_runs_equal_a_plain_sort_of_random_names(tmp_path: Path) -> None:
     for name in names:
         (tmp_path / name).touch()
     for run, block in ((1, 1), (7, 3), (16, 16), (50, 4), (299, 2), (1000, 10)):
-        listed = listing.sorted_entries(str(tmp_path), run=run, block=block)
+        listed = listing.sorted_entries(str(tmp_path), listing.Listing(run=run, block=block))
         assert [name for name, _ in listed] == sorted(names)
 
 
@@ -87,7 +87,7 @@ def test_non_utf8_names_sort_as_surrogates_deterministically(tmp_path: Path) -> 
     expected = [b"a.png", b"a\xed\x95\x9c.png", b"a\xff.png", b"a\xee\x80\x80.png", b"b.png"]
     assert [item.key for item in open_dataset(tmp_path)] == expected
     for run, block in ((1, 1), (2, 1), (3, 2), (16384, 1024)):
-        listed = listing.walk(str(tmp_path), run=run, block=block)
+        listed = listing.walk(str(tmp_path), listing.Listing(run=run, block=block))
         assert [os.fsencode(path) for path, _ in listed] == expected
 
 
@@ -111,7 +111,7 @@ def test_memory_of_a_listing_is_a_few_bytes_per_name(tmp_path: Path) -> None:
         tracemalloc.start()
         try:
             # Runs of 256 in blocks of 16: the default ratio of run to block size.
-            listed = listing.sorted_entries(str(root), run=256, block=16)
+            listed = listing.sorted_entries(str(root), listing.Listing(run=256, block=16))
             assert sum(1 for _ in listed) in (500, 2500)
             return tracemalloc.get_traced_memory()[1]
         finally:

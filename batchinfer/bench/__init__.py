@@ -13,7 +13,7 @@ pure modules: :mod:`~batchinfer.bench.verdict`, :mod:`~batchinfer.bench.diagnosi
 
 from __future__ import annotations
 
-from batchinfer.lazy_exports import attribute
+from batchinfer.lazy_exports import exports
 
 _WHERE = {
     "BenchConfig": "batchinfer.bench.runner",
@@ -29,9 +29,5 @@ _WHERE = {
     "run_sweep": "batchinfer.bench.sweep",
     "write_json": "batchinfer.bench.result",
 }
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    # Imported on first use, so the CLI (and `batchinfer --help`) stays quick to start.
-    return attribute(_WHERE, name)
+# Imported on first use, so the CLI (and `batchinfer --help`) stays quick to start.
+__all__, __getattr__ = exports(_WHERE)

@@ -21,7 +21,7 @@ import contextlib
 import os
 import resource
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
@@ -166,9 +166,7 @@ class ProcessUse:
 
     def to_json(self) -> dict:
         return {
-            "role": self.role,
-            "key": self.key,
-            "pid": self.pid,
+            **asdict(self),
             "cpu": round(self.cpu, 4),
             "peak_rss_mb": None if self.peak_rss_mb is None else round(self.peak_rss_mb, 1),
         }

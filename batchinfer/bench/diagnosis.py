@@ -31,7 +31,7 @@ A pure function of what the run measured (:class:`Evidence`). The rules, in orde
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from batchinfer.messages import setting
@@ -79,13 +79,9 @@ class Diagnosis:
     numbers: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {
-            "bound": self.bound,
-            "summary": self.summary,
-            "advice": self.advice,
-            "saturated": self.saturated,
-            **self.numbers,
-        }
+        fields = asdict(self)
+        numbers = fields.pop("numbers")  # its figures stand beside the verdict's, not in a dict
+        return {**fields, **numbers}
 
 
 def _mean(values) -> float:

@@ -3,7 +3,7 @@ latency percentiles, utilisation and (under the emulator) NPU load. Pure functio
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -30,11 +30,7 @@ class CoreFigures:
 
     def to_json(self) -> dict:
         return {
-            "core": self.core,
-            "samples": self.samples,
-            "samples_per_s": self.samples_per_s,
-            "p50_ms": self.p50_ms,
-            "p99_ms": self.p99_ms,
+            **asdict(self),
             "utilization": round(self.utilization, 4),
             "instances_busy": round(self.instances_busy, 4),
             "npu_load": None if self.npu_load is None else round(self.npu_load, 4),

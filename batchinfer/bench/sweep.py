@@ -69,17 +69,7 @@ class Row:
     efficiency: float | None = None  # cores sweep: relative / number of cores
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "cores": list(self.cores),
-            "instances_per_core": self.instances_per_core,
-            "samples_per_s": self.samples_per_s,
-            "valid": self.valid,
-            "p99_ms": self.p99_ms,
-            "bound": self.bound,
-            "relative": self.relative,
-            "efficiency": self.efficiency,
-        }
+        return {**dataclasses.asdict(self), "cores": list(self.cores)}
 
 
 def rows(kind: str, results: Sequence[tuple[Setting, BenchResult]]) -> list[Row]:

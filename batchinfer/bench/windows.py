@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -143,12 +143,7 @@ class Stability:
     tolerance: float
 
     def to_json(self) -> dict:
-        return {
-            "stable": self.stable,
-            "windows": self.windows,
-            "spread": self.spread,
-            "tolerance": self.tolerance,
-        }
+        return asdict(self)
 
 
 def stability(rates: list[float] | np.ndarray, n: int = 3, tolerance: float = 0.10) -> Stability:

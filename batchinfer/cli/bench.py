@@ -12,7 +12,7 @@ import click
 
 from batchinfer.bench.options import BenchOptions, bench_flag
 from batchinfer.cli.failures import name_settings
-from batchinfer.cli.options import build_group, flag_of, group_options
+from batchinfer.cli.options import build_group, flag_of, group_options, image_root_option
 from batchinfer.engine import events as ev
 from batchinfer.errors import UsageError, render_fields
 
@@ -68,12 +68,7 @@ class _Progress:
     "from the start when shorter than the run). Without it: synthetic inputs of the "
     "model's input shape, prepared once in the slots, so only the inference path counts.",
 )
-@click.option(
-    "--image-root",
-    type=click.Path(path_type=Path),
-    help="Where the relative paths of a --dataset list file or COCO JSON start (default: the "
-    "list's folder).",
-)
+@image_root_option("a --dataset list file or COCO JSON")
 # --input: bench feeds one input (model_input refuses a model with several).
 @group_options(
     "runtime", "runtime.sim", "preprocess", "reliability", "detect", skip=("preprocess.inputs",)

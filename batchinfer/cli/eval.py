@@ -13,6 +13,7 @@ import click
 
 from batchinfer.cli.console import ConsoleObserver
 from batchinfer.cli.failures import name_settings
+from batchinfer.cli.options import no_progress_option, ray_options
 
 if TYPE_CHECKING:
     from batchinfer.evaluate.job import Job
@@ -26,21 +27,12 @@ if TYPE_CHECKING:
     help="Accept this evaluation as the job's baseline (recorded with who, when, the model's "
     "sha256 and the job's git commit). The verdict is still judged against the old one.",
 )
-@click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
-@click.option(
-    "--ray",
-    "ray_address",
-    metavar="ADDRESS",
-    help="Run the device model on a Ray cluster: auto or HOST:PORT (a running cluster; run "
-    "this on its head node), local or local:N (N simulated nodes on this machine). The "
-    "reference runs here. Overrides the job's [device.ray] address. Needs batchinfer[ray].",
-)
-@click.option(
-    "--ray-data",
-    type=click.Choice(["head", "shared"]),
-    help="With --ray: the dataset is on this node only (read here, tensors shipped to the "
-    "nodes), or on storage every node mounts at the same path (each node reads). Default: "
-    "the job's [device.ray] data, else head.",
+@no_progress_option
+@ray_options(
+    "Run the device model on",
+    "The reference runs here. Overrides the job's [device.ray] address.",
+    data_default=None,
+    data_note="Default: the job's [device.ray] data, else head.",
 )
 def command(
     job: Path,

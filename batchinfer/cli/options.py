@@ -127,3 +127,53 @@ def build_group(group: str, params: dict[str, Any], **nested: Any) -> Any:
             continue
         values[f.name] = tuple(value) if f.metadata.get("multiple") else value
     return cls(**values, **nested)
+
+
+# ------------------------------------------------------------ options several commands take
+
+#: ``--no-progress``, the same on every command that shows a bar.
+no_progress_option = click.option(
+    "--no-progress", is_flag=True, help="No progress bar (there is none off a terminal)."
+)
+
+
+def image_root_option(lists: str) -> Callable:
+    """``--image-root``; ``lists`` names the files whose relative paths it anchors."""
+    return click.option(
+        "--image-root",
+        type=click.Path(path_type=Path),
+        help=f"Where the relative paths of {lists} start (default: the list's folder).",
+    )
+
+
+def ray_options(
+    runs: str, note: str = "", data_default: str | None = "head", data_note: str = ""
+) -> Callable:
+    """``--ray`` and ``--ray-data``. ``runs`` says what runs on the cluster and ``note``
+    what the command adds; ``data_default`` None leaves the data setting to the caller (eval
+    takes it from the job file, as ``data_note`` says)."""
+    address = (
+        f"{runs} a Ray cluster: auto or HOST:PORT (a running cluster; run this on its head "
+        f"node), local or local:N (N simulated nodes on this machine). {note}"
+    ).rstrip() + " Needs batchinfer[ray]."
+    data = (
+        "With --ray: the dataset is on this node only (read here, tensors shipped to the "
+        f"nodes), or on storage every node mounts at the same path (each node reads). {data_note}"
+    ).rstrip()
+
+    def decorate(fn: Callable) -> Callable:
+        fn = click.option(
+            "--ray-data",
+            type=click.Choice(["head", "shared"]),
+            default=data_default,
+            show_default=data_default is not None,
+            help=data,
+        )(fn)
+        return click.option(
+            "--ray",
+            "ray_address",
+            metavar="ADDRESS",
+            help=address,
+        )(fn)
+
+    return decorate

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from batchinfer.cli.options import build_group, flag_of, group_options
+from batchinfer.cli.options import (
+    build_group,
+    flag_of,
+    group_options,
+    image_root_option,
+    no_progress_option,
+    ray_options,
+)
 from batchinfer.errors import render_fields
 
 if TYPE_CHECKING:
@@ -46,29 +53,10 @@ def resume_command(argv: list[str], out: Path) -> str:
     "names, {name: label}, a Keras class index). Default: the top-level folders, sorted. "
     "Detection runs: the head's class names, one per line (default: COCO's for 80 classes).",
 )
-@click.option(
-    "--image-root",
-    type=click.Path(path_type=Path),
-    help="Where the relative paths of a list file or a COCO JSON start (default: the list's "
-    "folder).",
-)
-@click.option("--no-progress", is_flag=True, help="No progress bar (there is none off a terminal).")
+@image_root_option("a list file or a COCO JSON")
+@no_progress_option
 # -- scale-out on Ray (batchinfer.cluster) ------------------------------------------------
-@click.option(
-    "--ray",
-    "ray_address",
-    metavar="ADDRESS",
-    help="Run on a Ray cluster: auto or HOST:PORT (a running cluster; run this on its head "
-    "node), local or local:N (N simulated nodes on this machine). Needs batchinfer[ray].",
-)
-@click.option(
-    "--ray-data",
-    type=click.Choice(["head", "shared"]),
-    default="head",
-    show_default=True,
-    help="With --ray: the dataset is on this node only (read here, tensors shipped to the "
-    "nodes), or on storage every node mounts at the same path (each node reads).",
-)
+@ray_options("Run on")
 def command(
     dataset: tuple[Path, ...],
     model: Path,

@@ -22,7 +22,7 @@ from batchinfer.data.dataset import (
     kind_of,
     skip_key,
 )
-from batchinfer.data.listing import DIR, Progress, ProgressCallback, walk
+from batchinfer.data.listing import DIR, Listing, Progress, ProgressCallback, walk
 from batchinfer.data.shard_names import is_shard_spec
 from batchinfer.errors import DatasetError
 
@@ -79,7 +79,7 @@ def open_dataset(
     counter = Progress(progress, progress_every)
     # Names wait in batches to be hashed: one encode and one update per batch, not per name.
     pending: dict[str, list[str]] = {kind: [] for kind in KINDS}
-    for rel, entry_type in walk(str(path), counter, leftovers):
+    for rel, entry_type in walk(str(path), Listing(counter, leftovers)):
         if entry_type == DIR:
             if "/" not in rel:
                 folders.add(rel)

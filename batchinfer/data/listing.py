@@ -31,6 +31,7 @@ import errno
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from batchinfer.errors import DatasetError
 
@@ -103,21 +104,36 @@ class Progress:
             self.callback(self.count)
 
 
-def walk(
-    root: str,
-    progress: Progress | None = None,
-    leftovers: Counter[str] | None = None,
-    *,
-    run: int = RUN,
-    block: int = BLOCK,
-) -> Iterator[tuple[str, str]]:
+@dataclass(frozen=True)
+class Listing:
+    """How a walk lists its folders (one object, as :func:`walk` hands it to each folder's
+    :func:`sorted_entries`).
+
+    ``progress`` hears of every visible entry listed; ``leftovers`` counts leftovers by kind
+    (and, in a walk, links back to an enclosing folder as ``LOOP``). ``run``: entries sorted
+    as one run before being packed; ``block``: entries per packed block (see the module's
+    "Cost"; tests pass small ones to exercise the merge on small folders).
+    """
+
+    progress: Progress | None = None
+    leftovers: Counter[str] | None = None
+    run: int = RUN
+    block: int = BLOCK
+
+    def __post_init__(self) -> None:
+        if self.run < 1 or self.block < 1:
+            raise ValueError(f"run ({self.run}) and block ({self.block}) must be at least 1")
+
+
+def walk(root: str, listing: Listing | None = None) -> Iterator[tuple[str, str]]:
     """Yield (POSIX path relative to root, DIR | FILE | OTHER) for every visible entry.
 
     A folder is yielded just before its contents. Leftovers (see :func:`leftover_kind`)
     and links back to an enclosing folder (``LOOP``) are not yielded nor entered;
-    ``leftovers`` counts them by kind. ``run`` and ``block``:
-    see :func:`sorted_entries`. Raises DatasetError for a folder that cannot be listed.
+    ``listing.leftovers`` counts them by kind. Raises DatasetError for a folder that
+    cannot be listed.
     """
+    listing = listing or Listing()
     try:
         top = os.stat(root)
     except OSError as exc:
@@ -129,7 +145,7 @@ def walk(
     # followed (a dataset assembled from links is a normal thing to do).
     root_key = (top.st_dev, top.st_ino)
     ancestors = {root_key}
-    stack = [(root, "", root_key, sorted_entries(root, progress, leftovers, run=run, block=block))]
+    stack = [(root, "", root_key, sorted_entries(root, listing))]
     while stack:
         directory, rel, key, entries = stack[-1]
         entry = next(entries, None)
@@ -151,31 +167,25 @@ def walk(
         if child_key in ancestors:
             # Not yielded either: a link back to the root listed as a folder became a
             # class, shifting every other class's label by one.
-            if leftovers is not None:
-                leftovers[LOOP] += 1
+            if listing.leftovers is not None:
+                listing.leftovers[LOOP] += 1
             continue
         yield child_rel, entry_type
         ancestors.add(child_key)
-        entries = sorted_entries(child, progress, leftovers, run=run, block=block)
+        entries = sorted_entries(child, listing)
         stack.append((child, child_rel, child_key, entries))
 
 
-def sorted_entries(
-    directory: str,
-    progress: Progress | None = None,
-    leftovers: Counter[str] | None = None,
-    *,
-    run: int = RUN,
-    block: int = BLOCK,
-) -> Iterator[tuple[str, str]]:
+def sorted_entries(directory: str, listing: Listing | None = None) -> Iterator[tuple[str, str]]:
     """Yield (name, DIR | FILE | OTHER) for the visible entries of ``directory``, by name.
 
-    Leftovers are left out (counted in ``leftovers`` when given). The directory is listed
-    once and closed before the first entry is yielded. ``run``: entries sorted as one run
-    before being packed; ``block``: entries per packed block (see the module's "Cost").
+    Leftovers are left out (counted in ``listing.leftovers`` when given). The directory is
+    listed once and closed before the first entry is yielded.
     """
-    if run < 1 or block < 1:
-        raise ValueError(f"run ({run}) and block ({block}) must be at least 1")
+    listing = listing or Listing()
+    # Locals: the loop below runs once per entry (millions in a big folder).
+    progress, leftovers = listing.progress, listing.leftovers
+    run, block = listing.run, listing.block
     runs: list[list[str]] = []
     batch: list[str] = []
     try:

@@ -84,6 +84,12 @@ class _ListFile:
             raise DatasetError(f"Cannot read {self.file} ({exc.strerror or exc}).") from None
 
     def __iter__(self) -> Iterator[Row]:
+        with self._reading() as f:
+            yield from self._rows(f)
+
+    def _rows(self, f: TextIO) -> Iterator[Row]:
+        """The rows of the form read from ``f``, the open file (forms that read it as
+        text lines; the others have an ``__iter__`` of their own)."""
         raise NotImplementedError
 
 
@@ -128,12 +134,8 @@ class _LineBounded(io.RawIOBase):
 class TxtList(_ListFile):
     form = "txt"
 
-    def __iter__(self) -> Iterator[Row]:
-        with self._reading() as f:
-            yield from self._txt_rows(f)
-
     @staticmethod
-    def _txt_rows(f: TextIO) -> Iterator[Row]:
+    def _rows(f: TextIO) -> Iterator[Row]:
         for n, line in enumerate(f, 1):
             text = line.strip()
             if not text or text.startswith("#"):
@@ -247,12 +249,8 @@ class JsonlList(_ListFile):
                 )
             return
 
-    def __iter__(self) -> Iterator[Row]:
-        with self._reading() as f:
-            yield from self._json_rows(f)
-
     @staticmethod
-    def _json_rows(f: TextIO) -> Iterator[Row]:
+    def _rows(f: TextIO) -> Iterator[Row]:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

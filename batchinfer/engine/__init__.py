@@ -27,7 +27,7 @@ Names are imported on first use: a reader or core worker process imports
 
 from __future__ import annotations
 
-from batchinfer.lazy_exports import attribute
+from batchinfer.lazy_exports import exports
 
 _WHERE = {
     "Engine": "batchinfer.engine.loop",
@@ -46,8 +46,4 @@ _WHERE = {
     "SimOptions": "batchinfer.options",
 }
 
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    return attribute(_WHERE, name)
+__all__, __getattr__ = exports(_WHERE)

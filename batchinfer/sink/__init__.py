@@ -11,7 +11,7 @@ module that needs one writer does not import them all.
 
 from __future__ import annotations
 
-from batchinfer.lazy_exports import attribute
+from batchinfer.lazy_exports import exports
 
 _WHERE = {
     "RunManifest": "batchinfer.sink.manifest",
@@ -33,8 +33,4 @@ _WHERE = {
     "NullSink": "batchinfer.sink.rows",
 }
 
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    return attribute(_WHERE, name)
+__all__, __getattr__ = exports(_WHERE)

@@ -252,6 +252,11 @@ def _spread(values: list[float]) -> float | None:
     return max(values) - min(values) if values else None
 
 
+def _worst_core(name: str, value: str, needs: str, text: str) -> Metric:
+    """The metric ``name``: the worst core's ``value`` (a column of :func:`core_values`)."""
+    return Metric(name, lambda x: _min(core_values(x, value)), needs, text)
+
+
 def builtin_metrics(topk: int = 5) -> dict[str, Metric]:
     """The built-in metrics by name (``top<k>`` follows ``metrics.topk``)."""
     metrics = [
@@ -295,12 +300,7 @@ def builtin_metrics(topk: int = 5) -> dict[str, Metric]:
             "reference",
             "Worst item's cosine similarity of device and reference outputs.",
         ),
-        Metric(
-            "core_top1_min",
-            lambda x: _min(core_values(x, "top1")),
-            "labels",
-            "Top-1 accuracy of the worst core.",
-        ),
+        _worst_core("core_top1_min", "top1", "labels", "Top-1 accuracy of the worst core."),
         Metric(
             "core_top1_spread",
             lambda x: _spread(core_values(x, "top1")),
@@ -308,15 +308,15 @@ def builtin_metrics(topk: int = 5) -> dict[str, Metric]:
             "Best core's top-1 minus the worst core's.",
             better="lower",
         ),
-        Metric(
+        _worst_core(
             "core_agreement_min",
-            lambda x: _min(core_values(x, "agreement")),
+            "agreement",
             "reference",
             "Top-1 agreement with the reference of the worst core.",
         ),
-        Metric(
+        _worst_core(
             "core_cosine_min",
-            lambda x: _min(core_values(x, "cosine_mean")),
+            "cosine_mean",
             "reference",
             "Mean output cosine with the reference of the worst core.",
         ),
