@@ -34,7 +34,6 @@ import numpy as np
 from batchinfer.detect.decode import DetectSettings, anchor_array
 from batchinfer.detect.head_parts import (
     GridDecoder,
-    Quant,
     dfl,
     passing,
     scored,
@@ -84,22 +83,14 @@ class _Candidates:
 class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`SegmentDetections` for a :class:`SegHead`."""
 
-    def __init__(
-        self,
-        head: SegHead,
-        input_hw: tuple[int, int],
-        settings: DetectSettings | None = None,
-        quant: Sequence[Quant] = (),
-    ) -> None:
-        """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
-        runtime returns unconverted (None or absent: the output is float)."""
-        super().__init__(head, input_hw, settings, quant)
+    def _ready(self) -> None:
         methods = {
             "yolov8-seg-zoo": self._yolov8_zoo,
             "yolov5-seg-zoo": self._yolov5_zoo,
             "yolov8-seg-ultralytics": self._yolov8_ultralytics,
         }
         self._candidates = self._by_family(methods, "segmentation")
+        head = self.head
         if head.family == "yolov5-seg-zoo":
             self._anchors = anchor_array(self.settings.anchors, len(head.strides), head.num_anchors)
 
