@@ -18,9 +18,10 @@ import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from batchinfer.errors import BatchinferError, ConfigError, RuntimeUnavailableError, UsageError
 from batchinfer.messages import join, setting
@@ -214,6 +215,7 @@ class ToolkitBackend(Backend):
 # --------------------------------------------------------------------------- sim
 _SIM_STATE_PREFIX = "batchinfer-sim-run-"
 _SIM_OWNER = "owner.lock"
+T = TypeVar("T")  # what SimBackend._emulator makes
 
 
 @dataclass(frozen=True)
@@ -233,8 +235,13 @@ class SimBackend(Backend):
         """The emulator's resolved settings (options, then BATCHINFER_SIM_* variables)."""
         from batchinfer.runtime.sim_settings import SimSettings
 
+        return self._emulator(SimSettings.from_env)
+
+    def _emulator(self, make: Callable[..., T]) -> T:
+        """``make`` (the emulator's settings, or one of its runtimes) called with this run's
+        sim options: the two must agree."""
         o = self.options
-        return SimSettings.from_env(
+        return make(
             chip=o.chip,
             npu_ms=o.npu_ms,
             host_ms=o.host_ms,
@@ -314,14 +321,7 @@ class SimBackend(Backend):
     def new_runtime(self) -> Any:
         from batchinfer.runtime.sim import RKNNLite
 
-        o = self.options
-        return RKNNLite(
-            chip=o.chip,
-            npu_ms=o.npu_ms,
-            host_ms=o.host_ms,
-            faults=o.faults or None,
-            state_dir=self.state_dir,
-        )
+        return self._emulator(RKNNLite)
 
     def runtime_class(self) -> type:
         from batchinfer.runtime.sim import RKNNLite
