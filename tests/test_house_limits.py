@@ -162,7 +162,7 @@ SAME_LINES: set[tuple[str, str]] = {
 }
 
 #: Pairs of modules sharing six or more lines of the same shape (or the same lines).
-SHAPE_BUDGET = 47
+SHAPE_BUDGET = 46
 
 _SKIP = re.compile(r"^(#.*|[()\[\]{},:;]*|(from\s+\S+\s+)?import\s.*|@.*)$")
 _TOKEN = re.compile(
