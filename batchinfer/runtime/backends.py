@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import os
 import shutil
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from batchinfer.errors import BatchinferError, ConfigError, RuntimeUnavailableError, UsageError
+from batchinfer.flocks import try_flock
 from batchinfer.messages import join, setting
 from batchinfer.options import BACKEND_NAMES, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
@@ -353,11 +353,8 @@ def sweep_sim_states(root: Path | None = None) -> list[Path]:
         except OSError:
             continue  # no owner file yet (being created), or not ours
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            if not try_flock(fd, fcntl.LOCK_EX):
                 continue  # its run is alive
-            raise
         finally:
             os.close(fd)
         shutil.rmtree(path, ignore_errors=True)
