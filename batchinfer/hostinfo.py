@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,24 @@ def _cpufreq(root: Path) -> dict[str, dict]:
     return policies
 
 
+def _thermal_class(
+    root: Path, pattern: str, number: str, facts: Callable[[Path, int], dict]
+) -> dict[str, dict]:
+    """``facts(node, value)`` by name of each thermal-class node matching ``pattern`` whose
+    file ``number`` holds a number (the others are left out)."""
+    found = {}
+    for node in sorted((root / "sys/class/thermal").glob(pattern)):
+        value = _read_int(node / number)
+        if value is not None:
+            found[node.name] = facts(node, value)
+    return found
+
+
 def _thermal(root: Path) -> dict[str, dict]:
-    zones = {}
-    for zone in sorted((root / "sys/class/thermal").glob("thermal_zone*")):
-        millideg = _read_int(zone / "temp")
-        if millideg is None:
-            continue
-        zones[zone.name] = {"type": _read(zone / "type"), "temp_c": millideg / 1000}
-    return zones
+    def zone(node: Path, millideg: int) -> dict:
+        return {"type": _read(node / "type"), "temp_c": millideg / 1000}
+
+    return _thermal_class(root, "thermal_zone*", "temp", zone)
 
 
 def _npu(root: Path) -> dict[str, Any]:
@@ -111,17 +122,14 @@ def npu_load(root: Path = Path("/")) -> dict[int, float] | None:
 
 
 def _cooling(root: Path) -> dict[str, dict]:
-    devices = {}
-    for dev in sorted((root / "sys/class/thermal").glob("cooling_device*")):
-        state = _read_int(dev / "cur_state")
-        if state is None:
-            continue
-        devices[dev.name] = {
-            "type": _read(dev / "type"),
+    def device(node: Path, state: int) -> dict:
+        return {
+            "type": _read(node / "type"),
             "cur_state": state,
-            "max_state": _read_int(dev / "max_state"),
+            "max_state": _read_int(node / "max_state"),
         }
-    return devices
+
+    return _thermal_class(root, "cooling_device*", "cur_state", device)
 
 
 def conditions(root: Path = Path("/")) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine.board import BoardPool
@@ -137,3 +138,12 @@ def test_reader_scaling_tells_the_loop_what_it_started_and_what_is_to_close() ->
     pool = _scaling(0, [_reader(0), _reader(1)])
     assert pool._scale_readers(1.0, _Run(2, [1], {1: 1})) == [] and pool.sent == []
     assert pool._scale_readers(1.0, _Run(2, [1], {})) == [] and pool.sent == [(1, Stop)]
+
+
+def test_a_part_made_by_setup_is_refused_before_it_and_given_after():
+    pool: Any = BoardPool.__new__(BoardPool)
+    pool._stats = None
+    with pytest.raises(AssertionError, match="the pool is not set up"):
+        pool.stats  # noqa: B018 (the read is the test)
+    pool._stats = recorder = SimpleNamespace()
+    assert pool.stats is recorder

@@ -168,7 +168,7 @@ TOO_COMMON = 8
 SAME_LINES: set[tuple[str, str]] = set()
 
 #: Pairs of modules sharing six or more lines of the same shape (or the same lines).
-SHAPE_BUDGET = 9
+SHAPE_BUDGET = 4
 
 _SKIP = re.compile(r"^(#.*|[()\[\]{},:;]*|(from\s+\S+\s+)?import\s.*|@.*)$")
 _TOKEN = re.compile(

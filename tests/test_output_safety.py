@@ -448,14 +448,14 @@ def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_pa
     from batchinfer.errors import OutputLostError
     from batchinfer.sink import outdir
 
-    real = outdir._flock
+    real = outdir.try_flock
 
     def no_folder_locks(fd: int, operation: int) -> bool:  # as on some network filesystems
         if stat_module.S_ISDIR(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         return real(fd, operation)
 
-    monkeypatch.setattr(outdir, "_flock", no_folder_locks)
+    monkeypatch.setattr(outdir, "try_flock", no_folder_locks)
     out = tmp_path / "o"
     with outdir.OutLock(out, command="first") as held:
         with pytest.raises(OutputLockedError, match="first"):

@@ -71,6 +71,7 @@ from batchinfer.engine.pools import (
     PoolEvent,
     PoolReport,
     RunState,
+    SetUp,
     Where,
     WorkerLost,
     WorkerRetired,
@@ -129,6 +130,8 @@ class RayPool:
     ``ray``: the ray module (tests give a scripted one).
     """
 
+    stats = SetUp[CoreStatsRecorder]()
+
     def __init__(
         self,
         plan: EnginePlan,
@@ -181,11 +184,6 @@ class RayPool:
     def where(self, key: int) -> Where:
         actor = self.actors[key]
         return Where(actor.core, actor.node.name, actor.instance)
-
-    @property
-    def stats(self) -> CoreStatsRecorder:
-        assert self._stats is not None, "the pool is not set up"
-        return self._stats
 
     # ------------------------------------------------------------------ set-up
     def setup(self, stats: CoreStatsRecorder, now: float) -> None:

@@ -224,6 +224,11 @@ class GridDecoder(Generic[H, S]):
         self._grids = grid_sizes(self.input_hw, head.strides)
         self._offsets, self._centres, self._strides = cell_tables(self._grids, head.strides)
         self._cells = sum(h * w for h, w in self._grids)
+        self._ready()
+
+    def _ready(self) -> None:
+        """A decoder's own set-up, once the head, settings and grids are known (which
+        method decodes its head family, anchors): none here."""
 
     def _by_family(self, methods: Mapping[str, M], what: str) -> M:
         """The one of ``methods`` (by head family) that decodes this decoder's head;

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from batchinfer.detect.decode import DetectSettings, anchor_array
 from batchinfer.detect.head_parts import (
     GridDecoder,
-    Quant,
     dfl,
     passing,
     scored,
@@ -83,22 +83,14 @@ class _Candidates:
 class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
     """Turns one image's raw outputs into :class:`SegmentDetections` for a :class:`SegHead`."""
 
-    def __init__(
-        self,
-        head: SegHead,
-        input_hw: tuple[int, int],
-        settings: DetectSettings | None = None,
-        quant: Sequence[Quant] = (),
-    ) -> None:
-        """``quant`` gives, per output, the (scale, zero_point) of an int8/uint8 output a
-        runtime returns unconverted (None or absent: the output is float)."""
-        super().__init__(head, input_hw, settings, quant)
+    def _ready(self) -> None:
         methods = {
             "yolov8-seg-zoo": self._yolov8_zoo,
             "yolov5-seg-zoo": self._yolov5_zoo,
             "yolov8-seg-ultralytics": self._yolov8_ultralytics,
         }
         self._candidates = self._by_family(methods, "segmentation")
+        head = self.head
         if head.family == "yolov5-seg-zoo":
             self._anchors = anchor_array(self.settings.anchors, len(head.strides), head.num_anchors)
 
@@ -182,15 +174,11 @@ class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
 
         boxes, scores, class_ids, branch, cell = _joined(picked)
 
-        def coefs(keep: np.ndarray) -> np.ndarray:
-            out = np.zeros((keep.size, nm), np.float32)
-            for b, (gh, gw) in enumerate(self._grids):
-                mine = np.flatnonzero(branch[keep] == b)
-                if mine.size:
-                    seg = outputs[4 * b + 3].reshape(nm, gh * gw)
-                    out[mine] = self._real(4 * b + 3, seg[:, cell[keep[mine]]]).T
-            return out
+        def take(b: int, n: int, kept: np.ndarray) -> np.ndarray:
+            seg = outputs[4 * b + 3].reshape(nm, n)
+            return self._real(4 * b + 3, seg[:, cell[kept]]).T
 
+        coefs = partial(_by_branch, self._grids, branch, nm, take)
         return _finite(_Candidates(boxes, scores, class_ids, coefs, nonfinite))
 
     def _yolov5_zoo(self, outputs: Sequence[np.ndarray]) -> _Candidates:
@@ -219,16 +207,12 @@ class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
 
         boxes, scores, class_ids, branch, where = _joined(picked)
 
-        def coefs(keep: np.ndarray) -> np.ndarray:
-            out = np.zeros((keep.size, nm), np.float32)
-            for b, (gh, gw) in enumerate(self._grids):
-                mine = np.flatnonzero(branch[keep] == b)
-                if mine.size:
-                    anchor, cells = np.divmod(where[keep[mine]], gh * gw)
-                    seg = outputs[2 * b + 1].reshape(na, nm, gh * gw)
-                    out[mine] = self._real(2 * b + 1, seg[anchor, :, cells])
-            return out
+        def take(b: int, n: int, kept: np.ndarray) -> np.ndarray:
+            anchor, cells = np.divmod(where[kept], n)
+            seg = outputs[2 * b + 1].reshape(na, nm, n)
+            return self._real(2 * b + 1, seg[anchor, :, cells])
 
+        coefs = partial(_by_branch, self._grids, branch, nm, take)
         return _finite(_Candidates(boxes, scores, class_ids, coefs, nonfinite))
 
     def _yolov8_ultralytics(self, outputs: Sequence[np.ndarray]) -> _Candidates:
@@ -242,6 +226,25 @@ class SegmentDecoder(GridDecoder[SegHead, DetectSettings]):
 
         boxes = xywh_to_xyxy(*cand.sides)
         return _finite(_Candidates(boxes, cand.scores, cand.class_ids, coefs, cand.nonfinite))
+
+
+def _by_branch(
+    grids: Sequence[tuple[int, int]],
+    branch: np.ndarray,
+    nm: int,
+    take: Callable[[int, int, np.ndarray], np.ndarray],
+    keep: np.ndarray,
+) -> np.ndarray:
+    """The ``nm`` mask coefficients of the candidates ``keep`` names, gathered one stride's
+    branch at a time (``branch``: each candidate's): ``take(b, cells, kept)`` reads branch
+    ``b`` (``cells`` in its grid) for the candidates ``kept``, in their order. The zoo
+    heads keep each branch's coefficients in an output of their own."""
+    out = np.zeros((keep.size, nm), np.float32)
+    for b, (gh, gw) in enumerate(grids):
+        mine = np.flatnonzero(branch[keep] == b)
+        if mine.size:
+            out[mine] = take(b, gh * gw, keep[mine])
+    return out
 
 
 def _joined(picked: list[tuple[np.ndarray, ...]]) -> tuple[np.ndarray, ...]:

@@ -116,20 +116,26 @@ def _proto(input_hw: tuple[int, int], shape: tuple[int, ...]) -> int | None:
     return shape[1]
 
 
-def _grids_fit(input_hw: tuple[int, int], branches: Sequence[Sequence[tuple[int, ...]]]) -> bool:
+def _zoo_layout(
+    input_hw: tuple[int, int], shapes: list[tuple[int, ...]], per: int
+) -> tuple[int, list[list[tuple[int, ...]]]] | None:
+    """A zoo head's prototype channels and its outputs by stride, if ``shapes`` are ``per``
+    outputs on each stride's grid, stride by stride, then the prototype."""
+    nm = _proto(input_hw, shapes[per * len(STRIDES)])
+    branches = [shapes[per * b : per * b + per] for b in range(len(STRIDES))]
     grids = grid_sizes(input_hw, STRIDES)
-    return all(
+    fit = all(
         len(s) == 4 and tuple(s[2:]) == g
         for branch, g in zip(branches, grids, strict=True)
         for s in branch
     )
+    return (nm, branches) if nm is not None and fit else None
 
 
 def _yolov8_zoo(input_hw: tuple[int, int], shapes: list[tuple[int, ...]]) -> SegHead | None:
-    nm = _proto(input_hw, shapes[12])
-    branches = [shapes[4 * b : 4 * b + 4] for b in range(len(STRIDES))]
-    if nm is None or not _grids_fit(input_hw, branches):
+    if (layout := _zoo_layout(input_hw, shapes, 4)) is None:
         return None
+    nm, branches = layout
     classes = {br[1][1] for br in branches}
     if len(classes) != 1 or any(
         br[0][1] != 4 * DFL_BINS or br[2][1] != 1 or br[3][1] != nm for br in branches
@@ -140,10 +146,9 @@ def _yolov8_zoo(input_hw: tuple[int, int], shapes: list[tuple[int, ...]]) -> Seg
 
 
 def _yolov5_zoo(input_hw: tuple[int, int], shapes: list[tuple[int, ...]]) -> SegHead | None:
-    nm = _proto(input_hw, shapes[6])
-    branches = [shapes[2 * b : 2 * b + 2] for b in range(len(STRIDES))]
-    if nm is None or not _grids_fit(input_hw, branches):
+    if (layout := _zoo_layout(input_hw, shapes, 2)) is None:
         return None
+    nm, branches = layout
     det = {br[0][1] for br in branches}
     if len(det) != 1 or any(br[1][1] != V5_ANCHORS * nm for br in branches):
         return None

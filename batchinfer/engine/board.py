@@ -49,6 +49,7 @@ from batchinfer.engine.pools import (
     ReaderUp,
     RunState,
     Said,
+    SetUp,
     Where,
     WorkerLost,
     WorkerMemory,
@@ -97,6 +98,11 @@ class BoardPool:
     ``make_scaler`` (fewest, most readers, start time -> the scaler) is the readers'
     tuning: tests give a scripted one.
     """
+
+    memory = SetUp[RunMemory]()
+    inputs = SetUp[SlotRegion]()
+    board = SetUp[StatusBoard]()
+    stats = SetUp[CoreStatsRecorder]()
 
     def __init__(
         self,
@@ -151,26 +157,6 @@ class BoardPool:
         return Where(key)
 
     # ------------------------------------------------------------------ set-up
-    @property
-    def memory(self) -> RunMemory:
-        assert self._memory is not None, "the pool is not set up"
-        return self._memory
-
-    @property
-    def inputs(self) -> SlotRegion:
-        assert self._inputs is not None, "the pool is not set up"
-        return self._inputs
-
-    @property
-    def board(self) -> StatusBoard:
-        assert self._board is not None, "the pool is not set up"
-        return self._board
-
-    @property
-    def stats(self) -> CoreStatsRecorder:
-        assert self._stats is not None, "the pool is not set up"
-        return self._stats
-
     def setup(self, stats: CoreStatsRecorder, now: float) -> None:
         self._stats = stats
         plan = self.plan

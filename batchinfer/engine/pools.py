@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Generic, NamedTuple, Protocol, TypeVar, overload
 
 from batchinfer.data.dataset import Item
 from batchinfer.runtime.adapter import CoreReason
@@ -84,6 +84,30 @@ class Layout:
     places: tuple[CoreKey, ...]  # what the statistics count per: cores, (node, core)s
     place: Callable[[int], CoreKey]  # key -> its place in ``places``
     physical: Callable[[int], Hashable] | None = None  # keys that share a core (retries)
+
+
+T = TypeVar("T")
+
+
+class SetUp(Generic[T]):
+    """A part of a pool that exists once ``setup`` made it (the statistics, shared memory):
+    ``stats = SetUp[CoreStatsRecorder]()`` reads ``self._stats``, which ``__init__`` sets to
+    None and ``setup`` to the part. Reading it before ``setup`` is a bug in the caller, not
+    a run's failure, hence the assert."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = f"_{name}"
+
+    @overload
+    def __get__(self, pool: None, owner: type) -> SetUp[T]: ...
+    @overload
+    def __get__(self, pool: object, owner: type) -> T: ...
+    def __get__(self, pool: object | None, owner: type) -> SetUp[T] | T:
+        if pool is None:
+            return self
+        part: T | None = getattr(pool, self.attr)
+        assert part is not None, "the pool is not set up"
+        return part
 
 
 class Where(NamedTuple):

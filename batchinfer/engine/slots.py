@@ -88,6 +88,7 @@ import numpy as np
 import psutil
 
 from batchinfer.errors import SharedMemoryError
+from batchinfer.flocks import try_flock
 from batchinfer.messages import setting
 
 SEGMENT_PREFIX = "batchinfer"
@@ -246,12 +247,11 @@ def _owner_alive(shm_dir: str, pid: str, token: str) -> bool | None:
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return not try_flock(fd, fcntl.LOCK_SH)
     except OSError:
-        return True
+        return True  # cannot tell: taken for alive, so its segments are not swept
     finally:
         os.close(fd)
-    return False
 
 
 def sweep_dead_segments(shm_dir: str = SHM_DIR) -> list[str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +205,8 @@ def html_report(
     """The report page for ``record`` (an evaluation's result.json) and the job's history.
 
     ``scorer``: the record's :class:`~batchinfer.evaluate.scoring.Scorer` (its class will
-    do; typed Any: the scorers import this module), which gives the task's sections.
+    do; typed Any: the scorers import this module): its ``report`` module gives the task's
+    sections.
     ``pictures``: the items' pictures by where they are (its ``shown_items``; made by
     :func:`~batchinfer.evaluate.thumbnails.make_thumbnails`: the page never opens an item).
     """
@@ -227,7 +229,7 @@ def html_report(
             "<p class=muted>Points: green passed, red failed. Lines: the gates' current "
             f"limits.</p>{trend}",
         ),
-        *scorer.report_sections(record, pictures),
+        *import_module(scorer.report).sections(record, pictures),
         ("metrics", "Every metric", metrics_table(record)),
         ("facts", "Run", facts_table(record)),
     ]

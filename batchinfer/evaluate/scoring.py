@@ -31,7 +31,8 @@ PROTOCOL (pipeline ⇄ scorer), one scorer per job: scorer_for(job) -> Scorer
                                 items_table(inputs) -> Table      items.parquet (the baseline)
                                 class_history(record)             history's per_class_top1
   the outputs (record only)     summary_*(record)                 its lines of summary.md
-                                report_*(record, pictures)        its sections of the report
+                                report_*(record), report          its sections of the report
+                                                                  (``report`` names the module)
                                 shown_items(record)               the item pictures the report
                                                                   needs (made in a child)
 ```
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from batchinfer.evaluate.jobspec import Job
     from batchinfer.evaluate.metrics import Metric
     from batchinfer.evaluate.runs import SidePlan, SideRun
-    from batchinfer.evaluate.thumbnails import Fit, Source, Thumbnail
+    from batchinfer.evaluate.thumbnails import Fit, Source
     from batchinfer.sink.rows import MemorySink
 
 #: One report section: (its element id, its title, its HTML).
@@ -82,6 +83,10 @@ class Scorer(Protocol):
     picture_side: int
     #: How those pictures are fitted to that side (evaluate/thumbnails.py).
     picture_fit: Fit
+    #: The module of its report sections (report.py calls its ``sections(record, pictures)``
+    #: -> list[Section]), named, not imported: report modules import matplotlib, which an
+    #: evaluation loads only when it writes a report.
+    report: str
 
     # ------------------------------------------------------------------ the job
     def check_job(self) -> None: ...
@@ -125,10 +130,6 @@ class Scorer(Protocol):
     def report_trend() -> tuple[str, ...]: ...
     @staticmethod
     def report_css() -> str: ...
-    @staticmethod
-    def report_sections(
-        record: Mapping[str, Any], pictures: Mapping[Source, Thumbnail]
-    ) -> list[Section]: ...
     @staticmethod
     def shown_items(record: Mapping[str, Any]) -> list[Source]: ...
 

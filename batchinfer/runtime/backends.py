@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import fcntl
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from batchinfer.errors import BatchinferError, ConfigError, RuntimeUnavailableError, UsageError
+from batchinfer.flocks import try_flock
 from batchinfer.messages import join, setting
 from batchinfer.options import BACKEND_NAMES, RuntimeOptions, SimOptions
 from batchinfer.runtime.adapter import RuntimeAdapter
@@ -214,6 +215,7 @@ class ToolkitBackend(Backend):
 # --------------------------------------------------------------------------- sim
 _SIM_STATE_PREFIX = "batchinfer-sim-run-"
 _SIM_OWNER = "owner.lock"
+T = TypeVar("T")  # what SimBackend._emulator makes
 
 
 @dataclass(frozen=True)
@@ -233,8 +235,13 @@ class SimBackend(Backend):
         """The emulator's resolved settings (options, then BATCHINFER_SIM_* variables)."""
         from batchinfer.runtime.sim_settings import SimSettings
 
+        return self._emulator(SimSettings.from_env)
+
+    def _emulator(self, make: Callable[..., T]) -> T:
+        """``make`` (the emulator's settings, or one of its runtimes) called with this run's
+        sim options: the two must agree."""
         o = self.options
-        return SimSettings.from_env(
+        return make(
             chip=o.chip,
             npu_ms=o.npu_ms,
             host_ms=o.host_ms,
@@ -314,14 +321,7 @@ class SimBackend(Backend):
     def new_runtime(self) -> Any:
         from batchinfer.runtime.sim import RKNNLite
 
-        o = self.options
-        return RKNNLite(
-            chip=o.chip,
-            npu_ms=o.npu_ms,
-            host_ms=o.host_ms,
-            faults=o.faults or None,
-            state_dir=self.state_dir,
-        )
+        return self._emulator(RKNNLite)
 
     def runtime_class(self) -> type:
         from batchinfer.runtime.sim import RKNNLite
@@ -353,11 +353,8 @@ def sweep_sim_states(root: Path | None = None) -> list[Path]:
         except OSError:
             continue  # no owner file yet (being created), or not ours
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            if not try_flock(fd, fcntl.LOCK_EX):
                 continue  # its run is alive
-            raise
         finally:
             os.close(fd)
         shutil.rmtree(path, ignore_errors=True)

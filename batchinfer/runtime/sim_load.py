@@ -26,6 +26,7 @@ import struct
 from collections.abc import Callable
 from pathlib import Path
 
+from batchinfer.flocks import try_flock
 from batchinfer.runtime.npu_load import format_load
 
 #: The driver's window (RKNPU_LOAD_INTERVAL, 1 s).
@@ -72,9 +73,7 @@ def publish(
     start = _window(mm)[0]
     if start and now - start < LOAD_INTERVAL_S:
         return False
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not try_flock(lock_fd, fcntl.LOCK_EX):
         return False
     try:
         window = _window(mm)  # again, under the lock: another process may have closed it

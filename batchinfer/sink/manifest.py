@@ -149,13 +149,18 @@ def regular_file(path: Path, out_dir: Path) -> bool:
     OutputTamperedError: batchinfer writes only regular files into a run folder, so such
     an entry was put there by someone else and is neither read nor deleted.
     """
+    mode = _mode(path)
+    return mode is not None and _regular(mode, path, out_dir)
+
+
+def _mode(path: Path) -> int | None:
+    """What is at ``path`` (a link not followed), None when nothing is."""
     try:
-        mode = os.lstat(path).st_mode
+        return os.lstat(path).st_mode
     except FileNotFoundError:
-        return False
+        return None
     except OSError as exc:
         raise write_error(path, exc) from exc
-    return _regular(mode, path, out_dir)
 
 
 def regular_in(folder: Folder, name: str, out_dir: Path) -> bool:
@@ -188,13 +193,8 @@ def predictions_dir(out_dir: Path) -> Path:
     """OUT/predictions/ when it is a real folder or absent (OutputTamperedError otherwise:
     a symlink there would send every part name to another folder)."""
     directory = Path(out_dir) / PREDICTIONS_DIR
-    try:
-        mode = os.lstat(directory).st_mode
-    except FileNotFoundError:
-        return directory
-    except OSError as exc:
-        raise write_error(directory, exc) from exc
-    if stat.S_ISDIR(mode):
+    mode = _mode(directory)
+    if mode is None or stat.S_ISDIR(mode):
         return directory
     raise _not_a_folder(directory, mode, out_dir)
 

@@ -10,13 +10,13 @@ looks again once it holds the lock, as OUT can change between planning and runni
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import json
 import os
 from pathlib import Path
 
 from batchinfer.errors import OutputLockedError
+from batchinfer.flocks import try_flock
 from batchinfer.messages import Message, setting
 
 LOCK_FILE = ".batchinfer.lock"
@@ -30,21 +30,10 @@ def refuse_if_held(path: Path) -> None:
         raise OutputLockedError(locked_message(path, holder))
 
 
-def _flock(fd: int, operation: int) -> bool:
-    """flock without waiting: True when taken, False when someone holds it (OSError else)."""
-    try:
-        fcntl.flock(fd, operation | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
-            return False
-        raise
-    return True
-
-
 def _is_held(fd: int) -> bool:
     """True when another open file holds a lock on ``fd``'s file (probing changes nothing)."""
     try:
-        if not _flock(fd, fcntl.LOCK_SH):
+        if not try_flock(fd, fcntl.LOCK_SH):
             return True
     except OSError:
         return False  # cannot be locked here at all (some network filesystems)

@@ -66,8 +66,9 @@ class HeadTask(BoxTask):
 
     # -- what a subclass gives -------------------------------------------------------------
     @classmethod
-    def find_head(cls, facts: ModelFacts, asked: bool) -> Any:
-        """The head the outputs are (None: not this task's)."""
+    def find_head(cls, facts: ModelFacts, input_hw: tuple[int, int], asked: bool) -> Any:
+        """The head the outputs are (None: not this task's), for an image input of
+        ``input_hw`` (the facts' own, known to be there)."""
         raise NotImplementedError
 
     @classmethod
@@ -101,7 +102,7 @@ class HeadTask(BoxTask):
         other = said if said in SAID and said != cls.name else None
         head = None
         if facts.input_hw is not None and facts.output_shapes and other is None:
-            head = cls.find_head(facts, asked)
+            head = cls.find_head(facts, facts.input_hw, asked)
         if head is not None:
             return cls.planned(options, facts, head, asked)
         if not asked:

@@ -46,12 +46,11 @@ class Obb(HeadTask):
     }
 
     @classmethod
-    def find_head(cls, facts: ModelFacts, asked: bool) -> Any:
+    def find_head(cls, facts: ModelFacts, input_hw: tuple[int, int], asked: bool) -> Any:
         from batchinfer.detect.obb import recognise_obb
 
-        assert facts.input_hw is not None
         said = "obb" if asked or facts.model_task == "obb" else None
-        return recognise_obb(facts.input_hw, facts.output_shapes, task=said)
+        return recognise_obb(input_hw, facts.output_shapes, task=said)
 
     @classmethod
     def no_head(cls, facts: ModelFacts) -> str:

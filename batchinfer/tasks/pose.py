@@ -41,14 +41,13 @@ class Pose(HeadTask):
     scorer = "batchinfer.evaluate.scorers.keypoints:KeypointsScorer"
 
     @classmethod
-    def find_head(cls, facts: ModelFacts, asked: bool) -> Any:
+    def find_head(cls, facts: ModelFacts, input_hw: tuple[int, int], asked: bool) -> Any:
         from batchinfer.detect.pose import recognise_pose
 
-        assert facts.input_hw is not None
         meta = facts.meta
         said = "pose" if asked or facts.model_task == "pose" else None
         kpt = None if meta is None else meta.kpt_shape
-        return recognise_pose(facts.input_hw, facts.output_shapes, task=said, kpt_shape=kpt)
+        return recognise_pose(input_hw, facts.output_shapes, task=said, kpt_shape=kpt)
 
     @classmethod
     def no_head(cls, facts: ModelFacts) -> str:

@@ -48,11 +48,10 @@ class Segment(HeadTask):
     scorer = "batchinfer.evaluate.scorers.segm:SegmScorer"
 
     @classmethod
-    def find_head(cls, facts: ModelFacts, asked: bool) -> Any:
+    def find_head(cls, facts: ModelFacts, input_hw: tuple[int, int], asked: bool) -> Any:
         from batchinfer.detect.seg_heads import recognise_segment
 
-        assert facts.input_hw is not None
-        return recognise_segment(facts.input_hw, facts.output_shapes)
+        return recognise_segment(input_hw, facts.output_shapes)
 
     @classmethod
     def no_head(cls, facts: ModelFacts) -> str:

@@ -46,7 +46,6 @@ from batchinfer.evaluate.thumbnails import (
     THUMBNAIL_FIT,
     THUMBNAIL_SIDE,
     Source,
-    Thumbnail,
 )
 from batchinfer.sink.rows import MemorySink
 
@@ -197,6 +196,7 @@ class ClassifyScorer:
     task = "classify"
     picture_side = THUMBNAIL_SIDE
     picture_fit = THUMBNAIL_FIT
+    report = "batchinfer.evaluate.scorers.classify_report"
     significance_test = "gates.top1 with max_drop (McNemar's test is on per-item top-1 correctness)"
 
     def __init__(self, job: Job) -> None:
@@ -397,14 +397,6 @@ class ClassifyScorer:
     @staticmethod
     def report_css() -> str:
         return ""
-
-    @staticmethod
-    def report_sections(
-        record: Mapping[str, Any], pictures: Mapping[Source, Thumbnail]
-    ) -> list[tuple[str, str, str]]:
-        from batchinfer.evaluate.scorers.classify_report import sections  # matplotlib
-
-        return sections(dict(record), pictures)
 
     @staticmethod
     def shown_items(record: Mapping[str, Any]) -> list[Source]:

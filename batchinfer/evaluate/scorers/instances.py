@@ -41,7 +41,7 @@ from batchinfer.evaluate.scorers import instances_summary
 from batchinfer.evaluate.scorers.instances_examples import PANEL_SIDE, detection_examples
 from batchinfer.evaluate.scorers.instances_items import DetectionItems
 from batchinfer.evaluate.scorers.instances_metrics import DetectInputs, detection_metrics
-from batchinfer.evaluate.thumbnails import PANEL_FIT, Source, Thumbnail, picture_source
+from batchinfer.evaluate.thumbnails import PANEL_FIT, Source, picture_source
 from batchinfer.evaluate.video_truth import read_video_truth
 from batchinfer.sink.rows import MemorySink
 
@@ -180,6 +180,7 @@ class InstancesScorer:
     task = "detect"
     picture_side = PANEL_SIDE
     picture_fit = PANEL_FIT
+    report = "batchinfer.evaluate.scorers.instances_report"
     #: What its metrics see (a scorer of a part beside the boxes extends it).
     inputs_type: ClassVar[type[DetectInputs]] = DetectInputs
     significance_test = (
@@ -365,14 +366,6 @@ class InstancesScorer:
         from batchinfer.evaluate.scorers.instances_report import GALLERY_CSS
 
         return GALLERY_CSS
-
-    @staticmethod
-    def report_sections(
-        record: Mapping[str, Any], pictures: Mapping[Source, Thumbnail]
-    ) -> list[tuple[str, str, str]]:
-        from batchinfer.evaluate.scorers.instances_report import sections  # matplotlib
-
-        return sections(dict(record), pictures)
 
     @staticmethod
     def shown_items(record: Mapping[str, Any]) -> list[Source]:
