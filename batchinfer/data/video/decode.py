@@ -3,7 +3,9 @@
 :func:`decode_range` seeks to the range's keyframe, decodes, and yields a
 :class:`DecodedFrame` (frame index, presentation time, RGB pixels) for each wanted frame up
 to the range's end. A frame's index comes from its timestamp, looked up in the probe's
-table; a frame without one is the one after the previous frame.
+table; a frame without one is the one after the previous frame. Frames are turned as the
+probe's :attr:`~.probe.VideoInfo.rotation` says (the stream's display matrix, unless
+probed without ``autorotate``): a view of the decoded array, in the displayed orientation.
 
 A damaged file never raises: decoding stops at the first error (FFmpeg's, or a wanted
 frame the decoder never put out, or the probe's ``damaged_at``), and one
@@ -32,7 +34,9 @@ class DecodedFrame:
 
     index: int
     time_s: float
-    rgb: np.ndarray = field(repr=False)  # (height, width, 3) uint8
+    #: (height, width, 3) uint8 in the displayed orientation (VideoInfo.width, .height);
+    #: turned frames are a view with negative strides, not C-contiguous.
+    rgb: np.ndarray = field(repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,17 +91,19 @@ def decode_range(
                 if delivered < len(wanted) and wanted[delivered] < index:
                     reason = "the decoder put out no picture for it"
                     break
-                if (frame.width, frame.height) != (info.width, info.height):
+                coded = info.coded_size
+                if (frame.width, frame.height) != coded:
                     # A new size mid-stream would slip past max_pixels and the slots sized
                     # from the probe.
                     reason = (
-                        f"its frame size changes from {info.width}x{info.height} "
+                        f"its frame size changes from {coded[0]}x{coded[1]} "
                         f"to {frame.width}x{frame.height}"
                     )
                     break
                 if delivered < len(wanted) and wanted[delivered] == index:
                     time_s = float(info.time_s(index)) if index < info.frames else float("nan")
-                    yield DecodedFrame(index, time_s, frame.to_ndarray(format="rgb24"))
+                    rgb = info.upright(frame.to_ndarray(format="rgb24"))
+                    yield DecodedFrame(index, time_s, rgb)
                     delivered += 1
                     if delivered == len(wanted):
                         break
