@@ -11,7 +11,8 @@ folder, at the source's frame rate (its average rate as the container states it,
 it states none), so the result plays as long as the source. Frames are turned as the run's
 readers turned them (the stream's display rotation, the run's ``preprocess.autorotate``;
 a run from before that setting read them as stored): the boxes fall where the model saw
-them, and the written video, which has no display matrix, plays at the displayed size. Of the frames:
+them, and the written video, which has no display matrix, plays at the displayed size.
+Of the frames:
 
 - a frame with a row to draw is given to the caller's ``draw`` (the same drawing as an
   image's: :mod:`batchinfer.draw`, boxes with class and score);
