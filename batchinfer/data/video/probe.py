@@ -87,13 +87,6 @@ class VideoInfo:
             return self.height, self.width
         return self.width, self.height
 
-    def upright(self, rgb: np.ndarray) -> np.ndarray:
-        """A decoded (coded-orientation) RGB frame turned as it is displayed (a view)."""
-        # The angle is counter-clockwise as the picture is seen, np.rot90's direction on an
-        # image's rows (the ffmpeg program's autorotate: transpose=cclock for 90; the tests
-        # hold the decoders to its output).
-        return np.rot90(rgb, self.rotation // 90) if self.rotation else rgb
-
     @property
     def frames(self) -> int:
         """Frames the file holds (packets of the video stream)."""
