@@ -66,7 +66,7 @@ def _probe(path: str, st: os.stat_result, max_pixels: int | None, autorotate: bo
     key = (path, st.st_size, st.st_mtime_ns, max_pixels, autorotate)
     info = _probes.get(key)
     if info is None:
-        info = _probes[key] = probe(path, max_pixels, autorotate=autorotate)
+        info = _probes[key] = probe(path, max_pixels, None, autorotate)
         while len(_probes) > KEEP:
             _probes.popitem(last=False)
     _probes.move_to_end(key)
