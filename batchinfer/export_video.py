@@ -8,7 +8,11 @@ one item to draw is decoded again, whole, from where the run read it (the same d
 code and frame numbering as the run's readers: :func:`~batchinfer.data.video.decode.
 decode_range`), and every frame is encoded into ``<video id made safe>.mp4`` in the
 folder, at the source's frame rate (its average rate as the container states it, 30 when
-it states none), so the result plays as long as the source:
+it states none), so the result plays as long as the source. Frames are turned as the run's
+readers turned them (the stream's display rotation, the run's ``preprocess.autorotate``;
+a run from before that setting read them as stored): the boxes fall where the model saw
+them, and the written video, which has no display matrix, plays at the displayed size.
+Of the frames:
 
 - a frame with a row to draw is given to the caller's ``draw`` (the same drawing as an
   image's: :mod:`batchinfer.draw`, boxes with class and score);
@@ -76,8 +80,8 @@ def video_codec() -> str:
 
 
 def open_run_videos(manifest: Mapping[str, Any]) -> Any:
-    """The run's videos reopened as it read them (every frame; its ``max_pixels`` and frame
-    cap): a VideoDataset."""
+    """The run's videos reopened as it read them (every frame; its ``max_pixels``, frame
+    cap and display rotation): a VideoDataset."""
     from batchinfer.data.sources import open_source
     from batchinfer.data.video.dataset import VideoDataset, VideoSettings
 
@@ -92,6 +96,8 @@ def open_run_videos(manifest: Mapping[str, Any]) -> Any:
     settings = VideoSettings(
         max_pixels=pixels if isinstance(pixels, int) else None,
         max_frames=frames if isinstance(frames, int) else None,
+        # A run made before the setting existed read frames as stored: its boxes are there.
+        autorotate=bool(preprocess.get("autorotate", False)),
     )
     root = recorded.get("root") if config.get("image_root") else None
     try:

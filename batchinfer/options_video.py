@@ -1,12 +1,13 @@
 """The video settings of the ``preprocess`` group (issue 42): which frames of each video
-become items, the bound on frames per video, and which decoder runs.
+become items, the bound on frames per video, which decoder runs, and whether frames are
+turned by the stream's display rotation.
 
 They are fields of :class:`batchinfer.options.PreprocessOptions` (it inherits them), so
 the CLI flags (``--every 7``, ``--fps 2``, ``--keyframes``, ``--start``/``--end``,
-``--max-frames``, ``--decoder ffmpeg``, ``--ffmpeg-args``), the library's keywords and a
-job file's ``[preprocess]`` keys come from one place; they apply to video datasets only.
-Kept apart from options.py only for its size. :func:`video_settings` turns them into what
-the data layer takes (batchinfer.data.video.dataset.VideoSettings).
+``--max-frames``, ``--decoder ffmpeg``, ``--ffmpeg-args``, ``--no-autorotate``), the
+library's keywords and a job file's ``[preprocess]`` keys come from one place; they apply
+to video datasets only. Kept apart from options.py only for its size. :func:`video_settings`
+turns them into what the data layer takes (batchinfer.data.video.dataset.VideoSettings).
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ class VideoOptionFields:
         "",
         "Videos, --decoder ffmpeg: extra input arguments, e.g. '-hwaccel rkmpp'.",
     )
+    autorotate: bool = _video_option(
+        True,
+        "Videos: turn frames by the stream's display rotation (portrait phone videos), as "
+        "players do; off: read them as stored.",
+        flag="--autorotate/--no-autorotate",
+    )
 
 
 def video_settings(pre: Any) -> Any:
@@ -107,4 +114,5 @@ def video_settings(pre: Any) -> Any:
         max_pixels=limit,
         decoder=pre.decoder,
         ffmpeg_args=tuple(shlex.split(pre.ffmpeg_args)),
+        autorotate=pre.autorotate,
     )

@@ -24,6 +24,7 @@ GROUP_OPTIONS: dict[str, tuple[str, int]] = {
 RUN_OPTIONS: dict[str, tuple[str, int]] = {
     "--agnostic-nms": ("detect__agnostic_nms", 0),
     "--anchors": ("detect__anchors", 1),
+    "--autorotate": ("preprocess__autorotate", 0),
     "--backend": ("runtime__backend", 1),
     "--background": ("preprocess__background", 1),
     "--canary": ("reliability__canary", 0),
@@ -62,6 +63,7 @@ RUN_OPTIONS: dict[str, tuple[str, int]] = {
     "--mean": ("preprocess__mean", 1),
     "--model": ("model", 1),
     "--no-agnostic-nms": ("detect__agnostic_nms", 0),
+    "--no-autorotate": ("preprocess__autorotate", 0),
     "--no-canary": ("reliability__canary", 0),
     "--no-exif-orientation": ("preprocess__exif_orientation", 0),
     "--no-jpeg-draft": ("preprocess__jpeg_draft", 0),

@@ -19,6 +19,7 @@ __all__ = [
     "no_video",
     "packet_ends",
     "raw_h264",
+    "rotated",
     "truncated",
     "write_clip",
 ]
@@ -94,3 +95,18 @@ def raw_h264(path: Path, sizes: list[tuple[int, int]], frames: int = 20) -> Path
         parts.append(part.read_bytes())
     path.write_bytes(b"".join(parts))
     return path
+
+
+def rotated(src: Path, dst: Path, degrees: int, hflip: bool = False) -> Path:
+    """``src``'s video stream remuxed (the same packets) with a display matrix turning it
+    ``degrees`` counter-clockwise (and mirroring it with ``hflip``), as a phone records
+    portrait video: landscape pictures and the matrix saying how to show them."""
+    with av.open(str(src)) as inp, av.open(str(dst), "w") as out:
+        stream = inp.streams.video[0]
+        copy = out.add_stream_from_template(stream)
+        copy.set_display_rotation(degrees, hflip=hflip)
+        for packet in inp.demux(stream):
+            if packet.size:  # not the demuxer's end-of-stream marker
+                packet.stream = copy
+                out.mux(packet)
+    return dst

@@ -252,8 +252,8 @@ def side_facts(plan: Any, run: SideRun | None) -> dict[str, Any] | None:
 def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Where the report finds a few items' pictures: id -> ``{"path": file}``, for a tar
     shard's member ``{"path": shard, "member": {"offset", "size", "name"}}``, for a video's
-    frame ``{"path": video, "frame": index, "size": the video's bytes as the run read it}``
-    (evaluate/thumbnails.py reads each). A list's
+    frame ``{"path": video, "frame": index, "size": the video's bytes as the run read it,
+    "autorotate": whether its frames were turned}`` (evaluate/thumbnails.py reads each). A list's
     ids need not be paths
     (``Dataset.paths_of``); a shard set's members are found by listing its shards (headers
     only, once per report)."""
@@ -277,5 +277,9 @@ def item_places(dataset: Dataset, ids: Sequence[str]) -> dict[str, dict[str, Any
         for ident, place in places.items():
             video_frame = split_frame_id(ident)  # paths_of gives only frame ids here
             if video_frame is not None:
-                place.update(frame=video_frame[1], size=sizes.get(place["path"]))
+                place.update(
+                    frame=video_frame[1],
+                    size=sizes.get(place["path"]),
+                    autorotate=dataset.settings.autorotate,
+                )
     return places

@@ -119,10 +119,11 @@ class ThumbnailSpec:
 
 def picture_source(item: Mapping[str, Any]) -> Source:
     """Where an item's picture is read from, given its place (``{"path"}``, ``{"path",
-    "member": {"offset", "size", "name"}}`` or ``{"path", "frame", "size"}``:
+    "member": {"offset", "size", "name"}}`` or ``{"path", "frame", "size", "autorotate"}``:
     evaluate.evaluation.item_places)."""
     if item.get("frame") is not None:
-        return FrameSource(item["path"], int(item["frame"]), item.get("size"))
+        turn = bool(item.get("autorotate", True))
+        return FrameSource(item["path"], int(item["frame"]), item.get("size"), turn)
     member = item.get("member")
     if member is None:
         return item["path"]

@@ -34,7 +34,7 @@ _LABELS = {
     "time, sha256)",
     "dataset_content_sha256": "content of the dataset's files (sha256)",
     "task": "task and detection settings",
-    "video": "video settings (every, fps, keyframes, start, end, max frames, decoder)",
+    "video": "video settings (every, fps, keyframes, start, end, max frames, decoder, autorotate)",
 }
 
 #: Entries older manifests do not have: a resume of such a run cannot check them.

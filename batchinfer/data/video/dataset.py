@@ -53,6 +53,8 @@ class VideoSettings:
     max_pixels: int | None = None
     decoder: str = "pyav"
     ffmpeg_args: tuple[str, ...] = ()
+    #: Turn frames as the stream's display matrix says (batchinfer.data.video.probe).
+    autorotate: bool = True
 
     def to_json(self) -> dict[str, Any]:
         """What the manifest records and a resume checks (sink/fingerprint.py "video")."""
@@ -66,6 +68,7 @@ class VideoSettings:
             "max_frames": self.max_frames,
             "decoder": self.decoder,
             "ffmpeg_args": list(self.ffmpeg_args),
+            "autorotate": self.autorotate,
         }
 
 
@@ -321,7 +324,7 @@ def _probe(item: Item, settings: VideoSettings, first: int) -> _Video:
     if item.path.startswith(_BAD_ROW):  # a list's row that names no file
         return _Video(item, None, item.path[len(_BAD_ROW) :], empty, first)
     try:
-        info = probe(item.path, settings.max_pixels, settings.max_frames)
+        info = probe(item.path, settings.max_pixels, settings.max_frames, settings.autorotate)
     except InputError as exc:
         return _Video(item, None, exc.message, empty, first)
     return _Video(item, info, None, wanted_frames(info, settings.sampling), first)

@@ -3,7 +3,10 @@
 :func:`decode_range` seeks to the range's keyframe, decodes, and yields a
 :class:`DecodedFrame` (frame index, presentation time, RGB pixels) for each wanted frame up
 to the range's end. A frame's index comes from its timestamp, looked up in the probe's
-table; a frame without one is the one after the previous frame.
+table; a frame without one is the one after the previous frame. Frames are turned as the
+probe's :attr:`~.probe.VideoInfo.rotation` says (the stream's display matrix, unless
+probed without ``autorotate``), by FFmpeg's own filters before the conversion to RGB
+(:class:`_Turn`), so the pixels are the ``ffmpeg`` program's.
 
 A damaged file never raises: decoding stops at the first error (FFmpeg's, or a wanted
 frame the decoder never put out, or the probe's ``damaged_at``), and one
@@ -32,7 +35,8 @@ class DecodedFrame:
 
     index: int
     time_s: float
-    rgb: np.ndarray = field(repr=False)  # (height, width, 3) uint8
+    #: (height, width, 3) uint8 in the displayed orientation (VideoInfo.width, .height).
+    rgb: np.ndarray = field(repr=False)
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,6 +80,7 @@ def decode_range(
     wanted = rng.wanted
     delivered = 0  # wanted[:delivered] have been yielded
     reason = ""
+    turn: _Turn | None = None
     try:
         with _opened(info, rng, threads) as (container, stream, index):
             for frame in container.decode(stream):
@@ -87,16 +92,20 @@ def decode_range(
                 if delivered < len(wanted) and wanted[delivered] < index:
                     reason = "the decoder put out no picture for it"
                     break
-                if (frame.width, frame.height) != (info.width, info.height):
+                coded = info.coded_size
+                if (frame.width, frame.height) != coded:
                     # A new size mid-stream would slip past max_pixels and the slots sized
                     # from the probe.
                     reason = (
-                        f"its frame size changes from {info.width}x{info.height} "
+                        f"its frame size changes from {coded[0]}x{coded[1]} "
                         f"to {frame.width}x{frame.height}"
                     )
                     break
                 if delivered < len(wanted) and wanted[delivered] == index:
                     time_s = float(info.time_s(index)) if index < info.frames else float("nan")
+                    if info.rotation:
+                        turn = turn or _Turn(info.rotation, frame, stream.time_base)
+                        frame = turn(frame)
                     yield DecodedFrame(index, time_s, frame.to_ndarray(format="rgb24"))
                     delivered += 1
                     if delivered == len(wanted):
@@ -166,6 +175,40 @@ def _opened(info: VideoInfo, rng: FrameRange, threads: int) -> Iterator[tuple[An
         yield container, stream, index
     finally:
         container.close()
+
+
+#: The filters that turn a frame counter-clockwise by each angle, as the ffmpeg program's.
+_TURNS: dict[int, tuple[tuple[str, str], ...]] = {
+    90: (("transpose", "cclock"),),
+    180: (("hflip", ""), ("vflip", "")),
+    270: (("transpose", "clock"),),
+}
+
+
+class _Turn:
+    """Decoded frames turned ``rotation`` degrees counter-clockwise by an FFmpeg filter
+    graph: the filters the ``ffmpeg`` program's autorotate inserts (transpose, or hflip and
+    vflip), run on the decoder's planes (YUV 4:2:0: half the bytes of RGB) before the RGB
+    conversion. Turning the RGB array instead (np.rot90, then the copy the preprocessing
+    makes) costs several times more per frame, and its chroma would differ from what the
+    ffmpeg program shows (tools/bench_video_decode.py --rotation 90 measures both paths'
+    decode)."""
+
+    def __init__(self, rotation: int, first: Any, time_base: Any) -> None:
+        import av
+
+        self.graph = av.filter.Graph()
+        node = self.graph.add_buffer(template=first, time_base=time_base)
+        for name, args in _TURNS[rotation]:
+            turned = self.graph.add(name, args)
+            node.link_to(turned)
+            node = turned
+        node.link_to(self.graph.add("buffersink"))
+        self.graph.configure()
+
+    def __call__(self, frame: Any) -> Any:
+        self.graph.vpush(frame)
+        return self.graph.vpull()
 
 
 def _ffmpeg_reason(exc: BaseException) -> str:

@@ -18,8 +18,10 @@ which runs (for a range starting at a keyframe at 10.0 s, 300 frames)::
 The VPU decodes to NV12 in system memory and ffmpeg converts it to RGB on the CPU
 (``-hwaccel_output_format drm_prime`` with ffmpeg-rockchip's ``scale_rkrga`` filter could
 do that conversion on the RGA too; not tried here). Check that the build has the decoders
-with ``ffmpeg -hide_banner -decoders | grep rkmpp``. Frames come out in their stored
-orientation (``-noautorotate``), as PyAV gives them.
+with ``ffmpeg -hide_banner -decoders | grep rkmpp``. Frames come out turned as PyAV's are:
+a video the probe found a display rotation in (:attr:`~.probe.VideoInfo.rotation`) is left
+to ffmpeg's own autorotate (which turns it the same way: the probe's size is the turned
+frame's), any other keeps its stored orientation (``-noautorotate``).
 
 The range starts with ``-ss`` a quarter frame before its keyframe, with ffmpeg's accurate
 seek: ffmpeg seeks to the keyframe before that point (sometimes the one before ours, which
@@ -79,7 +81,11 @@ def ffmpeg_command(
         )
     else:
         count = rng.until - rng.seek
-    cmd = [binary, "-hide_banner", "-nostdin", "-loglevel", "error", *extra_args, "-noautorotate"]
+    cmd = [binary, "-hide_banner", "-nostdin", "-loglevel", "error", *extra_args]
+    if not info.rotation:
+        # The probe's size is the coded one: ffmpeg must not turn a frame the probe did not
+        # (a display matrix read without autorotate, or one ffmpeg reads and PyAV does not).
+        cmd += ["-noautorotate"]
     if rng.keyframes_only:
         cmd += ["-skip_frame", "nokey"]
     if rng.seek > 0:

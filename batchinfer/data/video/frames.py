@@ -128,7 +128,7 @@ class VideoFiles:
         known = self._infos.get(path)
         if known is None:
             s = member.settings
-            info = probe(path, s.max_pixels, s.max_frames)
+            info = probe(path, s.max_pixels, s.max_frames, s.autorotate)
             if (info.frames, info.size) != (member.frames, member.size):
                 raise InputError(
                     f"Cannot read {label}: the video changed since the run listed it "

@@ -29,5 +29,12 @@ def split_frame_id(item_id: str) -> tuple[str, int] | None:
 def fingerprint(info: VideoInfo) -> dict[str, int | float]:
     """What a resumed run compares to know the video is the one the first run read: its
     size in bytes, duration and frame count (a re-encoded or re-recorded file with the same
-    name differs in at least one)."""
-    return {"size": info.size, "duration_s": round(info.duration_s, 6), "frames": info.frames}
+    name differs in at least one), and the rotation its frames are turned by."""
+    record: dict[str, int | float] = {
+        "size": info.size,
+        "duration_s": round(info.duration_s, 6),
+        "frames": info.frames,
+    }
+    if info.rotation:  # only then: an unturned video's record is the one older runs made
+        record["rotation"] = info.rotation
+    return record

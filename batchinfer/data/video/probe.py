@@ -8,7 +8,20 @@ time: a two-hour 1080p file is a few hundred thousand small reads.
 
 Refused, each with one line (an :class:`~batchinfer.errors.InputError`, which becomes the
 video's error row): a file PyAV cannot open, no video stream, a codec this FFmpeg cannot
-decode, a frame larger than ``max_pixels``, more frames than ``max_frames``.
+decode, a frame larger than ``max_pixels``, more frames than ``max_frames``, and (when
+``autorotate``) a display matrix that is not a quarter turn (below).
+
+Rotation. A phone records portrait video as landscape pictures and a display matrix saying
+how to turn them (every player, the ``ffmpeg`` program and OpenCV apply it). FFmpeg gives
+the matrix only with a decoded frame, not in the stream's header, so the probe decodes the
+file's first frame to read it (a second open and one frame's decode: the only decode a probe
+does). With ``autorotate`` (the default), :attr:`VideoInfo.rotation` is the matrix's angle
+and ``width``/``height`` are the displayed frame's, which is what the decoders
+(decode.py, ffmpeg_pipe.py) put out; without it, 0 and the coded size. A matrix that
+mirrors the picture, or turns it by anything other than a multiple of 90 degrees, is
+refused rather than rounded: a player shows such a video mirrored or tilted, and frames
+turned otherwise would give boxes in pixels nobody sees; these are rare (hand-made
+metadata), and ``autorotate`` off reads them as stored.
 
 A file that ends early is not refused: its frames up to the damage are listed and
 ``damaged_at`` says which frame is the first one missing, so the decode can give the frames
@@ -20,6 +33,7 @@ duration) running past the last packet.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from fractions import Fraction
@@ -29,6 +43,7 @@ import numpy as np
 
 from batchinfer.data.dataset import VIDEO_EXTENSIONS as _VIDEO_EXTENSIONS
 from batchinfer.errors import InputError
+from batchinfer.messages import setting
 
 #: The file extensions read as videos (defined with the other kinds' extensions).
 VIDEO_EXTENSIONS = _VIDEO_EXTENSIONS
@@ -60,6 +75,17 @@ class VideoInfo:
     size: int
     #: The container's start time in seconds (what ffmpeg's ``-ss`` counts from).
     container_start_s: float = 0.0
+    #: Degrees the decoders turn each decoded frame counter-clockwise, as the stream's
+    #: display matrix says (0, 90, 180 or 270; 0 when probed without ``autorotate``).
+    #: ``width`` and ``height`` are the turned frame's.
+    rotation: int = 0
+
+    @property
+    def coded_size(self) -> tuple[int, int]:
+        """(width, height) of the frames as the decoder puts them out, before turning."""
+        if self.rotation in (90, 270):
+            return self.height, self.width
+        return self.width, self.height
 
     @property
     def frames(self) -> int:
@@ -77,9 +103,13 @@ class VideoInfo:
 
 
 def probe(
-    path: str | Path, max_pixels: int | None = None, max_frames: int | None = None
+    path: str | Path,
+    max_pixels: int | None = None,
+    max_frames: int | None = None,
+    autorotate: bool = True,
 ) -> VideoInfo:
-    """Read ``path``'s video stream by demuxing; raises InputError for a refused file."""
+    """Read ``path``'s video stream by demuxing; raises InputError for a refused file.
+    ``autorotate``: turn frames as the display matrix says (module docstring)."""
     import av
 
     label = os.fspath(path)
@@ -120,6 +150,9 @@ def probe(
         container_duration = (container.duration or 0) / 1_000_000
         container_start = (container.start_time or 0) / 1_000_000
 
+    rotation = _rotation(label) if autorotate else 0
+    if rotation in (90, 270):
+        width, height = height, width
     order = np.array(sorted(pts), dtype=np.int64)
     keyframes = np.unique(np.searchsorted(order, np.array(keys, dtype=np.int64)))
     keyframes = np.union1d(keyframes, [0]).astype(np.int64)  # decoding starts somewhere
@@ -145,7 +178,49 @@ def probe(
         damaged_at=damaged_at,
         size=os.stat(label).st_size,
         container_start_s=container_start,
+        rotation=rotation,
     )
+
+
+def _rotation(label: str) -> int:
+    """The counter-clockwise angle of the display matrix of ``label``'s first frame (0 when
+    it has none, or no frame decodes: the decode then fails as it would unturned)."""
+    import av
+    from av.sidedata.sidedata import Type
+
+    try:
+        with av.open(label) as container:
+            stream = container.streams.video[0]
+            stream.codec_context.thread_count = 1  # one frame: threads only add delay
+            frame = next(iter(container.decode(stream)), None)
+            data = None if frame is None else frame.side_data.get(Type.DISPLAYMATRIX)
+            matrix = None if data is None else np.frombuffer(bytes(data), dtype="<i4")
+    except (av.FFmpegError, OSError):
+        return 0
+    return 0 if matrix is None else quarter_turn(label, matrix)
+
+
+def quarter_turn(label: str, matrix: np.ndarray) -> int:
+    """The counter-clockwise turn (0, 90, 180, 270) of FFmpeg's 3x3 display matrix
+    ``matrix`` (9 ints, 16.16 fixed point, row-major); InputError for a mirror or another
+    angle (module docstring)."""
+    a, b, c, d = (int(v) for v in (matrix[0], matrix[1], matrix[3], matrix[4]))
+    # As av_display_rotation_get: the angle of the first column, counter-clockwise.
+    angle = -math.degrees(math.atan2(b, a)) if (a or b) else 0.0
+    turn = round(angle / 90) * 90 % 360
+    if a * d - b * c < 0:
+        raise InputError(
+            f"Cannot read {label}: its display matrix mirrors the picture, which is not "
+            "applied; read it as stored with " + setting("preprocess.autorotate") + " off."
+        )
+    if abs(angle - round(angle / 90) * 90) > 0.01:
+        raise InputError(
+            f"Cannot read {label}: its display matrix turns it {angle % 360:.4g} degrees, "
+            "not a multiple of 90; read it as stored with "
+            + setting("preprocess.autorotate")
+            + " off."
+        )
+    return turn
 
 
 def _packets(
