@@ -49,8 +49,8 @@ import pyarrow as pa
 from batchinfer.array_items import ArrayItems, check_array, several_inputs
 from batchinfer.data.listed import PathList, open_listed
 from batchinfer.data.sources import frames_of_videos
+from batchinfer.engine.board.instance_probe import settle_instances
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.planning.config import RunConfig
 from batchinfer.engine.planning.interface import EnginePlan, EngineResult

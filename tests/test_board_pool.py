@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from batchinfer.data.dataset import Item
-from batchinfer.engine.board import BoardPool
+from batchinfer.engine.board.pool import BoardPool
 from batchinfer.engine.plumbing.children import Child, Exited
 from batchinfer.engine.pools import ReaderAdded, ReaderClosing, ReaderLost, WorkerLost
 from batchinfer.engine.protocol import Stop

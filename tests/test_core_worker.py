@@ -1,4 +1,4 @@
-"""The core worker's loops (engine/core_worker.py: CoreWorker) with a fake runtime and fake
+"""The core worker's loops (engine/board/core_worker.py: CoreWorker) with a fake runtime and fake
 slots, in this process: what an item's result says and when results are sent."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from batchinfer.engine.core_worker import CoreSlots, CoreWorker, Serving
+from batchinfer.engine.board.core_worker import CoreSlots, CoreWorker, Serving
 from batchinfer.engine.protocol import Infer, InferResult, InferTask, Stop, encode
 from batchinfer.runtime.adapter import RuntimeAdapter
 

@@ -348,7 +348,7 @@ class _ScriptedScaler:
 
 def _run_with_scaler(cfg, watch: _Readers, scaler: _ScriptedScaler):
     """``run(cfg)`` with the engine's reader scaler replaced by ``scaler``."""
-    from batchinfer.engine.board import BoardPool
+    from batchinfer.engine.board.pool import BoardPool
     from batchinfer.engine.loop import Engine
     from batchinfer.engine.plumbing import fork_server
     from batchinfer.sink.stats import CoreStatsRecorder
@@ -412,7 +412,7 @@ def test_a_second_reader_starts_while_slow_decoding_starves_the_cores(demo_kit, 
 
     from PIL import Image
 
-    from batchinfer.engine.board import BoardPool
+    from batchinfer.engine.board.pool import BoardPool
     from batchinfer.engine.loop import Engine
     from batchinfer.engine.plumbing import fork_server
     from batchinfer.engine.plumbing.usage import Usage
@@ -472,7 +472,7 @@ def test_readers_of_npy_tensors_yield_to_the_core_workers_from_the_start(tmp_pat
     """Loading a tensor is a copy: such readers never hold the cores back, and at normal
     priority they made the workers' 2 ms calls overrun (bench_run's ideal run: -6 %)."""
     from batchinfer.demo import make_npy_dataset
-    from batchinfer.engine import board
+    from batchinfer.engine.board import pool as board
 
     make_npy_dataset(tmp_path / "npy", 40)
     watch = _Readers()
@@ -498,7 +498,7 @@ def test_the_pool_takes_light_reads_from_the_data_layer_not_from_a_kind_it_names
     ItemSource.light_reads): the board's pool names no dataset kind. Images said light here
     get yielding readers from the start."""
     from batchinfer.data.dataset import Dataset
-    from batchinfer.engine import board
+    from batchinfer.engine.board import pool as board
 
     monkeypatch.setattr(Dataset, "light_reads", property(lambda self: True), raising=False)
     watch = _Readers()
@@ -524,7 +524,7 @@ def test_readers_yield_to_the_core_workers_once_the_scaler_says_the_cores_are_fe
     """Once the scaler says the cores are well fed (reader_scaling.py: after a judged window
     that showed it, tested in test_scheduler.py), the loop lowers the readers' priority
     below the core workers' (never before)."""
-    from batchinfer.engine import board
+    from batchinfer.engine.board import pool as board
 
     watch = _Readers()
     scaler = _ScriptedScaler(watch, fed_at=300)

@@ -6,11 +6,14 @@ never import; a new floor is one more row. The data layer reads files into tenso
 knows nothing of evaluation (its COCO reader is data/coco_file.py, which evaluation uses),
 of the engine that runs it, or of any front end.
 
-Inside the engine, its floors (engine/planning/, engine/plumbing/) have walls of their own:
-the second half of this file.
+Inside the engine, its floors (engine/board/, engine/planning/, engine/plumbing/) have walls
+of their own: the second half of this file.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 from test_import_cycles import import_graph
 
@@ -62,12 +65,35 @@ def test_no_import_runs_up_a_layer() -> None:
 # - ``planning`` (settings and files in, an EnginePlan out) starts no process, so it imports
 #   nothing of the plumbing, nor of what runs a plan: only slots.py (the layout a plan sizes),
 #   batching.py (how a batch-N model splits) and queue_depth.py (the items a worker holds),
-#   which the default number of slots is made of.
+#   which the default number of slots is made of. batching.py stays in engine/ beside the
+#   shared vocabulary, not in the board's floor: its split rule is planning's input and its
+#   NOTE spans planning, the slots, the scheduler's charging and the core worker's loop; in
+#   ``board`` it would make planning import the floor that runs a plan.
+# - ``board`` (the board's pool and what runs in its children) may import:
+#   - ``plumbing``: the pool's private plumbing (children, segments, limits, usage);
+#   - ``planning``: the EnginePlan the pool carries out (interface.py), and the ``-k auto``
+#     rule the probe measures and puts into the plan (instances.py);
+#   - ``pools``: the interface the pool implements, its events and RunState;
+#   - ``protocol``, ``states``, ``slots``, ``detection``: the shared vocabulary;
+#   - ``batching`` and ``queue_depth``: a batch-N model's loop in the core worker, and the
+#     items a worker holds (its capacity and refill point);
+#   - ``canary``: the input a core worker and the probe try the model with;
+#   - ``watchdog``, ``reader_scaling``: what only a board has (hangs read from the status
+#     board, readers grown and shrunk), used by the pool, not by the loop;
+#   - ``sources``: the ItemSource whose items the pool fills into slots.
+#   Never the loop, the scheduler or its parts (the next section's rule, for the pool).
 
 ENGINE = "batchinfer.engine"
 
 #: floor (a subpackage of the engine) -> the engine modules outside it that it may import.
 MAY_IMPORT: dict[str, frozenset[str]] = {
+    "board": frozenset(
+        {
+            *("plumbing", "planning", "pools"),
+            *("protocol", "states", "slots", "detection"),
+            *("batching", "queue_depth", "canary", "watchdog", "reader_scaling", "sources"),
+        }
+    ),
     "plumbing": frozenset({"protocol", "states", "slots", "detection"}),
     "planning": frozenset({"slots", "batching", "queue_depth"}),
 }
@@ -138,7 +164,7 @@ def test_no_import_goes_through_an_engine_wall() -> None:
 # imports (the walk stays inside the engine: cluster/pool.py reaches the loop through the
 # package's front door, which is not a pool reading the scheduler).
 
-POOLS = ("batchinfer.engine.pools", "batchinfer.engine.board", "batchinfer.cluster.pool")
+POOLS = ("batchinfer.engine.pools", "batchinfer.engine.board.pool", "batchinfer.cluster.pool")
 POLICY = frozenset(
     f"{ENGINE}.{m}"
     for m in (
@@ -166,11 +192,11 @@ def _policy_reached(graph: dict[str, set[str]], start: str) -> list[str]:
 
 def test_the_rule_sees_a_pool_reaching_the_scheduler_through_another_module() -> None:
     graph = {
-        "batchinfer.engine.board": {"batchinfer.engine.recycling", "batchinfer.errors"},
+        "batchinfer.engine.board.pool": {"batchinfer.engine.recycling", "batchinfer.errors"},
         "batchinfer.engine.recycling": {"batchinfer.engine.scheduler"},
     }
-    assert _policy_reached(graph, "batchinfer.engine.board") == [
-        "batchinfer.engine.board -> batchinfer.engine.recycling",
+    assert _policy_reached(graph, "batchinfer.engine.board.pool") == [
+        "batchinfer.engine.board.pool -> batchinfer.engine.recycling",
     ]
 
 
@@ -181,3 +207,17 @@ def test_no_pool_imports_the_scheduler_or_the_loop() -> None:
         "a pool reaches the loop's policy (pass what it needs in the call: pools.RunState): "
         f"{found}"
     )
+
+
+def test_a_child_imports_none_of_the_board_pool() -> None:
+    """A reader or core worker process imports its module (the fork server's PRELOAD) and so
+    every package above it: engine/board/__init__.py must not pull in the pool's side."""
+    pool_side = [f"{ENGINE}.board.{m}" for m in ("pool", "spawn", "instance_probe")]
+    check = (
+        "import sys; from batchinfer.engine.plumbing.fork_server import PRELOAD; "
+        "[__import__(m) for m in PRELOAD]; "
+        f"print([m for m in {pool_side!r} if m in sys.modules])"
+    )
+    proc = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

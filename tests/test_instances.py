@@ -11,7 +11,7 @@ import logging
 import pytest
 from runs import config
 
-from batchinfer.engine.instance_probe import settle_instances
+from batchinfer.engine.board.instance_probe import settle_instances
 from batchinfer.engine.planning.instances import (
     AUTO_MAX,
     FALLBACK,

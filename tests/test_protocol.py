@@ -28,7 +28,7 @@ from batchinfer.engine.states import ChildState, CoreStatus, SlotState
 from batchinfer.runtime.adapter import CoreReason
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLES = ("batchinfer/engine/reader.py", "batchinfer/engine/worker.py")
+TABLES = ("batchinfer/engine/board/reader.py", "batchinfer/engine/board/worker.py")
 
 
 def _sample(kind: type) -> Any:

@@ -18,8 +18,8 @@ import pytest
 from runs import config, exit_code, fast_sim
 
 from batchinfer import run
-from batchinfer.engine import board
 from batchinfer.engine import events as ev
+from batchinfer.engine.board import pool as board
 from batchinfer.results import read_predictions
 
 N = 200

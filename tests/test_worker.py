@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from multiprocessing import Pipe
 
-from batchinfer.engine.core_worker import BATCH_MAX, BATCH_WAIT_S, BusyClock, Outbox, Sender
+from batchinfer.engine.board.core_worker import BATCH_MAX, BATCH_WAIT_S, BusyClock, Outbox, Sender
 from batchinfer.engine.protocol import Done, InferResult, decode
 
 REFILL_AT = 3

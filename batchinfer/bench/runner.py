@@ -36,8 +36,8 @@ from batchinfer.bench.verdict import Measured, judge
 from batchinfer.data.dataset import Dataset, Item, say_notes
 from batchinfer.data.sources import open_source
 from batchinfer.data.video.dataset import VideoDataset
+from batchinfer.engine.board.instance_probe import settle_instances
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
 from batchinfer.engine.planning.config import RunConfig

@@ -229,7 +229,7 @@ def run_sweep(
     measured (its result is kept, INVALID) and the sweep with it.
     """
     from batchinfer.bench.runner import prepare, run_bench
-    from batchinfer.engine.instance_probe import settle_instances
+    from batchinfer.engine.board.instance_probe import settle_instances
     from batchinfer.engine.plumbing.signals import StopSignals
 
     check_value(MAX_P99_MS, max_p99_ms, "bench.max_p99_ms")

@@ -146,7 +146,7 @@ class CoreActor:
         self.adapter: RuntimeAdapter | None = None
         self.decode = ItemDecoder(task) if task is not None else None
         # A decoding task's outputs travel back beside its payload only when they are saved
-        # (as a core worker copies them to its slots: engine/worker.py).
+        # (as a core worker copies them to its slots: engine/board/worker.py).
         self.keep_outputs = self.decode is None or save_outputs
 
     def start(self, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
@@ -203,7 +203,7 @@ class CoreActor:
 
 
 def _reason(e: BaseException) -> CoreReason:
-    """Why the instance could not start, as a core worker says it (engine/worker.py)."""
+    """Why the instance could not start, as a core worker says it (engine/board/worker.py)."""
     if isinstance(e, CoreError):
         return e.reason
     return CoreReason.of(e.message if isinstance(e, BatchinferError) else str(e))

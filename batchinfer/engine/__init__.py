@@ -1,6 +1,6 @@
 """The engine: readers, core workers and shared-memory slots, fed by a source, into a sink.
 
-Three floors (docs/design.md draws the map; tests/test_import_layers.py holds the walls):
+Four floors (docs/design.md draws the map; tests/test_import_layers.py holds the walls):
 
 - ``engine/`` itself: the loop, :class:`Engine` (loop.py), the one loop every front end
   runs (``run``, ``bench``, ``eval``, the library's ``infer``, a Ray cluster): source in,
@@ -10,10 +10,15 @@ Three floors (docs/design.md draws the map; tests/test_import_layers.py holds th
   records in flights.py, the pools' read-only view of it in run_view.py), collector.py
   (rows and statistics), canary.py, recycling.py, watchdog.py, reader_scaling.py;
   queue_depth.py, the items a worker holds, read by all sides. The two pools' front doors:
-  this board's processes (board.py, their specs in spawn.py; reader.py and worker.py are
-  what runs in them, protocol.py their messages, slots.py the shared memory) and a
-  cluster's Ray actors (batchinfer.cluster). ``run`` (runner.py) is the main job: a
-  dataset folder into a run folder (the output folder's life in batchinfer.sink).
+  this board's (``engine/board/``, below) and a cluster's Ray actors (batchinfer.cluster).
+  ``run`` (runner.py) is the main job: a dataset folder into a run folder (the output
+  folder's life in batchinfer.sink). And the vocabulary every floor shares: the messages
+  (protocol.py), the states (states.py), the shared memory's layout (slots.py), the
+  letterbox rows (detection.py), and how a batch-N model splits (batching.py: planning
+  reads its rule, the core worker runs its loop).
+- ``engine/board/``: the board's pool and what runs in its children: the pool (pool.py,
+  its children's specs in spawn.py), the readers (reader.py), the core workers (worker.py,
+  their serving threads in core_worker.py) and the ``-k auto`` probe (instance_probe.py).
 - ``engine/planning/``: settings and files in, an EnginePlan out (plan.py; RunConfig in
   config.py, EnginePlan and EngineResult in interface.py), before any process starts.
 - ``engine/plumbing/``: the board's process plumbing (the fork server, children, signals,
@@ -21,8 +26,8 @@ Three floors (docs/design.md draws the map; tests/test_import_layers.py holds th
   it knows nothing of the loop, the scheduler or planning.
 
 Names are imported on first use: a reader or core worker process imports
-``batchinfer.engine.reader`` or ``.worker``, and must not pay for the coordinator's modules
-(pyarrow among them) at start-up.
+``batchinfer.engine.board.reader`` or ``.worker``, and must not pay for the coordinator's
+modules (pyarrow among them) at start-up.
 """
 
 from __future__ import annotations

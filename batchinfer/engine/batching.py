@@ -14,7 +14,7 @@ rows per core), so a core holds enough items to fill its calls. A model with sev
 inputs (or fed by ``.npz`` items or manifest columns) is not packed: its tensors are fed
 whole, as before.
 
-The core worker (engine/core_worker.py, :func:`batched_loop`), per runtime instance:
+The core worker (engine/board/core_worker.py, :func:`batched_loop`), per runtime instance:
 
 1. *Gather*: take one item from the worker's queue (waiting as long as it takes), then
    every item already queued, up to N; if still short, wait for more until
@@ -111,7 +111,8 @@ class Held:
 
 @dataclass
 class BatchWork:
-    """What the batched instances of one core worker share (engine/core_worker.py builds it)."""
+    """What the batched instances of one core worker share (engine/board/core_worker.py
+    builds it)."""
 
     batch: int
     core: int
@@ -186,7 +187,7 @@ def batched_loop(
 ) -> None:
     """One runtime instance of a batch-N model until the stop sentinel (the NOTE's steps);
     ``decoding``: a detection run's queue to this instance's decoder thread; ``gc_every``:
-    calls between the worker's periodic collections (engine/core_worker.py: GC_EVERY)."""
+    calls between the worker's periodic collections (engine/board/core_worker.py: GC_EVERY)."""
     layout = shared.inputs.spec.layout
     packer = Packer(layout.shapes, layout.dtypes, shared.batch)
     rows = shared.board_row + instance * shared.batch

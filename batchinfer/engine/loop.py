@@ -6,7 +6,7 @@ collector, whatever runs the items (this board's processes, a Ray cluster's acto
                           └──────────── release ◄── collector ◄─────────┘──► sink, stats,
                                                                           observers
 
-The pool (pools.py: the interface and its protocol; board.py, cluster/pool.py) carries out
+The pool (pools.py: the interface and its protocol; board/pool.py, cluster/pool.py) carries out
 and reports; everything that is policy is here or in the scheduler, once: admission, which
 worker gets an item, retries and error rows, start-up (items flow while workers start;
 retirements during start-up said once for cores that failed alike), restarts after a
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.engine import events as ev
-from batchinfer.engine.board import BoardPool
+from batchinfer.engine.board.pool import BoardPool
 from batchinfer.engine.canary import Canary
 from batchinfer.engine.collector import Collector, nonfinite_warning
 from batchinfer.engine.core_life import CoreLoss

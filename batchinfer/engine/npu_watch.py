@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from batchinfer.engine.board import BoardPool
+from batchinfer.engine.board.pool import BoardPool
 from batchinfer.engine.events import CoresReady, Started
 from batchinfer.runtime.npu_load import NpuLoad, NpuLoadSampler, board_load_file
 from batchinfer.runtime.sim_load import load_path

@@ -6,7 +6,7 @@ worker gets an item, retries and error rows (scheduler.py), rows and statistics
 not run), draining and stopping. A pool holds the mechanics of one kind of worker and owns
 its workers' state; no other module writes it:
 
-- :class:`batchinfer.engine.board.BoardPool`: one core-worker process per NPU core of this
+- :class:`batchinfer.engine.board.pool.BoardPool`: one core-worker process per NPU core of this
   board, reader processes, inputs and outputs in shared memory;
 - :class:`batchinfer.cluster.pool.RayPool`: one Ray actor per runtime instance of each
   core of each node, read tasks, inputs and outputs as Ray objects.

@@ -3,7 +3,7 @@ NamedTuple per kind, so a receiver dispatches on the type (``match msg: case Don
 and a type checker sees each field.
 
 The protocol itself (who sends what, when, and what each field means) is written down once,
-at the top of engine/reader.py and engine/worker.py, in these types' names
+at the top of engine/board/reader.py and engine/board/worker.py, in these types' names
 (tests/test_protocol.py checks that each type is named there).
 
 On the wire a message is a plain tuple, (its kind's number in KINDS, *its fields):
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 # ------------------------------------------------------------------ records in a batch
 class ReadTask(NamedTuple):
-    """One item for a reader to decode into its slot (reader.py)."""
+    """One item for a reader to decode into its slot (board/reader.py)."""
 
     slot: int
     item_index: int  # the item's place in the dataset (a field named index would hide tuple's)
@@ -59,7 +59,7 @@ class ReadResult(NamedTuple):
 
 
 class InferTask(NamedTuple):
-    """One item for a core worker to infer (worker.py)."""
+    """One item for a core worker to infer (board/worker.py)."""
 
     slot: int
     item_index: int

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # Items a worker holds per instance: one in inference and the rest queued behind it, so an
 # instance never waits for the coordinator between two inferences, even while the worker
-# holds finished results back for a moment to send several in one message (worker.py).
+# holds finished results back for a moment to send several in one message (board/worker.py).
 QUEUED_PER_INSTANCE = 6
 # Fewer, larger messages: a core is refilled (up to its capacity) once it holds at most
 # REFILL_AT items per instance, so one message carries several items instead of each item

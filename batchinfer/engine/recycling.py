@@ -2,7 +2,7 @@
 
 Memory that grows over a long loop until the process is killed is a known trap of runtimes
 on these boards. So each core worker's memory is watched, from the coordinator: the board's
-pool reads it (``/proc/PID/statm`` through psutil, every ``RSS_EVERY_S`` of board.py;
+pool reads it (``/proc/PID/statm`` through psutil, every ``RSS_EVERY_S`` of board/pool.py;
 nothing runs in the worker) and reports it (pools.WorkerMemory); the loop gives it here with
 the count of items that worker (this incarnation of it) has finished, and carries out the
 answer.

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from batchinfer.data.dataset import Dataset, say_notes
+from batchinfer.engine.board.instance_probe import settle_instances
 from batchinfer.engine.events import Observer, RowsDone, Started
-from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.loop import Engine
 from batchinfer.engine.npu_watch import NpuLoadWatch, board_backend
 from batchinfer.engine.planning.config import RunConfig

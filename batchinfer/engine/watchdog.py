@@ -10,7 +10,7 @@ A child is hung when any of these holds (each with its own limit from Reliabilit
 The coordinator itself can stop running (Ctrl-Z, a frozen VM, starvation). Every clock here
 is CLOCK_MONOTONIC, which keeps counting meanwhile, so after such a gap every child would
 look hung at once. The loop notices a gap between two of its turns, and
-:meth:`BoardPool.shift` (board.py) moves every child's deadline by it and tells the
+:meth:`BoardPool.shift` (board/pool.py) moves every child's deadline by it and tells the
 watchdog: a child is judged only on time we could watch it.
 
 :class:`HangLimit` is the one place a hang's limit and its texts are made: this watchdog

@@ -30,8 +30,8 @@ import pyarrow.parquet as pq
 from batchinfer.data.dataset import Dataset
 from batchinfer.data.fingerprint import files_sha256
 from batchinfer.engine import Engine, RunConfig
+from batchinfer.engine.board.instance_probe import settle_instances
 from batchinfer.engine.events import Observer
-from batchinfer.engine.instance_probe import settle_instances
 from batchinfer.engine.planning.interface import EnginePlan, EngineResult
 from batchinfer.engine.planning.plan import plan_inference, runtime_files
 from batchinfer.engine.planning.plan_records import engine_preprocess_record, preprocess_values

@@ -2,7 +2,7 @@
 
 Recognised when the outputs are a detection head batchinfer knows
 (:func:`batchinfer.detect.recognise`): readers then letterbox the images, and each core
-worker decodes its outputs into boxes next to the runtime call (engine/worker.py).
+worker decodes its outputs into boxes next to the runtime call (engine/board/worker.py).
 
 Ultralytics' ONNX exports say what they are in the model's metadata (``task``, ``names``,
 ``kpt_shape``, ...). A model whose metadata names another task (``pose``, ``segment``,

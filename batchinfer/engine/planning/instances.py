@@ -7,7 +7,7 @@ runtime/CONTRACT.md). Instances on one core overlap one's host part with another
 More than needed buys nothing: each instance holds its own copy of the model (memory) and
 its calls only queue for the NPU, which lengthens every item's latency.
 
-The measurement (:func:`measure`, in a child forked like a core worker by engine/
+The measurement (:func:`measure`, in a child forked like a core worker by engine/board/
 instance_probe.py), on the plan's first core before the run starts, with the canary input:
 
 1. one instance alone: the median time of a call, ``call_ms`` = host + NPU;

@@ -6,7 +6,7 @@ each child's pipes, process, state, start-up deadline and the last time it made 
 returns what happened, every message of a child before its death, so a child's last
 results are always counted before its exit is.
 
-Messages are described where each child lives (reader.py, worker.py; their types in
+Messages are described where each child lives (board/reader.py, board/worker.py; their types in
 protocol.py); the slot life cycle
 and shutdown order in the NOTE of slots.py.
 """
@@ -59,7 +59,7 @@ class Child:
     cpu_at_ready: float = 0.0  # ... when it said it was ready (its start-up's cost)
     readable: Any = None  # a poll object on ``results`` alone: "is another message there?"
     yielding: bool = False  # readers: lowered in priority (Engine._yield_to_workers)
-    # What the pool sent it and has not heard back about: slot -> its item (engine/board.py).
+    # What the pool sent it and has not heard back about: slot -> its item (engine/board/pool.py).
     held: dict[int, Item] = field(default_factory=dict)
     stopped: bool = False  # readers: stopped because fewer readers are enough
 

@@ -74,8 +74,8 @@ log = logging.getLogger(__name__)
 #: Modules the server imports once, in this order (see the module docstring).
 PRELOAD = [
     "numpy",
-    "batchinfer.engine.worker",
-    "batchinfer.engine.reader",
+    "batchinfer.engine.board.worker",
+    "batchinfer.engine.board.reader",
     "batchinfer.engine.plumbing.fork_server_frozen",
 ]
 

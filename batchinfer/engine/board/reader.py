@@ -1,7 +1,7 @@
 """Reader processes: decode and preprocess dataset items straight into input slots.
 
 Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
-side: engine/board.py):
+side: engine/board/pool.py):
   reader -> coordinator  ReaderReady(pid, cpu_s)                 imports done, segments mapped
                          Loaded([ReadResult(slot, item_index, read_ms, error), ...], cpu_s)
                          error: None, or why the item cannot be read (its row)

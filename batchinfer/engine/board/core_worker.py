@@ -1,5 +1,5 @@
 """The core worker's serving part: its runtime instances' threads, fed from the task pipe
-until Stop (the messages: engine/worker.py, which starts the worker and then hands over to
+until Stop (the messages: engine/board/worker.py, which starts the worker and then hands over to
 :class:`CoreWorker`).
 
 Threads of one core worker process:

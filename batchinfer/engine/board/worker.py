@@ -1,7 +1,7 @@
 """Core workers: one process per NPU core, ``instances`` runtime threads pinned to that core.
 
 Protocol (the types: protocol.py; slot life cycle: NOTE in slots.py; the coordinator's
-side: engine/board.py):
+side: engine/board/pool.py):
   worker -> coordinator  InitFailed(reason)             a runtime could not start; then exit
                                                         (reason: runtime/adapter.py's CoreReason)
                          Failed(traceback)              any other start-up failure; then exit
@@ -22,7 +22,7 @@ side: engine/board.py):
                          image's pixels) and the decode's CPU seconds.
                          busy_s: cumulative seconds during which some instance was in inference();
                          cpu_s: the worker's CPU seconds so far (for CPU per item by role).
-Serving (engine/core_worker.py: CoreWorker): each instance thread takes the next item from
+Serving (engine/board/core_worker.py: CoreWorker): each instance thread takes the next item from
 one queue (the main thread fills it from the task pipe); results leave in batches (Outbox
 decides when, a sender thread writes the message, or the thread that finished them when it
 has nothing left to infer): one thread hand-off per item (the queue) and at most one per
@@ -54,8 +54,8 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 from batchinfer.engine.batching import batch_shapes, unbatchable_outputs
+from batchinfer.engine.board.core_worker import CoreSlots, CoreWorker, Sender, Serving
 from batchinfer.engine.canary import canary_input, infer_canary
-from batchinfer.engine.core_worker import CoreSlots, CoreWorker, Sender, Serving
 from batchinfer.engine.plumbing.child import cpu_seconds, report_failure, send_or_exit, setup_child
 from batchinfer.engine.protocol import Attach, InitFailed, Initialised, WorkerReady, decode
 from batchinfer.engine.slots import BoardSpec, RegionSpec, SlotRegion, StatusBoard, TensorLayout

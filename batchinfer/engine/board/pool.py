@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 
 from batchinfer.data.dataset import Item
 from batchinfer.data.feeds import FROM_COLUMN
+from batchinfer.engine.board.spawn import start_reader, start_worker
 from batchinfer.engine.planning.interface import EnginePlan
 from batchinfer.engine.plumbing.children import Child, ChildPool, Exited, Message
 from batchinfer.engine.plumbing.fd_limit import check_fd_limit
@@ -74,7 +75,6 @@ from batchinfer.engine.protocol import (
 from batchinfer.engine.reader_scaling import ReaderScaler
 from batchinfer.engine.slots import SlotRegion, StatusBoard, sweep_dead_segments
 from batchinfer.engine.sources import ItemSource
-from batchinfer.engine.spawn import start_reader, start_worker
 from batchinfer.engine.states import ChildState
 from batchinfer.engine.watchdog import Watchdog
 from batchinfer.runtime.adapter import CoreReason

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from batchinfer.engine.board.reader import ReaderSpec, reader_main
+from batchinfer.engine.board.worker import WorkerSpec, worker_main
 from batchinfer.engine.planning.interface import EnginePlan
 from batchinfer.engine.plumbing.children import Child, ChildPool
 from batchinfer.engine.plumbing.memory import RunMemory
 from batchinfer.engine.queue_depth import REFILL_AT
-from batchinfer.engine.reader import ReaderSpec, reader_main
 from batchinfer.engine.slots import BoardSpec, RegionSpec
-from batchinfer.engine.worker import WorkerSpec, worker_main
 from batchinfer.runtime.backends import Backend
 
 
