@@ -1,4 +1,5 @@
-"""try_flock: taken, held by another open file, and an error that is not "held"."""
+"""try_flock: taken, held by another open file, and an error that is not "held"; take_flock
+waits out a probe but not a holder."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 
 import pytest
 
-from batchinfer.flocks import try_flock
+from batchinfer.flocks import take_flock, try_flock
 
 
 def test_a_lock_is_taken_when_free_and_refused_while_another_open_file_holds_it(tmp_path):
@@ -31,3 +32,17 @@ def test_an_error_other_than_held_is_raised(tmp_path):
     with pytest.raises(OSError) as caught:
         try_flock(fd, fcntl.LOCK_EX)  # closed: EBADF, not "someone holds it"
     assert caught.value.errno == errno.EBADF
+
+
+def test_a_lock_held_for_good_is_refused_once_the_patience_is_spent(tmp_path):
+    path = tmp_path / "lock"
+    path.touch()
+    holder, taker = os.open(path, os.O_RDWR), os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_SH)
+        assert not take_flock(taker, fcntl.LOCK_EX, patience_s=0.01)
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        assert take_flock(taker, fcntl.LOCK_EX, patience_s=0.01)
+    finally:
+        os.close(holder)
+        os.close(taker)

@@ -8,6 +8,7 @@ take a snapshot of the folders involved before and compare after.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import shutil
@@ -442,20 +443,53 @@ def test_the_command_refuses_a_held_out_before_importing_the_engine(data, digits
     assert report == {"click_before_server": [False], "left": []}
 
 
+@pytest.mark.parametrize("probed", ["folder", "lock file"])
+def test_a_probe_of_the_lock_is_not_taken_for_a_run_holding_it(tmp_path, monkeypatch, probed):
+    # "Is OUT held?" (lock_holder, asked by every run as it starts) takes a shared lock for
+    # an instant. A run taking the lock at that instant was refused as "in use by another
+    # batchinfer run (holder unknown)"; two runs started together could both be refused.
+    from batchinfer import flocks
+    from batchinfer.sink import outdir
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".batchinfer.lock").touch()
+    target = out if probed == "folder" else out / ".batchinfer.lock"
+    probe = os.open(target, os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH)  # the other run's probe, now
+    real, refused = flocks.try_flock, []
+
+    def probe_ends_after_a_refusal(fd: int, operation: int) -> bool:
+        taken = real(fd, operation)
+        if not taken and not refused:
+            refused.append(fd)
+            fcntl.flock(probe, fcntl.LOCK_UN)  # the probe is over: it read and let go
+        return taken
+
+    monkeypatch.setattr(flocks, "try_flock", probe_ends_after_a_refusal)
+    try:
+        with outdir.OutLock(out, command="second"):
+            assert outdir.lock_holder(out)["command"] == "second"
+    finally:
+        os.close(probe)
+    assert refused, "the probe's lock was never met"
+
+
 def test_where_a_folder_cannot_be_locked_the_lock_file_is_checked_instead(tmp_path, monkeypatch):
     import stat as stat_module
 
+    from batchinfer import flocks
     from batchinfer.errors import OutputLostError
     from batchinfer.sink import outdir
 
-    real = outdir.try_flock
+    real = flocks.try_flock
 
     def no_folder_locks(fd: int, operation: int) -> bool:  # as on some network filesystems
         if stat_module.S_ISDIR(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         return real(fd, operation)
 
-    monkeypatch.setattr(outdir, "try_flock", no_folder_locks)
+    monkeypatch.setattr(flocks, "try_flock", no_folder_locks)
     out = tmp_path / "o"
     with outdir.OutLock(out, command="first") as held:
         with pytest.raises(OutputLockedError, match="first"):

@@ -43,7 +43,7 @@ from batchinfer.errors import (
     OutputTamperedError,
     UsageError,
 )
-from batchinfer.flocks import try_flock
+from batchinfer.flocks import take_flock
 from batchinfer.messages import setting
 from batchinfer.sink.atomic import tmp_path_for, write_error
 from batchinfer.sink.folder_handle import Folder, identity
@@ -380,7 +380,7 @@ class OutLock:
         except OSError as exc:
             raise unmakeable(self.path, exc) from exc
         try:
-            self._dir_locked = try_flock(dir_fd, fcntl.LOCK_EX)
+            self._dir_locked = take_flock(dir_fd, fcntl.LOCK_EX)
             if not self._dir_locked:
                 raise OutputLockedError(locked_message(self.path, lock_holder(self.path) or {}))
         except OSError:
@@ -403,7 +403,7 @@ class OutLock:
         except OSError as exc:
             raise write_error(self.path / LOCK_FILE, exc) from exc
         try:
-            if not try_flock(fd, fcntl.LOCK_EX):
+            if not take_flock(fd, fcntl.LOCK_EX):
                 raise OutputLockedError(locked_message(self.path, _read_holder(fd)))
         except OSError as exc:
             os.close(fd)
