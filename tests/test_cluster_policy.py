@@ -14,15 +14,24 @@ import pytest
 from test_cli import assert_error, invoke, run_args
 
 from batchinfer.cli.console import format_summary
-from batchinfer.cluster.connect import import_ray, npu_nodes, parse_address
+from batchinfer.cluster.connect import NodeInfo, import_ray, npu_nodes, parse_address
+from batchinfer.cluster.nodes import usable_nodes
 from batchinfer.cluster.resources import node_resources
 from batchinfer.data.dataset import Item
 from batchinfer.engine.scheduler import Scheduler
-from batchinfer.errors import RuntimeUnavailableError, UsageError
+from batchinfer.errors import NoCoreError, RuntimeUnavailableError, UsageError
 from batchinfer.results import read_predictions
 from batchinfer.sink.predictions import PredictionWriter
 from batchinfer.sink.rows import Row
 from batchinfer.sink.stats import CORE_STATS_FILE, CoreStatsRecorder, write_core_stats
+
+
+def test_nodes_without_the_cores_asked_for_are_left_out_and_none_at_all_is_one_sentence():
+    # One text whether the session or the pool's node set-up finds it (they differed).
+    nodes = [NodeInfo("a", "id-a", "10.0.0.1", (0,)), NodeInfo("b", "id-b", "10.0.0.2", (1, 2))]
+    assert usable_nodes(nodes, (1, 2)) == [nodes[1]]
+    with pytest.raises(NoCoreError, match=r"\(npu_core_3, npu_core_4\); start each board with ray"):
+        usable_nodes(nodes, (3, 4))
 
 
 def test_addresses():

@@ -21,8 +21,9 @@ from batchinfer.cluster.connect import (
     RayConnection,
 )
 from batchinfer.cluster.driver import CALL_ITEMS, DATA_MODES, ClusterEngine
+from batchinfer.cluster.nodes import usable_nodes
 from batchinfer.cluster.resources import core_resource, node_resources
-from batchinfer.cluster.run import ClusterSession, connect_cluster, run_on_cluster, usable_nodes
+from batchinfer.cluster.run import ClusterSession, connect_cluster, run_on_cluster
 
 __all__ = [
     "CALL_ITEMS",

@@ -77,13 +77,7 @@ class ClusterNodes:
     ) -> None:
         self.ray = ray
         self.plan = plan
-        self.usable = [n for n in nodes if set(n.cores) & set(plan.cores)]
-        if not self.usable:
-            raise NoCoreError(
-                "no node of the Ray cluster declares the NPU cores to use "
-                f"({', '.join(str(c) for c in plan.cores)}) as resources npu_core_N; start "
-                "each board with ray start --resources (see docs/guide/ray.md)."
-            )
+        self.usable = usable_nodes(nodes, plan.cores)
         self.data = data
         self.head_node_id = head_node_id
         self.clock = clock
@@ -273,3 +267,15 @@ def short(exc: BaseException) -> str:
     """The last line of an exception's text (Ray's carry the remote traceback)."""
     text = str(exc).strip()
     return text.splitlines()[-1] if text else type(exc).__name__
+
+
+def usable_nodes(nodes: Sequence[NodeInfo], cores: Sequence[int]) -> list[NodeInfo]:
+    """The nodes that declare at least one of ``cores``; NoCoreError when there is none."""
+    usable = [n for n in nodes if set(n.cores) & set(cores)]
+    if not usable:
+        wanted = ", ".join(f"npu_core_{c}" for c in cores)
+        raise NoCoreError(
+            f"no node of the Ray cluster declares the NPU cores to use as resources ({wanted}); "
+            "start each board with ray start --resources (docs/guide/ray.md)."
+        )
+    return usable

@@ -21,7 +21,7 @@ from batchinfer.cluster.connect import (
     check_shared_dataset,
 )
 from batchinfer.cluster.driver import ClusterEngine
-from batchinfer.cluster.nodes import check_data_mode
+from batchinfer.cluster.nodes import check_data_mode, usable_nodes
 from batchinfer.engine.events import Observer
 from batchinfer.engine.planning.config import RunConfig
 from batchinfer.engine.planning.instances import refuse_on_cluster
@@ -30,7 +30,7 @@ from batchinfer.engine.planning.plan import RunPlan, plan_run
 from batchinfer.engine.plumbing.signals import StopSignals
 from batchinfer.engine.runner import RunResult, arrow_system_allocator, run_plan
 from batchinfer.engine.sources import ItemSource
-from batchinfer.errors import NoCoreError, UsageError
+from batchinfer.errors import UsageError
 from batchinfer.messages import setting
 from batchinfer.sink.out_lock import refuse_if_held
 from batchinfer.sink.rows import RowSink
@@ -177,15 +177,3 @@ def connect_cluster(
             signals.reinstall()
         nodes = usable_nodes(connection.nodes(), plan.cores)
         yield ClusterSession(address, data, nodes, connection.driver_node_id())
-
-
-def usable_nodes(nodes: list[NodeInfo], cores: Sequence[int]) -> list[NodeInfo]:
-    """The nodes that declare at least one of ``cores``; NoCoreError when there is none."""
-    usable = [n for n in nodes if set(n.cores) & set(cores)]
-    if not usable:
-        wanted = ", ".join(f"npu_core_{c}" for c in cores)
-        raise NoCoreError(
-            f"no node of the Ray cluster declares the NPU cores to use as resources ({wanted}); "
-            "start each board with ray start --resources (docs/guide/ray.md)."
-        )
-    return usable
