@@ -16,7 +16,15 @@ fork_server_loop.py, where the server's side lives).
 What is preloaded, and what is not:
 - numpy, Pillow and our child modules (``worker``, ``reader`` and what they import): plain
   modules that start no thread holding state at import (numpy's OpenBLAS pool is fork-safe,
-  it is what every forked numpy program relies on).
+  it is what every forked numpy program relies on). Also what each child imported after
+  its fork: ``numpy.random`` (every core worker's canary input), the emulator's module
+  (``batchinfer.runtime.sim``, Python and numpy: the sim backend's workers load it, the
+  board's do not) and the image formats Pillow loads at a reader's first open
+  (``Image.preinit``: BMP, GIF, PNG, PPM; 10 ms a reader). On the digits demo (10 items, 3
+  cores, 2-CPU VM at a load of 3-5, 2026-12-07, alternated with the list before) that took
+  a run's whole process tree from 0.37 to 0.29 CPU s (medians) with the server up, and
+  ``tools/bench_startup.py``'s start-up CPU (the server's launch included) from 0.50-0.52
+  to 0.47-0.49 s.
 - Never a runtime: importing onnxruntime starts a native thread, and RKNNLite owns a
   device. Runtimes are imported and created in the child, after the fork, as before.
 - Last, :mod:`batchinfer.engine.plumbing.fork_server_frozen` collects and freezes the server's
@@ -74,7 +82,13 @@ log = logging.getLogger(__name__)
 #: Modules the server imports once, in this order (see the module docstring).
 PRELOAD = [
     "numpy",
+    "numpy.random",
+    "batchinfer.runtime.sim",
     "batchinfer.engine.board.worker",
+    "PIL.BmpImagePlugin",
+    "PIL.GifImagePlugin",
+    "PIL.PngImagePlugin",
+    "PIL.PpmImagePlugin",
     "batchinfer.engine.board.reader",
     "batchinfer.engine.plumbing.fork_server_frozen",
 ]
