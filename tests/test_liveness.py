@@ -4,6 +4,7 @@ or neighbouring runs do (frozen processes, poison items, kill -9, Ctrl-Z, /dev/s
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -226,7 +227,7 @@ def test_the_sweep_judges_runs_by_their_owner_lock_not_by_their_pid():
     gone = [shm / segment_name(gone_token, role) for role in ("owner", "in")]
     try:
         # Move the live run's owner in, renamed as if it were the other namespace's pid.
-        os.rename(Path(SHM_DIR) / owner.segment.name, shm / theirs.name.replace("-in", "-owner"))
+        os.rename(Path(SHM_DIR) / owner.name, shm / theirs.name.replace("-in", "-owner"))
         theirs.write_bytes(b"\0" * 64)
         for path in gone:
             path.write_bytes(b"\0" * 64)
@@ -236,6 +237,30 @@ def test_the_sweep_judges_runs_by_their_owner_lock_not_by_their_pid():
     finally:
         os.close(owner._fd)
         shutil.rmtree(shm)
+
+
+def test_a_sweep_while_a_run_makes_its_owner_does_not_take_that_run_for_gone(monkeypatch):
+    # Another run's sweep (every run sweeps as it starts) at the instant this run's owner
+    # segment exists but is not locked yet took the run for gone and unlinked its owner
+    # (seen as a FileNotFoundError in RunOwner under two xdist workers).
+    real, swept = fcntl.flock, []
+
+    def sweep_first(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_EX:
+            swept.extend(sweep_dead_segments())  # the other run's sweep, now
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", sweep_first)
+    owner = RunOwner("0b0a1d")
+    monkeypatch.undo()
+    try:
+        assert owner.name not in swept
+        assert owner.name in os.listdir(SHM_DIR)
+        assert owner.name not in sweep_dead_segments(), "a locked owner is a live run"
+    finally:
+        owner.close()
+    assert owner.name not in os.listdir(SHM_DIR)
+    assert not [n for n in os.listdir(SHM_DIR) if n.endswith(owner.name)], "hidden name left"
 
 
 def _wchan(pid: int) -> str:

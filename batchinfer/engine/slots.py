@@ -226,17 +226,37 @@ def create_segment(name: str, size: int) -> Segment:
 
 
 class RunOwner:
-    """The ``…-owner`` segment this run holds an flock on while it lives (NOTE, rule 3)."""
+    """The ``…-owner`` segment this run holds an flock on while it lives (NOTE, rule 3).
+
+    It appears under its name already locked: made under a name no sweep reads (a leading
+    dot), locked, then linked to its name. Made and then locked, another run's sweep could
+    find it unlocked in between, take the run for gone and unlink its segments. It goes the
+    other way round: unlinked while still locked, so no sweep sees it unlocked either.
+    """
 
     def __init__(self, token: str) -> None:
-        self.segment = create_segment(owner_name(token), _ALIGN)
-        self._fd = _shm_open(self.segment.name, os.O_RDWR)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self.name = owner_name(token)
+        hidden = "." + self.name
+        try:
+            fd = _shm_open(hidden, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+        except OSError as e:
+            raise SharedMemoryError(
+                f"shared memory segment {self.name} could not be created ({e.strerror}); "
+                f"free {SHM_DIR}."
+            ) from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.link(_shm_path(hidden), _shm_path(self.name))
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            _shm_unlink(hidden)
+        self._fd = fd
 
     def close(self) -> None:
+        _shm_unlink(self.name)
         os.close(self._fd)
-        self.segment.close()
-        self.segment.unlink()
 
 
 def _owner_alive(shm_dir: str, pid: str, token: str) -> bool | None:
