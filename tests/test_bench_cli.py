@@ -58,6 +58,7 @@ def short_run(tmp_path_factory, request):
     return tmp, result
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_short_run_is_invalid_as_too_short_and_says_so_in_text_and_json(short_run):
     tmp, result = short_run
     assert result.exit_code == 1, result.output

@@ -428,6 +428,7 @@ def test_python_m_batchinfer_help_lists_the_commands():
     assert proc.stderr == ""
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_run_whose_stdout_reader_left_keeps_its_exit_code(demo_kit, tmp_path):
     """`batchinfer run ... | head -1`: the run completed, then click met EPIPE printing its
     summary and exited 1 ("some items are error rows") without a word."""

@@ -176,6 +176,7 @@ def _run_args(demo_kit, out: Path, *extra: str) -> list[str]:
             "--ray", "local:2", *extra]  # fmt: skip
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_open_files_below_what_ray_needs_are_raised_or_refused(tmp_path):
     """The soft limit is raised to the hard one when that allows 1024; otherwise one
     clear error naming ulimit -n and a value that works."""
@@ -199,6 +200,7 @@ def test_open_files_below_what_ray_needs_are_raised_or_refused(tmp_path):
     assert "ulimit -n 1024" in first
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_ray_local_with_ulimit_n_64_fails_at_once_with_one_clear_message(demo_kit, tmp_path, procs):
     """It used to wait for the cluster until the start-up timeout (300 s by default) while
     Ray's processes lacked descriptors; now nothing starts. The start-up timeout is short

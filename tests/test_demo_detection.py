@@ -101,6 +101,7 @@ def test_a_box_is_the_tight_box_of_visible_ink(val):
     assert checked >= 5
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_val_uses_only_held_out_digits_and_train_never_does(val):
     held_out = set(demo.test_split().tolist())
     val_digits = {d for s in val for d in s.digits.tolist()}

@@ -188,6 +188,7 @@ def test_a_fifo_in_a_detection_dataset_costs_its_picture_only(tmp_path):
         assert uri == draw_on(todays_picture(data / ident), [layer]), ident
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_job_that_does_not_turn_images_gets_pictures_as_its_readers_saw_them(tmp_path):
     # The panels were turned by EXIF whatever the job said; with exif_orientation = false
     # the readers' boxes are in the stored image's coordinates, and were drawn on a turned

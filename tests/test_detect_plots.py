@@ -35,6 +35,7 @@ def odd_ground_truth() -> GroundTruth:
     return GroundTruth(gt.source, cats, gt.image_ids, gt.images, gt.annotations, (), ())
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_pr_and_ap_figures_show_class_names_as_written():
     gt = odd_ground_truth()
     device = score_detections(gt, detector(gt, 1))

@@ -204,6 +204,7 @@ def _slow_core_0(demo_kit, tmp_path, limit: int):
     )
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_ready_cores_infer_while_another_core_is_still_starting(demo_kit, tmp_path):
     """Core 0 hangs in its canary inference (call 1, before it reports ready) until the
     inference timeout kills it: cores 1 and 2 work meanwhile, instead of the whole run
@@ -221,6 +222,7 @@ def test_ready_cores_infer_while_another_core_is_still_starting(demo_kit, tmp_pa
     assert sorted(table["index"].to_pylist()) == list(range(60))
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_plan_whose_cores_start_together_sends_no_item_before_every_core_is_up(
     demo_kit, tmp_path
 ):
@@ -239,6 +241,7 @@ def test_a_plan_whose_cores_start_together_sends_no_item_before_every_core_is_up
     assert kinds.index("core down") < kinds.index("cores ready")
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_rows_of_unreadable_files_wait_for_the_sink_while_every_core_starts(tmp_path):
     """Readers work while core workers start, so a file that cannot be read gets its error
     row before any core is up (and before the sink knows the outputs' shapes). The one core
@@ -369,6 +372,7 @@ def _two_cpus() -> str:
     return ",".join(map(str, cpus))
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_the_loop_starts_a_reader_when_the_scaler_says_grow(demo_kit, tmp_path):
     """With room for two readers (two CPUs), a "grow" from the scaler starts a second
     reader during the run; every item still has its row once, and the readers keep their
@@ -518,6 +522,7 @@ def test_the_pool_takes_light_reads_from_the_data_layer_not_from_a_kind_it_names
     assert watch.niceness and set(watch.niceness) == {min(mine + board.READER_NICENESS, 19)}
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_readers_yield_to_the_core_workers_once_the_scaler_says_the_cores_are_fed(
     demo_kit, tmp_path
 ):

@@ -116,6 +116,7 @@ def test_markdown_keeps_every_hostile_name_as_text_on_one_line_and_in_one_cell()
         assert rendered(f"Lost: {code(name)}.") == f"<p>Lost: <code>{shown}</code>.</p>\n"
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_hostile_class_and_file_names_are_data_in_the_report_and_summary(
     tmp_path, demo_kit, fast_sim
 ):
@@ -322,6 +323,7 @@ def test_a_second_sigterm_ends_a_process_stuck_in_a_read_and_releases_everything
 
 
 # --------------------------------------------------------------------------- output paths
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize("key", ["report", pytest.param("summary", marks=pytest.mark.slow)])
 def test_a_file_eval_did_not_write_at_the_report_or_summary_path_is_refused_first(
     tmp_path, demo_kit, key

@@ -97,6 +97,7 @@ def test_odd_sides_are_padded_and_rates_kept_as_fractions():
     assert _rate(29.97002997) == Fraction(30000, 1001) and _rate(0.0) == 30
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_video_cut_short_is_drawn_up_to_its_last_good_frame(demo_kit, tmp_path):
     from video_files import faststart_h264, truncated
 

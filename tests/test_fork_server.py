@@ -149,6 +149,7 @@ def test_a_server_held_for_a_block_is_stopped_at_its_end_even_on_an_error():
     assert fork_server.server_pid() is None and not psutil.pid_exists(server.pid)
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_folder_that_shadows_our_modules_is_not_imported_by_the_server(demo_kit, tmp_path):
     """The server is started as ``python -c``, whose path began with the current folder:
     a folder holding a ``batchinfer`` of its own had it imported by the server."""
@@ -182,6 +183,7 @@ def _wait_for_exit(pool: ChildPool, child, deadline_s: float = 30.0) -> Exited:
     raise AssertionError("the child's exit was never reported")
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_childs_death_is_seen_with_its_server_frozen_and_the_next_start_uses_a_fresh_one(
     caplog,
 ):
@@ -233,6 +235,7 @@ def test_a_start_a_frozen_server_never_serves_is_given_up_when_the_child_is_kill
         pool.close(hard=True, join_timeout_s=5.0)
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_dead_server_takes_its_children_and_the_next_start_launches_another(caplog):
     # The fast sibling of test_liveness.py's run with its server killed (slow tier).
     pool = ChildPool(time.monotonic)

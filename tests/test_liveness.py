@@ -113,6 +113,7 @@ class _StopServerAndKillWorker:
 # fresh server, the worker started again), and test_fork_server.py's
 # test_a_dead_server_takes_its_children_and_the_next_start_launches_another sees a killed
 # server replaced and said.
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize(
     ("server_signal", "said"),
     [
@@ -163,6 +164,7 @@ def test_one_poison_item_costs_one_error_row_and_no_core(demo_kit, tmp_path):
     assert any("blamed on the item" in w for w in result.warnings)
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize(
     ("fault", "npu_ms", "said"),
     [
@@ -372,6 +374,7 @@ def _interrupt_while_core_0_hangs(demo_kit, tmp_path, fault, interrupt, **settin
     assert stats[0]["restarts"] == 0
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_finished_results_are_not_held_back_by_a_call_that_hangs(demo_kit, tmp_path):
     """CI: a worker held finished results for company while its next call hung, until the
     hung call was killed (the inference timeout) and they were inferred again: then the
@@ -385,6 +388,7 @@ def test_finished_results_are_not_held_back_by_a_call_that_hangs(demo_kit, tmp_p
     )  # fmt: skip
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_worker_killed_while_the_run_drains_is_said_and_not_counted_as_a_restart(
     demo_kit, tmp_path
 ):
@@ -423,6 +427,7 @@ def _wait_for(moment: str, proc: subprocess.Popen) -> list[psutil.Process]:
         time.sleep(0.002)
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize("moment", _MOMENTS)
 def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, tmp_path, moment):
     """Soak: a child died of a Ctrl-C that came while it was still importing (before it
@@ -440,6 +445,7 @@ def test_ctrl_c_while_children_are_still_starting_kills_none_of_them(demo_kit, t
     assert "Traceback" not in err and "crashed" not in err and "KeyboardInterrupt" not in err
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize("moment", _MOMENTS)
 def test_kill_9_of_the_coordinator_while_children_start_leaves_nothing(demo_kit, tmp_path, moment):
     proc = _cli(
@@ -619,6 +625,7 @@ class _FreezeTheWholeRun:
             self._keeper.join()
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_freezing_every_process_of_a_run_past_its_timeouts_loses_nothing(demo_kit, tmp_path):
     """issue 27: the run's whole tree (fork server and janitor too) frozen for longer than
     the inference and decode timeouts, then continued: what was frozen is killed and

@@ -155,6 +155,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return M.nhwc_uint8_model(tmp_path_factory.mktemp("loadmodel"))
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize(("chip", "cores"), [("rk3588", 3), ("rk3566", 1)])
 def test_the_emulator_writes_the_drivers_text_from_its_busy_time(
     tmp_path: Path, model: Path, chip: str, cores: int
@@ -256,6 +257,7 @@ def test_the_per_core_table_puts_the_boards_figure_beside_the_busy_time():
     assert [r.split()[6:8] for r in rows] == [["90", "30"], ["50", NA], ["70", "30"]]
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_run_on_the_emulator_reports_the_boards_load_per_core(demo_kit, tmp_path: Path):
     # One core, all NPU time (10 ms a call, no host time): 150 calls hold core 0 for 1.5 s,
     # so a driver's window of a second closes under load while the run lasts. How busy

@@ -717,6 +717,7 @@ def test_resume_keeps_each_invocations_stats_and_adds_none_when_nothing_is_left(
 
 
 # --------------------------------------------------------------------------------- signals
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_sighup_stops_like_sigterm_and_the_run_resumes(demo_kit, tmp_path):
     out = tmp_path / "o"
     proc = _start(

@@ -141,6 +141,7 @@ def test_broken_files_become_error_rows_naming_the_file(demo_kit, tmp_path):
     assert manifest["counts"]["input_errors"] == 3
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_core_that_cannot_start_is_retired_and_the_run_goes_on(demo_kit, tmp_path):
     # Slow enough that the run is still going when core 1 fails (a run done by the cores
     # that were up first does not wait for the others).
@@ -201,6 +202,7 @@ def test_every_core_failing_alike_is_said_once_not_once_per_core(demo_kit, tmp_p
     assert sum("retired" in w for w in manifest["warnings"]) == 3
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_cores_that_fail_alike_at_start_are_said_in_one_line(demo_kit, tmp_path):
     said = _Said()
     # Slow enough that core 1 alone is still busy when the others have failed (a run done
@@ -253,6 +255,7 @@ def test_a_none_or_hang_on_the_canary_is_retried_before_a_core_is_retired(demo_k
     _exactly_once(result.out, 200)
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_canary_that_keeps_returning_none_retires_its_core(demo_kit, tmp_path):
     faults = [f"none:core=1:call={n}" for n in (1, 2, 3)]
     result = _run_digits(demo_kit, *faults, npu_ms=20, limit=60, out=tmp_path / "o")
@@ -263,6 +266,7 @@ def test_a_canary_that_keeps_returning_none_retires_its_core(demo_kit, tmp_path)
     _exactly_once(result.out, 60)
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_canary_names_a_core_whose_outputs_differ(demo_kit, tmp_path):
     # Slow enough that core 2 is up before cores 0 and 1 have done the 20 items alone (a
     # core that did no item is not judged).
@@ -554,6 +558,7 @@ def test_a_reader_that_dies_is_replaced_and_nothing_is_lost(demo_kit, tmp_path):
     assert exit_code(result) == 0
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_decode_timeout_shorter_than_the_readers_start_up_has_no_false_hangs(
     demo_kit, tmp_path, monkeypatch
 ):
@@ -588,6 +593,7 @@ def test_a_decode_timeout_shorter_than_the_readers_start_up_has_no_false_hangs(
 # for ever; the 1 s decode timeout is ample for the other items' 8x8 PNGs on a loaded
 # machine (at 0.5 s one of 30 was stuck now and then at a load average of 17), and they are
 # 10, as few as it takes to see the run go on around the hung one.
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 @pytest.mark.parametrize("fifos", [1, pytest.param(7, marks=pytest.mark.slow)])
 def test_a_file_that_blocks_on_open_becomes_an_error_row_and_costs_no_reader_limit(
     demo_kit, tmp_path, fifos, monkeypatch

@@ -184,6 +184,7 @@ def data(demo_kit, tmp_path) -> Path:
     return root
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_run_whose_item_has_an_unstorable_label_finishes_and_every_resume_progresses(
     data, demo_kit, tmp_path, monkeypatch
 ):

@@ -120,6 +120,7 @@ def test_a_file_without_video_is_one_error_row(model, tmp_path):
     assert result.succeeded == 6
 
 
+@pytest.mark.slow  # over 0.75 s: the default tier's 90 s (docs/contributing.md)
 def test_a_cli_run_of_a_broken_video_says_one_line_and_no_traceback(model, tmp_path):
     cut = truncated(faststart_h264(tmp_path / "w.mp4", frames=30, gop=10), tmp_path / "c.mp4", 0.5)
     done = subprocess.run(
