@@ -43,10 +43,19 @@ alone, as a crash's items are (so with ``reliability.max_attempts`` 1 the neighb
 hanging item become error rows too); a crash during a call of several items charges none
 and makes each a suspect, retried alone, so a poison item ends up charged alone.
 
-The canary (engine/canary.py) is a full batch of N; the worker reports its first row's
-outputs and the per-item output shapes (batch 1), so the output slots, the collector and
-the detection decoder see batch-1 items. Every output must have the batch axis N first,
-or the core cannot start (said once, :func:`unbatchable_outputs`).
+On Ray (cluster/actors.py, cluster/pool.py) a core actor is one instance with N item lanes
+(the pool's Layout.instances): the driver sends calls of whole batches (its items per call
+rounded up to a multiple of N), and the actor packs each call's items N to a runtime call
+in order (a short remainder is padded), with the same pack, call, scatter and split
+(:func:`infer_packed`, shared with the board's loop). Nothing is gathered across calls:
+the driver's refills are what fill the batches. A failed call is split in the actor, as
+here; a hung or crashed actor names every item of its oldest call (cluster/pool.py).
+
+The canary (engine/canary.py) is a full batch of N, on a board and on Ray; the worker (or
+actor) reports its first row's outputs and the per-item output shapes (batch 1), so the
+output slots, the collector and the detection decoder see batch-1 items. Every output must
+have the batch axis N first, or the core cannot start (said once,
+:func:`unbatchable_outputs`).
 """
 
 from __future__ import annotations
@@ -260,25 +269,23 @@ def batched_loop(
             gc.collect()
 
 
+@dataclass
 class _BoardCalls:
     """One instance's calls on the board (:class:`BatchRuntime`): items are InferTasks
     (slot, index); the status board and busy clock watch each call, and the outputs go to
     the slots (or the decoder) and the results to the worker's outbox."""
 
-    def __init__(
-        self,
-        shared: BatchWork,
-        instance: int,
-        adapter: Any,
-        packer: Packer,
-        data_format: str | list[str],
-        decoding: queue.SimpleQueue | None,
-        copy_outputs: bool,
-    ) -> None:
-        self.shared, self.instance, self.adapter, self.packer = shared, instance, adapter, packer
-        self.rows = shared.board_row + instance * shared.batch  # its first status-board row
-        self.data_format, self.decoding, self.copy_outputs = data_format, decoding, copy_outputs
-        self.row_error = adapter.row_error  # a None: with the runtime's own E line
+    shared: BatchWork
+    instance: int
+    adapter: Any  # its RuntimeAdapter
+    packer: Packer
+    data_format: str | list[str]
+    decoding: queue.SimpleQueue | None  # batched_loop's
+    copy_outputs: bool
+
+    def __post_init__(self) -> None:
+        self.rows = self.shared.board_row + self.instance * self.shared.batch  # its first row
+        self.row_error = self.adapter.row_error  # a None: with the runtime's own E line
 
     def pack(self, items: Sequence[InferTask]) -> list[np.ndarray]:
         self.adapter.set_current_items([index for _, index in items])
