@@ -236,3 +236,37 @@ def test_a_batch_4_detector_finds_the_boxes_its_batch_1_twin_does(demo_kit, tmp_
                 [x[key] for x in a["boxes"]], [x[key] for x in b["boxes"]], atol=1e-3
             )
     assert len({(r["core"], r["instance"], r["latency_ms"]) for r in rows4}) < 9
+
+
+def test_a_ray_core_actor_packs_a_calls_items_and_splits_a_failed_batch(tmp_path):
+    # cluster/actors.py without Ray: a call of 6 items to a batch-4 model is two runtime
+    # calls (4, then 2 padded); the first fails (the emulator's None on item 3), so its
+    # items are inferred again alone and item 3 alone fails. Each item's outputs are its
+    # batch-1 twin's, in the call's order.
+    from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
+    from batchinfer.options import RuntimeOptions
+    from batchinfer.runtime.backends import make_backend
+
+    one, four = _twins(tmp_path)
+    hosts, actors = [], []
+    for model, faults, n in ((one, (), 1), (four, ("none:item=3",), 4)):
+        options = RuntimeOptions(backend="sim", sim=fast_sim(*faults))
+        hosts.append(NodeHost(make_backend(model, options)))  # the emulator's board, undone
+        actors.append(CoreActor(hosts[-1].begin(model_files(model)), 0, "nhwc", batch=n))
+    rng = np.random.default_rng(3)
+    items = [rng.integers(0, 256, (1, 8, 8, 1), dtype=np.uint8) for _ in range(6)]
+    try:
+        infos = [a.start((1, 8, 8, 1), "uint8") for a in actors]
+        assert [i["outputs"] for i in infos] == [[((1, 10), "float32")]] * 2  # a batch-1 row
+        np.testing.assert_allclose(infos[1]["canary"][0], infos[0]["canary"][0], rtol=1e-5)
+        alone, packed = (a.infer(list(range(6)), *items) for a in actors)
+    finally:
+        for actor, host in zip(actors, hosts, strict=True):
+            actor.stop()
+            host.end()
+    assert [r.error is None for r in packed] == [True, True, True, False, True, True]
+    assert "returned None" in str(packed[3].error)
+    for j in (0, 1, 2, 4, 5):
+        np.testing.assert_allclose(packed[j].outputs[0], alone[j].outputs[0], rtol=1e-5)
+    assert (packed[4].t0, packed[4].t1) == (packed[5].t0, packed[5].t1)  # one (short) call
+    assert packed[0].t0 != packed[1].t0  # the failed call's items, inferred again alone

@@ -361,6 +361,52 @@ def test_cluster_engine_runs_arrays_into_a_memory_sink(cluster, demo_kit):
     assert len(boards) == 2 and not any(os.path.exists(b) for b in boards)
 
 
+def _batch_4_twin(demo_kit, tmp_path) -> Path:
+    """The demo classifier's batch-4 twin (tools/bench_batch.py's batch_twin: the same
+    weights), beside the batch-1 model it is compared with."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from bench_batch import batch_twin
+
+    four = tmp_path / "digits-b4.onnx"
+    four.write_bytes(batch_twin(demo_kit.models["digits"].read_bytes(), 4))
+    return four
+
+
+def test_a_batch_4_model_on_ray_predicts_what_its_batch_1_twin_does(cluster, demo_kit, tmp_path):
+    """engine/batching.py's packing in the actors: calls of whole batches, a short last
+    one (103 items), every item once, each its own row."""
+    one = run(_digits(demo_kit, tmp_path / "one", limit=103))
+    four = _batch_4_twin(demo_kit, tmp_path)
+    cfg = dataclasses.replace(_digits(demo_kit, tmp_path, limit=103), model=four)
+    result = run_on_cluster(cfg, cluster.address)
+    assert (result.status, result.errors) == ("complete", 0)
+    rows = _exactly_once(result.out, 103).to_pylist()
+    expected = read_run(one.out).predictions().to_pylist()
+    assert [r["pred"] for r in rows] == [r["pred"] for r in expected]
+    np.testing.assert_allclose(
+        [r["topk_score"] for r in rows], [r["topk_score"] for r in expected], atol=1e-5
+    )
+    # Items shared runtime calls: a call's items carry its latency (one per call).
+    calls = {(r["node"], r["core"], r["instance"], r["latency_ms"]) for r in rows}
+    assert len(calls) <= 103 // 2
+
+
+def test_a_failing_item_in_a_batch_on_ray_is_the_only_error_row(cluster, demo_kit, tmp_path):
+    """An item whose inference fails (the emulator's None on item 6) fails its batch's call:
+    the actor infers that call's items again alone, and only item 6, failing alone on each
+    core it is tried on, is an error row; its neighbours lose no attempt."""
+    four = _batch_4_twin(demo_kit, tmp_path)
+    cfg = dataclasses.replace(_digits(demo_kit, tmp_path, "none:item=6", limit=23), model=four)
+    result = run_on_cluster(cfg, cluster.address)
+    assert (result.status, result.errors) == ("complete", 1)
+    rows = _exactly_once(result.out, 23).to_pylist()
+    (failed,) = [r for r in rows if r["error"] is not None]
+    assert failed["index"] == 6 and "returned None" in failed["error"], failed
+    assert all(r["attempt"] == 1 for r in rows if r["error"] is None)
+
+
 def _plan(demo_kit, cores=CORES, instances_per_core=1):
     cfg = config(dataset=demo_kit.dataset, model=demo_kit.models["digits"], backend="sim",
                  sim=fast_sim(npu_ms=2), cores=cores, startup_timeout_s=60.0,

@@ -4,6 +4,7 @@ how items are sent. No cluster: the tests answer each actor call themselves."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -152,12 +153,15 @@ NODES = [NodeInfo(name, name * 56, "10.0.0.1", (0, 1)) for name in "ab"]
 class _Run:
     """A pool over the scripted Ray, set up as the engine loop sets it up."""
 
-    def __init__(self, demo_kit, nodes=NODES, cores=(0, 1), failing=(), **settings: Any) -> None:
+    def __init__(
+        self, demo_kit, nodes=NODES, cores=(0, 1), failing=(), batch=1, **settings: Any
+    ) -> None:
         cfg = config(dataset=demo_kit.dataset, model=demo_kit.models["digits"],
                      backend="sim", sim=fast_sim(), cores=cores, **settings)  # fmt: skip
         backend = make_backend(cfg.model, cfg.runtime)
         shape, dtype = model_input(cfg.model, cfg)
         plan = plan_engine(cfg, backend, shape, dtype, kind="")
+        plan = dataclasses.replace(plan, batch=batch)  # as planning sets it for a batch-N model
         self.ray = _Ray({n.node_id for n in nodes}, set(failing))
         self.now = 0.0
         self.pool = RayPool(plan, SyntheticSource(), nodes, call_items=2, clock=lambda: self.now,
@@ -245,6 +249,17 @@ def test_an_actor_up_sends_its_canary_of_instance_0_and_takes_calls_of_a_few_ite
     assert (a.slot, a.t0, a.t1, a.error) == (sent[0][0], 9.25, 9.75, None)  # on the loop's clock
     assert (b.slot, b.t1, b.error) == (sent[0][1], 10.0, "bad")
     assert run.pool.outputs == {sent[0][0]: ["o0"]}
+
+
+def test_a_batch_n_models_calls_carry_whole_batches_and_an_actor_has_n_item_lanes(demo_kit):
+    run = _Run(demo_kit, nodes=NODES[:1], cores=(0,), batch=4)
+    assert run.pool.call_items == 4  # call_items=2, rounded up to the batch
+    assert (run.pool.layout.instances, run.pool.layout.capacity) == (4, 24)
+    assert run.handle(0).args[-1] == 4  # the actor packs its calls' items 4 to a call
+    run.start(0)
+    run.scheduler.life.core_ready(0)
+    run.admit(10)
+    assert [len(c.args[0]) for c in run.calls(0)] == [4, 4, 2]
 
 
 def test_an_actor_death_names_the_items_of_its_oldest_call_and_a_suspect_comes_back_alone(

@@ -9,18 +9,23 @@ Protocol (the driver's side: pool.py; node hosts: nodes.py; read tasks: reads.py
                             end()      undo begin (the emulator's board folder and the
                               model's copy go)
   CoreActor, one per        start(shape, dtype) -> info | {"init_failed": reason}
-  runtime instance            the instance is made and runs the canary (reason: a
-                              runtime/adapter.py CoreReason); called again after
-                              Ray restarted the actor (a new process: a new instance)
+  runtime instance            the instance is made and runs the canary, a
+                              batch-N model's a full batch of N (info: its first row's
+                              outputs; reason: a runtime/adapter.py CoreReason); called
+                              again after Ray restarted the actor (a new process: a new
+                              instance)
                             infer(indexes, *inputs)
                               -> [CallResult(t0, t1, before_return_s, error, outputs,
                                   decoded)]
-                              one call, a few items, inferred in order; error None: outputs
-                              are the model's outputs; else one sentence. When the run's
-                              task decodes in the workers the actor decodes too (decoded: a
-                              tasks.Decoded, as a core worker's; outputs None unless the run
-                              saves them, --save-outputs); a letterboxing task's inputs come
-                              as (tensor, geometry).
+                              one call, a few items, inferred in order: a batch-N model's
+                              packed N to a runtime call (the last may be short: padded),
+                              a failed call's items called again alone, each item its own
+                              result (engine/batching.py's NOTE, infer_packed); error None:
+                              outputs are the model's outputs (batch 1); else one
+                              sentence. When the run's task decodes in the workers the actor
+                              decodes too (decoded: a tasks.Decoded, as a core worker's;
+                              outputs None unless the run saves them, --save-outputs); a
+                              letterboxing task's inputs come as (tensor, geometry).
                               t0, t1:
                               inside inference(), on the node's monotonic clock (shared by
                               the node's actors, not the driver's); before_return_s: how
@@ -47,6 +52,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,6 +61,13 @@ import numpy as np
 from batchinfer.data.dataset import Locator
 from batchinfer.data.preprocess import Preprocess, load_into
 from batchinfer.data.shard_reading import ShardFiles
+from batchinfer.engine.batching import (
+    Call,
+    Packer,
+    batch_shapes,
+    infer_packed,
+    unbatchable_outputs,
+)
 from batchinfer.engine.canary import canary_input
 from batchinfer.engine.detection import write_geometry
 from batchinfer.errors import BatchinferError, InferenceError, InputError
@@ -139,10 +152,13 @@ class CoreActor:
         input_layout: str,
         task: Task | None = None,
         save_outputs: bool = False,
+        batch: int = 1,
     ) -> None:
         self.backend = backend
         self.core = core
         self.input_layout = input_layout
+        self.batch = batch  # the model's batch N (engine/batching.py): items per runtime call
+        self.packer: Packer | None = None  # a batch-N model's batch buffers (start() makes them)
         self.adapter: RuntimeAdapter | None = None
         self.decode = ItemDecoder(task) if task is not None else None
         # A decoding task's outputs travel back beside its payload only when they are saved
@@ -157,12 +173,24 @@ class CoreActor:
                 self.adapter = self.backend.instance(self.core)
             except (BatchinferError, OSError) as e:
                 return {"init_failed": _reason(e)}
+        n = self.batch
+        # A batch-N model's canary is a full batch of N items, as on a board (its first
+        # row stands for every item: the pool and the collector see batch-1 outputs).
+        call_shape = batch_shapes([shape], n)[0] if n > 1 else shape
         try:
             outs = self.adapter.infer(
-                [canary_input(shape, dtype)], data_format=self.input_layout, reuse_outputs=False
+                [canary_input(call_shape, dtype)],
+                data_format=self.input_layout,
+                reuse_outputs=False,
             )
         except InferenceError as e:
             return {"init_failed": _reason(e).after("the canary inference failed: ")}
+        if n > 1:
+            unsplittable = unbatchable_outputs(outs, n)
+            if unsplittable is not None:
+                return {"init_failed": CoreReason.of(unsplittable)}
+            outs = [o[:1] for o in outs]
+            self.packer = Packer([shape], [dtype], n)
         return {
             "sdk_version": self.adapter.sdk_version(),
             "outputs": [(tuple(o.shape), str(o.dtype)) for o in outs],
@@ -171,35 +199,73 @@ class CoreActor:
         }
 
     def infer(self, indexes: list[int], *inputs: np.ndarray) -> list[CallResult]:
-        """Infer each input in order (see the module docstring)."""
+        """Infer the inputs in calls of the model's batch (see the module docstring)."""
         assert self.adapter is not None, "start() comes first"
-        results = []
+        calls = _ActorCalls(self, self.adapter)
+        items = []
         for index, x in zip(indexes, inputs, strict=True):
             geometry = np.zeros(6)
             if isinstance(x, tuple):  # a letterboxed item (read_items)
                 x, geometry = x
-            self.adapter.set_current_item(index)
-            t0 = time.monotonic()
-            error, outs, decoded = None, None, None
-            try:
-                outs = self.adapter.infer([x], data_format=self.input_layout, reuse_outputs=False)
-            except Exception as e:  # report, never vanish: the scheduler decides what follows
-                error = self.adapter.row_error(e)  # a None: with the runtime's own E line
-            t1 = time.monotonic()
-            if self.decode is not None and outs is not None:  # (None: inference failed)
-                try:
-                    decoded = self.decode(outs, geometry)
-                    outs = outs if self.keep_outputs else None
-                except Exception as e:
-                    error = f"decoding the outputs failed: {type(e).__name__}: {e}"
-            results.append(CallResult(t0, t1, 0.0, error, outs, decoded))
+            items.append(_Item(index, x, geometry))
+        for k in range(0, len(items), self.batch):
+            infer_packed(calls, items[k : k + self.batch])
         end = time.monotonic()
-        return [r._replace(before_return_s=end - r.t1) for r in results]
+        return [r._replace(before_return_s=end - r.t1) for r in calls.results]
 
     def stop(self) -> None:
         if self.adapter is not None:
             self.adapter.release()
             self.adapter = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Item:
+    """One item of an ``infer`` call."""
+
+    index: int
+    tensor: np.ndarray
+    geometry: np.ndarray
+
+
+class _ActorCalls:
+    """The runtime calls of one ``infer`` (engine/batching.py's BatchRuntime): a batch-N
+    model's items packed N to a call, a batch-1 model's inferred one by one; the results
+    in the items' order."""
+
+    def __init__(self, actor: CoreActor, adapter: RuntimeAdapter) -> None:
+        self.actor, self.adapter = actor, adapter
+        self.row_error = adapter.row_error  # a None: with the runtime's own E line
+        # In the items' order: a failed call's items are called again alone, in order.
+        self.results: list[CallResult] = []
+
+    def pack(self, items: Sequence[_Item]) -> list[np.ndarray]:
+        self.adapter.set_current_items([item.index for item in items])
+        if self.actor.packer is None:  # batch 1: the item is the call
+            return [items[0].tensor]
+        return self.actor.packer.pack([[item.tensor] for item in items])
+
+    def begin(self, items: Sequence[_Item], t0: float) -> None:
+        """Nothing to watch here: the driver times the actor's calls (pool.py)."""
+
+    def infer(self, items: Sequence[_Item], batch: list[np.ndarray]) -> list[np.ndarray]:
+        return self.adapter.infer(batch, data_format=self.actor.input_layout, reuse_outputs=False)
+
+    def end(self, items: Sequence[_Item], t1: float) -> None:
+        """Nothing to stop watching (begin)."""
+
+    def done(self, call: Call[_Item]) -> None:
+        actor = self.actor
+        for j, item in enumerate(call.items):
+            error, decoded = call.error, None
+            outs = None if error is not None else call.rows(j) if actor.packer else call.outputs
+            if actor.decode is not None and outs is not None:
+                try:
+                    decoded = actor.decode(outs, item.geometry)
+                    outs = outs if actor.keep_outputs else None
+                except Exception as e:
+                    error = f"decoding the outputs failed: {type(e).__name__}: {e}"
+            self.results.append(CallResult(call.t0, call.t1, 0.0, error, outs, decoded))
 
 
 def _reason(e: BaseException) -> CoreReason:

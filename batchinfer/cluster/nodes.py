@@ -149,7 +149,9 @@ class ClusterNodes:
             scheduling_strategy=Affinity(node.node_id, soft=False),
             max_restarts=-1,
             max_task_retries=0,
-        ).remote(backend, core, plan.preprocess.layout, plan.worker_task, plan.save_outputs)
+        ).remote(
+            backend, core, plan.preprocess.layout, plan.worker_task, plan.save_outputs, plan.batch
+        )
 
     def lanes(self, count: int) -> list[tuple[Any, str | None]]:
         """Where each of ``count`` read lanes runs: (scheduling strategy, node id or None)."""

@@ -150,7 +150,9 @@ class RayPool:
         self.source = source
         self.clock = clock
         self.rel = plan.reliability
-        self.call_items = max(1, call_items)
+        # A batch-N model's calls carry whole batches (the actor packs N items to a
+        # runtime call, actors.py): call_items rounded up to a multiple of N.
+        self.call_items = -(-max(1, call_items) // plan.batch) * plan.batch
         self.cluster_nodes = ClusterNodes(
             self.ray, plan, nodes, data, head_node_id, clock=clock, retire_node=self._retire_node
         )
@@ -162,7 +164,7 @@ class RayPool:
         slots = len(self.actors) * (per_call + self.call_items) + lanes * READ_ITEMS * 2
         self.layout = Layout(
             keys=tuple(range(len(self.actors))),
-            instances=1,
+            instances=plan.batch,  # item lanes of an actor: 1 instance x N (EnginePlan.item_lanes)
             capacity=per_call,
             slots=slots,
             readers=lanes,

@@ -90,8 +90,7 @@ def run_on_cluster(
 
 def check_one_input(plan: EnginePlan) -> None:
     """UsageError for a plan whose model inputs are fed separately: Ray's readers ship one
-    tensor per item (cluster/actors.py), not one per input (batchinfer.data.feeds); and for
-    a batch-N model, whose calls Ray's actors do not pack."""
+    tensor per item (cluster/actors.py), not one per input (batchinfer.data.feeds)."""
     if plan.feeds:
         raise UsageError(
             setting("ray") + " feeds one tensor per item, and this run feeds the model's inputs "
@@ -100,14 +99,6 @@ def check_one_input(plan: EnginePlan) -> None:
             + "); run it without "
             + setting("ray")
             + "."
-        )
-    if plan.batch > 1:
-        raise UsageError(
-            setting("ray")
-            + f" runs one item per call, and this model takes a batch of {plan.batch} "
-            "(engine/batching.py packs batches on one board only); run it without "
-            + setting("ray")
-            + ", or use its batch-1 twin."
         )
 
 

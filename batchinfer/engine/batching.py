@@ -43,10 +43,19 @@ alone, as a crash's items are (so with ``reliability.max_attempts`` 1 the neighb
 hanging item become error rows too); a crash during a call of several items charges none
 and makes each a suspect, retried alone, so a poison item ends up charged alone.
 
-The canary (engine/canary.py) is a full batch of N; the worker reports its first row's
-outputs and the per-item output shapes (batch 1), so the output slots, the collector and
-the detection decoder see batch-1 items. Every output must have the batch axis N first,
-or the core cannot start (said once, :func:`unbatchable_outputs`).
+On Ray (cluster/actors.py, cluster/pool.py) a core actor is one instance with N item lanes
+(the pool's Layout.instances): the driver sends calls of whole batches (its items per call
+rounded up to a multiple of N), and the actor packs each call's items N to a runtime call
+in order (a short remainder is padded), with the same pack, call, scatter and split
+(:func:`infer_packed`, shared with the board's loop). Nothing is gathered across calls:
+the driver's refills are what fill the batches. A failed call is split in the actor, as
+here; a hung or crashed actor names every item of its oldest call (cluster/pool.py).
+
+The canary (engine/canary.py) is a full batch of N, on a board and on Ray; the worker (or
+actor) reports its first row's outputs and the per-item output shapes (batch 1), so the
+output slots, the collector and the detection decoder see batch-1 items. Every output must
+have the batch axis N first, or the core cannot start (said once,
+:func:`unbatchable_outputs`).
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -176,6 +185,62 @@ class Packer:
         return self.buffers
 
 
+T = TypeVar("T")
+
+
+@dataclass
+class Call(Generic[T]):
+    """One runtime call that stands (steps 3-4): its items, and the outputs (row j of each
+    is ``items[j]``'s; rows past the items are padding, never read) or the error (then no
+    outputs), with the call's start and end."""
+
+    items: Sequence[T]
+    outputs: list[np.ndarray]
+    error: str | None
+    t0: float
+    t1: float
+
+    def rows(self, j: int) -> list[np.ndarray]:
+        """Item ``j``'s outputs (batch 1): row j of each."""
+        return [o[j : j + 1] for o in self.outputs]
+
+
+class BatchRuntime(Protocol[T]):
+    """Where :func:`infer_packed` runs calls: a core worker's instance (:class:`_BoardCalls`)
+    or a Ray core actor (cluster/actors.py)."""
+
+    def pack(self, items: Sequence[T]) -> list[np.ndarray]: ...  # the call's inputs
+    def begin(self, items: Sequence[T], t0: float) -> None: ...  # the call starts
+    def infer(self, items: Sequence[T], batch: list[np.ndarray]) -> list[np.ndarray]: ...
+    def row_error(self, exc: Exception) -> str: ...  # an item's error for what infer raised
+    def end(self, items: Sequence[T], t1: float) -> None: ...  # the call ended (or failed)
+    def done(self, call: Call[T]) -> None: ...  # hand its items on (before the next call)
+
+
+def infer_packed(runtime: BatchRuntime[T], items: Sequence[T]) -> None:
+    """Steps 2-4 of the NOTE for ``items`` (at most N): pack, call the runtime once, and
+    hand the call to ``runtime.done``. A call of several items that fails (raises, or
+    returns None) is split at once: which item failed it is unknown, so each is called
+    again alone, and only an item that fails alone is handed on with an error (charged
+    one attempt, as a batch-1 model's item would be)."""
+    batch = runtime.pack(items)
+    t0 = time.monotonic()
+    runtime.begin(items, t0)
+    error = None
+    outs: list[np.ndarray] = []
+    try:
+        outs = runtime.infer(items, batch)
+    except Exception as e:  # report, never vanish: the coordinator decides what follows
+        error = runtime.row_error(e)
+    t1 = time.monotonic()
+    runtime.end(items, t1)
+    if error is not None and len(items) > 1:
+        for item in items:
+            infer_packed(runtime, [item])
+        return
+    runtime.done(Call(items, outs, error, t0, t1))
+
+
 def batched_loop(
     shared: BatchWork,
     instance: int,
@@ -190,7 +255,7 @@ def batched_loop(
     calls between the worker's periodic collections (engine/board/core_worker.py: GC_EVERY)."""
     layout = shared.inputs.spec.layout
     packer = Packer(layout.shapes, layout.dtypes, shared.batch)
-    rows = shared.board_row + instance * shared.batch
+    runtime = _BoardCalls(shared, instance, adapter, packer, data_format, decoding, copy_outputs)
     stop, calls = False, 0
     while not stop:
         with shared.gather_lock:
@@ -198,56 +263,59 @@ def batched_loop(
             shared.held.add(len(group))
         if not group:
             break
-        _call(shared, instance, adapter, packer, group, rows, data_format, decoding, copy_outputs)
+        infer_packed(runtime, group)
         calls += 1
         if calls % gc_every == 0:
             gc.collect()
 
 
-def _call(
-    shared: BatchWork,
-    instance: int,
-    adapter: Any,
-    packer: Packer,
-    group: list[InferTask],
-    rows: int,
-    data_format: str | list[str],
-    decoding: queue.SimpleQueue | None,
-    copy_outputs: bool,
-) -> None:
-    """Pack, call, scatter: one runtime call for ``group`` (steps 2-4)."""
-    board, busy = shared.board, shared.busy
-    adapter.set_current_items([index for _, index in group])
-    batch = packer.pack([shared.inputs[slot] for slot, _ in group])
-    t0 = time.monotonic()
-    for j, (_, index) in enumerate(group):
-        board.start(rows + j, index, t0)
-    busy.enter(t0)
-    error = None
-    outs: list[np.ndarray] = []
-    try:
-        outs = adapter.infer(batch, data_format=data_format, reuse_outputs=decoding is None)
-        if copy_outputs:
-            for j, (slot, _) in enumerate(group):
-                for dst, src in zip(shared.outputs[slot], outs, strict=True):
+@dataclass
+class _BoardCalls:
+    """One instance's calls on the board (:class:`BatchRuntime`): items are InferTasks
+    (slot, index); the status board and busy clock watch each call, and the outputs go to
+    the slots (or the decoder) and the results to the worker's outbox."""
+
+    shared: BatchWork
+    instance: int
+    adapter: Any  # its RuntimeAdapter
+    packer: Packer
+    data_format: str | list[str]
+    decoding: queue.SimpleQueue | None  # batched_loop's
+    copy_outputs: bool
+
+    def __post_init__(self) -> None:
+        self.rows = self.shared.board_row + self.instance * self.shared.batch  # its first row
+        self.row_error = self.adapter.row_error  # a None: with the runtime's own E line
+
+    def pack(self, items: Sequence[InferTask]) -> list[np.ndarray]:
+        self.adapter.set_current_items([index for _, index in items])
+        return self.packer.pack([self.shared.inputs[slot] for slot, _ in items])
+
+    def begin(self, items: Sequence[InferTask], t0: float) -> None:
+        for j, (_, index) in enumerate(items):
+            self.shared.board.start(self.rows + j, index, t0)
+        self.shared.busy.enter(t0)
+
+    def infer(self, items: Sequence[InferTask], batch: list[np.ndarray]) -> list[np.ndarray]:
+        outs = self.adapter.infer(
+            batch, data_format=self.data_format, reuse_outputs=self.decoding is None
+        )
+        if self.copy_outputs:  # in the call: an output that does not fit is its error
+            for j, (slot, _) in enumerate(items):
+                for dst, src in zip(self.shared.outputs[slot], outs, strict=True):
                     np.copyto(dst, src[j : j + 1].reshape(dst.shape), casting="same_kind")
-    except Exception as e:  # report, never vanish: the coordinator decides what follows
-        error = adapter.row_error(e)  # a None: with the runtime's own E line
-    t1 = time.monotonic()
-    for j in range(len(group)):
-        board.finish(rows + j)
-    busy.leave(t1)
-    if error is not None and len(group) > 1:
-        # Which item failed the call is unknown: each is inferred again alone, and only
-        # one that fails alone is reported failed (charged), as with a batch-1 model.
-        for task in group:
-            _call(
-                shared, instance, adapter, packer, [task], rows, data_format, decoding, copy_outputs
-            )
-        return
-    for j, (slot, index) in enumerate(group):
-        shared.held.add(-1)  # handed on: the outbox counts it as finished from here
-        if decoding is not None and error is None:
-            decoding.put((slot, index, instance, t0, t1, [o[j : j + 1] for o in outs]))
-        else:
-            shared.report(InferResult(slot, index, instance, t0, t1, error, None))
+        return outs
+
+    def end(self, items: Sequence[InferTask], t1: float) -> None:
+        for j in range(len(items)):
+            self.shared.board.finish(self.rows + j)
+        self.shared.busy.leave(t1)
+
+    def done(self, call: Call[InferTask]) -> None:
+        for j, (slot, index) in enumerate(call.items):
+            self.shared.held.add(-1)  # handed on: the outbox counts it as finished from here
+            if self.decoding is not None and call.error is None:
+                self.decoding.put((slot, index, self.instance, call.t0, call.t1, call.rows(j)))
+            else:
+                result = InferResult(slot, index, self.instance, call.t0, call.t1, call.error, None)
+                self.shared.report(result)
