@@ -238,11 +238,16 @@ def test_a_batch_4_detector_finds_the_boxes_its_batch_1_twin_does(demo_kit, tmp_
     assert len({(r["core"], r["instance"], r["latency_ms"]) for r in rows4}) < 9
 
 
-def test_a_ray_core_actor_packs_a_calls_items_and_splits_a_failed_batch(tmp_path):
+def test_a_ray_core_actor_packs_a_calls_items_and_splits_a_failed_batch(tmp_path, monkeypatch):
     # cluster/actors.py without Ray: a call of 6 items to a batch-4 model is two runtime
     # calls (4, then 2 padded); the first fails (the emulator's None on item 3), so its
     # items are inferred again alone and item 3 alone fails. Each item's outputs are its
     # batch-1 twin's, in the call's order.
+    # An actor quiets its process's runtime logs (rknn_log.quiet_instance_logs sets
+    # BATCHINFER_RKNN_LOG_LEVEL to ERROR, in a Ray worker its own process): set here as the
+    # actor sets it, so that it is undone after this test, or a later test of this xdist
+    # worker misses the runtime's start-up lines (test_emulator_timing failed so).
+    monkeypatch.setenv("BATCHINFER_RKNN_LOG_LEVEL", "ERROR")
     from batchinfer.cluster.actors import CoreActor, NodeHost, model_files
     from batchinfer.options import RuntimeOptions
     from batchinfer.runtime.backends import make_backend
