@@ -13,6 +13,11 @@ A model chosen from public reports, not a board measurement: these are emulator 
 
     python tools/bench_batch.py --batch 4 --repeats 3
     python tools/bench_batch.py --model my.onnx --batch 8 -k 1,2 --sim-host-ms 1
+    python tools/bench_batch.py --batch 4 -k 1 --ray local:2
+
+``--ray ADDRESS``: ``bench`` does not run on a cluster, so each measurement is a
+``python -m batchinfer run`` of the demo's 1,797 digits on that Ray cluster instead, and
+its figure is the sum over cores of ``core_stats.parquet``'s items/s (start-up excluded).
 
 ``python`` is the interpreter running this tool, so run it with the checkout's venv (and
 ``PYTHONPATH`` at the checkout).
@@ -90,6 +95,22 @@ def one_bench(model: Path, k: str, args: argparse.Namespace) -> float:
         return float(json.loads(out.read_text())["samples_per_s"])
 
 
+def one_ray_run(model: Path, k: str, args: argparse.Namespace) -> float:
+    import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        cmd = [sys.executable, "-m", "batchinfer", "run", str(args.dataset), "--model"]
+        cmd += [str(model), "--backend", "sim", "--cores", "0,1,2", "-k", k]
+        cmd += ["--sim-npu-ms", str(args.sim_npu_ms), "--sim-host-ms", str(args.sim_host_ms)]
+        cmd += ["--ray", args.ray, "--no-progress", "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"run failed (exit {proc.returncode}):\n{proc.stderr}")
+        stats = pq.read_table(out / "core_stats.parquet").to_pylist()
+        return float(sum(row["items_per_s"] or 0.0 for row in stats))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, help="a batch-1 ONNX (default: the demo's digits)")
@@ -101,12 +122,17 @@ def main() -> None:
     p.add_argument("--duration", type=float, default=3.0)
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "bench-batch")
+    p.add_argument("--ray", metavar="ADDRESS", help="measure runs on this Ray cluster instead")
     args = p.parse_args()
     if args.model is None:
         from batchinfer.demo import model_path
 
         args.model = model_path("digits")
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.ray:
+        from batchinfer.demo import write_demo
+
+        args.dataset = write_demo(args.workdir / "demo", overwrite=True).dataset
     twin = args.workdir / f"{args.model.stem}-b{args.batch}.onnx"
     twin.write_bytes(batch_twin(args.model.read_bytes(), args.batch))
     worst = check_twins(args.model, twin, args.batch)
@@ -117,10 +143,13 @@ def main() -> None:
     for _ in range(args.repeats):
         for name, path in models.items():
             for k in ks:
-                runs[(name, k)].append(one_bench(path, k, args))
+                measure = one_ray_run if args.ray else one_bench
+                runs[(name, k)].append(measure(path, k, args))
     print(
         f"emulator figures (batchinfer sim on this machine: npu {args.sim_npu_ms:g} ms per "
-        f"item, host {args.sim_host_ms:g} ms per call), synthetic inputs, cores 0,1,2; "
+        f"item, host {args.sim_host_ms:g} ms per call), "
+        + (f"runs of the demo's digits on Ray ({args.ray})" if args.ray else "synthetic inputs")
+        + f", cores 0,1,2; "
         f"median items/s (min-max) of {args.repeats}"
     )
     print(f"{'':<10}" + "".join(f"{'k=' + k:>26}" for k in ks))

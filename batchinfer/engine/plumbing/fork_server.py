@@ -20,11 +20,9 @@ What is preloaded, and what is not:
   its fork: ``numpy.random`` (every core worker's canary input), the emulator's module
   (``batchinfer.runtime.sim``, Python and numpy: the sim backend's workers load it, the
   board's do not) and the image formats Pillow loads at a reader's first open
-  (``Image.preinit``: BMP, GIF, PNG, PPM; 10 ms a reader). On the digits demo (10 items, 3
-  cores, 2-CPU VM at a load of 3-5, 2026-12-07, alternated with the list before) that took
-  a run's whole process tree from 0.37 to 0.29 CPU s (medians) with the server up, and
-  ``tools/bench_startup.py``'s start-up CPU (the server's launch included) from 0.50-0.52
-  to 0.47-0.49 s.
+  (``Image.preinit``: BMP, GIF, PNG, PPM). ``tools/bench_startup.py``'s start-up CPU (the
+  server's launch included) went from 0.50-0.52 to 0.47-0.49 s with these three
+  (2-CPU VM at a load of 3-5, 2026-12-07, alternated with the list before).
 - Never a runtime: importing onnxruntime starts a native thread, and RKNNLite owns a
   device. Runtimes are imported and created in the child, after the fork, as before.
 - Last, :mod:`batchinfer.engine.plumbing.fork_server_frozen` collects and freezes the server's
